@@ -1,0 +1,51 @@
+//! minductor's tensor IR: dtypes, shapes with symbolic dims, the op set and the SSA graph.
+//!
+//! Everything here prints as text (`Display`), and `Graph::verify` checks the invariants passes
+//! rely on. No other minductor crate is a dependency of this one.
+
+mod dtype;
+mod error;
+mod graph;
+mod op;
+mod shape;
+
+pub use dtype::DType;
+pub use error::IrError;
+pub use graph::{Graph, Node, NodeId};
+pub use op::{infer_type, BinaryOp, CompareOp, Op, ReduceOp, UnaryOp};
+pub use shape::{broadcast_shapes, shape_string, static_shape, Dim, Shape, SymId, TensorType};
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn graph_prints_and_verifies() {
+        let mut g = Graph::new();
+        let x = g.input("x", TensorType::new(DType::F32, static_shape(&[4, 7])));
+        let two = g.constant(2.0, DType::F32);
+        let y = g.add(Op::Binary(BinaryOp::Mul), &[x, two]).unwrap();
+        let s = g.add(Op::Reduce { op: ReduceOp::Sum, axes: vec![1], keepdim: false }, &[y]).unwrap();
+        g.set_outputs(vec![s]);
+        g.verify().unwrap();
+        let text = g.to_string();
+        assert_eq!(
+            text,
+            "graph(x: f32[4, 7]) {\n  %0 = input[x] : f32[4, 7]\n  %1 = constant[2.0] : f32[]\n  \
+             %2 = mul %0, %1 : f32[4, 7]\n  %3 = reduce_sum[axes=[1], keepdim=false] %2 : f32[4]\n  return %3\n}"
+        );
+    }
+
+    #[test]
+    fn type_errors_name_shapes() {
+        let mut g = Graph::new();
+        let a = g.input("a", TensorType::new(DType::F32, static_shape(&[3, 4])));
+        let b = g.input("b", TensorType::new(DType::F32, static_shape(&[5, 6])));
+        let err = g.add(Op::Matmul, &[a, b]).unwrap_err().to_string();
+        assert!(err.contains("[3, 4] @ [5, 6]"), "{err}");
+        let c = g.input("c", TensorType::new(DType::F32, static_shape(&[3])));
+        let d = g.input("d", TensorType::new(DType::F32, static_shape(&[4])));
+        let err = g.add(Op::Binary(BinaryOp::Add), &[c, d]).unwrap_err().to_string();
+        assert!(err.contains("cannot broadcast shapes [3] and [4]"), "{err}");
+    }
+}

@@ -1,0 +1,8 @@
+//! The runtime: tensors, the reference interpreter (eager backend and test oracle), and the
+//! `Executable` trait every backend's compiled artifact implements.
+
+mod error;
+mod tensor;
+
+pub use error::RuntimeError;
+pub use tensor::{contiguous_strides, Element, Storage, Tensor, BUFFER_ALIGN};
