@@ -259,11 +259,14 @@ pub fn infer_type(op: &Op, inputs: &[&TensorType]) -> Result<TensorType, IrError
             expect_float(op, inputs[0])?;
             Ok(first())
         }
-        Op::Binary(_) => {
+        Op::Binary(b) => {
             expect_arity(op, inputs, 2)?;
             let dtype = DType::promote(inputs[0].dtype, inputs[1].dtype);
             if dtype == DType::Bool {
                 return Err(IrError::ty(op.name(), "arithmetic on bool tensors is not supported; cast first"));
+            }
+            if matches!(b, BinaryOp::Div | BinaryOp::Pow) && !dtype.is_float() {
+                return Err(IrError::ty(op.name(), "needs floating-point operands; cast integers first"));
             }
             Ok(TensorType::new(dtype, broadcast(op, inputs[0], inputs[1])?))
         }

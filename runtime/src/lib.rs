@@ -2,7 +2,9 @@
 //! `Executable` trait every backend's compiled artifact implements.
 
 mod error;
+mod executable;
 mod tensor;
 
 pub use error::RuntimeError;
+pub use executable::{check_inputs, Executable};
 pub use tensor::{contiguous_strides, Element, Storage, Tensor, BUFFER_ALIGN};

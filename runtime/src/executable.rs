@@ -1,0 +1,40 @@
+//! What every backend's compiled artifact implements, and the input checks all of them share.
+
+use crate::{RuntimeError, Tensor};
+use minductor_ir::{shape_string, Dim, Graph};
+
+/// A compiled graph ready to run. `run` takes the graph inputs in order and returns its outputs.
+pub trait Executable: Send {
+    fn run(&mut self, inputs: &[Tensor]) -> Result<Vec<Tensor>, RuntimeError>;
+}
+
+/// Checks arity, dtype, rank and static sizes of `inputs` against the graph's declared inputs.
+/// The error names the input, what was expected and what was found.
+pub fn check_inputs(graph: &Graph, inputs: &[Tensor]) -> Result<(), RuntimeError> {
+    if inputs.len() != graph.inputs().len() {
+        return Err(RuntimeError::Arity { expected: graph.inputs().len(), found: inputs.len() });
+    }
+    for (index, (tensor, &id)) in inputs.iter().zip(graph.inputs()).enumerate() {
+        let name = graph.input_name(index).to_string();
+        let want = graph.ty(id);
+        if tensor.dtype() != want.dtype {
+            return Err(RuntimeError::DType { name, expected: want.dtype.to_string(), found: tensor.dtype().to_string() });
+        }
+        if tensor.rank() != want.rank() {
+            return Err(RuntimeError::Rank {
+                name,
+                expected: want.rank(),
+                found: tensor.rank(),
+                shape: tensor.shape().to_vec(),
+            });
+        }
+        let matches = want.shape.iter().zip(tensor.shape()).all(|(d, &n)| match d {
+            Dim::Static(s) => *s == n,
+            Dim::Sym(_) => true,
+        });
+        if !matches {
+            return Err(RuntimeError::Shape { name, expected: shape_string(&want.shape), found: tensor.shape().to_vec() });
+        }
+    }
+    Ok(())
+}
