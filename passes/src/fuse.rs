@@ -1,0 +1,571 @@
+//! `fuse`: schedules a prim graph into kernels and extern matmuls (Inductor's scheduler).
+//!
+//! Each graph node is either *realized* (written to a buffer by a kernel or a GEMM) or *inlined*
+//! into every kernel that reads it, recomputed there from an index. Views are never copied:
+//! permute, expand, slice and reshape become index arithmetic in the kernels that read them.
+//!
+//! - Pointwise chains inline into their consumer: one kernel per realized pointwise value.
+//! - A reduction inlines into its consumer as a *stage* of the consumer's kernel when the consumer
+//!   iterates over the reduction's kept dims (`x.sum(-1) / n`) or over its whole input, reading the
+//!   result broadcast along the reduced dims (softmax, layer_norm): one kernel per row loop.
+//! - Matmul is an extern GEMM reading strided views of realized buffers; cat writes each operand
+//!   into its slice of the output.
+//!
+//! Assumes a verified prim graph with static shapes. Guarantees a `Program` that computes every
+//! graph output into its own buffer and in which every load and store index stays within its
+//! buffer. Starting from a minimal set of realized nodes (inputs, outputs, matmuls, cats), it
+//! builds the program and, whenever a node cannot be inlined where it is read (a non-affine
+//! reshape, a reduction read in an incompatible loop, a value needed by two kernels), realizes
+//! that node and starts again.
+
+use crate::kernel::*;
+use minductor_ir::{DType, Dim, Graph, NodeId, Op};
+use std::collections::{HashMap, HashSet};
+
+pub fn fuse(graph: &Graph) -> Program {
+    let mut realized: HashSet<NodeId> = HashSet::new();
+    for id in graph.ids() {
+        if matches!(graph.node(id).op, Op::Input { .. } | Op::Matmul | Op::Cat { .. }) {
+            realized.insert(id);
+        }
+    }
+    realized.extend(graph.outputs().iter().copied());
+    loop {
+        match Scheduler::new(graph, &realized).run() {
+            Ok(program) => return program,
+            Err(Realize(nodes)) => {
+                let before = realized.len();
+                realized.extend(nodes);
+                assert!(realized.len() > before, "fuse: a retry must realize a new node");
+            }
+        }
+    }
+}
+
+/// "These nodes must be realized; schedule again."
+struct Realize(Vec<NodeId>);
+
+type Retry<T> = Result<T, Realize>;
+
+fn retry<T>(node: NodeId) -> Retry<T> {
+    Err(Realize(vec![node]))
+}
+
+fn sizes(graph: &Graph, id: NodeId) -> Vec<usize> {
+    graph.ty(id).static_sizes().expect("fuse: symbolic shapes are not supported yet")
+}
+
+fn contiguous(shape: &[usize]) -> Vec<i64> {
+    let mut strides = vec![1i64; shape.len()];
+    for d in (0..shape.len().saturating_sub(1)).rev() {
+        strides[d] = strides[d + 1] * shape[d + 1].max(1) as i64;
+    }
+    strides
+}
+
+/// `Σ idx[d] · strides[d]`.
+fn linear(idx: &[Affine], strides: &[i64]) -> Affine {
+    idx.iter().zip(strides).fold(Affine::constant(0), |acc, (a, &s)| acc.plus(&a.scale(s)))
+}
+
+/// The loop structure of a kernel with reductions: reductions over `axes` of an input of `shape`.
+#[derive(Clone, PartialEq)]
+struct RowLoop {
+    shape: Vec<usize>,
+    axes: Vec<usize>,
+}
+
+impl RowLoop {
+    fn kept(&self) -> Vec<usize> {
+        (0..self.shape.len()).filter(|d| !self.axes.contains(d)).collect()
+    }
+    /// Index of the full input domain: kept dims are outer loops, reduced dims inner loops.
+    fn full_index(&self) -> Vec<Affine> {
+        let kept = self.kept();
+        (0..self.shape.len())
+            .map(|d| match self.axes.iter().position(|&a| a == d) {
+                Some(p) => Affine::var(Var::Inner(p as u32)),
+                None => Affine::var(Var::Outer(kept.iter().position(|&k| k == d).unwrap() as u32)),
+            })
+            .collect()
+    }
+}
+
+struct Scheduler<'g> {
+    graph: &'g Graph,
+    realized: &'g HashSet<NodeId>,
+    buffers: Vec<Buffer>,
+    buffer_of: HashMap<NodeId, BufferId>,
+    /// For each inlined computing node, the steps that recompute it.
+    inlined_in: HashMap<NodeId, HashSet<usize>>,
+}
+
+impl<'g> Scheduler<'g> {
+    fn new(graph: &'g Graph, realized: &'g HashSet<NodeId>) -> Self {
+        Scheduler { graph, realized, buffers: Vec::new(), buffer_of: HashMap::new(), inlined_in: HashMap::new() }
+    }
+
+    fn run(mut self) -> Retry<Program> {
+        let g = self.graph;
+        let outputs: HashSet<NodeId> = g.outputs().iter().copied().collect();
+        for (n, &id) in g.inputs().iter().enumerate() {
+            self.new_buffer(id, BufferKind::Input(n));
+        }
+        let mut steps = Vec::new();
+        for id in g.ids() {
+            if !self.realized.contains(&id) || self.buffer_of.contains_key(&id) {
+                continue;
+            }
+            let kind = if outputs.contains(&id) { BufferKind::Output } else { BufferKind::Intermediate };
+            let buffer = self.new_buffer(id, kind);
+            match &g.node(id).op {
+                Op::Matmul => steps.push(Step::Matmul(self.matmul(id, buffer)?)),
+                Op::Cat { dim } => {
+                    let mut offset = 0;
+                    for &operand in &g.node(id).inputs {
+                        let kernel = self.kernel(id, operand, buffer, Some((*dim, offset)), steps.len())?;
+                        offset += sizes(g, operand)[*dim];
+                        steps.push(Step::Kernel(kernel));
+                    }
+                }
+                _ => {
+                    let kernel = self.kernel(id, id, buffer, None, steps.len())?;
+                    steps.push(Step::Kernel(kernel));
+                }
+            }
+        }
+        let shared: Vec<NodeId> =
+            self.inlined_in.iter().filter(|(_, steps)| steps.len() > 1).map(|(&n, _)| n).collect();
+        if !shared.is_empty() {
+            return Err(Realize(shared));
+        }
+        let outputs = g.outputs().iter().map(|o| self.buffer_of[o]).collect();
+        Ok(Program { buffers: self.buffers, steps, outputs })
+    }
+
+    fn new_buffer(&mut self, node: NodeId, kind: BufferKind) -> BufferId {
+        let ty = self.graph.ty(node);
+        let id = BufferId(self.buffers.len() as u32);
+        self.buffers.push(Buffer { dtype: ty.dtype, shape: ty.shape.to_vec(), kind, node });
+        self.buffer_of.insert(node, id);
+        id
+    }
+
+    fn matmul(&mut self, id: NodeId, out: BufferId) -> Retry<MatmulStep> {
+        let g = self.graph;
+        let out_shape = sizes(g, id);
+        let batch = out_shape.len() - 2;
+        let (a, b) = (g.node(id).inputs[0], g.node(id).inputs[1]);
+        let view = |s: &mut Self, operand: NodeId, rows: usize, cols: usize| -> Retry<StridedView> {
+            let shape = sizes(g, operand);
+            let lead = batch + 2 - shape.len();
+            let idx: Vec<Affine> = (0..shape.len())
+                .map(|d| {
+                    if d + 2 < shape.len() && shape[d] == 1 {
+                        Affine::constant(0)
+                    } else {
+                        Affine::var(Var::Outer((d + lead) as u32))
+                    }
+                })
+                .collect();
+            let (buffer, index) = s.address(operand, idx)?;
+            let mut view_shape = out_shape[..batch].to_vec();
+            view_shape.extend([rows, cols]);
+            let strides = (0..batch + 2).map(|d| index.coefficient(Var::Outer(d as u32))).collect();
+            Ok(StridedView { buffer, offset: index.offset, shape: view_shape, strides })
+        };
+        let k = *sizes(g, a).last().unwrap();
+        let a_view = view(self, a, out_shape[batch], k)?;
+        let b_view = view(self, b, k, out_shape[batch + 1])?;
+        Ok(MatmulStep { a: a_view, b: b_view, out, node: id })
+    }
+
+    /// Where element `idx` of `node` lives, following views down to a realized buffer.
+    fn address(&mut self, node: NodeId, idx: Vec<Affine>) -> Retry<(BufferId, Affine)> {
+        let g = self.graph;
+        if self.realized.contains(&node) {
+            return Ok((self.buffer_of[&node], linear(&idx, &contiguous(&sizes(g, node)))));
+        }
+        let n = g.node(node);
+        if !n.op.is_view() {
+            return retry(node);
+        }
+        let operand = n.inputs[0];
+        if let Op::Reshape { .. } = n.op {
+            if self.realized.contains(&operand) {
+                // A reshape of a contiguous buffer is the same linear index.
+                return Ok((self.buffer_of[&operand], linear(&idx, &contiguous(&sizes(g, node)))));
+            }
+        }
+        let inner = view_index(g, node, &idx)?;
+        self.address(operand, inner)
+    }
+
+    /// Builds the kernel that writes `value` (the root's value, or one operand of a cat) into `buffer`.
+    fn kernel(
+        &mut self,
+        root: NodeId,
+        value: NodeId,
+        buffer: BufferId,
+        cat: Option<(usize, usize)>,
+        step: usize,
+    ) -> Retry<Kernel> {
+        let g = self.graph;
+        let shape = sizes(g, value);
+        let reductions = self.inlined_reductions(value);
+        let mut builder = KernelBuilder::new(g, step);
+        // Choose the loop structure.
+        let (outer, extent, store_idx): (Vec<usize>, Vec<usize>, Vec<Affine>) = match reductions.first() {
+            None => {
+                let r = shape.len();
+                let idx = (0..r)
+                    .map(|d| Affine::var(if d + 1 == r { Var::Inner(0) } else { Var::Outer(d as u32) }))
+                    .collect();
+                let (outer, extent) = if r == 0 { (vec![], vec![]) } else { (shape[..r - 1].to_vec(), vec![shape[r - 1]]) };
+                (outer, extent, idx)
+            }
+            Some(&first) => {
+                let row = self.row_loop(first);
+                let mismatched: Vec<NodeId> =
+                    reductions.iter().copied().filter(|&r| self.row_loop(r) != row).collect();
+                if !mismatched.is_empty() {
+                    return Err(Realize(mismatched));
+                }
+                let kept = row.kept();
+                let kept_sizes: Vec<usize> = kept.iter().map(|&d| row.shape[d]).collect();
+                let reduced_sizes: Vec<usize> = row.axes.iter().map(|&d| row.shape[d]).collect();
+                let keepdim_shape: Vec<usize> =
+                    (0..row.shape.len()).map(|d| if row.axes.contains(&d) { 1 } else { row.shape[d] }).collect();
+                if shape == row.shape && cat.is_none() {
+                    (kept_sizes, reduced_sizes, row.full_index())
+                } else if shape == keepdim_shape {
+                    let idx = (0..shape.len())
+                        .map(|d| match kept.iter().position(|&k| k == d) {
+                            Some(p) => Affine::var(Var::Outer(p as u32)),
+                            None => Affine::constant(0),
+                        })
+                        .collect();
+                    (kept_sizes, vec![], idx)
+                } else if shape == kept_sizes {
+                    let idx = (0..shape.len()).map(|p| Affine::var(Var::Outer(p as u32))).collect();
+                    (kept_sizes, vec![], idx)
+                } else {
+                    return Err(Realize(reductions));
+                }
+            }
+        };
+        builder.row = reductions.first().map(|&r| self.row_loop(r));
+        let value_expr = if value == root {
+            builder.emit_definition(self, value, &store_idx)?
+        } else {
+            builder.emit(self, value, &store_idx)?
+        };
+        // Store index into the destination buffer (offset along the cat dim, if any).
+        let dest_shape = sizes(g, root);
+        let mut dest_idx = store_idx.clone();
+        if let Some((dim, offset)) = cat {
+            dest_idx[dim] = dest_idx[dim].plus(&Affine::constant(offset as i64));
+        }
+        let index = linear(&dest_idx, &contiguous(&dest_shape));
+        builder.stages.push(Stage {
+            extent: extent.iter().map(|&n| Dim::Static(n)).collect(),
+            action: StageAction::Store(vec![Store { buffer, index, value: value_expr }]),
+        });
+        for &node in &builder.inlined {
+            self.inlined_in.entry(node).or_default().insert(step);
+        }
+        Ok(builder.finish(outer))
+    }
+
+    fn row_loop(&self, reduction: NodeId) -> RowLoop {
+        let n = self.graph.node(reduction);
+        match &n.op {
+            Op::Reduce { axes, .. } => RowLoop { shape: sizes(self.graph, n.inputs[0]), axes: axes.clone() },
+            _ => unreachable!("row_loop of a non-reduction"),
+        }
+    }
+
+    /// Reductions computed inside the kernel for `value` (itself included), nearest first.
+    fn inlined_reductions(&self, value: NodeId) -> Vec<NodeId> {
+        let mut found = Vec::new();
+        let mut seen = HashSet::new();
+        let mut stack = vec![value];
+        while let Some(id) = stack.pop() {
+            if !seen.insert(id) || (id != value && self.realized.contains(&id)) {
+                continue;
+            }
+            let n = self.graph.node(id);
+            if matches!(n.op, Op::Reduce { .. }) {
+                found.push(id);
+            }
+            if matches!(n.op, Op::Matmul | Op::Cat { .. } | Op::Input { .. }) {
+                continue;
+            }
+            stack.extend(n.inputs.iter().rev().copied());
+        }
+        found
+    }
+}
+
+/// The operand index a view reads for its element `idx`; fails (realize the operand) where the
+/// map is not affine (a reshape that merges dims of a non-buffer).
+fn view_index(g: &Graph, node: NodeId, idx: &[Affine]) -> Retry<Vec<Affine>> {
+    let n = g.node(node);
+    let operand = n.inputs[0];
+    let in_shape = sizes(g, operand);
+    Ok(match &n.op {
+        Op::Permute { perm } => {
+            let mut out = vec![Affine::default(); perm.len()];
+            for (i, &p) in perm.iter().enumerate() {
+                out[p] = idx[i].clone();
+            }
+            out
+        }
+        Op::Expand { .. } => {
+            let lead = idx.len() - in_shape.len();
+            let out_shape = sizes(g, node);
+            (0..in_shape.len())
+                .map(|j| if in_shape[j] == 1 && out_shape[j + lead] != 1 { Affine::constant(0) } else { idx[j + lead].clone() })
+                .collect()
+        }
+        Op::Slice { dim, start, step, .. } => {
+            let mut out = idx.to_vec();
+            out[*dim] = idx[*dim].scale(*step as i64).plus(&Affine::constant(*start as i64));
+            out
+        }
+        Op::Reshape { .. } => {
+            let out_shape = sizes(g, node);
+            let out_strides = contiguous(&out_shape);
+            let in_strides = contiguous(&in_shape);
+            let mut out = vec![Affine::constant(0); in_shape.len()];
+            for (d, &size) in out_shape.iter().enumerate() {
+                if size <= 1 {
+                    continue;
+                }
+                let c = out_strides[d];
+                let e = (0..in_shape.len()).find(|&e| in_shape[e] > 1 && in_strides[e] <= c && c < in_strides[e] * in_shape[e] as i64);
+                match e {
+                    Some(e) if c % in_strides[e] == 0 && c * size as i64 <= in_strides[e] * in_shape[e] as i64 => {
+                        out[e] = out[e].plus(&idx[d].scale(c / in_strides[e]));
+                    }
+                    _ => return retry(operand),
+                }
+            }
+            out
+        }
+        _ => unreachable!("view_index of a non-view"),
+    })
+}
+
+/// Builds one kernel's expressions and stages.
+struct KernelBuilder<'g> {
+    graph: &'g Graph,
+    step: usize,
+    exprs: Vec<Expr>,
+    types: Vec<ScalarType>,
+    memo: HashMap<(NodeId, Vec<Affine>), ExprId>,
+    stages: Vec<Stage>,
+    stage_of: HashMap<NodeId, u32>,
+    row: Option<RowLoop>,
+    /// Computing (non-view, non-constant) nodes inlined here.
+    inlined: Vec<NodeId>,
+    names: Vec<String>,
+}
+
+impl<'g> KernelBuilder<'g> {
+    fn new(graph: &'g Graph, step: usize) -> Self {
+        KernelBuilder {
+            graph,
+            step,
+            exprs: Vec::new(),
+            types: Vec::new(),
+            memo: HashMap::new(),
+            stages: Vec::new(),
+            stage_of: HashMap::new(),
+            row: None,
+            inlined: Vec::new(),
+            names: Vec::new(),
+        }
+    }
+
+    fn finish(self, outer: Vec<usize>) -> Kernel {
+        let mut names: Vec<String> = Vec::new();
+        for n in self.names {
+            if !names.contains(&n) {
+                names.push(n);
+            }
+        }
+        let label = if names.is_empty() { "copy".to_string() } else { names.join("_") };
+        Kernel {
+            name: format!("k{}_{}", self.step, label),
+            outer: outer.into_iter().map(Dim::Static).collect(),
+            stages: self.stages,
+            exprs: self.exprs,
+            types: self.types,
+            nodes: {
+                let mut n = self.inlined;
+                n.sort();
+                n.dedup();
+                n
+            },
+        }
+    }
+
+    fn push(&mut self, expr: Expr, ty: ScalarType) -> ExprId {
+        if let Some(i) = self.exprs.iter().position(|e| *e == expr) {
+            return ExprId(i as u32);
+        }
+        self.exprs.push(expr);
+        self.types.push(ty);
+        ExprId(self.exprs.len() as u32 - 1)
+    }
+
+    fn convert(&mut self, e: ExprId, to: ScalarType) -> ExprId {
+        if self.types[e.0 as usize] == to {
+            return e;
+        }
+        let dtype = match to {
+            ScalarType::F32 => DType::F32,
+            ScalarType::I64 => DType::I64,
+            ScalarType::Bool => DType::Bool,
+        };
+        self.push(Expr::Cast(dtype, e), to)
+    }
+
+    /// Value of `node` at `idx`: a load if it is realized, else its inlined definition.
+    fn emit(&mut self, s: &mut Scheduler, node: NodeId, idx: &[Affine]) -> Retry<ExprId> {
+        if s.realized.contains(&node) {
+            let (buffer, index) = s.address(node, idx.to_vec())?;
+            let ty = ScalarType::of(s.buffers[buffer.0 as usize].dtype);
+            return Ok(self.push(Expr::Load { buffer, index, indirect: None }, ty));
+        }
+        self.emit_definition(s, node, idx)
+    }
+
+    fn emit_definition(&mut self, s: &mut Scheduler, node: NodeId, idx: &[Affine]) -> Retry<ExprId> {
+        let key = (node, idx.to_vec());
+        if let Some(&e) = self.memo.get(&key) {
+            return Ok(e);
+        }
+        let g = self.graph;
+        let n = g.node(node);
+        let ty = ScalarType::of(n.ty.dtype);
+        let out_shape = sizes(g, node);
+        // Index of a broadcast operand.
+        let operand_idx = |operand: NodeId| -> Vec<Affine> {
+            let shape = sizes(g, operand);
+            let lead = idx.len() - shape.len();
+            (0..shape.len())
+                .map(|j| if shape[j] == 1 && out_shape[j + lead] != 1 { Affine::constant(0) } else { idx[j + lead].clone() })
+                .collect()
+        };
+        if !matches!(n.op, Op::Constant { .. }) && !n.op.is_view() {
+            self.inlined.push(node);
+            self.names.push(n.op.name());
+        }
+        let e = match &n.op {
+            Op::Constant { value } => self.push(Expr::Constant { value: *value, ty }, ty),
+            Op::Unary(u) => {
+                let a = self.emit(s, n.inputs[0], &operand_idx(n.inputs[0]))?;
+                let a = self.convert(a, ty);
+                self.push(Expr::Unary(*u, a), ty)
+            }
+            Op::Binary(b) => {
+                let x = self.emit(s, n.inputs[0], &operand_idx(n.inputs[0]))?;
+                let y = self.emit(s, n.inputs[1], &operand_idx(n.inputs[1]))?;
+                let (x, y) = (self.convert(x, ty), self.convert(y, ty));
+                self.push(Expr::Binary(*b, x, y), ty)
+            }
+            Op::Compare(c) => {
+                let common = ScalarType::of(DType::promote(g.ty(n.inputs[0]).dtype, g.ty(n.inputs[1]).dtype));
+                let x = self.emit(s, n.inputs[0], &operand_idx(n.inputs[0]))?;
+                let y = self.emit(s, n.inputs[1], &operand_idx(n.inputs[1]))?;
+                let (x, y) = (self.convert(x, common), self.convert(y, common));
+                self.push(Expr::Compare(*c, x, y), ScalarType::Bool)
+            }
+            Op::Where => {
+                let c = self.emit(s, n.inputs[0], &operand_idx(n.inputs[0]))?;
+                let x = self.emit(s, n.inputs[1], &operand_idx(n.inputs[1]))?;
+                let y = self.emit(s, n.inputs[2], &operand_idx(n.inputs[2]))?;
+                let (x, y) = (self.convert(x, ty), self.convert(y, ty));
+                self.push(Expr::Where(c, x, y), ty)
+            }
+            Op::Cast { dtype } => {
+                let a = self.emit(s, n.inputs[0], idx)?;
+                let from = g.ty(n.inputs[0]).dtype;
+                let narrowing = matches!(dtype, DType::F16 | DType::BF16) && from != *dtype;
+                if ScalarType::of(from) == ty && !narrowing {
+                    a
+                } else {
+                    self.push(Expr::Cast(*dtype, a), ty)
+                }
+            }
+            Op::Reduce { op, keepdim, .. } => {
+                let row = match &self.row {
+                    Some(r) if *r == s.row_loop(node) => r.clone(),
+                    _ => return retry(node),
+                };
+                // The reduction's value is per outer iteration: the index must be exactly the outer loops.
+                let kept_idx: Vec<&Affine> = if *keepdim {
+                    idx.iter().enumerate().filter(|(d, _)| !row.axes.contains(d)).map(|(_, a)| a).collect()
+                } else {
+                    idx.iter().collect()
+                };
+                let sizes_kept: Vec<usize> = row.kept().iter().map(|&d| row.shape[d]).collect();
+                let in_order = kept_idx.iter().enumerate().all(|(p, a)| {
+                    a.as_var() == Some(Var::Outer(p as u32)) || (sizes_kept[p] == 1 && a.terms.is_empty() && a.offset == 0)
+                });
+                if !in_order {
+                    return retry(node);
+                }
+                let stage = match self.stage_of.get(&node) {
+                    Some(&st) => st,
+                    None => {
+                        let value = self.emit(s, n.inputs[0], &row.full_index())?;
+                        let value = self.convert(value, ScalarType::F32);
+                        if ty != ScalarType::F32 {
+                            return retry(node);
+                        }
+                        let extent = row.axes.iter().map(|&d| Dim::Static(row.shape[d])).collect();
+                        self.stages.push(Stage { extent, action: StageAction::Reduce { op: *op, value } });
+                        let st = self.stages.len() as u32 - 1;
+                        self.stage_of.insert(node, st);
+                        st
+                    }
+                };
+                self.push(Expr::StageResult(stage), ScalarType::F32)
+            }
+            Op::Gather => {
+                let (table, indices) = (n.inputs[0], n.inputs[1]);
+                let index_rank = g.ty(indices).rank();
+                let i = self.emit(s, indices, &idx[..index_rank])?;
+                let table_shape = sizes(g, table);
+                if !s.realized.contains(&table) {
+                    return retry(table);
+                }
+                let strides = contiguous(&table_shape);
+                let index = linear(&idx[index_rank..], &strides[1..]);
+                let indirect = Indirect { value: i, stride: strides[0], bound: table_shape[0] as i64 };
+                let buffer = s.buffer_of[&table];
+                self.push(Expr::Load { buffer, index, indirect: Some(indirect) }, ty)
+            }
+            Op::Reshape { .. } | Op::Permute { .. } | Op::Expand { .. } | Op::Slice { .. } => {
+                let operand = n.inputs[0];
+                if let (Op::Reshape { .. }, true) = (&n.op, s.realized.contains(&operand)) {
+                    let buffer = s.buffer_of[&operand];
+                    let index = linear(idx, &contiguous(&out_shape));
+                    let ty = ScalarType::of(g.ty(operand).dtype);
+                    self.push(Expr::Load { buffer, index, indirect: None }, ty)
+                } else {
+                    let inner = view_index(g, node, idx)?;
+                    self.emit(s, operand, &inner)?
+                }
+            }
+            Op::Input { .. } | Op::Matmul | Op::Cat { .. } => unreachable!("{} is always realized", n.op),
+            composite => panic!("fuse: {composite} reached fusion; run decompose first"),
+        };
+        self.memo.insert(key, e);
+        Ok(e)
+    }
+}
+

@@ -1,0 +1,360 @@
+//! The kernel (loop-level) IR that `fuse` produces and `codegen_cpu` lowers: Inductor's loop
+//! body, in small.
+//!
+//! A [`Program`] is a list of [`Step`]s over numbered [`Buffer`]s. A [`Kernel`] is a loop nest:
+//! `outer` loops (the kernel's iteration domain, the first of which the runtime may split across
+//! threads), and inside them a sequence of [`Stage`]s, each a loop nest of its own (`extent`)
+//! whose innermost loop is the one vectorised. A stage either reduces a scalar expression to one
+//! value per outer iteration (readable by later stages as [`Expr::StageResult`]) or stores
+//! expressions to buffers. Expressions form a DAG of scalar ops over `load(buffer, affine index)`.
+//!
+//! Loop extents are [`Dim`]s that reach the compiled code as runtime arguments (`params`);
+//! index coefficients (strides) are numbers fixed at compile time.
+
+use minductor_ir::{BinaryOp, CompareOp, DType, Dim, NodeId, ReduceOp, UnaryOp};
+use smallvec::SmallVec;
+use std::fmt::{self, Write};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct BufferId(pub u32);
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct ExprId(pub u32);
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BufferKind {
+    /// Graph input `n`, handed in by the caller.
+    Input(usize),
+    /// Allocated fresh for each call and handed to the caller (possibly as several outputs).
+    Output,
+    /// Lives only during a call; the runtime keeps it between calls.
+    Intermediate,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct Buffer {
+    pub dtype: DType,
+    /// Logical shape; buffers are contiguous row-major.
+    pub shape: Vec<Dim>,
+    pub kind: BufferKind,
+    /// The graph node whose value this buffer holds.
+    pub node: NodeId,
+}
+
+impl Buffer {
+    pub fn numel(&self) -> Option<usize> {
+        self.shape.iter().map(|d| d.as_static()).product()
+    }
+}
+
+/// A loop variable of a kernel: an outer loop, or an inner loop of the stage being evaluated.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Var {
+    Outer(u32),
+    Inner(u32),
+}
+
+/// `offset + Σ coefficient · var`, in elements.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Default)]
+pub struct Affine {
+    pub offset: i64,
+    pub terms: SmallVec<[(Var, i64); 4]>,
+}
+
+impl Affine {
+    pub fn constant(offset: i64) -> Self {
+        Affine { offset, terms: SmallVec::new() }
+    }
+
+    pub fn var(v: Var) -> Self {
+        Affine { offset: 0, terms: SmallVec::from_slice(&[(v, 1)]) }
+    }
+
+    /// `self * k`.
+    pub fn scale(&self, k: i64) -> Affine {
+        if k == 0 {
+            return Affine::constant(0);
+        }
+        Affine { offset: self.offset * k, terms: self.terms.iter().map(|&(v, c)| (v, c * k)).collect() }
+    }
+
+    /// `self + other`, with like terms combined and zero terms dropped (kept sorted by var).
+    pub fn plus(&self, other: &Affine) -> Affine {
+        let mut terms = self.terms.clone();
+        for &(v, c) in &other.terms {
+            match terms.iter_mut().find(|(w, _)| *w == v) {
+                Some(t) => t.1 += c,
+                None => terms.push((v, c)),
+            }
+        }
+        terms.retain(|t| t.1 != 0);
+        terms.sort_by_key(|t| t.0);
+        Affine { offset: self.offset + other.offset, terms }
+    }
+
+    /// Coefficient of `v` (0 if absent).
+    pub fn coefficient(&self, v: Var) -> i64 {
+        self.terms.iter().find(|t| t.0 == v).map_or(0, |t| t.1)
+    }
+
+    /// If this is exactly one variable with coefficient 1 and no offset, that variable.
+    pub fn as_var(&self) -> Option<Var> {
+        match self.terms.as_slice() {
+            [(v, 1)] if self.offset == 0 => Some(*v),
+            _ => None,
+        }
+    }
+}
+
+/// Types values take inside a kernel. Floating buffers of any width compute in f32.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ScalarType {
+    F32,
+    I64,
+    Bool,
+}
+
+impl ScalarType {
+    pub fn of(dtype: DType) -> ScalarType {
+        match dtype {
+            DType::F32 | DType::F16 | DType::BF16 => ScalarType::F32,
+            DType::I64 => ScalarType::I64,
+            DType::Bool => ScalarType::Bool,
+        }
+    }
+}
+
+/// A data-dependent part of a load index: `clamp(value, 0, bound - 1) * stride` (embedding).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Indirect {
+    pub value: ExprId,
+    pub stride: i64,
+    pub bound: i64,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub enum Expr {
+    Load { buffer: BufferId, index: Affine, indirect: Option<Indirect> },
+    Constant { value: f64, ty: ScalarType },
+    /// The value reduction stage `n` produced for the current outer iteration.
+    StageResult(u32),
+    Unary(UnaryOp, ExprId),
+    Binary(BinaryOp, ExprId, ExprId),
+    Compare(CompareOp, ExprId, ExprId),
+    Where(ExprId, ExprId, ExprId),
+    /// Conversion to `dtype`'s value set (f16/bf16 round, i64 truncates, bool tests != 0).
+    Cast(DType, ExprId),
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct Store {
+    pub buffer: BufferId,
+    pub index: Affine,
+    pub value: ExprId,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub enum StageAction {
+    Reduce { op: ReduceOp, value: ExprId },
+    Store(Vec<Store>),
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct Stage {
+    /// Inner loop extents, outermost first (empty: evaluated once per outer iteration).
+    pub extent: Vec<Dim>,
+    pub action: StageAction,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct Kernel {
+    pub name: String,
+    pub outer: Vec<Dim>,
+    pub stages: Vec<Stage>,
+    pub exprs: Vec<Expr>,
+    /// Type of each expression, parallel to `exprs`.
+    pub types: Vec<ScalarType>,
+    /// Graph nodes this kernel computes (fused), for dumps.
+    pub nodes: Vec<NodeId>,
+}
+
+impl Kernel {
+    pub fn expr(&self, id: ExprId) -> &Expr {
+        &self.exprs[id.0 as usize]
+    }
+
+    pub fn ty(&self, id: ExprId) -> ScalarType {
+        self.types[id.0 as usize]
+    }
+
+    /// Every loop extent in the order the compiled function reads them from `params`:
+    /// outer loops, then each stage's loops.
+    pub fn params(&self) -> Vec<Dim> {
+        let mut p = self.outer.clone();
+        for s in &self.stages {
+            p.extend_from_slice(&s.extent);
+        }
+        p
+    }
+
+    /// Buffers read or written, sorted and unique: the compiled function's pointer table.
+    pub fn buffers(&self) -> Vec<BufferId> {
+        let mut out: Vec<BufferId> = self
+            .exprs
+            .iter()
+            .filter_map(|e| match e {
+                Expr::Load { buffer, .. } => Some(*buffer),
+                _ => None,
+            })
+            .collect();
+        for s in &self.stages {
+            if let StageAction::Store(stores) = &s.action {
+                out.extend(stores.iter().map(|st| st.buffer));
+            }
+        }
+        out.sort();
+        out.dedup();
+        out
+    }
+}
+
+/// `out[batch..., m, n] = a[batch..., m, k] @ b[batch..., k, n]` on strided views, by an extern GEMM.
+#[derive(Clone, Debug, PartialEq)]
+pub struct MatmulStep {
+    pub a: StridedView,
+    pub b: StridedView,
+    pub out: BufferId,
+    pub node: NodeId,
+}
+
+/// A buffer seen through a view: element `[i...]` lives at `offset + Σ i_d · strides[d]`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct StridedView {
+    pub buffer: BufferId,
+    pub offset: i64,
+    pub shape: Vec<usize>,
+    pub strides: Vec<i64>,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub enum Step {
+    Kernel(Kernel),
+    Matmul(MatmulStep),
+}
+
+#[derive(Clone, Debug, PartialEq, Default)]
+pub struct Program {
+    pub buffers: Vec<Buffer>,
+    pub steps: Vec<Step>,
+    /// For each graph output, the buffer holding it.
+    pub outputs: Vec<BufferId>,
+}
+
+impl Program {
+    pub fn buffer(&self, id: BufferId) -> &Buffer {
+        &self.buffers[id.0 as usize]
+    }
+
+    pub fn kernels(&self) -> impl Iterator<Item = &Kernel> {
+        self.steps.iter().filter_map(|s| match s {
+            Step::Kernel(k) => Some(k),
+            _ => None,
+        })
+    }
+}
+
+// ---- text format -----------------------------------------------------------------------------
+
+impl fmt::Display for Var {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Var::Outer(i) => write!(f, "o{i}"),
+            Var::Inner(i) => write!(f, "i{i}"),
+        }
+    }
+}
+
+impl fmt::Display for Affine {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut parts: Vec<String> = self
+            .terms
+            .iter()
+            .map(|&(v, c)| if c == 1 { v.to_string() } else { format!("{c}*{v}") })
+            .collect();
+        if self.offset != 0 || parts.is_empty() {
+            parts.push(self.offset.to_string());
+        }
+        f.write_str(&parts.join(" + "))
+    }
+}
+
+impl fmt::Display for BufferId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "buf{}", self.0)
+    }
+}
+
+fn dims(d: &[Dim]) -> String {
+    format!("[{}]", d.iter().map(|x| x.to_string()).collect::<Vec<_>>().join(", "))
+}
+
+impl fmt::Display for Kernel {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let nodes: Vec<String> = self.nodes.iter().map(|n| n.to_string()).collect();
+        writeln!(f, "kernel {} outer={} fuses {}", self.name, dims(&self.outer), nodes.join(" "))?;
+        for (i, e) in self.exprs.iter().enumerate() {
+            let mut line = String::new();
+            match e {
+                Expr::Load { buffer, index, indirect } => {
+                    write!(line, "load {buffer}[{index}")?;
+                    if let Some(ind) = indirect {
+                        write!(line, " + {}*clamp(e{}, 0, {})", ind.stride, ind.value.0, ind.bound)?;
+                    }
+                    line.push(']');
+                }
+                Expr::Constant { value, .. } => write!(line, "{value:?}")?,
+                Expr::StageResult(s) => write!(line, "stage{s}")?,
+                Expr::Unary(op, a) => write!(line, "{} e{}", format!("{op:?}").to_lowercase(), a.0)?,
+                Expr::Binary(op, a, b) => write!(line, "{} e{}, e{}", format!("{op:?}").to_lowercase(), a.0, b.0)?,
+                Expr::Compare(op, a, b) => write!(line, "{} e{}, e{}", format!("{op:?}").to_lowercase(), a.0, b.0)?,
+                Expr::Where(c, a, b) => write!(line, "where e{}, e{}, e{}", c.0, a.0, b.0)?,
+                Expr::Cast(d, a) => write!(line, "cast[{d}] e{}", a.0)?,
+            }
+            writeln!(f, "  e{i}: {:?} = {line}", self.types[i])?;
+        }
+        for (i, s) in self.stages.iter().enumerate() {
+            match &s.action {
+                StageAction::Reduce { op, value } => {
+                    writeln!(f, "  stage{i} over {}: reduce_{} e{}", dims(&s.extent), format!("{op:?}").to_lowercase(), value.0)?
+                }
+                StageAction::Store(stores) => {
+                    for st in stores {
+                        writeln!(f, "  stage{i} over {}: store {}[{}] = e{}", dims(&s.extent), st.buffer, st.index, st.value.0)?;
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+impl fmt::Display for Program {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        writeln!(f, "buffers:")?;
+        for (i, b) in self.buffers.iter().enumerate() {
+            writeln!(f, "  buf{i}: {}{} {:?} (node {})", b.dtype, dims(&b.shape), b.kind, b.node)?;
+        }
+        for step in &self.steps {
+            match step {
+                Step::Kernel(k) => write!(f, "{k}")?,
+                Step::Matmul(m) => writeln!(
+                    f,
+                    "matmul {} = {}{:?}+{} strides {:?} @ {}{:?}+{} strides {:?} (node {})",
+                    m.out, m.a.buffer, m.a.shape, m.a.offset, m.a.strides, m.b.buffer, m.b.shape, m.b.offset, m.b.strides, m.node
+                )?,
+            }
+        }
+        let outs: Vec<String> = self.outputs.iter().map(|o| o.to_string()).collect();
+        writeln!(f, "outputs: {}", outs.join(", "))
+    }
+}
