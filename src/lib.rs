@@ -1,1 +1,22 @@
-//! minductor
+//! minductor: torch.compile's pipeline rebuilt in Rust for CPUs.
+//!
+//! ```no_run
+//! use minductor::{compile, trace, DType, Tensor};
+//! let graph = trace(|t| {
+//!     let x = t.input("x", DType::F32, &[4, 8]);
+//!     vec![(&x * 2.0 + 1.0).softmax(-1)]
+//! })
+//! .unwrap();
+//! let compiled = compile(&graph).unwrap();
+//! let out = compiled.call(&[Tensor::zeros(DType::F32, &[4, 8])]).unwrap();
+//! ```
+
+pub mod golden;
+
+pub use minductor_codegen_cpu as codegen_cpu;
+pub use minductor_frontend::{compile, compile_with, trace, Artifacts, Backend, CompileError, Compiled, Operand, TraceError, Traced, Tracer};
+pub use minductor_ir as ir;
+pub use minductor_ir::{DType, Graph};
+pub use minductor_passes as passes;
+pub use minductor_runtime as runtime;
+pub use minductor_runtime::{interpret, RuntimeError, Tensor};

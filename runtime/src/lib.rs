@@ -3,6 +3,7 @@
 
 mod error;
 mod executable;
+mod interpret; pub use interpret::interpret;
 mod tensor;
 
 pub use error::RuntimeError;

@@ -1,0 +1,143 @@
+//! `compile`: a graph and a backend in, something callable out.
+//!
+//! Backends, by name like torch.compile's:
+//! - `eager`: the reference interpreter, op by op, unfused, each op allocating its result;
+//! - `aot_eager`: the decomposed and simplified prim graph, interpreted;
+//! - `inductor` (default): decompose → simplify → fuse → Cranelift, run as machine code.
+
+use minductor_codegen_cpu::{compile_program, CodegenError, CompiledProgram};
+use minductor_ir::{Graph, IrError};
+use minductor_passes::{decompose, fuse, kernel::Program, simplify};
+use minductor_runtime::{check_inputs, interpret, Executable, RuntimeError, Tensor};
+use std::str::FromStr;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+use thiserror::Error;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum Backend {
+    Eager,
+    AotEager,
+    #[default]
+    Inductor,
+}
+
+impl Backend {
+    pub fn name(self) -> &'static str {
+        match self {
+            Backend::Eager => "eager",
+            Backend::AotEager => "aot_eager",
+            Backend::Inductor => "inductor",
+        }
+    }
+}
+
+impl FromStr for Backend {
+    type Err = CompileError;
+    fn from_str(s: &str) -> Result<Self, CompileError> {
+        match s {
+            "eager" => Ok(Backend::Eager),
+            "aot_eager" => Ok(Backend::AotEager),
+            "inductor" | "default" => Ok(Backend::Inductor),
+            other => Err(CompileError::UnknownBackend(other.to_string())),
+        }
+    }
+}
+
+#[derive(Debug, Error)]
+pub enum CompileError {
+    #[error("unknown backend `{0}` (expected eager, aot_eager or inductor)")]
+    UnknownBackend(String),
+    #[error("invalid graph: {0}")]
+    InvalidGraph(#[from] IrError),
+    #[error("code generation failed: {0}")]
+    Codegen(#[from] CodegenError),
+}
+
+/// Every stage's output, kept for inspection.
+#[derive(Clone, Debug, Default)]
+pub struct Artifacts {
+    /// The prim graph after `decompose` and `simplify` (empty for `eager`).
+    pub prim_graph: Option<Graph>,
+    /// The kernel program after `fuse` (inductor only).
+    pub program: Option<Program>,
+}
+
+/// A compiled graph. `call` checks the inputs against the graph and runs the backend's code.
+pub struct Compiled {
+    graph: Graph,
+    backend: Backend,
+    executable: Mutex<Box<dyn Executable>>,
+    artifacts: Artifacts,
+    compile_time: Duration,
+}
+
+struct Interpreted(Graph);
+
+impl Executable for Interpreted {
+    fn run(&mut self, inputs: &[Tensor]) -> Result<Vec<Tensor>, RuntimeError> {
+        interpret(&self.0, inputs)
+    }
+}
+
+/// Compiles `graph` with the default (inductor) backend.
+pub fn compile(graph: &Graph) -> Result<Compiled, CompileError> {
+    compile_with(graph, Backend::Inductor)
+}
+
+/// Compiles `graph` with the named backend.
+pub fn compile_with(graph: &Graph, backend: Backend) -> Result<Compiled, CompileError> {
+    graph.verify()?;
+    let started = Instant::now();
+    let mut artifacts = Artifacts::default();
+    let executable: Box<dyn Executable> = match backend {
+        Backend::Eager => Box::new(Interpreted(graph.clone())),
+        Backend::AotEager => {
+            let prims = simplify(&decompose(graph));
+            artifacts.prim_graph = Some(prims.clone());
+            Box::new(Interpreted(prims))
+        }
+        Backend::Inductor => {
+            let prims = simplify(&decompose(graph));
+            let program = fuse(&prims);
+            let compiled: CompiledProgram = compile_program(&program)?;
+            artifacts.prim_graph = Some(prims);
+            artifacts.program = Some(program);
+            Box::new(compiled)
+        }
+    };
+    Ok(Compiled {
+        graph: graph.clone(),
+        backend,
+        executable: Mutex::new(executable),
+        artifacts,
+        compile_time: started.elapsed(),
+    })
+}
+
+impl Compiled {
+    /// Runs the compiled graph. Inputs are checked (count, dtype, rank, shape) first; the error
+    /// names the input, the expected and the found. Non-contiguous inputs are accepted.
+    pub fn call(&self, inputs: &[Tensor]) -> Result<Vec<Tensor>, RuntimeError> {
+        check_inputs(&self.graph, inputs)?;
+        let mut exec = self.executable.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        exec.run(inputs)
+    }
+
+    pub fn graph(&self) -> &Graph {
+        &self.graph
+    }
+
+    pub fn backend(&self) -> Backend {
+        self.backend
+    }
+
+    pub fn artifacts(&self) -> &Artifacts {
+        &self.artifacts
+    }
+
+    /// Wall time `compile_with` took: passes plus code generation.
+    pub fn compile_time(&self) -> Duration {
+        self.compile_time
+    }
+}
