@@ -175,7 +175,16 @@ impl Executable for CompiledProgram {
             }
         }
         let mut pointers: Vec<*mut u8> = Vec::with_capacity(8);
-        for step in &self.steps {
+        for (n, step) in self.steps.iter().enumerate() {
+            for check in program.index_checks.iter().filter(|c| c.step == n) {
+                let t = tensors[check.buffer.0 as usize].as_ref().expect("index buffers are filled before use");
+                if let Some(bad) = t.to_vec::<i64>()?.into_iter().find(|&i| i < 0 || i >= check.bound) {
+                    return Err(RuntimeError::Data(format!(
+                        "embedding index {bad} is out of range for a table of {} rows",
+                        check.bound
+                    )));
+                }
+            }
             match step {
                 CompiledStep::Kernel(k) => {
                     pointers.clear();

@@ -127,6 +127,8 @@ impl Builder {
     fn composite(&mut self, op: &Op, ins: &[NodeId]) -> NodeId {
         let x = ins[0];
         match op {
+            // Over an empty dim the result is empty too (and a max over it is ill-typed).
+            Op::Softmax { dim } | Op::LogSoftmax { dim } if self.shape(x)[*dim] == Dim::Static(0) => x,
             Op::Relu => self.bin_scalar(BinaryOp::Maximum, x, 0.0),
             Op::Silu => {
                 let s = self.un(UnaryOp::Sigmoid, x);

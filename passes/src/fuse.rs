@@ -98,11 +98,19 @@ struct Scheduler<'g> {
     buffer_of: HashMap<NodeId, BufferId>,
     /// For each inlined computing node, the steps that recompute it.
     inlined_in: HashMap<NodeId, HashSet<usize>>,
+    index_checks: Vec<IndexCheck>,
 }
 
 impl<'g> Scheduler<'g> {
     fn new(graph: &'g Graph, realized: &'g HashSet<NodeId>) -> Self {
-        Scheduler { graph, realized, buffers: Vec::new(), buffer_of: HashMap::new(), inlined_in: HashMap::new() }
+        Scheduler {
+            graph,
+            realized,
+            buffers: Vec::new(),
+            buffer_of: HashMap::new(),
+            inlined_in: HashMap::new(),
+            index_checks: Vec::new(),
+        }
     }
 
     fn run(mut self) -> Retry<Program> {
@@ -140,7 +148,7 @@ impl<'g> Scheduler<'g> {
             return Err(Realize(shared));
         }
         let outputs = g.outputs().iter().map(|o| self.buffer_of[o]).collect();
-        Ok(Program { buffers: self.buffers, steps, outputs })
+        Ok(Program { buffers: self.buffers, steps, index_checks: self.index_checks, outputs })
     }
 
     fn new_buffer(&mut self, node: NodeId, kind: BufferKind) -> BufferId {
@@ -545,7 +553,14 @@ impl<'g> KernelBuilder<'g> {
                 }
                 let strides = contiguous(&table_shape);
                 let index = linear(&idx[index_rank..], &strides[1..]);
-                let indirect = Indirect { value: i, stride: strides[0], bound: table_shape[0] as i64 };
+                let bound = table_shape[0] as i64;
+                if s.realized.contains(&indices) {
+                    let check = IndexCheck { buffer: s.buffer_of[&indices], bound, step: self.step };
+                    if !s.index_checks.contains(&check) {
+                        s.index_checks.push(check);
+                    }
+                }
+                let indirect = Indirect { value: i, stride: strides[0], bound };
                 let buffer = s.buffer_of[&table];
                 self.push(Expr::Load { buffer, index, indirect: Some(indirect) }, ty)
             }

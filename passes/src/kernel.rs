@@ -242,10 +242,20 @@ pub enum Step {
     Matmul(MatmulStep),
 }
 
+/// Before step `step` runs, every i64 in `buffer` must lie in `0..bound` (embedding indices);
+/// the runtime reports a typed error otherwise. Indices computed inside a kernel are clamped.
+#[derive(Clone, Debug, PartialEq)]
+pub struct IndexCheck {
+    pub buffer: BufferId,
+    pub bound: i64,
+    pub step: usize,
+}
+
 #[derive(Clone, Debug, PartialEq, Default)]
 pub struct Program {
     pub buffers: Vec<Buffer>,
     pub steps: Vec<Step>,
+    pub index_checks: Vec<IndexCheck>,
     /// For each graph output, the buffer holding it.
     pub outputs: Vec<BufferId>,
 }

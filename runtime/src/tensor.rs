@@ -241,6 +241,10 @@ impl Tensor {
         if T::DTYPE != self.dtype {
             return Err(RuntimeError::Data(format!("tensor is {}, not {}", self.dtype, T::DTYPE)));
         }
+        if T::DTYPE == DType::Bool {
+            // Stored bytes may be any u8; read them as u8 and test != 0 rather than as `bool`.
+            return Ok(self.to_f64_vec().into_iter().map(T::from_f64).collect());
+        }
         let c = self.contiguous();
         Ok(c.as_slice::<T>().to_vec())
     }

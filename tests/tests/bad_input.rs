@@ -1,0 +1,145 @@
+//! Bad input never panics: wrong arity, dtype, rank or shape at `call`, ill-typed ops at trace
+//! time, non-contiguous, empty and out-of-range inputs each give a typed error or the right answer.
+
+use minductor::{compile_with, interpret, trace, Backend, DType, RuntimeError, Tensor, Tracer};
+
+const BACKENDS: [Backend; 3] = [Backend::Eager, Backend::AotEager, Backend::Inductor];
+
+fn ramp(shape: &[usize]) -> Tensor {
+    let n: usize = shape.iter().product();
+    Tensor::from_vec(shape, (0..n).map(|i| (i as f32 * 0.37).sin()).collect()).unwrap()
+}
+
+fn add_graph() -> minductor::Graph {
+    trace(|t| {
+        let x = t.input("x", DType::F32, &[2, 3]);
+        let y = t.input("y", DType::F32, &[2, 3]);
+        vec![(&x + &y).exp()]
+    })
+    .unwrap()
+}
+
+#[test]
+fn wrong_arity_names_expected_and_found() {
+    for backend in BACKENDS {
+        let c = compile_with(&add_graph(), backend).unwrap();
+        let err = c.call(&[ramp(&[2, 3])]).unwrap_err();
+        assert_eq!(err, RuntimeError::Arity { expected: 2, found: 1 });
+        assert_eq!(err.to_string(), "expected 2 inputs, got 1");
+    }
+}
+
+#[test]
+fn wrong_dtype_names_the_input() {
+    for backend in BACKENDS {
+        let c = compile_with(&add_graph(), backend).unwrap();
+        let bad = Tensor::from_vec(&[2, 3], vec![0i64; 6]).unwrap();
+        let err = c.call(&[ramp(&[2, 3]), bad]).unwrap_err();
+        assert_eq!(err.to_string(), "input `y`: expected dtype f32, found i64");
+    }
+}
+
+#[test]
+fn wrong_rank_and_shape_name_the_input() {
+    for backend in BACKENDS {
+        let c = compile_with(&add_graph(), backend).unwrap();
+        let err = c.call(&[ramp(&[6]), ramp(&[2, 3])]).unwrap_err();
+        assert!(matches!(err, RuntimeError::Rank { ref name, expected: 2, found: 1, .. } if name == "x"), "{err}");
+        let err = c.call(&[ramp(&[2, 3]), ramp(&[3, 2])]).unwrap_err();
+        assert_eq!(err.to_string(), "input `y`: expected shape [2, 3], found [3, 2]");
+    }
+}
+
+#[test]
+fn ill_typed_ops_are_reported_at_trace_time_with_location() {
+    let err = trace(|t| {
+        let a = t.input("a", DType::F32, &[3, 4]);
+        let b = t.input("b", DType::F32, &[5, 6]);
+        vec![a.matmul(&b)]
+    })
+    .unwrap_err();
+    let text = err.to_string();
+    assert!(text.contains("matmul: inner dimensions differ: [3, 4] @ [5, 6]"), "{text}");
+    assert!(text.contains("bad_input.rs:"), "location missing: {text}");
+
+    let err = trace(|t| {
+        let a = t.input("a", DType::F32, &[3]);
+        let b = t.input("b", DType::F32, &[4]);
+        // The first error wins; later ops on the poisoned value are skipped.
+        vec![(&a + &b).exp().sum(&[0], false)]
+    })
+    .unwrap_err();
+    assert!(err.to_string().contains("add: cannot broadcast shapes [3] and [4]"), "{err}");
+
+    let err = trace(|t| vec![t.input("x", DType::F32, &[2, 3]).reshape(&[4, -1])]).unwrap_err();
+    assert!(err.to_string().contains("cannot reshape [2, 3] to [4, -1]"), "{err}");
+
+    let err = trace(|t| vec![t.input("x", DType::F32, &[2, 3]).softmax(2)]).unwrap_err();
+    assert!(err.to_string().contains("dim 2 out of range for rank 2"), "{err}");
+
+    let err = trace(|t| vec![t.input("x", DType::I64, &[2]).exp()]).unwrap_err();
+    assert!(err.to_string().contains("expected a floating-point tensor"), "{err}");
+}
+
+#[test]
+fn non_contiguous_inputs_give_the_right_answer() {
+    let graph = trace(|t| {
+        let x = t.input("x", DType::F32, &[3, 4]);
+        vec![(&x * 2.0).softmax(-1)]
+    })
+    .unwrap();
+    let base = ramp(&[4, 3]);
+    let x = base.permute(&[1, 0]).unwrap();
+    assert!(!x.is_contiguous());
+    let want = interpret(&graph, &[x.contiguous()]).unwrap();
+    for backend in BACKENDS {
+        let got = compile_with(&graph, backend).unwrap().call(&[x.clone()]).unwrap();
+        assert_eq!(got[0].to_vec::<f32>().unwrap().len(), 12);
+        for (g, w) in got[0].to_vec::<f32>().unwrap().iter().zip(want[0].to_vec::<f32>().unwrap()) {
+            assert!((g - w).abs() <= 1e-6, "{backend:?}: {g} vs {w}");
+        }
+    }
+}
+
+#[test]
+fn empty_tensors_compute_empty_or_neutral_results() {
+    let graph = trace(|t| {
+        let x = t.input("x", DType::F32, &[0, 5]);
+        let w = t.input("w", DType::F32, &[5, 0]);
+        vec![x.exp().sum(&[1], false), x.sum(&[0], false), x.matmul(&w), w.softmax(-1)]
+    })
+    .unwrap();
+    let inputs = [Tensor::zeros(DType::F32, &[0, 5]), Tensor::zeros(DType::F32, &[5, 0])];
+    for backend in BACKENDS {
+        let out = compile_with(&graph, backend).unwrap().call(&inputs).unwrap();
+        assert_eq!(out[0].shape(), &[0]);
+        assert_eq!(out[1].to_vec::<f32>().unwrap(), vec![0.0; 5], "{backend:?}: sum over an empty dim is 0");
+        assert_eq!(out[2].shape(), &[0, 0]);
+        assert_eq!(out[3].shape(), &[5, 0]);
+    }
+}
+
+#[test]
+fn out_of_range_embedding_index_is_an_error() {
+    let tracer = Tracer::new();
+    let idx = tracer.input("idx", DType::I64, &[3]);
+    let table = tracer.input("table", DType::F32, &[4, 2]);
+    let out = idx.embedding(&table);
+    let graph = tracer.finish(&[out]).unwrap();
+    let table = ramp(&[4, 2]);
+    for backend in BACKENDS {
+        let c = compile_with(&graph, backend).unwrap();
+        let ok = c.call(&[Tensor::from_vec(&[3], vec![3i64, 0, 1]).unwrap(), table.clone()]).unwrap();
+        assert_eq!(ok[0].shape(), &[3, 2]);
+        let err = c.call(&[Tensor::from_vec(&[3], vec![0i64, 4, 1]).unwrap(), table.clone()]).unwrap_err();
+        assert!(err.to_string().contains("index 4"), "{backend:?}: {err}");
+        let err = c.call(&[Tensor::from_vec(&[3], vec![-1i64, 0, 1]).unwrap(), table.clone()]).unwrap_err();
+        assert!(err.to_string().contains("index -1"), "{backend:?}: {err}");
+    }
+}
+
+#[test]
+fn unknown_backend_is_a_typed_error() {
+    let err = "tvm".parse::<Backend>().unwrap_err();
+    assert_eq!(err.to_string(), "unknown backend `tvm` (expected eager, aot_eager or inductor)");
+}
