@@ -270,12 +270,15 @@ pub struct CaseResult {
     pub case: String,
     pub backend: Backend,
     pub max_abs_error: f64,
+    /// Wall time of `compile_with` (passes and code generation).
+    pub compile_ms: f64,
     pub outcome: Outcome,
 }
 
 /// Runs one case on one backend.
 pub fn run_case(case: &Case, backend: Backend) -> CaseResult {
-    let mut result = CaseResult { case: case.name.clone(), backend, max_abs_error: 0.0, outcome: Outcome::Pass };
+    let mut result =
+        CaseResult { case: case.name.clone(), backend, max_abs_error: 0.0, compile_ms: 0.0, outcome: Outcome::Pass };
     let Some((order, graph)) = build_case(&case.name, &case.inputs) else {
         result.outcome = Outcome::Skip("unknown case".into());
         return result;
@@ -299,6 +302,7 @@ pub fn run_case(case: &Case, backend: Backend) -> CaseResult {
         Ok(c) => c,
         Err(e) => return fail(result, e.to_string()),
     };
+    result.compile_ms = compiled.compile_time().as_secs_f64() * 1e3;
     let outputs = match compiled.call(&inputs) {
         Ok(o) => o,
         Err(e) => return fail(result, e.to_string()),
@@ -348,7 +352,14 @@ impl Report {
                 Outcome::Fail(why) => format!("FAIL  {why}"),
                 Outcome::Skip(why) => format!("skip  {why}"),
             };
-            let _ = writeln!(s, "{:<34} {:<10} max_abs_err {:<10.3e} {verdict}", r.case, r.backend.name(), r.max_abs_error);
+            let _ = writeln!(
+                s,
+                "{:<34} {:<10} max_abs_err {:<10.3e} compile {:>7.2} ms  {verdict}",
+                r.case,
+                r.backend.name(),
+                r.max_abs_error,
+                r.compile_ms
+            );
         }
         let _ = writeln!(s, "{} passed, {} failed, {} skipped", self.passed(), self.failed(), self.skipped());
         s

@@ -52,6 +52,8 @@ pub enum CompileError {
     InvalidGraph(#[from] IrError),
     #[error("code generation failed: {0}")]
     Codegen(#[from] CodegenError),
+    #[error("backend {backend} does not support {what} yet")]
+    Unsupported { backend: &'static str, what: String },
 }
 
 /// Every stage's output, kept for inspection.
@@ -88,6 +90,12 @@ pub fn compile(graph: &Graph) -> Result<Compiled, CompileError> {
 /// Compiles `graph` with the named backend.
 pub fn compile_with(graph: &Graph, backend: Backend) -> Result<Compiled, CompileError> {
     graph.verify()?;
+    if backend != Backend::Eager {
+        if let Some(node) = graph.nodes().iter().find(|n| n.ty.static_sizes().is_none()) {
+            let what = format!("symbolic dims ({} : {})", node.op, node.ty);
+            return Err(CompileError::Unsupported { backend: backend.name(), what });
+        }
+    }
     let started = Instant::now();
     let mut artifacts = Artifacts::default();
     let executable: Box<dyn Executable> = match backend {

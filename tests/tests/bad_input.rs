@@ -143,3 +143,18 @@ fn unknown_backend_is_a_typed_error() {
     let err = "tvm".parse::<Backend>().unwrap_err();
     assert_eq!(err.to_string(), "unknown backend `tvm` (expected eager, aot_eager or inductor)");
 }
+
+#[test]
+fn symbolic_dims_are_a_typed_error_not_a_panic() {
+    use minductor::ir::{Dim, SymId, TensorType};
+    let tracer = Tracer::new();
+    let x = tracer.input_typed("x", TensorType::new(DType::F32, [Dim::Sym(SymId(0)), Dim::Static(4)].into_iter().collect()));
+    let graph = tracer.finish(&[x.softmax(-1)]).unwrap();
+    for backend in [Backend::AotEager, Backend::Inductor] {
+        let err = compile_with(&graph, backend).err().expect("symbolic dims are not compiled yet");
+        assert!(err.to_string().contains("symbolic dims"), "{err}");
+    }
+    let eager = compile_with(&graph, Backend::Eager).unwrap();
+    let err = eager.call(&[ramp(&[3, 4])]).unwrap_err();
+    assert!(matches!(err, RuntimeError::Unsupported(_)), "{err}");
+}
