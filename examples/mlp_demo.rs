@@ -76,11 +76,26 @@ fn main() {
         compiled.call(&inputs).unwrap();
     });
     println!("MLP [{batch}x{width}] -> {hidden} -> {width}, layer_norm, gelu, residual, softmax");
-    println!("max |compiled - eager|  {max_err:.3e}  ({})", if max_err < 1e-5 { "match" } else { "MISMATCH" });
-    println!("compile time            {:.2} ms", compiled.compile_time().as_secs_f64() * 1e3);
-    println!("eager    median of 21   {:.3} ms", eager_time.as_secs_f64() * 1e3);
-    println!("compiled median of 21   {:.3} ms", compiled_time.as_secs_f64() * 1e3);
-    println!("speedup                 {:.2}x", eager_time.as_secs_f64() / compiled_time.as_secs_f64());
+    println!(
+        "max |compiled - eager|  {max_err:.3e}  ({})",
+        if max_err < 1e-5 { "match" } else { "MISMATCH" }
+    );
+    println!(
+        "compile time            {:.2} ms",
+        compiled.compile_time().as_secs_f64() * 1e3
+    );
+    println!(
+        "eager    median of 21   {:.3} ms",
+        eager_time.as_secs_f64() * 1e3
+    );
+    println!(
+        "compiled median of 21   {:.3} ms",
+        compiled_time.as_secs_f64() * 1e3
+    );
+    println!(
+        "speedup                 {:.2}x",
+        eager_time.as_secs_f64() / compiled_time.as_secs_f64()
+    );
     if max_err >= 1e-5 {
         std::process::exit(1);
     }

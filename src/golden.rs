@@ -47,7 +47,9 @@ fn spec_list(value: &serde_json::Value, named: bool) -> Result<Vec<TensorSpec>, 
         map.iter().map(|(k, v)| parse(k.clone(), v)).collect()
     } else {
         let list = value.as_array().ok_or("outputs must be a list")?;
-        list.iter().map(|v| parse(v["name"].as_str().unwrap_or("out").to_string(), v)).collect()
+        list.iter()
+            .map(|v| parse(v["name"].as_str().unwrap_or("out").to_string(), v))
+            .collect()
     }
 }
 
@@ -55,8 +57,11 @@ fn spec_list(value: &serde_json::Value, named: bool) -> Result<Vec<TensorSpec>, 
 pub fn load_manifest(dir: &Path) -> Result<Vec<Case>, String> {
     let path = dir.join("manifest.json");
     let text = std::fs::read_to_string(&path).map_err(|e| format!("{}: {e}", path.display()))?;
-    let json: serde_json::Value = serde_json::from_str(&text).map_err(|e| format!("{}: {e}", path.display()))?;
-    let cases = json["cases"].as_array().ok_or("manifest has no `cases` list")?;
+    let json: serde_json::Value =
+        serde_json::from_str(&text).map_err(|e| format!("{}: {e}", path.display()))?;
+    let cases = json["cases"]
+        .as_array()
+        .ok_or("manifest has no `cases` list")?;
     cases
         .iter()
         .map(|c| {
@@ -77,7 +82,8 @@ pub fn load_manifest(dir: &Path) -> Result<Vec<Case>, String> {
 /// Every tensor of a safetensors file, by name.
 pub fn load_tensors(path: &Path) -> Result<HashMap<String, Tensor>, String> {
     let bytes = std::fs::read(path).map_err(|e| format!("{}: {e}", path.display()))?;
-    let file = safetensors::SafeTensors::deserialize(&bytes).map_err(|e| format!("{}: {e}", path.display()))?;
+    let file = safetensors::SafeTensors::deserialize(&bytes)
+        .map_err(|e| format!("{}: {e}", path.display()))?;
     let mut out = HashMap::new();
     for (name, view) in file.tensors() {
         use safetensors::Dtype as S;
@@ -89,7 +95,8 @@ pub fn load_tensors(path: &Path) -> Result<HashMap<String, Tensor>, String> {
             S::BOOL => DType::Bool,
             other => return Err(format!("{name}: unsupported dtype {other:?}")),
         };
-        let t = Tensor::from_bytes(dtype, view.shape(), view.data()).map_err(|e| format!("{name}: {e}"))?;
+        let t = Tensor::from_bytes(dtype, view.shape(), view.data())
+            .map_err(|e| format!("{name}: {e}"))?;
         out.insert(name, t);
     }
     Ok(out)
@@ -97,7 +104,10 @@ pub fn load_tensors(path: &Path) -> Result<HashMap<String, Tensor>, String> {
 
 /// Traces the computation of the case `name` for inputs of the given types, with the inputs
 /// declared in `order`. `None` if the case is unknown.
-pub fn build_case(name: &str, specs: &[TensorSpec]) -> Option<(Vec<String>, Result<Graph, crate::TraceError>)> {
+pub fn build_case(
+    name: &str,
+    specs: &[TensorSpec],
+) -> Option<(Vec<String>, Result<Graph, crate::TraceError>)> {
     let builder = case_builder(name)?;
     let order: Vec<String> = builder.0.iter().map(|s| s.to_string()).collect();
     let tracer = Tracer::new();
@@ -124,14 +134,21 @@ fn transformer_block(i: &HashMap<String, Traced>, heads: usize) -> Traced {
     let h = x.layer_norm(&[width], Some(&i["g1"]), Some(&i["bb1"]), 1e-5);
     let qkv = h.linear(&i["wqkv"], Some(&i["bqkv"]));
     let split = |n: usize| {
-        qkv.slice(-1, Some((n * width) as isize), Some(((n + 1) * width) as isize), 1)
-            .reshape(&[batch, seq, heads as isize, head_dim as isize])
-            .transpose(1, 2)
+        qkv.slice(
+            -1,
+            Some((n * width) as isize),
+            Some(((n + 1) * width) as isize),
+            1,
+        )
+        .reshape(&[batch, seq, heads as isize, head_dim as isize])
+        .transpose(1, 2)
     };
     let (q, k, v) = (split(0), split(1), split(2));
     let scores = q.matmul(&k.transpose(-1, -2)) / (head_dim as f64).sqrt();
     let attended = scores.softmax(-1).matmul(&v);
-    let merged = attended.transpose(1, 2).reshape(&[batch, seq, width as isize]);
+    let merged = attended
+        .transpose(1, 2)
+        .reshape(&[batch, seq, width as isize]);
     let y = x + merged.linear(&i["wo"], Some(&i["bo"]));
     let normed = y.layer_norm(&[width], Some(&i["g2"]), Some(&i["bb2"]), 1e-5);
     &y + mlp(&normed, &i["w1"], &i["b1"], &i["w2"], &i["b2"])
@@ -197,7 +214,9 @@ fn case_builder(name: &str) -> Option<(&'static [&'static str], Build)> {
         "where_gt" => Some(|i| vec![i["a"].gt(&i["b"]).where_(&i["a"], &(&i["b"] * 2.0))]),
         "compare_gt" => Some(|i| vec![i["a"].gt(&i["b"])]),
         "cat_last" => Some(|i| vec![Traced::cat(&[&i["a"], &i["b"]], -1)]),
-        "matmul_2d" | "matmul_batched_bcast" | "matmul_large" => Some(|i| vec![i["a"].matmul(&i["b"])]),
+        "matmul_2d" | "matmul_batched_bcast" | "matmul_large" => {
+            Some(|i| vec![i["a"].matmul(&i["b"])])
+        }
         "bmm" => Some(|i| vec![i["a"].bmm(&i["b"])]),
         _ => None,
     };
@@ -205,7 +224,9 @@ fn case_builder(name: &str) -> Option<(&'static [&'static str], Build)> {
         return Some((AB, f));
     }
     Some(match name {
-        "gelu_chain" | "f16_gelu_chain" => (&["x", "w", "b"], |i| vec![(&i["x"] * &i["w"] + &i["b"]).gelu()]),
+        "gelu_chain" | "f16_gelu_chain" => (&["x", "w", "b"], |i| {
+            vec![(&i["x"] * &i["w"] + &i["b"]).gelu()]
+        }),
         "transpose_add" => (&["x", "y"], |i| vec![i["x"].transpose(0, 1) + &i["y"]]),
         "expand_add" => (&["x", "y"], |i| {
             let shape: Vec<isize> = i["y"].shape().iter().map(|&d| d as isize).collect();
@@ -220,11 +241,19 @@ fn case_builder(name: &str) -> Option<(&'static [&'static str], Build)> {
             vec![x * ((x * x).mean(&[-1], true) + 1e-6).rsqrt() * &i["g"]]
         }),
         "embedding" => (&["idx", "table"], |i| vec![i["idx"].embedding(&i["table"])]),
-        "linear_bias_relu" => (&["x", "w", "b"], |i| vec![i["x"].linear(&i["w"], Some(&i["b"])).relu()]),
-        "bf16_linear" => (&["x", "w", "b"], |i| vec![i["x"].linear(&i["w"], Some(&i["b"]))]),
-        "model_mlp" => (&["x", "w1", "b1", "w2", "b2"], |i| vec![mlp(&i["x"], &i["w1"], &i["b1"], &i["w2"], &i["b2"])]),
+        "linear_bias_relu" => (&["x", "w", "b"], |i| {
+            vec![i["x"].linear(&i["w"], Some(&i["b"])).relu()]
+        }),
+        "bf16_linear" => (&["x", "w", "b"], |i| {
+            vec![i["x"].linear(&i["w"], Some(&i["b"]))]
+        }),
+        "model_mlp" => (&["x", "w1", "b1", "w2", "b2"], |i| {
+            vec![mlp(&i["x"], &i["w1"], &i["b1"], &i["w2"], &i["b2"])]
+        }),
         "model_transformer_block" => (
-            &["x", "g1", "bb1", "wqkv", "bqkv", "wo", "bo", "g2", "bb2", "w1", "b1", "w2", "b2"],
+            &[
+                "x", "g1", "bb1", "wqkv", "bqkv", "wo", "bo", "g2", "bb2", "w1", "b1", "w2", "b2",
+            ],
             |i| vec![transformer_block(i, 4)],
         ),
         _ => return None,
@@ -241,10 +270,16 @@ pub struct Comparison {
 /// Compares `got` with `want` elementwise under `atol + rtol·|want|`.
 pub fn compare(got: &Tensor, want: &Tensor, rtol: f64, atol: f64) -> Comparison {
     if got.shape() != want.shape() || got.dtype() != want.dtype() {
-        return Comparison { max_abs_error: f64::INFINITY, passed: false };
+        return Comparison {
+            max_abs_error: f64::INFINITY,
+            passed: false,
+        };
     }
     let (g, w) = (got.to_f64_vec(), want.to_f64_vec());
-    let mut result = Comparison { max_abs_error: 0.0, passed: true };
+    let mut result = Comparison {
+        max_abs_error: 0.0,
+        passed: true,
+    };
     for (&a, &b) in g.iter().zip(&w) {
         if a.is_nan() && b.is_nan() || a == b {
             continue;
@@ -253,7 +288,11 @@ pub fn compare(got: &Tensor, want: &Tensor, rtol: f64, atol: f64) -> Comparison 
         if err.is_nan() || err > atol + rtol * b.abs() {
             result.passed = false;
         }
-        result.max_abs_error = if err.is_nan() { f64::INFINITY } else { result.max_abs_error.max(err) };
+        result.max_abs_error = if err.is_nan() {
+            f64::INFINITY
+        } else {
+            result.max_abs_error.max(err)
+        };
     }
     result
 }
@@ -277,8 +316,13 @@ pub struct CaseResult {
 
 /// Runs one case on one backend.
 pub fn run_case(case: &Case, backend: Backend) -> CaseResult {
-    let mut result =
-        CaseResult { case: case.name.clone(), backend, max_abs_error: 0.0, compile_ms: 0.0, outcome: Outcome::Pass };
+    let mut result = CaseResult {
+        case: case.name.clone(),
+        backend,
+        max_abs_error: 0.0,
+        compile_ms: 0.0,
+        outcome: Outcome::Pass,
+    };
     let Some((order, graph)) = build_case(&case.name, &case.inputs) else {
         result.outcome = Outcome::Skip("unknown case".into());
         return result;
@@ -295,7 +339,11 @@ pub fn run_case(case: &Case, backend: Backend) -> CaseResult {
         Ok(t) => t,
         Err(e) => return fail(result, e),
     };
-    let Some(inputs) = order.iter().map(|n| tensors.get(n).cloned()).collect::<Option<Vec<_>>>() else {
+    let Some(inputs) = order
+        .iter()
+        .map(|n| tensors.get(n).cloned())
+        .collect::<Option<Vec<_>>>()
+    else {
         return fail(result, "an input is missing from the file".into());
     };
     let compiled = match compile_with(&graph, backend) {
@@ -308,7 +356,10 @@ pub fn run_case(case: &Case, backend: Backend) -> CaseResult {
         Err(e) => return fail(result, e.to_string()),
     };
     if outputs.len() != case.outputs.len() {
-        return fail(result, format!("{} outputs, expected {}", outputs.len(), case.outputs.len()));
+        return fail(
+            result,
+            format!("{} outputs, expected {}", outputs.len(), case.outputs.len()),
+        );
     }
     for (got, spec) in outputs.iter().zip(&case.outputs) {
         let Some(want) = tensors.get(&spec.name) else {
@@ -317,7 +368,10 @@ pub fn run_case(case: &Case, backend: Backend) -> CaseResult {
         let c = compare(got, want, case.rtol, case.atol);
         result.max_abs_error = result.max_abs_error.max(c.max_abs_error);
         if !c.passed {
-            let why = format!("{} exceeds atol {} + rtol {}", spec.name, case.atol, case.rtol);
+            let why = format!(
+                "{} exceeds atol {} + rtol {}",
+                spec.name, case.atol, case.rtol
+            );
             result.outcome = Outcome::Fail(why);
         }
     }
@@ -361,7 +415,13 @@ impl Report {
                 r.compile_ms
             );
         }
-        let _ = writeln!(s, "{} passed, {} failed, {} skipped", self.passed(), self.failed(), self.skipped());
+        let _ = writeln!(
+            s,
+            "{} passed, {} failed, {} skipped",
+            self.passed(),
+            self.failed(),
+            self.skipped()
+        );
         s
     }
 }
@@ -384,4 +444,3 @@ pub fn default_golden_dir() -> PathBuf {
         .map(PathBuf::from)
         .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/golden"))
 }
-

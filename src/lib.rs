@@ -14,7 +14,10 @@
 pub mod golden;
 
 pub use minductor_codegen_cpu as codegen_cpu;
-pub use minductor_frontend::{compile, compile_with, trace, Artifacts, Backend, CompileError, Compiled, Operand, TraceError, Traced, Tracer};
+pub use minductor_frontend::{
+    compile, compile_with, trace, Artifacts, Backend, CompileError, Compiled, Operand, TraceError,
+    Traced, Tracer,
+};
 pub use minductor_ir as ir;
 pub use minductor_ir::{DType, Graph};
 pub use minductor_passes as passes;

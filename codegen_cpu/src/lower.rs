@@ -11,10 +11,14 @@
 //! run scalar-only when it needs a value that has no 4-lane form here (i64 or bool data varying
 //! along the innermost loop, a data-dependent index that varies along it).
 
-use crate::convert::{emit_bf16_to_f32, emit_f16_to_f32, emit_f32_to_bf16_bits, emit_f32_to_f16_bits};
+use crate::convert::{
+    emit_bf16_to_f32, emit_f16_to_f32, emit_f32_to_bf16_bits, emit_f32_to_f16_bits,
+};
 use crate::math::{emit_math, emit_pow, MathFn};
 use cranelift_codegen::ir::condcodes::{FloatCC, IntCC};
-use cranelift_codegen::ir::{types, AbiParam, Function, InstBuilder, MemFlagsData, Signature, Type, Value};
+use cranelift_codegen::ir::{
+    types, AbiParam, Function, InstBuilder, MemFlagsData, Signature, Type, Value,
+};
 use cranelift_frontend::FunctionBuilder;
 use minductor_ir::{BinaryOp, CompareOp, DType, ReduceOp, UnaryOp};
 use minductor_passes::kernel::*;
@@ -67,7 +71,9 @@ pub fn lower_kernel(b: &mut FunctionBuilder, kernel: &Kernel, program: &Program)
     let flags = MemFlagsData::trusted();
     let mut bases = HashMap::new();
     for (slot, id) in kernel.buffers().into_iter().enumerate() {
-        let p = b.ins().load(types::I64, flags, buffers_ptr, (slot * 8) as i32);
+        let p = b
+            .ins()
+            .load(types::I64, flags, buffers_ptr, (slot * 8) as i32);
         bases.insert(id, p);
     }
     let extents: Vec<Value> = (0..kernel.params().len())
@@ -109,7 +115,11 @@ impl Lowering<'_, '_, '_> {
             self.stages(&extents[outer..]);
             return;
         }
-        let (lo, hi) = if level == 0 { (start, end) } else { (self.b.ins().iconst(types::I64, 0), extents[level]) };
+        let (lo, hi) = if level == 0 {
+            (start, end)
+        } else {
+            (self.b.ins().iconst(types::I64, 0), extents[level])
+        };
         self.counted_loop(lo, hi, 1, |l, i| {
             l.vars.insert(Var::Outer(level as u32), i);
             l.outer_loops(level + 1, start, end, extents);
@@ -118,7 +128,13 @@ impl Lowering<'_, '_, '_> {
 
     /// `for i in (lo..hi).step_by(step)` where the body runs only while `i + step <= hi`.
     /// Returns the first `i` the body did not run for.
-    fn counted_loop(&mut self, lo: Value, hi: Value, step: i64, mut body: impl FnMut(&mut Self, Value)) -> Value {
+    fn counted_loop(
+        &mut self,
+        lo: Value,
+        hi: Value,
+        step: i64,
+        mut body: impl FnMut(&mut Self, Value),
+    ) -> Value {
         let var = self.b.declare_var(types::I64);
         self.b.def_var(var, lo);
         let header = self.b.create_block();
@@ -154,7 +170,11 @@ impl Lowering<'_, '_, '_> {
 
     fn stage(&mut self, n: usize, stage: &Stage, extents: &[Value]) {
         let depth = extents.len();
-        self.innermost = if depth == 0 { None } else { Some(Var::Inner(depth as u32 - 1)) };
+        self.innermost = if depth == 0 {
+            None
+        } else {
+            Some(Var::Inner(depth as u32 - 1))
+        };
         let vector = depth > 0 && self.vectorizable(stage);
         match &stage.action {
             StageAction::Reduce { op, value } => {
@@ -174,7 +194,7 @@ impl Lowering<'_, '_, '_> {
                     let x = l.emit(value, mode);
                     match (mode, x) {
                         (Mode::Vector, x) => {
-                            let x = l.to_vector(x, ScalarType::F32);
+                            let x = l.vector_of(x, ScalarType::F32);
                             let acc = l.b.use_var(vector_acc);
                             let r = l.combine(op, acc, x);
                             l.b.def_var(vector_acc, r);
@@ -187,7 +207,9 @@ impl Lowering<'_, '_, '_> {
                     }
                 });
                 let acc = self.b.use_var(vector_acc);
-                let lanes: Vec<Value> = (0..4).map(|i| self.b.ins().extractlane(acc, i as u8)).collect();
+                let lanes: Vec<Value> = (0..4)
+                    .map(|i| self.b.ins().extractlane(acc, i as u8))
+                    .collect();
                 let lo = self.combine(op, lanes[0], lanes[1]);
                 let hi = self.combine(op, lanes[2], lanes[3]);
                 let v = self.combine(op, lo, hi);
@@ -207,7 +229,13 @@ impl Lowering<'_, '_, '_> {
     }
 
     /// Loops over the stage's extents; the innermost runs vector then scalar tail.
-    fn inner_loops(&mut self, level: usize, extents: &[Value], vector: bool, body: &mut dyn FnMut(&mut Self, Mode)) {
+    fn inner_loops(
+        &mut self,
+        level: usize,
+        extents: &[Value],
+        vector: bool,
+        body: &mut dyn FnMut(&mut Self, Mode),
+    ) {
         if extents.is_empty() {
             self.memo.clear();
             body(self, Mode::Scalar);
@@ -248,15 +276,24 @@ impl Lowering<'_, '_, '_> {
     // ---- analysis -----------------------------------------------------------------------------
 
     fn is_uniform(&self, e: ExprId) -> bool {
-        let Some(inner) = self.innermost else { return true };
+        let Some(inner) = self.innermost else {
+            return true;
+        };
         match self.kernel.expr(e) {
-            Expr::Load { index, indirect, .. } => {
-                index.coefficient(inner) == 0 && indirect.as_ref().is_none_or(|i| self.is_uniform(i.value))
+            Expr::Load {
+                index, indirect, ..
+            } => {
+                index.coefficient(inner) == 0
+                    && indirect.as_ref().is_none_or(|i| self.is_uniform(i.value))
             }
             Expr::Constant { .. } | Expr::StageResult(_) => true,
             Expr::Unary(_, a) | Expr::Cast(_, a) => self.is_uniform(*a),
-            Expr::Binary(_, a, c) | Expr::Compare(_, a, c) => self.is_uniform(*a) && self.is_uniform(*c),
-            Expr::Where(c, a, d) => self.is_uniform(*c) && self.is_uniform(*a) && self.is_uniform(*d),
+            Expr::Binary(_, a, c) | Expr::Compare(_, a, c) => {
+                self.is_uniform(*a) && self.is_uniform(*c)
+            }
+            Expr::Where(c, a, d) => {
+                self.is_uniform(*c) && self.is_uniform(*a) && self.is_uniform(*d)
+            }
         }
     }
 
@@ -284,7 +321,9 @@ impl Lowering<'_, '_, '_> {
                 return false;
             }
             match self.kernel.expr(e) {
-                Expr::Load { buffer, indirect, .. } => {
+                Expr::Load {
+                    buffer, indirect, ..
+                } => {
                     if !self.program.buffer(*buffer).dtype.is_float() || indirect.is_some() {
                         return false;
                     }
@@ -311,7 +350,11 @@ impl Lowering<'_, '_, '_> {
             return v;
         }
         let uniform = mode == Mode::Scalar || self.is_uniform(e);
-        let v = if uniform { Val::Scalar(self.emit_scalar(e)) } else { self.emit_vector(e) };
+        let v = if uniform {
+            Val::Scalar(self.emit_scalar(e))
+        } else {
+            self.emit_vector(e)
+        };
         self.memo.insert(e, v);
         v
     }
@@ -324,7 +367,13 @@ impl Lowering<'_, '_, '_> {
     }
 
     /// Address of element `index` (+ lane offset `lane` along the innermost var) of `buffer`.
-    fn address(&mut self, buffer: BufferId, index: &Affine, indirect: Option<&Indirect>, lane: i64) -> Value {
+    fn address(
+        &mut self,
+        buffer: BufferId,
+        index: &Affine,
+        indirect: Option<&Indirect>,
+        lane: i64,
+    ) -> Value {
         let size = self.program.buffer(buffer).dtype.size_bytes() as i64;
         let mut offset = self.b.ins().iconst(types::I64, index.offset * size);
         for &(var, coef) in &index.terms {
@@ -333,7 +382,10 @@ impl Lowering<'_, '_, '_> {
             offset = self.b.ins().iadd(offset, scaled);
         }
         if let (Some(inner), true) = (self.innermost, lane != 0) {
-            offset = self.b.ins().iadd_imm_s(offset, lane * index.coefficient(inner) * size);
+            offset = self
+                .b
+                .ins()
+                .iadd_imm_s(offset, lane * index.coefficient(inner) * size);
         }
         if let Some(ind) = indirect {
             // Clamp the data-dependent index into the table: JIT code never reads outside a buffer.
@@ -371,7 +423,11 @@ impl Lowering<'_, '_, '_> {
     fn emit_scalar(&mut self, e: ExprId) -> Value {
         let ty = self.kernel.ty(e);
         match self.kernel.expr(e).clone() {
-            Expr::Load { buffer, index, indirect } => {
+            Expr::Load {
+                buffer,
+                index,
+                indirect,
+            } => {
                 let addr = self.address(buffer, &index, indirect.as_ref(), 0);
                 self.load_scalar(buffer, addr)
             }
@@ -380,7 +436,9 @@ impl Lowering<'_, '_, '_> {
                 ScalarType::I64 => self.b.ins().iconst(types::I64, value as i64),
                 ScalarType::Bool => self.b.ins().iconst(types::I8, (value != 0.0) as i64),
             },
-            Expr::StageResult(n) => self.stage_results[n as usize].expect("stages run in dependency order"),
+            Expr::StageResult(n) => {
+                self.stage_results[n as usize].expect("stages run in dependency order")
+            }
             Expr::Unary(op, a) => {
                 let a = self.scalar_operand(a);
                 self.unary(op, a, ty)
@@ -395,7 +453,11 @@ impl Lowering<'_, '_, '_> {
                 self.compare(op, a, c, operand_ty, Mode::Scalar)
             }
             Expr::Where(c, a, d) => {
-                let (c, a, d) = (self.scalar_operand(c), self.scalar_operand(a), self.scalar_operand(d));
+                let (c, a, d) = (
+                    self.scalar_operand(c),
+                    self.scalar_operand(a),
+                    self.scalar_operand(d),
+                );
                 self.b.ins().select(c, a, d)
             }
             Expr::Cast(to, a) => {
@@ -495,7 +557,14 @@ impl Lowering<'_, '_, '_> {
         }
     }
 
-    fn compare(&mut self, op: CompareOp, a: Value, c: Value, operand: ScalarType, _mode: Mode) -> Value {
+    fn compare(
+        &mut self,
+        op: CompareOp,
+        a: Value,
+        c: Value,
+        operand: ScalarType,
+        _mode: Mode,
+    ) -> Value {
         if operand == ScalarType::F32 {
             let cc = match op {
                 CompareOp::Eq => FloatCC::Equal,
@@ -531,7 +600,7 @@ impl Lowering<'_, '_, '_> {
     // ---- vector mode --------------------------------------------------------------------------
 
     /// `v` as a 4-lane vector of the kernel type `ty` (f32x4, or an i32x4 mask for bool).
-    fn to_vector(&mut self, v: Val, ty: ScalarType) -> Value {
+    fn vector_of(&mut self, v: Val, ty: ScalarType) -> Value {
         match v {
             Val::Vector(x) => x,
             Val::Scalar(x) => match ty {
@@ -550,13 +619,17 @@ impl Lowering<'_, '_, '_> {
     fn vector_operand(&mut self, e: ExprId) -> Value {
         let v = self.emit(e, Mode::Vector);
         let ty = self.kernel.ty(e);
-        self.to_vector(v, ty)
+        self.vector_of(v, ty)
     }
 
     fn emit_vector(&mut self, e: ExprId) -> Val {
         let ty = self.kernel.ty(e);
         let v = match self.kernel.expr(e).clone() {
-            Expr::Load { buffer, index, indirect } => self.load_vector(buffer, &index, indirect.as_ref()),
+            Expr::Load {
+                buffer,
+                index,
+                indirect,
+            } => self.load_vector(buffer, &index, indirect.as_ref()),
             Expr::Unary(op, a) => {
                 let a = self.vector_operand(a);
                 self.unary(op, a, ty)
@@ -572,7 +645,11 @@ impl Lowering<'_, '_, '_> {
                 self.bitcast(types::I32X4, mask)
             }
             Expr::Where(c, a, d) => {
-                let (c, a, d) = (self.vector_operand(c), self.vector_operand(a), self.vector_operand(d));
+                let (c, a, d) = (
+                    self.vector_operand(c),
+                    self.vector_operand(a),
+                    self.vector_operand(d),
+                );
                 let mask = self.bitcast(types::F32X4, c);
                 self.b.ins().bitselect(mask, a, d)
             }
@@ -580,7 +657,9 @@ impl Lowering<'_, '_, '_> {
                 let from = self.kernel.ty(a);
                 let x = self.vector_operand(a);
                 match (to, from) {
-                    (DType::F32 | DType::F16 | DType::BF16, ScalarType::F32) => self.round_to(to, x),
+                    (DType::F32 | DType::F16 | DType::BF16, ScalarType::F32) => {
+                        self.round_to(to, x)
+                    }
                     (DType::F32 | DType::F16 | DType::BF16, ScalarType::Bool) => {
                         let one = self.f32_like(1.0, types::F32X4);
                         let mask = self.bitcast(types::F32X4, x);
@@ -608,7 +687,12 @@ impl Lowering<'_, '_, '_> {
         self.b.ins().bitcast(to, flags, v)
     }
 
-    fn load_vector(&mut self, buffer: BufferId, index: &Affine, indirect: Option<&Indirect>) -> Value {
+    fn load_vector(
+        &mut self,
+        buffer: BufferId,
+        index: &Affine,
+        indirect: Option<&Indirect>,
+    ) -> Value {
         let inner = self.innermost.expect("vector mode has an innermost loop");
         let dtype = self.program.buffer(buffer).dtype;
         let addr = self.address(buffer, index, indirect, 0);
@@ -619,7 +703,11 @@ impl Lowering<'_, '_, '_> {
                 DType::F16 | DType::BF16 => {
                     let bits = self.b.ins().uload16x4(f, addr, 0);
                     let bits = self.bitcast(types::I32X4, bits);
-                    return if dtype == DType::F16 { emit_f16_to_f32(self.b, bits) } else { emit_bf16_to_f32(self.b, bits) };
+                    return if dtype == DType::F16 {
+                        emit_f16_to_f32(self.b, bits)
+                    } else {
+                        emit_bf16_to_f32(self.b, bits)
+                    };
                 }
                 _ => unreachable!("vectorizable() admits float buffers only"),
             }
@@ -650,7 +738,7 @@ impl Lowering<'_, '_, '_> {
             return;
         }
         let inner = self.innermost.expect("vector mode has an innermost loop");
-        let x = self.to_vector(v, ScalarType::F32);
+        let x = self.vector_of(v, ScalarType::F32);
         if st.index.coefficient(inner) == 1 {
             let addr = self.address(st.buffer, &st.index, None, 0);
             match dtype {
@@ -658,7 +746,11 @@ impl Lowering<'_, '_, '_> {
                     self.b.ins().store(f, x, addr, 0);
                 }
                 DType::F16 | DType::BF16 => {
-                    let bits = if dtype == DType::F16 { emit_f32_to_f16_bits(self.b, x) } else { emit_f32_to_bf16_bits(self.b, x) };
+                    let bits = if dtype == DType::F16 {
+                        emit_f32_to_f16_bits(self.b, x)
+                    } else {
+                        emit_f32_to_bf16_bits(self.b, x)
+                    };
                     let packed = self.b.ins().unarrow(bits, bits);
                     let wide = self.bitcast(types::I64X2, packed);
                     let low = self.b.ins().extractlane(wide, 0);
@@ -682,7 +774,11 @@ impl Lowering<'_, '_, '_> {
                 self.b.ins().store(f, x, addr, 0);
             }
             DType::F16 | DType::BF16 => {
-                let bits = if dtype == DType::F16 { emit_f32_to_f16_bits(self.b, x) } else { emit_f32_to_bf16_bits(self.b, x) };
+                let bits = if dtype == DType::F16 {
+                    emit_f32_to_f16_bits(self.b, x)
+                } else {
+                    emit_f32_to_bf16_bits(self.b, x)
+                };
                 self.b.ins().istore16(f, bits, addr, 0);
             }
             DType::Bool => {
@@ -699,4 +795,3 @@ pub fn kernel_function(call_conv: cranelift_codegen::isa::CallConv) -> Function 
     kernel_signature(&mut sig);
     Function::with_name_signature(Default::default(), sig)
 }
-

@@ -56,12 +56,18 @@ pub struct CompiledProgram {
 
 fn isa() -> Result<std::sync::Arc<dyn cranelift_codegen::isa::TargetIsa>, CodegenError> {
     let mut flags = settings::builder();
-    let set = |f: &mut settings::Builder, k: &str, v: &str| f.set(k, v).map_err(|e| CodegenError::Cranelift(e.to_string()));
+    let set = |f: &mut settings::Builder, k: &str, v: &str| {
+        f.set(k, v)
+            .map_err(|e| CodegenError::Cranelift(e.to_string()))
+    };
     set(&mut flags, "opt_level", "speed")?;
     set(&mut flags, "use_colocated_libcalls", "false")?;
     set(&mut flags, "is_pic", "false")?;
-    let isa_builder = cranelift_native::builder().map_err(|e| CodegenError::Cranelift(e.to_string()))?;
-    isa_builder.finish(settings::Flags::new(flags)).map_err(|e| CodegenError::Cranelift(e.to_string()))
+    let isa_builder =
+        cranelift_native::builder().map_err(|e| CodegenError::Cranelift(e.to_string()))?;
+    isa_builder
+        .finish(settings::Flags::new(flags))
+        .map_err(|e| CodegenError::Cranelift(e.to_string()))
 }
 
 /// Compiles every kernel of `program` to machine code.
@@ -74,7 +80,10 @@ pub fn compile_program(program: &Program) -> Result<CompiledProgram, CodegenErro
     }
     let isa = isa()?;
     let call_conv = isa.default_call_conv();
-    let mut module = JITModule::new(JITBuilder::with_isa(isa, cranelift_module::default_libcall_names()));
+    let mut module = JITModule::new(JITBuilder::with_isa(
+        isa,
+        cranelift_module::default_libcall_names(),
+    ));
     let mut ctx = module.make_context();
     let mut fctx = FunctionBuilderContext::new();
     let mut pending = Vec::new();
@@ -96,7 +105,9 @@ pub fn compile_program(program: &Program) -> Result<CompiledProgram, CodegenErro
         module.clear_context(&mut ctx);
         pending.push((id, clif));
     }
-    module.finalize_definitions().map_err(|e| CodegenError::Cranelift(e.to_string()))?;
+    module
+        .finalize_definitions()
+        .map_err(|e| CodegenError::Cranelift(e.to_string()))?;
     let mut pending = pending.into_iter();
     let mut steps = Vec::new();
     for step in &program.steps {
@@ -112,7 +123,10 @@ pub fn compile_program(program: &Program) -> Result<CompiledProgram, CodegenErro
                     function,
                     buffers: kernel.buffers(),
                     params: static_params(kernel),
-                    range: kernel.outer.first().map_or(1, |d| d.as_static().expect("checked static") as i64),
+                    range: kernel
+                        .outer
+                        .first()
+                        .map_or(1, |d| d.as_static().expect("checked static") as i64),
                 })
             }
             Step::Matmul(m) => CompiledStep::Matmul(m.clone()),
@@ -122,7 +136,8 @@ pub fn compile_program(program: &Program) -> Result<CompiledProgram, CodegenErro
         .buffers
         .iter()
         .map(|b| {
-            (b.kind == BufferKind::Intermediate).then(|| Tensor::zeros(b.dtype, &static_sizes(&b.shape)))
+            (b.kind == BufferKind::Intermediate)
+                .then(|| Tensor::zeros(b.dtype, &static_sizes(&b.shape)))
         })
         .collect();
     Ok(CompiledProgram {
@@ -135,11 +150,18 @@ pub fn compile_program(program: &Program) -> Result<CompiledProgram, CodegenErro
 }
 
 fn static_sizes(shape: &[minductor_ir::Dim]) -> Vec<usize> {
-    shape.iter().map(|d| d.as_static().expect("checked static")).collect()
+    shape
+        .iter()
+        .map(|d| d.as_static().expect("checked static"))
+        .collect()
 }
 
 fn static_params(kernel: &Kernel) -> Vec<i64> {
-    kernel.params().iter().map(|d| d.as_static().expect("checked static") as i64).collect()
+    kernel
+        .params()
+        .iter()
+        .map(|d| d.as_static().expect("checked static") as i64)
+        .collect()
 }
 
 impl CompiledProgram {
@@ -160,7 +182,10 @@ impl Executable for CompiledProgram {
         for (index, b) in program.buffers.iter().enumerate() {
             match b.kind {
                 BufferKind::Input(n) => {
-                    let t = inputs.get(n).ok_or(RuntimeError::Arity { expected: n + 1, found: inputs.len() })?;
+                    let t = inputs.get(n).ok_or(RuntimeError::Arity {
+                        expected: n + 1,
+                        found: inputs.len(),
+                    })?;
                     if t.dtype() != b.dtype || t.shape() != static_sizes(&b.shape).as_slice() {
                         return Err(RuntimeError::Shape {
                             name: format!("#{n}"),
@@ -170,15 +195,23 @@ impl Executable for CompiledProgram {
                     }
                     tensors[index] = Some(t.contiguous());
                 }
-                BufferKind::Output => tensors[index] = Some(Tensor::zeros(b.dtype, &static_sizes(&b.shape))),
+                BufferKind::Output => {
+                    tensors[index] = Some(Tensor::zeros(b.dtype, &static_sizes(&b.shape)))
+                }
                 BufferKind::Intermediate => {}
             }
         }
         let mut pointers: Vec<*mut u8> = Vec::with_capacity(8);
         for (n, step) in self.steps.iter().enumerate() {
             for check in program.index_checks.iter().filter(|c| c.step == n) {
-                let t = tensors[check.buffer.0 as usize].as_ref().expect("index buffers are filled before use");
-                if let Some(bad) = t.to_vec::<i64>()?.into_iter().find(|&i| i < 0 || i >= check.bound) {
+                let t = tensors[check.buffer.0 as usize]
+                    .as_ref()
+                    .expect("index buffers are filled before use");
+                if let Some(bad) = t
+                    .to_vec::<i64>()?
+                    .into_iter()
+                    .find(|&i| i < 0 || i >= check.bound)
+                {
                     return Err(RuntimeError::Data(format!(
                         "embedding index {bad} is out of range for a table of {} rows",
                         check.bound
@@ -203,13 +236,19 @@ impl Executable for CompiledProgram {
         Ok(program
             .outputs
             .iter()
-            .map(|id| tensors[id.0 as usize].clone().expect("output buffers are filled"))
+            .map(|id| {
+                tensors[id.0 as usize]
+                    .clone()
+                    .expect("output buffers are filled")
+            })
             .collect())
     }
 }
 
 fn buffer_ptr(tensors: &mut [Option<Tensor>], id: BufferId) -> *mut u8 {
-    let t = tensors[id.0 as usize].as_mut().expect("every buffer is allocated before the steps run");
+    let t = tensors[id.0 as usize]
+        .as_mut()
+        .expect("every buffer is allocated before the steps run");
     // Inputs may be shared with the caller; kernels only ever read them (fuse never stores to an
     // input buffer), so a const pointer cast to mut is never written through.
     t.data_mut_ptr().unwrap_or(t.data_ptr() as *mut u8)

@@ -93,7 +93,10 @@ pub fn compile_with(graph: &Graph, backend: Backend) -> Result<Compiled, Compile
     if backend != Backend::Eager {
         if let Some(node) = graph.nodes().iter().find(|n| n.ty.static_sizes().is_none()) {
             let what = format!("symbolic dims ({} : {})", node.op, node.ty);
-            return Err(CompileError::Unsupported { backend: backend.name(), what });
+            return Err(CompileError::Unsupported {
+                backend: backend.name(),
+                what,
+            });
         }
     }
     let started = Instant::now();
@@ -128,7 +131,10 @@ impl Compiled {
     /// names the input, the expected and the found. Non-contiguous inputs are accepted.
     pub fn call(&self, inputs: &[Tensor]) -> Result<Vec<Tensor>, RuntimeError> {
         check_inputs(&self.graph, inputs)?;
-        let mut exec = self.executable.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let mut exec = self
+            .executable
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
         exec.run(inputs)
     }
 

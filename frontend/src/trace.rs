@@ -6,7 +6,10 @@
 //! location (`#[track_caller]`), every later op on a poisoned value is skipped, and
 //! [`Tracer::finish`] returns the error.
 
-use minductor_ir::{static_shape, BinaryOp, CompareOp, DType, Dim, Graph, IrError, NodeId, Op, ReduceOp, Shape, TensorType, UnaryOp};
+use minductor_ir::{
+    static_shape, BinaryOp, CompareOp, DType, Dim, Graph, IrError, NodeId, Op, ReduceOp, Shape,
+    TensorType, UnaryOp,
+};
 use std::cell::RefCell;
 use std::fmt;
 use std::panic::Location;
@@ -60,7 +63,12 @@ impl Default for Tracer {
 
 impl Tracer {
     pub fn new() -> Self {
-        Tracer { state: Rc::new(TraceState { graph: RefCell::new(Graph::new()), error: RefCell::new(None) }) }
+        Tracer {
+            state: Rc::new(TraceState {
+                graph: RefCell::new(Graph::new()),
+                error: RefCell::new(None),
+            }),
+        }
     }
 
     /// Declares an input with a static shape.
@@ -71,7 +79,10 @@ impl Tracer {
     /// Declares an input of any type (dims may be symbolic).
     pub fn input_typed(&self, name: &str, ty: TensorType) -> Traced {
         let id = self.state.graph.borrow_mut().input(name, ty);
-        Traced { state: self.state.clone(), id: Some(id) }
+        Traced {
+            state: self.state.clone(),
+            id: Some(id),
+        }
     }
 
     /// Ends tracing: the graph with `outputs`, or the first error met while tracing.
@@ -151,9 +162,15 @@ impl Traced {
     fn fail(&self, error: IrError) -> Traced {
         let mut slot = self.state.error.borrow_mut();
         if slot.is_none() {
-            *slot = Some(TraceError { location: Location::caller().to_string(), error });
+            *slot = Some(TraceError {
+                location: Location::caller().to_string(),
+                error,
+            });
         }
-        Traced { state: self.state.clone(), id: None }
+        Traced {
+            state: self.state.clone(),
+            id: None,
+        }
     }
 
     #[track_caller]
@@ -171,12 +188,20 @@ impl Traced {
             }
             match t.id {
                 Some(id) => ids.push(id),
-                None => return Traced { state: self.state.clone(), id: None },
+                None => {
+                    return Traced {
+                        state: self.state.clone(),
+                        id: None,
+                    }
+                }
             }
         }
         let result = self.state.graph.borrow_mut().add(op, &ids);
         match result {
-            Ok(id) => Traced { state: self.state.clone(), id: Some(id) },
+            Ok(id) => Traced {
+                state: self.state.clone(),
+                id: Some(id),
+            },
             Err(e) => self.fail(e),
         }
     }
@@ -189,7 +214,10 @@ impl Traced {
             _ => DType::F32,
         };
         let id = self.state.graph.borrow_mut().constant(value, dtype);
-        Traced { state: self.state.clone(), id: Some(id) }
+        Traced {
+            state: self.state.clone(),
+            id: Some(id),
+        }
     }
 
     fn operand(&self, other: Operand<'_>) -> Traced {
@@ -406,7 +434,14 @@ impl Traced {
     #[track_caller]
     pub fn var(&self, dims: &[isize], unbiased: bool, keepdim: bool) -> Traced {
         match self.axes("var", &self.dims_or_all(dims)) {
-            Ok(axes) => self.apply(Op::Var { axes, correction: unbiased as usize, keepdim }, &[self]),
+            Ok(axes) => self.apply(
+                Op::Var {
+                    axes,
+                    correction: unbiased as usize,
+                    keepdim,
+                },
+                &[self],
+            ),
             Err(t) => t,
         }
     }
@@ -435,7 +470,13 @@ impl Traced {
     }
     /// `F.layer_norm(x, normalized_shape, weight, bias, eps)`.
     #[track_caller]
-    pub fn layer_norm(&self, normalized_shape: &[usize], weight: Option<&Traced>, bias: Option<&Traced>, eps: f64) -> Traced {
+    pub fn layer_norm(
+        &self,
+        normalized_shape: &[usize],
+        weight: Option<&Traced>,
+        bias: Option<&Traced>,
+        eps: f64,
+    ) -> Traced {
         let shape = self.shape();
         let k = normalized_shape.len();
         if k == 0 || k > shape.len() || shape[shape.len() - k..] != *normalized_shape {
@@ -444,7 +485,12 @@ impl Traced {
                 format!("normalized_shape {normalized_shape:?} does not match the trailing dims of {shape:?}"),
             );
         }
-        let op = Op::LayerNorm { normalized_rank: k, eps, has_weight: weight.is_some(), has_bias: bias.is_some() };
+        let op = Op::LayerNorm {
+            normalized_rank: k,
+            eps,
+            has_weight: weight.is_some(),
+            has_bias: bias.is_some(),
+        };
         let mut inputs = vec![self];
         inputs.extend(weight);
         inputs.extend(bias);
@@ -462,7 +508,10 @@ impl Traced {
     pub fn bmm(&self, other: &Traced) -> Traced {
         let (a, b) = (self.shape(), other.shape());
         if a.len() != 3 || b.len() != 3 || a[0] != b[0] {
-            return self.fail_msg("bmm", format!("expected [b, n, m] and [b, m, p], found {a:?} and {b:?}"));
+            return self.fail_msg(
+                "bmm",
+                format!("expected [b, n, m] and [b, m, p], found {a:?} and {b:?}"),
+            );
         }
         self.matmul(other)
     }
@@ -471,14 +520,20 @@ impl Traced {
     pub fn linear(&self, weight: &Traced, bias: Option<&Traced>) -> Traced {
         let mut inputs = vec![self, weight];
         inputs.extend(bias);
-        self.apply(Op::Linear { has_bias: bias.is_some() }, &inputs)
+        self.apply(
+            Op::Linear {
+                has_bias: bias.is_some(),
+            },
+            &inputs,
+        )
     }
 
     // ---- views and data movement --------------------------------------------------------------
     #[track_caller]
     pub fn permute(&self, dims: &[isize]) -> Traced {
         let rank = self.rank();
-        let perm: Result<Vec<usize>, String> = dims.iter().map(|&d| normalize_dim(d, rank)).collect();
+        let perm: Result<Vec<usize>, String> =
+            dims.iter().map(|&d| normalize_dim(d, rank)).collect();
         match perm {
             Ok(perm) => self.apply(Op::Permute { perm }, &[self]),
             Err(m) => self.fail_msg("permute", m),
@@ -500,12 +555,25 @@ impl Traced {
     #[track_caller]
     pub fn reshape(&self, shape: &[isize]) -> Traced {
         let numel: usize = self.shape().iter().product();
-        let known: usize = shape.iter().filter(|&&d| d >= 0).map(|&d| d as usize).product();
+        let known: usize = shape
+            .iter()
+            .filter(|&&d| d >= 0)
+            .map(|&d| d as usize)
+            .product();
         let holes = shape.iter().filter(|&&d| d == -1).count();
-        if holes > 1 || shape.iter().any(|&d| d < -1) || (holes == 1 && (known == 0 || numel % known != 0)) {
-            return self.fail_msg("reshape", format!("cannot reshape {:?} to {shape:?}", self.shape()));
+        if holes > 1
+            || shape.iter().any(|&d| d < -1)
+            || (holes == 1 && (known == 0 || numel % known != 0))
+        {
+            return self.fail_msg(
+                "reshape",
+                format!("cannot reshape {:?} to {shape:?}", self.shape()),
+            );
         }
-        let sizes: Shape = shape.iter().map(|&d| Dim::Static(if d == -1 { numel / known } else { d as usize })).collect();
+        let sizes: Shape = shape
+            .iter()
+            .map(|&d| Dim::Static(if d == -1 { numel / known } else { d as usize }))
+            .collect();
         self.apply(Op::Reshape { shape: sizes }, &[self])
     }
     /// `expand`; `-1` keeps a dimension's size.
@@ -516,14 +584,26 @@ impl Traced {
         let sizes: Shape = shape
             .iter()
             .enumerate()
-            .map(|(i, &d)| Dim::Static(if d < 0 && i >= lead { own[i - lead] } else { d.max(0) as usize }))
+            .map(|(i, &d)| {
+                Dim::Static(if d < 0 && i >= lead {
+                    own[i - lead]
+                } else {
+                    d.max(0) as usize
+                })
+            })
             .collect();
         self.apply(Op::Expand { shape: sizes }, &[self])
     }
     /// `x[..., start:end:step, ...]` along `dim` with Python's clamping of negative/oversized bounds;
     /// `None` bounds mean the whole range.
     #[track_caller]
-    pub fn slice(&self, dim: isize, start: Option<isize>, end: Option<isize>, step: usize) -> Traced {
+    pub fn slice(
+        &self,
+        dim: isize,
+        start: Option<isize>,
+        end: Option<isize>,
+        step: usize,
+    ) -> Traced {
         let shape = self.shape();
         let dim = match normalize_dim(dim, shape.len()) {
             Ok(d) if !shape.is_empty() => d,
@@ -537,7 +617,15 @@ impl Traced {
         let clamp = |v: isize| (if v < 0 { v + size } else { v }).clamp(0, size) as usize;
         let start = start.map_or(0, clamp);
         let end = end.map_or(size as usize, clamp).max(start);
-        self.apply(Op::Slice { dim, start, end, step }, &[self])
+        self.apply(
+            Op::Slice {
+                dim,
+                start,
+                end,
+                step,
+            },
+            &[self],
+        )
     }
     /// `torch.cat(tensors, dim)`.
     #[track_caller]

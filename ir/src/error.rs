@@ -7,13 +7,20 @@ pub enum IrError {
     #[error("{op}: {message}")]
     Type { op: String, message: String },
     #[error("{op}: expected {expected} inputs, got {found}")]
-    Arity { op: String, expected: usize, found: usize },
+    Arity {
+        op: String,
+        expected: usize,
+        found: usize,
+    },
     #[error("graph verification failed at %{node}: {message}")]
     Verify { node: u32, message: String },
 }
 
 impl IrError {
     pub fn ty(op: impl Into<String>, message: impl Into<String>) -> Self {
-        IrError::Type { op: op.into(), message: message.into() }
+        IrError::Type {
+            op: op.into(),
+            message: message.into(),
+        }
     }
 }

@@ -85,26 +85,41 @@ impl Graph {
 
     /// Declares a new graph input.
     pub fn input(&mut self, name: impl Into<String>, ty: TensorType) -> NodeId {
-        let id = self.push(Node { op: Op::Input { name: name.into() }, inputs: SmallVec::new(), ty });
+        let id = self.push(Node {
+            op: Op::Input { name: name.into() },
+            inputs: SmallVec::new(),
+            ty,
+        });
         self.inputs.push(id);
         id
     }
 
     /// Adds a 0-d constant.
     pub fn constant(&mut self, value: f64, dtype: DType) -> NodeId {
-        self.push(Node { op: Op::Constant { value }, inputs: SmallVec::new(), ty: TensorType::scalar(dtype) })
+        self.push(Node {
+            op: Op::Constant { value },
+            inputs: SmallVec::new(),
+            ty: TensorType::scalar(dtype),
+        })
     }
 
     /// Appends `op` applied to `inputs`, inferring its type; fails if the op is ill-typed.
     pub fn add(&mut self, op: Op, inputs: &[NodeId]) -> Result<NodeId, IrError> {
         if let Some(bad) = inputs.iter().find(|i| i.index() >= self.nodes.len()) {
-            return Err(IrError::ty(op.name(), format!("operand {bad} does not exist")));
+            return Err(IrError::ty(
+                op.name(),
+                format!("operand {bad} does not exist"),
+            ));
         }
         let ty = {
             let types: SmallVec<[&TensorType; 4]> = inputs.iter().map(|&i| self.ty(i)).collect();
             infer_type(&op, &types)?
         };
-        Ok(self.push(Node { op, inputs: inputs.into(), ty }))
+        Ok(self.push(Node {
+            op,
+            inputs: inputs.into(),
+            ty,
+        }))
     }
 
     /// Appends a node whose type the caller vouches for (used by passes that rebuild graphs).
@@ -136,7 +151,10 @@ impl Graph {
     /// inputs are Input nodes, outputs exist.
     pub fn verify(&self) -> Result<(), IrError> {
         for (index, node) in self.nodes.iter().enumerate() {
-            let err = |message: String| IrError::Verify { node: index as u32, message };
+            let err = |message: String| IrError::Verify {
+                node: index as u32,
+                message,
+            };
             if node.inputs.iter().any(|i| i.index() >= index) {
                 return Err(err("operand does not precede its user".into()));
             }
@@ -155,13 +173,19 @@ impl Graph {
                     let types: Vec<&TensorType> = node.inputs.iter().map(|&i| self.ty(i)).collect();
                     let ty = infer_type(op, &types).map_err(|e| err(e.to_string()))?;
                     if ty != node.ty {
-                        return Err(err(format!("recorded type {} but the rule gives {ty}", node.ty)));
+                        return Err(err(format!(
+                            "recorded type {} but the rule gives {ty}",
+                            node.ty
+                        )));
                     }
                 }
             }
         }
         if let Some(bad) = self.outputs.iter().find(|o| o.index() >= self.nodes.len()) {
-            return Err(IrError::Verify { node: bad.0, message: "output does not exist".into() });
+            return Err(IrError::Verify {
+                node: bad.0,
+                message: "output does not exist".into(),
+            });
         }
         Ok(())
     }
@@ -170,13 +194,20 @@ impl Graph {
 /// The stable text format: one node per line, like an FX graph's code.
 impl fmt::Display for Graph {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let params: Vec<String> =
-            (0..self.inputs.len()).map(|i| format!("{}: {}", self.input_name(i), self.ty(self.inputs[i]))).collect();
+        let params: Vec<String> = (0..self.inputs.len())
+            .map(|i| format!("{}: {}", self.input_name(i), self.ty(self.inputs[i])))
+            .collect();
         writeln!(f, "graph({}) {{", params.join(", "))?;
         for (index, node) in self.nodes.iter().enumerate() {
             let operands: Vec<String> = node.inputs.iter().map(|i| i.to_string()).collect();
             let sep = if operands.is_empty() { "" } else { " " };
-            writeln!(f, "  %{index} = {}{sep}{} : {}", node.op, operands.join(", "), node.ty)?;
+            writeln!(
+                f,
+                "  %{index} = {}{sep}{} : {}",
+                node.op,
+                operands.join(", "),
+                node.ty
+            )?;
         }
         let outs: Vec<String> = self.outputs.iter().map(|o| o.to_string()).collect();
         writeln!(f, "  return {}", outs.join(", "))?;

@@ -25,7 +25,16 @@ mod tests {
         let x = g.input("x", TensorType::new(DType::F32, static_shape(&[4, 7])));
         let two = g.constant(2.0, DType::F32);
         let y = g.add(Op::Binary(BinaryOp::Mul), &[x, two]).unwrap();
-        let s = g.add(Op::Reduce { op: ReduceOp::Sum, axes: vec![1], keepdim: false }, &[y]).unwrap();
+        let s = g
+            .add(
+                Op::Reduce {
+                    op: ReduceOp::Sum,
+                    axes: vec![1],
+                    keepdim: false,
+                },
+                &[y],
+            )
+            .unwrap();
         g.set_outputs(vec![s]);
         g.verify().unwrap();
         let text = g.to_string();
@@ -45,7 +54,10 @@ mod tests {
         assert!(err.contains("[3, 4] @ [5, 6]"), "{err}");
         let c = g.input("c", TensorType::new(DType::F32, static_shape(&[3])));
         let d = g.input("d", TensorType::new(DType::F32, static_shape(&[4])));
-        let err = g.add(Op::Binary(BinaryOp::Add), &[c, d]).unwrap_err().to_string();
+        let err = g
+            .add(Op::Binary(BinaryOp::Add), &[c, d])
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("cannot broadcast shapes [3] and [4]"), "{err}");
     }
 }

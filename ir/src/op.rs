@@ -56,9 +56,13 @@ pub enum ReduceOp {
 pub enum Op {
     // ---- sources --------------------------------------------------------------------------
     /// A graph input; its type is given when the input is declared.
-    Input { name: String },
+    Input {
+        name: String,
+    },
     /// A 0-d constant of the node's dtype. Broadcasting makes it usable against any shape.
-    Constant { value: f64 },
+    Constant {
+        value: f64,
+    },
 
     // ---- prims ------------------------------------------------------------------------------
     Unary(UnaryOp),
@@ -68,17 +72,36 @@ pub enum Op {
     Compare(CompareOp),
     /// `where(cond, a, b)` with broadcasting of all three.
     Where,
-    Cast { dtype: DType },
+    Cast {
+        dtype: DType,
+    },
     /// Reduce over `axes` (sorted, unique, in range).
-    Reduce { op: ReduceOp, axes: Vec<usize>, keepdim: bool },
+    Reduce {
+        op: ReduceOp,
+        axes: Vec<usize>,
+        keepdim: bool,
+    },
     /// View with a new shape of the same element count.
-    Reshape { shape: Shape },
-    Permute { perm: Vec<usize> },
+    Reshape {
+        shape: Shape,
+    },
+    Permute {
+        perm: Vec<usize>,
+    },
     /// Broadcast size-1 dims (and new leading dims) to `shape`.
-    Expand { shape: Shape },
+    Expand {
+        shape: Shape,
+    },
     /// Elements `start, start+step, ... < end` of `dim`; bounds are normalised (0 <= start <= end <= size).
-    Slice { dim: usize, start: usize, end: usize, step: usize },
-    Cat { dim: usize },
+    Slice {
+        dim: usize,
+        start: usize,
+        end: usize,
+        step: usize,
+    },
+    Cat {
+        dim: usize,
+    },
     /// `table[indices]` along the table's first dim (embedding lookup): inputs `(table, indices)`.
     Gather,
     /// Batched matrix product with broadcast batch dims. Prim form: both operands rank >= 2.
@@ -87,18 +110,41 @@ pub enum Op {
     // ---- composites (decomposed before fusion) ---------------------------------------------
     Relu,
     Silu,
-    Gelu { tanh: bool },
+    Gelu {
+        tanh: bool,
+    },
     Reciprocal,
-    Clamp { min: Option<f64>, max: Option<f64> },
-    Softmax { dim: usize },
-    LogSoftmax { dim: usize },
+    Clamp {
+        min: Option<f64>,
+        max: Option<f64>,
+    },
+    Softmax {
+        dim: usize,
+    },
+    LogSoftmax {
+        dim: usize,
+    },
     /// Normalise over the last `normalized_rank` dims; optional weight and bias follow `x`.
-    LayerNorm { normalized_rank: usize, eps: f64, has_weight: bool, has_bias: bool },
+    LayerNorm {
+        normalized_rank: usize,
+        eps: f64,
+        has_weight: bool,
+        has_bias: bool,
+    },
     /// `x @ w^T (+ b)`; inputs `(x, w[, b])`.
-    Linear { has_bias: bool },
-    Mean { axes: Vec<usize>, keepdim: bool },
+    Linear {
+        has_bias: bool,
+    },
+    Mean {
+        axes: Vec<usize>,
+        keepdim: bool,
+    },
     /// Variance with Bessel-style `correction` (0 = population, 1 = unbiased).
-    Var { axes: Vec<usize>, correction: usize, keepdim: bool },
+    Var {
+        axes: Vec<usize>,
+        correction: usize,
+        keepdim: bool,
+    },
 }
 
 impl Op {
@@ -122,12 +168,18 @@ impl Op {
 
     /// True for ops that only re-index their input (no arithmetic).
     pub fn is_view(&self) -> bool {
-        matches!(self, Op::Reshape { .. } | Op::Permute { .. } | Op::Expand { .. } | Op::Slice { .. })
+        matches!(
+            self,
+            Op::Reshape { .. } | Op::Permute { .. } | Op::Expand { .. } | Op::Slice { .. }
+        )
     }
 
     /// True for elementwise prims (fusible as a scalar expression).
     pub fn is_pointwise(&self) -> bool {
-        matches!(self, Op::Unary(_) | Op::Binary(_) | Op::Compare(_) | Op::Where | Op::Cast { .. })
+        matches!(
+            self,
+            Op::Unary(_) | Op::Binary(_) | Op::Compare(_) | Op::Where | Op::Cast { .. }
+        )
     }
 
     /// Short name used in the text format and in error messages.
@@ -164,7 +216,15 @@ impl Op {
 
     /// The attributes in the text format, e.g. `[axes=[2], keepdim=false]`; empty when none.
     pub fn attributes(&self) -> String {
-        let list = |v: &[usize]| format!("[{}]", v.iter().map(|x| x.to_string()).collect::<Vec<_>>().join(", "));
+        let list = |v: &[usize]| {
+            format!(
+                "[{}]",
+                v.iter()
+                    .map(|x| x.to_string())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            )
+        };
         match self {
             Op::Input { name } => format!("[{name}]"),
             Op::Constant { value } => format!("[{value:?}]"),
@@ -172,16 +232,40 @@ impl Op {
             Op::Reduce { axes, keepdim, .. } | Op::Mean { axes, keepdim } => {
                 format!("[axes={}, keepdim={keepdim}]", list(axes))
             }
-            Op::Var { axes, correction, keepdim } => {
-                format!("[axes={}, correction={correction}, keepdim={keepdim}]", list(axes))
+            Op::Var {
+                axes,
+                correction,
+                keepdim,
+            } => {
+                format!(
+                    "[axes={}, correction={correction}, keepdim={keepdim}]",
+                    list(axes)
+                )
             }
             Op::Reshape { shape } | Op::Expand { shape } => format!("[{}]", shape_string(shape)),
             Op::Permute { perm } => format!("[{}]", list(perm)),
-            Op::Slice { dim, start, end, step } => format!("[dim={dim}, {start}:{end}:{step}]"),
-            Op::Cat { dim } | Op::Softmax { dim } | Op::LogSoftmax { dim } => format!("[dim={dim}]"),
-            Op::Gelu { tanh } => if *tanh { "[tanh]".into() } else { String::new() },
+            Op::Slice {
+                dim,
+                start,
+                end,
+                step,
+            } => format!("[dim={dim}, {start}:{end}:{step}]"),
+            Op::Cat { dim } | Op::Softmax { dim } | Op::LogSoftmax { dim } => {
+                format!("[dim={dim}]")
+            }
+            Op::Gelu { tanh } => {
+                if *tanh {
+                    "[tanh]".into()
+                } else {
+                    String::new()
+                }
+            }
             Op::Clamp { min, max } => format!("[min={min:?}, max={max:?}]"),
-            Op::LayerNorm { normalized_rank, eps, .. } => format!("[normalized_rank={normalized_rank}, eps={eps:e}]"),
+            Op::LayerNorm {
+                normalized_rank,
+                eps,
+                ..
+            } => format!("[normalized_rank={normalized_rank}, eps={eps:e}]"),
             _ => String::new(),
         }
     }
@@ -195,14 +279,21 @@ impl fmt::Display for Op {
 
 fn expect_arity(op: &Op, inputs: &[&TensorType], expected: usize) -> Result<(), IrError> {
     if inputs.len() != expected {
-        return Err(IrError::Arity { op: op.name(), expected, found: inputs.len() });
+        return Err(IrError::Arity {
+            op: op.name(),
+            expected,
+            found: inputs.len(),
+        });
     }
     Ok(())
 }
 
 fn expect_float(op: &Op, t: &TensorType) -> Result<(), IrError> {
     if !t.dtype.is_float() {
-        return Err(IrError::ty(op.name(), format!("expected a floating-point tensor, found {t}")));
+        return Err(IrError::ty(
+            op.name(),
+            format!("expected a floating-point tensor, found {t}"),
+        ));
     }
     Ok(())
 }
@@ -210,7 +301,10 @@ fn expect_float(op: &Op, t: &TensorType) -> Result<(), IrError> {
 fn check_axes(op: &Op, axes: &[usize], rank: usize) -> Result<(), IrError> {
     for (i, &a) in axes.iter().enumerate() {
         if a >= rank || (i > 0 && axes[i - 1] >= a) {
-            return Err(IrError::ty(op.name(), format!("axes {axes:?} must be sorted, unique and < rank {rank}")));
+            return Err(IrError::ty(
+                op.name(),
+                format!("axes {axes:?} must be sorted, unique and < rank {rank}"),
+            ));
         }
     }
     Ok(())
@@ -234,7 +328,11 @@ fn broadcast(op: &Op, a: &TensorType, b: &TensorType) -> Result<Shape, IrError> 
     broadcast_shapes(&a.shape, &b.shape).ok_or_else(|| {
         IrError::ty(
             op.name(),
-            format!("cannot broadcast shapes {} and {}", shape_string(&a.shape), shape_string(&b.shape)),
+            format!(
+                "cannot broadcast shapes {} and {}",
+                shape_string(&a.shape),
+                shape_string(&b.shape)
+            ),
         )
     })
 }
@@ -244,9 +342,10 @@ fn broadcast(op: &Op, a: &TensorType, b: &TensorType) -> Result<Shape, IrError> 
 pub fn infer_type(op: &Op, inputs: &[&TensorType]) -> Result<TensorType, IrError> {
     let first = || inputs[0].clone();
     match op {
-        Op::Input { .. } | Op::Constant { .. } => {
-            Err(IrError::ty(op.name(), "sources have declared types; use Graph::input or Graph::constant"))
-        }
+        Op::Input { .. } | Op::Constant { .. } => Err(IrError::ty(
+            op.name(),
+            "sources have declared types; use Graph::input or Graph::constant",
+        )),
         Op::Unary(u) => {
             expect_arity(op, inputs, 1)?;
             if !matches!(u, UnaryOp::Neg | UnaryOp::Abs) || inputs[0].dtype == DType::Bool {
@@ -263,64 +362,107 @@ pub fn infer_type(op: &Op, inputs: &[&TensorType]) -> Result<TensorType, IrError
             expect_arity(op, inputs, 2)?;
             let dtype = DType::promote(inputs[0].dtype, inputs[1].dtype);
             if dtype == DType::Bool {
-                return Err(IrError::ty(op.name(), "arithmetic on bool tensors is not supported; cast first"));
+                return Err(IrError::ty(
+                    op.name(),
+                    "arithmetic on bool tensors is not supported; cast first",
+                ));
             }
             if matches!(b, BinaryOp::Div | BinaryOp::Pow) && !dtype.is_float() {
-                return Err(IrError::ty(op.name(), "needs floating-point operands; cast integers first"));
+                return Err(IrError::ty(
+                    op.name(),
+                    "needs floating-point operands; cast integers first",
+                ));
             }
             Ok(TensorType::new(dtype, broadcast(op, inputs[0], inputs[1])?))
         }
         Op::Compare(_) => {
             expect_arity(op, inputs, 2)?;
-            Ok(TensorType::new(DType::Bool, broadcast(op, inputs[0], inputs[1])?))
+            Ok(TensorType::new(
+                DType::Bool,
+                broadcast(op, inputs[0], inputs[1])?,
+            ))
         }
         Op::Where => {
             expect_arity(op, inputs, 3)?;
             if inputs[0].dtype != DType::Bool {
-                return Err(IrError::ty(op.name(), format!("condition must be bool, found {}", inputs[0])));
+                return Err(IrError::ty(
+                    op.name(),
+                    format!("condition must be bool, found {}", inputs[0]),
+                ));
             }
             let ab = broadcast(op, inputs[1], inputs[2])?;
             let shape = broadcast(op, inputs[0], &TensorType::new(DType::Bool, ab))?;
-            Ok(TensorType::new(DType::promote(inputs[1].dtype, inputs[2].dtype), shape))
+            Ok(TensorType::new(
+                DType::promote(inputs[1].dtype, inputs[2].dtype),
+                shape,
+            ))
         }
         Op::Cast { dtype } => {
             expect_arity(op, inputs, 1)?;
             Ok(TensorType::new(*dtype, inputs[0].shape.clone()))
         }
-        Op::Reduce { axes, keepdim, op: reduce } => {
+        Op::Reduce {
+            axes,
+            keepdim,
+            op: reduce,
+        } => {
             expect_arity(op, inputs, 1)?;
             check_axes(op, axes, inputs[0].rank())?;
             if inputs[0].dtype == DType::Bool {
-                return Err(IrError::ty(op.name(), "reductions over bool tensors are not supported; cast first"));
+                return Err(IrError::ty(
+                    op.name(),
+                    "reductions over bool tensors are not supported; cast first",
+                ));
             }
             if *reduce != ReduceOp::Sum {
                 for &a in axes {
                     if inputs[0].shape[a] == Dim::Static(0) {
-                        return Err(IrError::ty(op.name(), format!("cannot take {reduce:?} over empty dim {a}")));
+                        return Err(IrError::ty(
+                            op.name(),
+                            format!("cannot take {reduce:?} over empty dim {a}"),
+                        ));
                     }
                 }
             }
-            Ok(TensorType::new(inputs[0].dtype, reduced_shape(&inputs[0].shape, axes, *keepdim)))
+            Ok(TensorType::new(
+                inputs[0].dtype,
+                reduced_shape(&inputs[0].shape, axes, *keepdim),
+            ))
         }
         Op::Mean { axes, keepdim } | Op::Var { axes, keepdim, .. } => {
             expect_arity(op, inputs, 1)?;
             expect_float(op, inputs[0])?;
             check_axes(op, axes, inputs[0].rank())?;
-            Ok(TensorType::new(inputs[0].dtype, reduced_shape(&inputs[0].shape, axes, *keepdim)))
+            Ok(TensorType::new(
+                inputs[0].dtype,
+                reduced_shape(&inputs[0].shape, axes, *keepdim),
+            ))
         }
         Op::Reshape { shape } => {
             expect_arity(op, inputs, 1)?;
-            let (from, to) = (inputs[0].numel(), TensorType::new(inputs[0].dtype, shape.clone()).numel());
+            let (from, to) = (
+                inputs[0].numel(),
+                TensorType::new(inputs[0].dtype, shape.clone()).numel(),
+            );
             match (from, to) {
                 (Some(a), Some(b)) if a == b => {}
                 (Some(_), Some(_)) => {
                     return Err(IrError::ty(
                         op.name(),
-                        format!("cannot reshape {} to {}: element counts differ", inputs[0], shape_string(shape)),
+                        format!(
+                            "cannot reshape {} to {}: element counts differ",
+                            inputs[0],
+                            shape_string(shape)
+                        ),
                     ))
                 }
                 _ if inputs[0].shape == *shape => {}
-                _ => return Err(IrError::ty(op.name(), "reshape of symbolic shapes is not supported yet")),
+                _ => {
+                    return Err(IrError::ty(
+                        op.name(),
+                        "reshape of symbolic shapes is not supported yet",
+                    ))
+                }
             }
             Ok(TensorType::new(inputs[0].dtype, shape.clone()))
         }
@@ -328,33 +470,58 @@ pub fn infer_type(op: &Op, inputs: &[&TensorType]) -> Result<TensorType, IrError
             expect_arity(op, inputs, 1)?;
             let rank = inputs[0].rank();
             let mut seen = vec![false; rank];
-            if perm.len() != rank || perm.iter().any(|&p| p >= rank || std::mem::replace(&mut seen[p], true)) {
-                return Err(IrError::ty(op.name(), format!("{perm:?} is not a permutation of {rank} dims")));
+            if perm.len() != rank
+                || perm
+                    .iter()
+                    .any(|&p| p >= rank || std::mem::replace(&mut seen[p], true))
+            {
+                return Err(IrError::ty(
+                    op.name(),
+                    format!("{perm:?} is not a permutation of {rank} dims"),
+                ));
             }
-            Ok(TensorType::new(inputs[0].dtype, perm.iter().map(|&p| inputs[0].shape[p]).collect()))
+            Ok(TensorType::new(
+                inputs[0].dtype,
+                perm.iter().map(|&p| inputs[0].shape[p]).collect(),
+            ))
         }
         Op::Expand { shape } => {
             expect_arity(op, inputs, 1)?;
             let from = &inputs[0].shape;
             let ok = shape.len() >= from.len()
-                && from.iter().zip(&shape[shape.len() - from.len()..]).all(|(&f, &t)| f == t || f == Dim::Static(1));
+                && from
+                    .iter()
+                    .zip(&shape[shape.len() - from.len()..])
+                    .all(|(&f, &t)| f == t || f == Dim::Static(1));
             if !ok {
                 return Err(IrError::ty(
                     op.name(),
-                    format!("cannot expand {} to {}", shape_string(from), shape_string(shape)),
+                    format!(
+                        "cannot expand {} to {}",
+                        shape_string(from),
+                        shape_string(shape)
+                    ),
                 ));
             }
             Ok(TensorType::new(inputs[0].dtype, shape.clone()))
         }
-        Op::Slice { dim, start, end, step } => {
+        Op::Slice {
+            dim,
+            start,
+            end,
+            step,
+        } => {
             expect_arity(op, inputs, 1)?;
             let rank = inputs[0].rank();
             if *dim >= rank {
-                return Err(IrError::ty(op.name(), format!("dim {dim} out of range for rank {rank}")));
+                return Err(IrError::ty(
+                    op.name(),
+                    format!("dim {dim} out of range for rank {rank}"),
+                ));
             }
-            let size = inputs[0].shape[*dim]
-                .as_static()
-                .ok_or_else(|| IrError::ty(op.name(), "slicing a symbolic dim is not supported yet"))?;
+            let size = inputs[0].shape[*dim].as_static().ok_or_else(|| {
+                IrError::ty(op.name(), "slicing a symbolic dim is not supported yet")
+            })?;
             if *step == 0 || start > end || *end > size {
                 return Err(IrError::ty(
                     op.name(),
@@ -371,7 +538,10 @@ pub fn infer_type(op: &Op, inputs: &[&TensorType]) -> Result<TensorType, IrError
             }
             let rank = inputs[0].rank();
             if *dim >= rank {
-                return Err(IrError::ty(op.name(), format!("dim {dim} out of range for rank {rank}")));
+                return Err(IrError::ty(
+                    op.name(),
+                    format!("dim {dim} out of range for rank {rank}"),
+                ));
             }
             let mut total = 0usize;
             for t in inputs {
@@ -384,9 +554,9 @@ pub fn infer_type(op: &Op, inputs: &[&TensorType]) -> Result<TensorType, IrError
                         format!("{} does not match {} outside dim {dim}", t, inputs[0]),
                     ));
                 }
-                total += t.shape[*dim]
-                    .as_static()
-                    .ok_or_else(|| IrError::ty(op.name(), "cat along a symbolic dim is not supported yet"))?;
+                total += t.shape[*dim].as_static().ok_or_else(|| {
+                    IrError::ty(op.name(), "cat along a symbolic dim is not supported yet")
+                })?;
             }
             let mut shape = inputs[0].shape.clone();
             shape[*dim] = Dim::Static(total);
@@ -396,7 +566,10 @@ pub fn infer_type(op: &Op, inputs: &[&TensorType]) -> Result<TensorType, IrError
             expect_arity(op, inputs, 2)?;
             let (table, indices) = (inputs[0], inputs[1]);
             if indices.dtype != DType::I64 {
-                return Err(IrError::ty(op.name(), format!("indices must be i64, found {indices}")));
+                return Err(IrError::ty(
+                    op.name(),
+                    format!("indices must be i64, found {indices}"),
+                ));
             }
             if table.rank() < 1 {
                 return Err(IrError::ty(op.name(), "table must have rank >= 1"));
@@ -413,13 +586,23 @@ pub fn infer_type(op: &Op, inputs: &[&TensorType]) -> Result<TensorType, IrError
             expect_arity(op, inputs, 2 + *has_bias as usize)?;
             let (x, w) = (inputs[0], inputs[1]);
             expect_float(op, x)?;
-            if w.rank() != 2 || x.rank() < 1 || x.shape[x.rank() - 1] != w.shape[1] || x.dtype != w.dtype {
-                return Err(IrError::ty(op.name(), format!("input {x} does not match weight {w} (expected [out, in])")));
+            if w.rank() != 2
+                || x.rank() < 1
+                || x.shape[x.rank() - 1] != w.shape[1]
+                || x.dtype != w.dtype
+            {
+                return Err(IrError::ty(
+                    op.name(),
+                    format!("input {x} does not match weight {w} (expected [out, in])"),
+                ));
             }
             if *has_bias {
                 let b = inputs[2];
                 if b.rank() != 1 || b.shape[0] != w.shape[0] || b.dtype != w.dtype {
-                    return Err(IrError::ty(op.name(), format!("bias {b} does not match weight {w}")));
+                    return Err(IrError::ty(
+                        op.name(),
+                        format!("bias {b} does not match weight {w}"),
+                    ));
                 }
             }
             let mut shape = x.shape.clone();
@@ -430,23 +613,38 @@ pub fn infer_type(op: &Op, inputs: &[&TensorType]) -> Result<TensorType, IrError
             expect_arity(op, inputs, 1)?;
             expect_float(op, inputs[0])?;
             if *dim >= inputs[0].rank() {
-                return Err(IrError::ty(op.name(), format!("dim {dim} out of range for {}", inputs[0])));
+                return Err(IrError::ty(
+                    op.name(),
+                    format!("dim {dim} out of range for {}", inputs[0]),
+                ));
             }
             Ok(first())
         }
-        Op::LayerNorm { normalized_rank, has_weight, has_bias, .. } => {
+        Op::LayerNorm {
+            normalized_rank,
+            has_weight,
+            has_bias,
+            ..
+        } => {
             expect_arity(op, inputs, 1 + *has_weight as usize + *has_bias as usize)?;
             let x = inputs[0];
             expect_float(op, x)?;
             if *normalized_rank == 0 || *normalized_rank > x.rank() {
-                return Err(IrError::ty(op.name(), format!("normalized_rank {normalized_rank} invalid for {x}")));
+                return Err(IrError::ty(
+                    op.name(),
+                    format!("normalized_rank {normalized_rank} invalid for {x}"),
+                ));
             }
             let tail = &x.shape[x.rank() - normalized_rank..];
             for p in &inputs[1..] {
                 if p.shape.as_slice() != tail || p.dtype != x.dtype {
                     return Err(IrError::ty(
                         op.name(),
-                        format!("weight/bias {p} must have shape {} and dtype {}", shape_string(tail), x.dtype),
+                        format!(
+                            "weight/bias {p} must have shape {} and dtype {}",
+                            shape_string(tail),
+                            x.dtype
+                        ),
                     ));
                 }
             }
@@ -460,14 +658,25 @@ fn matmul_type(op: &Op, a: &TensorType, b: &TensorType) -> Result<TensorType, Ir
         return Err(IrError::ty(op.name(), "both operands need rank >= 1"));
     }
     if a.dtype != b.dtype || !a.dtype.is_float() {
-        return Err(IrError::ty(op.name(), format!("operands must share a float dtype, found {a} and {b}")));
+        return Err(IrError::ty(
+            op.name(),
+            format!("operands must share a float dtype, found {a} and {b}"),
+        ));
     }
     let k_a = a.shape[a.rank() - 1];
-    let k_b = if b.rank() == 1 { b.shape[0] } else { b.shape[b.rank() - 2] };
+    let k_b = if b.rank() == 1 {
+        b.shape[0]
+    } else {
+        b.shape[b.rank() - 2]
+    };
     if k_a != k_b {
         return Err(IrError::ty(
             op.name(),
-            format!("inner dimensions differ: {} @ {} ({k_a} vs {k_b})", shape_string(&a.shape), shape_string(&b.shape)),
+            format!(
+                "inner dimensions differ: {} @ {} ({k_a} vs {k_b})",
+                shape_string(&a.shape),
+                shape_string(&b.shape)
+            ),
         ));
     }
     let batch_a = &a.shape[..a.rank().saturating_sub(2)];
@@ -475,7 +684,11 @@ fn matmul_type(op: &Op, a: &TensorType, b: &TensorType) -> Result<TensorType, Ir
     let mut shape = broadcast_shapes(batch_a, batch_b).ok_or_else(|| {
         IrError::ty(
             op.name(),
-            format!("batch dims {} and {} do not broadcast", shape_string(batch_a), shape_string(batch_b)),
+            format!(
+                "batch dims {} and {} do not broadcast",
+                shape_string(batch_a),
+                shape_string(batch_b)
+            ),
         )
     })?;
     if a.rank() >= 2 {

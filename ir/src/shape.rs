@@ -64,7 +64,10 @@ impl TensorType {
     }
 
     pub fn scalar(dtype: DType) -> Self {
-        TensorType { dtype, shape: Shape::new() }
+        TensorType {
+            dtype,
+            shape: Shape::new(),
+        }
     }
 
     pub fn rank(&self) -> usize {
@@ -100,8 +103,16 @@ pub fn broadcast_shapes(a: &[Dim], b: &[Dim]) -> Option<Shape> {
     let rank = a.len().max(b.len());
     let mut out = Shape::with_capacity(rank);
     for i in 0..rank {
-        let da = if i + a.len() >= rank { a[i + a.len() - rank] } else { Dim::Static(1) };
-        let db = if i + b.len() >= rank { b[i + b.len() - rank] } else { Dim::Static(1) };
+        let da = if i + a.len() >= rank {
+            a[i + a.len() - rank]
+        } else {
+            Dim::Static(1)
+        };
+        let db = if i + b.len() >= rank {
+            b[i + b.len() - rank]
+        } else {
+            Dim::Static(1)
+        };
         out.push(match (da, db) {
             (x, y) if x == y => x,
             (Dim::Static(1), y) => y,

@@ -41,7 +41,9 @@ struct Builder {
 impl Builder {
     fn add(&mut self, op: Op, inputs: &[NodeId]) -> NodeId {
         let what = op.to_string();
-        self.g.add(op, inputs).unwrap_or_else(|e| panic!("decomposition produced an ill-typed {what}: {e}"))
+        self.g
+            .add(op, inputs)
+            .unwrap_or_else(|e| panic!("decomposition produced an ill-typed {what}: {e}"))
     }
     fn dtype(&self, x: NodeId) -> DType {
         self.g.ty(x).dtype
@@ -70,7 +72,14 @@ impl Builder {
         self.add(Op::Unary(op), &[a])
     }
     fn reduce(&mut self, op: ReduceOp, x: NodeId, axes: &[usize], keepdim: bool) -> NodeId {
-        self.add(Op::Reduce { op, axes: axes.to_vec(), keepdim }, &[x])
+        self.add(
+            Op::Reduce {
+                op,
+                axes: axes.to_vec(),
+                keepdim,
+            },
+            &[x],
+        )
     }
     fn reshape(&mut self, x: NodeId, shape: Shape) -> NodeId {
         self.add(Op::Reshape { shape }, &[x])
@@ -80,7 +89,12 @@ impl Builder {
     fn count(&self, x: NodeId, axes: &[usize]) -> f64 {
         let shape = self.shape(x);
         axes.iter()
-            .map(|&a| shape[a].as_static().expect("reductions over symbolic dims are not supported yet") as f64)
+            .map(|&a| {
+                shape[a]
+                    .as_static()
+                    .expect("reductions over symbolic dims are not supported yet")
+                    as f64
+            })
             .product()
     }
 
@@ -128,7 +142,11 @@ impl Builder {
         let x = ins[0];
         match op {
             // Over an empty dim the result is empty too (and a max over it is ill-typed).
-            Op::Softmax { dim } | Op::LogSoftmax { dim } if self.shape(x)[*dim] == Dim::Static(0) => x,
+            Op::Softmax { dim } | Op::LogSoftmax { dim }
+                if self.shape(x)[*dim] == Dim::Static(0) =>
+            {
+                x
+            }
             Op::Relu => self.bin_scalar(BinaryOp::Maximum, x, 0.0),
             Op::Silu => {
                 let s = self.un(UnaryOp::Sigmoid, x);
@@ -148,7 +166,8 @@ impl Builder {
                 let x3 = self.bin(BinaryOp::Mul, x2, x);
                 let c = self.bin_scalar(BinaryOp::Mul, x3, 0.044715);
                 let inner = self.bin(BinaryOp::Add, x, c);
-                let scaled = self.bin_scalar(BinaryOp::Mul, inner, (2.0 / std::f64::consts::PI).sqrt());
+                let scaled =
+                    self.bin_scalar(BinaryOp::Mul, inner, (2.0 / std::f64::consts::PI).sqrt());
                 let t = self.un(UnaryOp::Tanh, scaled);
                 let one_plus = self.bin_scalar(BinaryOp::Add, t, 1.0);
                 let half_x = self.bin_scalar(BinaryOp::Mul, x, 0.5);
@@ -183,7 +202,12 @@ impl Builder {
                 let l = self.un(UnaryOp::Log, s);
                 self.bin(BinaryOp::Sub, shifted, l)
             }
-            Op::LayerNorm { normalized_rank, eps, has_weight, has_bias } => {
+            Op::LayerNorm {
+                normalized_rank,
+                eps,
+                has_weight,
+                has_bias,
+            } => {
                 let rank = self.shape(x).len();
                 let axes: Vec<usize> = (rank - normalized_rank..rank).collect();
                 let mean = self.mean(x, &axes, true);
@@ -211,7 +235,11 @@ impl Builder {
                 }
             }
             Op::Mean { axes, keepdim } => self.mean(x, axes, *keepdim),
-            Op::Var { axes, correction, keepdim } => {
+            Op::Var {
+                axes,
+                correction,
+                keepdim,
+            } => {
                 let mean = self.mean(x, axes, true);
                 let centered = self.bin(BinaryOp::Sub, x, mean);
                 let sq = self.bin(BinaryOp::Mul, centered, centered);

@@ -25,7 +25,10 @@ use std::collections::{HashMap, HashSet};
 pub fn fuse(graph: &Graph) -> Program {
     let mut realized: HashSet<NodeId> = HashSet::new();
     for id in graph.ids() {
-        if matches!(graph.node(id).op, Op::Input { .. } | Op::Matmul | Op::Cat { .. }) {
+        if matches!(
+            graph.node(id).op,
+            Op::Input { .. } | Op::Matmul | Op::Cat { .. }
+        ) {
             realized.insert(id);
         }
     }
@@ -36,7 +39,10 @@ pub fn fuse(graph: &Graph) -> Program {
             Err(Realize(nodes)) => {
                 let before = realized.len();
                 realized.extend(nodes);
-                assert!(realized.len() > before, "fuse: a retry must realize a new node");
+                assert!(
+                    realized.len() > before,
+                    "fuse: a retry must realize a new node"
+                );
             }
         }
     }
@@ -52,7 +58,10 @@ fn retry<T>(node: NodeId) -> Retry<T> {
 }
 
 fn sizes(graph: &Graph, id: NodeId) -> Vec<usize> {
-    graph.ty(id).static_sizes().expect("fuse: symbolic shapes are not supported yet")
+    graph
+        .ty(id)
+        .static_sizes()
+        .expect("fuse: symbolic shapes are not supported yet")
 }
 
 fn contiguous(shape: &[usize]) -> Vec<i64> {
@@ -65,7 +74,9 @@ fn contiguous(shape: &[usize]) -> Vec<i64> {
 
 /// `Σ idx[d] · strides[d]`.
 fn linear(idx: &[Affine], strides: &[i64]) -> Affine {
-    idx.iter().zip(strides).fold(Affine::constant(0), |acc, (a, &s)| acc.plus(&a.scale(s)))
+    idx.iter()
+        .zip(strides)
+        .fold(Affine::constant(0), |acc, (a, &s)| acc.plus(&a.scale(s)))
 }
 
 /// The loop structure of a kernel with reductions: reductions over `axes` of an input of `shape`.
@@ -77,7 +88,9 @@ struct RowLoop {
 
 impl RowLoop {
     fn kept(&self) -> Vec<usize> {
-        (0..self.shape.len()).filter(|d| !self.axes.contains(d)).collect()
+        (0..self.shape.len())
+            .filter(|d| !self.axes.contains(d))
+            .collect()
     }
     /// Index of the full input domain: kept dims are outer loops, reduced dims inner loops.
     fn full_index(&self) -> Vec<Affine> {
@@ -124,14 +137,19 @@ impl<'g> Scheduler<'g> {
             if !self.realized.contains(&id) || self.buffer_of.contains_key(&id) {
                 continue;
             }
-            let kind = if outputs.contains(&id) { BufferKind::Output } else { BufferKind::Intermediate };
+            let kind = if outputs.contains(&id) {
+                BufferKind::Output
+            } else {
+                BufferKind::Intermediate
+            };
             let buffer = self.new_buffer(id, kind);
             match &g.node(id).op {
                 Op::Matmul => steps.push(Step::Matmul(self.matmul(id, buffer)?)),
                 Op::Cat { dim } => {
                     let mut offset = 0;
                     for &operand in &g.node(id).inputs {
-                        let kernel = self.kernel(id, operand, buffer, Some((*dim, offset)), steps.len())?;
+                        let kernel =
+                            self.kernel(id, operand, buffer, Some((*dim, offset)), steps.len())?;
                         offset += sizes(g, operand)[*dim];
                         steps.push(Step::Kernel(kernel));
                     }
@@ -142,19 +160,33 @@ impl<'g> Scheduler<'g> {
                 }
             }
         }
-        let shared: Vec<NodeId> =
-            self.inlined_in.iter().filter(|(_, steps)| steps.len() > 1).map(|(&n, _)| n).collect();
+        let shared: Vec<NodeId> = self
+            .inlined_in
+            .iter()
+            .filter(|(_, steps)| steps.len() > 1)
+            .map(|(&n, _)| n)
+            .collect();
         if !shared.is_empty() {
             return Err(Realize(shared));
         }
         let outputs = g.outputs().iter().map(|o| self.buffer_of[o]).collect();
-        Ok(Program { buffers: self.buffers, steps, index_checks: self.index_checks, outputs })
+        Ok(Program {
+            buffers: self.buffers,
+            steps,
+            index_checks: self.index_checks,
+            outputs,
+        })
     }
 
     fn new_buffer(&mut self, node: NodeId, kind: BufferKind) -> BufferId {
         let ty = self.graph.ty(node);
         let id = BufferId(self.buffers.len() as u32);
-        self.buffers.push(Buffer { dtype: ty.dtype, shape: ty.shape.to_vec(), kind, node });
+        self.buffers.push(Buffer {
+            dtype: ty.dtype,
+            shape: ty.shape.to_vec(),
+            kind,
+            node,
+        });
         self.buffer_of.insert(node, id);
         id
     }
@@ -164,35 +196,51 @@ impl<'g> Scheduler<'g> {
         let out_shape = sizes(g, id);
         let batch = out_shape.len() - 2;
         let (a, b) = (g.node(id).inputs[0], g.node(id).inputs[1]);
-        let view = |s: &mut Self, operand: NodeId, rows: usize, cols: usize| -> Retry<StridedView> {
-            let shape = sizes(g, operand);
-            let lead = batch + 2 - shape.len();
-            let idx: Vec<Affine> = (0..shape.len())
-                .map(|d| {
-                    if d + 2 < shape.len() && shape[d] == 1 {
-                        Affine::constant(0)
-                    } else {
-                        Affine::var(Var::Outer((d + lead) as u32))
-                    }
+        let view =
+            |s: &mut Self, operand: NodeId, rows: usize, cols: usize| -> Retry<StridedView> {
+                let shape = sizes(g, operand);
+                let lead = batch + 2 - shape.len();
+                let idx: Vec<Affine> = (0..shape.len())
+                    .map(|d| {
+                        if d + 2 < shape.len() && shape[d] == 1 {
+                            Affine::constant(0)
+                        } else {
+                            Affine::var(Var::Outer((d + lead) as u32))
+                        }
+                    })
+                    .collect();
+                let (buffer, index) = s.address(operand, idx)?;
+                let mut view_shape = out_shape[..batch].to_vec();
+                view_shape.extend([rows, cols]);
+                let strides = (0..batch + 2)
+                    .map(|d| index.coefficient(Var::Outer(d as u32)))
+                    .collect();
+                Ok(StridedView {
+                    buffer,
+                    offset: index.offset,
+                    shape: view_shape,
+                    strides,
                 })
-                .collect();
-            let (buffer, index) = s.address(operand, idx)?;
-            let mut view_shape = out_shape[..batch].to_vec();
-            view_shape.extend([rows, cols]);
-            let strides = (0..batch + 2).map(|d| index.coefficient(Var::Outer(d as u32))).collect();
-            Ok(StridedView { buffer, offset: index.offset, shape: view_shape, strides })
-        };
+            };
         let k = *sizes(g, a).last().unwrap();
         let a_view = view(self, a, out_shape[batch], k)?;
         let b_view = view(self, b, k, out_shape[batch + 1])?;
-        Ok(MatmulStep { a: a_view, b: b_view, out, node: id })
+        Ok(MatmulStep {
+            a: a_view,
+            b: b_view,
+            out,
+            node: id,
+        })
     }
 
     /// Where element `idx` of `node` lives, following views down to a realized buffer.
     fn address(&mut self, node: NodeId, idx: Vec<Affine>) -> Retry<(BufferId, Affine)> {
         let g = self.graph;
         if self.realized.contains(&node) {
-            return Ok((self.buffer_of[&node], linear(&idx, &contiguous(&sizes(g, node)))));
+            return Ok((
+                self.buffer_of[&node],
+                linear(&idx, &contiguous(&sizes(g, node))),
+            ));
         }
         let n = g.node(node);
         if !n.op.is_view() {
@@ -202,7 +250,10 @@ impl<'g> Scheduler<'g> {
         if let Op::Reshape { .. } = n.op {
             if self.realized.contains(&operand) {
                 // A reshape of a contiguous buffer is the same linear index.
-                return Ok((self.buffer_of[&operand], linear(&idx, &contiguous(&sizes(g, node)))));
+                return Ok((
+                    self.buffer_of[&operand],
+                    linear(&idx, &contiguous(&sizes(g, node))),
+                ));
             }
         }
         let inner = view_index(g, node, &idx)?;
@@ -223,27 +274,49 @@ impl<'g> Scheduler<'g> {
         let reductions = self.inlined_reductions(value);
         let mut builder = KernelBuilder::new(g, step);
         // Choose the loop structure.
-        let (outer, extent, store_idx): (Vec<usize>, Vec<usize>, Vec<Affine>) = match reductions.first() {
+        let (outer, extent, store_idx): (Vec<usize>, Vec<usize>, Vec<Affine>) = match reductions
+            .first()
+        {
             None => {
                 let r = shape.len();
                 let idx = (0..r)
-                    .map(|d| Affine::var(if d + 1 == r { Var::Inner(0) } else { Var::Outer(d as u32) }))
+                    .map(|d| {
+                        Affine::var(if d + 1 == r {
+                            Var::Inner(0)
+                        } else {
+                            Var::Outer(d as u32)
+                        })
+                    })
                     .collect();
-                let (outer, extent) = if r == 0 { (vec![], vec![]) } else { (shape[..r - 1].to_vec(), vec![shape[r - 1]]) };
+                let (outer, extent) = if r == 0 {
+                    (vec![], vec![])
+                } else {
+                    (shape[..r - 1].to_vec(), vec![shape[r - 1]])
+                };
                 (outer, extent, idx)
             }
             Some(&first) => {
                 let row = self.row_loop(first);
-                let mismatched: Vec<NodeId> =
-                    reductions.iter().copied().filter(|&r| self.row_loop(r) != row).collect();
+                let mismatched: Vec<NodeId> = reductions
+                    .iter()
+                    .copied()
+                    .filter(|&r| self.row_loop(r) != row)
+                    .collect();
                 if !mismatched.is_empty() {
                     return Err(Realize(mismatched));
                 }
                 let kept = row.kept();
                 let kept_sizes: Vec<usize> = kept.iter().map(|&d| row.shape[d]).collect();
                 let reduced_sizes: Vec<usize> = row.axes.iter().map(|&d| row.shape[d]).collect();
-                let keepdim_shape: Vec<usize> =
-                    (0..row.shape.len()).map(|d| if row.axes.contains(&d) { 1 } else { row.shape[d] }).collect();
+                let keepdim_shape: Vec<usize> = (0..row.shape.len())
+                    .map(|d| {
+                        if row.axes.contains(&d) {
+                            1
+                        } else {
+                            row.shape[d]
+                        }
+                    })
+                    .collect();
                 if shape == row.shape && cat.is_none() {
                     (kept_sizes, reduced_sizes, row.full_index())
                 } else if shape == keepdim_shape {
@@ -255,7 +328,9 @@ impl<'g> Scheduler<'g> {
                         .collect();
                     (kept_sizes, vec![], idx)
                 } else if shape == kept_sizes {
-                    let idx = (0..shape.len()).map(|p| Affine::var(Var::Outer(p as u32))).collect();
+                    let idx = (0..shape.len())
+                        .map(|p| Affine::var(Var::Outer(p as u32)))
+                        .collect();
                     (kept_sizes, vec![], idx)
                 } else {
                     return Err(Realize(reductions));
@@ -277,7 +352,11 @@ impl<'g> Scheduler<'g> {
         let index = linear(&dest_idx, &contiguous(&dest_shape));
         builder.stages.push(Stage {
             extent: extent.iter().map(|&n| Dim::Static(n)).collect(),
-            action: StageAction::Store(vec![Store { buffer, index, value: value_expr }]),
+            action: StageAction::Store(vec![Store {
+                buffer,
+                index,
+                value: value_expr,
+            }]),
         });
         for &node in &builder.inlined {
             self.inlined_in.entry(node).or_default().insert(step);
@@ -288,7 +367,10 @@ impl<'g> Scheduler<'g> {
     fn row_loop(&self, reduction: NodeId) -> RowLoop {
         let n = self.graph.node(reduction);
         match &n.op {
-            Op::Reduce { axes, .. } => RowLoop { shape: sizes(self.graph, n.inputs[0]), axes: axes.clone() },
+            Op::Reduce { axes, .. } => RowLoop {
+                shape: sizes(self.graph, n.inputs[0]),
+                axes: axes.clone(),
+            },
             _ => unreachable!("row_loop of a non-reduction"),
         }
     }
@@ -333,12 +415,22 @@ fn view_index(g: &Graph, node: NodeId, idx: &[Affine]) -> Retry<Vec<Affine>> {
             let lead = idx.len() - in_shape.len();
             let out_shape = sizes(g, node);
             (0..in_shape.len())
-                .map(|j| if in_shape[j] == 1 && out_shape[j + lead] != 1 { Affine::constant(0) } else { idx[j + lead].clone() })
+                .map(|j| {
+                    if in_shape[j] == 1 && out_shape[j + lead] != 1 {
+                        Affine::constant(0)
+                    } else {
+                        idx[j + lead].clone()
+                    }
+                })
                 .collect()
         }
-        Op::Slice { dim, start, step, .. } => {
+        Op::Slice {
+            dim, start, step, ..
+        } => {
             let mut out = idx.to_vec();
-            out[*dim] = idx[*dim].scale(*step as i64).plus(&Affine::constant(*start as i64));
+            out[*dim] = idx[*dim]
+                .scale(*step as i64)
+                .plus(&Affine::constant(*start as i64));
             out
         }
         Op::Reshape { .. } => {
@@ -351,9 +443,14 @@ fn view_index(g: &Graph, node: NodeId, idx: &[Affine]) -> Retry<Vec<Affine>> {
                     continue;
                 }
                 let c = out_strides[d];
-                let e = (0..in_shape.len()).find(|&e| in_shape[e] > 1 && in_strides[e] <= c && c < in_strides[e] * in_shape[e] as i64);
+                let e = (0..in_shape.len()).find(|&e| {
+                    in_shape[e] > 1 && in_strides[e] <= c && c < in_strides[e] * in_shape[e] as i64
+                });
                 match e {
-                    Some(e) if c % in_strides[e] == 0 && c * size as i64 <= in_strides[e] * in_shape[e] as i64 => {
+                    Some(e)
+                        if c % in_strides[e] == 0
+                            && c * size as i64 <= in_strides[e] * in_shape[e] as i64 =>
+                    {
                         out[e] = out[e].plus(&idx[d].scale(c / in_strides[e]));
                     }
                     _ => return retry(operand),
@@ -403,7 +500,11 @@ impl<'g> KernelBuilder<'g> {
                 names.push(n);
             }
         }
-        let label = if names.is_empty() { "copy".to_string() } else { names.join("_") };
+        let label = if names.is_empty() {
+            "copy".to_string()
+        } else {
+            names.join("_")
+        };
         Kernel {
             name: format!("k{}_{}", self.step, label),
             outer: outer.into_iter().map(Dim::Static).collect(),
@@ -445,12 +546,24 @@ impl<'g> KernelBuilder<'g> {
         if s.realized.contains(&node) {
             let (buffer, index) = s.address(node, idx.to_vec())?;
             let ty = ScalarType::of(s.buffers[buffer.0 as usize].dtype);
-            return Ok(self.push(Expr::Load { buffer, index, indirect: None }, ty));
+            return Ok(self.push(
+                Expr::Load {
+                    buffer,
+                    index,
+                    indirect: None,
+                },
+                ty,
+            ));
         }
         self.emit_definition(s, node, idx)
     }
 
-    fn emit_definition(&mut self, s: &mut Scheduler, node: NodeId, idx: &[Affine]) -> Retry<ExprId> {
+    fn emit_definition(
+        &mut self,
+        s: &mut Scheduler,
+        node: NodeId,
+        idx: &[Affine],
+    ) -> Retry<ExprId> {
         let key = (node, idx.to_vec());
         if let Some(&e) = self.memo.get(&key) {
             return Ok(e);
@@ -464,7 +577,13 @@ impl<'g> KernelBuilder<'g> {
             let shape = sizes(g, operand);
             let lead = idx.len() - shape.len();
             (0..shape.len())
-                .map(|j| if shape[j] == 1 && out_shape[j + lead] != 1 { Affine::constant(0) } else { idx[j + lead].clone() })
+                .map(|j| {
+                    if shape[j] == 1 && out_shape[j + lead] != 1 {
+                        Affine::constant(0)
+                    } else {
+                        idx[j + lead].clone()
+                    }
+                })
                 .collect()
         };
         if !matches!(n.op, Op::Constant { .. }) && !n.op.is_view() {
@@ -485,7 +604,10 @@ impl<'g> KernelBuilder<'g> {
                 self.push(Expr::Binary(*b, x, y), ty)
             }
             Op::Compare(c) => {
-                let common = ScalarType::of(DType::promote(g.ty(n.inputs[0]).dtype, g.ty(n.inputs[1]).dtype));
+                let common = ScalarType::of(DType::promote(
+                    g.ty(n.inputs[0]).dtype,
+                    g.ty(n.inputs[1]).dtype,
+                ));
                 let x = self.emit(s, n.inputs[0], &operand_idx(n.inputs[0]))?;
                 let y = self.emit(s, n.inputs[1], &operand_idx(n.inputs[1]))?;
                 let (x, y) = (self.convert(x, common), self.convert(y, common));
@@ -515,13 +637,18 @@ impl<'g> KernelBuilder<'g> {
                 };
                 // The reduction's value is per outer iteration: the index must be exactly the outer loops.
                 let kept_idx: Vec<&Affine> = if *keepdim {
-                    idx.iter().enumerate().filter(|(d, _)| !row.axes.contains(d)).map(|(_, a)| a).collect()
+                    idx.iter()
+                        .enumerate()
+                        .filter(|(d, _)| !row.axes.contains(d))
+                        .map(|(_, a)| a)
+                        .collect()
                 } else {
                     idx.iter().collect()
                 };
                 let sizes_kept: Vec<usize> = row.kept().iter().map(|&d| row.shape[d]).collect();
                 let in_order = kept_idx.iter().enumerate().all(|(p, a)| {
-                    a.as_var() == Some(Var::Outer(p as u32)) || (sizes_kept[p] == 1 && a.terms.is_empty() && a.offset == 0)
+                    a.as_var() == Some(Var::Outer(p as u32))
+                        || (sizes_kept[p] == 1 && a.terms.is_empty() && a.offset == 0)
                 });
                 if !in_order {
                     return retry(node);
@@ -534,8 +661,15 @@ impl<'g> KernelBuilder<'g> {
                         if ty != ScalarType::F32 {
                             return retry(node);
                         }
-                        let extent = row.axes.iter().map(|&d| Dim::Static(row.shape[d])).collect();
-                        self.stages.push(Stage { extent, action: StageAction::Reduce { op: *op, value } });
+                        let extent = row
+                            .axes
+                            .iter()
+                            .map(|&d| Dim::Static(row.shape[d]))
+                            .collect();
+                        self.stages.push(Stage {
+                            extent,
+                            action: StageAction::Reduce { op: *op, value },
+                        });
                         let st = self.stages.len() as u32 - 1;
                         self.stage_of.insert(node, st);
                         st
@@ -555,14 +689,29 @@ impl<'g> KernelBuilder<'g> {
                 let index = linear(&idx[index_rank..], &strides[1..]);
                 let bound = table_shape[0] as i64;
                 if s.realized.contains(&indices) {
-                    let check = IndexCheck { buffer: s.buffer_of[&indices], bound, step: self.step };
+                    let check = IndexCheck {
+                        buffer: s.buffer_of[&indices],
+                        bound,
+                        step: self.step,
+                    };
                     if !s.index_checks.contains(&check) {
                         s.index_checks.push(check);
                     }
                 }
-                let indirect = Indirect { value: i, stride: strides[0], bound };
+                let indirect = Indirect {
+                    value: i,
+                    stride: strides[0],
+                    bound,
+                };
                 let buffer = s.buffer_of[&table];
-                self.push(Expr::Load { buffer, index, indirect: Some(indirect) }, ty)
+                self.push(
+                    Expr::Load {
+                        buffer,
+                        index,
+                        indirect: Some(indirect),
+                    },
+                    ty,
+                )
             }
             Op::Reshape { .. } | Op::Permute { .. } | Op::Expand { .. } | Op::Slice { .. } => {
                 let operand = n.inputs[0];
@@ -570,17 +719,25 @@ impl<'g> KernelBuilder<'g> {
                     let buffer = s.buffer_of[&operand];
                     let index = linear(idx, &contiguous(&out_shape));
                     let ty = ScalarType::of(g.ty(operand).dtype);
-                    self.push(Expr::Load { buffer, index, indirect: None }, ty)
+                    self.push(
+                        Expr::Load {
+                            buffer,
+                            index,
+                            indirect: None,
+                        },
+                        ty,
+                    )
                 } else {
                     let inner = view_index(g, node, idx)?;
                     self.emit(s, operand, &inner)?
                 }
             }
-            Op::Input { .. } | Op::Matmul | Op::Cat { .. } => unreachable!("{} is always realized", n.op),
+            Op::Input { .. } | Op::Matmul | Op::Cat { .. } => {
+                unreachable!("{} is always realized", n.op)
+            }
             composite => panic!("fuse: {composite} reached fusion; run decompose first"),
         };
         self.memo.insert(key, e);
         Ok(e)
     }
 }
-

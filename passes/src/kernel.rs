@@ -63,11 +63,17 @@ pub struct Affine {
 
 impl Affine {
     pub fn constant(offset: i64) -> Self {
-        Affine { offset, terms: SmallVec::new() }
+        Affine {
+            offset,
+            terms: SmallVec::new(),
+        }
     }
 
     pub fn var(v: Var) -> Self {
-        Affine { offset: 0, terms: SmallVec::from_slice(&[(v, 1)]) }
+        Affine {
+            offset: 0,
+            terms: SmallVec::from_slice(&[(v, 1)]),
+        }
     }
 
     /// `self * k`.
@@ -75,7 +81,10 @@ impl Affine {
         if k == 0 {
             return Affine::constant(0);
         }
-        Affine { offset: self.offset * k, terms: self.terms.iter().map(|&(v, c)| (v, c * k)).collect() }
+        Affine {
+            offset: self.offset * k,
+            terms: self.terms.iter().map(|&(v, c)| (v, c * k)).collect(),
+        }
     }
 
     /// `self + other`, with like terms combined and zero terms dropped (kept sorted by var).
@@ -89,7 +98,10 @@ impl Affine {
         }
         terms.retain(|t| t.1 != 0);
         terms.sort_by_key(|t| t.0);
-        Affine { offset: self.offset + other.offset, terms }
+        Affine {
+            offset: self.offset + other.offset,
+            terms,
+        }
     }
 
     /// Coefficient of `v` (0 if absent).
@@ -134,8 +146,15 @@ pub struct Indirect {
 
 #[derive(Clone, Debug, PartialEq)]
 pub enum Expr {
-    Load { buffer: BufferId, index: Affine, indirect: Option<Indirect> },
-    Constant { value: f64, ty: ScalarType },
+    Load {
+        buffer: BufferId,
+        index: Affine,
+        indirect: Option<Indirect>,
+    },
+    Constant {
+        value: f64,
+        ty: ScalarType,
+    },
     /// The value reduction stage `n` produced for the current outer iteration.
     StageResult(u32),
     Unary(UnaryOp, ExprId),
@@ -289,7 +308,13 @@ impl fmt::Display for Affine {
         let mut parts: Vec<String> = self
             .terms
             .iter()
-            .map(|&(v, c)| if c == 1 { v.to_string() } else { format!("{c}*{v}") })
+            .map(|&(v, c)| {
+                if c == 1 {
+                    v.to_string()
+                } else {
+                    format!("{c}*{v}")
+                }
+            })
             .collect();
         if self.offset != 0 || parts.is_empty() {
             parts.push(self.offset.to_string());
@@ -305,28 +330,62 @@ impl fmt::Display for BufferId {
 }
 
 fn dims(d: &[Dim]) -> String {
-    format!("[{}]", d.iter().map(|x| x.to_string()).collect::<Vec<_>>().join(", "))
+    format!(
+        "[{}]",
+        d.iter()
+            .map(|x| x.to_string())
+            .collect::<Vec<_>>()
+            .join(", ")
+    )
 }
 
 impl fmt::Display for Kernel {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let nodes: Vec<String> = self.nodes.iter().map(|n| n.to_string()).collect();
-        writeln!(f, "kernel {} outer={} fuses {}", self.name, dims(&self.outer), nodes.join(" "))?;
+        writeln!(
+            f,
+            "kernel {} outer={} fuses {}",
+            self.name,
+            dims(&self.outer),
+            nodes.join(" ")
+        )?;
         for (i, e) in self.exprs.iter().enumerate() {
             let mut line = String::new();
             match e {
-                Expr::Load { buffer, index, indirect } => {
+                Expr::Load {
+                    buffer,
+                    index,
+                    indirect,
+                } => {
                     write!(line, "load {buffer}[{index}")?;
                     if let Some(ind) = indirect {
-                        write!(line, " + {}*clamp(e{}, 0, {})", ind.stride, ind.value.0, ind.bound)?;
+                        write!(
+                            line,
+                            " + {}*clamp(e{}, 0, {})",
+                            ind.stride, ind.value.0, ind.bound
+                        )?;
                     }
                     line.push(']');
                 }
                 Expr::Constant { value, .. } => write!(line, "{value:?}")?,
                 Expr::StageResult(s) => write!(line, "stage{s}")?,
-                Expr::Unary(op, a) => write!(line, "{} e{}", format!("{op:?}").to_lowercase(), a.0)?,
-                Expr::Binary(op, a, b) => write!(line, "{} e{}, e{}", format!("{op:?}").to_lowercase(), a.0, b.0)?,
-                Expr::Compare(op, a, b) => write!(line, "{} e{}, e{}", format!("{op:?}").to_lowercase(), a.0, b.0)?,
+                Expr::Unary(op, a) => {
+                    write!(line, "{} e{}", format!("{op:?}").to_lowercase(), a.0)?
+                }
+                Expr::Binary(op, a, b) => write!(
+                    line,
+                    "{} e{}, e{}",
+                    format!("{op:?}").to_lowercase(),
+                    a.0,
+                    b.0
+                )?,
+                Expr::Compare(op, a, b) => write!(
+                    line,
+                    "{} e{}, e{}",
+                    format!("{op:?}").to_lowercase(),
+                    a.0,
+                    b.0
+                )?,
                 Expr::Where(c, a, b) => write!(line, "where e{}, e{}, e{}", c.0, a.0, b.0)?,
                 Expr::Cast(d, a) => write!(line, "cast[{d}] e{}", a.0)?,
             }
@@ -334,12 +393,23 @@ impl fmt::Display for Kernel {
         }
         for (i, s) in self.stages.iter().enumerate() {
             match &s.action {
-                StageAction::Reduce { op, value } => {
-                    writeln!(f, "  stage{i} over {}: reduce_{} e{}", dims(&s.extent), format!("{op:?}").to_lowercase(), value.0)?
-                }
+                StageAction::Reduce { op, value } => writeln!(
+                    f,
+                    "  stage{i} over {}: reduce_{} e{}",
+                    dims(&s.extent),
+                    format!("{op:?}").to_lowercase(),
+                    value.0
+                )?,
                 StageAction::Store(stores) => {
                     for st in stores {
-                        writeln!(f, "  stage{i} over {}: store {}[{}] = e{}", dims(&s.extent), st.buffer, st.index, st.value.0)?;
+                        writeln!(
+                            f,
+                            "  stage{i} over {}: store {}[{}] = e{}",
+                            dims(&s.extent),
+                            st.buffer,
+                            st.index,
+                            st.value.0
+                        )?;
                     }
                 }
             }
@@ -352,7 +422,14 @@ impl fmt::Display for Program {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         writeln!(f, "buffers:")?;
         for (i, b) in self.buffers.iter().enumerate() {
-            writeln!(f, "  buf{i}: {}{} {:?} (node {})", b.dtype, dims(&b.shape), b.kind, b.node)?;
+            writeln!(
+                f,
+                "  buf{i}: {}{} {:?} (node {})",
+                b.dtype,
+                dims(&b.shape),
+                b.kind,
+                b.node
+            )?;
         }
         for step in &self.steps {
             match step {
@@ -360,7 +437,16 @@ impl fmt::Display for Program {
                 Step::Matmul(m) => writeln!(
                     f,
                     "matmul {} = {}{:?}+{} strides {:?} @ {}{:?}+{} strides {:?} (node {})",
-                    m.out, m.a.buffer, m.a.shape, m.a.offset, m.a.strides, m.b.buffer, m.b.shape, m.b.offset, m.b.strides, m.node
+                    m.out,
+                    m.a.buffer,
+                    m.a.shape,
+                    m.a.offset,
+                    m.a.strides,
+                    m.b.buffer,
+                    m.b.shape,
+                    m.b.offset,
+                    m.b.strides,
+                    m.node
                 )?,
             }
         }

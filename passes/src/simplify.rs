@@ -19,14 +19,24 @@ pub fn simplify(graph: &Graph) -> Graph {
         if !live[index] {
             continue;
         }
-        let ins: Vec<NodeId> = node.inputs.iter().map(|i| map[i.index()].expect("operands are live")).collect();
+        let ins: Vec<NodeId> = node
+            .inputs
+            .iter()
+            .map(|i| map[i.index()].expect("operands are live"))
+            .collect();
         let id = match &node.op {
             Op::Input { name } => out.input(name.clone(), node.ty.clone()),
             _ => rewrite(&mut out, &mut seen, node, &ins),
         };
         map[index] = Some(id);
     }
-    out.set_outputs(graph.outputs().iter().map(|o| map[o.index()].expect("outputs are live")).collect());
+    out.set_outputs(
+        graph
+            .outputs()
+            .iter()
+            .map(|o| map[o.index()].expect("outputs are live"))
+            .collect(),
+    );
     out
 }
 
@@ -90,8 +100,20 @@ fn fold(op: &Op, args: &[f64]) -> Option<f64> {
                 BinaryOp::Sub => x - y,
                 BinaryOp::Mul => x * y,
                 BinaryOp::Div => x / y,
-                BinaryOp::Maximum => if x.is_nan() || y.is_nan() { f64::NAN } else { x.max(y) },
-                BinaryOp::Minimum => if x.is_nan() || y.is_nan() { f64::NAN } else { x.min(y) },
+                BinaryOp::Maximum => {
+                    if x.is_nan() || y.is_nan() {
+                        f64::NAN
+                    } else {
+                        x.max(y)
+                    }
+                }
+                BinaryOp::Minimum => {
+                    if x.is_nan() || y.is_nan() {
+                        f64::NAN
+                    } else {
+                        x.min(y)
+                    }
+                }
                 BinaryOp::Pow => x.powf(y),
             }
         }
@@ -107,34 +129,62 @@ fn fold(op: &Op, args: &[f64]) -> Option<f64> {
             };
             r as u8 as f64
         }
-        Op::Where => if x != 0.0 { args[1] } else { args[2] },
+        Op::Where => {
+            if x != 0.0 {
+                args[1]
+            } else {
+                args[2]
+            }
+        }
         Op::Cast { .. } => x,
         _ => return None,
     })
 }
 
-fn rewrite(out: &mut Graph, seen: &mut HashMap<String, NodeId>, node: &Node, ins: &[NodeId]) -> NodeId {
+fn rewrite(
+    out: &mut Graph,
+    seen: &mut HashMap<String, NodeId>,
+    node: &Node,
+    ins: &[NodeId],
+) -> NodeId {
     // Constant folding: every operand a constant, result 0-d.
     if node.op.is_pointwise() && node.ty.rank() == 0 {
         let args: Option<Vec<f64>> = ins.iter().map(|&i| constant_value(out, i)).collect();
         if let Some(v) = args.and_then(|a| fold(&node.op, &a)) {
-            return intern(out, seen, Op::Constant { value: round_to(v, node.ty.dtype) }, &[], node);
+            return intern(
+                out,
+                seen,
+                Op::Constant {
+                    value: round_to(v, node.ty.dtype),
+                },
+                &[],
+                node,
+            );
         }
     }
     let same_as_operand = |out: &Graph, i: usize| out.ty(ins[i]) == &node.ty;
     match &node.op {
-        Op::Reshape { .. } | Op::Expand { .. } | Op::Cast { .. } if same_as_operand(out, 0) => return ins[0],
-        Op::Permute { perm } if perm.iter().enumerate().all(|(i, &p)| i == p) => return ins[0],
-        Op::Slice { dim, start: 0, end, step: 1 } if Some(*end) == out.ty(ins[0]).shape[*dim].as_static() => {
+        Op::Reshape { .. } | Op::Expand { .. } | Op::Cast { .. } if same_as_operand(out, 0) => {
             return ins[0]
         }
+        Op::Permute { perm } if perm.iter().enumerate().all(|(i, &p)| i == p) => return ins[0],
+        Op::Slice {
+            dim,
+            start: 0,
+            end,
+            step: 1,
+        } if Some(*end) == out.ty(ins[0]).shape[*dim].as_static() => return ins[0],
         Op::Binary(b) => {
             let rhs = constant_value(out, ins[1]);
             let lhs = constant_value(out, ins[0]);
             let identity = match b {
-                BinaryOp::Add => (rhs == Some(0.0)).then_some(0).or((lhs == Some(0.0)).then_some(1)),
+                BinaryOp::Add => (rhs == Some(0.0))
+                    .then_some(0)
+                    .or((lhs == Some(0.0)).then_some(1)),
                 BinaryOp::Sub => (rhs == Some(0.0)).then_some(0),
-                BinaryOp::Mul => (rhs == Some(1.0)).then_some(0).or((lhs == Some(1.0)).then_some(1)),
+                BinaryOp::Mul => (rhs == Some(1.0))
+                    .then_some(0)
+                    .or((lhs == Some(1.0)).then_some(1)),
                 BinaryOp::Div | BinaryOp::Pow => (rhs == Some(1.0)).then_some(0),
                 _ => None,
             };
@@ -171,13 +221,26 @@ fn rewrite(out: &mut Graph, seen: &mut HashMap<String, NodeId>, node: &Node, ins
     intern(out, seen, node.op.clone(), ins, node)
 }
 
-fn intern_constant(out: &mut Graph, seen: &mut HashMap<String, NodeId>, value: f64, dtype: DType) -> NodeId {
+fn intern_constant(
+    out: &mut Graph,
+    seen: &mut HashMap<String, NodeId>,
+    value: f64,
+    dtype: DType,
+) -> NodeId {
     let key = format!("constant {value:?} {dtype}");
-    *seen.entry(key).or_insert_with(|| out.constant(value, dtype))
+    *seen
+        .entry(key)
+        .or_insert_with(|| out.constant(value, dtype))
 }
 
 /// Adds `op(ins)` with `like`'s type unless a structurally equal node exists (CSE).
-fn intern(out: &mut Graph, seen: &mut HashMap<String, NodeId>, op: Op, ins: &[NodeId], like: &Node) -> NodeId {
+fn intern(
+    out: &mut Graph,
+    seen: &mut HashMap<String, NodeId>,
+    op: Op,
+    ins: &[NodeId],
+    like: &Node,
+) -> NodeId {
     if let Op::Constant { value } = op {
         return intern_constant(out, seen, value, like.ty.dtype);
     }
@@ -186,7 +249,11 @@ fn intern(out: &mut Graph, seen: &mut HashMap<String, NodeId>, op: Op, ins: &[No
         return id;
     }
     let ty = like.ty.clone();
-    let id = out.push(Node { op, inputs: ins.into(), ty });
+    let id = out.push(Node {
+        op,
+        inputs: ins.into(),
+        ty,
+    });
     seen.insert(key, id);
     id
 }

@@ -8,11 +8,24 @@ pub enum RuntimeError {
     #[error("expected {expected} inputs, got {found}")]
     Arity { expected: usize, found: usize },
     #[error("input `{name}`: expected dtype {expected}, found {found}")]
-    DType { name: String, expected: String, found: String },
+    DType {
+        name: String,
+        expected: String,
+        found: String,
+    },
     #[error("input `{name}`: expected rank {expected}, found rank {found} (shape {shape:?})")]
-    Rank { name: String, expected: usize, found: usize, shape: Vec<usize> },
+    Rank {
+        name: String,
+        expected: usize,
+        found: usize,
+        shape: Vec<usize>,
+    },
     #[error("input `{name}`: expected shape {expected}, found {found:?}")]
-    Shape { name: String, expected: String, found: Vec<usize> },
+    Shape {
+        name: String,
+        expected: String,
+        found: Vec<usize>,
+    },
     #[error("bad tensor data: {0}")]
     Data(String),
     #[error("cannot execute: {0}")]

@@ -12,13 +12,20 @@ pub trait Executable: Send {
 /// The error names the input, what was expected and what was found.
 pub fn check_inputs(graph: &Graph, inputs: &[Tensor]) -> Result<(), RuntimeError> {
     if inputs.len() != graph.inputs().len() {
-        return Err(RuntimeError::Arity { expected: graph.inputs().len(), found: inputs.len() });
+        return Err(RuntimeError::Arity {
+            expected: graph.inputs().len(),
+            found: inputs.len(),
+        });
     }
     for (index, (tensor, &id)) in inputs.iter().zip(graph.inputs()).enumerate() {
         let name = graph.input_name(index).to_string();
         let want = graph.ty(id);
         if tensor.dtype() != want.dtype {
-            return Err(RuntimeError::DType { name, expected: want.dtype.to_string(), found: tensor.dtype().to_string() });
+            return Err(RuntimeError::DType {
+                name,
+                expected: want.dtype.to_string(),
+                found: tensor.dtype().to_string(),
+            });
         }
         if tensor.rank() != want.rank() {
             return Err(RuntimeError::Rank {
@@ -28,12 +35,20 @@ pub fn check_inputs(graph: &Graph, inputs: &[Tensor]) -> Result<(), RuntimeError
                 shape: tensor.shape().to_vec(),
             });
         }
-        let matches = want.shape.iter().zip(tensor.shape()).all(|(d, &n)| match d {
-            Dim::Static(s) => *s == n,
-            Dim::Sym(_) => true,
-        });
+        let matches = want
+            .shape
+            .iter()
+            .zip(tensor.shape())
+            .all(|(d, &n)| match d {
+                Dim::Static(s) => *s == n,
+                Dim::Sym(_) => true,
+            });
         if !matches {
-            return Err(RuntimeError::Shape { name, expected: shape_string(&want.shape), found: tensor.shape().to_vec() });
+            return Err(RuntimeError::Shape {
+                name,
+                expected: shape_string(&want.shape),
+                found: tensor.shape().to_vec(),
+            });
         }
     }
     Ok(())

@@ -3,7 +3,8 @@
 
 mod error;
 mod executable;
-mod interpret; pub use interpret::interpret;
+mod interpret;
+pub use interpret::interpret;
 mod tensor;
 
 pub use error::RuntimeError;

@@ -29,12 +29,19 @@ impl Storage {
     pub fn zeroed(bytes: usize) -> Storage {
         if bytes == 0 {
             // A dangling but aligned pointer: never dereferenced since there are no bytes.
-            return Storage { ptr: NonNull::new(BUFFER_ALIGN as *mut u8).unwrap(), bytes: 0 };
+            return Storage {
+                ptr: NonNull::new(BUFFER_ALIGN as *mut u8).unwrap(),
+                bytes: 0,
+            };
         }
-        let layout = Layout::from_size_align(bytes, BUFFER_ALIGN).expect("buffer size overflows isize");
+        let layout =
+            Layout::from_size_align(bytes, BUFFER_ALIGN).expect("buffer size overflows isize");
         // SAFETY: layout has non-zero size.
         let ptr = unsafe { alloc_zeroed(layout) };
-        Storage { ptr: NonNull::new(ptr).unwrap_or_else(|| std::alloc::handle_alloc_error(layout)), bytes }
+        Storage {
+            ptr: NonNull::new(ptr).unwrap_or_else(|| std::alloc::handle_alloc_error(layout)),
+            bytes,
+        }
     }
 
     pub fn len(&self) -> usize {
@@ -64,7 +71,12 @@ impl Drop for Storage {
     fn drop(&mut self) {
         if self.bytes > 0 {
             // SAFETY: allocated in `zeroed` with this very layout.
-            unsafe { dealloc(self.ptr.as_ptr(), Layout::from_size_align_unchecked(self.bytes, BUFFER_ALIGN)) }
+            unsafe {
+                dealloc(
+                    self.ptr.as_ptr(),
+                    Layout::from_size_align_unchecked(self.bytes, BUFFER_ALIGN),
+                )
+            }
         }
     }
 }
@@ -94,7 +106,8 @@ element!(f32, DType::F32, |x| x as f64, |v| v as f32);
 element!(f16, DType::F16, |x| x.to_f64(), |v| f16::from_f64(v));
 element!(bf16, DType::BF16, |x| x.to_f64(), |v| bf16::from_f64(v));
 element!(i64, DType::I64, |x| x as f64, |v| v as i64);
-element!(bool, DType::Bool, |x| if x { 1.0 } else { 0.0 }, |v| v != 0.0);
+element!(bool, DType::Bool, |x| if x { 1.0 } else { 0.0 }, |v| v
+    != 0.0);
 
 #[derive(Clone)]
 pub struct Tensor {
@@ -140,7 +153,9 @@ impl Tensor {
             )));
         }
         let mut t = Tensor::zeros(T::DTYPE, shape);
-        t.data_mut::<T>().expect("fresh tensor is unique").copy_from_slice(&data);
+        t.data_mut::<T>()
+            .expect("fresh tensor is unique")
+            .copy_from_slice(&data);
         Ok(t)
     }
 
@@ -157,7 +172,9 @@ impl Tensor {
         }
         let t = Tensor::zeros(dtype, shape);
         // SAFETY: the fresh storage holds exactly `bytes.len()` bytes and is not shared yet.
-        unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), t.storage.as_mut_ptr(), bytes.len()) };
+        unsafe {
+            std::ptr::copy_nonoverlapping(bytes.as_ptr(), t.storage.as_mut_ptr(), bytes.len())
+        };
         Ok(t)
     }
 
@@ -192,8 +209,7 @@ impl Tensor {
     }
 
     pub fn is_contiguous(&self) -> bool {
-        self.offset == 0 && self.strides == contiguous_strides(&self.shape)
-            || self.numel() <= 1 && self.offset == 0
+        self.offset == 0 && (self.numel() <= 1 || self.strides == contiguous_strides(&self.shape))
     }
 
     /// Element offsets of every logical element, in row-major order.
@@ -210,7 +226,12 @@ impl Tensor {
                     index[d] = 0;
                 }
             }
-            self.offset + index.iter().zip(&self.strides).map(|(i, s)| i * s).sum::<usize>()
+            self.offset
+                + index
+                    .iter()
+                    .zip(&self.strides)
+                    .map(|(i, s)| i * s)
+                    .sum::<usize>()
         })
     }
 
@@ -223,7 +244,8 @@ impl Tensor {
         let size = self.dtype.size_bytes();
         let src = self.storage.as_bytes();
         // SAFETY: `out` is fresh and unshared; each destination range is within its numel*size bytes.
-        let dst = unsafe { std::slice::from_raw_parts_mut(out.storage.as_mut_ptr(), out.storage.len()) };
+        let dst =
+            unsafe { std::slice::from_raw_parts_mut(out.storage.as_mut_ptr(), out.storage.len()) };
         for (n, off) in self.element_offsets().enumerate() {
             dst[n * size..(n + 1) * size].copy_from_slice(&src[off * size..(off + 1) * size]);
         }
@@ -239,7 +261,11 @@ impl Tensor {
     /// The elements in row-major order, if `T` is this tensor's element type.
     pub fn to_vec<T: Element>(&self) -> Result<Vec<T>, RuntimeError> {
         if T::DTYPE != self.dtype {
-            return Err(RuntimeError::Data(format!("tensor is {}, not {}", self.dtype, T::DTYPE)));
+            return Err(RuntimeError::Data(format!(
+                "tensor is {}, not {}",
+                self.dtype,
+                T::DTYPE
+            )));
         }
         if T::DTYPE == DType::Bool {
             // Stored bytes may be any u8; read them as u8 and test != 0 rather than as `bool`.
@@ -257,7 +283,11 @@ impl Tensor {
             DType::F16 => c.as_slice::<f16>().iter().map(|x| x.to_f64()).collect(),
             DType::BF16 => c.as_slice::<bf16>().iter().map(|x| x.to_f64()).collect(),
             DType::I64 => c.as_slice::<i64>().iter().map(|&x| x as f64).collect(),
-            DType::Bool => c.as_slice::<u8>().iter().map(|&x| (x != 0) as u8 as f64).collect(),
+            DType::Bool => c
+                .as_slice::<u8>()
+                .iter()
+                .map(|&x| (x != 0) as u8 as f64)
+                .collect(),
         }
     }
 
@@ -265,8 +295,12 @@ impl Tensor {
     pub fn from_f64(dtype: DType, shape: &[usize], values: &[f64]) -> Result<Tensor, RuntimeError> {
         match dtype {
             DType::F32 => Tensor::from_vec(shape, values.iter().map(|&v| v as f32).collect()),
-            DType::F16 => Tensor::from_vec(shape, values.iter().map(|&v| f16::from_f64(v)).collect()),
-            DType::BF16 => Tensor::from_vec(shape, values.iter().map(|&v| bf16::from_f64(v)).collect()),
+            DType::F16 => {
+                Tensor::from_vec(shape, values.iter().map(|&v| f16::from_f64(v)).collect())
+            }
+            DType::BF16 => {
+                Tensor::from_vec(shape, values.iter().map(|&v| bf16::from_f64(v)).collect())
+            }
             DType::I64 => Tensor::from_vec(shape, values.iter().map(|&v| v as i64).collect()),
             DType::Bool => Tensor::from_vec(shape, values.iter().map(|&v| v != 0.0).collect()),
         }
@@ -276,7 +310,11 @@ impl Tensor {
     /// dtype; bool tensors are read as `u8`).
     fn as_slice<T>(&self) -> &[T] {
         assert!(self.is_contiguous(), "as_slice needs a contiguous tensor");
-        assert_eq!(std::mem::size_of::<T>(), self.dtype.size_bytes(), "element size mismatch");
+        assert_eq!(
+            std::mem::size_of::<T>(),
+            self.dtype.size_bytes(),
+            "element size mismatch"
+        );
         // SAFETY: storage is 64-byte aligned and holds numel elements of this size; every bit
         // pattern is valid for the element types used here (bool is read as u8).
         unsafe { std::slice::from_raw_parts(self.storage.as_ptr() as *const T, self.numel()) }
@@ -296,7 +334,11 @@ impl Tensor {
     /// Pointer to element `[0, ...]`, for handing contiguous inputs to compiled code.
     pub fn data_ptr(&self) -> *const u8 {
         // SAFETY: offset is within the storage by construction of every view.
-        unsafe { self.storage.as_ptr().add(self.offset * self.dtype.size_bytes()) }
+        unsafe {
+            self.storage
+                .as_ptr()
+                .add(self.offset * self.dtype.size_bytes())
+        }
     }
 
     /// Mutable pointer for a tensor this caller just allocated and owns uniquely.
@@ -310,7 +352,10 @@ impl Tensor {
         let mut sorted = perm.to_vec();
         sorted.sort_unstable();
         if sorted != (0..self.rank()).collect::<Vec<_>>() {
-            return Err(RuntimeError::Data(format!("{perm:?} is not a permutation of {} dims", self.rank())));
+            return Err(RuntimeError::Data(format!(
+                "{perm:?} is not a permutation of {} dims",
+                self.rank()
+            )));
         }
         let mut t = self.clone();
         t.shape = perm.iter().map(|&p| self.shape[p]).collect();
@@ -319,7 +364,13 @@ impl Tensor {
     }
 
     /// A view of `start..end` with `step` along `dim` (shares storage).
-    pub fn slice(&self, dim: usize, start: usize, end: usize, step: usize) -> Result<Tensor, RuntimeError> {
+    pub fn slice(
+        &self,
+        dim: usize,
+        start: usize,
+        end: usize,
+        step: usize,
+    ) -> Result<Tensor, RuntimeError> {
         if dim >= self.rank() || step == 0 || start > end || end > self.shape[dim] {
             return Err(RuntimeError::Data(format!(
                 "slice {start}:{end}:{step} of dim {dim} invalid for shape {:?}",
@@ -341,6 +392,12 @@ impl std::fmt::Debug for Tensor {
         let values = self.to_f64_vec();
         let shown: Vec<String> = values.iter().take(8).map(|v| format!("{v:.4}")).collect();
         let more = if values.len() > 8 { ", ..." } else { "" };
-        write!(f, "Tensor({}{:?}, [{}{more}])", self.dtype, self.shape, shown.join(", "))
+        write!(
+            f,
+            "Tensor({}{:?}, [{}{more}])",
+            self.dtype,
+            self.shape,
+            shown.join(", ")
+        )
     }
 }

@@ -7,7 +7,10 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 #[derive(Parser)]
-#[command(name = "minductor", about = "torch.compile's pipeline in Rust for CPUs")]
+#[command(
+    name = "minductor",
+    about = "torch.compile's pipeline in Rust for CPUs"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -29,7 +32,8 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
         Command::Golden { dir, backends } => {
-            let backends: Result<Vec<Backend>, _> = backends.split(',').map(|b| b.trim().parse()).collect();
+            let backends: Result<Vec<Backend>, _> =
+                backends.split(',').map(|b| b.trim().parse()).collect();
             let backends = match backends {
                 Ok(b) => b,
                 Err(e) => {
@@ -41,7 +45,11 @@ fn main() -> ExitCode {
             match run_golden(&dir, &backends) {
                 Ok(report) => {
                     print!("{}", report.render());
-                    if report.failed() == 0 { ExitCode::SUCCESS } else { ExitCode::FAILURE }
+                    if report.failed() == 0 {
+                        ExitCode::SUCCESS
+                    } else {
+                        ExitCode::FAILURE
+                    }
                 }
                 Err(e) => {
                     eprintln!("error: {e}");

@@ -24,7 +24,13 @@ fn wrong_arity_names_expected_and_found() {
     for backend in BACKENDS {
         let c = compile_with(&add_graph(), backend).unwrap();
         let err = c.call(&[ramp(&[2, 3])]).unwrap_err();
-        assert_eq!(err, RuntimeError::Arity { expected: 2, found: 1 });
+        assert_eq!(
+            err,
+            RuntimeError::Arity {
+                expected: 2,
+                found: 1
+            }
+        );
         assert_eq!(err.to_string(), "expected 2 inputs, got 1");
     }
 }
@@ -44,9 +50,15 @@ fn wrong_rank_and_shape_name_the_input() {
     for backend in BACKENDS {
         let c = compile_with(&add_graph(), backend).unwrap();
         let err = c.call(&[ramp(&[6]), ramp(&[2, 3])]).unwrap_err();
-        assert!(matches!(err, RuntimeError::Rank { ref name, expected: 2, found: 1, .. } if name == "x"), "{err}");
+        assert!(
+            matches!(err, RuntimeError::Rank { ref name, expected: 2, found: 1, .. } if name == "x"),
+            "{err}"
+        );
         let err = c.call(&[ramp(&[2, 3]), ramp(&[3, 2])]).unwrap_err();
-        assert_eq!(err.to_string(), "input `y`: expected shape [2, 3], found [3, 2]");
+        assert_eq!(
+            err.to_string(),
+            "input `y`: expected shape [2, 3], found [3, 2]"
+        );
     }
 }
 
@@ -59,7 +71,10 @@ fn ill_typed_ops_are_reported_at_trace_time_with_location() {
     })
     .unwrap_err();
     let text = err.to_string();
-    assert!(text.contains("matmul: inner dimensions differ: [3, 4] @ [5, 6]"), "{text}");
+    assert!(
+        text.contains("matmul: inner dimensions differ: [3, 4] @ [5, 6]"),
+        "{text}"
+    );
     assert!(text.contains("bad_input.rs:"), "location missing: {text}");
 
     let err = trace(|t| {
@@ -69,16 +84,29 @@ fn ill_typed_ops_are_reported_at_trace_time_with_location() {
         vec![(&a + &b).exp().sum(&[0], false)]
     })
     .unwrap_err();
-    assert!(err.to_string().contains("add: cannot broadcast shapes [3] and [4]"), "{err}");
+    assert!(
+        err.to_string()
+            .contains("add: cannot broadcast shapes [3] and [4]"),
+        "{err}"
+    );
 
     let err = trace(|t| vec![t.input("x", DType::F32, &[2, 3]).reshape(&[4, -1])]).unwrap_err();
-    assert!(err.to_string().contains("cannot reshape [2, 3] to [4, -1]"), "{err}");
+    assert!(
+        err.to_string().contains("cannot reshape [2, 3] to [4, -1]"),
+        "{err}"
+    );
 
     let err = trace(|t| vec![t.input("x", DType::F32, &[2, 3]).softmax(2)]).unwrap_err();
-    assert!(err.to_string().contains("dim 2 out of range for rank 2"), "{err}");
+    assert!(
+        err.to_string().contains("dim 2 out of range for rank 2"),
+        "{err}"
+    );
 
     let err = trace(|t| vec![t.input("x", DType::I64, &[2]).exp()]).unwrap_err();
-    assert!(err.to_string().contains("expected a floating-point tensor"), "{err}");
+    assert!(
+        err.to_string().contains("expected a floating-point tensor"),
+        "{err}"
+    );
 }
 
 #[test]
@@ -93,9 +121,17 @@ fn non_contiguous_inputs_give_the_right_answer() {
     assert!(!x.is_contiguous());
     let want = interpret(&graph, &[x.contiguous()]).unwrap();
     for backend in BACKENDS {
-        let got = compile_with(&graph, backend).unwrap().call(&[x.clone()]).unwrap();
+        let got = compile_with(&graph, backend)
+            .unwrap()
+            .call(&[x.clone()])
+            .unwrap();
         assert_eq!(got[0].to_vec::<f32>().unwrap().len(), 12);
-        for (g, w) in got[0].to_vec::<f32>().unwrap().iter().zip(want[0].to_vec::<f32>().unwrap()) {
+        for (g, w) in got[0]
+            .to_vec::<f32>()
+            .unwrap()
+            .iter()
+            .zip(want[0].to_vec::<f32>().unwrap())
+        {
             assert!((g - w).abs() <= 1e-6, "{backend:?}: {g} vs {w}");
         }
     }
@@ -106,14 +142,29 @@ fn empty_tensors_compute_empty_or_neutral_results() {
     let graph = trace(|t| {
         let x = t.input("x", DType::F32, &[0, 5]);
         let w = t.input("w", DType::F32, &[5, 0]);
-        vec![x.exp().sum(&[1], false), x.sum(&[0], false), x.matmul(&w), w.softmax(-1)]
+        vec![
+            x.exp().sum(&[1], false),
+            x.sum(&[0], false),
+            x.matmul(&w),
+            w.softmax(-1),
+        ]
     })
     .unwrap();
-    let inputs = [Tensor::zeros(DType::F32, &[0, 5]), Tensor::zeros(DType::F32, &[5, 0])];
+    let inputs = [
+        Tensor::zeros(DType::F32, &[0, 5]),
+        Tensor::zeros(DType::F32, &[5, 0]),
+    ];
     for backend in BACKENDS {
-        let out = compile_with(&graph, backend).unwrap().call(&inputs).unwrap();
+        let out = compile_with(&graph, backend)
+            .unwrap()
+            .call(&inputs)
+            .unwrap();
         assert_eq!(out[0].shape(), &[0]);
-        assert_eq!(out[1].to_vec::<f32>().unwrap(), vec![0.0; 5], "{backend:?}: sum over an empty dim is 0");
+        assert_eq!(
+            out[1].to_vec::<f32>().unwrap(),
+            vec![0.0; 5],
+            "{backend:?}: sum over an empty dim is 0"
+        );
         assert_eq!(out[2].shape(), &[0, 0]);
         assert_eq!(out[3].shape(), &[5, 0]);
     }
@@ -129,11 +180,26 @@ fn out_of_range_embedding_index_is_an_error() {
     let table = ramp(&[4, 2]);
     for backend in BACKENDS {
         let c = compile_with(&graph, backend).unwrap();
-        let ok = c.call(&[Tensor::from_vec(&[3], vec![3i64, 0, 1]).unwrap(), table.clone()]).unwrap();
+        let ok = c
+            .call(&[
+                Tensor::from_vec(&[3], vec![3i64, 0, 1]).unwrap(),
+                table.clone(),
+            ])
+            .unwrap();
         assert_eq!(ok[0].shape(), &[3, 2]);
-        let err = c.call(&[Tensor::from_vec(&[3], vec![0i64, 4, 1]).unwrap(), table.clone()]).unwrap_err();
+        let err = c
+            .call(&[
+                Tensor::from_vec(&[3], vec![0i64, 4, 1]).unwrap(),
+                table.clone(),
+            ])
+            .unwrap_err();
         assert!(err.to_string().contains("index 4"), "{backend:?}: {err}");
-        let err = c.call(&[Tensor::from_vec(&[3], vec![-1i64, 0, 1]).unwrap(), table.clone()]).unwrap_err();
+        let err = c
+            .call(&[
+                Tensor::from_vec(&[3], vec![-1i64, 0, 1]).unwrap(),
+                table.clone(),
+            ])
+            .unwrap_err();
         assert!(err.to_string().contains("index -1"), "{backend:?}: {err}");
     }
 }
@@ -141,17 +207,28 @@ fn out_of_range_embedding_index_is_an_error() {
 #[test]
 fn unknown_backend_is_a_typed_error() {
     let err = "tvm".parse::<Backend>().unwrap_err();
-    assert_eq!(err.to_string(), "unknown backend `tvm` (expected eager, aot_eager or inductor)");
+    assert_eq!(
+        err.to_string(),
+        "unknown backend `tvm` (expected eager, aot_eager or inductor)"
+    );
 }
 
 #[test]
 fn symbolic_dims_are_a_typed_error_not_a_panic() {
     use minductor::ir::{Dim, SymId, TensorType};
     let tracer = Tracer::new();
-    let x = tracer.input_typed("x", TensorType::new(DType::F32, [Dim::Sym(SymId(0)), Dim::Static(4)].into_iter().collect()));
+    let x = tracer.input_typed(
+        "x",
+        TensorType::new(
+            DType::F32,
+            [Dim::Sym(SymId(0)), Dim::Static(4)].into_iter().collect(),
+        ),
+    );
     let graph = tracer.finish(&[x.softmax(-1)]).unwrap();
     for backend in [Backend::AotEager, Backend::Inductor] {
-        let err = compile_with(&graph, backend).err().expect("symbolic dims are not compiled yet");
+        let err = compile_with(&graph, backend)
+            .err()
+            .expect("symbolic dims are not compiled yet");
         assert!(err.to_string().contains("symbolic dims"), "{err}");
     }
     let eager = compile_with(&graph, Backend::Eager).unwrap();

@@ -5,7 +5,9 @@ use minductor::{compile, interpret, trace, DType, Graph, Tensor, Traced, Tracer}
 
 fn values(shape: &[usize], seed: u32) -> Tensor {
     let n: usize = shape.iter().product();
-    let data = (0..n).map(|i| ((i as f32 + 1.0) * 0.618 + seed as f32 * 1.3).sin() * 3.0).collect();
+    let data = (0..n)
+        .map(|i| ((i as f32 + 1.0) * 0.618 + seed as f32 * 1.3).sin() * 3.0)
+        .collect();
     Tensor::from_vec(shape, data).unwrap()
 }
 
@@ -13,22 +15,35 @@ fn values(shape: &[usize], seed: u32) -> Tensor {
 /// max(1, |want|)).
 fn check(graph: &Graph, inputs: &[Tensor], tol: f64, what: &str) {
     let want = interpret(graph, inputs).unwrap();
-    let got = compile(graph).unwrap_or_else(|e| panic!("{what}: {e}")).call(inputs).unwrap();
+    let got = compile(graph)
+        .unwrap_or_else(|e| panic!("{what}: {e}"))
+        .call(inputs)
+        .unwrap();
     for (g, w) in got.iter().zip(&want) {
         assert_eq!(g.shape(), w.shape(), "{what}");
         for (i, (a, b)) in g.to_f64_vec().iter().zip(w.to_f64_vec()).enumerate() {
             let ok = (a.is_nan() && b.is_nan()) || (a - b).abs() <= tol * b.abs().max(1.0);
-            assert!(ok, "{what}: element {i}: compiled {a} vs reference {b}\n{graph}");
+            assert!(
+                ok,
+                "{what}: element {i}: compiled {a} vs reference {b}\n{graph}"
+            );
         }
     }
 }
 
 fn build(shapes: &[&[usize]], f: impl FnOnce(&[Traced]) -> Vec<Traced>) -> (Graph, Vec<Tensor>) {
     let tracer = Tracer::new();
-    let inputs: Vec<Traced> =
-        shapes.iter().enumerate().map(|(i, s)| tracer.input(&format!("in{i}"), DType::F32, s)).collect();
+    let inputs: Vec<Traced> = shapes
+        .iter()
+        .enumerate()
+        .map(|(i, s)| tracer.input(&format!("in{i}"), DType::F32, s))
+        .collect();
     let outputs = f(&inputs);
-    let tensors = shapes.iter().enumerate().map(|(i, s)| values(s, i as u32)).collect();
+    let tensors = shapes
+        .iter()
+        .enumerate()
+        .map(|(i, s)| values(s, i as u32))
+        .collect();
     (tracer.finish(&outputs).unwrap(), tensors)
 }
 
@@ -40,7 +55,10 @@ fn pointwise_chains_at_every_tail_length() {
         for &m in &[1, 2, 7] {
             let (g, inputs) = build(&[&[m, n], &[n]], |i| {
                 let (x, b) = (&i[0], &i[1]);
-                vec![((x * 0.5 + b).tanh() - x.sigmoid()).maximum(&(x * x).sqrt().log()), x.gt(b)]
+                vec![
+                    ((x * 0.5 + b).tanh() - x.sigmoid()).maximum(&(x * x).sqrt().log()),
+                    x.gt(b),
+                ]
             });
             check(&g, &inputs, 2e-6, &format!("pointwise {m}x{n}"));
         }
@@ -53,7 +71,12 @@ fn reductions_over_every_axis() {
         for axes in [&[0isize][..], &[1], &[2], &[0, 2], &[]] {
             let (g, inputs) = build(&[&[3, n, 5]], |i| {
                 let x = &i[0];
-                vec![x.sum(axes, false), x.amax(axes, true), x.mean(axes, true), x.amin(axes, false)]
+                vec![
+                    x.sum(axes, false),
+                    x.amax(axes, true),
+                    x.mean(axes, true),
+                    x.amin(axes, false),
+                ]
             });
             check(&g, &inputs, 1e-5, &format!("reduce {axes:?} of 3x{n}x5"));
         }
@@ -66,7 +89,11 @@ fn row_kernels_along_every_dim() {
         for dim in 0..3isize {
             let (g, inputs) = build(&[&[2, n, 6]], |i| {
                 let x = &i[0];
-                vec![x.softmax(dim), x.log_softmax(dim), x.var(&[dim], true, false)]
+                vec![
+                    x.softmax(dim),
+                    x.log_softmax(dim),
+                    x.var(&[dim], true, false),
+                ]
             });
             check(&g, &inputs, 1e-5, &format!("softmax dim {dim} of 2x{n}x6"));
         }
@@ -81,7 +108,11 @@ fn views_composed_with_compute() {
             let t = (x * 2.0).transpose(0, 1) + y;
             let r = t.reshape(&[-1]).reshape(&[4, n as isize]);
             let s = r.slice(1, Some(0), None, 2).exp();
-            vec![s, Traced::cat(&[&t, y], 1).sum(&[1], false), x.reshape(&[n as isize, 4]).permute(&[1, 0])]
+            vec![
+                s,
+                Traced::cat(&[&t, y], 1).sum(&[1], false),
+                x.reshape(&[n as isize, 4]).permute(&[1, 0]),
+            ]
         });
         check(&g, &inputs, 1e-5, &format!("views n={n}"));
     }
@@ -92,10 +123,24 @@ fn half_precision_round_trips() {
     let graph = trace(|t| {
         let x = t.input("x", DType::F16, &[37]);
         let y = t.input("y", DType::BF16, &[37]);
-        vec![(&x * 1.5).exp(), y.cast(DType::F32).softmax(0).cast(DType::BF16), x.cast(DType::BF16)]
+        vec![
+            (&x * 1.5).exp(),
+            y.cast(DType::F32).softmax(0).cast(DType::BF16),
+            x.cast(DType::BF16),
+        ]
     })
     .unwrap();
-    let x = Tensor::from_f64(DType::F16, &[37], &(0..37).map(|i| i as f64 * 0.1 - 1.5).collect::<Vec<_>>()).unwrap();
-    let y = Tensor::from_f64(DType::BF16, &[37], &(0..37).map(|i| (i as f64).cos()).collect::<Vec<_>>()).unwrap();
+    let x = Tensor::from_f64(
+        DType::F16,
+        &[37],
+        &(0..37).map(|i| i as f64 * 0.1 - 1.5).collect::<Vec<_>>(),
+    )
+    .unwrap();
+    let y = Tensor::from_f64(
+        DType::BF16,
+        &[37],
+        &(0..37).map(|i| (i as f64).cos()).collect::<Vec<_>>(),
+    )
+    .unwrap();
     check(&graph, &[x, y], 1e-2, "f16/bf16");
 }

@@ -30,7 +30,9 @@ fn softmax_is_one_kernel_over_a_row() {
     let graph = trace(|t| vec![t.input("x", DType::F32, &[4, 7, 37]).softmax(-1)]).unwrap();
     let program = program_of(&graph);
     assert_eq!(program.steps.len(), 1, "{program}");
-    let Step::Kernel(k) = &program.steps[0] else { panic!("{program}") };
+    let Step::Kernel(k) = &program.steps[0] else {
+        panic!("{program}")
+    };
     let kinds: Vec<&str> = k
         .stages
         .iter()
@@ -62,7 +64,11 @@ fn layer_norm_is_one_kernel_and_pointwise_chains_fuse() {
     })
     .unwrap();
     let program = program_of(&graph);
-    assert_eq!(program.steps.len(), 1, "gelu(x*w+b) is one kernel:\n{program}");
+    assert_eq!(
+        program.steps.len(),
+        1,
+        "gelu(x*w+b) is one kernel:\n{program}"
+    );
 }
 
 #[test]
@@ -75,6 +81,10 @@ fn views_are_index_arithmetic_not_copies() {
     })
     .unwrap();
     let program = program_of(&graph);
-    assert_eq!(program.steps.len(), 2, "one GEMM and one pointwise kernel:\n{program}");
+    assert_eq!(
+        program.steps.len(),
+        2,
+        "one GEMM and one pointwise kernel:\n{program}"
+    );
     assert!(matches!(program.steps[0], Step::Matmul(_)));
 }

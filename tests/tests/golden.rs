@@ -8,8 +8,11 @@ use minductor::Backend;
 #[test]
 fn every_forward_golden_case_matches_pytorch_on_every_backend() {
     let dir = default_golden_dir();
-    let report = run_golden(&dir, &[Backend::Eager, Backend::AotEager, Backend::Inductor])
-        .unwrap_or_else(|e| panic!("cannot read golden cases in {}: {e}", dir.display()));
+    let report = run_golden(
+        &dir,
+        &[Backend::Eager, Backend::AotEager, Backend::Inductor],
+    )
+    .unwrap_or_else(|e| panic!("cannot read golden cases in {}: {e}", dir.display()));
     println!("{}", report.render());
     assert!(report.passed() > 0, "no golden case ran");
     assert_eq!(report.failed(), 0, "golden failures:\n{}", report.render());
@@ -17,7 +20,11 @@ fn every_forward_golden_case_matches_pytorch_on_every_backend() {
     // the runner lost a case.
     for r in &report.results {
         if let Outcome::Skip(_) = r.outcome {
-            assert!(r.case.starts_with("train_"), "forward case {} was skipped", r.case);
+            assert!(
+                r.case.starts_with("train_"),
+                "forward case {} was skipped",
+                r.case
+            );
         }
     }
 }
