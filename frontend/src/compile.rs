@@ -63,6 +63,8 @@ pub struct Artifacts {
     pub prim_graph: Option<Graph>,
     /// The kernel program after `fuse` (inductor only).
     pub program: Option<Program>,
+    /// Each kernel's name and its Cranelift IR as compiled (inductor only).
+    pub cranelift_ir: Vec<(String, String)>,
 }
 
 /// A compiled graph. `call` checks the inputs against the graph and runs the backend's code.
@@ -112,6 +114,7 @@ pub fn compile_with(graph: &Graph, backend: Backend) -> Result<Compiled, Compile
             let prims = simplify(&decompose(graph));
             let program = fuse(&prims);
             let compiled: CompiledProgram = compile_program(&program)?;
+            artifacts.cranelift_ir = compiled.kernels().map(|k| (k.name.clone(), k.clif.clone())).collect();
             artifacts.prim_graph = Some(prims);
             artifacts.program = Some(program);
             Box::new(compiled)

@@ -88,3 +88,17 @@ fn views_are_index_arithmetic_not_copies() {
     );
     assert!(matches!(program.steps[0], Step::Matmul(_)));
 }
+
+#[test]
+fn contiguous_pointwise_kernels_use_f32x4_loads_and_stores() {
+    let graph = trace(|t| {
+        let x = t.input("x", DType::F32, &[1031]);
+        vec![(&x * 2.0).exp()]
+    })
+    .unwrap();
+    let compiled = compile(&graph).unwrap();
+    let (_, clif) = &compiled.artifacts().cranelift_ir[0];
+    assert!(clif.contains("load.f32x4"), "no vector load:\n{clif}");
+    assert!(clif.contains("store") && clif.contains("f32x4"), "no vector store:\n{clif}");
+    assert!(!clif.contains("call"), "kernels make no calls:\n{clif}");
+}
