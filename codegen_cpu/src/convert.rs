@@ -206,7 +206,7 @@ mod tests {
             0x7f80_0000,
             0xff80_0000,
         ]);
-        if v.len() % 4 == 0 {
+        if v.len().is_multiple_of(4) {
             v.push(0);
         }
         v

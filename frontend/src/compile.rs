@@ -114,7 +114,10 @@ pub fn compile_with(graph: &Graph, backend: Backend) -> Result<Compiled, Compile
             let prims = simplify(&decompose(graph));
             let program = fuse(&prims);
             let compiled: CompiledProgram = compile_program(&program)?;
-            artifacts.cranelift_ir = compiled.kernels().map(|k| (k.name.clone(), k.clif.clone())).collect();
+            artifacts.cranelift_ir = compiled
+                .kernels()
+                .map(|k| (k.name.clone(), k.clif.clone()))
+                .collect();
             artifacts.prim_graph = Some(prims);
             artifacts.program = Some(program);
             Box::new(compiled)

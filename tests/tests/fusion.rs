@@ -99,6 +99,9 @@ fn contiguous_pointwise_kernels_use_f32x4_loads_and_stores() {
     let compiled = compile(&graph).unwrap();
     let (_, clif) = &compiled.artifacts().cranelift_ir[0];
     assert!(clif.contains("load.f32x4"), "no vector load:\n{clif}");
-    assert!(clif.contains("store") && clif.contains("f32x4"), "no vector store:\n{clif}");
+    assert!(
+        clif.contains("store") && clif.contains("f32x4"),
+        "no vector store:\n{clif}"
+    );
     assert!(!clif.contains("call"), "kernels make no calls:\n{clif}");
 }
