@@ -450,7 +450,7 @@ impl Lowering<'_, '_, '_> {
             Expr::Compare(op, a, c) => {
                 let operand_ty = self.kernel.ty(a);
                 let (a, c) = (self.scalar_operand(a), self.scalar_operand(c));
-                self.compare(op, a, c, operand_ty, Mode::Scalar)
+                self.compare(op, a, c, operand_ty)
             }
             Expr::Where(c, a, d) => {
                 let (c, a, d) = (
@@ -557,14 +557,7 @@ impl Lowering<'_, '_, '_> {
         }
     }
 
-    fn compare(
-        &mut self,
-        op: CompareOp,
-        a: Value,
-        c: Value,
-        operand: ScalarType,
-        _mode: Mode,
-    ) -> Value {
+    fn compare(&mut self, op: CompareOp, a: Value, c: Value, operand: ScalarType) -> Value {
         if operand == ScalarType::F32 {
             let cc = match op {
                 CompareOp::Eq => FloatCC::Equal,
@@ -641,7 +634,7 @@ impl Lowering<'_, '_, '_> {
             Expr::Compare(op, a, c) => {
                 let operand_ty = self.kernel.ty(a);
                 let (a, c) = (self.vector_operand(a), self.vector_operand(c));
-                let mask = self.compare(op, a, c, operand_ty, Mode::Vector);
+                let mask = self.compare(op, a, c, operand_ty);
                 self.bitcast(types::I32X4, mask)
             }
             Expr::Where(c, a, d) => {

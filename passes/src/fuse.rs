@@ -411,19 +411,7 @@ fn view_index(g: &Graph, node: NodeId, idx: &[Affine]) -> Retry<Vec<Affine>> {
             }
             out
         }
-        Op::Expand { .. } => {
-            let lead = idx.len() - in_shape.len();
-            let out_shape = sizes(g, node);
-            (0..in_shape.len())
-                .map(|j| {
-                    if in_shape[j] == 1 && out_shape[j + lead] != 1 {
-                        Affine::constant(0)
-                    } else {
-                        idx[j + lead].clone()
-                    }
-                })
-                .collect()
-        }
+        Op::Expand { .. } => broadcast_index(idx, &in_shape, &sizes(g, node)),
         Op::Slice {
             dim, start, step, ..
         } => {
@@ -460,6 +448,21 @@ fn view_index(g: &Graph, node: NodeId, idx: &[Affine]) -> Retry<Vec<Affine>> {
         }
         _ => unreachable!("view_index of a non-view"),
     })
+}
+
+/// The index of an operand of shape `in_shape` broadcast (NumPy-style) to `out_shape`, read at
+/// `idx`: leading dims dropped, size-1 dims pinned to 0.
+fn broadcast_index(idx: &[Affine], in_shape: &[usize], out_shape: &[usize]) -> Vec<Affine> {
+    let lead = out_shape.len() - in_shape.len();
+    (0..in_shape.len())
+        .map(|j| {
+            if in_shape[j] == 1 && out_shape[j + lead] != 1 {
+                Affine::constant(0)
+            } else {
+                idx[j + lead].clone()
+            }
+        })
+        .collect()
 }
 
 /// Builds one kernel's expressions and stages.
@@ -573,19 +576,7 @@ impl<'g> KernelBuilder<'g> {
         let ty = ScalarType::of(n.ty.dtype);
         let out_shape = sizes(g, node);
         // Index of a broadcast operand.
-        let operand_idx = |operand: NodeId| -> Vec<Affine> {
-            let shape = sizes(g, operand);
-            let lead = idx.len() - shape.len();
-            (0..shape.len())
-                .map(|j| {
-                    if shape[j] == 1 && out_shape[j + lead] != 1 {
-                        Affine::constant(0)
-                    } else {
-                        idx[j + lead].clone()
-                    }
-                })
-                .collect()
-        };
+        let operand_idx = |operand: NodeId| broadcast_index(idx, &sizes(g, operand), &out_shape);
         if !matches!(n.op, Op::Constant { .. }) && !n.op.is_view() {
             self.inlined.push(node);
             self.names.push(n.op.name());
