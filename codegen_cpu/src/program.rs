@@ -32,7 +32,19 @@ pub struct CompiledKernel {
     params: Vec<i64>,
     /// Extent of the first outer loop, the range the function is called with (1 if none).
     range: i64,
+    /// Elements the kernel visits per call (all loop trip counts), to decide on threading.
+    work: i64,
 }
+
+/// Kernels visiting fewer elements than this run on the calling thread.
+const PARALLEL_WORK_THRESHOLD: i64 = 1 << 15;
+
+/// The pointer table, shared read-only by the threads running one kernel.
+struct SharedPointers(*const *mut u8);
+// SAFETY: the table and the buffers behind it outlive the parallel loop (it joins before `run`
+// continues), and the chunks of the first outer loop write disjoint elements (see `run`).
+unsafe impl Send for SharedPointers {}
+unsafe impl Sync for SharedPointers {}
 
 enum CompiledStep {
     Kernel(CompiledKernel),
@@ -123,6 +135,7 @@ pub fn compile_program(program: &Program) -> Result<CompiledProgram, CodegenErro
                     function,
                     buffers: kernel.buffers(),
                     params: static_params(kernel),
+                    work: kernel_work(kernel),
                     range: kernel
                         .outer
                         .first()
@@ -154,6 +167,15 @@ fn static_sizes(shape: &[minductor_ir::Dim]) -> Vec<usize> {
         .iter()
         .map(|d| d.as_static().expect("checked static"))
         .collect()
+}
+
+fn kernel_work(kernel: &Kernel) -> i64 {
+    let size = |dims: &[minductor_ir::Dim]| {
+        dims.iter()
+            .map(|d| d.as_static().expect("checked static") as i64)
+            .product::<i64>()
+    };
+    size(&kernel.outer) * kernel.stages.iter().map(|s| size(&s.extent)).sum::<i64>()
 }
 
 fn static_params(kernel: &Kernel) -> Vec<i64> {
@@ -227,8 +249,31 @@ impl Executable for CompiledProgram {
                     // SAFETY: every pointer is the start of a live, contiguous buffer whose size
                     // is the one `fuse` planned (checked above for inputs, allocated from the
                     // plan otherwise); `fuse` guarantees each index stays inside its buffer for
-                    // loop extents equal to `params`, and the range covers the first outer loop.
-                    unsafe { (k.function)(pointers.as_ptr(), k.params.as_ptr(), 0, k.range) };
+                    // loop extents equal to `params`, and the ranges cover the first outer loop.
+                    // Threads get disjoint ranges of that loop: a kernel's store index is the
+                    // row-major index of its own iteration domain, so disjoint ranges write
+                    // disjoint elements, and no kernel reads a buffer it writes. Each element's
+                    // value (reductions included) is computed within one call, so results do not
+                    // depend on the thread count.
+                    let threads = rayon::current_num_threads() as i64;
+                    if threads > 1 && k.range > 1 && k.work >= PARALLEL_WORK_THRESHOLD {
+                        let chunks = threads.min(k.range);
+                        let table = SharedPointers(pointers.as_ptr());
+                        let (function, params, range) =
+                            (k.function, k.params.as_ptr() as usize, k.range);
+                        rayon::scope(|scope| {
+                            for c in 0..chunks {
+                                let table = &table;
+                                scope.spawn(move |_| {
+                                    let (start, end) =
+                                        (range * c / chunks, range * (c + 1) / chunks);
+                                    unsafe { function(table.0, params as *const i64, start, end) };
+                                });
+                            }
+                        });
+                    } else {
+                        unsafe { (k.function)(pointers.as_ptr(), k.params.as_ptr(), 0, k.range) };
+                    }
                 }
                 CompiledStep::Matmul(m) => run_matmul(m, &mut tensors),
             }

@@ -144,3 +144,25 @@ fn half_precision_round_trips() {
     .unwrap();
     check(&graph, &[x, y], 1e-2, "f16/bf16");
 }
+
+#[test]
+fn results_are_bitwise_equal_for_any_thread_count() {
+    // Large enough to be split across threads; the row reductions combine in a fixed order.
+    let (g, inputs) = build(&[&[512, 300], &[300]], |i| {
+        let (x, b) = (&i[0], &i[1]);
+        vec![(x + b).softmax(-1), x.sum(&[1], false), (x * 2.0).gelu()]
+    });
+    let compiled = compile(&g).unwrap();
+    let run = |threads: usize| {
+        let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().unwrap();
+        pool.install(|| compiled.call(&inputs).unwrap())
+    };
+    let one = run(1);
+    for threads in [2, 3] {
+        let many = run(threads);
+        for (a, b) in one.iter().zip(&many) {
+            assert_eq!(a.to_vec::<f32>().unwrap(), b.to_vec::<f32>().unwrap(), "{threads} threads");
+        }
+    }
+    check(&g, &inputs, 1e-5, "threaded rows");
+}
