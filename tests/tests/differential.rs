@@ -154,14 +154,21 @@ fn results_are_bitwise_equal_for_any_thread_count() {
     });
     let compiled = compile(&g).unwrap();
     let run = |threads: usize| {
-        let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().unwrap();
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .build()
+            .unwrap();
         pool.install(|| compiled.call(&inputs).unwrap())
     };
     let one = run(1);
     for threads in [2, 3] {
         let many = run(threads);
         for (a, b) in one.iter().zip(&many) {
-            assert_eq!(a.to_vec::<f32>().unwrap(), b.to_vec::<f32>().unwrap(), "{threads} threads");
+            assert_eq!(
+                a.to_vec::<f32>().unwrap(),
+                b.to_vec::<f32>().unwrap(),
+                "{threads} threads"
+            );
         }
     }
     check(&g, &inputs, 1e-5, "threaded rows");
