@@ -112,6 +112,16 @@ pub fn compile_with(graph: &Graph, backend: Backend) -> Result<Compiled, Compile
         }
         Backend::Inductor => {
             let prims = simplify(&decompose(graph));
+            let integer_reduction = prims.nodes().iter().find(|n| {
+                matches!(n.op, minductor_ir::Op::Reduce { .. }) && !n.ty.dtype.is_float()
+            });
+            if let Some(node) = integer_reduction {
+                let what = format!("reductions over {} tensors ({})", node.ty.dtype, node.op);
+                return Err(CompileError::Unsupported {
+                    backend: backend.name(),
+                    what,
+                });
+            }
             let program = fuse(&prims);
             let compiled: CompiledProgram = compile_program(&program)?;
             artifacts.cranelift_ir = compiled

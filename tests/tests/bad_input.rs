@@ -235,3 +235,17 @@ fn symbolic_dims_are_a_typed_error_not_a_panic() {
     let err = eager.call(&[ramp(&[3, 4])]).unwrap_err();
     assert!(matches!(err, RuntimeError::Unsupported(_)), "{err}");
 }
+
+#[test]
+fn integer_reductions_are_a_typed_error_when_compiled() {
+    let graph = trace(|t| vec![t.input("i", DType::I64, &[4, 3]).sum(&[1], false)]).unwrap();
+    let err = compile_with(&graph, Backend::Inductor)
+        .err()
+        .expect("i64 sums do not compile yet");
+    assert!(err.to_string().contains("reductions over i64"), "{err}");
+    let eager = compile_with(&graph, Backend::Eager).unwrap();
+    let out = eager
+        .call(&[Tensor::from_vec(&[4, 3], (0..12i64).collect()).unwrap()])
+        .unwrap();
+    assert_eq!(out[0].to_vec::<i64>().unwrap(), vec![3, 12, 21, 30]);
+}
