@@ -197,10 +197,31 @@ impl CompiledProgram {
 
 impl Executable for CompiledProgram {
     fn run(&mut self, inputs: &[Tensor]) -> Result<Vec<Tensor>, RuntimeError> {
+        // The intermediates are moved out for the call, so this call owns them uniquely and
+        // writes them through `data_mut_ptr`; they are put back whatever the outcome.
+        let mut tensors = std::mem::take(&mut self.intermediates);
+        let result = self.run_steps(inputs, &mut tensors);
+        for (slot, buffer) in tensors.iter_mut().zip(&self.program.buffers) {
+            if buffer.kind != BufferKind::Intermediate {
+                *slot = None;
+            }
+        }
+        self.intermediates = tensors;
+        result
+    }
+}
+
+impl CompiledProgram {
+    /// Fills the input and output slots of `tensors` (which holds the intermediates) and runs
+    /// every step.
+    fn run_steps(
+        &self,
+        inputs: &[Tensor],
+        tensors: &mut [Option<Tensor>],
+    ) -> Result<Vec<Tensor>, RuntimeError> {
         let program = &self.program;
         // Every buffer the compiled code touches, checked against the plan: this is the fence
         // that keeps JIT code inside its buffers.
-        let mut tensors: Vec<Option<Tensor>> = self.intermediates.clone();
         for (index, b) in program.buffers.iter().enumerate() {
             match b.kind {
                 BufferKind::Input(n) => {
@@ -244,7 +265,7 @@ impl Executable for CompiledProgram {
                 CompiledStep::Kernel(k) => {
                     pointers.clear();
                     for id in &k.buffers {
-                        pointers.push(buffer_ptr(&mut tensors, *id));
+                        pointers.push(buffer_ptr(tensors, *id));
                     }
                     // SAFETY: every pointer is the start of a live, contiguous buffer whose size
                     // is the one `fuse` planned (checked above for inputs, allocated from the
@@ -275,7 +296,7 @@ impl Executable for CompiledProgram {
                         unsafe { (k.function)(pointers.as_ptr(), k.params.as_ptr(), 0, k.range) };
                     }
                 }
-                CompiledStep::Matmul(m) => run_matmul(m, &mut tensors),
+                CompiledStep::Matmul(m) => run_matmul(m, tensors),
             }
         }
         Ok(program
@@ -294,8 +315,9 @@ fn buffer_ptr(tensors: &mut [Option<Tensor>], id: BufferId) -> *mut u8 {
     let t = tensors[id.0 as usize]
         .as_mut()
         .expect("every buffer is allocated before the steps run");
-    // Inputs may be shared with the caller; kernels only ever read them (fuse never stores to an
-    // input buffer), so a const pointer cast to mut is never written through.
+    // Outputs and intermediates are owned uniquely by this call. Inputs may share storage with
+    // the caller: kernels only ever read them (fuse never stores to an input buffer), so the
+    // const pointer cast to mut is never written through.
     t.data_mut_ptr().unwrap_or(t.data_ptr() as *mut u8)
 }
 
