@@ -209,6 +209,14 @@ impl Executable for CompiledProgram {
         self.intermediates = tensors;
         result
     }
+
+    fn arena_bytes(&self) -> usize {
+        self.intermediates
+            .iter()
+            .flatten()
+            .map(|t| t.numel() * t.dtype().size_bytes())
+            .sum()
+    }
 }
 
 impl CompiledProgram {

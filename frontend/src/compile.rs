@@ -154,6 +154,14 @@ impl Compiled {
         exec.run(inputs)
     }
 
+    /// Bytes the compiled code keeps allocated between calls (the intermediate-buffer arena).
+    pub fn arena_bytes(&self) -> usize {
+        self.executable
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .arena_bytes()
+    }
+
     pub fn graph(&self) -> &Graph {
         &self.graph
     }

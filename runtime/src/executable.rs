@@ -6,6 +6,11 @@ use minductor_ir::{shape_string, Dim, Graph};
 /// A compiled graph ready to run. `run` takes the graph inputs in order and returns its outputs.
 pub trait Executable: Send {
     fn run(&mut self, inputs: &[Tensor]) -> Result<Vec<Tensor>, RuntimeError>;
+
+    /// Bytes this executable keeps allocated between calls (its buffer arena); 0 if none.
+    fn arena_bytes(&self) -> usize {
+        0
+    }
 }
 
 /// Checks arity, dtype, rank and static sizes of `inputs` against the graph's declared inputs.
