@@ -22,4 +22,6 @@ pub use minductor_ir as ir;
 pub use minductor_ir::{DType, Graph};
 pub use minductor_passes as passes;
 pub use minductor_runtime as runtime;
-pub use minductor_runtime::{interpret, RuntimeError, Tensor};
+pub use minductor_runtime::{
+    interpret, num_threads, set_num_threads, RuntimeError, StepTiming, Tensor,
+};

@@ -8,7 +8,8 @@ use cranelift_jit::{JITBuilder, JITModule};
 use cranelift_module::{Linkage, Module};
 use minductor_ir::DType;
 use minductor_passes::kernel::{BufferId, BufferKind, Kernel, MatmulStep, Program, Step};
-use minductor_runtime::{Executable, RuntimeError, Tensor};
+use minductor_passes::plan_buffers::{plan_buffers, BufferPlan};
+use minductor_runtime::{threads, Executable, RuntimeError, StepTiming, Storage, Tensor};
 use std::time::{Duration, Instant};
 use thiserror::Error;
 
@@ -39,16 +40,10 @@ pub struct CompiledKernel {
 /// Kernels visiting fewer elements than this run on the calling thread.
 const PARALLEL_WORK_THRESHOLD: i64 = 1 << 15;
 
-/// The pointer table, shared read-only by the threads running one kernel.
-struct SharedPointers(*const *mut u8);
-// SAFETY: the table and the buffers behind it outlive the parallel loop (it joins before `run`
-// continues), and the chunks of the first outer loop write disjoint elements (see `run`).
-unsafe impl Send for SharedPointers {}
-unsafe impl Sync for SharedPointers {}
-
 enum CompiledStep {
     Kernel(CompiledKernel),
-    Matmul(MatmulStep),
+    /// A GEMM, and the kernel that runs on each block of its output rows (see `fuse_epilogues`).
+    Matmul(MatmulStep, Option<CompiledKernel>),
 }
 
 /// The owner of the machine code. Only dropped, never used after finalisation.
@@ -59,9 +54,11 @@ unsafe impl Send for CodeOwner {}
 
 pub struct CompiledProgram {
     pub program: Program,
+    /// Where each intermediate lives in the arena.
+    pub plan: BufferPlan,
     steps: Vec<CompiledStep>,
-    /// Intermediate buffers, allocated once and kept between calls.
-    intermediates: Vec<Option<Tensor>>,
+    /// One allocation for every intermediate, laid out by `plan`, kept between calls.
+    arena: Storage,
     pub compile_time: Duration,
     _code: CodeOwner,
 }
@@ -99,8 +96,7 @@ pub fn compile_program(program: &Program) -> Result<CompiledProgram, CodegenErro
     let mut ctx = module.make_context();
     let mut fctx = FunctionBuilderContext::new();
     let mut pending = Vec::new();
-    for step in &program.steps {
-        let Step::Kernel(kernel) = step else { continue };
+    for kernel in program.kernels() {
         ctx.func = kernel_function(call_conv);
         {
             let mut b = FunctionBuilder::new(&mut ctx.func, &mut fctx);
@@ -121,42 +117,43 @@ pub fn compile_program(program: &Program) -> Result<CompiledProgram, CodegenErro
         .finalize_definitions()
         .map_err(|e| CodegenError::Cranelift(e.to_string()))?;
     let mut pending = pending.into_iter();
-    let mut steps = Vec::new();
-    for step in &program.steps {
-        steps.push(match step {
-            Step::Kernel(kernel) => {
-                let (id, clif) = pending.next().expect("one function per kernel");
-                let code = module.get_finalized_function(id);
-                // SAFETY: `code` was compiled from `kernel_function`'s signature, which is KernelFn's.
-                let function = unsafe { std::mem::transmute::<*const u8, KernelFn>(code) };
-                CompiledStep::Kernel(CompiledKernel {
-                    name: kernel.name.clone(),
-                    clif,
-                    function,
-                    buffers: kernel.buffers(),
-                    params: static_params(kernel),
-                    work: kernel_work(kernel),
-                    range: kernel
-                        .outer
-                        .first()
-                        .map_or(1, |d| d.as_static().expect("checked static") as i64),
-                })
-            }
-            Step::Matmul(m) => CompiledStep::Matmul(m.clone()),
-        });
-    }
-    let intermediates = program
-        .buffers
+    let mut finished = |kernel: &Kernel| -> CompiledKernel {
+        let (id, clif) = pending.next().expect("one function per kernel");
+        let code = module.get_finalized_function(id);
+        // SAFETY: `code` was compiled from `kernel_function`'s signature, which is KernelFn's.
+        let function = unsafe { std::mem::transmute::<*const u8, KernelFn>(code) };
+        CompiledKernel {
+            name: kernel.name.clone(),
+            clif,
+            function,
+            buffers: kernel.buffers(),
+            params: static_params(kernel),
+            work: kernel_work(kernel),
+            range: kernel
+                .outer
+                .first()
+                .map_or(1, |d| d.as_static().expect("checked static") as i64),
+        }
+    };
+    let steps = program
+        .steps
         .iter()
-        .map(|b| {
-            (b.kind == BufferKind::Intermediate)
-                .then(|| Tensor::zeros(b.dtype, &static_sizes(&b.shape)))
+        .map(|step| match step {
+            Step::Kernel(kernel) => CompiledStep::Kernel(finished(kernel)),
+            Step::Matmul(m) => {
+                CompiledStep::Matmul(m.clone(), m.epilogue.as_ref().map(&mut finished))
+            }
         })
         .collect();
+    let plan = program
+        .plan
+        .clone()
+        .unwrap_or_else(|| plan_buffers(program));
     Ok(CompiledProgram {
         program: program.clone(),
+        arena: Storage::zeroed(plan.arena_bytes),
+        plan,
         steps,
-        intermediates,
         compile_time: started.elapsed(),
         _code: CodeOwner(module),
     })
@@ -190,44 +187,49 @@ impl CompiledProgram {
     pub fn kernels(&self) -> impl Iterator<Item = &CompiledKernel> {
         self.steps.iter().filter_map(|s| match s {
             CompiledStep::Kernel(k) => Some(k),
-            _ => None,
+            CompiledStep::Matmul(_, epilogue) => epilogue.as_ref(),
         })
     }
 }
 
 impl Executable for CompiledProgram {
     fn run(&mut self, inputs: &[Tensor]) -> Result<Vec<Tensor>, RuntimeError> {
-        // The intermediates are moved out for the call, so this call owns them uniquely and
-        // writes them through `data_mut_ptr`; they are put back whatever the outcome.
-        let mut tensors = std::mem::take(&mut self.intermediates);
-        let result = self.run_steps(inputs, &mut tensors);
-        for (slot, buffer) in tensors.iter_mut().zip(&self.program.buffers) {
-            if buffer.kind != BufferKind::Intermediate {
-                *slot = None;
-            }
-        }
-        self.intermediates = tensors;
-        result
+        self.run_steps(inputs, None)
+    }
+
+    fn profile(
+        &mut self,
+        inputs: &[Tensor],
+    ) -> Result<(Vec<Tensor>, Vec<StepTiming>), RuntimeError> {
+        let mut timings = Vec::new();
+        let outputs = self.run_steps(inputs, Some(&mut timings))?;
+        Ok((outputs, timings))
     }
 
     fn arena_bytes(&self) -> usize {
-        self.intermediates
-            .iter()
-            .flatten()
-            .map(|t| t.numel() * t.dtype().size_bytes())
-            .sum()
+        self.plan.arena_bytes
     }
 }
 
+/// The pointer table, shared read-only by the threads running one step.
+#[derive(Clone, Copy)]
+struct SharedPointers(*const *mut u8);
+// SAFETY: the table and the buffers behind it outlive the parallel loop (it joins before the
+// step returns), and the chunks of the first outer loop write disjoint elements (see `run_steps`).
+unsafe impl Send for SharedPointers {}
+unsafe impl Sync for SharedPointers {}
+
 impl CompiledProgram {
-    /// Fills the input and output slots of `tensors` (which holds the intermediates) and runs
-    /// every step.
+    /// Binds every buffer to memory (inputs: the caller's, contiguous; outputs: fresh;
+    /// intermediates: their arena slots) and runs the steps, timing each if asked.
     fn run_steps(
-        &self,
+        &mut self,
         inputs: &[Tensor],
-        tensors: &mut [Option<Tensor>],
+        mut timings: Option<&mut Vec<StepTiming>>,
     ) -> Result<Vec<Tensor>, RuntimeError> {
         let program = &self.program;
+        let mut held: Vec<Option<Tensor>> = vec![None; program.buffers.len()];
+        let mut pointers: Vec<*mut u8> = vec![std::ptr::null_mut(); program.buffers.len()];
         // Every buffer the compiled code touches, checked against the plan: this is the fence
         // that keeps JIT code inside its buffers.
         for (index, b) in program.buffers.iter().enumerate() {
@@ -244,118 +246,194 @@ impl CompiledProgram {
                             found: t.shape().to_vec(),
                         });
                     }
-                    tensors[index] = Some(t.contiguous());
+                    let t = t.contiguous();
+                    // Kernels only ever read inputs (fuse never stores to an input buffer), so
+                    // this pointer to storage the caller may share is never written through.
+                    pointers[index] = t.data_ptr() as *mut u8;
+                    held[index] = Some(t);
                 }
                 BufferKind::Output => {
-                    tensors[index] = Some(Tensor::zeros(b.dtype, &static_sizes(&b.shape)))
+                    let mut t = Tensor::zeros(b.dtype, &static_sizes(&b.shape));
+                    pointers[index] = t.data_mut_ptr().expect("a fresh tensor is uniquely owned");
+                    held[index] = Some(t);
                 }
-                BufferKind::Intermediate => {}
+                BufferKind::Intermediate => {
+                    let offset = self
+                        .plan
+                        .offset(BufferId(index as u32))
+                        .expect("every intermediate has an arena slot");
+                    // SAFETY: `plan_buffers` placed the slot inside the arena, which was
+                    // allocated with `arena_bytes`; `&mut self` makes this call its only user.
+                    pointers[index] = unsafe { self.arena.as_mut_ptr().add(offset) };
+                }
             }
         }
-        let mut pointers: Vec<*mut u8> = Vec::with_capacity(8);
+        let mut table: Vec<*mut u8> = Vec::with_capacity(8);
         for (n, step) in self.steps.iter().enumerate() {
             for check in program.index_checks.iter().filter(|c| c.step == n) {
-                let t = tensors[check.buffer.0 as usize]
-                    .as_ref()
-                    .expect("index buffers are filled before use");
-                if let Some(bad) = t
-                    .to_vec::<i64>()?
-                    .into_iter()
-                    .find(|&i| i < 0 || i >= check.bound)
-                {
-                    return Err(RuntimeError::Data(format!(
-                        "embedding index {bad} is out of range for a table of {} rows",
-                        check.bound
-                    )));
+                check_indices(&pointers, program, check.buffer, check.bound)?;
+            }
+            let started = timings.is_some().then(Instant::now);
+            match step {
+                CompiledStep::Kernel(k) => run_kernel(k, &pointers, &mut table),
+                CompiledStep::Matmul(m, epilogue) => {
+                    run_matmul(m, epilogue.as_ref(), program, &pointers)
                 }
             }
-            match step {
-                CompiledStep::Kernel(k) => {
-                    pointers.clear();
-                    for id in &k.buffers {
-                        pointers.push(buffer_ptr(tensors, *id));
-                    }
-                    // SAFETY: every pointer is the start of a live, contiguous buffer whose size
-                    // is the one `fuse` planned (checked above for inputs, allocated from the
-                    // plan otherwise); `fuse` guarantees each index stays inside its buffer for
-                    // loop extents equal to `params`, and the ranges cover the first outer loop.
-                    // Threads get disjoint ranges of that loop: a kernel's store index is the
-                    // row-major index of its own iteration domain, so disjoint ranges write
-                    // disjoint elements, and no kernel reads a buffer it writes. Each element's
-                    // value (reductions included) is computed within one call, so results do not
-                    // depend on the thread count.
-                    let threads = rayon::current_num_threads() as i64;
-                    if threads > 1 && k.range > 1 && k.work >= PARALLEL_WORK_THRESHOLD {
-                        let chunks = threads.min(k.range);
-                        let table = SharedPointers(pointers.as_ptr());
-                        let (function, params, range) =
-                            (k.function, k.params.as_ptr() as usize, k.range);
-                        rayon::scope(|scope| {
-                            for c in 0..chunks {
-                                let table = &table;
-                                scope.spawn(move |_| {
-                                    let (start, end) =
-                                        (range * c / chunks, range * (c + 1) / chunks);
-                                    unsafe { function(table.0, params as *const i64, start, end) };
-                                });
-                            }
-                        });
-                    } else {
-                        unsafe { (k.function)(pointers.as_ptr(), k.params.as_ptr(), 0, k.range) };
-                    }
-                }
-                CompiledStep::Matmul(m) => run_matmul(m, tensors),
+            if let (Some(timings), Some(started)) = (timings.as_deref_mut(), started) {
+                timings.push(StepTiming {
+                    name: match step {
+                        CompiledStep::Kernel(k) => k.name.clone(),
+                        CompiledStep::Matmul(m, None) => format!("matmul_{}", m.out),
+                        CompiledStep::Matmul(m, Some(e)) => format!("matmul_{}+{}", m.out, e.name),
+                    },
+                    time: started.elapsed(),
+                });
             }
         }
         Ok(program
             .outputs
             .iter()
             .map(|id| {
-                tensors[id.0 as usize]
+                held[id.0 as usize]
                     .clone()
-                    .expect("output buffers are filled")
+                    .expect("output buffers are allocated")
             })
             .collect())
     }
 }
 
-fn buffer_ptr(tensors: &mut [Option<Tensor>], id: BufferId) -> *mut u8 {
-    let t = tensors[id.0 as usize]
-        .as_mut()
-        .expect("every buffer is allocated before the steps run");
-    // Outputs and intermediates are owned uniquely by this call. Inputs may share storage with
-    // the caller: kernels only ever read them (fuse never stores to an input buffer), so the
-    // const pointer cast to mut is never written through.
-    t.data_mut_ptr().unwrap_or(t.data_ptr() as *mut u8)
+/// Every i64 in `buffer` must lie in `0..bound` (embedding indices read from memory).
+fn check_indices(
+    pointers: &[*mut u8],
+    program: &Program,
+    buffer: BufferId,
+    bound: i64,
+) -> Result<(), RuntimeError> {
+    let b = program.buffer(buffer);
+    let n = b.numel().expect("checked static");
+    // SAFETY: the buffer holds `n` i64s (its planned size), written by earlier steps or given
+    // as an input, and no step runs meanwhile.
+    let values =
+        unsafe { std::slice::from_raw_parts(pointers[buffer.0 as usize] as *const i64, n) };
+    match values.iter().find(|&&i| i < 0 || i >= bound) {
+        Some(bad) => Err(RuntimeError::Data(format!(
+            "embedding index {bad} is out of range for a table of {bound} rows"
+        ))),
+        None => Ok(()),
+    }
 }
 
-fn run_matmul(m: &MatmulStep, tensors: &mut [Option<Tensor>]) {
+/// Runs kernel `k` over outer rows `start..end`, split across threads when worth it.
+fn run_kernel(k: &CompiledKernel, pointers: &[*mut u8], table: &mut Vec<*mut u8>) {
+    table.clear();
+    table.extend(k.buffers.iter().map(|id| pointers[id.0 as usize]));
+    let shared = SharedPointers(table.as_ptr());
+    let threads = threads::num_threads() as i64;
+    if threads > 1 && k.range > 1 && k.work >= PARALLEL_WORK_THRESHOLD {
+        let chunks = threads.min(k.range);
+        threads::for_each_chunk(chunks as usize, |c| {
+            let c = c as i64;
+            call_kernel(k, shared, k.range * c / chunks, k.range * (c + 1) / chunks);
+        });
+    } else {
+        call_kernel(k, shared, 0, k.range);
+    }
+}
+
+/// Calls the compiled function of `k` on outer rows `start..end`.
+fn call_kernel(k: &CompiledKernel, table: SharedPointers, start: i64, end: i64) {
+    // SAFETY: every pointer in the table is the start of a live, contiguous buffer whose size is
+    // the one `fuse` planned (checked for inputs in `run_steps`, allocated from the plan
+    // otherwise, arena slots never overlapping while live); `fuse` guarantees each index stays
+    // inside its buffer for loop extents equal to `params`, and `start..end` lies within the
+    // first outer loop. Threads get disjoint row ranges: a kernel's store index is the row-major
+    // index of its own iteration domain, so disjoint rows write disjoint elements, and a kernel
+    // reads no buffer it writes except in place at the very element it writes (`plan_buffers`).
+    // Each element's value, reductions included, is computed within one call, so results do not
+    // depend on the thread count.
+    unsafe { (k.function)(table.0, k.params.as_ptr(), start, end) };
+}
+
+/// Output units (rows, or indices of the first batch dim) per tile: one tile's GEMM output and
+/// its epilogue stay in cache together.
+const TILE_BYTES: usize = 256 << 10;
+/// GEMMs with fewer flops run on the calling thread.
+const PARALLEL_FLOPS_THRESHOLD: usize = 1 << 22;
+
+/// Runs `out = a @ b` tile by tile over the output's first dim, each tile followed by the
+/// epilogue on the same rows; tiles are split across threads.
+fn run_matmul(
+    m: &MatmulStep,
+    epilogue: Option<&CompiledKernel>,
+    program: &Program,
+    pointers: &[*mut u8],
+) {
     let batch = m.a.shape.len() - 2;
     let (rows, k, cols) = (m.a.shape[batch], m.a.shape[batch + 1], m.b.shape[batch + 1]);
-    let a = buffer_ptr(tensors, m.a.buffer) as *const f32;
-    let b = buffer_ptr(tensors, m.b.buffer) as *const f32;
-    let c = buffer_ptr(tensors, m.out) as *mut f32;
-    debug_assert!(tensors[m.out.0 as usize].as_ref().unwrap().dtype() == DType::F32);
+    debug_assert!(program.buffer(m.out).dtype == DType::F32);
     let count: usize = m.a.shape[..batch].iter().product();
-    if rows == 0 || cols == 0 {
+    let units = m.a.shape[0];
+    let unit_bytes = count * rows * cols * std::mem::size_of::<f32>() / units.max(1);
+    let flops = 2 * count * rows * k * cols;
+    let min_tile = if batch == 0 { 64 } else { 1 };
+    let tile = (TILE_BYTES / unit_bytes.max(1))
+        .max(min_tile)
+        .min(units.max(1));
+    let mut table = Vec::new();
+    if let Some(e) = epilogue {
+        table.extend(e.buffers.iter().map(|id| pointers[id.0 as usize]));
+    }
+    let shared = SharedPointers(table.as_ptr());
+    let a = SendPtr(pointers[m.a.buffer.0 as usize]);
+    let b = SendPtr(pointers[m.b.buffer.0 as usize]);
+    let c = SendPtr(pointers[m.out.0 as usize]);
+    let run_units = |start: usize, end: usize| {
+        let mut s = start;
+        while s < end {
+            let e = (s + tile).min(end);
+            gemm_units(m, a, b, c, s, e);
+            if let Some(epilogue) = epilogue {
+                call_kernel(epilogue, shared, s as i64, e as i64);
+            }
+            s = e;
+        }
+    };
+    let threads = threads::num_threads();
+    if threads > 1 && units > 1 && flops >= PARALLEL_FLOPS_THRESHOLD {
+        let chunks = threads.min(units);
+        threads::for_each_chunk(chunks, |ch| {
+            run_units(units * ch / chunks, units * (ch + 1) / chunks)
+        });
+    } else {
+        run_units(0, units);
+    }
+}
+
+/// A raw buffer pointer handed to the GEMM threads.
+#[derive(Clone, Copy)]
+struct SendPtr(*mut u8);
+// SAFETY: the buffers outlive the step; threads write disjoint rows of the output (see
+// `gemm_units`) and only read the operands.
+unsafe impl Send for SendPtr {}
+unsafe impl Sync for SendPtr {}
+
+/// The GEMM for output units `start..end` of the first dim: rows of a 2-D product, or whole
+/// matrices of the first batch dim.
+fn gemm_units(m: &MatmulStep, a: SendPtr, b: SendPtr, c: SendPtr, start: usize, end: usize) {
+    let batch = m.a.shape.len() - 2;
+    let (rows, k, cols) = (m.a.shape[batch], m.a.shape[batch + 1], m.b.shape[batch + 1]);
+    if rows == 0 || cols == 0 || start >= end {
         return;
     }
-    for n in 0..count {
-        // Decompose the flat batch index into per-dim offsets.
-        let (mut rest, mut a_off, mut b_off) = (n, m.a.offset, m.b.offset);
-        for d in (0..batch).rev() {
-            let i = (rest % m.a.shape[d]) as i64;
-            rest /= m.a.shape[d];
-            a_off += i * m.a.strides[d];
-            b_off += i * m.b.strides[d];
-        }
-        let c_off = (n * rows * cols) as isize;
+    let (a, b, c) = (a.0 as *const f32, b.0 as *const f32, c.0 as *mut f32);
+    let sgemm = |m_rows: usize, a_off: i64, b_off: i64, c_off: usize| {
         // SAFETY: the views were derived by `fuse` from the buffers' shapes, so every element
         // `offset + Σ i·stride` over the view's shape lies inside its buffer; `c` is the
-        // contiguous output of `count·rows·cols` f32s.
+        // contiguous output of `count·rows·cols` f32s and `c_off + m_rows·cols` stays inside it.
         unsafe {
             matrixmultiply::sgemm(
-                rows,
+                m_rows,
                 k,
                 cols,
                 1.0,
@@ -366,10 +444,27 @@ fn run_matmul(m: &MatmulStep, tensors: &mut [Option<Tensor>]) {
                 m.b.strides[batch] as isize,
                 m.b.strides[batch + 1] as isize,
                 0.0,
-                c.offset(c_off),
+                c.add(c_off),
                 cols as isize,
                 1,
             );
         }
+    };
+    if batch == 0 {
+        let a_off = m.a.offset + start as i64 * m.a.strides[0];
+        sgemm(end - start, a_off, m.b.offset, start * cols);
+        return;
+    }
+    let inner: usize = m.a.shape[1..batch].iter().product();
+    for n in start * inner..end * inner {
+        // Decompose the flat batch index into per-dim offsets.
+        let (mut rest, mut a_off, mut b_off) = (n, m.a.offset, m.b.offset);
+        for d in (0..batch).rev() {
+            let i = (rest % m.a.shape[d]) as i64;
+            rest /= m.a.shape[d];
+            a_off += i * m.a.strides[d];
+            b_off += i * m.b.strides[d];
+        }
+        sgemm(rows, a_off, b_off, n * rows * cols);
     }
 }

@@ -3,12 +3,15 @@
 //! Backends, by name like torch.compile's:
 //! - `eager`: the reference interpreter, op by op, unfused, each op allocating its result;
 //! - `aot_eager`: the decomposed and simplified prim graph, interpreted;
-//! - `inductor` (default): decompose → simplify → fuse → Cranelift, run as machine code.
+//! - `inductor` (default): decompose → simplify → fuse → fuse_horizontal → fuse_epilogues →
+//!   plan_buffers → Cranelift, run as machine code.
 
 use minductor_codegen_cpu::{compile_program, CodegenError, CompiledProgram};
 use minductor_ir::{Graph, IrError};
-use minductor_passes::{decompose, fuse, kernel::Program, simplify};
-use minductor_runtime::{check_inputs, interpret, Executable, RuntimeError, Tensor};
+use minductor_passes::{
+    decompose, fuse, fuse_epilogues, fuse_horizontal, kernel::Program, plan_buffers, simplify,
+};
+use minductor_runtime::{check_inputs, interpret, Executable, RuntimeError, StepTiming, Tensor};
 use std::str::FromStr;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
@@ -122,7 +125,8 @@ pub fn compile_with(graph: &Graph, backend: Backend) -> Result<Compiled, Compile
                     what,
                 });
             }
-            let program = fuse(&prims);
+            let mut program = fuse_epilogues(&fuse_horizontal(&fuse(&prims)));
+            program.plan = Some(plan_buffers(&program));
             let compiled: CompiledProgram = compile_program(&program)?;
             artifacts.cranelift_ir = compiled
                 .kernels()
@@ -152,6 +156,20 @@ impl Compiled {
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner());
         exec.run(inputs)
+    }
+
+    /// Runs like `call` and also returns the wall time of each step (kernel, or GEMM with its
+    /// epilogue) of the compiled code.
+    pub fn profile(
+        &self,
+        inputs: &[Tensor],
+    ) -> Result<(Vec<Tensor>, Vec<StepTiming>), RuntimeError> {
+        check_inputs(&self.graph, inputs)?;
+        let mut exec = self
+            .executable
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        exec.profile(inputs)
     }
 
     /// Bytes the compiled code keeps allocated between calls (the intermediate-buffer arena).

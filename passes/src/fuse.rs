@@ -79,6 +79,18 @@ fn linear(idx: &[Affine], strides: &[i64]) -> Affine {
         .fold(Affine::constant(0), |acc, (a, &s)| acc.plus(&a.scale(s)))
 }
 
+/// Elements per row when a 1-D pointwise domain of `n` elements is tiled for threads: a divisor
+/// of `n` that leaves whole vectors per row, for domains big enough to be worth splitting.
+fn row_block(n: usize) -> Option<usize> {
+    const MIN_SPLIT: usize = 1 << 15;
+    if n < MIN_SPLIT {
+        return None;
+    }
+    [4096, 2048, 8192, 1024, 16384, 512, 256]
+        .into_iter()
+        .find(|&b| n % b == 0)
+}
+
 /// The loop structure of a kernel with reductions: reductions over `axes` of an input of `shape`.
 #[derive(Clone, PartialEq)]
 struct RowLoop {
@@ -175,6 +187,7 @@ impl<'g> Scheduler<'g> {
             steps,
             index_checks: self.index_checks,
             outputs,
+            plan: None,
         })
     }
 
@@ -230,6 +243,7 @@ impl<'g> Scheduler<'g> {
             b: b_view,
             out,
             node: id,
+            epilogue: None,
         })
     }
 
@@ -277,6 +291,15 @@ impl<'g> Scheduler<'g> {
         let (outer, extent, store_idx): (Vec<usize>, Vec<usize>, Vec<Affine>) = match reductions
             .first()
         {
+            None if shape.len() == 1 && row_block(shape[0]).is_some() => {
+                // A long 1-D domain is tiled as [n / block, block] so that the runtime has an
+                // outer loop to split across threads.
+                let block = row_block(shape[0]).expect("checked");
+                let idx = Affine::var(Var::Outer(0))
+                    .scale(block as i64)
+                    .plus(&Affine::var(Var::Inner(0)));
+                (vec![shape[0] / block], vec![block], vec![idx])
+            }
             None => {
                 let r = shape.len();
                 let idx = (0..r)

@@ -216,6 +216,36 @@ impl Kernel {
         p
     }
 
+    /// Buffers the kernel loads from, sorted and unique.
+    pub fn loads(&self) -> Vec<BufferId> {
+        let mut out: Vec<BufferId> = self
+            .exprs
+            .iter()
+            .filter_map(|e| match e {
+                Expr::Load { buffer, .. } => Some(*buffer),
+                _ => None,
+            })
+            .collect();
+        out.sort();
+        out.dedup();
+        out
+    }
+
+    /// Buffers the kernel stores to, in the order its stages first store them.
+    pub fn stores(&self) -> Vec<BufferId> {
+        let mut out = Vec::new();
+        for s in &self.stages {
+            if let StageAction::Store(stores) = &s.action {
+                for st in stores {
+                    if !out.contains(&st.buffer) {
+                        out.push(st.buffer);
+                    }
+                }
+            }
+        }
+        out
+    }
+
     /// Buffers read or written, sorted and unique: the compiled function's pointer table.
     pub fn buffers(&self) -> Vec<BufferId> {
         let mut out: Vec<BufferId> = self
@@ -244,6 +274,9 @@ pub struct MatmulStep {
     pub b: StridedView,
     pub out: BufferId,
     pub node: NodeId,
+    /// Pointwise consumers of the output, run on each block of rows right after the GEMM wrote
+    /// it (while it is in cache). Its first outer loop is the output's first dim.
+    pub epilogue: Option<Kernel>,
 }
 
 /// A buffer seen through a view: element `[i...]` lives at `offset + Σ i_d · strides[d]`.
@@ -259,6 +292,36 @@ pub struct StridedView {
 pub enum Step {
     Kernel(Kernel),
     Matmul(MatmulStep),
+}
+
+impl Step {
+    /// Buffers the step reads (a GEMM's operands, then its epilogue's loads).
+    pub fn reads(&self) -> Vec<BufferId> {
+        match self {
+            Step::Kernel(k) => k.loads(),
+            Step::Matmul(m) => {
+                let mut r = vec![m.a.buffer, m.b.buffer];
+                if let Some(e) = &m.epilogue {
+                    r.extend(e.loads());
+                }
+                r
+            }
+        }
+    }
+
+    /// Buffers the step writes, in order (a GEMM's output before its epilogue's).
+    pub fn writes(&self) -> Vec<BufferId> {
+        match self {
+            Step::Kernel(k) => k.stores(),
+            Step::Matmul(m) => {
+                let mut w = vec![m.out];
+                if let Some(e) = &m.epilogue {
+                    w.extend(e.stores());
+                }
+                w
+            }
+        }
+    }
 }
 
 /// Before step `step` runs, every i64 in `buffer` must lie in `0..bound` (embedding indices);
@@ -277,6 +340,8 @@ pub struct Program {
     pub index_checks: Vec<IndexCheck>,
     /// For each graph output, the buffer holding it.
     pub outputs: Vec<BufferId>,
+    /// Arena slots of the intermediates (set by `plan_buffers`).
+    pub plan: Option<crate::plan_buffers::BufferPlan>,
 }
 
 impl Program {
@@ -284,10 +349,11 @@ impl Program {
         &self.buffers[id.0 as usize]
     }
 
+    /// Every kernel, epilogues included, in execution order.
     pub fn kernels(&self) -> impl Iterator<Item = &Kernel> {
         self.steps.iter().filter_map(|s| match s {
             Step::Kernel(k) => Some(k),
-            _ => None,
+            Step::Matmul(m) => m.epilogue.as_ref(),
         })
     }
 }
@@ -449,8 +515,20 @@ impl fmt::Display for Program {
                     m.node
                 )?,
             }
+            if let Step::Matmul(MatmulStep {
+                out,
+                epilogue: Some(e),
+                ..
+            }) = step
+            {
+                write!(f, "epilogue of {out}: {e}")?;
+            }
         }
         let outs: Vec<String> = self.outputs.iter().map(|o| o.to_string()).collect();
-        writeln!(f, "outputs: {}", outs.join(", "))
+        writeln!(f, "outputs: {}", outs.join(", "))?;
+        if let Some(plan) = &self.plan {
+            write!(f, "{plan}")?;
+        }
+        Ok(())
     }
 }

@@ -1,13 +1,20 @@
-//! The pass pipeline: `decompose` → `simplify` → `fuse`, and the kernel IR that `fuse` produces.
+//! The pass pipeline: `decompose` → `simplify` → `fuse` → `fuse_horizontal` → `fuse_epilogues`
+//! → `plan_buffers`, and the kernel IR that `fuse` produces.
 //!
 //! Each pass is one file with one entry function from one data structure to the next; each data
 //! structure prints as text.
 
 mod decompose;
+mod epilogue;
 mod fuse;
+mod horizontal;
 pub mod kernel;
+pub mod plan_buffers;
 mod simplify;
 
 pub use decompose::decompose;
+pub use epilogue::fuse_epilogues;
 pub use fuse::fuse;
+pub use horizontal::fuse_horizontal;
+pub use plan_buffers::plan_buffers;
 pub use simplify::simplify;

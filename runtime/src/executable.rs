@@ -7,10 +7,32 @@ use minductor_ir::{shape_string, Dim, Graph};
 pub trait Executable: Send {
     fn run(&mut self, inputs: &[Tensor]) -> Result<Vec<Tensor>, RuntimeError>;
 
+    /// Runs like `run`, and times each step (one entry for the whole call if the backend has no
+    /// steps of its own).
+    fn profile(
+        &mut self,
+        inputs: &[Tensor],
+    ) -> Result<(Vec<Tensor>, Vec<StepTiming>), RuntimeError> {
+        let started = std::time::Instant::now();
+        let outputs = self.run(inputs)?;
+        let timing = StepTiming {
+            name: "graph".to_string(),
+            time: started.elapsed(),
+        };
+        Ok((outputs, vec![timing]))
+    }
+
     /// Bytes this executable keeps allocated between calls (its buffer arena); 0 if none.
     fn arena_bytes(&self) -> usize {
         0
     }
+}
+
+/// Wall time of one step of a call (a kernel, or a GEMM with its epilogue).
+#[derive(Clone, Debug)]
+pub struct StepTiming {
+    pub name: String,
+    pub time: std::time::Duration,
 }
 
 /// Checks arity, dtype, rank and static sizes of `inputs` against the graph's declared inputs.

@@ -6,7 +6,9 @@ mod executable;
 mod interpret;
 pub use interpret::interpret;
 mod tensor;
+pub mod threads;
 
 pub use error::RuntimeError;
-pub use executable::{check_inputs, Executable};
+pub use executable::{check_inputs, Executable, StepTiming};
 pub use tensor::{contiguous_strides, Element, Storage, Tensor, BUFFER_ALIGN};
+pub use threads::{num_threads, set_num_threads};

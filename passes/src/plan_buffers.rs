@@ -1,0 +1,316 @@
+//! `plan_buffers`: gives every intermediate buffer a slot in one arena, from liveness over the
+//! step schedule (Inductor's memory planning: buffer reuse and in-place updates).
+//!
+//! - A buffer is live from the step that first writes it to the last step that reads or writes
+//!   it. Steps run one after the other (a step's threads join before the next starts), so two
+//!   buffers whose live ranges do not overlap can share memory.
+//! - Walking the steps in order, the slots of buffers whose last use has passed return to a free
+//!   list; each newly written buffer then takes, in order of preference:
+//!   1. *in place*: the slot of an input it is computed from, when this step is that input's last
+//!      reader and the kernel reads each element only in the iteration that writes the same
+//!      element (same dtype width, same index, no later stage reading it), so overwriting is safe;
+//!   2. *reuse*: the smallest free slot at least as large (best fit);
+//!   3. a new slot.
+//! - Slots are laid out one after another, each 64-byte aligned; the arena is their total.
+//!
+//! Assumes static buffer sizes. Guarantees that no two buffers live at the same step overlap in
+//! the arena, except an in-place pair inside the one step where the kernel's access pattern makes
+//! it safe. Inputs and outputs are not planned: inputs belong to the caller, outputs are handed to
+//! the caller and so are allocated for each call.
+
+use crate::kernel::*;
+use std::fmt;
+
+/// Alignment of every slot in the arena, in bytes.
+pub const SLOT_ALIGN: usize = 64;
+
+#[derive(Clone, Debug, PartialEq, Default)]
+pub struct BufferPlan {
+    /// For each buffer of the program: its slot, if it is an intermediate.
+    pub slot_of: Vec<Option<usize>>,
+    pub slots: Vec<Slot>,
+    /// For each buffer: the steps it is live over (first write, last use), if it is used at all.
+    pub live: Vec<Option<(usize, usize)>>,
+    /// `(buffer, overwritten input, step)` for every in-place update.
+    pub in_place: Vec<(BufferId, BufferId, usize)>,
+    /// Bytes of the arena: all slots laid out with their alignment.
+    pub arena_bytes: usize,
+    /// Bytes the intermediates would take with no sharing.
+    pub unshared_bytes: usize,
+    /// Largest total of intermediates live at one step (a lower bound for any plan).
+    pub live_peak_bytes: usize,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct Slot {
+    /// Byte offset in the arena.
+    pub offset: usize,
+    pub bytes: usize,
+    /// The buffers that occupy this slot, in the order they take it.
+    pub members: Vec<BufferId>,
+}
+
+impl BufferPlan {
+    /// Byte offset of `buffer` in the arena, if it is planned.
+    pub fn offset(&self, buffer: BufferId) -> Option<usize> {
+        self.slot_of
+            .get(buffer.0 as usize)
+            .copied()
+            .flatten()
+            .map(|s| self.slots[s].offset)
+    }
+}
+
+pub fn plan_buffers(program: &Program) -> BufferPlan {
+    let n = program.buffers.len();
+    let bytes: Vec<usize> = program.buffers.iter().map(buffer_bytes).collect();
+    let live = live_ranges(program);
+    let planned = |b: usize| program.buffers[b].kind == BufferKind::Intermediate;
+
+    let mut plan = BufferPlan {
+        slot_of: vec![None; n],
+        live: live.clone(),
+        ..BufferPlan::default()
+    };
+    for (step_index, step) in program.steps.iter().enumerate() {
+        // Slots whose every member's last use is behind us.
+        let mut free: Vec<usize> = (0..plan.slots.len())
+            .filter(|&s| !occupied(&plan, &live, s, step_index))
+            .collect();
+        for written in step.writes() {
+            let b = written.0 as usize;
+            if !planned(b) || plan.slot_of[b].is_some() {
+                continue;
+            }
+            let slot = match in_place_candidate(program, step, step_index, written, &plan, &live) {
+                Some(input) => {
+                    plan.in_place.push((written, input, step_index));
+                    plan.slot_of[input.0 as usize].expect("an in-place input is planned")
+                }
+                None => {
+                    let fit = free
+                        .iter()
+                        .copied()
+                        .filter(|&s| plan.slots[s].bytes >= bytes[b])
+                        .min_by_key(|&s| plan.slots[s].bytes);
+                    match fit {
+                        Some(s) => {
+                            free.retain(|&f| f != s);
+                            s
+                        }
+                        None => {
+                            plan.slots.push(Slot {
+                                offset: 0,
+                                bytes: bytes[b],
+                                members: Vec::new(),
+                            });
+                            plan.slots.len() - 1
+                        }
+                    }
+                }
+            };
+            plan.slots[slot].members.push(written);
+            plan.slot_of[b] = Some(slot);
+        }
+    }
+    let mut offset = 0;
+    for slot in &mut plan.slots {
+        slot.offset = offset;
+        offset += slot.bytes.div_ceil(SLOT_ALIGN) * SLOT_ALIGN;
+    }
+    plan.arena_bytes = offset;
+    plan.unshared_bytes = (0..n).filter(|&b| planned(b)).map(|b| bytes[b]).sum();
+    // A buffer updated in place takes no memory of its own at the step that creates it.
+    let shares = |b: usize, s: usize| {
+        plan.in_place
+            .iter()
+            .any(|&(into, _, at)| into.0 as usize == b && at == s)
+    };
+    plan.live_peak_bytes = (0..program.steps.len())
+        .map(|s| {
+            (0..n)
+                .filter(|&b| planned(b) && matches!(live[b], Some((d, l)) if d <= s && s <= l))
+                .filter(|&b| !shares(b, s))
+                .map(|b| bytes[b])
+                .sum()
+        })
+        .max()
+        .unwrap_or(0);
+    plan
+}
+
+fn buffer_bytes(b: &Buffer) -> usize {
+    b.numel().expect("plan_buffers: static sizes") * b.dtype.size_bytes()
+}
+
+/// Whether a member of `slot` is still live at `step` (its slot cannot be handed out).
+fn occupied(plan: &BufferPlan, live: &[Option<(usize, usize)>], slot: usize, step: usize) -> bool {
+    plan.slots[slot]
+        .members
+        .iter()
+        .any(|m| matches!(live[m.0 as usize], Some((_, last)) if last >= step))
+}
+
+fn live_ranges(program: &Program) -> Vec<Option<(usize, usize)>> {
+    let mut live: Vec<Option<(usize, usize)>> = vec![None; program.buffers.len()];
+    for (i, step) in program.steps.iter().enumerate() {
+        for b in step.writes().into_iter().chain(step.reads()) {
+            let entry = &mut live[b.0 as usize];
+            *entry = Some(match *entry {
+                None => (i, i),
+                Some((first, _)) => (first, i),
+            });
+        }
+    }
+    live
+}
+
+/// An input of `step` whose slot `written` may take over: an intermediate whose last use is this
+/// step, with the same element width and size, that the kernel writing `written` reads only at
+/// the index it stores to, in the store's stage or earlier stages of the same loop shape.
+fn in_place_candidate(
+    program: &Program,
+    step: &Step,
+    step_index: usize,
+    written: BufferId,
+    plan: &BufferPlan,
+    live: &[Option<(usize, usize)>],
+) -> Option<BufferId> {
+    let kernel = match step {
+        Step::Kernel(k) => k,
+        Step::Matmul(m) => m.epilogue.as_ref()?,
+    };
+    let out = program.buffer(written);
+    let stores: Vec<(usize, &Store)> = kernel
+        .stages
+        .iter()
+        .enumerate()
+        .filter_map(|(i, s)| match &s.action {
+            StageAction::Store(st) => Some(st.iter().map(move |x| (i, x))),
+            _ => None,
+        })
+        .flatten()
+        .filter(|(_, st)| st.buffer == written)
+        .collect();
+    // One store to `written`, in the last stage (no later stage can read what it overwrote).
+    let [(store_stage, store)] = stores.as_slice() else {
+        return None;
+    };
+    if *store_stage + 1 != kernel.stages.len() {
+        return None;
+    }
+    let store_extent = &kernel.stages[*store_stage].extent;
+    let mut candidates: Vec<BufferId> = kernel
+        .exprs
+        .iter()
+        .filter_map(|e| match e {
+            Expr::Load { buffer, .. } => Some(*buffer),
+            _ => None,
+        })
+        .collect();
+    candidates.sort();
+    candidates.dedup();
+    candidates.into_iter().find(|&input| {
+        let b = program.buffer(input);
+        b.kind == BufferKind::Intermediate
+            && input != written
+            && plan.slot_of[input.0 as usize].is_some()
+            && matches!(live[input.0 as usize], Some((_, last)) if last == step_index)
+            && b.dtype.size_bytes() == out.dtype.size_bytes()
+            && b.numel() == out.numel()
+            && !read_by_gemm(step, input)
+            && kernel.exprs.iter().enumerate().all(|(i, e)| match e {
+                Expr::Load {
+                    buffer,
+                    index,
+                    indirect,
+                } if *buffer == input => {
+                    indirect.is_none()
+                        && *index == store.index
+                        && stages_using(kernel, ExprId(i as u32))
+                            .iter()
+                            .all(|&s| kernel.stages[s].extent == *store_extent)
+                }
+                _ => true,
+            })
+    })
+}
+
+/// Whether a GEMM in the same step reads `input` (its operands are read whole, not row by row).
+fn read_by_gemm(step: &Step, input: BufferId) -> bool {
+    match step {
+        Step::Kernel(_) => false,
+        Step::Matmul(m) => m.a.buffer == input || m.b.buffer == input,
+    }
+}
+
+/// The stages whose computation uses expression `target`.
+fn stages_using(kernel: &Kernel, target: ExprId) -> Vec<usize> {
+    let uses = |root: ExprId| -> bool {
+        let mut stack = vec![root];
+        let mut seen = vec![false; kernel.exprs.len()];
+        while let Some(e) = stack.pop() {
+            if e == target {
+                return true;
+            }
+            if std::mem::replace(&mut seen[e.0 as usize], true) {
+                continue;
+            }
+            match kernel.expr(e) {
+                Expr::Load {
+                    indirect: Some(ind),
+                    ..
+                } => stack.push(ind.value),
+                Expr::Unary(_, a) | Expr::Cast(_, a) => stack.push(*a),
+                Expr::Binary(_, a, b) | Expr::Compare(_, a, b) => stack.extend([*a, *b]),
+                Expr::Where(c, a, b) => stack.extend([*c, *a, *b]),
+                _ => {}
+            }
+        }
+        false
+    };
+    kernel
+        .stages
+        .iter()
+        .enumerate()
+        .filter(|(_, s)| match &s.action {
+            StageAction::Reduce { value, .. } => uses(*value),
+            StageAction::Store(stores) => stores.iter().any(|st| uses(st.value)),
+        })
+        .map(|(i, _)| i)
+        .collect()
+}
+
+impl fmt::Display for BufferPlan {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        writeln!(
+            f,
+            "arena {} bytes in {} slots (unshared {} bytes, live peak {} bytes)",
+            self.arena_bytes,
+            self.slots.len(),
+            self.unshared_bytes,
+            self.live_peak_bytes
+        )?;
+        for (i, slot) in self.slots.iter().enumerate() {
+            let members: Vec<String> = slot
+                .members
+                .iter()
+                .map(|m| match self.live[m.0 as usize] {
+                    Some((d, l)) => format!("{m} (steps {d}..={l})"),
+                    None => m.to_string(),
+                })
+                .collect();
+            writeln!(
+                f,
+                "  slot{i} @{} {} bytes: {}",
+                slot.offset,
+                slot.bytes,
+                members.join(", ")
+            )?;
+        }
+        for (b, input, step) in &self.in_place {
+            writeln!(f, "  in place: {b} overwrites {input} at step {step}")?;
+        }
+        Ok(())
+    }
+}
