@@ -369,11 +369,12 @@ fn run_matmul(
     program: &Program,
     pointers: &[*mut u8],
 ) {
-    let batch = m.a.shape.len() - 2;
-    let (rows, k, cols) = (m.a.shape[batch], m.a.shape[batch + 1], m.b.shape[batch + 1]);
+    let (a_shape, b_shape) = (static_sizes(&m.a.shape), static_sizes(&m.b.shape));
+    let batch = a_shape.len() - 2;
+    let (rows, k, cols) = (a_shape[batch], a_shape[batch + 1], b_shape[batch + 1]);
     debug_assert!(program.buffer(m.out).dtype == DType::F32);
-    let count: usize = m.a.shape[..batch].iter().product();
-    let units = m.a.shape[0];
+    let count: usize = a_shape[..batch].iter().product();
+    let units = a_shape[0];
     let unit_bytes = count * rows * cols * std::mem::size_of::<f32>() / units.max(1);
     let flops = 2 * count * rows * k * cols;
     let min_tile = if batch == 0 { 64 } else { 1 };
@@ -421,8 +422,9 @@ unsafe impl Sync for SendPtr {}
 /// The GEMM for output units `start..end` of the first dim: rows of a 2-D product, or whole
 /// matrices of the first batch dim.
 fn gemm_units(m: &MatmulStep, a: SendPtr, b: SendPtr, c: SendPtr, start: usize, end: usize) {
-    let batch = m.a.shape.len() - 2;
-    let (rows, k, cols) = (m.a.shape[batch], m.a.shape[batch + 1], m.b.shape[batch + 1]);
+    let (a_shape, b_shape) = (static_sizes(&m.a.shape), static_sizes(&m.b.shape));
+    let batch = a_shape.len() - 2;
+    let (rows, k, cols) = (a_shape[batch], a_shape[batch + 1], b_shape[batch + 1]);
     if rows == 0 || cols == 0 || start >= end {
         return;
     }
@@ -455,13 +457,13 @@ fn gemm_units(m: &MatmulStep, a: SendPtr, b: SendPtr, c: SendPtr, start: usize, 
         sgemm(end - start, a_off, m.b.offset, start * cols);
         return;
     }
-    let inner: usize = m.a.shape[1..batch].iter().product();
+    let inner: usize = a_shape[1..batch].iter().product();
     for n in start * inner..end * inner {
         // Decompose the flat batch index into per-dim offsets.
         let (mut rest, mut a_off, mut b_off) = (n, m.a.offset, m.b.offset);
         for d in (0..batch).rev() {
-            let i = (rest % m.a.shape[d]) as i64;
-            rest /= m.a.shape[d];
+            let i = (rest % a_shape[d]) as i64;
+            rest /= a_shape[d];
             a_off += i * m.a.strides[d];
             b_off += i * m.b.strides[d];
         }

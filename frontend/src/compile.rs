@@ -125,7 +125,11 @@ pub fn compile_with(graph: &Graph, backend: Backend) -> Result<Compiled, Compile
                     what,
                 });
             }
-            let mut program = fuse_epilogues(&fuse_horizontal(&fuse(&prims)));
+            let fused = fuse(&prims).map_err(|e| CompileError::Unsupported {
+                backend: backend.name(),
+                what: e.to_string(),
+            })?;
+            let mut program = fuse_epilogues(&fuse_horizontal(&fused));
             program.plan = Some(plan_buffers(&program));
             let compiled: CompiledProgram = compile_program(&program)?;
             artifacts.cranelift_ir = compiled

@@ -85,23 +85,29 @@ impl Builder {
         self.add(Op::Reshape { shape }, &[x])
     }
 
-    /// Number of elements over `axes`, as a float constant like `x`.
-    fn count(&self, x: NodeId, axes: &[usize]) -> f64 {
+    /// Number of elements over `axes` of `x`, less `minus`, as a value like `x` that broadcasts
+    /// against a reduction over `axes`: a constant when those dims are static, else a sum of
+    /// ones over them (it fuses into the same row loop as the reduction it divides).
+    fn count(&mut self, x: NodeId, axes: &[usize], keepdim: bool, minus: f64) -> NodeId {
         let shape = self.shape(x);
-        axes.iter()
-            .map(|&a| {
-                shape[a]
-                    .as_static()
-                    .expect("reductions over symbolic dims are not supported yet")
-                    as f64
-            })
-            .product()
+        let sizes: Option<Vec<usize>> = axes.iter().map(|&a| shape[a].as_static()).collect();
+        if let Some(sizes) = sizes {
+            return self.scalar(sizes.iter().product::<usize>() as f64 - minus, x);
+        }
+        let one = self.scalar(1.0, x);
+        let ones = self.add(Op::Expand { shape }, &[one]);
+        let n = self.reduce(ReduceOp::Sum, ones, axes, keepdim);
+        if minus == 0.0 {
+            n
+        } else {
+            self.bin_scalar(BinaryOp::Sub, n, minus)
+        }
     }
 
     fn mean(&mut self, x: NodeId, axes: &[usize], keepdim: bool) -> NodeId {
-        let n = self.count(x, axes);
+        let n = self.count(x, axes, keepdim, 0.0);
         let s = self.reduce(ReduceOp::Sum, x, axes, keepdim);
-        self.bin_scalar(BinaryOp::Div, s, n)
+        self.bin(BinaryOp::Div, s, n)
     }
 
     /// torch.matmul on prims: 1-d operands become matrices, f16/bf16 multiply in f32.
@@ -243,9 +249,9 @@ impl Builder {
                 let mean = self.mean(x, axes, true);
                 let centered = self.bin(BinaryOp::Sub, x, mean);
                 let sq = self.bin(BinaryOp::Mul, centered, centered);
-                let n = self.count(x, axes) - *correction as f64;
+                let n = self.count(x, axes, *keepdim, *correction as f64);
                 let s = self.reduce(ReduceOp::Sum, sq, axes, *keepdim);
-                self.bin_scalar(BinaryOp::Div, s, n)
+                self.bin(BinaryOp::Div, s, n)
             }
             prim => unreachable!("{prim} is a prim, not a composite"),
         }

@@ -75,16 +75,15 @@ fn row_local(k: &Kernel, out: BufferId, out_shape: &[Dim]) -> bool {
     let Some(first) = k.outer.first() else {
         return false;
     };
-    let (Some(rows), Some(row_stride)) = (
-        out_shape.first().and_then(|d| d.as_static()),
-        out_shape[1..]
-            .iter()
-            .map(|d| d.as_static())
-            .product::<Option<usize>>(),
-    ) else {
+    // Rows may be symbolic (a dynamic batch); the row stride must be a number.
+    let Some(row_stride) = out_shape[1..]
+        .iter()
+        .map(|d| d.as_static())
+        .product::<Option<usize>>()
+    else {
         return false;
     };
-    if first.as_static() != Some(rows) || rows == 0 || row_stride == 0 {
+    if out_shape.first() != Some(first) || row_stride == 0 {
         return false;
     }
     // The largest extent each loop variable can take in this kernel.

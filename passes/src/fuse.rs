@@ -11,7 +11,9 @@
 //! - Matmul is an extern GEMM reading strided views of realized buffers; cat writes each operand
 //!   into its slice of the output.
 //!
-//! Assumes a verified prim graph with static shapes. Guarantees a `Program` that computes every
+//! Symbolic dims are loop extents that reach kernels at run time; strides must stay numbers, so a
+//! symbolic dim may only be the outermost dim of any buffer it sizes (a batch dim), else `fuse`
+//! reports the graph unsupported. Assumes a verified prim graph. Guarantees a `Program` that computes every
 //! graph output into its own buffer and in which every load and store index stays within its
 //! buffer. Starting from a minimal set of realized nodes (inputs, outputs, matmuls, cats), it
 //! builds the program and, whenever a node cannot be inlined where it is read (a non-affine
@@ -22,7 +24,14 @@ use crate::kernel::*;
 use minductor_ir::{DType, Dim, Graph, NodeId, Op};
 use std::collections::{HashMap, HashSet};
 
-pub fn fuse(graph: &Graph) -> Program {
+/// Why `fuse` cannot schedule a graph.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum FuseError {
+    #[error("{0}")]
+    Unsupported(String),
+}
+
+pub fn fuse(graph: &Graph) -> Result<Program, FuseError> {
     let mut realized: HashSet<NodeId> = HashSet::new();
     for id in graph.ids() {
         if matches!(
@@ -35,8 +44,9 @@ pub fn fuse(graph: &Graph) -> Program {
     realized.extend(graph.outputs().iter().copied());
     loop {
         match Scheduler::new(graph, &realized).run() {
-            Ok(program) => return program,
-            Err(Realize(nodes)) => {
+            Ok(program) => return Ok(program),
+            Err(Reject::Unsupported(what)) => return Err(FuseError::Unsupported(what)),
+            Err(Reject::Realize(nodes)) => {
                 let before = realized.len();
                 realized.extend(nodes);
                 assert!(
@@ -48,23 +58,41 @@ pub fn fuse(graph: &Graph) -> Program {
     }
 }
 
-/// "These nodes must be realized; schedule again."
-struct Realize(Vec<NodeId>);
+enum Reject {
+    /// "These nodes must be realized; schedule again."
+    Realize(Vec<NodeId>),
+    /// No schedule exists for this graph (e.g. a stride that depends on a symbolic size).
+    Unsupported(String),
+}
 
-type Retry<T> = Result<T, Realize>;
+type Retry<T> = Result<T, Reject>;
 
 fn retry<T>(node: NodeId) -> Retry<T> {
-    Err(Realize(vec![node]))
+    Err(Reject::Realize(vec![node]))
 }
 
-fn sizes(graph: &Graph, id: NodeId) -> Vec<usize> {
-    graph
-        .ty(id)
-        .static_sizes()
-        .expect("fuse: symbolic shapes are not supported yet")
+fn unsupported<T>(what: impl Into<String>) -> Retry<T> {
+    Err(Reject::Unsupported(what.into()))
 }
 
-fn contiguous(shape: &[usize]) -> Vec<i64> {
+fn dims(graph: &Graph, id: NodeId) -> Vec<Dim> {
+    graph.ty(id).shape.to_vec()
+}
+
+/// Row-major strides of a contiguous buffer of `shape`: `None` where a stride depends on a
+/// symbolic size (strides are compile-time numbers; only extents reach kernels at run time).
+fn contiguous(shape: &[Dim]) -> Vec<Option<i64>> {
+    let mut strides = vec![Some(1i64); shape.len()];
+    for d in (0..shape.len().saturating_sub(1)).rev() {
+        strides[d] = match (strides[d + 1], shape[d + 1]) {
+            (Some(s), Dim::Static(n)) => Some(s * n.max(1) as i64),
+            _ => None,
+        };
+    }
+    strides
+}
+
+fn static_strides(shape: &[usize]) -> Vec<i64> {
     let mut strides = vec![1i64; shape.len()];
     for d in (0..shape.len().saturating_sub(1)).rev() {
         strides[d] = strides[d + 1] * shape[d + 1].max(1) as i64;
@@ -73,10 +101,23 @@ fn contiguous(shape: &[usize]) -> Vec<i64> {
 }
 
 /// `Σ idx[d] · strides[d]`.
-fn linear(idx: &[Affine], strides: &[i64]) -> Affine {
-    idx.iter()
-        .zip(strides)
-        .fold(Affine::constant(0), |acc, (a, &s)| acc.plus(&a.scale(s)))
+fn linear(idx: &[Affine], strides: &[Option<i64>]) -> Retry<Affine> {
+    let mut acc = Affine::constant(0);
+    for (a, s) in idx.iter().zip(strides) {
+        if *a == Affine::constant(0) {
+            continue;
+        }
+        match s {
+            Some(s) => acc = acc.plus(&a.scale(*s)),
+            None => {
+                return unsupported(
+                    "an index stride that depends on a symbolic size (a symbolic dim inside a \
+                     buffer rather than its outermost)",
+                )
+            }
+        }
+    }
+    Ok(acc)
 }
 
 /// Elements per row when a 1-D pointwise domain of `n` elements is tiled for threads: a divisor
@@ -94,7 +135,7 @@ fn row_block(n: usize) -> Option<usize> {
 /// The loop structure of a kernel with reductions: reductions over `axes` of an input of `shape`.
 #[derive(Clone, PartialEq)]
 struct RowLoop {
-    shape: Vec<usize>,
+    shape: Vec<Dim>,
     axes: Vec<usize>,
 }
 
@@ -162,7 +203,10 @@ impl<'g> Scheduler<'g> {
                     for &operand in &g.node(id).inputs {
                         let kernel =
                             self.kernel(id, operand, buffer, Some((*dim, offset)), steps.len())?;
-                        offset += sizes(g, operand)[*dim];
+                        match dims(g, operand)[*dim] {
+                            Dim::Static(n) => offset += n,
+                            Dim::Sym(_) => return unsupported("cat along a symbolic dim"),
+                        }
                         steps.push(Step::Kernel(kernel));
                     }
                 }
@@ -179,7 +223,7 @@ impl<'g> Scheduler<'g> {
             .map(|(&n, _)| n)
             .collect();
         if !shared.is_empty() {
-            return Err(Realize(shared));
+            return Err(Reject::Realize(shared));
         }
         let outputs = g.outputs().iter().map(|o| self.buffer_of[o]).collect();
         Ok(Program {
@@ -206,36 +250,35 @@ impl<'g> Scheduler<'g> {
 
     fn matmul(&mut self, id: NodeId, out: BufferId) -> Retry<MatmulStep> {
         let g = self.graph;
-        let out_shape = sizes(g, id);
+        let out_shape = dims(g, id);
         let batch = out_shape.len() - 2;
         let (a, b) = (g.node(id).inputs[0], g.node(id).inputs[1]);
-        let view =
-            |s: &mut Self, operand: NodeId, rows: usize, cols: usize| -> Retry<StridedView> {
-                let shape = sizes(g, operand);
-                let lead = batch + 2 - shape.len();
-                let idx: Vec<Affine> = (0..shape.len())
-                    .map(|d| {
-                        if d + 2 < shape.len() && shape[d] == 1 {
-                            Affine::constant(0)
-                        } else {
-                            Affine::var(Var::Outer((d + lead) as u32))
-                        }
-                    })
-                    .collect();
-                let (buffer, index) = s.address(operand, idx)?;
-                let mut view_shape = out_shape[..batch].to_vec();
-                view_shape.extend([rows, cols]);
-                let strides = (0..batch + 2)
-                    .map(|d| index.coefficient(Var::Outer(d as u32)))
-                    .collect();
-                Ok(StridedView {
-                    buffer,
-                    offset: index.offset,
-                    shape: view_shape,
-                    strides,
+        let view = |s: &mut Self, operand: NodeId, rows: Dim, cols: Dim| -> Retry<StridedView> {
+            let shape = dims(g, operand);
+            let lead = batch + 2 - shape.len();
+            let idx: Vec<Affine> = (0..shape.len())
+                .map(|d| {
+                    if d + 2 < shape.len() && shape[d] == Dim::Static(1) {
+                        Affine::constant(0)
+                    } else {
+                        Affine::var(Var::Outer((d + lead) as u32))
+                    }
                 })
-            };
-        let k = *sizes(g, a).last().unwrap();
+                .collect();
+            let (buffer, index) = s.address(operand, idx)?;
+            let mut view_shape = out_shape[..batch].to_vec();
+            view_shape.extend([rows, cols]);
+            let strides = (0..batch + 2)
+                .map(|d| index.coefficient(Var::Outer(d as u32)))
+                .collect();
+            Ok(StridedView {
+                buffer,
+                offset: index.offset,
+                shape: view_shape,
+                strides,
+            })
+        };
+        let k = *dims(g, a).last().unwrap();
         let a_view = view(self, a, out_shape[batch], k)?;
         let b_view = view(self, b, k, out_shape[batch + 1])?;
         Ok(MatmulStep {
@@ -253,7 +296,7 @@ impl<'g> Scheduler<'g> {
         if self.realized.contains(&node) {
             return Ok((
                 self.buffer_of[&node],
-                linear(&idx, &contiguous(&sizes(g, node))),
+                linear(&idx, &contiguous(&dims(g, node)))?,
             ));
         }
         let n = g.node(node);
@@ -266,7 +309,7 @@ impl<'g> Scheduler<'g> {
                 // A reshape of a contiguous buffer is the same linear index.
                 return Ok((
                     self.buffer_of[&operand],
-                    linear(&idx, &contiguous(&sizes(g, node))),
+                    linear(&idx, &contiguous(&dims(g, node)))?,
                 ));
             }
         }
@@ -284,21 +327,28 @@ impl<'g> Scheduler<'g> {
         step: usize,
     ) -> Retry<Kernel> {
         let g = self.graph;
-        let shape = sizes(g, value);
+        let shape = dims(g, value);
         let reductions = self.inlined_reductions(value);
         let mut builder = KernelBuilder::new(g, step);
         // Choose the loop structure.
-        let (outer, extent, store_idx): (Vec<usize>, Vec<usize>, Vec<Affine>) = match reductions
-            .first()
+        let long_1d = match shape.as_slice() {
+            [Dim::Static(n)] => row_block(*n).map(|block| (*n, block)),
+            _ => None,
+        };
+        let (outer, extent, store_idx): (Vec<Dim>, Vec<Dim>, Vec<Affine>) = match reductions.first()
         {
-            None if shape.len() == 1 && row_block(shape[0]).is_some() => {
+            None if long_1d.is_some() => {
                 // A long 1-D domain is tiled as [n / block, block] so that the runtime has an
                 // outer loop to split across threads.
-                let block = row_block(shape[0]).expect("checked");
+                let (n, block) = long_1d.expect("checked");
                 let idx = Affine::var(Var::Outer(0))
                     .scale(block as i64)
                     .plus(&Affine::var(Var::Inner(0)));
-                (vec![shape[0] / block], vec![block], vec![idx])
+                (
+                    vec![Dim::Static(n / block)],
+                    vec![Dim::Static(block)],
+                    vec![idx],
+                )
             }
             None => {
                 let r = shape.len();
@@ -326,15 +376,15 @@ impl<'g> Scheduler<'g> {
                     .filter(|&r| self.row_loop(r) != row)
                     .collect();
                 if !mismatched.is_empty() {
-                    return Err(Realize(mismatched));
+                    return Err(Reject::Realize(mismatched));
                 }
                 let kept = row.kept();
-                let kept_sizes: Vec<usize> = kept.iter().map(|&d| row.shape[d]).collect();
-                let reduced_sizes: Vec<usize> = row.axes.iter().map(|&d| row.shape[d]).collect();
-                let keepdim_shape: Vec<usize> = (0..row.shape.len())
+                let kept_sizes: Vec<Dim> = kept.iter().map(|&d| row.shape[d]).collect();
+                let reduced_sizes: Vec<Dim> = row.axes.iter().map(|&d| row.shape[d]).collect();
+                let keepdim_shape: Vec<Dim> = (0..row.shape.len())
                     .map(|d| {
                         if row.axes.contains(&d) {
-                            1
+                            Dim::Static(1)
                         } else {
                             row.shape[d]
                         }
@@ -356,7 +406,7 @@ impl<'g> Scheduler<'g> {
                         .collect();
                     (kept_sizes, vec![], idx)
                 } else {
-                    return Err(Realize(reductions));
+                    return Err(Reject::Realize(reductions));
                 }
             }
         };
@@ -367,14 +417,14 @@ impl<'g> Scheduler<'g> {
             builder.emit(self, value, &store_idx)?
         };
         // Store index into the destination buffer (offset along the cat dim, if any).
-        let dest_shape = sizes(g, root);
+        let dest_shape = dims(g, root);
         let mut dest_idx = store_idx.clone();
         if let Some((dim, offset)) = cat {
             dest_idx[dim] = dest_idx[dim].plus(&Affine::constant(offset as i64));
         }
-        let index = linear(&dest_idx, &contiguous(&dest_shape));
+        let index = linear(&dest_idx, &contiguous(&dest_shape))?;
         builder.stages.push(Stage {
-            extent: extent.iter().map(|&n| Dim::Static(n)).collect(),
+            extent,
             action: StageAction::Store(vec![Store {
                 buffer,
                 index,
@@ -391,7 +441,7 @@ impl<'g> Scheduler<'g> {
         let n = self.graph.node(reduction);
         match &n.op {
             Op::Reduce { axes, .. } => RowLoop {
-                shape: sizes(self.graph, n.inputs[0]),
+                shape: dims(self.graph, n.inputs[0]),
                 axes: axes.clone(),
             },
             _ => unreachable!("row_loop of a non-reduction"),
@@ -425,7 +475,7 @@ impl<'g> Scheduler<'g> {
 fn view_index(g: &Graph, node: NodeId, idx: &[Affine]) -> Retry<Vec<Affine>> {
     let n = g.node(node);
     let operand = n.inputs[0];
-    let in_shape = sizes(g, operand);
+    let in_shape = dims(g, operand);
     Ok(match &n.op {
         Op::Permute { perm } => {
             let mut out = vec![Affine::default(); perm.len()];
@@ -434,7 +484,7 @@ fn view_index(g: &Graph, node: NodeId, idx: &[Affine]) -> Retry<Vec<Affine>> {
             }
             out
         }
-        Op::Expand { .. } => broadcast_index(idx, &in_shape, &sizes(g, node)),
+        Op::Expand { .. } => broadcast_index(idx, &in_shape, &dims(g, node)),
         Op::Slice {
             dim, start, step, ..
         } => {
@@ -445,27 +495,30 @@ fn view_index(g: &Graph, node: NodeId, idx: &[Affine]) -> Retry<Vec<Affine>> {
             out
         }
         Op::Reshape { .. } => {
-            let out_shape = sizes(g, node);
-            let out_strides = contiguous(&out_shape);
-            let in_strides = contiguous(&in_shape);
-            let mut out = vec![Affine::constant(0); in_shape.len()];
-            for (d, &size) in out_shape.iter().enumerate() {
-                if size <= 1 {
-                    continue;
-                }
-                let c = out_strides[d];
-                let e = (0..in_shape.len()).find(|&e| {
-                    in_shape[e] > 1 && in_strides[e] <= c && c < in_strides[e] * in_shape[e] as i64
-                });
-                match e {
-                    Some(e)
-                        if c % in_strides[e] == 0
-                            && c * size as i64 <= in_strides[e] * in_shape[e] as i64 =>
-                    {
-                        out[e] = out[e].plus(&idx[d].scale(c / in_strides[e]));
-                    }
-                    _ => return retry(operand),
-                }
+            let out_shape = dims(g, node);
+            let statics = |shape: &[Dim]| -> Option<Vec<usize>> {
+                shape.iter().map(|d| d.as_static()).collect()
+            };
+            // Symbolic dims must sit in a prefix the reshape leaves alone; the static rest is
+            // regrouped as usual.
+            let prefix = in_shape
+                .iter()
+                .zip(&out_shape)
+                .take_while(|(a, b)| a == b)
+                .count();
+            let (Some(in_rest), Some(out_rest)) =
+                (statics(&in_shape[prefix..]), statics(&out_shape[prefix..]))
+            else {
+                return unsupported(format!(
+                    "a reshape that regroups symbolic dims ({} to {})",
+                    minductor_ir::shape_string(&in_shape),
+                    minductor_ir::shape_string(&out_shape)
+                ));
+            };
+            let mut out = idx[..prefix].to_vec();
+            match reshape_index(&idx[prefix..], &in_rest, &out_rest) {
+                Some(rest) => out.extend(rest),
+                None => return retry(operand),
             }
             out
         }
@@ -473,13 +526,35 @@ fn view_index(g: &Graph, node: NodeId, idx: &[Affine]) -> Retry<Vec<Affine>> {
     })
 }
 
+/// The operand index of a reshape from `in_shape` to `out_shape` read at `idx`, when it is affine
+/// (each output dim lies within one input dim).
+fn reshape_index(idx: &[Affine], in_shape: &[usize], out_shape: &[usize]) -> Option<Vec<Affine>> {
+    let out_strides = static_strides(out_shape);
+    let in_strides = static_strides(in_shape);
+    let mut out = vec![Affine::constant(0); in_shape.len()];
+    for (d, &size) in out_shape.iter().enumerate() {
+        if size <= 1 {
+            continue;
+        }
+        let c = out_strides[d];
+        let e = (0..in_shape.len()).find(|&e| {
+            in_shape[e] > 1 && in_strides[e] <= c && c < in_strides[e] * in_shape[e] as i64
+        })?;
+        if c % in_strides[e] != 0 || c * size as i64 > in_strides[e] * in_shape[e] as i64 {
+            return None;
+        }
+        out[e] = out[e].plus(&idx[d].scale(c / in_strides[e]));
+    }
+    Some(out)
+}
+
 /// The index of an operand of shape `in_shape` broadcast (NumPy-style) to `out_shape`, read at
 /// `idx`: leading dims dropped, size-1 dims pinned to 0.
-fn broadcast_index(idx: &[Affine], in_shape: &[usize], out_shape: &[usize]) -> Vec<Affine> {
+fn broadcast_index(idx: &[Affine], in_shape: &[Dim], out_shape: &[Dim]) -> Vec<Affine> {
     let lead = out_shape.len() - in_shape.len();
     (0..in_shape.len())
         .map(|j| {
-            if in_shape[j] == 1 && out_shape[j + lead] != 1 {
+            if in_shape[j] == Dim::Static(1) && out_shape[j + lead] != Dim::Static(1) {
                 Affine::constant(0)
             } else {
                 idx[j + lead].clone()
@@ -519,7 +594,7 @@ impl<'g> KernelBuilder<'g> {
         }
     }
 
-    fn finish(self, outer: Vec<usize>) -> Kernel {
+    fn finish(self, outer: Vec<Dim>) -> Kernel {
         let mut names: Vec<String> = Vec::new();
         for n in self.names {
             if !names.contains(&n) {
@@ -533,7 +608,7 @@ impl<'g> KernelBuilder<'g> {
         };
         Kernel {
             name: format!("k{}_{}", self.step, label),
-            outer: outer.into_iter().map(Dim::Static).collect(),
+            outer,
             stages: self.stages,
             exprs: self.exprs,
             types: self.types,
@@ -597,9 +672,9 @@ impl<'g> KernelBuilder<'g> {
         let g = self.graph;
         let n = g.node(node);
         let ty = ScalarType::of(n.ty.dtype);
-        let out_shape = sizes(g, node);
+        let out_shape = dims(g, node);
         // Index of a broadcast operand.
-        let operand_idx = |operand: NodeId| broadcast_index(idx, &sizes(g, operand), &out_shape);
+        let operand_idx = |operand: NodeId| broadcast_index(idx, &dims(g, operand), &out_shape);
         if !matches!(n.op, Op::Constant { .. }) && !n.op.is_view() {
             self.inlined.push(node);
             self.names.push(n.op.name());
@@ -659,10 +734,10 @@ impl<'g> KernelBuilder<'g> {
                 } else {
                     idx.iter().collect()
                 };
-                let sizes_kept: Vec<usize> = row.kept().iter().map(|&d| row.shape[d]).collect();
+                let sizes_kept: Vec<Dim> = row.kept().iter().map(|&d| row.shape[d]).collect();
                 let in_order = kept_idx.iter().enumerate().all(|(p, a)| {
                     a.as_var() == Some(Var::Outer(p as u32))
-                        || (sizes_kept[p] == 1 && a.terms.is_empty() && a.offset == 0)
+                        || (sizes_kept[p] == Dim::Static(1) && **a == Affine::constant(0))
                 });
                 if !in_order {
                     return retry(node);
@@ -675,11 +750,7 @@ impl<'g> KernelBuilder<'g> {
                         if ty != ScalarType::F32 {
                             return retry(node);
                         }
-                        let extent = row
-                            .axes
-                            .iter()
-                            .map(|&d| Dim::Static(row.shape[d]))
-                            .collect();
+                        let extent = row.axes.iter().map(|&d| row.shape[d]).collect();
                         self.stages.push(Stage {
                             extent,
                             action: StageAction::Reduce { op: *op, value },
@@ -695,13 +766,16 @@ impl<'g> KernelBuilder<'g> {
                 let (table, indices) = (n.inputs[0], n.inputs[1]);
                 let index_rank = g.ty(indices).rank();
                 let i = self.emit(s, indices, &idx[..index_rank])?;
-                let table_shape = sizes(g, table);
+                let table_shape = dims(g, table);
                 if !s.realized.contains(&table) {
                     return retry(table);
                 }
                 let strides = contiguous(&table_shape);
-                let index = linear(&idx[index_rank..], &strides[1..]);
-                let bound = table_shape[0] as i64;
+                let index = linear(&idx[index_rank..], &strides[1..])?;
+                let (Some(rows), Some(stride)) = (table_shape[0].as_static(), strides[0]) else {
+                    return unsupported("an embedding table with symbolic sizes");
+                };
+                let bound = rows as i64;
                 if s.realized.contains(&indices) {
                     let check = IndexCheck {
                         buffer: s.buffer_of[&indices],
@@ -714,7 +788,7 @@ impl<'g> KernelBuilder<'g> {
                 }
                 let indirect = Indirect {
                     value: i,
-                    stride: strides[0],
+                    stride,
                     bound,
                 };
                 let buffer = s.buffer_of[&table];
@@ -731,7 +805,7 @@ impl<'g> KernelBuilder<'g> {
                 let operand = n.inputs[0];
                 if let (Op::Reshape { .. }, true) = (&n.op, s.realized.contains(&operand)) {
                     let buffer = s.buffer_of[&operand];
-                    let index = linear(idx, &contiguous(&out_shape));
+                    let index = linear(idx, &contiguous(&out_shape))?;
                     let ty = ScalarType::of(g.ty(operand).dtype);
                     self.push(
                         Expr::Load {

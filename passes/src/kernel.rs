@@ -284,7 +284,7 @@ pub struct MatmulStep {
 pub struct StridedView {
     pub buffer: BufferId,
     pub offset: i64,
-    pub shape: Vec<usize>,
+    pub shape: Vec<Dim>,
     pub strides: Vec<i64>,
 }
 

@@ -14,7 +14,7 @@ mod simplify;
 
 pub use decompose::decompose;
 pub use epilogue::fuse_epilogues;
-pub use fuse::fuse;
+pub use fuse::{fuse, FuseError};
 pub use horizontal::fuse_horizontal;
 pub use plan_buffers::plan_buffers;
 pub use simplify::simplify;

@@ -13,7 +13,9 @@
 //!   3. a new slot.
 //! - Slots are laid out one after another, each 64-byte aligned; the arena is their total.
 //!
-//! Assumes static buffer sizes. Guarantees that no two buffers live at the same step overlap in
+//! Symbolic sizes are planned with a nominal size per symbol ([`SIZE_HINT`]): which buffers share
+//! a slot is decided once, and each slot's size and offset are recomputed for the sizes of each
+//! call ([`BufferPlan::layout`]), so sharing stays safe at any size. Guarantees that no two buffers live at the same step overlap in
 //! the arena, except an in-place pair inside the one step where the kernel's access pattern makes
 //! it safe. Inputs and outputs are not planned: inputs belong to the caller, outputs are handed to
 //! the caller and so are allocated for each call.
@@ -23,6 +25,9 @@ use std::fmt;
 
 /// Alignment of every slot in the arena, in bytes.
 pub const SLOT_ALIGN: usize = 64;
+
+/// The size assumed for a symbolic dim when choosing slots (sizes are exact at run time).
+pub const SIZE_HINT: usize = 256;
 
 #[derive(Clone, Debug, PartialEq, Default)]
 pub struct BufferPlan {
@@ -51,6 +56,24 @@ pub struct Slot {
 }
 
 impl BufferPlan {
+    /// Slot offsets and the arena's total bytes for the actual byte size of each buffer: each
+    /// slot is as large as its largest member, 64-byte aligned, laid out in order.
+    pub fn layout(&self, buffer_bytes: impl Fn(BufferId) -> usize) -> (Vec<usize>, usize) {
+        let mut offsets = Vec::with_capacity(self.slots.len());
+        let mut total = 0;
+        for slot in &self.slots {
+            offsets.push(total);
+            let bytes = slot
+                .members
+                .iter()
+                .map(|&m| buffer_bytes(m))
+                .max()
+                .unwrap_or(0);
+            total += bytes.div_ceil(SLOT_ALIGN) * SLOT_ALIGN;
+        }
+        (offsets, total)
+    }
+
     /// Byte offset of `buffer` in the arena, if it is planned.
     pub fn offset(&self, buffer: BufferId) -> Option<usize> {
         self.slot_of
@@ -139,8 +162,14 @@ pub fn plan_buffers(program: &Program) -> BufferPlan {
     plan
 }
 
+/// Bytes of `b`, with [`SIZE_HINT`] for each symbolic dim.
 fn buffer_bytes(b: &Buffer) -> usize {
-    b.numel().expect("plan_buffers: static sizes") * b.dtype.size_bytes()
+    let numel: usize = b
+        .shape
+        .iter()
+        .map(|d| d.as_static().unwrap_or(SIZE_HINT))
+        .product();
+    numel * b.dtype.size_bytes()
 }
 
 /// Whether a member of `slot` is still live at `step` (its slot cannot be handed out).
@@ -217,7 +246,7 @@ fn in_place_candidate(
             && plan.slot_of[input.0 as usize].is_some()
             && matches!(live[input.0 as usize], Some((_, last)) if last == step_index)
             && b.dtype.size_bytes() == out.dtype.size_bytes()
-            && b.numel() == out.numel()
+            && (b.shape == out.shape || (b.numel().is_some() && b.numel() == out.numel()))
             && !read_by_gemm(step, input)
             && kernel.exprs.iter().enumerate().all(|(i, e)| match e {
                 Expr::Load {
