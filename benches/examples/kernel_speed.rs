@@ -89,7 +89,12 @@ fn main() {
         "{:<32} {:>8} {:>10} {:>8} {:>10} {:>8}",
         "workload", "1t ms", "1t GB/s", "1t frac", "2t GB/s", "2t frac"
     );
+    // KERNEL_SPEED_ONLY=softmax restricts the run to workloads whose name contains it.
+    let only = std::env::var("KERNEL_SPEED_ONLY").unwrap_or_default();
     for (name, (graph, inputs)) in workloads {
+        if !name.contains(&only) {
+            continue;
+        }
         let compiled = compile(&graph).expect("compiles");
         let out = compiled.call(&inputs).expect("runs");
         let moved = bytes(&inputs, &out);

@@ -11,7 +11,9 @@
 //! Only operations that the x86-64 backend lowers inline for both `f32` and `f32x4` are used:
 //! `fadd fsub fmul fdiv fabs fneg`, `fcmp`/`icmp` with `select`/`bitselect`, `bitcast`
 //! f32<->i32, `band bor bxor ishl ushr sshr iadd isub` on i32 lanes and `fcvt_from_sint`.
-//! No `fma` (it is a libcall on hosts without FMA), no `nearest`/`floor` (rounding to an
+//! `fma` only where the host has FMA (the JIT targets the host through `cranelift_native`;
+//! elsewhere Cranelift makes it a libcall), in the polynomials and the `exp` reduction, so
+//! the scalar and vector forms still agree bit for bit. No `nearest`/`floor` (rounding to an
 //! integer uses the `x + 1.5*2^23 - 1.5*2^23` trick), and no `fmin`/`fmax` (clamps are
 //! `select(c < x, c, x)`, which keeps NaN and lowers to `minps`/`maxps`).
 //!
@@ -130,6 +132,20 @@ pub(crate) struct Em<'a, 'b> {
     pub(crate) fty: Type,
     /// `I32` or `I32X4`.
     pub(crate) ity: Type,
+    /// Whether `mul_add` emits a fused `fma` (see [`host_has_fma`]).
+    fma: bool,
+}
+
+/// Whether the JIT's target, the host (`cranelift_native`), lowers `fma` to one instruction.
+fn host_has_fma() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        std::arch::is_x86_feature_detected!("fma")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
 }
 
 impl<'a, 'b> Em<'a, 'b> {
@@ -146,7 +162,12 @@ impl<'a, 'b> Em<'a, 'b> {
         } else {
             (types::F32, types::I32)
         };
-        Em { b, fty, ity }
+        Em {
+            b,
+            fty,
+            ity,
+            fma: host_has_fma(),
+        }
     }
 
     fn vec(&self) -> bool {
@@ -184,6 +205,25 @@ impl<'a, 'b> Em<'a, 'b> {
     }
     pub(crate) fn div(&mut self, a: Value, b: Value) -> Value {
         self.b.ins().fdiv(a, b)
+    }
+    /// `a * b + c`, fused (one rounding) where the host has FMA.
+    pub(crate) fn mul_add(&mut self, a: Value, b: Value, c: Value) -> Value {
+        if self.fma {
+            self.b.ins().fma(a, b, c)
+        } else {
+            let p = self.mul(a, b);
+            self.add(p, c)
+        }
+    }
+    /// `a * b + c` for a constant `c`.
+    fn mul_addc(&mut self, a: Value, b: Value, c: f32) -> Value {
+        let c = self.f(c);
+        self.mul_add(a, b, c)
+    }
+    /// `a * c + d` for a constant `c`.
+    fn mulc_add(&mut self, a: Value, c: f32, d: Value) -> Value {
+        let c = self.f(c);
+        self.mul_add(a, c, d)
     }
     fn addc(&mut self, a: Value, c: f32) -> Value {
         let c = self.f(c);
@@ -308,8 +348,7 @@ impl<'a, 'b> Em<'a, 'b> {
     fn horner(&mut self, coefs: &[f32], v: Value) -> Value {
         let mut p = self.f(coefs[coefs.len() - 1]);
         for &c in coefs[..coefs.len() - 1].iter().rev() {
-            p = self.mul(p, v);
-            p = self.addc(p, c);
+            p = self.mul_addc(p, v, c);
         }
         p
     }
@@ -402,10 +441,9 @@ fn exp(e: &mut Em, x: Value, xl: Option<Value>) -> Value {
     let x = e.maxc(x, -110.0);
     let t = e.mulc(x, LOG2E);
     let (n, n_i) = e.round_small(t);
-    let u = e.mulc(n, EXP_C1);
-    let r = e.sub(x, u);
-    let u = e.mulc(n, EXP_C2);
-    let mut r = e.sub(r, u);
+    // `n * EXP_C1` is exact, so fusing the first step changes nothing; the second gains.
+    let r = e.mulc_add(n, -EXP_C1, x);
+    let mut r = e.mulc_add(n, -EXP_C2, r);
     if let Some(xl) = xl {
         // Only meaningful while x was not clamped; keep it tiny so a clamped x stays 0/inf.
         let xl = e.minc(xl, 1e-3);
@@ -414,8 +452,7 @@ fn exp(e: &mut Em, x: Value, xl: Option<Value>) -> Value {
     }
     let mut p = e.f(EXP_P[0]);
     for &c in &EXP_P[1..] {
-        p = e.mul(p, r);
-        p = e.addc(p, c);
+        p = e.mul_addc(p, r, c);
     }
     let p = e.mul(p, r);
     let p = e.mul(p, r);
@@ -474,8 +511,7 @@ fn log(e: &mut Em, x: Value) -> Value {
     let z = e.mul(f, f);
     let mut p = e.f(LOG_P[0]);
     for &c in &LOG_P[1..] {
-        p = e.mul(p, f);
-        p = e.addc(p, c);
+        p = e.mul_addc(p, f, c);
     }
     let y = e.mul(p, f);
     let y = e.mul(y, z);
@@ -514,8 +550,7 @@ fn tanh(e: &mut Em, x: Value) -> Value {
     let z = e.mul(a, a);
     let mut p = e.f(TANH_P[0]);
     for &c in &TANH_P[1..] {
-        p = e.mul(p, z);
-        p = e.addc(p, c);
+        p = e.mul_addc(p, z, c);
     }
     let small = e.mul(p, z);
     let small = e.mul(small, a);
