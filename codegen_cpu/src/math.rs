@@ -439,6 +439,18 @@ const EXP_P: [f32; 6] = [
 fn exp(e: &mut Em, x: Value, xl: Option<Value>) -> Value {
     let x = e.minc(x, 89.0);
     let x = e.maxc(x, -110.0);
+    exp_unclamped(e, x, xl, true)
+}
+
+/// `exp(x)` for `x` in `[-80, 80]` (or NaN), where neither the clamps nor the two-factor
+/// `2^n` are needed: the same result as [`exp`], with fewer operations.
+fn exp_in_normal_range(e: &mut Em, x: Value) -> Value {
+    exp_unclamped(e, x, None, false)
+}
+
+/// `exp` after the clamps; `two_factor_scale` applies `2^n` as two factors (needed where the
+/// result can be subnormal or `2^n` overflow; exact and equal to one factor elsewhere).
+fn exp_unclamped(e: &mut Em, x: Value, xl: Option<Value>, two_factor_scale: bool) -> Value {
     let t = e.mulc(x, LOG2E);
     let (n, n_i) = e.round_small(t);
     // `n * EXP_C1` is exact, so fusing the first step changes nothing; the second gains.
@@ -458,6 +470,11 @@ fn exp(e: &mut Em, x: Value, xl: Option<Value>) -> Value {
     let p = e.mul(p, r);
     let p = e.add(p, r);
     let p = e.addc(p, 1.0);
+    if !two_factor_scale {
+        // n in [-116, 116]: 2^n is normal, and p * 2^n is exact while it stays normal.
+        let s = e.pow2i(n_i);
+        return e.mul(p, s);
+    }
     // 2^n as two factors so that n in [-159, 128] works (subnormal results, 2^128 overflow).
     let n1 = e.sshr(n_i, 1);
     let n2 = e.isub(n_i, n1);
@@ -612,7 +629,8 @@ fn erf(e: &mut Em, x: Value) -> Value {
     let one = e.f(1.0);
     let t = e.div(one, ac);
     let nz2 = e.neg(z2);
-    let ex = exp(e, nz2, None);
+    // -16 <= nz2 <= 0 (or NaN).
+    let ex = exp_in_normal_range(e, nz2);
     let q = e.horner(&ERF_Q, t);
     let c = e.mul(ex, q);
     let big = e.rsubc(1.0, c);
