@@ -5,8 +5,13 @@
 //! order of `Kernel::params()`, and `start..end` the range of the first outer loop (so the runtime
 //! can split it across threads; a kernel without outer loops runs once for any non-empty range).
 //!
-//! Each stage's innermost loop runs four lanes at a time (`f32x4`) and finishes with a scalar
-//! tail that evaluates the very same expressions. Expressions that do not depend on the innermost
+//! Each stage's innermost loop runs four lanes at a time (`f32x4`): `UNROLL` vectors per
+//! iteration (independent chains, one accumulator each in a reduction, combined in a fixed
+//! order), then one vector per iteration, then a scalar tail that evaluates the very same
+//! expressions. The loop-invariant part of every address (base pointer and outer loop terms) is
+//! computed once before the innermost loop, and a reduction's result is computed once, after its
+//! loop (Cranelift's elaborator would otherwise place pure code at each use, inside later
+//! loops). Expressions that do not depend on the innermost
 //! loop variable are *uniform*: computed as scalars and splat where they meet vectors. A stage is
 //! run scalar-only when it needs a value that has no 4-lane form here (i64 or bool data varying
 //! along the innermost loop, a data-dependent index that varies along it).
