@@ -216,13 +216,35 @@ impl Lowering<'_, '_, '_> {
                         acc
                     })
                     .collect();
+                // Vector max/min use a compare and select (one `maxps`/`minps`, which drops a NaN
+                // `x`) and note NaN lanes in this mask, instead of the 8-instruction NaN-exact
+                // `fmax`/`fmin`; the result is NaN if any lane saw one, as with `fmax`.
+                let nan_lanes = self.b.declare_var(types::I32X4);
+                let zero = self.b.ins().iconst(types::I32, 0);
+                let none = self.b.ins().splat(types::I32X4, zero);
+                self.b.def_var(nan_lanes, none);
                 self.inner_loops(0, extents, vector, &mut |l, mode, slot| {
                     let x = l.emit(value, mode);
                     match (mode, x) {
                         (Mode::Vector, x) => {
                             let x = l.vector_of(x, ScalarType::F32);
                             let acc = l.b.use_var(vector_accs[slot]);
-                            let r = l.combine(op, acc, x);
+                            let r = if op == ReduceOp::Sum {
+                                l.b.ins().fadd(acc, x)
+                            } else {
+                                let cc = if op == ReduceOp::Max {
+                                    FloatCC::LessThan
+                                } else {
+                                    FloatCC::GreaterThan
+                                };
+                                let take = l.b.ins().fcmp(cc, acc, x);
+                                let take = l.bitcast(types::F32X4, take);
+                                let nan = l.b.ins().fcmp(FloatCC::Unordered, x, x);
+                                let seen = l.b.use_var(nan_lanes);
+                                let seen = l.b.ins().bor(seen, nan);
+                                l.b.def_var(nan_lanes, seen);
+                                l.b.ins().bitselect(take, x, acc)
+                            };
                             l.b.def_var(vector_accs[slot], r);
                         }
                         (Mode::Scalar, Val::Scalar(x)) | (Mode::Scalar, Val::Vector(x)) => {
@@ -254,6 +276,14 @@ impl Lowering<'_, '_, '_> {
                 let v = self.combine(op, lo, hi);
                 let s = self.b.use_var(scalar_acc);
                 let result = self.combine(op, v, s);
+                let result = if op == ReduceOp::Sum {
+                    result
+                } else {
+                    let seen = self.b.use_var(nan_lanes);
+                    let any = self.b.ins().vany_true(seen);
+                    let nan = self.b.ins().f32const(f32::NAN);
+                    self.b.ins().select(any, nan, result)
+                };
                 self.stage_results[n] = Some(self.pin(result));
             }
             StageAction::Store(stores) => {

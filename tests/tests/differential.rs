@@ -202,3 +202,29 @@ fn unrolled_loops_at_every_length_around_the_unroll_factor() {
         check(&g, &inputs, 1e-5, &format!("unrolled 3x{n}"));
     }
 }
+
+#[test]
+fn max_and_min_propagate_nan_from_every_position() {
+    // A NaN in any lane of any unrolled vector, the single-vector loop or the scalar tail makes
+    // the row's max and min NaN, as in the reference.
+    for n in [5usize, 20, 37] {
+        for pos in 0..n {
+            let graph = trace(|t| {
+                let x = t.input("x", DType::F32, &[2, n]);
+                vec![x.amax(&[1], false), x.amin(&[1], true), x.softmax(-1)]
+            })
+            .unwrap();
+            let data: Vec<f32> = (0..2 * n)
+                .map(|i| {
+                    if i == pos {
+                        f32::NAN
+                    } else {
+                        (i as f32 * 0.7).sin()
+                    }
+                })
+                .collect();
+            let x = Tensor::from_vec(&[2, n], data).unwrap();
+            check(&graph, &[x], 1e-5, &format!("NaN at {pos} of 2x{n}"));
+        }
+    }
+}
