@@ -5,8 +5,13 @@
 //! order of `Kernel::params()`, and `start..end` the range of the first outer loop (so the runtime
 //! can split it across threads; a kernel without outer loops runs once for any non-empty range).
 //!
-//! Each stage's innermost loop runs four lanes at a time (`f32x4`) and finishes with a scalar
-//! tail that evaluates the very same expressions. Expressions that do not depend on the innermost
+//! Each stage's innermost loop runs four lanes at a time (`f32x4`): `UNROLL` vectors per
+//! iteration (independent chains, one accumulator each in a reduction, combined in a fixed
+//! order), then one vector per iteration, then a scalar tail that evaluates the very same
+//! expressions. The loop-invariant part of every address (base pointer and outer loop terms) is
+//! computed once before the innermost loop, and a reduction's result is computed once, after its
+//! loop (Cranelift's elaborator would otherwise place pure code at each use, inside later
+//! loops). Expressions that do not depend on the innermost
 //! loop variable are *uniform*: computed as scalars and splat where they meet vectors. A stage is
 //! run scalar-only when it needs a value that has no 4-lane form here (i64 or bool data varying
 //! along the innermost loop, a data-dependent index that varies along it).
@@ -17,7 +22,8 @@ use crate::convert::{
 use crate::math::{emit_math, emit_pow, MathFn};
 use cranelift_codegen::ir::condcodes::{FloatCC, IntCC};
 use cranelift_codegen::ir::{
-    types, AbiParam, Function, InstBuilder, MemFlagsData, Signature, Type, Value,
+    types, AbiParam, Function, InstBuilder, MemFlagsData, Signature, StackSlotData, StackSlotKind,
+    Type, Value,
 };
 use cranelift_frontend::FunctionBuilder;
 use minductor_ir::{BinaryOp, CompareOp, DType, ReduceOp, UnaryOp};
@@ -26,6 +32,10 @@ use std::collections::HashMap;
 
 /// Lanes of the vector type Cranelift lowers on x86-64 (128-bit).
 pub const LANES: i64 = 4;
+
+/// Vectors per iteration of the unrolled innermost loop. Each of them has its own accumulator
+/// in a reduction, so that independent chains overlap; they are combined in a fixed order.
+pub const UNROLL: usize = 4;
 
 pub fn kernel_signature(sig: &mut Signature) {
     for _ in 0..4 {
@@ -59,6 +69,13 @@ struct Lowering<'k, 'b, 'f> {
     stage_results: Vec<Option<Value>>,
     memo: HashMap<ExprId, Val>,
     flags: MemFlagsData,
+    /// Elements added along the innermost variable for the unrolled vector being emitted.
+    lane_offset: i64,
+    /// The buffer indexes the current stage reads or writes (see `address_sites`).
+    sites: Vec<(BufferId, Affine)>,
+    /// `base + (index without its innermost term)` of each site, computed before the innermost
+    /// loop of the current stage (Cranelift does not hoist it out of the loop by itself).
+    hoisted: HashMap<(BufferId, Affine), Value>,
 }
 
 /// Emits the body of `kernel` into `b` (whose function has the kernel signature).
@@ -89,6 +106,9 @@ pub fn lower_kernel(b: &mut FunctionBuilder, kernel: &Kernel, program: &Program)
         stage_results: vec![None; kernel.stages.len()],
         memo: HashMap::new(),
         flags: MemFlagsData::new().with_notrap(),
+        lane_offset: 0,
+        sites: Vec::new(),
+        hoisted: HashMap::new(),
     };
     let outer = kernel.outer.len();
     if outer == 0 {
@@ -176,6 +196,7 @@ impl Lowering<'_, '_, '_> {
             Some(Var::Inner(depth as u32 - 1))
         };
         let vector = depth > 0 && self.vectorizable(stage);
+        self.sites = self.address_sites(stage);
         match &stage.action {
             StageAction::Reduce { op, value } => {
                 let (op, value) = (*op, *value);
@@ -187,17 +208,44 @@ impl Lowering<'_, '_, '_> {
                 let scalar_acc = self.b.declare_var(types::F32);
                 let c = self.b.ins().f32const(init);
                 self.b.def_var(scalar_acc, c);
-                let vector_acc = self.b.declare_var(types::F32X4);
                 let v = self.b.ins().splat(types::F32X4, c);
-                self.b.def_var(vector_acc, v);
-                self.inner_loops(0, extents, vector, &mut |l, mode| {
+                let vector_accs: Vec<_> = (0..UNROLL)
+                    .map(|_| {
+                        let acc = self.b.declare_var(types::F32X4);
+                        self.b.def_var(acc, v);
+                        acc
+                    })
+                    .collect();
+                // Vector max/min use a compare and select (one `maxps`/`minps`, which drops a NaN
+                // `x`) and note NaN lanes in this mask, instead of the 8-instruction NaN-exact
+                // `fmax`/`fmin`; the result is NaN if any lane saw one, as with `fmax`.
+                let nan_lanes = self.b.declare_var(types::I32X4);
+                let zero = self.b.ins().iconst(types::I32, 0);
+                let none = self.b.ins().splat(types::I32X4, zero);
+                self.b.def_var(nan_lanes, none);
+                self.inner_loops(0, extents, vector, &mut |l, mode, slot| {
                     let x = l.emit(value, mode);
                     match (mode, x) {
                         (Mode::Vector, x) => {
                             let x = l.vector_of(x, ScalarType::F32);
-                            let acc = l.b.use_var(vector_acc);
-                            let r = l.combine(op, acc, x);
-                            l.b.def_var(vector_acc, r);
+                            let acc = l.b.use_var(vector_accs[slot]);
+                            let r = if op == ReduceOp::Sum {
+                                l.b.ins().fadd(acc, x)
+                            } else {
+                                let cc = if op == ReduceOp::Max {
+                                    FloatCC::LessThan
+                                } else {
+                                    FloatCC::GreaterThan
+                                };
+                                let take = l.b.ins().fcmp(cc, acc, x);
+                                let take = l.bitcast(types::F32X4, take);
+                                let nan = l.b.ins().fcmp(FloatCC::Unordered, x, x);
+                                let seen = l.b.use_var(nan_lanes);
+                                let seen = l.b.ins().bor(seen, nan);
+                                l.b.def_var(nan_lanes, seen);
+                                l.b.ins().bitselect(take, x, acc)
+                            };
+                            l.b.def_var(vector_accs[slot], r);
                         }
                         (Mode::Scalar, Val::Scalar(x)) | (Mode::Scalar, Val::Vector(x)) => {
                             let acc = l.b.use_var(scalar_acc);
@@ -206,7 +254,20 @@ impl Lowering<'_, '_, '_> {
                         }
                     }
                 });
-                let acc = self.b.use_var(vector_acc);
+                // Fixed combine order: a pairwise tree over the unrolled accumulators, then
+                // over the lanes, then the scalar tail.
+                let mut accs: Vec<Value> = vector_accs.iter().map(|&a| self.b.use_var(a)).collect();
+                while accs.len() > 1 {
+                    accs = accs
+                        .chunks(2)
+                        .map(|pair| match pair {
+                            [a, c] => self.combine(op, *a, *c),
+                            [a] => *a,
+                            _ => unreachable!(),
+                        })
+                        .collect();
+                }
+                let acc = accs[0];
                 let lanes: Vec<Value> = (0..4)
                     .map(|i| self.b.ins().extractlane(acc, i as u8))
                     .collect();
@@ -215,10 +276,18 @@ impl Lowering<'_, '_, '_> {
                 let v = self.combine(op, lo, hi);
                 let s = self.b.use_var(scalar_acc);
                 let result = self.combine(op, v, s);
-                self.stage_results[n] = Some(result);
+                let result = if op == ReduceOp::Sum {
+                    result
+                } else {
+                    let seen = self.b.use_var(nan_lanes);
+                    let any = self.b.ins().vany_true(seen);
+                    let nan = self.b.ins().f32const(f32::NAN);
+                    self.b.ins().select(any, nan, result)
+                };
+                self.stage_results[n] = Some(self.pin(result));
             }
             StageAction::Store(stores) => {
-                self.inner_loops(0, extents, vector, &mut |l, mode| {
+                self.inner_loops(0, extents, vector, &mut |l, mode, _| {
                     for st in stores {
                         let v = l.emit(st.value, mode);
                         l.store(st, v, mode);
@@ -226,19 +295,22 @@ impl Lowering<'_, '_, '_> {
                 });
             }
         }
+        self.hoisted.clear();
     }
 
-    /// Loops over the stage's extents; the innermost runs vector then scalar tail.
+    /// Loops over the stage's extents. The innermost runs `UNROLL` vectors per iteration, then
+    /// one vector per iteration, then a scalar tail; `body` gets the mode and the unroll slot
+    /// (`0..UNROLL`; the single-vector and scalar loops use slot 0).
     fn inner_loops(
         &mut self,
         level: usize,
         extents: &[Value],
         vector: bool,
-        body: &mut dyn FnMut(&mut Self, Mode),
+        body: &mut dyn FnMut(&mut Self, Mode, usize),
     ) {
         if extents.is_empty() {
             self.memo.clear();
-            body(self, Mode::Scalar);
+            body(self, Mode::Scalar, 0);
             self.memo.clear();
             return;
         }
@@ -251,18 +323,42 @@ impl Lowering<'_, '_, '_> {
             });
             return;
         }
+        self.hoist_addresses();
         let tail_start = if vector {
-            self.counted_loop(zero, extents[level], LANES, |l, i| {
+            let unrolled_end =
+                self.counted_loop(zero, extents[level], LANES * UNROLL as i64, |l, i| {
+                    l.vars.insert(var, i);
+                    for slot in 0..UNROLL {
+                        // Values uniform along the innermost loop are shared by the slots.
+                        l.memo.retain(|_, v| matches!(v, Val::Scalar(_)));
+                        l.lane_offset = slot as i64 * LANES;
+                        body(l, Mode::Vector, slot);
+                    }
+                    l.lane_offset = 0;
+                });
+            self.counted_loop(unrolled_end, extents[level], LANES, |l, i| {
                 l.vars.insert(var, i);
-                body(l, Mode::Vector);
+                body(l, Mode::Vector, 0);
             })
         } else {
             zero
         };
         self.counted_loop(tail_start, extents[level], 1, |l, i| {
             l.vars.insert(var, i);
-            body(l, Mode::Scalar);
+            body(l, Mode::Scalar, 0);
         });
+    }
+
+    /// `x` (an f32) passed through a stack slot, so that it is computed here, once per row.
+    /// Cranelift's elaborator otherwise places pure instructions at their uses, and it would
+    /// recompute a reduction's final combine (four branchy NaN-aware `fmax` for a max) in every
+    /// iteration of the loops that read the result.
+    fn pin(&mut self, x: Value) -> Value {
+        let slot =
+            self.b
+                .create_sized_stack_slot(StackSlotData::new(StackSlotKind::ExplicitSlot, 4, 2));
+        self.b.ins().stack_store(types::I64, x, slot, 0);
+        self.b.ins().stack_load(types::I64, types::F32, slot, 0)
     }
 
     fn combine(&mut self, op: ReduceOp, a: Value, x: Value) -> Value {
@@ -295,6 +391,41 @@ impl Lowering<'_, '_, '_> {
                 self.is_uniform(*c) && self.is_uniform(*a) && self.is_uniform(*d)
             }
         }
+    }
+
+    /// Every (buffer, index) the stage loads (without a data-dependent part) or stores.
+    fn address_sites(&self, stage: &Stage) -> Vec<(BufferId, Affine)> {
+        let mut sites = Vec::new();
+        let mut stack = match &stage.action {
+            StageAction::Reduce { value, .. } => vec![*value],
+            StageAction::Store(stores) => {
+                sites.extend(stores.iter().map(|st| (st.buffer, st.index.clone())));
+                stores.iter().map(|st| st.value).collect()
+            }
+        };
+        let mut seen = std::collections::HashSet::new();
+        while let Some(e) = stack.pop() {
+            if !seen.insert(e) {
+                continue;
+            }
+            match self.kernel.expr(e) {
+                Expr::Load {
+                    buffer,
+                    index,
+                    indirect,
+                } => {
+                    sites.push((*buffer, index.clone()));
+                    if let Some(ind) = indirect {
+                        stack.push(ind.value);
+                    }
+                }
+                Expr::Unary(_, a) | Expr::Cast(_, a) => stack.push(*a),
+                Expr::Binary(_, a, c) | Expr::Compare(_, a, c) => stack.extend([*a, *c]),
+                Expr::Where(c, a, d) => stack.extend([*c, *a, *d]),
+                Expr::Constant { .. } | Expr::StageResult(_) => {}
+            }
+        }
+        sites
     }
 
     /// Whether every value the stage needs has a 4-lane form.
@@ -366,7 +497,52 @@ impl Lowering<'_, '_, '_> {
         }
     }
 
-    /// Address of element `index` (+ lane offset `lane` along the innermost var) of `buffer`.
+    /// `index` without its innermost-variable term, and that term's coefficient.
+    fn split_inner(&self, index: &Affine) -> (Affine, i64) {
+        match self.innermost {
+            Some(inner) if index.coefficient(inner) != 0 => {
+                let mut invariant = index.clone();
+                invariant.terms.retain(|(v, _)| *v != inner);
+                (invariant, index.coefficient(inner))
+            }
+            _ => (index.clone(), 0),
+        }
+    }
+
+    /// `base(buffer) + index` in bytes, for an index without the innermost variable.
+    fn invariant_address(&mut self, buffer: BufferId, index: &Affine) -> Value {
+        if let Some(&a) = self.hoisted.get(&(buffer, index.clone())) {
+            return a;
+        }
+        let size = self.program.buffer(buffer).dtype.size_bytes() as i64;
+        let mut address = self.bases[&buffer];
+        for &(var, coef) in &index.terms {
+            let v = self.vars[&var];
+            let scaled = self.b.ins().imul_imm_s(v, coef * size);
+            address = self.b.ins().iadd(address, scaled);
+        }
+        if index.offset != 0 {
+            address = self.b.ins().iadd_imm_s(address, index.offset * size);
+        }
+        address
+    }
+
+    /// Computes the loop-invariant part of every address of the current stage, here (before
+    /// its innermost loop), for `address` to use inside the loop.
+    fn hoist_addresses(&mut self) {
+        self.hoisted.clear();
+        for (buffer, index) in std::mem::take(&mut self.sites) {
+            let (invariant, _) = self.split_inner(&index);
+            if !self.hoisted.contains_key(&(buffer, invariant.clone())) {
+                let a = self.invariant_address(buffer, &invariant);
+                self.hoisted.insert((buffer, invariant.clone()), a);
+            }
+            self.sites.push((buffer, index));
+        }
+    }
+
+    /// Address of element `index` (+ `lane` and the unroll slot's offset along the innermost
+    /// var) of `buffer`.
     fn address(
         &mut self,
         buffer: BufferId,
@@ -375,17 +551,19 @@ impl Lowering<'_, '_, '_> {
         lane: i64,
     ) -> Value {
         let size = self.program.buffer(buffer).dtype.size_bytes() as i64;
-        let mut offset = self.b.ins().iconst(types::I64, index.offset * size);
-        for &(var, coef) in &index.terms {
-            let v = self.vars[&var];
+        let (invariant, coef) = self.split_inner(index);
+        let mut address = self.invariant_address(buffer, &invariant);
+        if coef != 0 {
+            let inner = self
+                .innermost
+                .expect("a coefficient implies an innermost var");
+            let v = self.vars[&inner];
             let scaled = self.b.ins().imul_imm_s(v, coef * size);
-            offset = self.b.ins().iadd(offset, scaled);
-        }
-        if let (Some(inner), true) = (self.innermost, lane != 0) {
-            offset = self
-                .b
-                .ins()
-                .iadd_imm_s(offset, lane * index.coefficient(inner) * size);
+            address = self.b.ins().iadd(address, scaled);
+            let lane = lane + self.lane_offset;
+            if lane != 0 {
+                address = self.b.ins().iadd_imm_s(address, lane * coef * size);
+            }
         }
         if let Some(ind) = indirect {
             // Clamp the data-dependent index into the table: JIT code never reads outside a buffer.
@@ -395,9 +573,9 @@ impl Lowering<'_, '_, '_> {
             let i = self.b.ins().smax(i, zero);
             let i = self.b.ins().smin(i, last);
             let scaled = self.b.ins().imul_imm_s(i, ind.stride * size);
-            offset = self.b.ins().iadd(offset, scaled);
+            address = self.b.ins().iadd(address, scaled);
         }
-        self.b.ins().iadd(self.bases[&buffer], offset)
+        address
     }
 
     fn load_scalar(&mut self, buffer: BufferId, addr: Value) -> Value {

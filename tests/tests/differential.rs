@@ -193,3 +193,58 @@ fn results_are_bitwise_equal_for_any_thread_count() {
     }
     check(&g, &inputs, 1e-4, "threaded rows");
 }
+
+#[test]
+fn unrolled_loops_at_every_length_around_the_unroll_factor() {
+    // The innermost loop runs 4 vectors of 4 lanes per iteration, then single vectors, then a
+    // scalar tail: every length from 0 to 40 crosses each of those boundaries. Reductions keep
+    // one accumulator per unrolled vector, strided loads exercise the per-slot lane offsets.
+    for n in 0..=40usize {
+        let (g, inputs) = build(&[&[3, n], &[n], &[n, 3]], |i| {
+            let (x, b, y) = (&i[0], &i[1], &i[2]);
+            let mut outputs = vec![
+                (x * 0.5 + b).gelu(),
+                x.sum(&[1], false),
+                x + y.transpose(0, 1),
+                y.sum(&[0], false),
+            ];
+            if n > 0 {
+                // Max, min and the normalizations are not defined over an empty dim.
+                outputs.extend([
+                    x.amax(&[1], true),
+                    x.amin(&[1], false),
+                    (x + b).softmax(-1),
+                    x.layer_norm(&[n], Some(b), Some(b), 1e-5),
+                ]);
+            }
+            outputs
+        });
+        check(&g, &inputs, 1e-5, &format!("unrolled 3x{n}"));
+    }
+}
+
+#[test]
+fn max_and_min_propagate_nan_from_every_position() {
+    // A NaN in any lane of any unrolled vector, the single-vector loop or the scalar tail makes
+    // the row's max and min NaN, as in the reference.
+    for n in [5usize, 20, 37] {
+        for pos in 0..n {
+            let graph = trace(|t| {
+                let x = t.input("x", DType::F32, &[2, n]);
+                vec![x.amax(&[1], false), x.amin(&[1], true), x.softmax(-1)]
+            })
+            .unwrap();
+            let data: Vec<f32> = (0..2 * n)
+                .map(|i| {
+                    if i == pos {
+                        f32::NAN
+                    } else {
+                        (i as f32 * 0.7).sin()
+                    }
+                })
+                .collect();
+            let x = Tensor::from_vec(&[2, n], data).unwrap();
+            check(&graph, &[x], 1e-5, &format!("NaN at {pos} of 2x{n}"));
+        }
+    }
+}
