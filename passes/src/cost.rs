@@ -390,7 +390,8 @@ impl StepCost {
     }
 }
 
-/// The kernel table: one line per step, then the totals.
+/// The kernel table: one line per step (name, kind, domain, bytes read and written, FLOPs), then
+/// the totals.
 pub struct CostTable<'a>(pub &'a [StepCost]);
 
 impl fmt::Display for CostTable<'_> {
@@ -453,13 +454,7 @@ impl fmt::Display for CostTable<'_> {
                 &total(|c| c.bytes_written),
                 &total(|c| c.flops),
             ],
-        )?;
-        writeln!(f)?;
-        writeln!(f, "fused graph nodes:")?;
-        for c in self.0 {
-            writeln!(f, "  {}: {}", c.name, c.nodes_text())?;
-        }
-        Ok(())
+        )
     }
 }
 
