@@ -198,7 +198,12 @@ pub fn kernel_table(prims: &Graph, program: &Program) -> String {
                 None => n.to_string(),
             })
             .collect();
-        let _ = writeln!(text, "  {}: {}", cost.name, nodes.join(", "));
+        let nodes = if nodes.is_empty() {
+            "- (views only)".to_string()
+        } else {
+            nodes.join(", ")
+        };
+        let _ = writeln!(text, "  {}: {nodes}", cost.name);
     }
     text
 }
@@ -348,7 +353,7 @@ pub fn buffer_plan(program: &Program) -> String {
         ]);
     }
     for (label, (count, bytes)) in ["inputs", "outputs", "intermediates"].iter().zip(totals) {
-        let _ = writeln!(text, "{label}: {count} buffers, {bytes} bytes");
+        let _ = writeln!(text, "{label}: {count}, {bytes} bytes");
     }
     text
 }
@@ -432,4 +437,49 @@ pub fn graph_dot(prims: &Graph, program: Option<&Program>) -> String {
     }
     text.push_str("}\n");
     text
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{compile_with, trace, Backend};
+    use minductor_ir::DType;
+
+    #[test]
+    fn dot_has_one_cluster_per_step_and_an_edge_per_operand() {
+        let graph = trace(|t| {
+            let a = t.input("a", DType::F32, &[5, 7]);
+            let b = t.input("b", DType::F32, &[7, 9]);
+            vec![a.matmul(&b).tanh().softmax(-1)]
+        })
+        .unwrap();
+        let compiled = compile_with(&graph, Backend::Inductor).unwrap();
+        let artifacts = compiled.artifacts();
+        let prims = artifacts.prim_graph.as_ref().unwrap();
+        let program = artifacts.program.as_ref().unwrap();
+        let dot = graph_dot(prims, Some(program));
+        assert!(dot.starts_with("digraph minductor {"), "{dot}");
+        assert_eq!(
+            dot.matches("subgraph \"cluster_").count(),
+            program.steps.len(),
+            "{dot}"
+        );
+        assert!(dot.contains("subgraph \"cluster_k0_matmul\""), "{dot}");
+        let operands: usize = prims.nodes().iter().map(|n| n.inputs.len()).sum();
+        let outputs = prims.outputs().len();
+        assert_eq!(dot.matches(" -> ").count(), operands + outputs, "{dot}");
+        assert_eq!(dot.matches('{').count(), dot.matches('}').count(), "{dot}");
+    }
+
+    #[test]
+    fn unwritable_dump_dir_is_a_warning_not_an_error() {
+        let graph = trace(|t| vec![t.input("x", DType::F32, &[3]).exp()]).unwrap();
+        let compiled = compile_with(&graph, Backend::Inductor).unwrap();
+        // A path below a regular file cannot be created.
+        let file = std::env::temp_dir().join(format!("minductor-not-a-dir-{}", std::process::id()));
+        std::fs::write(&file, "x").unwrap();
+        let written = dump_compiled(&file.join("dump"), &compiled);
+        std::fs::remove_file(&file).unwrap();
+        assert!(written.is_empty());
+    }
 }
