@@ -18,6 +18,7 @@ pub use minductor_frontend::{
     compile, compile_with, trace, Artifacts, Backend, CompileError, Compiled, Operand, TraceError,
     Traced, Tracer,
 };
+pub use minductor_frontend::{dump, logging};
 pub use minductor_ir as ir;
 pub use minductor_ir::{DType, Graph};
 pub use minductor_passes as passes;

@@ -94,6 +94,7 @@ pub fn compile(graph: &Graph) -> Result<Compiled, CompileError> {
 
 /// Compiles `graph` with the named backend.
 pub fn compile_with(graph: &Graph, backend: Backend) -> Result<Compiled, CompileError> {
+    crate::logging::init_lazily();
     graph.verify()?;
     if backend != Backend::Eager {
         if let Some(node) = graph.nodes().iter().find(|n| n.ty.static_sizes().is_none()) {
@@ -141,12 +142,14 @@ pub fn compile_with(graph: &Graph, backend: Backend) -> Result<Compiled, Compile
             Box::new(compiled)
         }
     };
+    let compile_time = started.elapsed();
+    crate::dump::after_compile(graph, backend.name(), &artifacts, compile_time);
     Ok(Compiled {
         graph: graph.clone(),
         backend,
         executable: Mutex::new(executable),
         artifacts,
-        compile_time: started.elapsed(),
+        compile_time,
     })
 }
 

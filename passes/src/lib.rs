@@ -1,9 +1,11 @@
 //! The pass pipeline: `decompose` → `simplify` → `fuse` → `fuse_horizontal` → `fuse_epilogues`
-//! → `plan_buffers`, and the kernel IR that `fuse` produces.
+//! → `plan_buffers`, the kernel IR that `fuse` produces, and `program_cost`, a static cost model
+//! of that IR.
 //!
 //! Each pass is one file with one entry function from one data structure to the next; each data
 //! structure prints as text.
 
+pub mod cost;
 mod decompose;
 mod epilogue;
 mod fuse;
@@ -12,6 +14,7 @@ pub mod kernel;
 pub mod plan_buffers;
 mod simplify;
 
+pub use cost::program_cost;
 pub use decompose::decompose;
 pub use epilogue::fuse_epilogues;
 pub use fuse::{fuse, FuseError};

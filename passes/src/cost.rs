@@ -1,0 +1,632 @@
+//! `program_cost`: a static cost model of each step of a [`Program`], computed from the kernel IR
+//! (Inductor's `estimate_kernel_num_bytes` and FLOP counter, in small).
+//!
+//! For every step it reports the graph nodes fused, the iteration domain, bytes read, bytes
+//! written and FLOPs:
+//! - **Bytes** count the distinct elements each buffer's accesses touch, times the dtype's size:
+//!   a buffer read by several stages or loads is counted once, a broadcast operand (index
+//!   coefficient 0) counts its own size, a slice only the elements inside it. One access pattern
+//!   `offset + Σ c·var` whose strides do not overlap touches exactly `Π extent` elements; several
+//!   distinct patterns on one buffer, or overlapping strides, are counted exactly by enumerating
+//!   the addresses when there are at most 2^24 of them, and otherwise bounded by the sum of the
+//!   patterns' sizes (never more than the buffer). Data-dependent (embedding) indices are counted
+//!   as every row they could reach, an upper bound.
+//! - **FLOPs** of a kernel: every unary, binary, compare and where op reachable from a stage's
+//!   result counts one per evaluation, plus one per element combined by a reduction; casts, loads
+//!   and constants count zero. An op that does not depend on the stage's inner loops counts once
+//!   per outer iteration (the generated code hoists it), any other once per inner iteration.
+//!   A matmul counts `2·batch·M·N·K`.
+//!
+//! Assumes a program from `fuse` (indices within their buffers). Symbolic extents (which `fuse`
+//! does not produce yet) count as 1. Never panics on the program's contents.
+
+use crate::kernel::*;
+use minductor_ir::{Dim, NodeId};
+use std::collections::{HashMap, HashSet};
+use std::fmt;
+
+/// What a step is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StepKind {
+    /// A generated loop kernel.
+    Kernel,
+    /// An extern GEMM call.
+    Matmul,
+}
+
+/// The static cost of one step of a program.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StepCost {
+    /// The kernel's name; `k<step>_matmul` for a GEMM.
+    pub name: String,
+    pub kind: StepKind,
+    /// Graph nodes the step computes (for a kernel, the non-view nodes fused into it).
+    pub nodes: Vec<NodeId>,
+    /// Iteration domain: a kernel's outer loops; a GEMM's `[batch..., M, N]`.
+    pub outer: Vec<Dim>,
+    /// Inner loops: each stage's extents for a kernel; `[[K]]` for a GEMM.
+    pub inner: Vec<Vec<Dim>>,
+    pub bytes_read: u64,
+    pub bytes_written: u64,
+    pub flops: u64,
+}
+
+/// Costs every step of `program`, in step order; a GEMM's epilogue kernel is a row of its own
+/// right after the GEMM's.
+pub fn program_cost(program: &Program) -> Vec<StepCost> {
+    program
+        .steps
+        .iter()
+        .enumerate()
+        .flat_map(|(index, step)| match step {
+            Step::Kernel(kernel) => vec![kernel_cost(program, kernel)],
+            Step::Matmul(matmul) => {
+                let mut rows = vec![matmul_cost(program, index, matmul)];
+                rows.extend(matmul.epilogue.as_ref().map(|e| kernel_cost(program, e)));
+                rows
+            }
+        })
+        .collect()
+}
+
+fn extent(d: &Dim) -> u64 {
+    d.as_static().unwrap_or(1) as u64
+}
+
+fn trip_count(dims: &[Dim]) -> u64 {
+    dims.iter().map(extent).product()
+}
+
+/// The addresses `offset + Σ coefficient · i`, `i` in `0..count`, of one access, in elements.
+/// Terms are normalised (zero coefficients and unit extents dropped, sorted) so that equal sets
+/// of addresses written with different loop variables compare equal.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+struct Pattern {
+    offset: i64,
+    terms: Vec<(i64, u64)>,
+}
+
+impl Pattern {
+    fn new(offset: i64, terms: impl IntoIterator<Item = (i64, u64)>) -> Pattern {
+        let mut terms: Vec<(i64, u64)> = terms
+            .into_iter()
+            .filter(|&(c, n)| c != 0 && n > 1)
+            .collect();
+        terms.sort();
+        Pattern { offset, terms }
+    }
+
+    fn points(&self) -> u64 {
+        self.terms.iter().map(|t| t.1).product()
+    }
+
+    /// True if no two index tuples reach the same address (each stride exceeds the span of the
+    /// smaller ones), so the footprint is exactly `points()`.
+    fn injective(&self) -> bool {
+        let mut by_size: Vec<(u64, u64)> = self
+            .terms
+            .iter()
+            .map(|&(c, n)| (c.unsigned_abs(), n))
+            .collect();
+        by_size.sort();
+        let mut span: u64 = 0;
+        for (c, n) in by_size {
+            if c <= span {
+                return false;
+            }
+            span = span.saturating_add(c.saturating_mul(n - 1));
+        }
+        true
+    }
+
+    /// Calls `f` with every address.
+    fn for_each(&self, f: &mut impl FnMut(i64)) {
+        fn walk(terms: &[(i64, u64)], base: i64, f: &mut impl FnMut(i64)) {
+            match terms.split_first() {
+                None => f(base),
+                Some((&(c, n), rest)) => {
+                    for i in 0..n as i64 {
+                        walk(rest, base + c * i, f);
+                    }
+                }
+            }
+        }
+        walk(&self.terms, self.offset, f);
+    }
+}
+
+/// Distinct elements of a buffer of `numel` elements that `patterns` touch.
+fn footprint(patterns: &HashSet<Pattern>, numel: u64) -> u64 {
+    const ENUMERATION_LIMIT: u64 = 1 << 24;
+    if patterns.len() == 1 {
+        let p = patterns.iter().next().expect("one pattern");
+        if p.injective() {
+            return p.points().min(numel);
+        }
+    }
+    let total: u64 = patterns
+        .iter()
+        .fold(0u64, |acc, p| acc.saturating_add(p.points()));
+    if total > ENUMERATION_LIMIT || numel > ENUMERATION_LIMIT {
+        return total.min(numel);
+    }
+    let mut seen = vec![false; numel as usize];
+    let mut count = 0u64;
+    for p in patterns {
+        p.for_each(&mut |address| {
+            if let Some(slot) = usize::try_from(address).ok().and_then(|a| seen.get_mut(a)) {
+                if !*slot {
+                    *slot = true;
+                    count += 1;
+                }
+            }
+        });
+    }
+    count
+}
+
+fn bytes(program: &Program, accesses: &HashMap<BufferId, HashSet<Pattern>>) -> u64 {
+    accesses
+        .iter()
+        .filter_map(|(&id, patterns)| {
+            let buffer = program.buffers.get(id.0 as usize)?;
+            let numel = buffer.shape.iter().map(extent).product();
+            Some(footprint(patterns, numel) * buffer.dtype.size_bytes() as u64)
+        })
+        .sum()
+}
+
+/// Extent of each loop variable as seen from inside `stage`.
+fn var_extent(kernel: &Kernel, stage: &Stage, var: Var) -> u64 {
+    match var {
+        Var::Outer(i) => kernel.outer.get(i as usize).map_or(1, extent),
+        Var::Inner(i) => stage.extent.get(i as usize).map_or(1, extent),
+    }
+}
+
+fn affine_pattern(kernel: &Kernel, stage: &Stage, index: &Affine) -> Pattern {
+    Pattern::new(
+        index.offset,
+        index
+            .terms
+            .iter()
+            .map(|&(v, c)| (c, var_extent(kernel, stage, v))),
+    )
+}
+
+fn kernel_cost(program: &Program, kernel: &Kernel) -> StepCost {
+    let outer_trips = trip_count(&kernel.outer);
+    let varies = inner_dependence(kernel);
+    let mut reads: HashMap<BufferId, HashSet<Pattern>> = HashMap::new();
+    let mut writes: HashMap<BufferId, HashSet<Pattern>> = HashMap::new();
+    let mut flops = 0u64;
+    for stage in &kernel.stages {
+        let inner_trips = trip_count(&stage.extent);
+        let roots: Vec<ExprId> = match &stage.action {
+            StageAction::Reduce { value, .. } => {
+                flops += outer_trips * inner_trips;
+                vec![*value]
+            }
+            StageAction::Store(stores) => {
+                for store in stores {
+                    writes
+                        .entry(store.buffer)
+                        .or_default()
+                        .insert(affine_pattern(kernel, stage, &store.index));
+                }
+                stores.iter().map(|s| s.value).collect()
+            }
+        };
+        for id in reachable(kernel, &roots) {
+            let Some(expr) = kernel.exprs.get(id.0 as usize) else {
+                continue;
+            };
+            let per_evaluation = if varies[id.0 as usize] {
+                outer_trips * inner_trips
+            } else {
+                outer_trips
+            };
+            match expr {
+                Expr::Load {
+                    buffer,
+                    index,
+                    indirect,
+                } => {
+                    let mut pattern = affine_pattern(kernel, stage, index);
+                    if let Some(ind) = indirect {
+                        // Every row the clamped data-dependent index could select.
+                        pattern = Pattern::new(
+                            pattern.offset,
+                            pattern
+                                .terms
+                                .iter()
+                                .copied()
+                                .chain([(ind.stride, ind.bound.max(0) as u64)]),
+                        );
+                    }
+                    reads.entry(*buffer).or_default().insert(pattern);
+                }
+                Expr::Unary(..) | Expr::Binary(..) | Expr::Compare(..) | Expr::Where(..) => {
+                    flops += per_evaluation
+                }
+                Expr::Constant { .. } | Expr::StageResult(_) | Expr::Cast(..) => {}
+            }
+        }
+    }
+    StepCost {
+        name: kernel.name.clone(),
+        kind: StepKind::Kernel,
+        nodes: kernel.nodes.clone(),
+        outer: kernel.outer.clone(),
+        inner: kernel.stages.iter().map(|s| s.extent.clone()).collect(),
+        bytes_read: bytes(program, &reads),
+        bytes_written: bytes(program, &writes),
+        flops,
+    }
+}
+
+/// Expressions reachable from `roots` through operands and indirect indices (not through
+/// `StageResult`, which is a value an earlier stage computed).
+fn reachable(kernel: &Kernel, roots: &[ExprId]) -> Vec<ExprId> {
+    let mut seen = vec![false; kernel.exprs.len()];
+    let mut stack: Vec<ExprId> = roots.to_vec();
+    let mut out = Vec::new();
+    while let Some(id) = stack.pop() {
+        match seen.get_mut(id.0 as usize) {
+            Some(s) if !*s => *s = true,
+            _ => continue,
+        }
+        out.push(id);
+        match &kernel.exprs[id.0 as usize] {
+            Expr::Load { indirect, .. } => stack.extend(indirect.iter().map(|i| i.value)),
+            Expr::Unary(_, a) | Expr::Cast(_, a) => stack.push(*a),
+            Expr::Binary(_, a, b) | Expr::Compare(_, a, b) => stack.extend([*a, *b]),
+            Expr::Where(c, a, b) => stack.extend([*c, *a, *b]),
+            Expr::Constant { .. } | Expr::StageResult(_) => {}
+        }
+    }
+    out
+}
+
+/// For each expression, whether its value depends on an inner loop variable.
+fn inner_dependence(kernel: &Kernel) -> Vec<bool> {
+    let mut varies = vec![false; kernel.exprs.len()];
+    // Operands precede their users in `exprs` (the builder appends bottom-up), but do not rely
+    // on it: iterate until nothing changes.
+    loop {
+        let mut changed = false;
+        for (i, expr) in kernel.exprs.iter().enumerate() {
+            let get = |e: &ExprId| varies.get(e.0 as usize).copied().unwrap_or(false);
+            let v = match expr {
+                Expr::Load {
+                    index, indirect, ..
+                } => {
+                    index
+                        .terms
+                        .iter()
+                        .any(|&(var, c)| c != 0 && matches!(var, Var::Inner(_)))
+                        || indirect.as_ref().is_some_and(|ind| get(&ind.value))
+                }
+                Expr::Unary(_, a) | Expr::Cast(_, a) => get(a),
+                Expr::Binary(_, a, b) | Expr::Compare(_, a, b) => get(a) || get(b),
+                Expr::Where(c, a, b) => get(c) || get(a) || get(b),
+                Expr::Constant { .. } | Expr::StageResult(_) => false,
+            };
+            if v && !varies[i] {
+                varies[i] = true;
+                changed = true;
+            }
+        }
+        if !changed {
+            return varies;
+        }
+    }
+}
+
+fn view_pattern(view: &StridedView) -> Pattern {
+    Pattern::new(
+        view.offset,
+        view.strides
+            .iter()
+            .zip(&view.shape)
+            .map(|(&s, n)| (s, extent(n))),
+    )
+}
+
+fn matmul_cost(program: &Program, step: usize, matmul: &MatmulStep) -> StepCost {
+    let out_shape: Vec<Dim> = program
+        .buffers
+        .get(matmul.out.0 as usize)
+        .map_or_else(Vec::new, |b| b.shape.clone());
+    let rank = matmul.a.shape.len();
+    let k = if rank >= 2 {
+        extent(&matmul.a.shape[rank - 1])
+    } else {
+        0
+    };
+    let mut reads: HashMap<BufferId, HashSet<Pattern>> = HashMap::new();
+    for view in [&matmul.a, &matmul.b] {
+        reads
+            .entry(view.buffer)
+            .or_default()
+            .insert(view_pattern(view));
+    }
+    let mut writes: HashMap<BufferId, HashSet<Pattern>> = HashMap::new();
+    let out_numel = trip_count(&out_shape);
+    writes
+        .entry(matmul.out)
+        .or_default()
+        .insert(Pattern::new(0, [(1, out_numel)]));
+    StepCost {
+        name: format!("k{step}_matmul"),
+        kind: StepKind::Matmul,
+        nodes: vec![matmul.node],
+        outer: out_shape,
+        inner: vec![vec![Dim::Static(k as usize)]],
+        bytes_read: bytes(program, &reads),
+        bytes_written: bytes(program, &writes),
+        flops: 2 * out_numel * k as u64,
+    }
+}
+
+// ---- text format -----------------------------------------------------------------------------
+
+fn dims_text(dims: &[Dim]) -> String {
+    let parts: Vec<String> = dims.iter().map(|d| d.to_string()).collect();
+    format!("[{}]", parts.join(", "))
+}
+
+impl StepCost {
+    /// `[4, 7] x [37] [37] [37]`: outer loops, then each stage's (a GEMM's K) loops.
+    pub fn domain_text(&self) -> String {
+        let mut text = dims_text(&self.outer);
+        if !self.inner.is_empty() {
+            let inner: Vec<String> = self.inner.iter().map(|d| dims_text(d)).collect();
+            text.push_str(" x ");
+            text.push_str(&inner.join(" "));
+        }
+        text
+    }
+
+    /// The fused graph nodes as `%3 %4 %5`.
+    pub fn nodes_text(&self) -> String {
+        let parts: Vec<String> = self.nodes.iter().map(|n| n.to_string()).collect();
+        parts.join(" ")
+    }
+}
+
+/// The kernel table: one line per step (name, kind, domain, bytes read and written, FLOPs), then
+/// the totals.
+pub struct CostTable<'a>(pub &'a [StepCost]);
+
+impl fmt::Display for CostTable<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let header = ["kernel", "kind", "domain", "read B", "written B", "FLOPs"];
+        let rows: Vec<[String; 6]> = self
+            .0
+            .iter()
+            .map(|c| {
+                [
+                    c.name.clone(),
+                    match c.kind {
+                        StepKind::Kernel => "kernel".to_string(),
+                        StepKind::Matmul => "matmul".to_string(),
+                    },
+                    c.domain_text(),
+                    c.bytes_read.to_string(),
+                    c.bytes_written.to_string(),
+                    c.flops.to_string(),
+                ]
+            })
+            .collect();
+        let mut widths = header.map(str::len);
+        for row in &rows {
+            for (w, cell) in widths.iter_mut().zip(row) {
+                *w = (*w).max(cell.len());
+            }
+        }
+        let line = |f: &mut fmt::Formatter<'_>, cells: [&str; 6]| -> fmt::Result {
+            // Text columns left-aligned, numbers right-aligned.
+            writeln!(
+                f,
+                "{:<w0$}  {:<w1$}  {:<w2$}  {:>w3$}  {:>w4$}  {:>w5$}",
+                cells[0],
+                cells[1],
+                cells[2],
+                cells[3],
+                cells[4],
+                cells[5],
+                w0 = widths[0],
+                w1 = widths[1],
+                w2 = widths[2],
+                w3 = widths[3],
+                w4 = widths[4],
+                w5 = widths[5],
+            )
+        };
+        line(f, header)?;
+        for row in &rows {
+            line(f, [&row[0], &row[1], &row[2], &row[3], &row[4], &row[5]])?;
+        }
+        let total = |g: fn(&StepCost) -> u64| self.0.iter().map(g).sum::<u64>().to_string();
+        line(
+            f,
+            [
+                "total",
+                "",
+                "",
+                &total(|c| c.bytes_read),
+                &total(|c| c.bytes_written),
+                &total(|c| c.flops),
+            ],
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{decompose, fuse, simplify};
+    use minductor_ir::{static_shape, BinaryOp, DType, Graph, Op, TensorType, UnaryOp};
+
+    fn input(g: &mut Graph, name: &str, shape: &[usize]) -> NodeId {
+        g.input(name, TensorType::new(DType::F32, static_shape(shape)))
+    }
+
+    fn costs(g: &Graph) -> (Program, Vec<StepCost>) {
+        let program = fuse(&simplify(&decompose(g)));
+        let costs = program_cost(&program);
+        (program, costs)
+    }
+
+    fn binary(g: &mut Graph, op: BinaryOp, a: NodeId, b: NodeId) -> NodeId {
+        g.add(Op::Binary(op), &[a, b]).unwrap()
+    }
+
+    #[test]
+    fn softmax_reads_its_input_once_and_counts_each_stage() {
+        let mut g = Graph::new();
+        let x = input(&mut g, "x", &[4, 8]);
+        let s = g.add(Op::Softmax { dim: 1 }, &[x]).unwrap();
+        g.set_outputs(vec![s]);
+        let (program, c) = costs(&g);
+        assert_eq!(c.len(), 1, "{program}");
+        assert_eq!(c[0].kind, StepKind::Kernel);
+        assert_eq!(c[0].name, program.kernels().next().unwrap().name);
+        // x is loaded by all three stages but is one 32-element buffer.
+        assert_eq!(
+            (c[0].bytes_read, c[0].bytes_written),
+            (128, 128),
+            "{program}"
+        );
+        // max: 32 combines; sum: sub, exp and 32 combines; store: sub, exp, div.
+        assert_eq!(c[0].flops, 32 + (2 * 32 + 32) + 3 * 32, "{program}");
+        assert_eq!(c[0].domain_text(), "[4] x [8] [8] [8]");
+        assert_eq!(c[0].nodes.len(), 5, "max, sub, exp, sum, div");
+    }
+
+    #[test]
+    fn broadcast_operands_count_their_own_size() {
+        let mut g = Graph::new();
+        let x = input(&mut g, "x", &[8, 16]);
+        let w = input(&mut g, "w", &[16]);
+        let b = input(&mut g, "b", &[16]);
+        let xw = binary(&mut g, BinaryOp::Mul, x, w);
+        let y = binary(&mut g, BinaryOp::Add, xw, b);
+        let e = g.add(Op::Unary(UnaryOp::Exp), &[y]).unwrap();
+        g.set_outputs(vec![e]);
+        let (program, c) = costs(&g);
+        assert_eq!(c.len(), 1, "{program}");
+        assert_eq!(c[0].bytes_read, (128 + 16 + 16) * 4, "{program}");
+        assert_eq!(c[0].bytes_written, 128 * 4);
+        assert_eq!(c[0].flops, 3 * 128, "mul, add, exp per element");
+    }
+
+    #[test]
+    fn overlapping_slices_count_the_union() {
+        let mut g = Graph::new();
+        let x = input(&mut g, "x", &[10]);
+        let slice = |g: &mut Graph, start| {
+            g.add(
+                Op::Slice {
+                    dim: 0,
+                    start,
+                    end: start + 6,
+                    step: 1,
+                },
+                &[x],
+            )
+            .unwrap()
+        };
+        let a = slice(&mut g, 0);
+        let b = slice(&mut g, 1);
+        let y = binary(&mut g, BinaryOp::Add, a, b);
+        g.set_outputs(vec![y]);
+        let (program, c) = costs(&g);
+        assert_eq!(c.len(), 1, "{program}");
+        // x[0..6] and x[1..7]: 7 distinct elements, not 12 and not the whole buffer's 10.
+        assert_eq!(c[0].bytes_read, 7 * 4, "{program}");
+        assert_eq!(c[0].bytes_written, 6 * 4);
+        assert_eq!(c[0].flops, 6);
+    }
+
+    #[test]
+    fn ops_invariant_in_the_inner_loop_count_once_per_row() {
+        // x / (x.sum(-1) + 1): the add runs once per row, the division once per element.
+        let mut g = Graph::new();
+        let x = input(&mut g, "x", &[4, 8]);
+        let s = g
+            .add(
+                Op::Reduce {
+                    op: minductor_ir::ReduceOp::Sum,
+                    axes: vec![1],
+                    keepdim: true,
+                },
+                &[x],
+            )
+            .unwrap();
+        let one = g.constant(1.0, DType::F32);
+        let d = binary(&mut g, BinaryOp::Add, s, one);
+        let y = binary(&mut g, BinaryOp::Div, x, d);
+        g.set_outputs(vec![y]);
+        let (program, c) = costs(&g);
+        assert_eq!(c.len(), 1, "{program}");
+        assert_eq!(c[0].flops, 32 + 4 + 32, "{program}");
+        assert_eq!((c[0].bytes_read, c[0].bytes_written), (128, 128));
+    }
+
+    #[test]
+    fn matmul_counts_two_flops_per_multiply_add_and_each_operand_once() {
+        let mut g = Graph::new();
+        let a = input(&mut g, "a", &[5, 7]);
+        let b = input(&mut g, "b", &[9, 7]);
+        let bt = g.add(Op::Permute { perm: vec![1, 0] }, &[b]).unwrap();
+        let m = g.add(Op::Matmul, &[a, bt]).unwrap();
+        g.set_outputs(vec![m]);
+        let (program, c) = costs(&g);
+        assert_eq!(c.len(), 1, "{program}");
+        assert_eq!(c[0].kind, StepKind::Matmul);
+        assert_eq!(c[0].name, "k0_matmul");
+        assert_eq!(c[0].flops, 2 * 5 * 9 * 7);
+        assert_eq!(c[0].bytes_read, (5 * 7 + 9 * 7) * 4, "{program}");
+        assert_eq!(c[0].bytes_written, 5 * 9 * 4);
+        assert_eq!(c[0].domain_text(), "[5, 9] x [7]");
+        assert_eq!(c[0].nodes, vec![m]);
+    }
+
+    #[test]
+    fn footprint_is_exact_for_overlapping_strides_and_capped_by_the_buffer() {
+        // i + 2j, i in 0..4, j in 0..4: addresses 0..=9.
+        let overlapping = Pattern::new(0, [(1, 4), (2, 4)]);
+        assert!(!overlapping.injective());
+        assert_eq!(footprint(&HashSet::from([overlapping.clone()]), 100), 10);
+        let rows = Pattern::new(0, [(8, 4), (1, 8)]);
+        assert!(rows.injective());
+        assert_eq!(footprint(&HashSet::from([rows.clone()]), 32), 32);
+        // A broadcast (stride 0) term adds nothing.
+        assert_eq!(Pattern::new(0, [(0, 5), (1, 8)]).points(), 8);
+        assert_eq!(footprint(&HashSet::from([rows, overlapping]), 32), 32);
+    }
+
+    #[test]
+    fn table_lists_every_step_and_the_totals() {
+        let mut g = Graph::new();
+        let a = input(&mut g, "a", &[5, 7]);
+        let b = input(&mut g, "b", &[7, 9]);
+        let m = g.add(Op::Matmul, &[a, b]).unwrap();
+        let r = g.add(Op::Unary(UnaryOp::Tanh), &[m]).unwrap();
+        g.set_outputs(vec![r]);
+        let (program, c) = costs(&g);
+        assert_eq!(c.len(), 2, "{program}");
+        let text = CostTable(&c).to_string();
+        let lines: Vec<&str> = text.lines().collect();
+        assert!(lines[0].starts_with("kernel"), "{text}");
+        assert!(lines[1].starts_with("k0_matmul"), "{text}");
+        assert!(lines[2].starts_with("k1_tanh"), "{text}");
+        let total = 2 * 5 * 9 * 7 + 45;
+        assert!(
+            lines[3].starts_with("total") && lines[3].ends_with(&format!(" {total}")),
+            "{text}"
+        );
+    }
+}
