@@ -88,6 +88,12 @@ pub enum BenchError {
         expected: Vec<usize>,
         found: Vec<usize>,
     },
+    #[error("workload {workload}: compiled returned {found} outputs, eager {expected}")]
+    OutputCount {
+        workload: String,
+        expected: usize,
+        found: usize,
+    },
     #[error("plot {path}: {message}")]
     Plot { path: String, message: String },
 }
@@ -212,6 +218,13 @@ fn call(workload: &Workload, compiled: &Compiled) -> Result<Vec<Tensor>, BenchEr
 
 /// The largest |found − expected| over all outputs, or the first element out of tolerance.
 pub fn compare(workload: &str, expected: &[Tensor], found: &[Tensor]) -> Result<f64, BenchError> {
+    if expected.len() != found.len() {
+        return Err(BenchError::OutputCount {
+            workload: workload.to_string(),
+            expected: expected.len(),
+            found: found.len(),
+        });
+    }
     let mut max_abs_error = 0f64;
     for (output, (e, f)) in expected.iter().zip(found).enumerate() {
         if e.shape() != f.shape() {
@@ -224,8 +237,9 @@ pub fn compare(workload: &str, expected: &[Tensor], found: &[Tensor]) -> Result<
         }
         for (index, (e, f)) in e.to_f64_vec().into_iter().zip(f.to_f64_vec()).enumerate() {
             let diff = (f - e).abs();
-            // NaN fails: a NaN difference is not ≤ anything.
-            if !(diff <= TOLERANCE * (1.0 + e.abs())) {
+            // NaN fails: a NaN difference is not within any bound.
+            let within = diff <= TOLERANCE * (1.0 + e.abs());
+            if !within {
                 return Err(BenchError::Mismatch {
                     workload: workload.to_string(),
                     output,
