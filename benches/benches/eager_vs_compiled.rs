@@ -1,14 +1,15 @@
 //! Eager (reference interpreter) against compiled (full pipeline) on the benchmark suite
 //! (`minductor::workloads`). `cargo bench -p minductor-benches [-- NAME]`
 //!
-//! Kept quick: 10 samples and short warmup and measurement times for every workload, since the
-//! eager backend takes about a second per call on the largest ones. For the full table (median
+//! Kept quick: 10 samples and short warmup and measurement times for every workload, and flat
+//! sampling (the same iteration count in every sample) where an eager call takes over 10 ms, since
+//! it takes about half a second per call on the largest workloads. For the full table (median
 //! ms, speedup, compile time, peak bytes, achieved bandwidth) run `minductor bench`.
 
-use criterion::{criterion_group, criterion_main, Criterion};
+use criterion::{criterion_group, criterion_main, Criterion, SamplingMode};
 use minductor::{compile_with, Backend};
 use minductor_benches::{by_name, Workload, SUITE};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 fn bench_pair(c: &mut Criterion, workload: &Workload) {
     let mut group = c.benchmark_group(&workload.name);
@@ -18,6 +19,13 @@ fn bench_pair(c: &mut Criterion, workload: &Workload) {
         .measurement_time(Duration::from_secs(2));
     for backend in [Backend::Eager, Backend::Inductor] {
         let compiled = compile_with(&workload.graph, backend).expect("compiles");
+        if backend == Backend::Eager {
+            let start = Instant::now();
+            compiled.call(&workload.inputs).expect("runs");
+            if start.elapsed() > Duration::from_millis(10) {
+                group.sampling_mode(SamplingMode::Flat);
+            }
+        }
         group.bench_function(backend.name(), |b| {
             b.iter(|| compiled.call(&workload.inputs).expect("runs"))
         });
