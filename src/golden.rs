@@ -122,11 +122,14 @@ pub fn build_case(
 
 type Build = fn(&HashMap<String, Traced>) -> Vec<Traced>;
 
-fn mlp(x: &Traced, w1: &Traced, b1: &Traced, w2: &Traced, b2: &Traced) -> Traced {
+/// `linear → gelu → linear`, the MLP of the golden case `model_mlp` (also a benchmark workload).
+pub(crate) fn mlp(x: &Traced, w1: &Traced, b1: &Traced, w2: &Traced, b2: &Traced) -> Traced {
     x.linear(w1, Some(b1)).gelu().linear(w2, Some(b2))
 }
 
-fn transformer_block(i: &HashMap<String, Traced>, heads: usize) -> Traced {
+/// The pre-LN transformer block of `model_transformer_block` (also a benchmark workload), over
+/// inputs named x, g1, bb1, wqkv, bqkv, wo, bo, g2, bb2, w1, b1, w2, b2.
+pub(crate) fn transformer_block(i: &HashMap<String, Traced>, heads: usize) -> Traced {
     let x = &i["x"];
     let shape = x.shape();
     let (batch, seq, width) = (shape[0] as isize, shape[1] as isize, shape[2]);

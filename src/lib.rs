@@ -11,7 +11,10 @@
 //! let out = compiled.call(&[Tensor::zeros(DType::F32, &[4, 8])]).unwrap();
 //! ```
 
+pub mod bench;
 pub mod golden;
+pub mod probe;
+pub mod workloads;
 
 pub use minductor_codegen_cpu as codegen_cpu;
 pub use minductor_frontend::{

@@ -1,10 +1,82 @@
-//! The `minductor` command line: `minductor golden DIR` runs PyTorch reference cases.
+//! The `minductor` command line: `minductor golden DIR` runs PyTorch reference cases;
+//! `minductor bench` runs the benchmark suite on the eager and the compiled backend.
 
 use clap::{Parser, Subcommand};
+use minductor::bench::{
+    plot_speedup, render_probe, render_table, run_workload, BenchOptions, HeapMeter, Report,
+};
 use minductor::golden::{default_golden_dir, run_golden};
+use minductor::probe::{load_or_measure, Origin};
+use minductor::workloads::{self, Workload, WorkloadError, SUITE};
 use minductor::Backend;
+use std::alloc::{GlobalAlloc, Layout, System};
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+/// The system allocator, counting live heap bytes and their peak, so `bench` can report the peak
+/// bytes each backend allocates during a call.
+struct CountingAllocator;
+
+static LIVE_BYTES: AtomicUsize = AtomicUsize::new(0);
+static PEAK_BYTES: AtomicUsize = AtomicUsize::new(0);
+
+fn allocated(bytes: usize) {
+    let live = LIVE_BYTES.fetch_add(bytes, Ordering::Relaxed) + bytes;
+    PEAK_BYTES.fetch_max(live, Ordering::Relaxed);
+}
+
+// SAFETY: every call is forwarded unchanged to `System`, which upholds GlobalAlloc's contract;
+// the counters only observe sizes.
+unsafe impl GlobalAlloc for CountingAllocator {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        let ptr = System.alloc(layout);
+        if !ptr.is_null() {
+            allocated(layout.size());
+        }
+        ptr
+    }
+
+    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+        let ptr = System.alloc_zeroed(layout);
+        if !ptr.is_null() {
+            allocated(layout.size());
+        }
+        ptr
+    }
+
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        System.dealloc(ptr, layout);
+        LIVE_BYTES.fetch_sub(layout.size(), Ordering::Relaxed);
+    }
+
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        let new = System.realloc(ptr, layout, new_size);
+        if !new.is_null() {
+            LIVE_BYTES.fetch_sub(layout.size(), Ordering::Relaxed);
+            allocated(new_size);
+        }
+        new
+    }
+}
+
+#[global_allocator]
+static ALLOCATOR: CountingAllocator = CountingAllocator;
+
+struct AllocatorMeter;
+
+impl HeapMeter for AllocatorMeter {
+    fn reset_peak(&self) -> usize {
+        let live = LIVE_BYTES.load(Ordering::Relaxed);
+        PEAK_BYTES.store(live, Ordering::Relaxed);
+        live
+    }
+
+    fn peak(&self) -> usize {
+        PEAK_BYTES.load(Ordering::Relaxed)
+    }
+}
 
 #[derive(Parser)]
 #[command(
@@ -26,11 +98,46 @@ enum Command {
         #[arg(long, default_value = "eager,inductor")]
         backends: String,
     },
+    /// Run the benchmark suite on the eager and the compiled backend and print a table.
+    Bench {
+        /// Workloads to run, comma-separated (default: the whole suite).
+        #[arg(long)]
+        workload: Option<String>,
+        /// Threads of the rayon pool the compiled kernels and the probe use (default: all cores).
+        #[arg(long)]
+        threads: Option<usize>,
+        /// Write every figure as JSON to this file.
+        #[arg(long)]
+        json: Option<PathBuf>,
+        /// Also run the pointwise and softmax size sweeps and plot speedup over size (SVG).
+        #[arg(long)]
+        plot: Option<PathBuf>,
+        /// Seconds of timed calls per backend and workload (at least 3 calls each).
+        #[arg(long, default_value_t = 2.0)]
+        seconds: f64,
+        /// Measure the machine probe again instead of reading its cache.
+        #[arg(long)]
+        reprobe: bool,
+    },
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
+        Command::Bench {
+            workload,
+            threads,
+            json,
+            plot,
+            seconds,
+            reprobe,
+        } => match bench(workload, threads, json, plot, seconds, reprobe) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("error: {e}");
+                ExitCode::FAILURE
+            }
+        },
         Command::Golden { dir, backends } => {
             let backends: Result<Vec<Backend>, _> =
                 backends.split(',').map(|b| b.trim().parse()).collect();
@@ -58,4 +165,93 @@ fn main() -> ExitCode {
             }
         }
     }
+}
+
+fn bench(
+    workload: Option<String>,
+    threads: Option<usize>,
+    json: Option<PathBuf>,
+    plot: Option<PathBuf>,
+    seconds: f64,
+    reprobe: bool,
+) -> Result<(), Box<dyn std::error::Error>> {
+    // The global pool is built once, before anything runs on it.
+    if let Some(n) = threads {
+        if n == 0 {
+            return Err("--threads must be at least 1, found 0".into());
+        }
+        rayon::ThreadPoolBuilder::new()
+            .num_threads(n)
+            .build_global()?;
+    }
+    if !(seconds.is_finite() && seconds >= 0.0) {
+        return Err(format!("--seconds must be a non-negative number, found {seconds}").into());
+    }
+    let threads = rayon::current_num_threads();
+    let names: Vec<String> = match &workload {
+        Some(list) => list.split(',').map(|n| n.trim().to_string()).collect(),
+        None => SUITE.iter().map(|n| n.to_string()).collect(),
+    };
+    // Unknown names fail before anything is measured.
+    if let Some(bad) = names.iter().find(|n| !SUITE.contains(&n.as_str())) {
+        return Err(WorkloadError::Unknown { found: bad.clone() }.into());
+    }
+
+    let (probe, origin) = load_or_measure(threads, reprobe)?;
+    match origin {
+        Origin::Cached(path) => eprintln!("probe: cached in {}", path.display()),
+        Origin::Measured(Some(path)) => eprintln!("probe: measured, saved to {}", path.display()),
+        Origin::Measured(None) => eprintln!("probe: measured (no cache directory known)"),
+    }
+    print!("{}", render_probe(&probe));
+
+    let options = BenchOptions {
+        budget: Duration::from_secs_f64(seconds),
+        min_iterations: 3,
+    };
+    let run = |workload: Workload, options: BenchOptions| {
+        eprintln!("running {} ...", workload.name);
+        run_workload(&workload, &probe, Some(&AllocatorMeter), options)
+    };
+    let mut results = Vec::new();
+    for name in &names {
+        results.push(run(workloads::by_name(name)?, options)?);
+    }
+    println!(
+        "\n{} threads; median of timed calls; peaks are heap bytes above the pre-call baseline",
+        threads
+    );
+    print!("{}", render_table(&results));
+
+    let mut sweep = Vec::new();
+    if let Some(path) = &plot {
+        let sweep_options = BenchOptions {
+            budget: options.budget / 4,
+            ..options
+        };
+        let sweeps = [
+            workloads::pointwise_gelu_sweep(&workloads::POINTWISE_SWEEP)?,
+            workloads::softmax_sweep(&workloads::SOFTMAX_SWEEP_ROWS, 1024)?,
+        ];
+        for workload in sweeps.into_iter().flatten() {
+            sweep.push(run(workload, sweep_options)?);
+        }
+        println!("\nsize sweep");
+        print!("{}", render_table(&sweep));
+        plot_speedup(&sweep, threads, path)?;
+        eprintln!("plot: {}", path.display());
+    }
+
+    if let Some(path) = &json {
+        let report = Report {
+            threads,
+            probe: probe.clone(),
+            workloads: results,
+            sweep,
+        };
+        std::fs::write(path, serde_json::to_string_pretty(&report)? + "\n")
+            .map_err(|e| format!("{}: {e}", path.display()))?;
+        eprintln!("json: {}", path.display());
+    }
+    Ok(())
 }

@@ -1,0 +1,495 @@
+//! The benchmark harness behind `minductor bench`: runs a [`Workload`] on the eager backend (the
+//! reference interpreter) and the compiled one (inductor), checks that they agree, and reports
+//! median times, speedup, cold compile time, peak heap bytes and achieved GB/s or GFLOP/s as a
+//! fraction of the [`MachineProbe`]'s copy bandwidth or GEMM peak.
+//!
+//! Timing: one untimed warmup call, then calls until the time budget is spent (at least
+//! `min_iterations`), each timed alone; the median is reported. Outputs are dropped outside the
+//! timed region.
+//!
+//! Peak bytes need a counting global allocator, which only a binary can install: the harness asks
+//! a [`HeapMeter`] for the peak live heap bytes during one more call, above the bytes live before
+//! it (so the inputs, already allocated, are not counted; the outputs, allocated by the call, are).
+//! For the compiled backend the intermediates it keeps between calls
+//! ([`Compiled::arena_bytes`](crate::Compiled::arena_bytes)) are allocated before the call and are
+//! added, so both figures mean "heap the backend needs to run this graph once".
+//!
+//! Agreement: every output element must satisfy |compiled − eager| ≤ 1e-3 · (1 + |eager|).
+
+use crate::probe::MachineProbe;
+use crate::workloads::{Bound, Workload};
+use crate::{compile_with, Backend, CompileError, Compiled, RuntimeError, Tensor};
+use serde::Serialize;
+use std::fmt::Write as _;
+use std::path::Path;
+use std::time::{Duration, Instant};
+use thiserror::Error;
+
+/// Relative-and-absolute tolerance of the compiled-vs-eager check.
+pub const TOLERANCE: f64 = 1e-3;
+
+/// Peak live heap bytes, as a counting global allocator sees them.
+pub trait HeapMeter {
+    /// Starts a measurement: the peak becomes the current live bytes, which are returned.
+    fn reset_peak(&self) -> usize;
+    /// The highest live byte count since the last `reset_peak`.
+    fn peak(&self) -> usize;
+}
+
+/// How long to time each backend of each workload.
+#[derive(Clone, Copy, Debug)]
+pub struct BenchOptions {
+    /// Stop timing a backend once this much time was spent on timed calls...
+    pub budget: Duration,
+    /// ...but never before this many timed calls.
+    pub min_iterations: usize,
+}
+
+impl Default for BenchOptions {
+    fn default() -> Self {
+        BenchOptions {
+            budget: Duration::from_secs(2),
+            min_iterations: 3,
+        }
+    }
+}
+
+#[derive(Debug, Error)]
+pub enum BenchError {
+    #[error("workload {workload}: {backend} failed to compile: {source}")]
+    Compile {
+        workload: String,
+        backend: &'static str,
+        source: CompileError,
+    },
+    #[error("workload {workload}: {backend} failed to run: {source}")]
+    Run {
+        workload: String,
+        backend: &'static str,
+        source: RuntimeError,
+    },
+    #[error(
+        "workload {workload}: compiled output {output} disagrees with eager at element {index}: \
+         eager {expected}, compiled {found} (allowed |diff| ≤ {TOLERANCE}·(1 + |eager|))"
+    )]
+    Mismatch {
+        workload: String,
+        output: usize,
+        index: usize,
+        expected: f64,
+        found: f64,
+    },
+    #[error(
+        "workload {workload}: compiled output {output} has shape {found:?}, eager {expected:?}"
+    )]
+    ShapeMismatch {
+        workload: String,
+        output: usize,
+        expected: Vec<usize>,
+        found: Vec<usize>,
+    },
+    #[error("workload {workload}: compiled returned {found} outputs, eager {expected}")]
+    OutputCount {
+        workload: String,
+        expected: usize,
+        found: usize,
+    },
+    #[error("plot {path}: {message}")]
+    Plot { path: String, message: String },
+}
+
+/// The figures of one backend on one workload.
+#[derive(Clone, Debug, Serialize)]
+pub struct BackendResult {
+    pub backend: &'static str,
+    pub median_ms: f64,
+    pub iterations: usize,
+    /// Peak live heap bytes during one call above the bytes live before it (`None` without a
+    /// meter), plus `kept_bytes`.
+    pub peak_bytes: Option<u64>,
+    /// Bytes kept allocated between calls (the compiled arena; 0 for eager).
+    pub kept_bytes: u64,
+    /// GB/s for memory-bound workloads, GFLOP/s for GEMM-dominated ones.
+    pub achieved: f64,
+    /// `achieved` over the probe's copy bandwidth or single-thread GEMM peak.
+    pub fraction_of_peak: f64,
+}
+
+/// One workload's results on both backends.
+#[derive(Clone, Debug, Serialize)]
+pub struct WorkloadResult {
+    pub name: String,
+    /// "memory" (reported in GB/s) or "compute" (GFLOP/s).
+    pub bound: &'static str,
+    pub unit: &'static str,
+    pub elements: usize,
+    pub bytes_moved: u64,
+    pub flops: u64,
+    pub eager: BackendResult,
+    pub compiled: BackendResult,
+    /// eager median / compiled median.
+    pub speedup: f64,
+    /// Wall time of `compile_with(graph, inductor)`.
+    pub compile_ms: f64,
+    pub max_abs_error: f64,
+    /// Names of the compiled program's kernels, in order.
+    pub kernels: Vec<String>,
+    /// Extern GEMM calls of the compiled program.
+    pub gemms: usize,
+}
+
+/// Everything one `minductor bench` run measured.
+#[derive(Clone, Debug, Serialize)]
+pub struct Report {
+    pub threads: usize,
+    pub probe: MachineProbe,
+    pub workloads: Vec<WorkloadResult>,
+    /// The pointwise and softmax sweeps (empty unless a plot was asked for).
+    pub sweep: Vec<WorkloadResult>,
+}
+
+/// Compiles `workload` on both backends, checks agreement, and times both.
+pub fn run_workload(
+    workload: &Workload,
+    probe: &MachineProbe,
+    meter: Option<&dyn HeapMeter>,
+    options: BenchOptions,
+) -> Result<WorkloadResult, BenchError> {
+    let compile = |backend: Backend| {
+        compile_with(&workload.graph, backend).map_err(|source| BenchError::Compile {
+            workload: workload.name.clone(),
+            backend: backend.name(),
+            source,
+        })
+    };
+    let eager = compile(Backend::Eager)?;
+    let compiled = compile(Backend::Inductor)?;
+    let compile_ms = compiled.compile_time().as_secs_f64() * 1e3;
+
+    let expected = call(workload, &eager)?;
+    let found = call(workload, &compiled)?;
+    let max_abs_error = compare(&workload.name, &expected, &found)?;
+    drop((expected, found));
+
+    let eager_result = time_backend(workload, &eager, probe, meter, options)?;
+    let compiled_result = time_backend(workload, &compiled, probe, meter, options)?;
+    let program = compiled.artifacts().program.as_ref();
+    Ok(WorkloadResult {
+        name: workload.name.clone(),
+        bound: match workload.bound {
+            Bound::Memory => "memory",
+            Bound::Compute => "compute",
+        },
+        unit: unit(workload.bound),
+        elements: workload.elements,
+        bytes_moved: workload.bytes_moved,
+        flops: workload.flops,
+        speedup: eager_result.median_ms / compiled_result.median_ms,
+        eager: eager_result,
+        compiled: compiled_result,
+        compile_ms,
+        max_abs_error,
+        kernels: program.map_or(vec![], |p| p.kernels().map(|k| k.name.clone()).collect()),
+        gemms: program.map_or(0, |p| {
+            p.steps
+                .iter()
+                .filter(|s| matches!(s, crate::passes::kernel::Step::Matmul(_)))
+                .count()
+        }),
+    })
+}
+
+fn unit(bound: Bound) -> &'static str {
+    match bound {
+        Bound::Memory => "GB/s",
+        Bound::Compute => "GFLOP/s",
+    }
+}
+
+fn call(workload: &Workload, compiled: &Compiled) -> Result<Vec<Tensor>, BenchError> {
+    compiled
+        .call(&workload.inputs)
+        .map_err(|source| BenchError::Run {
+            workload: workload.name.clone(),
+            backend: compiled.backend().name(),
+            source,
+        })
+}
+
+/// The largest |found − expected| over all outputs, or the first element out of tolerance.
+pub fn compare(workload: &str, expected: &[Tensor], found: &[Tensor]) -> Result<f64, BenchError> {
+    if expected.len() != found.len() {
+        return Err(BenchError::OutputCount {
+            workload: workload.to_string(),
+            expected: expected.len(),
+            found: found.len(),
+        });
+    }
+    let mut max_abs_error = 0f64;
+    for (output, (e, f)) in expected.iter().zip(found).enumerate() {
+        if e.shape() != f.shape() {
+            return Err(BenchError::ShapeMismatch {
+                workload: workload.to_string(),
+                output,
+                expected: e.shape().to_vec(),
+                found: f.shape().to_vec(),
+            });
+        }
+        for (index, (e, f)) in e.to_f64_vec().into_iter().zip(f.to_f64_vec()).enumerate() {
+            let diff = (f - e).abs();
+            // NaN fails: a NaN difference is not within any bound.
+            let within = diff <= TOLERANCE * (1.0 + e.abs());
+            if !within {
+                return Err(BenchError::Mismatch {
+                    workload: workload.to_string(),
+                    output,
+                    index,
+                    expected: e,
+                    found: f,
+                });
+            }
+            max_abs_error = max_abs_error.max(diff);
+        }
+    }
+    Ok(max_abs_error)
+}
+
+fn time_backend(
+    workload: &Workload,
+    compiled: &Compiled,
+    probe: &MachineProbe,
+    meter: Option<&dyn HeapMeter>,
+    options: BenchOptions,
+) -> Result<BackendResult, BenchError> {
+    drop(call(workload, compiled)?); // warmup
+    let mut times = Vec::new();
+    let mut spent = Duration::ZERO;
+    while times.len() < options.min_iterations.max(1) || spent < options.budget {
+        let start = Instant::now();
+        let outputs = call(workload, compiled)?;
+        let elapsed = start.elapsed();
+        drop(outputs);
+        spent += elapsed;
+        times.push(elapsed.as_secs_f64());
+    }
+    times.sort_by(f64::total_cmp);
+    let median = times[times.len() / 2].max(1e-12);
+
+    let kept_bytes = compiled.arena_bytes() as u64;
+    let peak_bytes = match meter {
+        Some(meter) => {
+            let baseline = meter.reset_peak();
+            let outputs = call(workload, compiled)?;
+            let peak = meter.peak().saturating_sub(baseline) as u64;
+            drop(outputs);
+            Some(peak + kept_bytes)
+        }
+        None => None,
+    };
+    let (achieved, fraction_of_peak) = match workload.bound {
+        Bound::Memory => {
+            let gb_per_s = workload.bytes_moved as f64 / median / 1e9;
+            (gb_per_s, gb_per_s / probe.copy_gb_per_s)
+        }
+        Bound::Compute => {
+            let gflops = workload.flops as f64 / median / 1e9;
+            (gflops, gflops / probe.gemm_gflops)
+        }
+    };
+    Ok(BackendResult {
+        backend: compiled.backend().name(),
+        median_ms: median * 1e3,
+        iterations: times.len(),
+        peak_bytes,
+        kept_bytes,
+        achieved,
+        fraction_of_peak,
+    })
+}
+
+/// The probe's figures, one line each.
+pub fn render_probe(probe: &MachineProbe) -> String {
+    format!(
+        "machine: {}\nprobe ({} threads): copy {:.1} GB/s (read+write, {} MiB buffers); \
+         sgemm {}³ {:.1} GFLOP/s on one thread (as compiled GEMMs run), {:.1} GFLOP/s on all {} threads\n",
+        probe.machine,
+        probe.threads,
+        probe.copy_gb_per_s,
+        probe.copy_bytes >> 20,
+        probe.gemm_size,
+        probe.gemm_gflops,
+        probe.gemm_gflops_all_threads,
+        probe.threads,
+    )
+}
+
+/// The results as an aligned text table, one row per workload.
+pub fn render_table(results: &[WorkloadResult]) -> String {
+    let header = [
+        "workload",
+        "eager ms",
+        "compiled ms",
+        "speedup",
+        "compile ms",
+        "eager peak",
+        "compiled peak (kept)",
+        "eager achieved",
+        "compiled achieved",
+        "of peak",
+        "steps",
+        "max abs err",
+    ];
+    let rows: Vec<Vec<String>> = results
+        .iter()
+        .map(|r| {
+            let peak = |b: &BackendResult| b.peak_bytes.map_or("-".to_string(), format_bytes);
+            vec![
+                r.name.clone(),
+                format!("{:.3}", r.eager.median_ms),
+                format!("{:.3}", r.compiled.median_ms),
+                format!("{:.2}x", r.speedup),
+                format!("{:.1}", r.compile_ms),
+                peak(&r.eager),
+                format!(
+                    "{} ({})",
+                    peak(&r.compiled),
+                    format_bytes(r.compiled.kept_bytes)
+                ),
+                format!("{:.1} {}", r.eager.achieved, r.unit),
+                format!("{:.1} {}", r.compiled.achieved, r.unit),
+                format!("{:.0}%", r.compiled.fraction_of_peak * 100.0),
+                format!("{}k+{}g", r.kernels.len(), r.gemms),
+                format!("{:.1e}", r.max_abs_error),
+            ]
+        })
+        .collect();
+    let mut widths: Vec<usize> = header.iter().map(|h| h.chars().count()).collect();
+    for row in &rows {
+        for (w, cell) in widths.iter_mut().zip(row) {
+            *w = (*w).max(cell.chars().count());
+        }
+    }
+    let mut out = String::new();
+    let mut line = |cells: &[String]| {
+        for (i, (cell, w)) in cells.iter().zip(&widths).enumerate() {
+            let pad = w - cell.chars().count();
+            if i == 0 {
+                let _ = write!(out, "{cell}{}", " ".repeat(pad));
+            } else {
+                let _ = write!(out, "  {}{cell}", " ".repeat(pad));
+            }
+        }
+        out.push('\n');
+    };
+    line(&header.map(String::from));
+    for row in &rows {
+        line(row);
+    }
+    out
+}
+
+/// Bytes in B, KiB, MiB or GiB with one decimal.
+pub fn format_bytes(bytes: u64) -> String {
+    let b = bytes as f64;
+    match bytes {
+        0..=1023 => format!("{bytes} B"),
+        1024..=1048575 => format!("{:.1} KiB", b / 1024.0),
+        1048576..=1073741823 => format!("{:.1} MiB", b / 1048576.0),
+        _ => format!("{:.2} GiB", b / 1073741824.0),
+    }
+}
+
+/// A count with an SI suffix: 4096 → "4.1k", 1048576 → "1M".
+fn format_count(x: f64) -> String {
+    let (value, suffix) = match x {
+        x if x >= 1e9 => (x / 1e9, "G"),
+        x if x >= 1e6 => (x / 1e6, "M"),
+        x if x >= 1e3 => (x / 1e3, "k"),
+        x => (x, ""),
+    };
+    let text = format!("{value:.1}");
+    format!("{}{suffix}", text.trim_end_matches(".0"))
+}
+
+/// Writes an SVG plot of speedup (eager ms / compiled ms) against elements, one line per family
+/// of `sweep` (workload names up to their last `_`).
+pub fn plot_speedup(
+    sweep: &[WorkloadResult],
+    threads: usize,
+    path: &Path,
+) -> Result<(), BenchError> {
+    use plotters::prelude::*;
+    let plot_error = |message: String| BenchError::Plot {
+        path: path.display().to_string(),
+        message,
+    };
+    let mut families: Vec<(String, Vec<(f64, f64)>)> = Vec::new();
+    for r in sweep {
+        let family = r.name.rsplit_once('_').map_or(&*r.name, |(f, _)| f);
+        let point = (r.elements as f64, r.speedup);
+        match families.iter_mut().find(|(f, _)| f == family) {
+            Some((_, points)) => points.push(point),
+            None => families.push((family.to_string(), vec![point])),
+        }
+    }
+    let all = || families.iter().flat_map(|(_, p)| p.iter().copied());
+    let (x_min, x_max) = all().fold((f64::MAX, 0f64), |(lo, hi), (x, _)| (lo.min(x), hi.max(x)));
+    let y_max = all().fold(1f64, |hi, (_, y)| hi.max(y));
+    if families.is_empty() {
+        return Err(plot_error("no sweep results to plot".into()));
+    }
+
+    let root = SVGBackend::new(path, (900, 560)).into_drawing_area();
+    root.fill(&WHITE).map_err(|e| plot_error(e.to_string()))?;
+    let mut chart = ChartBuilder::on(&root)
+        .caption(
+            format!("compiled vs eager speedup over size ({threads} threads)"),
+            ("sans-serif", 22),
+        )
+        .margin(16)
+        .x_label_area_size(48)
+        .y_label_area_size(60)
+        .build_cartesian_2d((x_min / 1.5..x_max * 1.5).log_scale(), 0f64..y_max * 1.15)
+        .map_err(|e| plot_error(e.to_string()))?;
+    chart
+        .configure_mesh()
+        .x_desc("elements (log scale)")
+        .y_desc("speedup (eager ms / compiled ms)")
+        .x_label_formatter(&|x| format_count(*x))
+        .draw()
+        .map_err(|e| plot_error(e.to_string()))?;
+    let colors = [
+        RGBColor(31, 119, 180),
+        RGBColor(214, 39, 40),
+        GREEN,
+        MAGENTA,
+    ];
+    for (i, (family, points)) in families.iter().enumerate() {
+        let color = colors[i % colors.len()];
+        chart
+            .draw_series(LineSeries::new(
+                points.iter().copied(),
+                color.stroke_width(2),
+            ))
+            .map_err(|e| plot_error(e.to_string()))?
+            .label(family.as_str())
+            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color));
+        chart
+            .draw_series(PointSeries::of_element(
+                points.iter().copied(),
+                4,
+                color,
+                &|c, s, st| Circle::new(c, s, st.filled()),
+            ))
+            .map_err(|e| plot_error(e.to_string()))?;
+    }
+    chart
+        .configure_series_labels()
+        .background_style(WHITE.mix(0.8))
+        .border_style(BLACK)
+        .position(SeriesLabelPosition::UpperLeft)
+        .draw()
+        .map_err(|e| plot_error(e.to_string()))?;
+    root.present().map_err(|e| plot_error(e.to_string()))?;
+    Ok(())
+}

@@ -1,0 +1,313 @@
+//! The machine probe: the two figures achieved speeds are judged against, measured once per
+//! machine and thread count and cached.
+//!
+//! - Copy bandwidth: a large `f32` buffer copied into another (both far larger than any cache),
+//!   split into one contiguous chunk per thread of a rayon pool of the given size; the median of
+//!   several runs, in GB/s counting the bytes read plus the bytes written (as the workloads count
+//!   theirs). The destination is touched before timing, so page faults are not measured.
+//! - GEMM peak: `matrixmultiply::sgemm` on square `n × n` matrices, median of several runs, as
+//!   2·n³ / time. `gemm_gflops` is ONE sgemm on one thread: that is how the compiled code runs
+//!   every GEMM today (matrixmultiply is built without its threading feature and each matmul step
+//!   is one call), so it is the peak the compiled code can reach. `gemm_gflops_all_threads` runs
+//!   one independent sgemm on every thread of the pool at once and reports the aggregate, the
+//!   ceiling a GEMM split across threads could approach.
+//!
+//! The result is cached as JSON in `$MINDUCTOR_CACHE_DIR`, else `$XDG_CACHE_HOME/minductor`, else
+//! `~/.cache/minductor` (never in the repository), one file per machine (CPU model, logical CPU
+//! count, host name) and thread count. `force` re-measures and overwrites the file; a file that
+//! cannot be parsed or was written for another machine is measured again, never trusted.
+
+use rayon::prelude::*;
+use serde::{Deserialize, Serialize};
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
+use thiserror::Error;
+
+/// What this machine can do, for one thread count.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct MachineProbe {
+    /// CPU model, logical CPU count and host name: the identity the cache is keyed by.
+    pub machine: String,
+    /// Threads of the rayon pool the figures were measured with.
+    pub threads: usize,
+    /// Bytes of the copied buffer (the copy reads and writes this many bytes each).
+    pub copy_bytes: usize,
+    /// Median copy bandwidth, GB/s (1e9 bytes), read + write bytes counted.
+    pub copy_gb_per_s: f64,
+    /// `n` of the `n × n × n` sgemm.
+    pub gemm_size: usize,
+    /// Median GFLOP/s of one sgemm on one thread: the peak the compiled code's GEMM steps can reach.
+    pub gemm_gflops: f64,
+    /// Median aggregate GFLOP/s of one sgemm per thread, all threads at once.
+    pub gemm_gflops_all_threads: f64,
+    /// When it was measured, seconds since the Unix epoch.
+    pub measured_at_unix_s: u64,
+}
+
+/// How big and how often the probe measures.
+#[derive(Clone, Copy, Debug)]
+pub struct ProbeSizes {
+    pub copy_bytes: usize,
+    pub gemm_size: usize,
+    /// Timed runs of each measurement (after one untimed warmup run); the median is kept.
+    pub runs: usize,
+}
+
+impl Default for ProbeSizes {
+    /// 256 MiB copies and 1024³ GEMMs, 7 runs each.
+    fn default() -> Self {
+        ProbeSizes {
+            copy_bytes: 256 << 20,
+            gemm_size: 1024,
+            runs: 7,
+        }
+    }
+}
+
+#[derive(Debug, Error)]
+pub enum ProbeError {
+    #[error("the probe needs at least 1 thread, found {0}")]
+    NoThreads(usize),
+    #[error("could not build a rayon pool of {threads} threads: {message}")]
+    Pool { threads: usize, message: String },
+    #[error("probe cache {}: {source}", path.display())]
+    Io {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("probe cache {}: {source}", path.display())]
+    Json {
+        path: PathBuf,
+        source: serde_json::Error,
+    },
+}
+
+/// Where a probe result came from.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Origin {
+    /// Read from this cache file.
+    Cached(PathBuf),
+    /// Measured now, and saved to this file (`None` when no cache directory is known).
+    Measured(Option<PathBuf>),
+}
+
+/// The probe for `threads` threads: from the cache when it holds one for this machine (unless
+/// `force`), else measured with the default sizes and saved.
+pub fn load_or_measure(threads: usize, force: bool) -> Result<(MachineProbe, Origin), ProbeError> {
+    load_or_measure_with(threads, force, ProbeSizes::default())
+}
+
+/// [`load_or_measure`] with the given measurement sizes.
+pub fn load_or_measure_with(
+    threads: usize,
+    force: bool,
+    sizes: ProbeSizes,
+) -> Result<(MachineProbe, Origin), ProbeError> {
+    let machine = machine_id();
+    let file = cache_dir().map(|dir| cache_file(&dir, &machine, threads));
+    if let (Some(path), false) = (&file, force) {
+        // An unreadable, unparsable or foreign file is measured again and overwritten.
+        if let Ok(Some(probe)) = load(path) {
+            if probe.machine == machine && probe.threads == threads {
+                return Ok((probe, Origin::Cached(path.clone())));
+            }
+        }
+    }
+    let probe = measure(threads, sizes)?;
+    if let Some(path) = &file {
+        save(path, &probe)?;
+    }
+    Ok((probe, Origin::Measured(file)))
+}
+
+/// The cache directory: `$MINDUCTOR_CACHE_DIR`, else `$XDG_CACHE_HOME/minductor`, else
+/// `$HOME/.cache/minductor`; `None` if none of these variables is set.
+pub fn cache_dir() -> Option<PathBuf> {
+    let var = |name| std::env::var_os(name).filter(|v| !v.is_empty());
+    if let Some(dir) = var("MINDUCTOR_CACHE_DIR") {
+        return Some(PathBuf::from(dir));
+    }
+    if let Some(dir) = var("XDG_CACHE_HOME") {
+        return Some(PathBuf::from(dir).join("minductor"));
+    }
+    var("HOME").map(|home| PathBuf::from(home).join(".cache").join("minductor"))
+}
+
+/// The cache file of `machine` at `threads` threads inside `dir`.
+pub fn cache_file(dir: &Path, machine: &str, threads: usize) -> PathBuf {
+    // FNV-1a: a hash that is the same in every build, unlike std's.
+    let hash = machine.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+        (h ^ b as u64).wrapping_mul(0x0100_0000_01b3)
+    });
+    dir.join(format!("probe-{hash:016x}-t{threads}.json"))
+}
+
+/// Reads a cached probe; `Ok(None)` if the file does not exist.
+pub fn load(path: &Path) -> Result<Option<MachineProbe>, ProbeError> {
+    let text = match std::fs::read_to_string(path) {
+        Ok(text) => text,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(source) => {
+            return Err(ProbeError::Io {
+                path: path.into(),
+                source,
+            })
+        }
+    };
+    serde_json::from_str(&text)
+        .map(Some)
+        .map_err(|source| ProbeError::Json {
+            path: path.into(),
+            source,
+        })
+}
+
+/// Writes `probe` to `path` (creating its directory) as pretty JSON.
+pub fn save(path: &Path, probe: &MachineProbe) -> Result<(), ProbeError> {
+    let io = |source| ProbeError::Io {
+        path: path.into(),
+        source,
+    };
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir).map_err(io)?;
+    }
+    let text = serde_json::to_string_pretty(probe).map_err(|source| ProbeError::Json {
+        path: path.into(),
+        source,
+    })?;
+    std::fs::write(path, text + "\n").map_err(io)
+}
+
+/// This machine's identity: CPU model, logical CPU count and host name.
+pub fn machine_id() -> String {
+    let cpu = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|info| {
+            info.lines()
+                .find(|l| l.starts_with("model name"))
+                .and_then(|l| l.split(':').nth(1))
+                .map(|m| m.trim().to_string())
+        })
+        .unwrap_or_else(|| std::env::consts::ARCH.to_string());
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_string())
+        .unwrap_or_default();
+    format!("{cpu}; {cpus} logical CPUs; host {host}")
+}
+
+/// Measures both figures now on a rayon pool of `threads` threads.
+pub fn measure(threads: usize, sizes: ProbeSizes) -> Result<MachineProbe, ProbeError> {
+    if threads == 0 {
+        return Err(ProbeError::NoThreads(threads));
+    }
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(threads)
+        .build()
+        .map_err(|e| ProbeError::Pool {
+            threads,
+            message: e.to_string(),
+        })?;
+    let runs = sizes.runs.max(1);
+    let copy_seconds = pool.install(|| copy_seconds(sizes.copy_bytes, threads, runs));
+    let n = sizes.gemm_size.max(1);
+    let flop = 2.0 * (n as f64).powi(3);
+    let gemm_seconds = gemm_seconds(n, runs);
+    let all_threads_seconds = gemm_all_threads_seconds(&pool, n, runs);
+    let copy_bytes = sizes.copy_bytes / 4 * 4;
+    Ok(MachineProbe {
+        machine: machine_id(),
+        threads,
+        copy_bytes,
+        copy_gb_per_s: 2.0 * copy_bytes as f64 / copy_seconds / 1e9,
+        gemm_size: n,
+        gemm_gflops: flop / gemm_seconds / 1e9,
+        gemm_gflops_all_threads: threads as f64 * flop / all_threads_seconds / 1e9,
+        measured_at_unix_s: SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs()),
+    })
+}
+
+/// Median seconds of `runs` timed runs of `f`, after one untimed run.
+fn median_seconds(runs: usize, mut f: impl FnMut()) -> f64 {
+    f();
+    let mut times: Vec<f64> = (0..runs)
+        .map(|_| {
+            let start = Instant::now();
+            f();
+            start.elapsed().as_secs_f64()
+        })
+        .collect();
+    times.sort_by(f64::total_cmp);
+    times[times.len() / 2].max(1e-9)
+}
+
+/// Median seconds to copy `bytes` in one chunk per thread (runs on the current rayon pool).
+fn copy_seconds(bytes: usize, threads: usize, runs: usize) -> f64 {
+    let n = (bytes / 4).max(1);
+    let source: Vec<f32> = (0..n).map(|i| i as f32).collect();
+    let mut destination = vec![0f32; n];
+    let chunk = n.div_ceil(threads);
+    median_seconds(runs, || {
+        destination
+            .par_chunks_mut(chunk)
+            .zip(source.par_chunks(chunk))
+            .for_each(|(d, s)| d.copy_from_slice(s));
+    })
+}
+
+/// One `n × n × n` sgemm, row-major, `c = a·b`.
+fn sgemm(n: usize, a: &[f32], b: &[f32], c: &mut [f32]) {
+    assert!(a.len() >= n * n && b.len() >= n * n && c.len() >= n * n);
+    // SAFETY: a, b and c each hold n·n f32s (asserted above), read and written at row stride n
+    // and column stride 1; c is a unique borrow, so it aliases neither a nor b.
+    unsafe {
+        matrixmultiply::sgemm(
+            n,
+            n,
+            n,
+            1.0,
+            a.as_ptr(),
+            n as isize,
+            1,
+            b.as_ptr(),
+            n as isize,
+            1,
+            0.0,
+            c.as_mut_ptr(),
+            n as isize,
+            1,
+        );
+    }
+}
+
+fn gemm_operands(n: usize) -> (Vec<f32>, Vec<f32>) {
+    let a = (0..n * n).map(|i| (i % 17) as f32 * 0.01).collect();
+    let b = (0..n * n).map(|i| (i % 13) as f32 * 0.01).collect();
+    (a, b)
+}
+
+/// Median seconds of one sgemm on the calling thread.
+fn gemm_seconds(n: usize, runs: usize) -> f64 {
+    let (a, b) = gemm_operands(n);
+    let mut c = vec![0f32; n * n];
+    median_seconds(runs, || sgemm(n, &a, &b, &mut c))
+}
+
+/// Median seconds of one sgemm on every thread of `pool` at once, each into its own output.
+fn gemm_all_threads_seconds(pool: &rayon::ThreadPool, n: usize, runs: usize) -> f64 {
+    let (a, b) = gemm_operands(n);
+    let outputs: Vec<Mutex<Vec<f32>>> = (0..pool.current_num_threads())
+        .map(|_| Mutex::new(vec![0f32; n * n]))
+        .collect();
+    median_seconds(runs, || {
+        pool.broadcast(|context| {
+            let mut c = outputs[context.index()]
+                .lock()
+                .unwrap_or_else(|poisoned| poisoned.into_inner());
+            sgemm(n, &a, &b, &mut c);
+        });
+    })
+}

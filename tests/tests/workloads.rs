@@ -1,0 +1,157 @@
+//! The benchmark suite (`minductor::workloads`) and its harness (`minductor::bench`): every
+//! workload builds, compiles, and agrees with eager at reduced sizes; the cost figures follow
+//! from the graphs' types.
+
+use minductor::bench::{compare, run_workload, BenchOptions};
+use minductor::probe::MachineProbe;
+use minductor::workloads::{
+    attention, by_name, layer_norm, mlp_workload, pointwise_gelu_sweep, softmax_sweep, Bound,
+    Workload, SUITE,
+};
+use minductor::{compile_with, Backend};
+use std::time::Duration;
+
+/// Every output's bytes plus every input's bytes, from the graph's own types.
+fn bytes_from_types(workload: &Workload) -> u64 {
+    let graph = &workload.graph;
+    let elements = |id| {
+        let sizes = graph.node(id).ty.static_sizes().expect("static shapes");
+        sizes.iter().product::<usize>() as u64
+    };
+    let inputs: u64 = graph.inputs().iter().map(|&id| elements(id)).sum();
+    let outputs: u64 = graph.outputs().iter().map(|&id| elements(id)).sum();
+    4 * (inputs + outputs)
+}
+
+fn small_workloads() -> Vec<Workload> {
+    let mut all = pointwise_gelu_sweep(&[1, 3, 4, 1000, 4099]).unwrap();
+    all.extend(softmax_sweep(&[1, 3, 17], 33).unwrap());
+    all.push(layer_norm(5, 37).unwrap());
+    all.push(mlp_workload(4, 16, 64).unwrap());
+    all.push(attention(2, 8, 16, 4, 32).unwrap());
+    all
+}
+
+#[test]
+fn each_workload_compiles_and_agrees_with_eager_at_small_sizes() {
+    for workload in small_workloads() {
+        let eager = compile_with(&workload.graph, Backend::Eager).unwrap();
+        let compiled = compile_with(&workload.graph, Backend::Inductor)
+            .unwrap_or_else(|e| panic!("{}: {e}", workload.name));
+        let expected = eager.call(&workload.inputs).unwrap();
+        let found = compiled.call(&workload.inputs).unwrap();
+        let error = compare(&workload.name, &expected, &found).unwrap_or_else(|e| panic!("{e}"));
+        assert!(error < 1e-4, "{}: max abs error {error}", workload.name);
+        assert_eq!(
+            workload.bytes_moved,
+            bytes_from_types(&workload),
+            "{}",
+            workload.name
+        );
+    }
+}
+
+#[test]
+fn harness_times_both_backends_and_reports_consistent_figures() {
+    let probe = MachineProbe {
+        machine: "test".into(),
+        threads: 1,
+        copy_bytes: 1 << 20,
+        copy_gb_per_s: 10.0,
+        gemm_size: 64,
+        gemm_gflops: 50.0,
+        gemm_gflops_all_threads: 50.0,
+        measured_at_unix_s: 0,
+    };
+    let options = BenchOptions {
+        budget: Duration::ZERO,
+        min_iterations: 2,
+    };
+    for workload in small_workloads() {
+        let result = run_workload(&workload, &probe, None, options).unwrap();
+        assert_eq!(result.eager.iterations, 2);
+        assert!(result.eager.median_ms > 0.0 && result.compiled.median_ms > 0.0);
+        let ratio = result.eager.median_ms / result.compiled.median_ms;
+        assert!((result.speedup - ratio).abs() <= 1e-9 * ratio);
+        let seconds = result.compiled.median_ms / 1e3;
+        let (work, peak) = match workload.bound {
+            Bound::Memory => (workload.bytes_moved as f64, probe.copy_gb_per_s),
+            Bound::Compute => (workload.flops as f64, probe.gemm_gflops),
+        };
+        let achieved = work / seconds / 1e9;
+        assert!((result.compiled.achieved - achieved).abs() <= 1e-9 * achieved);
+        assert!((result.compiled.fraction_of_peak - achieved / peak).abs() <= 1e-9);
+        assert!(!result.kernels.is_empty(), "{}", workload.name);
+        assert_eq!(result.compiled.peak_bytes, None);
+    }
+}
+
+#[test]
+fn suite_names_build_with_the_stated_sizes_and_costs() {
+    for name in SUITE {
+        let workload = by_name(name).unwrap();
+        assert_eq!(workload.name, name);
+        assert_eq!(workload.bytes_moved, bytes_from_types(&workload), "{name}");
+        let inputs: Vec<_> = workload.graph.inputs().to_vec();
+        assert_eq!(inputs.len(), workload.inputs.len(), "{name}");
+        for (&id, tensor) in inputs.iter().zip(&workload.inputs) {
+            assert_eq!(workload.graph.node(id).ty, tensor.tensor_type(), "{name}");
+        }
+    }
+    assert_eq!(by_name("pointwise_gelu_16m").unwrap().elements, 1 << 24);
+    assert_eq!(by_name("pointwise_gelu_16m").unwrap().bytes_moved, 16 << 24);
+    assert_eq!(
+        by_name("mlp_256x1024x4096").unwrap().flops,
+        2 * 2 * 256 * 1024 * 4096
+    );
+    let attention = by_name("attention_8x256x512").unwrap();
+    let (tokens, w, m) = (8 * 256u64, 512u64, 2048u64);
+    let expected = 2 * tokens * 3 * w * w // qkv
+        + 2 * 2 * 8 * 8 * 256 * 256 * 64 // q·kᵀ and p·v over 8 batches × 8 heads
+        + 2 * tokens * w * w // output projection
+        + 2 * 2 * tokens * w * m; // MLP
+    assert_eq!(attention.flops, expected);
+    assert_eq!(attention.bound, Bound::Compute);
+}
+
+#[test]
+fn unknown_workload_names_are_a_typed_error() {
+    let error = by_name("pointwise_gelu_2m").unwrap_err().to_string();
+    assert!(
+        error.contains("pointwise_gelu_2m") && error.contains("softmax_4096x1024"),
+        "{error}"
+    );
+}
+
+#[test]
+fn inputs_are_deterministic_and_in_range() {
+    let a = by_name("layernorm_4096x1024").unwrap();
+    let b = by_name("layernorm_4096x1024").unwrap();
+    for (x, y) in a.inputs.iter().zip(&b.inputs) {
+        assert_eq!(x.to_vec::<f32>().unwrap(), y.to_vec::<f32>().unwrap());
+    }
+    let x = a.inputs[0].to_vec::<f32>().unwrap();
+    assert!(x.iter().all(|v| (-2.0..2.0).contains(v)));
+    let mean = x.iter().map(|&v| v as f64).sum::<f64>() / x.len() as f64;
+    assert!(
+        mean.abs() < 0.01,
+        "mean {mean} of a uniform(-2, 2) sample of 4M values"
+    );
+}
+
+#[test]
+fn compare_rejects_outputs_out_of_tolerance_nan_and_wrong_shapes() {
+    use minductor::Tensor;
+    let want = vec![Tensor::from_vec(&[3], vec![1.0f32, -100.0, 0.0]).unwrap()];
+    let close = vec![Tensor::from_vec(&[3], vec![1.0005f32, -100.05, 0.0009]).unwrap()];
+    let error = compare("w", &want, &close).unwrap();
+    assert!((error - 0.05).abs() < 1e-4, "{error}");
+    let far = vec![Tensor::from_vec(&[3], vec![1.0f32, -100.2, 0.0]).unwrap()];
+    let message = compare("w", &want, &far).unwrap_err().to_string();
+    assert!(message.contains("element 1"), "{message}");
+    let nan = vec![Tensor::from_vec(&[3], vec![1.0f32, -100.0, f32::NAN]).unwrap()];
+    assert!(compare("w", &want, &nan).is_err());
+    let shape = vec![Tensor::from_vec(&[1, 3], vec![1.0f32, -100.0, 0.0]).unwrap()];
+    assert!(compare("w", &want, &shape).is_err());
+    assert!(compare("w", &want, &[]).is_err());
+}
