@@ -1,7 +1,17 @@
-//! The frontend: tracing Rust code into graphs, and compiling graphs with a backend.
+//! The frontend: tracing Rust code into graphs, compiling graphs with a backend, and `jit`
+//! (Dynamo's part: guards, recompiles, dynamic shapes, graph breaks, stances, explain).
 
+mod backend;
 mod compile;
+mod explain;
+mod guards;
+mod jit;
+mod stance;
 mod trace;
 
+pub use backend::{reference_executable, CompiledFn, CustomBackend, JitBackend};
 pub use compile::{compile, compile_with, Artifacts, Backend, CompileError, Compiled};
+pub use explain::{explain, BreakReport, Explanation, GraphReport};
+pub use jit::{jit, Jit, JitError, JitOptions, JitStats, DEFAULT_RECOMPILE_LIMIT};
+pub use stance::{current_stance, set_stance, with_stance, Stance, StanceGuard};
 pub use trace::{trace, Operand, TraceError, Traced, Tracer};
