@@ -183,9 +183,10 @@ fn specialize(graph: &Graph, inputs: &[Tensor]) -> Result<Graph, RuntimeError> {
     let mut map: Vec<NodeId> = Vec::with_capacity(graph.len());
     for node in graph.nodes() {
         let id = match &node.op {
-            Op::Input { name } => {
-                out.input(name.clone(), TensorType::new(node.ty.dtype, bind(&node.ty.shape)?))
-            }
+            Op::Input { name } => out.input(
+                name.clone(),
+                TensorType::new(node.ty.dtype, bind(&node.ty.shape)?),
+            ),
             Op::Constant { value } => out.constant(*value, node.ty.dtype),
             op => {
                 let op = match op {
@@ -220,8 +221,11 @@ pub(crate) fn compile_segment(
         JitBackend::Named(named) => Ok(Arc::new(compile_with(graph, *named)?)),
         JitBackend::Custom(custom) => {
             graph.verify()?;
-            let types: Vec<TensorType> =
-                graph.inputs().iter().map(|&i| graph.ty(i).clone()).collect();
+            let types: Vec<TensorType> = graph
+                .inputs()
+                .iter()
+                .map(|&i| graph.ty(i).clone())
+                .collect();
             let function = custom.compile(graph, &types)?;
             Ok(Arc::new(CustomExec {
                 graph: graph.clone(),

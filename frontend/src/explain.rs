@@ -86,7 +86,11 @@ impl fmt::Display for Explanation {
         writeln!(f, "explain `{}` (backend {})", self.function, self.backend)?;
         writeln!(f, "Graph count: {}", self.graphs.len())?;
         writeln!(f, "Graph break count: {}", self.breaks.len())?;
-        writeln!(f, "Op count: {}", self.graphs.iter().map(|g| g.ops).sum::<usize>())?;
+        writeln!(
+            f,
+            "Op count: {}",
+            self.graphs.iter().map(|g| g.ops).sum::<usize>()
+        )?;
         if !self.breaks.is_empty() {
             writeln!(f, "Break reasons:")?;
             for (i, b) in self.breaks.iter().enumerate() {

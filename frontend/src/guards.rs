@@ -237,7 +237,9 @@ mod tests {
             guards.failure(&[half]).unwrap(),
             "input x: expected dtype f32, got f16"
         );
-        let transposed = Tensor::zeros(DType::F32, &[4, 256]).permute(&[1, 0]).unwrap();
+        let transposed = Tensor::zeros(DType::F32, &[4, 256])
+            .permute(&[1, 0])
+            .unwrap();
         assert!(!guards.check(&[transposed.clone()]));
         assert!(guards
             .failure(&[transposed])

@@ -271,7 +271,10 @@ impl FrameState {
                 let wanted = match dynamic {
                     Some(all) => all,
                     None => matches!(
-                        self.dims.get(i).and_then(|s| s.as_ref()).and_then(|s| s.get(d)),
+                        self.dims
+                            .get(i)
+                            .and_then(|s| s.as_ref())
+                            .and_then(|s| s.get(d)),
                         Some(DimSeen::Dynamic)
                     ),
                 };
@@ -384,7 +387,10 @@ impl Recorder {
             _ if wanted.is_empty() => (None, Duration::ZERO),
             _ => {
                 let started = Instant::now();
-                let symbolic = seg_graph.nodes().iter().any(|n| n.ty.static_sizes().is_none());
+                let symbolic = seg_graph
+                    .nodes()
+                    .iter()
+                    .any(|n| n.ty.static_sizes().is_none());
                 match compile_segment(&self.backend, &seg_graph) {
                     Ok(exec) => {
                         let elapsed = started.elapsed();
@@ -477,20 +483,27 @@ impl TraceHooks for Recorder {
             wanted.push(node);
         }
         wanted.sort();
-        let (mut segment, reused) = self
-            .run_segment(graph, &wanted)
-            .map_err(|m| IrError::ty(what, format!("graph break: the graph before it failed: {m}")))?;
+        let (mut segment, reused) = self.run_segment(graph, &wanted).map_err(|m| {
+            IrError::ty(
+                what,
+                format!("graph break: the graph before it failed: {m}"),
+            )
+        })?;
         let read = self.slot_of.borrow()[&node];
         let value = self.env.borrow()[read].clone();
         let key = break_key(&value);
         // The cached segment after this break, for the value read now.
-        let next = self.cached.borrow().as_ref().and_then(|seg| match &seg.end {
-            SegmentEnd::Break { children, .. } => children
-                .iter()
-                .find(|(k, _)| *k == key)
-                .map(|(_, child)| child.clone()),
-            SegmentEnd::Return(_) => None,
-        });
+        let next = self
+            .cached
+            .borrow()
+            .as_ref()
+            .and_then(|seg| match &seg.end {
+                SegmentEnd::Break { children, .. } => children
+                    .iter()
+                    .find(|(k, _)| *k == key)
+                    .map(|(_, child)| child.clone()),
+                SegmentEnd::Return(_) => None,
+            });
         *self.cached.borrow_mut() = next;
         segment.end = SegmentEnd::Break {
             read,
@@ -509,9 +522,10 @@ impl TraceHooks for Recorder {
     fn specialize(&self, sym: SymId, location: &'static Location<'static>) -> Option<usize> {
         let hint = self.hints.get(&sym.0).copied();
         if hint.is_some() {
-            self.specialized
-                .borrow_mut()
-                .push((sym.0, format!("Rust code read it as a number at {location}")));
+            self.specialized.borrow_mut().push((
+                sym.0,
+                format!("Rust code read it as a number at {location}"),
+            ));
         }
         hint
     }
@@ -760,7 +774,9 @@ where
             state.stats.recompiles.push(reason.clone());
         }
 
-        let cached_root = miss.as_ref().map(|(i, _, _)| state.entries[*i].root.clone());
+        let cached_root = miss
+            .as_ref()
+            .map(|(i, _, _)| state.entries[*i].root.clone());
         if miss.is_none() {
             for change in state.frame.update(&names, inputs) {
                 tracing::info!(target: "minductor::dynamic", "{}: {change}", self.options.name);
@@ -830,7 +846,10 @@ where
                             for (sym, why) in symbols {
                                 for &(i, d) in typing.positions.get(&sym).into_iter().flatten() {
                                     state.frame.forced_static.insert((i, d), why.clone());
-                                    parts.push(format!("input {}, dim {d} (s{sym}): {why}", names[i]));
+                                    parts.push(format!(
+                                        "input {}, dim {d} (s{sym}): {why}",
+                                        names[i]
+                                    ));
                                 }
                             }
                             format!("specialized {}", parts.join("; "))
@@ -838,7 +857,9 @@ where
                         SymbolicFailure::Unsupported(why) => {
                             // Compile this call's shape statically; the dims stay dynamic in the
                             // frame state, so a later call tries symbolic again.
-                            let reason = format!("symbolic trace failed ({why}); compiling a static specialization");
+                            let reason = format!(
+                                "symbolic trace failed ({why}); compiling a static specialization"
+                            );
                             tracing::info!(target: "minductor::dynamic", "{}: {reason}", self.options.name);
                             state.stats.dynamic_fallbacks.push(reason);
                             let typing = Typing {
@@ -911,7 +932,9 @@ where
         let symbolic = is_symbolic(&typing.types);
         let specialized = recorder.specialized.borrow().clone();
         if symbolic && !specialized.is_empty() {
-            return Err(RunFailure::Symbolic(SymbolicFailure::Specialized(specialized)));
+            return Err(RunFailure::Symbolic(SymbolicFailure::Specialized(
+                specialized,
+            )));
         }
         if let Some(why) = recorder.unsupported.borrow().clone() {
             return Err(RunFailure::Symbolic(SymbolicFailure::Unsupported(why)));
@@ -932,7 +955,10 @@ where
         let graph = tracer.graph_so_far();
         let mut wanted: Vec<NodeId> = {
             let slot_of = recorder.slot_of.borrow();
-            ids.iter().copied().filter(|id| !slot_of.contains_key(id)).collect()
+            ids.iter()
+                .copied()
+                .filter(|id| !slot_of.contains_key(id))
+                .collect()
         };
         wanted.sort();
         wanted.dedup();
@@ -942,9 +968,9 @@ where
                 return Err(RunFailure::Symbolic(SymbolicFailure::Unsupported(m)))
             }
             Err(m) => {
-                return Err(RunFailure::Error(JitError::Runtime(RuntimeError::Unsupported(
-                    m,
-                ))))
+                return Err(RunFailure::Error(JitError::Runtime(
+                    RuntimeError::Unsupported(m),
+                )))
             }
         };
         let slot_of = recorder.slot_of.borrow();
@@ -969,7 +995,13 @@ where
             positions: HashMap::new(),
             notes: Vec::new(),
         };
-        match self.trace_run(inputs, &typing, &JitBackend::Named(Backend::Eager), false, None) {
+        match self.trace_run(
+            inputs,
+            &typing,
+            &JitBackend::Named(Backend::Eager),
+            false,
+            None,
+        ) {
             Ok(run) => Ok(run.outputs),
             Err(RunFailure::Error(e)) => Err(e),
             Err(RunFailure::Symbolic(_)) => unreachable!("static types"),
@@ -988,41 +1020,36 @@ where
         let mut notes = frame.update(&names, inputs);
         let typing = frame.typing(&names, inputs, self.options.dynamic);
         let started = Instant::now();
-        let (run, typing) = match self.trace_run(
-            inputs,
-            &typing,
-            &self.options.backend,
-            false,
-            None,
-        ) {
-            Ok(run) => (run, typing),
-            Err(RunFailure::Error(e)) => return Err(e),
-            Err(RunFailure::Symbolic(failure)) => {
-                notes.push(match failure {
-                    SymbolicFailure::Specialized(s) => format!(
-                        "symbolic trace specialized {}; explained with static dims",
-                        s.iter()
-                            .map(|(sym, why)| format!("s{sym} ({why})"))
-                            .collect::<Vec<_>>()
-                            .join(", ")
-                    ),
-                    SymbolicFailure::Unsupported(why) => {
-                        format!("symbolic trace failed ({why}); explained with static dims")
+        let (run, typing) =
+            match self.trace_run(inputs, &typing, &self.options.backend, false, None) {
+                Ok(run) => (run, typing),
+                Err(RunFailure::Error(e)) => return Err(e),
+                Err(RunFailure::Symbolic(failure)) => {
+                    notes.push(match failure {
+                        SymbolicFailure::Specialized(s) => format!(
+                            "symbolic trace specialized {}; explained with static dims",
+                            s.iter()
+                                .map(|(sym, why)| format!("s{sym} ({why})"))
+                                .collect::<Vec<_>>()
+                                .join(", ")
+                        ),
+                        SymbolicFailure::Unsupported(why) => {
+                            format!("symbolic trace failed ({why}); explained with static dims")
+                        }
+                    });
+                    let typing = Typing {
+                        types: static_types(inputs),
+                        hints: HashMap::new(),
+                        positions: HashMap::new(),
+                        notes: typing.notes,
+                    };
+                    match self.trace_run(inputs, &typing, &self.options.backend, false, None) {
+                        Ok(run) => (run, typing),
+                        Err(RunFailure::Error(e)) => return Err(e),
+                        Err(RunFailure::Symbolic(_)) => unreachable!("static types"),
                     }
-                });
-                let typing = Typing {
-                    types: static_types(inputs),
-                    hints: HashMap::new(),
-                    positions: HashMap::new(),
-                    notes: typing.notes,
-                };
-                match self.trace_run(inputs, &typing, &self.options.backend, false, None) {
-                    Ok(run) => (run, typing),
-                    Err(RunFailure::Error(e)) => return Err(e),
-                    Err(RunFailure::Symbolic(_)) => unreachable!("static types"),
                 }
-            }
-        };
+            };
         notes.extend(typing.notes.iter().cloned());
         let contiguous: Vec<bool> = inputs.iter().map(|t| t.is_contiguous()).collect();
         let guards = Guards::new(&names, &typing.types, &contiguous).describe();
@@ -1059,7 +1086,9 @@ where
 
 impl<F> fmt::Debug for Jit<F> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Jit").field("options", &self.options).finish()
+        f.debug_struct("Jit")
+            .field("options", &self.options)
+            .finish()
     }
 }
 
@@ -1083,8 +1112,12 @@ fn merge(root: &mut Segment, path: Segment) {
     let mut node = root;
     let mut path = path;
     loop {
-        let (SegmentEnd::Break { children, .. }, SegmentEnd::Break { children: mut new, .. }) =
-            (&mut node.end, path.end)
+        let (
+            SegmentEnd::Break { children, .. },
+            SegmentEnd::Break {
+                children: mut new, ..
+            },
+        ) = (&mut node.end, path.end)
         else {
             return;
         };
@@ -1107,7 +1140,10 @@ fn merge(root: &mut Segment, path: Segment) {
 enum Replay {
     Hit(Vec<Tensor>),
     /// A break read a value no cached path has: `children` paths exist at that break.
-    NewBreakValue { reason: String, children: usize },
+    NewBreakValue {
+        reason: String,
+        children: usize,
+    },
 }
 
 /// Runs a cached tree on `inputs` without tracing.
@@ -1132,7 +1168,9 @@ fn replay(root: &Segment, inputs: &[Tensor]) -> Result<Replay, JitError> {
         }
         match &segment.end {
             SegmentEnd::Return(returned) => {
-                return Ok(Replay::Hit(returned.iter().map(|&s| env[s].clone()).collect()))
+                return Ok(Replay::Hit(
+                    returned.iter().map(|&s| env[s].clone()).collect(),
+                ))
             }
             SegmentEnd::Break {
                 read,
@@ -1144,7 +1182,8 @@ fn replay(root: &Segment, inputs: &[Tensor]) -> Result<Replay, JitError> {
                 match children.iter().find(|(k, _)| *k == key) {
                     Some((_, child)) => segment = child,
                     None => {
-                        let seen: Vec<String> = children.iter().map(|(k, _)| format_key(k)).collect();
+                        let seen: Vec<String> =
+                            children.iter().map(|(k, _)| format_key(k)).collect();
                         return Ok(Replay::NewBreakValue {
                             reason: format!(
                                 "{what} at {location} read {}, cached for [{}]",

@@ -7,8 +7,8 @@
 //! [`Tracer::finish`] returns the error.
 
 use minductor_ir::{
-    shape_string, static_shape, BinaryOp, CompareOp, DType, Dim, Graph, IrError, NodeId, Op, ReduceOp, Shape,
-    SymId, TensorType, UnaryOp,
+    shape_string, static_shape, BinaryOp, CompareOp, DType, Dim, Graph, IrError, NodeId, Op,
+    ReduceOp, Shape, SymId, TensorType, UnaryOp,
 };
 use minductor_runtime::Tensor;
 use std::cell::RefCell;
@@ -257,7 +257,12 @@ impl Traced {
     }
 
     /// The example size of symbol `sym`, read as a number by `what` (which specializes it).
-    fn size_of_symbol(&self, sym: SymId, what: &str, location: &'static Location<'static>) -> usize {
+    fn size_of_symbol(
+        &self,
+        sym: SymId,
+        what: &str,
+        location: &'static Location<'static>,
+    ) -> usize {
         let hooks = self.state.hooks.borrow().clone();
         match hooks.and_then(|h| h.specialize(sym, location)) {
             Some(n) => n,
@@ -266,7 +271,10 @@ impl Traced {
                     location,
                     IrError::ty(
                         what,
-                        format!("dim s{} is symbolic and has no example size; use dims()", sym.0),
+                        format!(
+                            "dim s{} is symbolic and has no example size; use dims()",
+                            sym.0
+                        ),
                     ),
                 );
                 0
@@ -756,7 +764,11 @@ impl Traced {
         // With one symbolic dim `s` and static rest `p`, a `-1` that stands for exactly `s`
         // (the known sizes multiply to `p`) stays symbolic; any other reshape of a symbolic
         // shape reads the sizes as numbers, which specializes them.
-        let symbols: Vec<Dim> = dims.iter().copied().filter(|d| d.as_static().is_none()).collect();
+        let symbols: Vec<Dim> = dims
+            .iter()
+            .copied()
+            .filter(|d| d.as_static().is_none())
+            .collect();
         let static_product: usize = dims.iter().filter_map(|d| d.as_static()).product();
         if holes > 1 || shape.iter().any(|&d| d < -1) {
             return self.fail_msg(
@@ -778,7 +790,13 @@ impl Traced {
         };
         let sizes: Shape = shape
             .iter()
-            .map(|&d| if d == -1 { hole } else { Dim::Static(d as usize) })
+            .map(|&d| {
+                if d == -1 {
+                    hole
+                } else {
+                    Dim::Static(d as usize)
+                }
+            })
             .collect();
         self.apply(Op::Reshape { shape: sizes }, &[self])
     }
