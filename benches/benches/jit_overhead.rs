@@ -35,7 +35,11 @@ fn overhead(c: &mut Criterion) {
             b.iter(|| jitted.call(&inputs).expect("runs"))
         });
         group.finish();
-        assert_eq!(jitted.stats().compiles, 1, "every timed call was a cache hit");
+        assert_eq!(
+            jitted.stats().compiles,
+            1,
+            "every timed call was a cache hit"
+        );
     }
 }
 

@@ -673,12 +673,26 @@ impl Traced {
         bias: Option<&Traced>,
         eps: f64,
     ) -> Traced {
-        let shape = self.shape();
+        let location = Location::caller();
+        let dims = self.dims();
         let k = normalized_shape.len();
-        if k == 0 || k > shape.len() || shape[shape.len() - k..] != *normalized_shape {
+        // Only the normalized dims are read as numbers (a symbolic one is specialized).
+        let matches = k > 0
+            && k <= dims.len()
+            && dims[dims.len() - k..]
+                .iter()
+                .zip(normalized_shape)
+                .all(|(d, &n)| match d {
+                    Dim::Static(m) => *m == n,
+                    Dim::Sym(s) => self.size_of_symbol(*s, "layer_norm", location) == n,
+                });
+        if !matches {
             return self.fail_msg(
                 "layer_norm",
-                format!("normalized_shape {normalized_shape:?} does not match the trailing dims of {shape:?}"),
+                format!(
+                    "normalized_shape {normalized_shape:?} does not match the trailing dims of {}",
+                    shape_string(&dims)
+                ),
             );
         }
         let op = Op::LayerNorm {
@@ -828,16 +842,21 @@ impl Traced {
         end: Option<isize>,
         step: usize,
     ) -> Traced {
-        let shape = self.shape();
-        let dim = match normalize_dim(dim, shape.len()) {
-            Ok(d) if !shape.is_empty() => d,
+        let location = Location::caller();
+        let dims = self.dims();
+        let dim = match normalize_dim(dim, dims.len()) {
+            Ok(d) if !dims.is_empty() => d,
             Ok(_) => return self.fail_msg("slice", "cannot slice a 0-d tensor".into()),
             Err(m) => return self.fail_msg("slice", m),
         };
         if step == 0 {
             return self.fail_msg("slice", "step must be positive".into());
         }
-        let size = shape[dim] as isize;
+        // Only the sliced dim is read as a number (a symbolic one is specialized).
+        let size = match dims[dim] {
+            Dim::Static(n) => n,
+            Dim::Sym(s) => self.size_of_symbol(s, "slice", location),
+        } as isize;
         let clamp = |v: isize| (if v < 0 { v + size } else { v }).clamp(0, size) as usize;
         let start = start.map_or(0, clamp);
         let end = end.map_or(size as usize, clamp).max(start);

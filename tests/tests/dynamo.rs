@@ -483,3 +483,27 @@ fn wrong_inputs_are_errors_not_panics() {
     let err = f.call(&[data(&[2, 3], 0.0), data(&[4], 0.0)]).unwrap_err();
     assert!(err.to_string().contains("cannot broadcast"), "{err}");
 }
+
+#[test]
+fn specializing_one_dim_keeps_the_others_symbolic() {
+    // layer_norm reads its normalized dim as a number: with everything symbolic, only that dim
+    // is specialized and the batch dim stays symbolic.
+    let norm = |x: &[Traced]| vec![x[0].layer_norm(&[16], None, None, 1e-5)];
+    let f = jit(norm)
+        .backend(Backend::Eager)
+        .dynamic(Some(true))
+        .input_names(&["x"]);
+    for batch in [3usize, 5, 9] {
+        let x = data(&[batch, 16], batch as f32);
+        let out = f.call(&[x.clone()]).unwrap();
+        assert_close(&out, &reference(&norm, &["x"], &[x]), 0.0);
+    }
+    let stats = f.stats();
+    assert_eq!((stats.compiles, stats.symbolic_compiles, stats.cache_hits), (1, 1, 2));
+    assert_eq!(stats.dynamic_fallbacks.len(), 1);
+    assert!(
+        stats.dynamic_fallbacks[0].starts_with("specialized input x, dim 1 (s1)"),
+        "{:?}",
+        stats.dynamic_fallbacks
+    );
+}
