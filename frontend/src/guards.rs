@@ -225,9 +225,9 @@ mod tests {
         let guards = Guards::new(&names(1), &[ty], &[true]);
         let ok = Tensor::zeros(DType::F32, &[256, 4]);
         let bad = Tensor::zeros(DType::F32, &[128, 4]);
-        assert!(guards.check(&[ok.clone()]));
+        assert!(guards.check(std::slice::from_ref(&ok)));
         assert_eq!(guards.failure(&[ok]), None);
-        assert!(!guards.check(&[bad.clone()]));
+        assert!(!guards.check(std::slice::from_ref(&bad)));
         assert_eq!(
             guards.failure(&[bad]).unwrap(),
             "input x, dim 0: expected 256, got 128"
@@ -240,7 +240,7 @@ mod tests {
         let transposed = Tensor::zeros(DType::F32, &[4, 256])
             .permute(&[1, 0])
             .unwrap();
-        assert!(!guards.check(&[transposed.clone()]));
+        assert!(!guards.check(std::slice::from_ref(&transposed)));
         assert!(guards
             .failure(&[transposed])
             .unwrap()

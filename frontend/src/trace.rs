@@ -794,7 +794,7 @@ impl Traced {
             symbols[0]
         } else {
             let numel: usize = self.shape().iter().product();
-            if holes == 1 && (known == 0 || numel % known != 0) {
+            if holes == 1 && (known == 0 || !numel.is_multiple_of(known)) {
                 return self.fail_msg(
                     "reshape",
                     format!("cannot reshape {} to {shape:?}", shape_string(&dims)),

@@ -88,7 +88,7 @@ fn static_sweep_recompiles_once_per_size() {
         .input_names(&["x"]);
     for batch in 2..12 {
         let x = data(&[batch, 16], batch as f32);
-        let out = f.call(&[x.clone()]).unwrap();
+        let out = f.call(std::slice::from_ref(&x)).unwrap();
         assert_close(&out, &reference(&mlp_like, &["x"], &[x]), 0.0);
     }
     let stats = f.stats();
@@ -110,7 +110,7 @@ fn automatic_dynamic_sweep(backend: Backend, tolerance: f64) {
     let f = jit(mlp_like).backend(backend).input_names(&["x"]);
     for batch in 2..12 {
         let x = data(&[batch, 16], batch as f32);
-        let out = f.call(&[x.clone()]).unwrap();
+        let out = f.call(std::slice::from_ref(&x)).unwrap();
         assert_close(&out, &reference(&mlp_like, &["x"], &[x]), tolerance);
     }
     let stats = f.stats();
@@ -121,10 +121,10 @@ fn automatic_dynamic_sweep(backend: Backend, tolerance: f64) {
     assert_eq!(stats.cache_hits, 8);
     // Size 1 fails the symbolic guard (s0 >= 2) and gets its own static graph.
     let one = data(&[1, 16], 0.0);
-    let out = f.call(&[one.clone()]).unwrap();
+    let out = f.call(std::slice::from_ref(&one)).unwrap();
     assert_close(
         &out,
-        &reference(&mlp_like, &["x"], &[one.clone()]),
+        &reference(&mlp_like, &["x"], std::slice::from_ref(&one)),
         tolerance,
     );
     let stats = f.stats();
@@ -162,7 +162,7 @@ fn automatic_dynamic_on_inductor_is_correct_or_falls_back_with_reason() {
     let f = jit(mlp_like).input_names(&["x"]).recompile_limit(64);
     for batch in [2usize, 3, 4, 5, 7, 9] {
         let x = data(&[batch, 16], batch as f32);
-        let out = f.call(&[x.clone()]).unwrap();
+        let out = f.call(std::slice::from_ref(&x)).unwrap();
         assert_close(&out, &reference(&mlp_like, &["x"], &[x]), 1e-4);
     }
     let stats = f.stats();
@@ -216,7 +216,7 @@ fn reading_a_symbolic_size_specializes_it() {
         .dynamic(Some(true))
         .input_names(&["x"]);
     let x = data(&[6, 3], 0.0);
-    let out = f.call(&[x.clone()]).unwrap();
+    let out = f.call(std::slice::from_ref(&x)).unwrap();
     assert_close(&out, &reference(&mean0, &["x"], &[x]), 0.0);
     let stats = f.stats();
     assert_eq!(stats.symbolic_compiles, 0);
@@ -228,7 +228,7 @@ fn reading_a_symbolic_size_specializes_it() {
     );
     // Dim 0 is static from now on: a new size recompiles (correctly) rather than reusing.
     let x = data(&[4, 3], 0.0);
-    let out = f.call(&[x.clone()]).unwrap();
+    let out = f.call(std::slice::from_ref(&x)).unwrap();
     assert_close(&out, &reference(&mean0, &["x"], &[x]), 0.0);
     assert_eq!(f.stats().compiles, 2);
 }
@@ -242,7 +242,7 @@ fn recompile_limit_falls_back_to_eager() {
         .input_names(&["x"]);
     for batch in 2..7 {
         let x = data(&[batch, 8], 0.0);
-        let out = f.call(&[x.clone()]).unwrap();
+        let out = f.call(std::slice::from_ref(&x)).unwrap();
         assert_close(&out, &reference(&mlp_like, &["x"], &[x]), 1e-5);
     }
     let stats = f.stats();
@@ -262,24 +262,37 @@ fn stances_force_eager_eager_on_recompile_fail_on_recompile() {
         .dynamic(Some(false))
         .input_names(&["x"]);
     let x4 = data(&[4, 8], 0.0);
-    let want4 = reference(&mlp_like, &["x"], &[x4.clone()]);
+    let want4 = reference(&mlp_like, &["x"], std::slice::from_ref(&x4));
 
     // force_eager: nothing is compiled, results are the interpreter's.
-    let out = with_stance(Stance::ForceEager, || f.call(&[x4.clone()])).unwrap();
+    let out = with_stance(Stance::ForceEager, || f.call(std::slice::from_ref(&x4))).unwrap();
     assert_close(&out, &want4, 0.0);
     assert_eq!((f.stats().compiles, f.stats().stance_eager_calls), (0, 1));
     assert_eq!(minductor::current_stance(), Stance::Default);
 
     // A first compile is not a recompile: fail_on_recompile allows it.
-    let out = with_stance(Stance::FailOnRecompile, || f.call(&[x4.clone()])).unwrap();
+    let out = with_stance(Stance::FailOnRecompile, || {
+        f.call(std::slice::from_ref(&x4))
+    })
+    .unwrap();
     assert_close(&out, &want4, 1e-4);
     assert_eq!(f.stats().compiles, 1);
 
     // eager_on_recompile: a miss runs eagerly, a hit still uses the compiled code.
     let x5 = data(&[5, 8], 0.0);
-    let out = with_stance(Stance::EagerOnRecompile, || f.call(&[x5.clone()])).unwrap();
-    assert_close(&out, &reference(&mlp_like, &["x"], &[x5.clone()]), 0.0);
-    with_stance(Stance::EagerOnRecompile, || f.call(&[x4.clone()])).unwrap();
+    let out = with_stance(Stance::EagerOnRecompile, || {
+        f.call(std::slice::from_ref(&x5))
+    })
+    .unwrap();
+    assert_close(
+        &out,
+        &reference(&mlp_like, &["x"], std::slice::from_ref(&x5)),
+        0.0,
+    );
+    with_stance(Stance::EagerOnRecompile, || {
+        f.call(std::slice::from_ref(&x4))
+    })
+    .unwrap();
     let stats = f.stats();
     assert_eq!(
         (stats.compiles, stats.cache_hits, stats.stance_eager_calls),
@@ -350,8 +363,8 @@ fn graph_break_in_the_middle_matches_eager() {
     };
     for (seed, scale) in [(0.0f32, 1.0f32), (0.3, -1.0)] {
         let x = input(seed, scale);
-        let out = f.call(&[x.clone()]).unwrap();
-        let eager = with_stance(Stance::ForceEager, || f.call(&[x.clone()])).unwrap();
+        let out = f.call(std::slice::from_ref(&x)).unwrap();
+        let eager = with_stance(Stance::ForceEager, || f.call(std::slice::from_ref(&x))).unwrap();
         assert_close(&out, &eager, 1e-4);
         let (first, y) = branchy_by_hand(&x);
         for (got, want) in out[0].to_f64_vec().iter().zip(&first) {
@@ -380,7 +393,7 @@ fn graph_break_in_the_middle_matches_eager() {
     // The same input again is a full cache hit: no tracing, no compile.
     let x = input(0.0, 1.0);
     let before = f.stats();
-    let out = f.call(&[x.clone()]).unwrap();
+    let out = f.call(std::slice::from_ref(&x)).unwrap();
     let after = f.stats();
     assert_eq!(after.cache_hits, before.cache_hits + 1);
     assert_eq!(after.compiles, before.compiles);
@@ -419,7 +432,8 @@ fn fullgraph_turns_a_break_into_an_error_at_the_call_site() {
 
 #[test]
 fn custom_backend_receives_the_captured_graph_and_input_types() {
-    let seen: Arc<Mutex<Vec<(Graph, Vec<TensorType>)>>> = Arc::default();
+    type Seen = Vec<(Graph, Vec<TensorType>)>;
+    let seen: Arc<Mutex<Seen>> = Arc::default();
     let record = seen.clone();
     let backend = move |graph: &Graph, types: &[TensorType]| -> Result<CompiledFn, CompileError> {
         record.lock().unwrap().push((graph.clone(), types.to_vec()));
@@ -495,11 +509,14 @@ fn specializing_one_dim_keeps_the_others_symbolic() {
         .input_names(&["x"]);
     for batch in [3usize, 5, 9] {
         let x = data(&[batch, 16], batch as f32);
-        let out = f.call(&[x.clone()]).unwrap();
+        let out = f.call(std::slice::from_ref(&x)).unwrap();
         assert_close(&out, &reference(&norm, &["x"], &[x]), 0.0);
     }
     let stats = f.stats();
-    assert_eq!((stats.compiles, stats.symbolic_compiles, stats.cache_hits), (1, 1, 2));
+    assert_eq!(
+        (stats.compiles, stats.symbolic_compiles, stats.cache_hits),
+        (1, 1, 2)
+    );
     assert_eq!(stats.dynamic_fallbacks.len(), 1);
     assert!(
         stats.dynamic_fallbacks[0].starts_with("specialized input x, dim 1 (s1)"),
