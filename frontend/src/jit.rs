@@ -112,6 +112,9 @@ pub struct JitStats {
     pub limit_fallbacks: u64,
     /// Calls run eagerly because of the stance (`force_eager`, `eager_on_recompile`).
     pub stance_eager_calls: u64,
+    /// New break values whose path re-traced `f` but compiled nothing (every graph on it was
+    /// already compiled for another value).
+    pub break_retraces: u64,
     /// Symbolic traces that fell back to a static specialization, with the reason.
     pub dynamic_fallbacks: Vec<String>,
 }
@@ -152,6 +155,8 @@ struct JitState {
 
 struct CacheEntry {
     guards: Guards,
+    /// How the inputs were typed: re-traces after a new break value use the same types.
+    typing: Typing,
     root: Segment,
 }
 
@@ -216,6 +221,7 @@ struct FrameState {
 }
 
 /// How one call's inputs are typed for tracing.
+#[derive(Clone)]
 struct Typing {
     types: Vec<TensorType>,
     /// Example size of each symbol.
@@ -364,9 +370,34 @@ struct Recorder {
     slot_of: RefCell<HashMap<NodeId, usize>>,
     segment_start: Cell<usize>,
     chain: RefCell<Vec<BuiltSegment>>,
-    /// The cached segment at the position the next segment takes, if any.
-    cached: RefCell<Option<Segment>>,
+    /// Cached segments at the position the next segment takes: the one on the path of the break
+    /// values read so far first, then its siblings (whose compiled code a retrace may reuse).
+    candidates: RefCell<Vec<Segment>>,
+    /// Values a replay already computed for this call (slots in trace order): reused segments
+    /// whose outputs are here are not run again.
+    prefilled: Vec<Tensor>,
+    /// Whether a segment may be compiled; if not, needing one sets `compile_refused`.
+    allow_compile: bool,
+    compile_refused: Cell<bool>,
     function: String,
+}
+
+/// Where a traced run starts from: cached segments to reuse, values already computed, and
+/// whether compiling is allowed.
+struct Resume {
+    candidates: Vec<Segment>,
+    prefilled: Vec<Tensor>,
+    allow_compile: bool,
+}
+
+impl Resume {
+    fn fresh() -> Resume {
+        Resume {
+            candidates: Vec::new(),
+            prefilled: Vec::new(),
+            allow_compile: true,
+        }
+    }
 }
 
 impl Recorder {
@@ -377,15 +408,21 @@ impl Recorder {
             let slot_of = self.slot_of.borrow();
             extract_segment(graph, self.segment_start.get(), wanted, &slot_of)?
         };
-        let cached = self.cached.borrow().clone();
-        let mut reused = false;
-        let (exec, compile_time) = match cached {
-            Some(seg) if seg.graph.as_deref() == Some(&seg_graph) && seg.inputs == input_slots => {
-                reused = true;
-                (seg.exec.clone(), seg.compile_time)
+        let found = self
+            .candidates
+            .borrow()
+            .iter()
+            .find(|seg| seg.graph.as_deref() == Some(&seg_graph) && seg.inputs == input_slots)
+            .map(|seg| (seg.exec.clone(), seg.compile_time));
+        let reused = found.is_some();
+        let (exec, compile_time) = match found {
+            Some(found) => found,
+            None if wanted.is_empty() => (None, Duration::ZERO),
+            None if !self.allow_compile => {
+                self.compile_refused.set(true);
+                return Err("a new graph would have to be compiled".to_string());
             }
-            _ if wanted.is_empty() => (None, Duration::ZERO),
-            _ => {
+            None => {
                 let started = Instant::now();
                 let symbolic = seg_graph
                     .nodes()
@@ -416,10 +453,15 @@ impl Recorder {
         };
         let outputs = {
             let env = self.env.borrow();
-            let args: Vec<Tensor> = input_slots.iter().map(|&s| env[s].clone()).collect();
-            match &exec {
-                Some(exec) => exec.run(&args).map_err(|e| e.to_string())?,
-                None => Vec::new(),
+            let end = env.len() + wanted.len();
+            if reused && self.prefilled.len() >= end {
+                self.prefilled[env.len()..end].to_vec()
+            } else {
+                let args: Vec<Tensor> = input_slots.iter().map(|&s| env[s].clone()).collect();
+                match &exec {
+                    Some(exec) => exec.run(&args).map_err(|e| e.to_string())?,
+                    None => Vec::new(),
+                }
             }
         };
         let mut env = self.env.borrow_mut();
@@ -492,19 +534,25 @@ impl TraceHooks for Recorder {
         let read = self.slot_of.borrow()[&node];
         let value = self.env.borrow()[read].clone();
         let key = break_key(&value);
-        // The cached segment after this break, for the value read now.
-        let next = self
-            .cached
-            .borrow()
-            .as_ref()
-            .and_then(|seg| match &seg.end {
-                SegmentEnd::Break { children, .. } => children
-                    .iter()
-                    .find(|(k, _)| *k == key)
-                    .map(|(_, child)| child.clone()),
-                SegmentEnd::Return(_) => None,
-            });
-        *self.cached.borrow_mut() = next;
+        // The cached segments after this break: the one for the value read now first.
+        let next = {
+            let candidates = self.candidates.borrow();
+            let (mut first, mut rest) = (Vec::new(), Vec::new());
+            for seg in candidates.iter() {
+                if let SegmentEnd::Break { children, .. } = &seg.end {
+                    for (k, child) in children {
+                        if *k == key {
+                            first.push(child.clone());
+                        } else {
+                            rest.push(child.clone());
+                        }
+                    }
+                }
+            }
+            first.extend(rest);
+            first
+        };
+        *self.candidates.borrow_mut() = next;
         segment.end = SegmentEnd::Break {
             read,
             what: what.to_string(),
@@ -594,6 +642,8 @@ fn extract_segment(
 enum RunFailure {
     Error(JitError),
     Symbolic(SymbolicFailure),
+    /// A graph had to be compiled and `Resume::allow_compile` was false.
+    CompileRefused,
 }
 
 impl<F> Jit<F>
@@ -681,63 +731,57 @@ where
         }
 
         // The hit path: guards, then the cached segments.
-        let mut miss: Option<(usize, String, usize)> = None; // (entry, reason, children)
         for index in (0..state.entries.len()).rev() {
             let entry = &state.entries[index];
             if !entry.guards.check(inputs) {
                 continue;
             }
-            match replay(&entry.root, inputs)? {
+            return match replay(&entry.root, inputs)? {
                 Replay::Hit(outputs) => {
                     state.stats.cache_hits += 1;
-                    return Ok(outputs);
+                    Ok(outputs)
                 }
-                Replay::NewBreakValue { reason, children } => {
-                    miss = Some((index, reason, children));
-                    break;
-                }
-            }
+                Replay::NewBreakValue {
+                    reason,
+                    children,
+                    env,
+                } => self.break_miss(state, stance, index, inputs, reason, children, env),
+            };
         }
 
-        // A miss.
+        // No guard set holds.
         let names = self.names(inputs.len());
-        let reason = match &miss {
-            Some((_, reason, _)) => Some(reason.clone()),
-            None if state.entries.is_empty() => None,
-            None => {
-                let reasons: Vec<String> = state
-                    .entries
+        if !state.entries.is_empty() {
+            let reasons: Vec<String> = state
+                .entries
+                .iter()
+                .enumerate()
+                .rev()
+                .map(|(i, e)| {
+                    let why = e.guards.failure(inputs).unwrap_or_default();
+                    tracing::debug!(
+                        target: "minductor::guards",
+                        "{}: entry {i}: guard failed: {why}",
+                        self.options.name
+                    );
+                    why
+                })
+                .collect();
+            let reason = if reasons.len() == 1 {
+                reasons[0].clone()
+            } else {
+                reasons
                     .iter()
                     .enumerate()
-                    .rev()
-                    .map(|(i, e)| {
-                        let why = e.guards.failure(inputs).unwrap_or_default();
-                        tracing::debug!(
-                            target: "minductor::guards",
-                            "{}: entry {i}: guard failed: {why}",
-                            self.options.name
-                        );
-                        why
-                    })
-                    .collect();
-                Some(if reasons.len() == 1 {
-                    reasons[0].clone()
-                } else {
-                    reasons
-                        .iter()
-                        .enumerate()
-                        .map(|(i, r)| format!("entry {}: {r}", reasons.len() - 1 - i))
-                        .collect::<Vec<_>>()
-                        .join("; ")
-                })
-            }
-        };
-        if let Some(reason) = &reason {
+                    .map(|(i, r)| format!("entry {}: {r}", reasons.len() - 1 - i))
+                    .collect::<Vec<_>>()
+                    .join("; ")
+            };
             match stance {
                 Stance::FailOnRecompile => {
                     return Err(JitError::RecompileForbidden {
                         function: self.options.name.clone(),
-                        reason: reason.clone(),
+                        reason,
                     })
                 }
                 Stance::EagerOnRecompile => {
@@ -747,72 +791,127 @@ where
                 }
                 _ => {}
             }
-            let used = match &miss {
-                Some((_, _, children)) => *children,
-                None => state.entries.len(),
-            };
-            if used >= self.options.recompile_limit {
-                state.stats.limit_fallbacks += 1;
-                if !state.warned_limit {
-                    state.warned_limit = true;
-                    tracing::warn!(
-                        target: "minductor::recompiles",
-                        "{}: recompile limit ({}) reached; calls that miss the cache run eagerly \
-                         from now on. Last failure: {reason}",
-                        self.options.name,
-                        self.options.recompile_limit
-                    );
-                }
-                drop(state);
-                return self.run_eager(inputs);
+            if state.entries.len() >= self.options.recompile_limit {
+                return self.limit_fallback(state, inputs, &reason);
             }
             tracing::info!(
                 target: "minductor::recompiles",
                 "Recompiling {}: {reason}",
                 self.options.name
             );
-            state.stats.recompiles.push(reason.clone());
+            state.stats.recompiles.push(reason);
         }
-
-        let cached_root = miss
-            .as_ref()
-            .map(|(i, _, _)| state.entries[*i].root.clone());
-        if miss.is_none() {
-            for change in state.frame.update(&names, inputs) {
-                tracing::info!(target: "minductor::dynamic", "{}: {change}", self.options.name);
-            }
+        for change in state.frame.update(&names, inputs) {
+            tracing::info!(target: "minductor::dynamic", "{}: {change}", self.options.name);
         }
-        let (run, typing) = self.trace_with_fallbacks(&mut state, inputs, &names, cached_root)?;
-        let stats = &mut state.stats;
-        for built in &run.chain {
-            if !built.reused && built.segment.exec.is_some() {
-                stats.compiles += 1;
-                if built
-                    .segment
-                    .graph
-                    .as_ref()
-                    .is_some_and(|g| g.nodes().iter().any(|n| n.ty.static_sizes().is_none()))
-                {
-                    stats.symbolic_compiles += 1;
-                }
-            }
-            if built.break_key.is_some() {
-                stats.graph_breaks += 1;
-            }
+        let (run, typing) = self.trace_with_fallbacks(&mut state, inputs, &names)?;
+        count_compiles(&mut state.stats, &run.chain);
+        let contiguous: Vec<bool> = inputs.iter().map(|t| t.is_contiguous()).collect();
+        let guards = Guards::new(&names, &typing.types, &contiguous);
+        for line in guards.describe() {
+            tracing::info!(target: "minductor::guards", "{}: guard {line}", self.options.name);
         }
-        let path = assemble(run.chain);
-        match miss {
-            Some((index, _, _)) => merge(&mut state.entries[index].root, path),
-            None => {
-                let contiguous: Vec<bool> = inputs.iter().map(|t| t.is_contiguous()).collect();
-                let guards = Guards::new(&names, &typing.types, &contiguous);
-                for line in guards.describe() {
-                    tracing::info!(target: "minductor::guards", "{}: guard {line}", self.options.name);
-                }
-                state.entries.push(CacheEntry { guards, root: path });
-            }
-        }
+        state.entries.push(CacheEntry {
+            guards,
+            typing,
+            root: assemble(run.chain),
+        });
         Ok(run.outputs)
+    }
+
+    /// A cached path met a break value it has no child for: re-trace `f` with the entry's
+    /// types, reusing the segments already run (`env`) and any compiled graph equal to the
+    /// one traced. Compiling is a recompile (limit and stance apply); reusing is not.
+    #[allow(clippy::too_many_arguments)]
+    fn break_miss(
+        &self,
+        mut state: std::sync::MutexGuard<'_, JitState>,
+        stance: Stance,
+        index: usize,
+        inputs: &[Tensor],
+        reason: String,
+        children: usize,
+        env: Vec<Tensor>,
+    ) -> Result<Vec<Tensor>, JitError> {
+        let under_limit = children < self.options.recompile_limit;
+        let entry = &state.entries[index];
+        let resume = Resume {
+            candidates: vec![entry.root.clone()],
+            prefilled: env,
+            allow_compile: stance == Stance::Default && under_limit,
+        };
+        let typing = entry.typing.clone();
+        let run = self.trace_run(
+            inputs,
+            &typing,
+            &self.options.backend,
+            self.options.fullgraph,
+            resume,
+        );
+        match run {
+            Ok(run) => {
+                let compiles = count_compiles(&mut state.stats, &run.chain);
+                if compiles > 0 {
+                    tracing::info!(
+                        target: "minductor::recompiles",
+                        "Recompiling {}: {reason}",
+                        self.options.name
+                    );
+                    state.stats.recompiles.push(reason);
+                } else {
+                    tracing::debug!(
+                        target: "minductor::graph_breaks",
+                        "{}: re-traced without compiling: {reason}",
+                        self.options.name
+                    );
+                    state.stats.break_retraces += 1;
+                }
+                if under_limit {
+                    merge(&mut state.entries[index].root, assemble(run.chain));
+                }
+                Ok(run.outputs)
+            }
+            Err(RunFailure::CompileRefused) => match stance {
+                Stance::FailOnRecompile => Err(JitError::RecompileForbidden {
+                    function: self.options.name.clone(),
+                    reason,
+                }),
+                Stance::EagerOnRecompile => {
+                    state.stats.stance_eager_calls += 1;
+                    drop(state);
+                    self.run_eager(inputs)
+                }
+                _ => self.limit_fallback(state, inputs, &reason),
+            },
+            Err(RunFailure::Error(e)) => Err(e),
+            Err(RunFailure::Symbolic(_)) => {
+                // The entry's symbolic types held when it was compiled; run this call eagerly.
+                drop(state);
+                self.run_eager(inputs)
+            }
+        }
+    }
+
+    /// Past the recompile limit: run eagerly, warn once.
+    fn limit_fallback(
+        &self,
+        mut state: std::sync::MutexGuard<'_, JitState>,
+        inputs: &[Tensor],
+        reason: &str,
+    ) -> Result<Vec<Tensor>, JitError> {
+        state.stats.limit_fallbacks += 1;
+        if !state.warned_limit {
+            state.warned_limit = true;
+            tracing::warn!(
+                target: "minductor::recompiles",
+                "{}: recompile limit ({}) reached; calls that miss the cache run eagerly from \
+                 now on. Last failure: {reason}",
+                self.options.name,
+                self.options.recompile_limit
+            );
+        }
+        drop(state);
+        self.run_eager(inputs)
     }
 
     /// Traces with the dynamic policy's types, falling back to static dims when a symbolic
@@ -822,7 +921,6 @@ where
         state: &mut JitState,
         inputs: &[Tensor],
         names: &[String],
-        cached: Option<Segment>,
     ) -> Result<(TraceRun, Typing), JitError> {
         for _attempt in 0.. {
             let mut typing = state.frame.typing(names, inputs, self.options.dynamic);
@@ -836,7 +934,7 @@ where
                 &typing,
                 &self.options.backend,
                 self.options.fullgraph,
-                cached.clone(),
+                Resume::fresh(),
             ) {
                 Ok(run) => return Ok((run, typing)),
                 Err(RunFailure::Symbolic(failure)) if symbolic => {
@@ -873,18 +971,22 @@ where
                                 &typing,
                                 &self.options.backend,
                                 self.options.fullgraph,
-                                None,
+                                Resume::fresh(),
                             ) {
                                 Ok(run) => Ok((run, typing)),
                                 Err(RunFailure::Error(e)) => Err(e),
-                                Err(RunFailure::Symbolic(_)) => unreachable!("static types"),
+                                Err(RunFailure::Symbolic(_) | RunFailure::CompileRefused) => {
+                                    unreachable!("static types, compiling allowed")
+                                }
                             };
                         }
                     };
                     tracing::info!(target: "minductor::dynamic", "{}: {reason}", self.options.name);
                     state.stats.dynamic_fallbacks.push(reason);
                 }
-                Err(RunFailure::Symbolic(_)) => unreachable!("a static trace has no symbols"),
+                Err(RunFailure::Symbolic(_) | RunFailure::CompileRefused) => {
+                    unreachable!("a static trace has no symbols; compiling is allowed")
+                }
                 Err(RunFailure::Error(e)) => return Err(e),
             }
         }
@@ -899,7 +1001,7 @@ where
         typing: &Typing,
         backend: &JitBackend,
         fullgraph: bool,
-        cached: Option<Segment>,
+        resume: Resume,
     ) -> Result<TraceRun, RunFailure> {
         let names = self.names(inputs.len());
         let tracer = Tracer::new();
@@ -922,13 +1024,19 @@ where
             ),
             segment_start: Cell::new(0),
             chain: RefCell::new(Vec::new()),
-            cached: RefCell::new(cached),
+            candidates: RefCell::new(resume.candidates),
+            prefilled: resume.prefilled,
+            allow_compile: resume.allow_compile,
+            compile_refused: Cell::new(false),
             function: self.options.name.clone(),
         });
         tracer.set_hooks(recorder.clone());
         let outputs = (self.f)(&traced);
         drop(traced);
 
+        if recorder.compile_refused.get() {
+            return Err(RunFailure::CompileRefused);
+        }
         let symbolic = is_symbolic(&typing.types);
         let specialized = recorder.specialized.borrow().clone();
         if symbolic && !specialized.is_empty() {
@@ -964,6 +1072,7 @@ where
         wanted.dedup();
         let (mut segment, reused) = match recorder.run_segment(&graph, &wanted) {
             Ok(s) => s,
+            Err(_) if recorder.compile_refused.get() => return Err(RunFailure::CompileRefused),
             Err(m) if symbolic && recorder.unsupported.borrow().is_some() => {
                 return Err(RunFailure::Symbolic(SymbolicFailure::Unsupported(m)))
             }
@@ -1000,11 +1109,13 @@ where
             &typing,
             &JitBackend::Named(Backend::Eager),
             false,
-            None,
+            Resume::fresh(),
         ) {
             Ok(run) => Ok(run.outputs),
             Err(RunFailure::Error(e)) => Err(e),
-            Err(RunFailure::Symbolic(_)) => unreachable!("static types"),
+            Err(RunFailure::Symbolic(_) | RunFailure::CompileRefused) => {
+                unreachable!("static types, compiling allowed")
+            }
         }
     }
 
@@ -1020,36 +1131,50 @@ where
         let mut notes = frame.update(&names, inputs);
         let typing = frame.typing(&names, inputs, self.options.dynamic);
         let started = Instant::now();
-        let (run, typing) =
-            match self.trace_run(inputs, &typing, &self.options.backend, false, None) {
-                Ok(run) => (run, typing),
-                Err(RunFailure::Error(e)) => return Err(e),
-                Err(RunFailure::Symbolic(failure)) => {
-                    notes.push(match failure {
-                        SymbolicFailure::Specialized(s) => format!(
-                            "symbolic trace specialized {}; explained with static dims",
-                            s.iter()
-                                .map(|(sym, why)| format!("s{sym} ({why})"))
-                                .collect::<Vec<_>>()
-                                .join(", ")
-                        ),
-                        SymbolicFailure::Unsupported(why) => {
-                            format!("symbolic trace failed ({why}); explained with static dims")
-                        }
-                    });
-                    let typing = Typing {
-                        types: static_types(inputs),
-                        hints: HashMap::new(),
-                        positions: HashMap::new(),
-                        notes: typing.notes,
-                    };
-                    match self.trace_run(inputs, &typing, &self.options.backend, false, None) {
-                        Ok(run) => (run, typing),
-                        Err(RunFailure::Error(e)) => return Err(e),
-                        Err(RunFailure::Symbolic(_)) => unreachable!("static types"),
+        let (run, typing) = match self.trace_run(
+            inputs,
+            &typing,
+            &self.options.backend,
+            false,
+            Resume::fresh(),
+        ) {
+            Ok(run) => (run, typing),
+            Err(RunFailure::Error(e)) => return Err(e),
+            Err(RunFailure::CompileRefused) => unreachable!("compiling is allowed"),
+            Err(RunFailure::Symbolic(failure)) => {
+                notes.push(match failure {
+                    SymbolicFailure::Specialized(s) => format!(
+                        "symbolic trace specialized {}; explained with static dims",
+                        s.iter()
+                            .map(|(sym, why)| format!("s{sym} ({why})"))
+                            .collect::<Vec<_>>()
+                            .join(", ")
+                    ),
+                    SymbolicFailure::Unsupported(why) => {
+                        format!("symbolic trace failed ({why}); explained with static dims")
+                    }
+                });
+                let typing = Typing {
+                    types: static_types(inputs),
+                    hints: HashMap::new(),
+                    positions: HashMap::new(),
+                    notes: typing.notes,
+                };
+                match self.trace_run(
+                    inputs,
+                    &typing,
+                    &self.options.backend,
+                    false,
+                    Resume::fresh(),
+                ) {
+                    Ok(run) => (run, typing),
+                    Err(RunFailure::Error(e)) => return Err(e),
+                    Err(RunFailure::Symbolic(_) | RunFailure::CompileRefused) => {
+                        unreachable!("static types, compiling allowed")
                     }
                 }
-            };
+            }
+        };
         notes.extend(typing.notes.iter().cloned());
         let contiguous: Vec<bool> = inputs.iter().map(|t| t.is_contiguous()).collect();
         let guards = Guards::new(&names, &typing.types, &contiguous).describe();
@@ -1090,6 +1215,29 @@ impl<F> fmt::Debug for Jit<F> {
             .field("options", &self.options)
             .finish()
     }
+}
+
+/// Adds a traced run's compiles and breaks to `stats`; returns the number of graphs compiled.
+fn count_compiles(stats: &mut JitStats, chain: &[BuiltSegment]) -> u64 {
+    let mut compiled = 0;
+    for built in chain {
+        if !built.reused && built.segment.exec.is_some() {
+            compiled += 1;
+            let symbolic = built
+                .segment
+                .graph
+                .as_ref()
+                .is_some_and(|g| g.nodes().iter().any(|n| n.ty.static_sizes().is_none()));
+            if symbolic {
+                stats.symbolic_compiles += 1;
+            }
+        }
+        if built.break_key.is_some() {
+            stats.graph_breaks += 1;
+        }
+    }
+    stats.compiles += compiled;
+    compiled
 }
 
 /// Links a traced chain of segments into a path: each break's only child is the next segment.
@@ -1143,6 +1291,8 @@ enum Replay {
     NewBreakValue {
         reason: String,
         children: usize,
+        /// The values computed so far, in slot order.
+        env: Vec<Tensor>,
     },
 }
 
@@ -1191,6 +1341,7 @@ fn replay(root: &Segment, inputs: &[Tensor]) -> Result<Replay, JitError> {
                                 seen.join(", ")
                             ),
                             children: children.len(),
+                            env,
                         });
                     }
                 }

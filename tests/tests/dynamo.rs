@@ -401,6 +401,48 @@ fn graph_break_in_the_middle_matches_eager() {
     for (got, want) in out[0].to_f64_vec().iter().zip(&first) {
         assert!((got - want).abs() <= 1e-4 * (1.0 + want.abs()));
     }
+    // A new break value taking a branch already compiled re-traces `f` but compiles nothing.
+    let x = input(0.1, 1.0);
+    let out = f.call(std::slice::from_ref(&x)).unwrap();
+    let stats = f.stats();
+    assert_eq!((stats.compiles, stats.break_retraces), (3, 1), "{stats:?}");
+    let (first, _) = branchy_by_hand(&x);
+    for (got, want) in out[0].to_f64_vec().iter().zip(&first) {
+        assert!((got - want).abs() <= 1e-4 * (1.0 + want.abs()));
+    }
+}
+
+#[test]
+fn graph_break_values_count_against_the_recompile_limit_only_when_they_compile() {
+    let input = |seed: f32, scale: f32| {
+        let values = data(&[2, 8], seed).to_vec::<f32>().unwrap();
+        Tensor::from_vec(
+            &[2, 8],
+            values.iter().map(|v| v * scale + scale * 0.5).collect(),
+        )
+        .unwrap()
+    };
+    let f = jit(branchy)
+        .backend(Backend::AotEager)
+        .recompile_limit(1)
+        .input_names(&["x"]);
+    for (seed, scale) in [(0.0, 1.0), (0.0, -1.0), (0.2, 1.0), (0.2, -1.0)] {
+        let x = input(seed, scale);
+        let out = f.call(std::slice::from_ref(&x)).unwrap();
+        let (first, y) = branchy_by_hand(&x);
+        let want = [
+            Tensor::from_f64(DType::F32, &[2, 8], &first).unwrap(),
+            Tensor::from_f64(DType::F32, &[2, 8], &y).unwrap(),
+        ];
+        assert_close(&out, &want, 1e-5);
+    }
+    let stats = f.stats();
+    // The positive branch is compiled once (graph before the break + branch); the negative one
+    // would need a compile past the limit, so those calls run eagerly; the second positive value
+    // reuses the compiled branch.
+    assert_eq!(stats.compiles, 2, "{stats:?}");
+    assert_eq!(stats.limit_fallbacks, 2);
+    assert_eq!(stats.break_retraces, 1);
 }
 
 #[test]
