@@ -566,3 +566,53 @@ fn specializing_one_dim_keeps_the_others_symbolic() {
         stats.dynamic_fallbacks
     );
 }
+
+/// Ops whose shape rules meet symbolic dims (views, cat, bmm, normalization, reductions): over a
+/// batch sweep each either stays symbolic or falls back to a static specialization with a
+/// recorded reason; results are always the interpreter's and nothing panics.
+#[test]
+fn symbolic_sweep_over_view_ops_is_correct_either_way() {
+    type Model = fn(&[Traced]) -> Vec<Traced>;
+    let models: [(&str, Model); 6] = [
+        ("reshape", |x| vec![x[0].reshape(&[-1, 16]).relu()]),
+        ("expand", |x| {
+            vec![x[0].sum(&[2], true).expand(&[-1, -1, 4]) * 0.5]
+        }),
+        ("slice", |x| vec![x[0].slice(0, Some(1), None, 1).exp()]),
+        ("cat", |x| {
+            vec![Traced::cat(&[&x[0], &x[0]], 0).sum(&[0], false)]
+        }),
+        ("bmm", |x| vec![x[0].bmm(&x[0].transpose(1, 2)).softmax(-1)]),
+        ("layer_norm_mean", |x| {
+            vec![x[0].layer_norm(&[4], None, None, 1e-5).mean(&[0, 1], false)]
+        }),
+    ];
+    for (name, model) in models {
+        for backend in [Backend::Eager, Backend::Inductor] {
+            let f = jit(model)
+                .backend(backend)
+                .input_names(&["x"])
+                .recompile_limit(64);
+            for batch in [2usize, 3, 5, 8] {
+                let x = data(&[batch, 4, 4], batch as f32);
+                let out = f
+                    .call(std::slice::from_ref(&x))
+                    .unwrap_or_else(|e| panic!("{name} on {backend:?}, batch {batch}: {e}"));
+                let tolerance = if backend == Backend::Eager { 0.0 } else { 1e-4 };
+                assert_close(&out, &reference(&model, &["x"], &[x]), tolerance);
+            }
+            let stats = f.stats();
+            assert!(stats.compiles <= 4, "{name}: {stats:?}");
+            if stats.symbolic_compiles == 0 {
+                assert!(!stats.dynamic_fallbacks.is_empty(), "{name}: {stats:?}");
+            }
+            println!(
+                "{name} on {}: compiles {}, symbolic {}, fallbacks {:?}",
+                backend.name(),
+                stats.compiles,
+                stats.symbolic_compiles,
+                stats.dynamic_fallbacks.first()
+            );
+        }
+    }
+}
