@@ -27,11 +27,25 @@
 //! materialized values as inputs of the next graph. A cache entry is therefore a tree: a
 //! segment graph ends in the function's return or in a break, and a break has one child per value
 //! read there. A hit walks the tree: run a segment, read the break value, pick the child for it.
-//! A value not seen before re-runs `f` from the start in tracing mode; segments already compiled
-//! on that path are reused when the re-traced graph is the same. This assumes what Dynamo's guards
-//! assume: `f` depends only on its inputs' types and the values it reads (no hidden state).
-//! Like Dynamo's specialization of Python scalars, every new break value is a recompile.
+//! A value not seen before re-runs `f` from the start in tracing mode with the entry's input
+//! types: segments the replay already ran are not run again (their values are handed over), and
+//! every segment whose re-traced graph equals a compiled one (on this path or a sibling's) reuses
+//! its code. Only a new graph is a recompile (limit and stance apply); a re-trace that compiles
+//! nothing is counted in [`JitStats::break_retraces`]. This assumes what Dynamo's guards assume:
+//! `f` depends only on its inputs' types and the values it reads (no hidden state).
 //! `fullgraph(true)` turns a break into an error at the call site of `item()`/`to_vec()`.
+//!
+//! **Stances** are per thread and scoped (`stance.rs`). `force_eager` and the eager fallbacks
+//! trace `f` with static shapes and interpret it op by op (our eager mode), breaks included.
+//!
+//! **What differs from Dynamo.** Guards see only the inputs' metadata: a closure that reads
+//! captured state (a `Cell`, a global) is not guarded, as Dynamo would guard a global. A break
+//! value keys its children by exact value, where Dynamo with symbolic floats would guard the
+//! branch condition; we cannot see the condition in Rust code, so a new value costs a re-trace
+//! (microseconds) instead of a guard check. Strides are guarded as contiguous or not, not stride
+//! by stride. Symbols have no arithmetic (`Dim` is a number or a symbol): a reshape, slice or
+//! cat whose result size would be an expression of a symbol specializes or falls back to static.
+//! A `jit` function calling itself from inside `f` deadlocks (its cache is locked during a call).
 
 use crate::backend::{compile_segment, JitBackend, SegmentExec};
 use crate::compile::{Backend, CompileError};
