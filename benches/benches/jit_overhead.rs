@@ -41,6 +41,29 @@ fn overhead(c: &mut Criterion) {
             "every timed call was a cache hit"
         );
     }
+
+    // Worst case for the guards: 8 cache entries (static shapes), the call matching the oldest,
+    // so all 8 guard sets are checked.
+    let jitted = jit(gelu_affine)
+        .dynamic(Some(false))
+        .input_names(&["x", "w", "b"]);
+    for n in 16usize..24 {
+        jitted
+            .call(&[values(&[n], 1), values(&[n], 2), values(&[n], 3)])
+            .expect("compiles");
+    }
+    let oldest = vec![values(&[16], 1), values(&[16], 2), values(&[16], 3)];
+    let mut group = c.benchmark_group("jit_hit_8_entries_gelu_affine_16");
+    group.sample_size(50);
+    group.bench_function("jit.call (hit on the 8th guard set)", |b| {
+        b.iter(|| jitted.call(&oldest).expect("runs"))
+    });
+    group.finish();
+    assert_eq!(
+        jitted.stats().compiles,
+        8,
+        "every timed call was a cache hit"
+    );
 }
 
 criterion_group!(benches, overhead);

@@ -691,3 +691,19 @@ fn recompiles_guards_and_the_limit_warning_are_logged_under_their_topics() {
         .any(|m| m == "mlp_like: guard input x: dtype f32, shape [256, 4], contiguous"));
     assert!(!with("minductor::guards", tracing::Level::DEBUG).is_empty());
 }
+
+#[test]
+fn jit_functions_can_be_shared_across_threads() {
+    fn send_sync<T: Send + Sync>(_: &T) {}
+    let f = jit(mlp_like as fn(&[Traced]) -> Vec<Traced>).backend(Backend::Eager);
+    send_sync(&f);
+    let x = data(&[3, 8], 0.0);
+    let want = reference(&mlp_like, &["arg0"], std::slice::from_ref(&x));
+    std::thread::scope(|s| {
+        for _ in 0..2 {
+            s.spawn(|| assert_close(&f.call(std::slice::from_ref(&x)).unwrap(), &want, 0.0));
+        }
+    });
+    assert_eq!(f.stats().calls, 2);
+    assert_eq!(f.stats().compiles, 1);
+}
