@@ -3,7 +3,9 @@
 
 mod backend;
 mod compile;
+mod dynamic;
 mod explain;
+mod graph_break;
 mod guards;
 mod jit;
 mod stance;
