@@ -707,3 +707,38 @@ fn jit_functions_can_be_shared_across_threads() {
     assert_eq!(f.stats().calls, 2);
     assert_eq!(f.stats().compiles, 1);
 }
+
+#[test]
+fn graph_breaks_under_automatic_dynamic_shapes() {
+    let f = jit(branchy).backend(Backend::Eager).input_names(&["x"]);
+    for (batch, scale) in [
+        (2usize, 1.0f32),
+        (3, 1.0),
+        (4, -1.0),
+        (5, 1.0),
+        (6, -1.0),
+        (7, 1.0),
+    ] {
+        let values = data(&[batch, 8], batch as f32).to_vec::<f32>().unwrap();
+        let x = Tensor::from_vec(
+            &[batch, 8],
+            values.iter().map(|v| v * scale + scale * 0.5).collect(),
+        )
+        .unwrap();
+        let out = f.call(std::slice::from_ref(&x)).unwrap();
+        let (first, y) = branchy_by_hand(&x);
+        let want = [
+            Tensor::from_f64(DType::F32, &[batch, 8], &first).unwrap(),
+            Tensor::from_f64(DType::F32, &[batch, 8], &y).unwrap(),
+        ];
+        assert_close(&out, &want, 1e-6);
+    }
+    let stats = f.stats();
+    // Static graph pair at batch 2; at batch 3 the symbolic graph before the break and the
+    // positive branch; the negative branch once (batch 4); batches 5, 6, 7 re-trace only.
+    assert_eq!(stats.compiles, 5, "{stats:?}");
+    assert_eq!(stats.symbolic_compiles, 3, "{stats:?}");
+    assert_eq!(stats.break_retraces, 3, "{stats:?}");
+    assert_eq!(stats.recompiles.len(), 2, "{stats:?}");
+    assert_eq!(f.cache_entries(), 2);
+}
