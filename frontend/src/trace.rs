@@ -5,6 +5,14 @@
 //! An ill-typed op does not panic: the tracer remembers the first error with the caller's source
 //! location (`#[track_caller]`), every later op on a poisoned value is skipped, and
 //! [`Tracer::finish`] returns the error.
+//!
+//! Under `jit` the tracer has hooks (`TraceHooks`): `item()`/`to_vec()` become graph breaks that
+//! run the graph so far and return real values (the tracer counts live `Traced` handles so the
+//! break knows which values Rust code still holds), and reading a symbolic dim as a number
+//! (`shape()`, the sizes `reshape`/`slice`/`layer_norm` need) returns its example size and marks
+//! the symbol specialized. Shape rules keep symbolic dims where they can (`dims()`, `expand`'s
+//! `-1`, a `reshape` `-1` standing for exactly one symbol) and otherwise fail with a trace error,
+//! never a panic, so `jit` can fall back to static shapes.
 
 use minductor_ir::{
     shape_string, static_shape, BinaryOp, CompareOp, DType, Dim, Graph, IrError, NodeId, Op,
