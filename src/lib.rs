@@ -18,8 +18,10 @@ pub mod workloads;
 
 pub use minductor_codegen_cpu as codegen_cpu;
 pub use minductor_frontend::{
-    compile, compile_with, trace, Artifacts, Backend, CompileError, Compiled, Operand, TraceError,
-    Traced, Tracer,
+    compile, compile_with, current_stance, explain, jit, reference_executable, set_stance, trace,
+    with_stance, Artifacts, Backend, BreakReport, CompileError, Compiled, CompiledFn,
+    CustomBackend, Explanation, GraphReport, Jit, JitBackend, JitError, JitOptions, JitStats,
+    Operand, Stance, StanceGuard, TraceError, Traced, Tracer, DEFAULT_RECOMPILE_LIMIT,
 };
 pub use minductor_frontend::{dump, logging};
 pub use minductor_ir as ir;

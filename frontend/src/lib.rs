@@ -1,10 +1,22 @@
-//! The frontend: tracing Rust code into graphs, compiling graphs with a backend, and showing what
-//! the compiler did (`MINDUCTOR_LOGS`, `MINDUCTOR_DUMP_DIR`).
+//! The frontend: tracing Rust code into graphs, compiling graphs with a backend, `jit`
+//! (Dynamo's part: guards, recompiles, dynamic shapes, graph breaks, stances, explain), and
+//! showing what the compiler did (`MINDUCTOR_LOGS`, `MINDUCTOR_DUMP_DIR`).
 
+mod backend;
 mod compile;
+mod dynamic;
 pub mod dump;
+mod explain;
+mod graph_break;
+mod guards;
+mod jit;
 pub mod logging;
+mod stance;
 mod trace;
 
+pub use backend::{reference_executable, CompiledFn, CustomBackend, JitBackend};
 pub use compile::{compile, compile_with, Artifacts, Backend, CompileError, Compiled};
+pub use explain::{explain, BreakReport, Explanation, GraphReport};
+pub use jit::{jit, Jit, JitError, JitOptions, JitStats, DEFAULT_RECOMPILE_LIMIT};
+pub use stance::{current_stance, set_stance, with_stance, Stance, StanceGuard};
 pub use trace::{trace, Operand, TraceError, Traced, Tracer};

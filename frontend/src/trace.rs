@@ -5,11 +5,20 @@
 //! An ill-typed op does not panic: the tracer remembers the first error with the caller's source
 //! location (`#[track_caller]`), every later op on a poisoned value is skipped, and
 //! [`Tracer::finish`] returns the error.
+//!
+//! Under `jit` the tracer has hooks (`TraceHooks`): `item()`/`to_vec()` become graph breaks that
+//! run the graph so far and return real values (the tracer counts live `Traced` handles so the
+//! break knows which values Rust code still holds), and reading a symbolic dim as a number
+//! (`shape()`, the sizes `reshape`/`slice`/`layer_norm` need) returns its example size and marks
+//! the symbol specialized. Shape rules keep symbolic dims where they can (`dims()`, `expand`'s
+//! `-1`, a `reshape` `-1` standing for exactly one symbol) and otherwise fail with a trace error,
+//! never a panic, so `jit` can fall back to static shapes.
 
 use minductor_ir::{
-    static_shape, BinaryOp, CompareOp, DType, Dim, Graph, IrError, NodeId, Op, ReduceOp, Shape,
-    TensorType, UnaryOp,
+    shape_string, static_shape, BinaryOp, CompareOp, DType, Dim, Graph, IrError, NodeId, Op,
+    ReduceOp, Shape, SymId, TensorType, UnaryOp,
 };
+use minductor_runtime::Tensor;
 use std::cell::RefCell;
 use std::fmt;
 use std::panic::Location;
@@ -33,6 +42,28 @@ impl std::error::Error for TraceError {}
 struct TraceState {
     graph: RefCell<Graph>,
     error: RefCell<Option<TraceError>>,
+    /// Number of live [`Traced`] handles per node: a graph break materializes the live values.
+    live: RefCell<Vec<u32>>,
+    /// Installed by `jit`: what `item()`/`to_vec()` and concrete reads of symbolic sizes do.
+    hooks: RefCell<Option<Rc<dyn TraceHooks>>>,
+}
+
+/// What a tracer driven by `jit` does where plain tracing cannot go on by itself.
+pub(crate) trait TraceHooks {
+    /// A graph break: runs the graph recorded so far (`live` are the values still held by Rust
+    /// code) and returns the value of `node`. An `Err` is recorded as the trace's error.
+    fn graph_break(
+        &self,
+        graph: &Graph,
+        node: NodeId,
+        live: &[NodeId],
+        what: &str,
+        location: &'static Location<'static>,
+    ) -> Result<Tensor, IrError>;
+
+    /// The example size of a symbolic dim that Rust code reads as a number; the hook records that
+    /// the symbol must be specialized (made static) for the trace to hold.
+    fn specialize(&self, sym: SymId, location: &'static Location<'static>) -> Option<usize>;
 }
 
 /// Records a graph. Create inputs with [`Tracer::input`], compute on them, then [`Tracer::finish`].
@@ -41,7 +72,6 @@ pub struct Tracer {
 }
 
 /// A tensor being traced: a handle to a node of the graph under construction.
-#[derive(Clone)]
 pub struct Traced {
     state: Rc<TraceState>,
     /// `None` once an error poisoned this value.
@@ -67,6 +97,8 @@ impl Tracer {
             state: Rc::new(TraceState {
                 graph: RefCell::new(Graph::new()),
                 error: RefCell::new(None),
+                live: RefCell::new(Vec::new()),
+                hooks: RefCell::new(None),
             }),
         }
     }
@@ -79,10 +111,29 @@ impl Tracer {
     /// Declares an input of any type (dims may be symbolic).
     pub fn input_typed(&self, name: &str, ty: TensorType) -> Traced {
         let id = self.state.graph.borrow_mut().input(name, ty);
-        Traced {
-            state: self.state.clone(),
-            id: Some(id),
+        Traced::handle(&self.state, Some(id))
+    }
+
+    pub(crate) fn set_hooks(&self, hooks: Rc<dyn TraceHooks>) {
+        *self.state.hooks.borrow_mut() = Some(hooks);
+    }
+
+    /// The graph recorded so far (without outputs).
+    pub(crate) fn graph_so_far(&self) -> Graph {
+        self.state.graph.borrow().clone()
+    }
+
+    /// The first error recorded so far, if any.
+    pub(crate) fn error(&self) -> Option<TraceError> {
+        self.state.error.borrow().clone()
+    }
+
+    /// Node ids of `outputs`, or `None` if one is poisoned or from another tracer.
+    pub(crate) fn ids_of(&self, outputs: &[Traced]) -> Option<Vec<NodeId>> {
+        if outputs.iter().any(|t| !Rc::ptr_eq(&t.state, &self.state)) {
+            return None;
         }
+        outputs.iter().map(|t| t.id).collect()
     }
 
     /// Ends tracing: the graph with `outputs`, or the first error met while tracing.
@@ -139,15 +190,188 @@ fn normalize_dim(dim: isize, rank: usize) -> Result<usize, String> {
     Ok(d as usize)
 }
 
+impl Clone for Traced {
+    fn clone(&self) -> Self {
+        Traced::handle(&self.state, self.id)
+    }
+}
+
+impl Drop for Traced {
+    fn drop(&mut self) {
+        if let Some(id) = self.id {
+            if let Ok(mut live) = self.state.live.try_borrow_mut() {
+                if let Some(count) = live.get_mut(id.index()) {
+                    *count = count.saturating_sub(1);
+                }
+            }
+        }
+    }
+}
+
 impl Traced {
+    /// A new handle to `id`, counted as live until dropped.
+    fn handle(state: &Rc<TraceState>, id: Option<NodeId>) -> Traced {
+        if let Some(id) = id {
+            let mut live = state.live.borrow_mut();
+            if live.len() <= id.index() {
+                live.resize(id.index() + 1, 0);
+            }
+            live[id.index()] += 1;
+        }
+        Traced {
+            state: state.clone(),
+            id,
+        }
+    }
+
+    /// Records `error` at `location` unless an earlier error is already recorded.
+    fn record_error(&self, location: &'static Location<'static>, error: IrError) {
+        let mut slot = self.state.error.borrow_mut();
+        if slot.is_none() {
+            *slot = Some(TraceError {
+                location: location.to_string(),
+                error,
+            });
+        }
+    }
+
     /// The type of this value (`None` if an earlier error poisoned it).
     pub fn ty(&self) -> Option<TensorType> {
         self.id.map(|id| self.state.graph.borrow().ty(id).clone())
     }
 
-    /// Static sizes of this value (empty if poisoned or symbolic).
+    /// Sizes of this value as numbers (empty if poisoned). A symbolic dim reads as its example
+    /// size when traced by `jit`, which then specializes that dim (the trace holds for that size
+    /// only, as Dynamo does when Python code turns a SymInt into an int); without an example size
+    /// it reads as 0 and records a trace error. Use [`Traced::dims`] to keep dims symbolic.
+    #[track_caller]
     pub fn shape(&self) -> Vec<usize> {
-        self.ty().and_then(|t| t.static_sizes()).unwrap_or_default()
+        let location = Location::caller();
+        let Some(ty) = self.ty() else {
+            return Vec::new();
+        };
+        ty.shape
+            .iter()
+            .map(|d| match d {
+                Dim::Static(n) => *n,
+                Dim::Sym(s) => self.size_of_symbol(*s, "shape()", location),
+            })
+            .collect()
+    }
+
+    /// Dims of this value, static or symbolic (empty if poisoned).
+    pub fn dims(&self) -> Vec<Dim> {
+        self.ty().map(|t| t.shape.to_vec()).unwrap_or_default()
+    }
+
+    /// The example size of symbol `sym`, read as a number by `what` (which specializes it).
+    fn size_of_symbol(
+        &self,
+        sym: SymId,
+        what: &str,
+        location: &'static Location<'static>,
+    ) -> usize {
+        let hooks = self.state.hooks.borrow().clone();
+        match hooks.and_then(|h| h.specialize(sym, location)) {
+            Some(n) => n,
+            None => {
+                self.record_error(
+                    location,
+                    IrError::ty(
+                        what,
+                        format!(
+                            "dim s{} is symbolic and has no example size; use dims()",
+                            sym.0
+                        ),
+                    ),
+                );
+                0
+            }
+        }
+    }
+
+    /// Reads this value (a graph break under `jit`); `None` after recording why it cannot.
+    fn read(&self, what: &str, location: &'static Location<'static>) -> Option<Tensor> {
+        let id = self.id?;
+        if self.state.error.borrow().is_some() {
+            return None;
+        }
+        let hooks = self.state.hooks.borrow().clone();
+        let Some(hooks) = hooks else {
+            self.record_error(
+                location,
+                IrError::ty(
+                    what,
+                    "reads a tensor's value, which needs real inputs: call the function through \
+                     jit(..) (plain trace() has none)",
+                ),
+            );
+            return None;
+        };
+        let live: Vec<NodeId> = self
+            .state
+            .live
+            .borrow()
+            .iter()
+            .enumerate()
+            .filter(|(_, &count)| count > 0)
+            .map(|(index, _)| NodeId(index as u32))
+            .collect();
+        let result = {
+            let graph = self.state.graph.borrow();
+            hooks.graph_break(&graph, id, &live, what, location)
+        };
+        match result {
+            Ok(tensor) => Some(tensor),
+            Err(error) => {
+                self.record_error(location, error);
+                None
+            }
+        }
+    }
+
+    /// `x.item()`: the value of a one-element tensor. Under `jit` this is a graph break: the graph
+    /// so far is compiled and run, and tracing goes on after it. Returns NaN after recording a
+    /// trace error when the value cannot be read (plain `trace`, `fullgraph`, not one element).
+    #[track_caller]
+    pub fn item(&self) -> f64 {
+        let location = Location::caller();
+        if let Some(n) = self.ty().and_then(|t| t.numel()) {
+            if n != 1 {
+                self.record_error(
+                    location,
+                    IrError::ty(
+                        "item()",
+                        format!("needs a one-element tensor, found {}", self.ty().unwrap()),
+                    ),
+                );
+                return f64::NAN;
+            }
+        }
+        match self.read("item()", location) {
+            Some(t) if t.numel() == 1 => t.to_f64_vec()[0],
+            Some(t) => {
+                self.record_error(
+                    location,
+                    IrError::ty(
+                        "item()",
+                        format!("needs a one-element tensor, found shape {:?}", t.shape()),
+                    ),
+                );
+                f64::NAN
+            }
+            None => f64::NAN,
+        }
+    }
+
+    /// `x.tolist()` flattened: every element in row-major order, as f64. A graph break under
+    /// `jit`, like [`Traced::item`]; empty after recording a trace error when it cannot read.
+    #[track_caller]
+    pub fn to_vec(&self) -> Vec<f64> {
+        let location = Location::caller();
+        self.read("to_vec()", location)
+            .map(|t| t.to_f64_vec())
+            .unwrap_or_default()
     }
 
     pub fn rank(&self) -> usize {
@@ -160,17 +384,8 @@ impl Traced {
 
     #[track_caller]
     fn fail(&self, error: IrError) -> Traced {
-        let mut slot = self.state.error.borrow_mut();
-        if slot.is_none() {
-            *slot = Some(TraceError {
-                location: Location::caller().to_string(),
-                error,
-            });
-        }
-        Traced {
-            state: self.state.clone(),
-            id: None,
-        }
+        self.record_error(Location::caller(), error);
+        Traced::handle(&self.state, None)
     }
 
     #[track_caller]
@@ -188,20 +403,12 @@ impl Traced {
             }
             match t.id {
                 Some(id) => ids.push(id),
-                None => {
-                    return Traced {
-                        state: self.state.clone(),
-                        id: None,
-                    }
-                }
+                None => return Traced::handle(&self.state, None),
             }
         }
         let result = self.state.graph.borrow_mut().add(op, &ids);
         match result {
-            Ok(id) => Traced {
-                state: self.state.clone(),
-                id: Some(id),
-            },
+            Ok(id) => Traced::handle(&self.state, Some(id)),
             Err(e) => self.fail(e),
         }
     }
@@ -214,10 +421,7 @@ impl Traced {
             _ => DType::F32,
         };
         let id = self.state.graph.borrow_mut().constant(value, dtype);
-        Traced {
-            state: self.state.clone(),
-            id: Some(id),
-        }
+        Traced::handle(&self.state, Some(id))
     }
 
     fn operand(&self, other: Operand<'_>) -> Traced {
@@ -477,12 +681,26 @@ impl Traced {
         bias: Option<&Traced>,
         eps: f64,
     ) -> Traced {
-        let shape = self.shape();
+        let location = Location::caller();
+        let dims = self.dims();
         let k = normalized_shape.len();
-        if k == 0 || k > shape.len() || shape[shape.len() - k..] != *normalized_shape {
+        // Only the normalized dims are read as numbers (a symbolic one is specialized).
+        let matches = k > 0
+            && k <= dims.len()
+            && dims[dims.len() - k..]
+                .iter()
+                .zip(normalized_shape)
+                .all(|(d, &n)| match d {
+                    Dim::Static(m) => *m == n,
+                    Dim::Sym(s) => self.size_of_symbol(*s, "layer_norm", location) == n,
+                });
+        if !matches {
             return self.fail_msg(
                 "layer_norm",
-                format!("normalized_shape {normalized_shape:?} does not match the trailing dims of {shape:?}"),
+                format!(
+                    "normalized_shape {normalized_shape:?} does not match the trailing dims of {}",
+                    shape_string(&dims)
+                ),
             );
         }
         let op = Op::LayerNorm {
@@ -506,11 +724,15 @@ impl Traced {
     /// `torch.bmm`: both operands rank 3 with equal batch.
     #[track_caller]
     pub fn bmm(&self, other: &Traced) -> Traced {
-        let (a, b) = (self.shape(), other.shape());
+        let (a, b) = (self.dims(), other.dims());
         if a.len() != 3 || b.len() != 3 || a[0] != b[0] {
             return self.fail_msg(
                 "bmm",
-                format!("expected [b, n, m] and [b, m, p], found {a:?} and {b:?}"),
+                format!(
+                    "expected [b, n, m] and [b, m, p], found {} and {}",
+                    shape_string(&a),
+                    shape_string(&b)
+                ),
             );
         }
         self.matmul(other)
@@ -554,42 +776,66 @@ impl Traced {
     /// `reshape` with at most one `-1`.
     #[track_caller]
     pub fn reshape(&self, shape: &[isize]) -> Traced {
-        let numel: usize = self.shape().iter().product();
+        let dims = self.dims();
         let known: usize = shape
             .iter()
             .filter(|&&d| d >= 0)
             .map(|&d| d as usize)
             .product();
         let holes = shape.iter().filter(|&&d| d == -1).count();
-        if holes > 1
-            || shape.iter().any(|&d| d < -1)
-            || (holes == 1 && (known == 0 || numel % known != 0))
-        {
+        // With one symbolic dim `s` and static rest `p`, a `-1` that stands for exactly `s`
+        // (the known sizes multiply to `p`) stays symbolic; any other reshape of a symbolic
+        // shape reads the sizes as numbers, which specializes them.
+        let symbols: Vec<Dim> = dims
+            .iter()
+            .copied()
+            .filter(|d| d.as_static().is_none())
+            .collect();
+        let static_product: usize = dims.iter().filter_map(|d| d.as_static()).product();
+        if holes > 1 || shape.iter().any(|&d| d < -1) {
             return self.fail_msg(
                 "reshape",
-                format!("cannot reshape {:?} to {shape:?}", self.shape()),
+                format!("cannot reshape {} to {shape:?}", shape_string(&dims)),
             );
         }
+        let hole = if symbols.len() == 1 && holes == 1 && known == static_product {
+            symbols[0]
+        } else {
+            let numel: usize = self.shape().iter().product();
+            if holes == 1 && (known == 0 || !numel.is_multiple_of(known)) {
+                return self.fail_msg(
+                    "reshape",
+                    format!("cannot reshape {} to {shape:?}", shape_string(&dims)),
+                );
+            }
+            Dim::Static(if holes == 1 { numel / known } else { 0 })
+        };
         let sizes: Shape = shape
             .iter()
-            .map(|&d| Dim::Static(if d == -1 { numel / known } else { d as usize }))
+            .map(|&d| {
+                if d == -1 {
+                    hole
+                } else {
+                    Dim::Static(d as usize)
+                }
+            })
             .collect();
         self.apply(Op::Reshape { shape: sizes }, &[self])
     }
     /// `expand`; `-1` keeps a dimension's size.
     #[track_caller]
     pub fn expand(&self, shape: &[isize]) -> Traced {
-        let own = self.shape();
+        let own = self.dims();
         let lead = shape.len().saturating_sub(own.len());
         let sizes: Shape = shape
             .iter()
             .enumerate()
             .map(|(i, &d)| {
-                Dim::Static(if d < 0 && i >= lead {
+                if d < 0 && i >= lead {
                     own[i - lead]
                 } else {
-                    d.max(0) as usize
-                })
+                    Dim::Static(d.max(0) as usize)
+                }
             })
             .collect();
         self.apply(Op::Expand { shape: sizes }, &[self])
@@ -604,16 +850,21 @@ impl Traced {
         end: Option<isize>,
         step: usize,
     ) -> Traced {
-        let shape = self.shape();
-        let dim = match normalize_dim(dim, shape.len()) {
-            Ok(d) if !shape.is_empty() => d,
+        let location = Location::caller();
+        let dims = self.dims();
+        let dim = match normalize_dim(dim, dims.len()) {
+            Ok(d) if !dims.is_empty() => d,
             Ok(_) => return self.fail_msg("slice", "cannot slice a 0-d tensor".into()),
             Err(m) => return self.fail_msg("slice", m),
         };
         if step == 0 {
             return self.fail_msg("slice", "step must be positive".into());
         }
-        let size = shape[dim] as isize;
+        // Only the sliced dim is read as a number (a symbolic one is specialized).
+        let size = match dims[dim] {
+            Dim::Static(n) => n,
+            Dim::Sym(s) => self.size_of_symbol(s, "slice", location),
+        } as isize;
         let clamp = |v: isize| (if v < 0 { v + size } else { v }).clamp(0, size) as usize;
         let start = start.map_or(0, clamp);
         let end = end.map_or(size as usize, clamp).max(start);

@@ -1,0 +1,148 @@
+//! `explain`, like `torch._dynamo.explain`: what a `jit` function captures on given inputs.
+//!
+//! The report counts graphs and graph breaks (with reason and source location), lists each
+//! graph's ops and compile time, the guards a cache entry would install, what the dynamic-shape
+//! policy decided (symbolic dims, sizes 0/1 specialized, static fallbacks) and the function's
+//! recompile reasons so far. It prints as a readable report (`Display`).
+
+use crate::jit::{jit, JitError};
+use crate::trace::Traced;
+use minductor_ir::{Graph, Op};
+use minductor_runtime::Tensor;
+use std::collections::BTreeMap;
+use std::fmt;
+use std::time::Duration;
+
+/// One captured graph.
+#[derive(Clone, Debug)]
+pub struct GraphReport {
+    /// Ops other than inputs and constants.
+    pub ops: usize,
+    /// Count per op name, e.g. `{"linear": 1, "relu": 1}`.
+    pub op_counts: BTreeMap<String, usize>,
+    pub graph: Graph,
+    pub compile_time: Duration,
+    /// Whether any dim in the graph is symbolic.
+    pub symbolic: bool,
+}
+
+impl GraphReport {
+    pub(crate) fn new(graph: &Graph, compile_time: Duration) -> GraphReport {
+        let mut op_counts = BTreeMap::new();
+        for node in graph.nodes() {
+            if !matches!(node.op, Op::Input { .. } | Op::Constant { .. }) {
+                *op_counts.entry(node.op.name()).or_insert(0) += 1;
+            }
+        }
+        GraphReport {
+            ops: op_counts.values().sum(),
+            op_counts,
+            graph: graph.clone(),
+            compile_time,
+            symbolic: graph.nodes().iter().any(|n| n.ty.static_sizes().is_none()),
+        }
+    }
+}
+
+/// One graph break.
+#[derive(Clone, Debug, PartialEq)]
+pub struct BreakReport {
+    pub reason: String,
+    /// `file:line:column` of the `item()`/`to_vec()` call.
+    pub location: String,
+}
+
+/// What `explain` found.
+#[derive(Clone, Debug)]
+pub struct Explanation {
+    pub function: String,
+    pub backend: String,
+    pub graphs: Vec<GraphReport>,
+    pub breaks: Vec<BreakReport>,
+    /// The guards in words, one per line.
+    pub guards: Vec<String>,
+    /// Dynamic-shape decisions in words.
+    pub dynamic: Vec<String>,
+    /// The function's recompile reasons so far.
+    pub recompile_reasons: Vec<String>,
+    /// Tracing, compiling and running all graphs.
+    pub total_time: Duration,
+}
+
+impl Explanation {
+    pub fn graph_count(&self) -> usize {
+        self.graphs.len()
+    }
+    pub fn graph_break_count(&self) -> usize {
+        self.breaks.len()
+    }
+    pub fn ops_per_graph(&self) -> Vec<usize> {
+        self.graphs.iter().map(|g| g.ops).collect()
+    }
+}
+
+impl fmt::Display for Explanation {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        writeln!(f, "explain `{}` (backend {})", self.function, self.backend)?;
+        writeln!(f, "Graph count: {}", self.graphs.len())?;
+        writeln!(f, "Graph break count: {}", self.breaks.len())?;
+        writeln!(
+            f,
+            "Op count: {}",
+            self.graphs.iter().map(|g| g.ops).sum::<usize>()
+        )?;
+        if !self.breaks.is_empty() {
+            writeln!(f, "Break reasons:")?;
+            for (i, b) in self.breaks.iter().enumerate() {
+                writeln!(f, "  {}. {} at {}", i + 1, b.reason, b.location)?;
+            }
+        }
+        for (i, g) in self.graphs.iter().enumerate() {
+            let counts: Vec<String> = g
+                .op_counts
+                .iter()
+                .map(|(name, n)| format!("{name} x{n}"))
+                .collect();
+            writeln!(
+                f,
+                "Graph {i}: {} ops ({}), compiled in {:.3} ms{}",
+                g.ops,
+                counts.join(", "),
+                g.compile_time.as_secs_f64() * 1e3,
+                if g.symbolic { ", symbolic" } else { "" }
+            )?;
+            for line in g.graph.to_string().lines() {
+                writeln!(f, "    {line}")?;
+            }
+        }
+        writeln!(f, "Guards:")?;
+        for g in &self.guards {
+            writeln!(f, "  {g}")?;
+        }
+        if !self.dynamic.is_empty() {
+            writeln!(f, "Dynamic shapes:")?;
+            for d in &self.dynamic {
+                writeln!(f, "  {d}")?;
+            }
+        }
+        if !self.recompile_reasons.is_empty() {
+            writeln!(f, "Recompiles so far:")?;
+            for r in &self.recompile_reasons {
+                writeln!(f, "  {r}")?;
+            }
+        }
+        write!(
+            f,
+            "Total time: {:.3} ms",
+            self.total_time.as_secs_f64() * 1e3
+        )
+    }
+}
+
+/// `torch._dynamo.explain(f)(*inputs)` with default options (inductor backend).
+pub fn explain<F>(f: F, inputs: &[Tensor]) -> Result<Explanation, JitError>
+where
+    F: Fn(&[Traced]) -> Vec<Traced>,
+{
+    jit(f).explain(inputs)
+}
