@@ -348,18 +348,26 @@ pub fn graph_dot(prims: &Graph, program: Option<&Program>) -> String {
     let mut clusters: Vec<(String, StepKind, Vec<NodeId>)> = Vec::new();
     if let Some(program) = program {
         for (i, step) in program.steps.iter().enumerate() {
-            let (kind, nodes) = match step {
-                Step::Kernel(k) => (StepKind::Kernel, k.nodes.clone()),
-                Step::Matmul(m) => (StepKind::Matmul, vec![m.node]),
+            // A GEMM's epilogue is drawn as a cluster of its own, next to the GEMM's.
+            let mut parts = match step {
+                Step::Kernel(k) => vec![(step_name(i, step), StepKind::Kernel, k.nodes.clone())],
+                Step::Matmul(m) => vec![(step_name(i, step), StepKind::Matmul, vec![m.node])],
             };
-            let nodes: Vec<NodeId> = nodes
-                .into_iter()
-                .filter(|n| n.index() < prims.len() && !owner.contains_key(n))
-                .collect();
-            for &n in &nodes {
-                owner.insert(n, i);
+            if let Step::Matmul(m) = step {
+                if let Some(e) = &m.epilogue {
+                    parts.push((e.name.clone(), StepKind::Kernel, e.nodes.clone()));
+                }
             }
-            clusters.push((step_name(i, step), kind, nodes));
+            for (name, kind, nodes) in parts {
+                let nodes: Vec<NodeId> = nodes
+                    .into_iter()
+                    .filter(|n| n.index() < prims.len() && !owner.contains_key(n))
+                    .collect();
+                for &n in &nodes {
+                    owner.insert(n, i);
+                }
+                clusters.push((name, kind, nodes));
+            }
         }
     }
     let mut text = String::from("digraph minductor {\n");

@@ -4,8 +4,8 @@
 
 mod backend;
 mod compile;
-mod dynamic;
 pub mod dump;
+mod dynamic;
 mod explain;
 mod graph_break;
 mod guards;

@@ -474,7 +474,7 @@ mod tests {
     }
 
     fn costs(g: &Graph) -> (Program, Vec<StepCost>) {
-        let program = fuse(&simplify(&decompose(g)));
+        let program = fuse(&simplify(&decompose(g))).expect("static graphs fuse");
         let costs = program_cost(&program);
         (program, costs)
     }

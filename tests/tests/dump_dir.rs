@@ -94,8 +94,13 @@ fn dump_dir_receives_every_stage() {
     assert!(dot.starts_with("digraph"), "{dot}");
     assert_eq!(
         dot.matches("subgraph \"cluster_").count(),
-        program.steps.len(),
-        "one cluster per kernel and per GEMM:\n{dot}"
+        program.steps.len()
+            + program
+                .steps
+                .iter()
+                .filter(|s| matches!(s, minductor::passes::kernel::Step::Matmul(m) if m.epilogue.is_some()))
+                .count(),
+        "one cluster per kernel (epilogues included) and per GEMM:\n{dot}"
     );
     for kernel in program.kernels() {
         assert!(
