@@ -293,7 +293,7 @@ fn time_backend(
         }
         Bound::Compute => {
             let gflops = workload.flops as f64 / median / 1e9;
-            (gflops, gflops / probe.gemm_gflops)
+            (gflops, gflops / probe.gemm_gflops_all_threads)
         }
     };
     Ok(BackendResult {

@@ -6,7 +6,7 @@ use cranelift_codegen::settings::{self, Configurable};
 use cranelift_frontend::{FunctionBuilder, FunctionBuilderContext};
 use cranelift_jit::{JITBuilder, JITModule};
 use cranelift_module::{Linkage, Module};
-use minductor_ir::DType;
+use minductor_ir::{DType, Dim};
 use minductor_passes::kernel::{BufferId, BufferKind, Kernel, MatmulStep, Program, Step};
 use minductor_passes::plan_buffers::{plan_buffers, BufferPlan};
 use minductor_runtime::{threads, Executable, RuntimeError, StepTiming, Storage, Tensor};
@@ -30,11 +30,109 @@ pub struct CompiledKernel {
     pub clif: String,
     function: KernelFn,
     buffers: Vec<BufferId>,
+    /// Loop extents in `Kernel::params()` order; symbolic ones are bound at each call.
+    extents: Vec<Dim>,
+    /// How many of `extents` are outer loops, and how many belong to each stage after them.
+    outer_loops: usize,
+    stage_loops: Vec<usize>,
+}
+
+/// A kernel's loop extents for one call.
+struct BoundKernel {
     params: Vec<i64>,
     /// Extent of the first outer loop, the range the function is called with (1 if none).
     range: i64,
-    /// Elements the kernel visits per call (all loop trip counts), to decide on threading.
+    /// Elements the kernel visits (all loop trip counts), to decide on threading.
     work: i64,
+}
+
+impl CompiledKernel {
+    fn bind(&self, symbols: &Symbols) -> BoundKernel {
+        let params: Vec<i64> = self
+            .extents
+            .iter()
+            .map(|&d| symbols.size(d) as i64)
+            .collect();
+        let outer: i64 = params[..self.outer_loops].iter().product();
+        let mut at = self.outer_loops;
+        let mut inner = 0;
+        for &n in &self.stage_loops {
+            inner += params[at..at + n].iter().product::<i64>();
+            at += n;
+        }
+        BoundKernel {
+            range: if self.outer_loops > 0 { params[0] } else { 1 },
+            work: outer * inner,
+            params,
+        }
+    }
+}
+
+/// The size of every symbolic dim for one call, read off the inputs' shapes.
+#[derive(Clone, Debug, Default, PartialEq)]
+struct Symbols(Vec<Option<usize>>);
+
+impl Symbols {
+    fn size(&self, d: Dim) -> usize {
+        match d {
+            Dim::Static(n) => n,
+            Dim::Sym(s) => self.0[s.0 as usize].expect("every symbol is bound by an input"),
+        }
+    }
+
+    fn sizes(&self, shape: &[Dim]) -> Vec<usize> {
+        shape.iter().map(|&d| self.size(d)).collect()
+    }
+
+    /// Binds the symbols from the inputs, checking every static size and that a symbol has one
+    /// size across all the dims it names.
+    fn bind(program: &Program, inputs: &[Tensor]) -> Result<Symbols, RuntimeError> {
+        let mut symbols = Symbols(Vec::new());
+        for b in &program.buffers {
+            let BufferKind::Input(n) = b.kind else {
+                continue;
+            };
+            let t = inputs.get(n).ok_or(RuntimeError::Arity {
+                expected: n + 1,
+                found: inputs.len(),
+            })?;
+            let mismatch = || RuntimeError::Shape {
+                name: format!("#{n}"),
+                expected: format!("{}{}", b.dtype, minductor_ir::shape_string(&b.shape)),
+                found: t.shape().to_vec(),
+            };
+            if t.dtype() != b.dtype || t.rank() != b.shape.len() {
+                return Err(mismatch());
+            }
+            for (&d, &size) in b.shape.iter().zip(t.shape()) {
+                match d {
+                    Dim::Static(n) if n != size => return Err(mismatch()),
+                    Dim::Static(_) => {}
+                    Dim::Sym(s) => {
+                        let slot = s.0 as usize;
+                        if symbols.0.len() <= slot {
+                            symbols.0.resize(slot + 1, None);
+                        }
+                        match symbols.0[slot] {
+                            Some(bound) if bound != size => {
+                                return Err(RuntimeError::Shape {
+                                    name: format!("#{n}"),
+                                    expected: format!(
+                                        "{}{} with {d} = {bound} (bound by an earlier input)",
+                                        b.dtype,
+                                        minductor_ir::shape_string(&b.shape)
+                                    ),
+                                    found: t.shape().to_vec(),
+                                })
+                            }
+                            _ => symbols.0[slot] = Some(size),
+                        }
+                    }
+                }
+            }
+        }
+        Ok(symbols)
+    }
 }
 
 /// Kernels visiting fewer elements than this run on the calling thread.
@@ -57,8 +155,11 @@ pub struct CompiledProgram {
     /// Where each intermediate lives in the arena.
     pub plan: BufferPlan,
     steps: Vec<CompiledStep>,
-    /// One allocation for every intermediate, laid out by `plan`, kept between calls.
+    /// One allocation for every intermediate, laid out by `plan`, kept between calls (grown
+    /// when a call's symbolic sizes need more).
     arena: Storage,
+    /// The symbol sizes the arena is laid out for, and each slot's offset for them.
+    layout: Option<(Symbols, Vec<usize>, usize)>,
     pub compile_time: Duration,
     _code: CodeOwner,
 }
@@ -82,11 +183,7 @@ fn isa() -> Result<std::sync::Arc<dyn cranelift_codegen::isa::TargetIsa>, Codege
 /// Compiles every kernel of `program` to machine code.
 pub fn compile_program(program: &Program) -> Result<CompiledProgram, CodegenError> {
     let started = Instant::now();
-    for b in &program.buffers {
-        if b.numel().is_none() {
-            return Err(CodegenError::Unsupported("symbolic buffer sizes".into()));
-        }
-    }
+    check_symbols_bound(program)?;
     let isa = isa()?;
     let call_conv = isa.default_call_conv();
     let mut module = JITModule::new(JITBuilder::with_isa(
@@ -127,12 +224,9 @@ pub fn compile_program(program: &Program) -> Result<CompiledProgram, CodegenErro
             clif,
             function,
             buffers: kernel.buffers(),
-            params: static_params(kernel),
-            work: kernel_work(kernel),
-            range: kernel
-                .outer
-                .first()
-                .map_or(1, |d| d.as_static().expect("checked static") as i64),
+            extents: kernel.params(),
+            outer_loops: kernel.outer.len(),
+            stage_loops: kernel.stages.iter().map(|s| s.extent.len()).collect(),
         }
     };
     let steps = program
@@ -151,7 +245,8 @@ pub fn compile_program(program: &Program) -> Result<CompiledProgram, CodegenErro
         .unwrap_or_else(|| plan_buffers(program));
     Ok(CompiledProgram {
         program: program.clone(),
-        arena: Storage::zeroed(plan.arena_bytes),
+        arena: Storage::zeroed(0),
+        layout: None,
         plan,
         steps,
         compile_time: started.elapsed(),
@@ -159,28 +254,22 @@ pub fn compile_program(program: &Program) -> Result<CompiledProgram, CodegenErro
     })
 }
 
-fn static_sizes(shape: &[minductor_ir::Dim]) -> Vec<usize> {
-    shape
+/// Every symbolic size the program uses must be readable off an input's shape at call time.
+fn check_symbols_bound(program: &Program) -> Result<(), CodegenError> {
+    let bound: Vec<Dim> = program
+        .buffers
         .iter()
-        .map(|d| d.as_static().expect("checked static"))
-        .collect()
-}
-
-fn kernel_work(kernel: &Kernel) -> i64 {
-    let size = |dims: &[minductor_ir::Dim]| {
-        dims.iter()
-            .map(|d| d.as_static().expect("checked static") as i64)
-            .product::<i64>()
-    };
-    size(&kernel.outer) * kernel.stages.iter().map(|s| size(&s.extent)).sum::<i64>()
-}
-
-fn static_params(kernel: &Kernel) -> Vec<i64> {
-    kernel
-        .params()
-        .iter()
-        .map(|d| d.as_static().expect("checked static") as i64)
-        .collect()
+        .filter(|b| matches!(b.kind, BufferKind::Input(_)))
+        .flat_map(|b| b.shape.iter().copied())
+        .filter(|d| matches!(d, Dim::Sym(_)))
+        .collect();
+    let mut used = program.buffers.iter().flat_map(|b| b.shape.iter());
+    match used.find(|d| matches!(d, Dim::Sym(_)) && !bound.contains(d)) {
+        Some(d) => Err(CodegenError::Unsupported(format!(
+            "symbolic size {d} is not the size of any input dim"
+        ))),
+        None => Ok(()),
+    }
 }
 
 impl CompiledProgram {
@@ -207,7 +296,7 @@ impl Executable for CompiledProgram {
     }
 
     fn arena_bytes(&self) -> usize {
-        self.plan.arena_bytes
+        self.layout.as_ref().map_or(self.plan.arena_bytes, |l| l.2)
     }
 }
 
@@ -227,7 +316,20 @@ impl CompiledProgram {
         inputs: &[Tensor],
         mut timings: Option<&mut Vec<StepTiming>>,
     ) -> Result<Vec<Tensor>, RuntimeError> {
+        let symbols = Symbols::bind(&self.program, inputs)?;
+        if self.layout.as_ref().map(|l| &l.0) != Some(&symbols) {
+            let program = &self.program;
+            let (offsets, total) = self.plan.layout(|b| {
+                let buffer = program.buffer(b);
+                symbols.sizes(&buffer.shape).iter().product::<usize>() * buffer.dtype.size_bytes()
+            });
+            if total > self.arena.len() {
+                self.arena = Storage::zeroed(total);
+            }
+            self.layout = Some((symbols.clone(), offsets, total));
+        }
         let program = &self.program;
+        let slot_offsets = &self.layout.as_ref().expect("laid out above").1;
         let mut held: Vec<Option<Tensor>> = vec![None; program.buffers.len()];
         let mut pointers: Vec<*mut u8> = vec![std::ptr::null_mut(); program.buffers.len()];
         // Every buffer the compiled code touches, checked against the plan: this is the fence
@@ -239,13 +341,7 @@ impl CompiledProgram {
                         expected: n + 1,
                         found: inputs.len(),
                     })?;
-                    if t.dtype() != b.dtype || t.shape() != static_sizes(&b.shape).as_slice() {
-                        return Err(RuntimeError::Shape {
-                            name: format!("#{n}"),
-                            expected: format!("{}{:?}", b.dtype, static_sizes(&b.shape)),
-                            found: t.shape().to_vec(),
-                        });
-                    }
+                    // Dtype and sizes were checked by `Symbols::bind`.
                     let t = t.contiguous();
                     // Kernels only ever read inputs (fuse never stores to an input buffer), so
                     // this pointer to storage the caller may share is never written through.
@@ -253,17 +349,16 @@ impl CompiledProgram {
                     held[index] = Some(t);
                 }
                 BufferKind::Output => {
-                    let mut t = Tensor::zeros(b.dtype, &static_sizes(&b.shape));
+                    let mut t = Tensor::zeros(b.dtype, &symbols.sizes(&b.shape));
                     pointers[index] = t.data_mut_ptr().expect("a fresh tensor is uniquely owned");
                     held[index] = Some(t);
                 }
                 BufferKind::Intermediate => {
-                    let offset = self
-                        .plan
-                        .offset(BufferId(index as u32))
-                        .expect("every intermediate has an arena slot");
-                    // SAFETY: `plan_buffers` placed the slot inside the arena, which was
-                    // allocated with `arena_bytes`; `&mut self` makes this call its only user.
+                    let slot = self.plan.slot_of[index].expect("every intermediate has a slot");
+                    let offset = slot_offsets[slot];
+                    // SAFETY: `layout` placed the slot, as large as its largest member for this
+                    // call's sizes, inside `total` bytes, and the arena holds at least that
+                    // many; `&mut self` makes this call its only user.
                     pointers[index] = unsafe { self.arena.as_mut_ptr().add(offset) };
                 }
             }
@@ -271,13 +366,13 @@ impl CompiledProgram {
         let mut table: Vec<*mut u8> = Vec::with_capacity(8);
         for (n, step) in self.steps.iter().enumerate() {
             for check in program.index_checks.iter().filter(|c| c.step == n) {
-                check_indices(&pointers, program, check.buffer, check.bound)?;
+                check_indices(&pointers, program, &symbols, check.buffer, check.bound)?;
             }
             let started = timings.is_some().then(Instant::now);
             match step {
-                CompiledStep::Kernel(k) => run_kernel(k, &pointers, &mut table),
+                CompiledStep::Kernel(k) => run_kernel(k, &symbols, &pointers, &mut table),
                 CompiledStep::Matmul(m, epilogue) => {
-                    run_matmul(m, epilogue.as_ref(), program, &pointers)
+                    run_matmul(m, epilogue.as_ref(), program, &symbols, &pointers)
                 }
             }
             if let (Some(timings), Some(started)) = (timings.as_deref_mut(), started) {
@@ -307,11 +402,14 @@ impl CompiledProgram {
 fn check_indices(
     pointers: &[*mut u8],
     program: &Program,
+    symbols: &Symbols,
     buffer: BufferId,
     bound: i64,
 ) -> Result<(), RuntimeError> {
-    let b = program.buffer(buffer);
-    let n = b.numel().expect("checked static");
+    let n: usize = symbols
+        .sizes(&program.buffer(buffer).shape)
+        .iter()
+        .product();
     // SAFETY: the buffer holds `n` i64s (its planned size), written by earlier steps or given
     // as an input, and no step runs meanwhile.
     let values =
@@ -325,34 +423,54 @@ fn check_indices(
 }
 
 /// Runs kernel `k` over outer rows `start..end`, split across threads when worth it.
-fn run_kernel(k: &CompiledKernel, pointers: &[*mut u8], table: &mut Vec<*mut u8>) {
+fn run_kernel(
+    k: &CompiledKernel,
+    symbols: &Symbols,
+    pointers: &[*mut u8],
+    table: &mut Vec<*mut u8>,
+) {
     table.clear();
     table.extend(k.buffers.iter().map(|id| pointers[id.0 as usize]));
     let shared = SharedPointers(table.as_ptr());
+    let bound = k.bind(symbols);
+    let (range, bound) = (bound.range, &bound);
     let threads = threads::num_threads() as i64;
-    if threads > 1 && k.range > 1 && k.work >= PARALLEL_WORK_THRESHOLD {
-        let chunks = threads.min(k.range);
+    if threads > 1 && range > 1 && bound.work >= PARALLEL_WORK_THRESHOLD {
+        let chunks = threads.min(range);
         threads::for_each_chunk(chunks as usize, |c| {
             let c = c as i64;
-            call_kernel(k, shared, k.range * c / chunks, k.range * (c + 1) / chunks);
+            call_kernel(
+                k,
+                bound,
+                shared,
+                range * c / chunks,
+                range * (c + 1) / chunks,
+            );
         });
     } else {
-        call_kernel(k, shared, 0, k.range);
+        call_kernel(k, bound, shared, 0, range);
     }
 }
 
 /// Calls the compiled function of `k` on outer rows `start..end`.
-fn call_kernel(k: &CompiledKernel, table: SharedPointers, start: i64, end: i64) {
+fn call_kernel(
+    k: &CompiledKernel,
+    bound: &BoundKernel,
+    table: SharedPointers,
+    start: i64,
+    end: i64,
+) {
     // SAFETY: every pointer in the table is the start of a live, contiguous buffer whose size is
     // the one `fuse` planned (checked for inputs in `run_steps`, allocated from the plan
     // otherwise, arena slots never overlapping while live); `fuse` guarantees each index stays
-    // inside its buffer for loop extents equal to `params`, and `start..end` lies within the
+    // inside its buffer for loop extents equal to `params` (the buffers were sized for the same
+    // symbol values `bound` was made from), and `start..end` lies within the
     // first outer loop. Threads get disjoint row ranges: a kernel's store index is the row-major
     // index of its own iteration domain, so disjoint rows write disjoint elements, and a kernel
     // reads no buffer it writes except in place at the very element it writes (`plan_buffers`).
     // Each element's value, reductions included, is computed within one call, so results do not
     // depend on the thread count.
-    unsafe { (k.function)(table.0, k.params.as_ptr(), start, end) };
+    unsafe { (k.function)(table.0, bound.params.as_ptr(), start, end) };
 }
 
 /// Output units (rows, or indices of the first batch dim) per tile: one tile's GEMM output and
@@ -367,9 +485,10 @@ fn run_matmul(
     m: &MatmulStep,
     epilogue: Option<&CompiledKernel>,
     program: &Program,
+    symbols: &Symbols,
     pointers: &[*mut u8],
 ) {
-    let (a_shape, b_shape) = (static_sizes(&m.a.shape), static_sizes(&m.b.shape));
+    let (a_shape, b_shape) = (symbols.sizes(&m.a.shape), symbols.sizes(&m.b.shape));
     let batch = a_shape.len() - 2;
     let (rows, k, cols) = (a_shape[batch], a_shape[batch + 1], b_shape[batch + 1]);
     debug_assert!(program.buffer(m.out).dtype == DType::F32);
@@ -385,6 +504,7 @@ fn run_matmul(
     if let Some(e) = epilogue {
         table.extend(e.buffers.iter().map(|id| pointers[id.0 as usize]));
     }
+    let epilogue = epilogue.map(|e| (e, e.bind(symbols)));
     let shared = SharedPointers(table.as_ptr());
     let a = SendPtr(pointers[m.a.buffer.0 as usize]);
     let b = SendPtr(pointers[m.b.buffer.0 as usize]);
@@ -393,9 +513,9 @@ fn run_matmul(
         let mut s = start;
         while s < end {
             let e = (s + tile).min(end);
-            gemm_units(m, a, b, c, s, e);
-            if let Some(epilogue) = epilogue {
-                call_kernel(epilogue, shared, s as i64, e as i64);
+            gemm_units(m, &a_shape, &b_shape, a, b, c, s, e);
+            if let Some((epilogue, bound)) = &epilogue {
+                call_kernel(epilogue, bound, shared, s as i64, e as i64);
             }
             s = e;
         }
@@ -421,8 +541,17 @@ unsafe impl Sync for SendPtr {}
 
 /// The GEMM for output units `start..end` of the first dim: rows of a 2-D product, or whole
 /// matrices of the first batch dim.
-fn gemm_units(m: &MatmulStep, a: SendPtr, b: SendPtr, c: SendPtr, start: usize, end: usize) {
-    let (a_shape, b_shape) = (static_sizes(&m.a.shape), static_sizes(&m.b.shape));
+#[allow(clippy::too_many_arguments)]
+fn gemm_units(
+    m: &MatmulStep,
+    a_shape: &[usize],
+    b_shape: &[usize],
+    a: SendPtr,
+    b: SendPtr,
+    c: SendPtr,
+    start: usize,
+    end: usize,
+) {
     let batch = a_shape.len() - 2;
     let (rows, k, cols) = (a_shape[batch], a_shape[batch + 1], b_shape[batch + 1]);
     if rows == 0 || cols == 0 || start >= end {

@@ -428,7 +428,7 @@ mod tests {
     use minductor_ir::DType;
 
     #[test]
-    fn dot_has_one_cluster_per_step_and_an_edge_per_operand() {
+    fn dot_has_one_cluster_per_kernel_and_gemm_and_an_edge_per_operand() {
         let graph = trace(|t| {
             let a = t.input("a", DType::F32, &[5, 7]);
             let b = t.input("b", DType::F32, &[7, 9]);
@@ -441,11 +441,9 @@ mod tests {
         let program = artifacts.program.as_ref().unwrap();
         let dot = graph_dot(prims, Some(program));
         assert!(dot.starts_with("digraph minductor {"), "{dot}");
-        assert_eq!(
-            dot.matches("subgraph \"cluster_").count(),
-            program.steps.len(),
-            "{dot}"
-        );
+        // The GEMM and its epilogue (tanh, softmax over its rows) are two clusters.
+        assert_eq!(program.steps.len(), 1, "{program}");
+        assert_eq!(dot.matches("subgraph \"cluster_").count(), 2, "{dot}");
         assert!(dot.contains("subgraph \"cluster_k0_matmul\""), "{dot}");
         let operands: usize = prims.nodes().iter().map(|n| n.inputs.len()).sum();
         let outputs = prims.outputs().len();

@@ -243,7 +243,9 @@ fn in_place_candidate(
         let b = program.buffer(input);
         b.kind == BufferKind::Intermediate
             && input != written
-            && plan.slot_of[input.0 as usize].is_some()
+            // Not already overwritten by another buffer this kernel writes.
+            && plan.slot_of[input.0 as usize]
+                .is_some_and(|slot| plan.slots[slot].members.last() == Some(&input))
             && matches!(live[input.0 as usize], Some((_, last)) if last == step_index)
             && b.dtype.size_bytes() == out.dtype.size_bytes()
             && (b.shape == out.shape || (b.numel().is_some() && b.numel() == out.numel()))

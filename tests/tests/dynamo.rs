@@ -150,7 +150,6 @@ fn automatic_dynamic_sweep_eager() {
 }
 
 #[test]
-#[ignore = "needs symbolic codegen (lead)"]
 fn automatic_dynamic_sweep_inductor() {
     automatic_dynamic_sweep(Backend::Inductor, 1e-4);
 }

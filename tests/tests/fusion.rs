@@ -285,3 +285,18 @@ fn buffer_plans_of_attention_are_safe() {
     // Outputs reach ~70 in magnitude; the f32 GEMMs' rounding shows at 1e-5 relative.
     assert_matches_interpreter(&graph, &inputs, 1e-3);
 }
+
+#[test]
+fn two_outputs_of_one_kernel_never_take_the_same_input_slot() {
+    // gelu's two uses of softmax's result become sibling kernels merged horizontally; only one
+    // of their outputs may overwrite the input in place (found by the random-graph test).
+    let graph = trace(|t| {
+        let x = t.input("x", DType::F32, &[2, 2]);
+        vec![x.softmax(0).gelu().softmax(1)]
+    })
+    .unwrap();
+    let program = program_of(&graph);
+    assert_plan_is_safe(&program);
+    let x = Tensor::from_vec(&[2, 2], vec![0.3f32, -1.0, 2.0, 0.5]).unwrap();
+    assert_matches_interpreter(&graph, &[x], 1e-5);
+}
