@@ -14,6 +14,7 @@
 pub mod bench;
 pub mod golden;
 pub mod probe;
+pub mod report;
 pub mod workloads;
 
 pub use minductor_codegen_cpu as codegen_cpu;

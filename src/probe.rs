@@ -6,11 +6,9 @@
 //!   several runs, in GB/s counting the bytes read plus the bytes written (as the workloads count
 //!   theirs). The destination is touched before timing, so page faults are not measured.
 //! - GEMM peak: `matrixmultiply::sgemm` on square `n × n` matrices, median of several runs, as
-//!   2·n³ / time. `gemm_gflops` is ONE sgemm on one thread: that is how the compiled code runs
-//!   every GEMM today (matrixmultiply is built without its threading feature and each matmul step
-//!   is one call), so it is the peak the compiled code can reach. `gemm_gflops_all_threads` runs
-//!   one independent sgemm on every thread of the pool at once and reports the aggregate, the
-//!   ceiling a GEMM split across threads could approach.
+//!   2·n³ / time. `gemm_gflops` is one sgemm on one thread; `gemm_gflops_all_threads` runs one
+//!   independent sgemm on every thread of the pool at once and reports the aggregate: the ceiling
+//!   for compiled GEMMs, which split their output rows across the threads.
 //!
 //! The result is cached as JSON in `$MINDUCTOR_CACHE_DIR`, else `$XDG_CACHE_HOME/minductor`, else
 //! `~/.cache/minductor` (never in the repository), one file per machine (CPU model, logical CPU
@@ -37,9 +35,9 @@ pub struct MachineProbe {
     pub copy_gb_per_s: f64,
     /// `n` of the `n × n × n` sgemm.
     pub gemm_size: usize,
-    /// Median GFLOP/s of one sgemm on one thread: the peak the compiled code's GEMM steps can reach.
+    /// Median GFLOP/s of one sgemm on one thread.
     pub gemm_gflops: f64,
-    /// Median aggregate GFLOP/s of one sgemm per thread, all threads at once.
+    /// Median aggregate GFLOP/s of one sgemm per thread, all threads at once: the GEMM peak.
     pub gemm_gflops_all_threads: f64,
     /// When it was measured, seconds since the Unix epoch.
     pub measured_at_unix_s: u64,

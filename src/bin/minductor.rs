@@ -119,11 +119,34 @@ enum Command {
         #[arg(long)]
         reprobe: bool,
     },
+    /// Compile one workload of the suite and print its fusion report: the kernel table, then
+    /// each step's median time and achieved bandwidth (GFLOP/s for GEMMs) against the probe.
+    Report {
+        /// A workload name (see `bench`).
+        workload: String,
+        /// Threads the kernels and the probe use (default: all cores).
+        #[arg(long)]
+        threads: Option<usize>,
+        /// Timed runs per step (the median is reported).
+        #[arg(long, default_value_t = 10)]
+        runs: usize,
+    },
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
+        Command::Report {
+            workload,
+            threads,
+            runs,
+        } => match report(&workload, threads, runs) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("error: {e}");
+                ExitCode::FAILURE
+            }
+        },
         Command::Bench {
             workload,
             threads,
@@ -165,6 +188,24 @@ fn main() -> ExitCode {
             }
         }
     }
+}
+
+fn report(
+    name: &str,
+    threads: Option<usize>,
+    runs: usize,
+) -> Result<(), Box<dyn std::error::Error>> {
+    if threads == Some(0) {
+        return Err("--threads must be at least 1, found 0".into());
+    }
+    minductor::set_num_threads(threads.unwrap_or(0))?;
+    let workload = workloads::by_name(name)?;
+    let threads = minductor::num_threads();
+    let (probe, _) = load_or_measure(threads, false)?;
+    let report =
+        minductor::report::fusion_report(&workload.graph, &workload.inputs, runs, Some(probe))?;
+    println!("{}: {}", workload.name, report);
+    Ok(())
 }
 
 fn bench(

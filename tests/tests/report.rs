@@ -1,0 +1,38 @@
+//! The fusion report: one row group per compiled step, costs from the kernel IR, times measured.
+
+use minductor::report::fusion_report;
+use minductor::{trace, DType, Tensor};
+
+#[test]
+fn report_lists_every_step_with_its_cost_and_time() {
+    let graph = trace(|t| {
+        let x = t.input("x", DType::F32, &[16, 37]);
+        let w = t.input("w", DType::F32, &[24, 37]);
+        vec![x.linear(&w, None).gelu(), x.softmax(-1)]
+    })
+    .unwrap();
+    let inputs = [
+        Tensor::from_vec(&[16, 37], (0..16 * 37).map(|i| (i as f32).sin()).collect()).unwrap(),
+        Tensor::from_vec(&[24, 37], (0..24 * 37).map(|i| (i as f32).cos()).collect()).unwrap(),
+    ];
+    let report = fusion_report(&graph, &inputs, 3, None).unwrap();
+    // The GEMM carries gelu as its epilogue; softmax is one kernel.
+    assert_eq!(report.steps.len(), 2, "{report}");
+    let gemm = report
+        .steps
+        .iter()
+        .find(|s| s.costs.len() == 2)
+        .unwrap_or_else(|| panic!("{report}"));
+    assert_eq!(gemm.costs[0].flops, 2 * 16 * 24 * 37);
+    let softmax = report.steps.iter().find(|s| s.costs.len() == 1).unwrap();
+    // softmax reads x once and writes its output once.
+    assert_eq!(softmax.costs[0].bytes_read, 16 * 37 * 4);
+    assert_eq!(softmax.costs[0].bytes_written, 16 * 37 * 4);
+    let text = report.to_string();
+    for step in &report.steps {
+        for cost in &step.costs {
+            assert!(text.contains(&cost.name), "{text}");
+        }
+    }
+    assert!(text.contains("GFLOP/s") && text.contains("GB/s"), "{text}");
+}
