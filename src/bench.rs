@@ -111,7 +111,7 @@ pub struct BackendResult {
     pub kept_bytes: u64,
     /// GB/s for memory-bound workloads, GFLOP/s for GEMM-dominated ones.
     pub achieved: f64,
-    /// `achieved` over the probe's copy bandwidth or single-thread GEMM peak.
+    /// `achieved` over the probe's copy bandwidth or all-thread GEMM peak.
     pub fraction_of_peak: f64,
 }
 
@@ -311,7 +311,7 @@ fn time_backend(
 pub fn render_probe(probe: &MachineProbe) -> String {
     format!(
         "machine: {}\nprobe ({} threads): copy {:.1} GB/s (read+write, {} MiB buffers); \
-         sgemm {}³ {:.1} GFLOP/s on one thread (as compiled GEMMs run), {:.1} GFLOP/s on all {} threads\n",
+         sgemm {}³ {:.1} GFLOP/s on one thread, {:.1} GFLOP/s on all {} threads (the GEMM peak)\n",
         probe.machine,
         probe.threads,
         probe.copy_gb_per_s,
