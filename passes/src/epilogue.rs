@@ -55,18 +55,7 @@ pub fn fuse_epilogues(program: &Program) -> Program {
         }
         i += 1;
     }
-    let mut index_checks = program.index_checks.clone();
-    for check in &mut index_checks {
-        check.step = origin
-            .iter()
-            .position(|o| o.contains(&check.step))
-            .expect("every original step lives in one step");
-    }
-    Program {
-        steps,
-        index_checks,
-        ..program.clone()
-    }
+    program.with_steps(steps, &origin)
 }
 
 /// Whether every load of `out` in `k` stays inside the rows of `out` that the first outer loop

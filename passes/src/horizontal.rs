@@ -45,18 +45,7 @@ pub fn fuse_horizontal(program: &Program) -> Program {
             None => j += 1,
         }
     }
-    let mut index_checks = program.index_checks.clone();
-    for check in &mut index_checks {
-        check.step = origin
-            .iter()
-            .position(|o| o.contains(&check.step))
-            .expect("every original step lives in one merged step");
-    }
-    Program {
-        steps,
-        index_checks,
-        ..program.clone()
-    }
+    program.with_steps(steps, &origin)
 }
 
 fn siblings(steps: &[Step], i: usize, j: usize) -> bool {

@@ -248,19 +248,8 @@ impl Kernel {
 
     /// Buffers read or written, sorted and unique: the compiled function's pointer table.
     pub fn buffers(&self) -> Vec<BufferId> {
-        let mut out: Vec<BufferId> = self
-            .exprs
-            .iter()
-            .filter_map(|e| match e {
-                Expr::Load { buffer, .. } => Some(*buffer),
-                _ => None,
-            })
-            .collect();
-        for s in &self.stages {
-            if let StageAction::Store(stores) = &s.action {
-                out.extend(stores.iter().map(|st| st.buffer));
-            }
-        }
+        let mut out = self.loads();
+        out.extend(self.stores());
         out.sort();
         out.dedup();
         out
@@ -347,6 +336,23 @@ pub struct Program {
 impl Program {
     pub fn buffer(&self, id: BufferId) -> &Buffer {
         &self.buffers[id.0 as usize]
+    }
+
+    /// This program with its steps rearranged: `origin[i]` lists the original steps that new
+    /// step `i` contains (a merge or a move), so index checks follow their steps.
+    pub fn with_steps(&self, steps: Vec<Step>, origin: &[Vec<usize>]) -> Program {
+        let mut index_checks = self.index_checks.clone();
+        for check in &mut index_checks {
+            check.step = origin
+                .iter()
+                .position(|o| o.contains(&check.step))
+                .expect("every original step lives in one new step");
+        }
+        Program {
+            steps,
+            index_checks,
+            ..self.clone()
+        }
     }
 
     /// Every kernel, epilogues included, in execution order.

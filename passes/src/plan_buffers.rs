@@ -229,17 +229,7 @@ fn in_place_candidate(
         return None;
     }
     let store_extent = &kernel.stages[*store_stage].extent;
-    let mut candidates: Vec<BufferId> = kernel
-        .exprs
-        .iter()
-        .filter_map(|e| match e {
-            Expr::Load { buffer, .. } => Some(*buffer),
-            _ => None,
-        })
-        .collect();
-    candidates.sort();
-    candidates.dedup();
-    candidates.into_iter().find(|&input| {
+    kernel.loads().into_iter().find(|&input| {
         let b = program.buffer(input);
         b.kind == BufferKind::Intermediate
             && input != written
