@@ -4,8 +4,12 @@
 //! `cargo bench -p minductor-benches --bench jit_overhead`
 
 use criterion::{criterion_group, criterion_main, Criterion};
+use minductor::workloads::uniform;
 use minductor::{compile, jit, trace, DType, Traced};
-use minductor_benches::values;
+
+fn values(shape: &[usize], seed: u64) -> minductor::Tensor {
+    uniform(shape, -2.0, 2.0, seed)
+}
 
 fn gelu_affine(x: &[Traced]) -> Vec<Traced> {
     vec![(&x[0] * &x[1] + &x[2]).gelu()]
