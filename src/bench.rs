@@ -278,6 +278,8 @@ fn time_backend(
     let kept_bytes = compiled.arena_bytes() as u64;
     let peak_bytes = match meter {
         Some(meter) => {
+            // Outputs recycled from the block cache would not show as new heap: empty it first.
+            minductor_runtime::release_cached_blocks();
             let baseline = meter.reset_peak();
             let outputs = call(workload, compiled)?;
             let peak = meter.peak().saturating_sub(baseline) as u64;

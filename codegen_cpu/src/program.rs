@@ -349,7 +349,8 @@ impl CompiledProgram {
                     held[index] = Some(t);
                 }
                 BufferKind::Output => {
-                    let mut t = Tensor::zeros(b.dtype, &symbols.sizes(&b.shape));
+                    // Kernels write every element of an output, so a recycled block will do.
+                    let mut t = Tensor::for_overwrite(b.dtype, &symbols.sizes(&b.shape));
                     pointers[index] = t.data_mut_ptr().expect("a fresh tensor is uniquely owned");
                     held[index] = Some(t);
                 }

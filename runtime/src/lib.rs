@@ -10,5 +10,7 @@ pub mod threads;
 
 pub use error::RuntimeError;
 pub use executable::{check_inputs, Executable, StepTiming};
-pub use tensor::{contiguous_strides, Element, Storage, Tensor, BUFFER_ALIGN};
+pub use tensor::{
+    contiguous_strides, release_cached_blocks, Element, Storage, Tensor, BUFFER_ALIGN,
+};
 pub use threads::{num_threads, set_num_threads};

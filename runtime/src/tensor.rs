@@ -14,10 +14,48 @@ use std::sync::Arc;
 /// Alignment of every buffer minductor allocates: one cache line, enough for any vector load.
 pub const BUFFER_ALIGN: usize = 64;
 
-/// A zero-initialised, 64-byte aligned byte buffer.
+/// A 64-byte aligned byte buffer.
 pub struct Storage {
     ptr: NonNull<u8>,
     bytes: usize,
+    /// Returned to the block cache on drop (see [`Storage::for_overwrite`]).
+    cached: bool,
+}
+
+/// Blocks at least this large that were made by `for_overwrite` are cached when dropped.
+const CACHE_MIN_BYTES: usize = 1 << 20;
+/// The most bytes the block cache holds; beyond it, dropped blocks are freed.
+const CACHE_MAX_BYTES: usize = 1 << 30;
+
+/// Large freed output blocks, kept for the next call's outputs of the same size: a fresh
+/// allocation of tens of MiB costs a page fault per 4 KiB on first write, which for a
+/// bandwidth-bound kernel is as much time again as the kernel (a caching allocator, in small).
+struct BlockCache {
+    blocks: Vec<(usize, NonNull<u8>)>,
+    bytes: usize,
+}
+
+// SAFETY: the cache owns plain heap blocks no one else references.
+unsafe impl Send for BlockCache {}
+
+static BLOCK_CACHE: std::sync::Mutex<BlockCache> = std::sync::Mutex::new(BlockCache {
+    blocks: Vec::new(),
+    bytes: 0,
+});
+
+/// Frees every block the output cache holds.
+pub fn release_cached_blocks() {
+    let mut cache = BLOCK_CACHE.lock().unwrap_or_else(|p| p.into_inner());
+    for (bytes, ptr) in cache.blocks.drain(..) {
+        // SAFETY: every cached block was allocated by `Storage::zeroed` with this layout.
+        unsafe {
+            dealloc(
+                ptr.as_ptr(),
+                Layout::from_size_align_unchecked(bytes, BUFFER_ALIGN),
+            )
+        }
+    }
+    cache.bytes = 0;
 }
 
 // SAFETY: Storage is a plain heap allocation with no thread affinity; shared access is read-only
@@ -32,6 +70,7 @@ impl Storage {
             return Storage {
                 ptr: NonNull::new(BUFFER_ALIGN as *mut u8).unwrap(),
                 bytes: 0,
+                cached: false,
             };
         }
         let layout =
@@ -41,7 +80,29 @@ impl Storage {
         Storage {
             ptr: NonNull::new(ptr).unwrap_or_else(|| std::alloc::handle_alloc_error(layout)),
             bytes,
+            cached: false,
         }
+    }
+
+    /// A buffer whose every byte the caller will overwrite before reading it: a large one may be
+    /// a recycled block holding old (initialised) bytes instead of zeros. Compiled programs make
+    /// their outputs with it, since their kernels write every element of an output.
+    pub fn for_overwrite(bytes: usize) -> Storage {
+        if bytes >= CACHE_MIN_BYTES {
+            let mut cache = BLOCK_CACHE.lock().unwrap_or_else(|p| p.into_inner());
+            if let Some(i) = cache.blocks.iter().position(|&(b, _)| b == bytes) {
+                let (_, ptr) = cache.blocks.swap_remove(i);
+                cache.bytes -= bytes;
+                return Storage {
+                    ptr,
+                    bytes,
+                    cached: true,
+                };
+            }
+        }
+        let mut storage = Storage::zeroed(bytes);
+        storage.cached = bytes >= CACHE_MIN_BYTES;
+        storage
     }
 
     pub fn len(&self) -> usize {
@@ -69,6 +130,14 @@ impl Storage {
 
 impl Drop for Storage {
     fn drop(&mut self) {
+        if self.cached {
+            let mut cache = BLOCK_CACHE.lock().unwrap_or_else(|p| p.into_inner());
+            if cache.bytes + self.bytes <= CACHE_MAX_BYTES {
+                cache.blocks.push((self.bytes, self.ptr));
+                cache.bytes += self.bytes;
+                return;
+            }
+        }
         if self.bytes > 0 {
             // SAFETY: allocated in `zeroed` with this very layout.
             unsafe {
@@ -132,12 +201,27 @@ impl Tensor {
     /// A zero-filled contiguous tensor.
     pub fn zeros(dtype: DType, shape: &[usize]) -> Tensor {
         let numel: usize = shape.iter().product();
+        Tensor::with_storage(dtype, shape, Storage::zeroed(numel * dtype.size_bytes()))
+    }
+
+    /// A contiguous tensor whose elements the caller overwrites before anyone reads them (see
+    /// [`Storage::for_overwrite`]): unspecified but initialised values until then.
+    pub fn for_overwrite(dtype: DType, shape: &[usize]) -> Tensor {
+        let numel: usize = shape.iter().product();
+        Tensor::with_storage(
+            dtype,
+            shape,
+            Storage::for_overwrite(numel * dtype.size_bytes()),
+        )
+    }
+
+    fn with_storage(dtype: DType, shape: &[usize], storage: Storage) -> Tensor {
         Tensor {
             dtype,
             shape: shape.to_vec(),
             strides: contiguous_strides(shape),
             offset: 0,
-            storage: Arc::new(Storage::zeroed(numel * dtype.size_bytes())),
+            storage: Arc::new(storage),
         }
     }
 

@@ -248,3 +248,35 @@ fn max_and_min_propagate_nan_from_every_position() {
         }
     }
 }
+
+#[test]
+fn recycled_output_blocks_are_fully_overwritten_and_never_shared() {
+    // Outputs of 1 MiB and more come from a cache of freed blocks; every element must be written
+    // again, and a block the caller still holds must not be handed out.
+    let n = 1 << 19;
+    let (g, _) = build(&[&[n]], |i| vec![(&i[0] * 0.5).gelu(), i[0].exp()]);
+    let compiled = compile(&g).unwrap();
+    let first_inputs = [values(&[n], 1)];
+    let want_first = interpret(&g, &first_inputs).unwrap();
+    let held = compiled.call(&first_inputs).unwrap();
+    for round in 0..4 {
+        // Alternate inputs, so a recycled block holds the other round's values.
+        let inputs = [values(&[n], 2 + round % 2)];
+        let want = interpret(&g, &inputs).unwrap();
+        let got = compiled.call(&inputs).unwrap();
+        for (a, b) in got.iter().zip(&want) {
+            for (x, y) in a.to_f64_vec().iter().zip(b.to_f64_vec()) {
+                assert!(
+                    (x - y).abs() <= 1e-5 * y.abs().max(1.0),
+                    "round {round}: {x} vs {y}"
+                );
+            }
+        }
+    }
+    // The outputs held across those calls still hold the first call's values.
+    for (a, b) in held.iter().zip(&want_first) {
+        for (x, y) in a.to_f64_vec().iter().zip(b.to_f64_vec()) {
+            assert!((x - y).abs() <= 1e-5 * y.abs().max(1.0), "{x} vs {y}");
+        }
+    }
+}
