@@ -419,10 +419,7 @@ impl Lowering<'_, '_, '_> {
                         stack.push(ind.value);
                     }
                 }
-                Expr::Unary(_, a) | Expr::Cast(_, a) => stack.push(*a),
-                Expr::Binary(_, a, c) | Expr::Compare(_, a, c) => stack.extend([*a, *c]),
-                Expr::Where(c, a, d) => stack.extend([*c, *a, *d]),
-                Expr::Constant { .. } | Expr::StageResult(_) => {}
+                other => stack.extend(other.operands()),
             }
         }
         sites
@@ -465,10 +462,7 @@ impl Lowering<'_, '_, '_> {
                     }
                     stack.push(*a);
                 }
-                Expr::Unary(_, a) => stack.push(*a),
-                Expr::Binary(_, a, c) | Expr::Compare(_, a, c) => stack.extend([*a, *c]),
-                Expr::Where(c, a, d) => stack.extend([*c, *a, *d]),
-                Expr::Constant { .. } | Expr::StageResult(_) => {}
+                other => stack.extend(other.operands()),
             }
         }
         true

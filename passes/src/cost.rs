@@ -217,7 +217,7 @@ fn kernel_cost(program: &Program, kernel: &Kernel) -> StepCost {
                 stores.iter().map(|s| s.value).collect()
             }
         };
-        for id in reachable(kernel, &roots) {
+        for id in kernel.reachable(&roots) {
             let Some(expr) = kernel.exprs.get(id.0 as usize) else {
                 continue;
             };
@@ -263,29 +263,6 @@ fn kernel_cost(program: &Program, kernel: &Kernel) -> StepCost {
         bytes_written: bytes(program, &writes),
         flops,
     }
-}
-
-/// Expressions reachable from `roots` through operands and indirect indices (not through
-/// `StageResult`, which is a value an earlier stage computed).
-fn reachable(kernel: &Kernel, roots: &[ExprId]) -> Vec<ExprId> {
-    let mut seen = vec![false; kernel.exprs.len()];
-    let mut stack: Vec<ExprId> = roots.to_vec();
-    let mut out = Vec::new();
-    while let Some(id) = stack.pop() {
-        match seen.get_mut(id.0 as usize) {
-            Some(s) if !*s => *s = true,
-            _ => continue,
-        }
-        out.push(id);
-        match &kernel.exprs[id.0 as usize] {
-            Expr::Load { indirect, .. } => stack.extend(indirect.iter().map(|i| i.value)),
-            Expr::Unary(_, a) | Expr::Cast(_, a) => stack.push(*a),
-            Expr::Binary(_, a, b) | Expr::Compare(_, a, b) => stack.extend([*a, *b]),
-            Expr::Where(c, a, b) => stack.extend([*c, *a, *b]),
-            Expr::Constant { .. } | Expr::StageResult(_) => {}
-        }
-    }
-    out
 }
 
 /// For each expression, whether its value depends on an inner loop variable.

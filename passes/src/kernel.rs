@@ -165,6 +165,20 @@ pub enum Expr {
     Cast(DType, ExprId),
 }
 
+impl Expr {
+    /// The expressions this one reads: operands, and a load's data-dependent index (not a
+    /// `StageResult`, which is a value an earlier stage computed).
+    pub fn operands(&self) -> SmallVec<[ExprId; 3]> {
+        match self {
+            Expr::Load { indirect, .. } => indirect.iter().map(|i| i.value).collect(),
+            Expr::Unary(_, a) | Expr::Cast(_, a) => SmallVec::from_slice(&[*a]),
+            Expr::Binary(_, a, b) | Expr::Compare(_, a, b) => SmallVec::from_slice(&[*a, *b]),
+            Expr::Where(c, a, b) => SmallVec::from_slice(&[*c, *a, *b]),
+            Expr::Constant { .. } | Expr::StageResult(_) => SmallVec::new(),
+        }
+    }
+}
+
 #[derive(Clone, Debug, PartialEq)]
 pub struct Store {
     pub buffer: BufferId,
@@ -214,6 +228,22 @@ impl Kernel {
             p.extend_from_slice(&s.extent);
         }
         p
+    }
+
+    /// Expressions reachable from `roots` through [`Expr::operands`], each once.
+    pub fn reachable(&self, roots: &[ExprId]) -> Vec<ExprId> {
+        let mut seen = vec![false; self.exprs.len()];
+        let mut stack: Vec<ExprId> = roots.to_vec();
+        let mut out = Vec::new();
+        while let Some(id) = stack.pop() {
+            match seen.get_mut(id.0 as usize) {
+                Some(s) if !*s => *s = true,
+                _ => continue,
+            }
+            out.push(id);
+            stack.extend(self.expr(id).operands());
+        }
+        out
     }
 
     /// Buffers the kernel loads from, sorted and unique.

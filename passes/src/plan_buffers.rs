@@ -267,29 +267,7 @@ fn read_by_gemm(step: &Step, input: BufferId) -> bool {
 
 /// The stages whose computation uses expression `target`.
 fn stages_using(kernel: &Kernel, target: ExprId) -> Vec<usize> {
-    let uses = |root: ExprId| -> bool {
-        let mut stack = vec![root];
-        let mut seen = vec![false; kernel.exprs.len()];
-        while let Some(e) = stack.pop() {
-            if e == target {
-                return true;
-            }
-            if std::mem::replace(&mut seen[e.0 as usize], true) {
-                continue;
-            }
-            match kernel.expr(e) {
-                Expr::Load {
-                    indirect: Some(ind),
-                    ..
-                } => stack.push(ind.value),
-                Expr::Unary(_, a) | Expr::Cast(_, a) => stack.push(*a),
-                Expr::Binary(_, a, b) | Expr::Compare(_, a, b) => stack.extend([*a, *b]),
-                Expr::Where(c, a, b) => stack.extend([*c, *a, *b]),
-                _ => {}
-            }
-        }
-        false
-    };
+    let uses = |root: ExprId| kernel.reachable(&[root]).contains(&target);
     kernel
         .stages
         .iter()
