@@ -136,6 +136,7 @@ impl fmt::Display for FusionReport {
             for (i, c) in step.costs.iter().enumerate() {
                 let kind = match c.kind {
                     StepKind::Matmul => "gemm",
+                    StepKind::ScatterAdd => "scatter",
                     StepKind::Kernel if i > 0 => "epilog",
                     StepKind::Kernel => "kernel",
                 };

@@ -8,5 +8,6 @@ pub mod convert;
 pub mod lower;
 pub mod math;
 mod program;
+mod scatter;
 
 pub use program::{compile_program, CodegenError, CompiledKernel, CompiledProgram};

@@ -7,7 +7,10 @@ use cranelift_frontend::{FunctionBuilder, FunctionBuilderContext};
 use cranelift_jit::{JITBuilder, JITModule};
 use cranelift_module::{Linkage, Module};
 use minductor_ir::{DType, Dim};
-use minductor_passes::kernel::{BufferId, BufferKind, Kernel, MatmulStep, Program, Step};
+use crate::scatter::{scatter_add, View};
+use minductor_passes::kernel::{
+    BufferId, BufferKind, Kernel, MatmulStep, Program, ScatterAddStep, Step,
+};
 use minductor_passes::plan_buffers::{plan_buffers, BufferPlan};
 use minductor_runtime::{threads, Executable, RuntimeError, StepTiming, Storage, Tensor};
 use std::time::{Duration, Instant};
@@ -142,6 +145,8 @@ enum CompiledStep {
     Kernel(CompiledKernel),
     /// A GEMM, and the kernel that runs on each block of its output rows (see `fuse_epilogues`).
     Matmul(MatmulStep, Option<CompiledKernel>),
+    /// An extern scatter-add (`scatter::scatter_add`).
+    ScatterAdd(ScatterAddStep),
 }
 
 /// The owner of the machine code. Only dropped, never used after finalisation.
@@ -237,6 +242,7 @@ pub fn compile_program(program: &Program) -> Result<CompiledProgram, CodegenErro
             Step::Matmul(m) => {
                 CompiledStep::Matmul(m.clone(), m.epilogue.as_ref().map(&mut finished))
             }
+            Step::ScatterAdd(sc) => CompiledStep::ScatterAdd(sc.clone()),
         })
         .collect();
     let plan = program
@@ -277,6 +283,7 @@ impl CompiledProgram {
         self.steps.iter().filter_map(|s| match s {
             CompiledStep::Kernel(k) => Some(k),
             CompiledStep::Matmul(_, epilogue) => epilogue.as_ref(),
+            CompiledStep::ScatterAdd(_) => None,
         })
     }
 }
@@ -375,6 +382,9 @@ impl CompiledProgram {
                 CompiledStep::Matmul(m, epilogue) => {
                     run_matmul(m, epilogue.as_ref(), program, &symbols, &pointers)
                 }
+                CompiledStep::ScatterAdd(sc) => {
+                    run_scatter_add(sc, program, &symbols, &pointers)?
+                }
             }
             if let (Some(timings), Some(started)) = (timings.as_deref_mut(), started) {
                 timings.push(StepTiming {
@@ -382,6 +392,7 @@ impl CompiledProgram {
                         CompiledStep::Kernel(k) => k.name.clone(),
                         CompiledStep::Matmul(m, None) => format!("matmul_{}", m.out),
                         CompiledStep::Matmul(m, Some(e)) => format!("matmul_{}+{}", m.out, e.name),
+                        CompiledStep::ScatterAdd(sc) => format!("scatter_add_{}", sc.out),
                     },
                     time: started.elapsed(),
                 });
@@ -397,6 +408,47 @@ impl CompiledProgram {
             })
             .collect())
     }
+}
+
+/// Runs a scatter-add step on its buffers.
+fn run_scatter_add(
+    sc: &ScatterAddStep,
+    program: &Program,
+    symbols: &Symbols,
+    pointers: &[*mut u8],
+) -> Result<(), RuntimeError> {
+    let numel = |id: BufferId| -> usize { symbols.sizes(&program.buffer(id).shape).iter().product() };
+    let (index_len, src_len, out_len) = (numel(sc.index.buffer), numel(sc.src.buffer), numel(sc.out));
+    // SAFETY: each pointer is the start of a live buffer holding its planned number of elements
+    // of its dtype for this call's sizes (`run_steps`): i64 indices, f32 source and output
+    // (`fuse` only emits f32 scatter-adds). The output is written by this step alone and does
+    // not overlap either operand: `plan_buffers` never places a scatter-add's output in place of
+    // a buffer it reads, and live buffers' slots are disjoint.
+    let (index, src, out) = unsafe {
+        (
+            std::slice::from_raw_parts(pointers[sc.index.buffer.0 as usize] as *const i64, index_len),
+            std::slice::from_raw_parts(pointers[sc.src.buffer.0 as usize] as *const f32, src_len),
+            std::slice::from_raw_parts_mut(pointers[sc.out.0 as usize] as *mut f32, out_len),
+        )
+    };
+    let shape = symbols.sizes(&sc.src.shape);
+    let out_shape = symbols.sizes(&program.buffer(sc.out).shape);
+    scatter_add(
+        View {
+            data: index,
+            offset: sc.index.offset,
+            strides: &sc.index.strides,
+        },
+        View {
+            data: src,
+            offset: sc.src.offset,
+            strides: &sc.src.strides,
+        },
+        &shape,
+        out,
+        &out_shape,
+        sc.dim,
+    )
 }
 
 /// Every i64 in `buffer` must lie in `0..bound` (embedding indices read from memory).

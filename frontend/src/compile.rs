@@ -9,7 +9,8 @@
 use minductor_codegen_cpu::{compile_program, CodegenError, CompiledProgram};
 use minductor_ir::{Graph, IrError};
 use minductor_passes::{
-    decompose, fuse, fuse_epilogues, fuse_horizontal, kernel::Program, plan_buffers, simplify,
+    autodiff, decompose, fuse, fuse_epilogues, fuse_horizontal, kernel::Program, plan_buffers,
+    simplify, AutodiffError,
 };
 use minductor_runtime::{check_inputs, interpret, Executable, RuntimeError, StepTiming, Tensor};
 use std::str::FromStr;
@@ -55,6 +56,8 @@ pub enum CompileError {
     InvalidGraph(#[from] IrError),
     #[error("code generation failed: {0}")]
     Codegen(#[from] CodegenError),
+    #[error("{0}")]
+    Autodiff(#[from] AutodiffError),
     #[error("backend {backend} does not support {what} yet")]
     Unsupported { backend: &'static str, what: String },
 }
@@ -108,15 +111,22 @@ pub fn compile_with(graph: &Graph, backend: Backend) -> Result<Compiled, Compile
     }
     let started = Instant::now();
     let mut artifacts = Artifacts::default();
+    let has_grad = graph
+        .nodes()
+        .iter()
+        .any(|n| matches!(n.op, minductor_ir::Op::Grad { .. }));
     let executable: Box<dyn Executable> = match backend {
+        // Op by op; a gradient runs the joint graph (the forward decomposed so that autodiff can
+        // differentiate it), still op by op.
+        Backend::Eager if has_grad => Box::new(Interpreted(autodiff(&decompose(graph))?.graph)),
         Backend::Eager => Box::new(Interpreted(graph.clone())),
         Backend::AotEager => {
-            let prims = simplify(&decompose(graph));
+            let prims = simplify(&autodiff(&decompose(graph))?.graph);
             artifacts.prim_graph = Some(prims.clone());
             Box::new(Interpreted(prims))
         }
         Backend::Inductor => {
-            let prims = simplify(&decompose(graph));
+            let prims = simplify(&autodiff(&decompose(graph))?.graph);
             let integer_reduction = prims.nodes().iter().find(|n| {
                 matches!(n.op, minductor_ir::Op::Reduce { .. }) && !n.ty.dtype.is_float()
             });

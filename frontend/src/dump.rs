@@ -217,6 +217,7 @@ fn step_name(index: usize, step: &Step) -> String {
     match step {
         Step::Kernel(k) => k.name.clone(),
         Step::Matmul(_) => format!("k{index}_matmul"),
+        Step::ScatterAdd(_) => format!("k{index}_scatter_add"),
     }
 }
 
@@ -237,6 +238,7 @@ fn schedule_text(program: &Program) -> String {
         let kind = match step {
             Step::Kernel(_) => "kernel",
             Step::Matmul(_) => "matmul",
+            Step::ScatterAdd(_) => "scatter_add",
         };
         let _ = writeln!(
             text,
@@ -352,6 +354,9 @@ pub fn graph_dot(prims: &Graph, program: Option<&Program>) -> String {
             let mut parts = match step {
                 Step::Kernel(k) => vec![(step_name(i, step), StepKind::Kernel, k.nodes.clone())],
                 Step::Matmul(m) => vec![(step_name(i, step), StepKind::Matmul, vec![m.node])],
+                Step::ScatterAdd(sc) => {
+                    vec![(step_name(i, step), StepKind::ScatterAdd, vec![sc.node])]
+                }
             };
             if let Step::Matmul(m) = step {
                 if let Some(e) = &m.epilogue {
@@ -390,6 +395,7 @@ pub fn graph_dot(prims: &Graph, program: Option<&Program>) -> String {
         let style = match kind {
             StepKind::Kernel => "style=rounded; color=blue;",
             StepKind::Matmul => "style=filled; fillcolor=lightyellow; color=orange;",
+            StepKind::ScatterAdd => "style=filled; fillcolor=lightgrey; color=black;",
         };
         let _ = writeln!(
             text,

@@ -2,6 +2,7 @@
 //! (Dynamo's part: guards, recompiles, dynamic shapes, graph breaks, stances, explain), and
 //! showing what the compiler did (`MINDUCTOR_LOGS`, `MINDUCTOR_DUMP_DIR`).
 
+mod autograd;
 mod backend;
 mod compile;
 pub mod dump;
@@ -11,12 +12,14 @@ mod graph_break;
 mod guards;
 mod jit;
 pub mod logging;
+mod losses;
 mod stance;
 mod trace;
 
 pub use backend::{reference_executable, CompiledFn, CustomBackend, JitBackend};
 pub use compile::{compile, compile_with, Artifacts, Backend, CompileError, Compiled};
 pub use explain::{explain, BreakReport, Explanation, GraphReport};
+pub use losses::CrossEntropyOptions;
 pub use jit::{jit, Jit, JitError, JitOptions, JitStats, DEFAULT_RECOMPILE_LIMIT};
 pub use stance::{current_stance, set_stance, with_stance, Stance, StanceGuard};
 pub use trace::{trace, Operand, TraceError, Traced, Tracer};

@@ -235,6 +235,19 @@ impl Traced {
         }
     }
 
+    /// This value in words for error messages: `input `w1` (f32[4, 8])` or `%7 = mul (f32[4])`.
+    pub(crate) fn describe(&self) -> String {
+        let Some(id) = self.id else {
+            return "a value poisoned by an earlier error".into();
+        };
+        let graph = self.state.graph.borrow();
+        let node = graph.node(id);
+        match &node.op {
+            Op::Input { name } => format!("input `{name}` ({})", node.ty),
+            op => format!("{id} = {} ({})", op.name(), node.ty),
+        }
+    }
+
     /// The type of this value (`None` if an earlier error poisoned it).
     pub fn ty(&self) -> Option<TensorType> {
         self.id.map(|id| self.state.graph.borrow().ty(id).clone())
@@ -383,19 +396,19 @@ impl Traced {
     }
 
     #[track_caller]
-    fn fail(&self, error: IrError) -> Traced {
+    pub(crate) fn fail(&self, error: IrError) -> Traced {
         self.record_error(Location::caller(), error);
         Traced::handle(&self.state, None)
     }
 
     #[track_caller]
-    fn fail_msg(&self, op: &str, message: String) -> Traced {
+    pub(crate) fn fail_msg(&self, op: &str, message: String) -> Traced {
         self.fail(IrError::ty(op, message))
     }
 
     /// Adds `op(inputs)`; the first operand is `self`'s tracer.
     #[track_caller]
-    fn apply(&self, op: Op, inputs: &[&Traced]) -> Traced {
+    pub(crate) fn apply(&self, op: Op, inputs: &[&Traced]) -> Traced {
         let mut ids = Vec::with_capacity(inputs.len());
         for t in inputs {
             if !Rc::ptr_eq(&t.state, &self.state) {
@@ -414,7 +427,7 @@ impl Traced {
     }
 
     /// A 0-d constant usable against `self`: same float dtype, or f32 next to integers.
-    fn constant_like(&self, value: f64) -> Traced {
+    pub(crate) fn constant_like(&self, value: f64) -> Traced {
         let dtype = match self.dtype() {
             Some(d) if d.is_float() => d,
             Some(DType::I64) if value.fract() == 0.0 => DType::I64,

@@ -106,6 +106,21 @@ pub enum Op {
     Gather,
     /// Batched matrix product with broadcast batch dims. Prim form: both operands rank >= 2.
     Matmul,
+    /// `torch.gather(x, dim, index)`: inputs `(x, index)` of equal rank, `index` i64 and sized like
+    /// `x` except along `dim`; `out[p] = x[p with p[dim] = index[p]]`.
+    TakeAlong {
+        dim: usize,
+    },
+    /// `zeros(..).scatter_add(dim, index, src)`: inputs `(index, src)` of equal rank, `index` i64
+    /// and sized like `src` or 1 (broadcast) in every dim; the result is `src`'s shape with `dim`
+    /// of `size`, and `out[p with p[dim] = index[p]] += src[p]` for every position `p` of `src`
+    /// (repeated indices accumulate). The derivative of `Gather` and `TakeAlong`.
+    ScatterAdd {
+        dim: usize,
+        size: Dim,
+    },
+    /// The identity whose derivative is zero (`x.detach()`, stop-gradient).
+    Detach,
 
     // ---- composites (decomposed before fusion) ---------------------------------------------
     Relu,
@@ -145,6 +160,14 @@ pub enum Op {
         correction: usize,
         keepdim: bool,
     },
+    /// The gradient of a loss with respect to one value (`torch.autograd.grad`, functional):
+    /// inputs `(loss, [seed,] wrt_0, .., wrt_n)`; the result is `d loss / d wrt_index`, typed like
+    /// `wrt_index`. Without a seed the loss must be 0-d (the seed is 1); a seed has the loss's type.
+    /// Nodes with the same inputs share one backward pass. `passes::autodiff` expands it.
+    Grad {
+        index: usize,
+        seeded: bool,
+    },
 }
 
 impl Op {
@@ -163,6 +186,7 @@ impl Op {
                 | Op::Linear { .. }
                 | Op::Mean { .. }
                 | Op::Var { .. }
+                | Op::Grad { .. }
         )
     }
 
@@ -200,6 +224,10 @@ impl Op {
             Op::Cat { .. } => "cat".into(),
             Op::Gather => "gather".into(),
             Op::Matmul => "matmul".into(),
+            Op::TakeAlong { .. } => "take_along".into(),
+            Op::ScatterAdd { .. } => "scatter_add".into(),
+            Op::Detach => "detach".into(),
+            Op::Grad { .. } => "grad".into(),
             Op::Relu => "relu".into(),
             Op::Silu => "silu".into(),
             Op::Gelu { .. } => "gelu".into(),
@@ -250,8 +278,19 @@ impl Op {
                 end,
                 step,
             } => format!("[dim={dim}, {start}:{end}:{step}]"),
-            Op::Cat { dim } | Op::Softmax { dim } | Op::LogSoftmax { dim } => {
+            Op::Cat { dim }
+            | Op::Softmax { dim }
+            | Op::LogSoftmax { dim }
+            | Op::TakeAlong { dim } => {
                 format!("[dim={dim}]")
+            }
+            Op::ScatterAdd { dim, size } => format!("[dim={dim}, size={size}]"),
+            Op::Grad { index, seeded } => {
+                if *seeded {
+                    format!("[wrt={index}, seeded]")
+                } else {
+                    format!("[wrt={index}]")
+                }
             }
             Op::Gelu { tanh } => {
                 if *tanh {
@@ -581,6 +620,99 @@ pub fn infer_type(op: &Op, inputs: &[&TensorType]) -> Result<TensorType, IrError
         Op::Matmul => {
             expect_arity(op, inputs, 2)?;
             matmul_type(op, inputs[0], inputs[1])
+        }
+        Op::TakeAlong { dim } => {
+            expect_arity(op, inputs, 2)?;
+            let (x, index) = (inputs[0], inputs[1]);
+            if index.dtype != DType::I64 {
+                return Err(IrError::ty(
+                    op.name(),
+                    format!("index must be i64, found {index}"),
+                ));
+            }
+            let same_rank = x.rank() == index.rank() && *dim < x.rank();
+            if !same_rank || (0..x.rank()).any(|d| d != *dim && x.shape[d] != index.shape[d]) {
+                return Err(IrError::ty(
+                    op.name(),
+                    format!("index {index} must match {x} outside dim {dim}"),
+                ));
+            }
+            if x.shape[*dim] == Dim::Static(0) && index.shape[*dim] != Dim::Static(0) {
+                return Err(IrError::ty(
+                    op.name(),
+                    format!("cannot take from empty dim {dim} of {x}"),
+                ));
+            }
+            Ok(TensorType::new(x.dtype, index.shape.clone()))
+        }
+        Op::ScatterAdd { dim, size } => {
+            expect_arity(op, inputs, 2)?;
+            let (index, src) = (inputs[0], inputs[1]);
+            if index.dtype != DType::I64 {
+                return Err(IrError::ty(
+                    op.name(),
+                    format!("index must be i64, found {index}"),
+                ));
+            }
+            expect_float(op, src)?;
+            let fits = index.rank() == src.rank()
+                && *dim < src.rank()
+                && (0..src.rank())
+                    .all(|d| index.shape[d] == src.shape[d] || index.shape[d] == Dim::Static(1));
+            if !fits {
+                return Err(IrError::ty(
+                    op.name(),
+                    format!("index {index} must match or broadcast to {src} (dim {dim})"),
+                ));
+            }
+            let mut shape = src.shape.clone();
+            shape[*dim] = *size;
+            Ok(TensorType::new(src.dtype, shape))
+        }
+        Op::Detach => {
+            expect_arity(op, inputs, 1)?;
+            Ok(first())
+        }
+        Op::Grad { index, seeded } => {
+            let fixed = 1 + *seeded as usize;
+            if inputs.len() <= fixed + index {
+                return Err(IrError::ty(
+                    op.name(),
+                    format!("wrt index {index} out of range ({} inputs)", inputs.len()),
+                ));
+            }
+            let loss = inputs[0];
+            if !loss.dtype.is_float() {
+                return Err(IrError::ty(
+                    op.name(),
+                    format!("the differentiated value must be floating-point, found {loss}"),
+                ));
+            }
+            if *seeded {
+                if inputs[1] != loss {
+                    return Err(IrError::ty(
+                        op.name(),
+                        format!("output gradient {} must have the type of {loss}", inputs[1]),
+                    ));
+                }
+            } else if loss.rank() != 0 {
+                return Err(IrError::ty(
+                    op.name(),
+                    format!(
+                        "{loss} is not a scalar: a non-scalar output needs explicit output \
+                         gradients (grad_with)"
+                    ),
+                ));
+            }
+            for (i, w) in inputs[fixed..].iter().enumerate() {
+                if !w.dtype.is_float() {
+                    return Err(IrError::ty(
+                        op.name(),
+                        format!("cannot differentiate with respect to {w} (argument {i}): only floating-point values have gradients"),
+                    ));
+                }
+            }
+            Ok(inputs[fixed + index].clone())
         }
         Op::Linear { has_bias } => {
             expect_arity(op, inputs, 2 + *has_bias as usize)?;

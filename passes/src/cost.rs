@@ -32,6 +32,8 @@ pub enum StepKind {
     Kernel,
     /// An extern GEMM call.
     Matmul,
+    /// An extern scatter-add (the derivative of a gather).
+    ScatterAdd,
 }
 
 /// The static cost of one step of a program.
@@ -65,6 +67,7 @@ pub fn program_cost(program: &Program) -> Vec<StepCost> {
                 rows.extend(matmul.epilogue.as_ref().map(|e| kernel_cost(program, e)));
                 rows
             }
+            Step::ScatterAdd(scatter) => vec![scatter_add_cost(program, index, scatter)],
         })
         .collect()
 }
@@ -310,6 +313,35 @@ fn view_pattern(view: &StridedView) -> Pattern {
     )
 }
 
+fn scatter_add_cost(program: &Program, step: usize, scatter: &ScatterAddStep) -> StepCost {
+    let out_shape: Vec<Dim> = program
+        .buffers
+        .get(scatter.out.0 as usize)
+        .map_or_else(Vec::new, |b| b.shape.clone());
+    let mut reads: HashMap<BufferId, HashSet<Pattern>> = HashMap::new();
+    for view in [&scatter.index, &scatter.src] {
+        reads
+            .entry(view.buffer)
+            .or_default()
+            .insert(view_pattern(view));
+    }
+    let mut writes: HashMap<BufferId, HashSet<Pattern>> = HashMap::new();
+    writes
+        .entry(scatter.out)
+        .or_default()
+        .insert(Pattern::new(0, [(1, trip_count(&out_shape))]));
+    StepCost {
+        name: format!("k{step}_scatter_add"),
+        kind: StepKind::ScatterAdd,
+        nodes: vec![scatter.node],
+        outer: scatter.src.shape.clone(),
+        inner: Vec::new(),
+        bytes_read: bytes(program, &reads),
+        bytes_written: bytes(program, &writes),
+        flops: trip_count(&scatter.src.shape),
+    }
+}
+
 fn matmul_cost(program: &Program, step: usize, matmul: &MatmulStep) -> StepCost {
     let out_shape: Vec<Dim> = program
         .buffers
@@ -388,6 +420,7 @@ impl fmt::Display for CostTable<'_> {
                     match c.kind {
                         StepKind::Kernel => "kernel".to_string(),
                         StepKind::Matmul => "matmul".to_string(),
+                        StepKind::ScatterAdd => "scatter_add".to_string(),
                     },
                     c.domain_text(),
                     c.bytes_read.to_string(),

@@ -1,7 +1,7 @@
 //! `decompose`: rewrites every composite op into prims (AOTAutograd's decomposition step).
 //!
-//! Assumes a verified graph. Guarantees a graph of prims only (`Op::is_prim`), with the same
-//! inputs and output types, in which every `Matmul` has operands of rank >= 2 and dtype f32.
+//! Assumes a verified graph. Guarantees a graph of prims only (`Op::is_prim`) and `Grad` nodes
+//! (which `autodiff` expands next, over these prims), with the same inputs and output types, in which every `Matmul` has operands of rank >= 2 and dtype f32.
 //! Composites over f16/bf16 are computed in f32 and cast back once, as PyTorch's decompositions
 //! do, so reduced precision rounds at the op's result and not at every intermediate.
 
@@ -16,6 +16,8 @@ pub fn decompose(graph: &Graph) -> Graph {
             Op::Input { name } => b.g.input(name.clone(), node.ty.clone()),
             Op::Constant { value } => b.g.constant(*value, node.ty.dtype),
             Op::Matmul => b.matmul(ins[0], ins[1]),
+            // Gradients are expanded by `autodiff`, over the prims this pass produces.
+            op @ Op::Grad { .. } => b.add(op.clone(), &ins),
             op if op.is_prim() => b.add(op.clone(), &ins),
             op => {
                 let dtype = node.ty.dtype;
@@ -193,8 +195,11 @@ impl Builder {
                     None => lo,
                 }
             }
+            // The row max only keeps exp in range: it cancels out, so it is detached and the
+            // backward does not differentiate through it (PyTorch's softmax backward does not).
             Op::Softmax { dim } => {
                 let m = self.reduce(ReduceOp::Max, x, &[*dim], true);
+                let m = self.add(Op::Detach, &[m]);
                 let shifted = self.bin(BinaryOp::Sub, x, m);
                 let e = self.un(UnaryOp::Exp, shifted);
                 let s = self.reduce(ReduceOp::Sum, e, &[*dim], true);
@@ -202,6 +207,7 @@ impl Builder {
             }
             Op::LogSoftmax { dim } => {
                 let m = self.reduce(ReduceOp::Max, x, &[*dim], true);
+                let m = self.add(Op::Detach, &[m]);
                 let shifted = self.bin(BinaryOp::Sub, x, m);
                 let e = self.un(UnaryOp::Exp, shifted);
                 let s = self.reduce(ReduceOp::Sum, e, &[*dim], true);

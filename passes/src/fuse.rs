@@ -36,7 +36,7 @@ pub fn fuse(graph: &Graph) -> Result<Program, FuseError> {
     for id in graph.ids() {
         if matches!(
             graph.node(id).op,
-            Op::Input { .. } | Op::Matmul | Op::Cat { .. }
+            Op::Input { .. } | Op::Matmul | Op::Cat { .. } | Op::ScatterAdd { .. }
         ) {
             realized.insert(id);
         }
@@ -198,6 +198,9 @@ impl<'g> Scheduler<'g> {
             let buffer = self.new_buffer(id, kind);
             match &g.node(id).op {
                 Op::Matmul => steps.push(Step::Matmul(self.matmul(id, buffer)?)),
+                Op::ScatterAdd { dim, .. } => {
+                    steps.push(Step::ScatterAdd(self.scatter_add(id, *dim, buffer)?))
+                }
                 Op::Cat { dim } => {
                     let mut offset = 0;
                     for &operand in &g.node(id).inputs {
@@ -287,6 +290,46 @@ impl<'g> Scheduler<'g> {
             out,
             node: id,
             epilogue: None,
+        })
+    }
+
+    fn scatter_add(&mut self, id: NodeId, dim: usize, out: BufferId) -> Retry<ScatterAddStep> {
+        let g = self.graph;
+        if g.ty(id).dtype != DType::F32 {
+            return unsupported(format!("scatter_add on {}", g.ty(id)));
+        }
+        let (index, src) = (g.node(id).inputs[0], g.node(id).inputs[1]);
+        let src_shape = dims(g, src);
+        // Both operands are seen with `src`'s shape; the index broadcasts along its size-1 dims.
+        let view = |s: &mut Self, operand: NodeId| -> Retry<StridedView> {
+            let shape = dims(g, operand);
+            let idx: Vec<Affine> = (0..shape.len())
+                .map(|d| {
+                    if shape[d] == Dim::Static(1) {
+                        Affine::constant(0)
+                    } else {
+                        Affine::var(Var::Outer(d as u32))
+                    }
+                })
+                .collect();
+            let (buffer, index) = s.address(operand, idx)?;
+            Ok(StridedView {
+                buffer,
+                offset: index.offset,
+                shape: src_shape.clone(),
+                strides: (0..shape.len())
+                    .map(|d| index.coefficient(Var::Outer(d as u32)))
+                    .collect(),
+            })
+        };
+        let index_view = view(self, index)?;
+        let src_view = view(self, src)?;
+        Ok(ScatterAddStep {
+            index: index_view,
+            src: src_view,
+            out,
+            dim,
+            node: id,
         })
     }
 
@@ -461,7 +504,10 @@ impl<'g> Scheduler<'g> {
             if matches!(n.op, Op::Reduce { .. }) {
                 found.push(id);
             }
-            if matches!(n.op, Op::Matmul | Op::Cat { .. } | Op::Input { .. }) {
+            if matches!(
+                n.op,
+                Op::Matmul | Op::Cat { .. } | Op::Input { .. } | Op::ScatterAdd { .. }
+            ) {
                 continue;
             }
             stack.extend(n.inputs.iter().rev().copied());
@@ -820,7 +866,48 @@ impl<'g> KernelBuilder<'g> {
                     self.emit(s, operand, &inner)?
                 }
             }
-            Op::Input { .. } | Op::Matmul | Op::Cat { .. } => {
+            Op::Detach => self.emit(s, n.inputs[0], idx)?,
+            Op::TakeAlong { dim } => {
+                let (source, indices) = (n.inputs[0], n.inputs[1]);
+                let i = self.emit(s, indices, idx)?;
+                if !s.realized.contains(&source) {
+                    return retry(source);
+                }
+                let source_shape = dims(g, source);
+                let strides = contiguous(&source_shape);
+                let mut rest = idx.to_vec();
+                rest[*dim] = Affine::constant(0);
+                let index = linear(&rest, &strides)?;
+                let (Some(bound), Some(stride)) = (source_shape[*dim].as_static(), strides[*dim])
+                else {
+                    return unsupported("take_along over a symbolic dim");
+                };
+                let bound = bound as i64;
+                if s.realized.contains(&indices) {
+                    let check = IndexCheck {
+                        buffer: s.buffer_of[&indices],
+                        bound,
+                        step: self.step,
+                    };
+                    if !s.index_checks.contains(&check) {
+                        s.index_checks.push(check);
+                    }
+                }
+                let buffer = s.buffer_of[&source];
+                self.push(
+                    Expr::Load {
+                        buffer,
+                        index,
+                        indirect: Some(Indirect {
+                            value: i,
+                            stride,
+                            bound,
+                        }),
+                    },
+                    ty,
+                )
+            }
+            Op::Input { .. } | Op::Matmul | Op::Cat { .. } | Op::ScatterAdd { .. } => {
                 unreachable!("{} is always realized", n.op)
             }
             composite => panic!("fuse: {composite} reached fusion; run decompose first"),

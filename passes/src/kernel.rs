@@ -307,10 +307,24 @@ pub struct StridedView {
     pub strides: Vec<i64>,
 }
 
+/// `out = zeros; out[p with p[dim] = index[p]] += src[p]` for every position `p` of `src` in
+/// row-major order, by an extern routine (Inductor falls back to ATen's `scatter_add` likewise).
+/// `index` is seen with `src`'s shape (stride 0 where it broadcasts); an index outside
+/// `0..out.shape[dim]` is a runtime error. The output is f32.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ScatterAddStep {
+    pub index: StridedView,
+    pub src: StridedView,
+    pub out: BufferId,
+    pub dim: usize,
+    pub node: NodeId,
+}
+
 #[derive(Clone, Debug, PartialEq)]
 pub enum Step {
     Kernel(Kernel),
     Matmul(MatmulStep),
+    ScatterAdd(ScatterAddStep),
 }
 
 impl Step {
@@ -325,6 +339,7 @@ impl Step {
                 }
                 r
             }
+            Step::ScatterAdd(sc) => vec![sc.index.buffer, sc.src.buffer],
         }
     }
 
@@ -339,6 +354,7 @@ impl Step {
                 }
                 w
             }
+            Step::ScatterAdd(sc) => vec![sc.out],
         }
     }
 }
@@ -390,6 +406,7 @@ impl Program {
         self.steps.iter().filter_map(|s| match s {
             Step::Kernel(k) => Some(k),
             Step::Matmul(m) => m.epilogue.as_ref(),
+            Step::ScatterAdd(_) => None,
         })
     }
 }
@@ -549,6 +566,20 @@ impl fmt::Display for Program {
                     m.b.offset,
                     m.b.strides,
                     m.node
+                )?,
+                Step::ScatterAdd(sc) => writeln!(
+                    f,
+                    "scatter_add {}[dim {}] += {}{:?}+{} strides {:?} at indices {}+{} strides {:?} (node {})",
+                    sc.out,
+                    sc.dim,
+                    sc.src.buffer,
+                    sc.src.shape,
+                    sc.src.offset,
+                    sc.src.strides,
+                    sc.index.buffer,
+                    sc.index.offset,
+                    sc.index.strides,
+                    sc.node
                 )?,
             }
             if let Step::Matmul(MatmulStep {

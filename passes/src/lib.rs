@@ -1,10 +1,11 @@
-//! The pass pipeline: `decompose` → `simplify` → `fuse` → `fuse_horizontal` → `fuse_epilogues`
+//! The pass pipeline: `decompose` → `autodiff` → `simplify` → `fuse` → `fuse_horizontal` → `fuse_epilogues`
 //! → `plan_buffers`, the kernel IR that `fuse` produces, and `program_cost`, a static cost model
 //! of that IR.
 //!
 //! Each pass is one file with one entry function from one data structure to the next; each data
 //! structure prints as text.
 
+mod autodiff;
 pub mod cost;
 mod decompose;
 mod epilogue;
@@ -14,6 +15,7 @@ pub mod kernel;
 pub mod plan_buffers;
 mod simplify;
 
+pub use autodiff::{autodiff, AutodiffError, Joint};
 pub use cost::program_cost;
 pub use decompose::decompose;
 pub use epilogue::fuse_epilogues;

@@ -208,6 +208,7 @@ fn in_place_candidate(
     let kernel = match step {
         Step::Kernel(k) => k,
         Step::Matmul(m) => m.epilogue.as_ref()?,
+        Step::ScatterAdd(_) => return None,
     };
     let out = program.buffer(written);
     let stores: Vec<(usize, &Store)> = kernel
@@ -262,6 +263,7 @@ fn read_by_gemm(step: &Step, input: BufferId) -> bool {
     match step {
         Step::Kernel(_) => false,
         Step::Matmul(m) => m.a.buffer == input || m.b.buffer == input,
+        Step::ScatterAdd(sc) => sc.index.buffer == input || sc.src.buffer == input,
     }
 }
 

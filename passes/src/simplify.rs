@@ -7,14 +7,52 @@
 //! - structurally equal nodes are merged (CSE) and nodes no output needs are dropped (DCE);
 //!   graph inputs always stay, in order.
 
-use minductor_ir::{BinaryOp, CompareOp, DType, Graph, Node, NodeId, Op, UnaryOp};
+use minductor_ir::{BinaryOp, CompareOp, DType, Graph, Node, NodeId, Op, TensorType, UnaryOp};
+use smallvec::SmallVec;
 use std::collections::HashMap;
+use std::hash::{Hash, Hasher};
+
+/// What makes two nodes the same value (the CSE key): the op with its attributes, the operands
+/// and the result type. Constants compare by their bits, so `0.0` and `-0.0` stay apart.
+#[derive(Clone, Debug)]
+struct Key {
+    op: Op,
+    inputs: SmallVec<[NodeId; 4]>,
+    ty: TensorType,
+}
+
+impl PartialEq for Key {
+    fn eq(&self, other: &Key) -> bool {
+        let same_op = match (&self.op, &other.op) {
+            (Op::Constant { value: a }, Op::Constant { value: b }) => a.to_bits() == b.to_bits(),
+            (a, b) => a == b,
+        };
+        same_op && self.inputs == other.inputs && self.ty == other.ty
+    }
+}
+
+impl Eq for Key {}
+
+impl Hash for Key {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        // Equal keys hash equally: the op's kind, constants' bits, the operands and the type;
+        // other attributes only tell apart keys that `eq` compares anyway.
+        std::mem::discriminant(&self.op).hash(state);
+        if let Op::Constant { value } = self.op {
+            value.to_bits().hash(state);
+        }
+        self.inputs.hash(state);
+        self.ty.hash(state);
+    }
+}
+
+type Seen = HashMap<Key, NodeId>;
 
 pub fn simplify(graph: &Graph) -> Graph {
     let live = live_nodes(graph);
     let mut out = Graph::new();
     let mut map: Vec<Option<NodeId>> = vec![None; graph.len()];
-    let mut seen: HashMap<String, NodeId> = HashMap::new();
+    let mut seen = Seen::new();
     for (index, node) in graph.nodes().iter().enumerate() {
         if !live[index] {
             continue;
@@ -143,7 +181,7 @@ fn fold(op: &Op, args: &[f64]) -> Option<f64> {
 
 fn rewrite(
     out: &mut Graph,
-    seen: &mut HashMap<String, NodeId>,
+    seen: &mut Seen,
     node: &Node,
     ins: &[NodeId],
 ) -> NodeId {
@@ -168,6 +206,8 @@ fn rewrite(
             return ins[0]
         }
         Op::Permute { perm } if perm.iter().enumerate().all(|(i, &p)| i == p) => return ins[0],
+        // Only autodiff (which runs before) distinguishes a detached value.
+        Op::Detach => return ins[0],
         Op::Slice {
             dim,
             start: 0,
@@ -196,7 +236,7 @@ fn rewrite(
             if *b == BinaryOp::Pow && out.ty(ins[0]) == &node.ty {
                 if let Some(p) = rhs {
                     let x = ins[0];
-                    let mul = |out: &mut Graph, seen: &mut HashMap<String, NodeId>, a, c| {
+                    let mul = |out: &mut Graph, seen: &mut Seen, a, c| {
                         intern(out, seen, Op::Binary(BinaryOp::Mul), &[a, c], node)
                     };
                     if p == 2.0 {
@@ -223,11 +263,15 @@ fn rewrite(
 
 fn intern_constant(
     out: &mut Graph,
-    seen: &mut HashMap<String, NodeId>,
+    seen: &mut Seen,
     value: f64,
     dtype: DType,
 ) -> NodeId {
-    let key = format!("constant {value:?} {dtype}");
+    let key = Key {
+        op: Op::Constant { value },
+        inputs: SmallVec::new(),
+        ty: TensorType::scalar(dtype),
+    };
     *seen
         .entry(key)
         .or_insert_with(|| out.constant(value, dtype))
@@ -236,7 +280,7 @@ fn intern_constant(
 /// Adds `op(ins)` with `like`'s type unless a structurally equal node exists (CSE).
 fn intern(
     out: &mut Graph,
-    seen: &mut HashMap<String, NodeId>,
+    seen: &mut Seen,
     op: Op,
     ins: &[NodeId],
     like: &Node,
@@ -244,15 +288,18 @@ fn intern(
     if let Op::Constant { value } = op {
         return intern_constant(out, seen, value, like.ty.dtype);
     }
-    let key = format!("{op:?} {ins:?}");
+    let key = Key {
+        op,
+        inputs: ins.into(),
+        ty: like.ty.clone(),
+    };
     if let Some(&id) = seen.get(&key) {
         return id;
     }
-    let ty = like.ty.clone();
     let id = out.push(Node {
-        op,
-        inputs: ins.into(),
-        ty,
+        op: key.op.clone(),
+        inputs: key.inputs.clone(),
+        ty: key.ty.clone(),
     });
     seen.insert(key, id);
     id

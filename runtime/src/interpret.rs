@@ -437,6 +437,12 @@ fn eval(op: &Op, dtype: DType, shape: &[usize], args: &[&Value]) -> Result<Data,
         }
         Op::Cat { dim } => cat(*dim, shape, args),
         Op::Gather => gather(x, args[1]),
+        Op::TakeAlong { dim } => take_along(x, args[1], *dim, shape),
+        Op::ScatterAdd { dim, .. } => scatter_add(x, args[1], *dim, shape),
+        Op::Detach => Ok(x.data.clone()),
+        Op::Grad { .. } => Err(RuntimeError::Unsupported(
+            "grad nodes must be expanded by passes::autodiff before interpretation".into(),
+        )),
         Op::Matmul => matmul(dtype, x, args[1]),
         Op::Linear { has_bias } => linear(
             dtype,
@@ -841,6 +847,87 @@ fn gather(table: &Value, indices: &Value) -> Result<Data, RuntimeError> {
         Data::I(t) => Data::I(gather_typed(t, rows, indices)?),
         Data::B(t) => Data::B(gather_typed(t, rows, indices)?),
     })
+}
+
+/// Position along `dim` named by `index`, or the out-of-range error eager gives.
+fn checked_position(index: i64, size: usize, dim: usize) -> Result<usize, RuntimeError> {
+    usize::try_from(index)
+        .ok()
+        .filter(|&i| i < size)
+        .ok_or_else(|| {
+            RuntimeError::Data(format!(
+                "index {index} is out of range for dim {dim} of size {size}"
+            ))
+        })
+}
+
+/// `torch.gather(x, dim, index)`: `out[p] = x[p with p[dim] = index[p]]`.
+fn take_along(x: &Value, index: &Value, dim: usize, shape: &[usize]) -> Result<Data, RuntimeError> {
+    let indices = index.ints()?;
+    let strides = contiguous_strides(&x.shape);
+    let mut offsets = Vec::with_capacity(indices.len());
+    let mut position = vec![0usize; shape.len()];
+    for &i in indices {
+        let mut offset = 0;
+        for d in 0..shape.len() {
+            let p = if d == dim {
+                checked_position(i, x.shape[dim], dim)?
+            } else {
+                position[d]
+            };
+            offset += p * strides[d];
+        }
+        offsets.push(offset);
+        for d in (0..shape.len()).rev() {
+            position[d] += 1;
+            if position[d] < shape[d] {
+                break;
+            }
+            position[d] = 0;
+        }
+    }
+    Ok(match &x.data {
+        Data::F(v) => Data::F(offsets.iter().map(|&o| v[o]).collect()),
+        Data::I(v) => Data::I(offsets.iter().map(|&o| v[o]).collect()),
+        Data::B(v) => Data::B(offsets.iter().map(|&o| v[o]).collect()),
+    })
+}
+
+/// `zeros(shape).scatter_add(dim, index, src)` with `index` broadcast to `src`'s shape; sums are
+/// accumulated in f64 and rounded once.
+fn scatter_add(
+    index: &Value,
+    src: &Value,
+    dim: usize,
+    shape: &[usize],
+) -> Result<Data, RuntimeError> {
+    let values = src.floats()?;
+    let indices: Vec<i64> = Offsets::broadcast(&index.shape, &src.shape)
+        .map(|o| index.ints().map(|v| v[o]))
+        .collect::<Result<_, _>>()?;
+    let out_strides = contiguous_strides(shape);
+    let mut sums = vec![0f64; shape.iter().product()];
+    let mut position = vec![0usize; src.shape.len()];
+    for (&v, &i) in values.iter().zip(&indices) {
+        let mut offset = 0;
+        for d in 0..shape.len() {
+            let p = if d == dim {
+                checked_position(i, shape[dim], dim)?
+            } else {
+                position[d]
+            };
+            offset += p * out_strides[d];
+        }
+        sums[offset] += v as f64;
+        for d in (0..position.len()).rev() {
+            position[d] += 1;
+            if position[d] < src.shape[d] {
+                break;
+            }
+            position[d] = 0;
+        }
+    }
+    Ok(Data::F(sums.into_iter().map(|s| s as f32).collect()))
 }
 
 // ---- matrix products ----------------------------------------------------------------------------

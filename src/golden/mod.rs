@@ -6,6 +6,8 @@
 //! skipped, not failed. A case passes when every element satisfies |got − want| ≤ atol + rtol·|want|
 //! (NaN matches NaN; infinities must be equal).
 
+mod train;
+
 use crate::{compile_with, Backend, DType, Graph, Tensor, Traced, Tracer};
 use std::collections::HashMap;
 use std::fmt::Write as _;
@@ -259,7 +261,7 @@ fn case_builder(name: &str) -> Option<(&'static [&'static str], Build)> {
             ],
             |i| vec![transformer_block(i, 4)],
         ),
-        _ => return None,
+        _ => return train::builder(name),
     })
 }
 
