@@ -24,6 +24,10 @@ pub use minductor_frontend::{
     CustomBackend, Explanation, GraphReport, Jit, JitBackend, JitError, JitOptions, JitStats,
     Operand, Stance, StanceGuard, TraceError, Traced, Tracer, DEFAULT_RECOMPILE_LIMIT,
 };
+pub use minductor_frontend::{
+    load_safetensors, AdamW, CrossEntropyOptions, Optimizer, Parameters, Sgd, TracedParameters,
+    TrainError, TrainStep,
+};
 pub use minductor_frontend::{dump, logging};
 pub use minductor_ir as ir;
 pub use minductor_ir::{DType, Graph};

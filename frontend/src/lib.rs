@@ -15,6 +15,8 @@ pub mod logging;
 mod losses;
 mod stance;
 mod trace;
+mod train;
+mod weights;
 
 pub use backend::{reference_executable, CompiledFn, CustomBackend, JitBackend};
 pub use compile::{compile, compile_with, Artifacts, Backend, CompileError, Compiled};
@@ -22,4 +24,6 @@ pub use explain::{explain, BreakReport, Explanation, GraphReport};
 pub use losses::CrossEntropyOptions;
 pub use jit::{jit, Jit, JitError, JitOptions, JitStats, DEFAULT_RECOMPILE_LIMIT};
 pub use stance::{current_stance, set_stance, with_stance, Stance, StanceGuard};
+pub use train::{AdamW, Optimizer, Parameters, Sgd, TracedParameters, TrainError, TrainStep};
+pub use weights::load_safetensors;
 pub use trace::{trace, Operand, TraceError, Traced, Tracer};

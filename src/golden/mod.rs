@@ -83,25 +83,7 @@ pub fn load_manifest(dir: &Path) -> Result<Vec<Case>, String> {
 
 /// Every tensor of a safetensors file, by name.
 pub fn load_tensors(path: &Path) -> Result<HashMap<String, Tensor>, String> {
-    let bytes = std::fs::read(path).map_err(|e| format!("{}: {e}", path.display()))?;
-    let file = safetensors::SafeTensors::deserialize(&bytes)
-        .map_err(|e| format!("{}: {e}", path.display()))?;
-    let mut out = HashMap::new();
-    for (name, view) in file.tensors() {
-        use safetensors::Dtype as S;
-        let dtype = match view.dtype() {
-            S::F32 => DType::F32,
-            S::F16 => DType::F16,
-            S::BF16 => DType::BF16,
-            S::I64 => DType::I64,
-            S::BOOL => DType::Bool,
-            other => return Err(format!("{name}: unsupported dtype {other:?}")),
-        };
-        let t = Tensor::from_bytes(dtype, view.shape(), view.data())
-            .map_err(|e| format!("{name}: {e}"))?;
-        out.insert(name, t);
-    }
-    Ok(out)
+    crate::load_safetensors(path).map_err(|e| e.to_string())
 }
 
 /// Traces the computation of the case `name` for inputs of the given types, with the inputs
@@ -328,13 +310,12 @@ pub fn run_case(case: &Case, backend: Backend) -> CaseResult {
         compile_ms: 0.0,
         outcome: Outcome::Pass,
     };
+    if let Some(optimizer) = train::optimizer_case(&case.name) {
+        return train::run_optimizer_case(case, backend, optimizer, result);
+    }
     let Some((order, graph)) = build_case(&case.name, &case.inputs) else {
         result.outcome = Outcome::Skip("unknown case".into());
         return result;
-    };
-    let fail = |mut r: CaseResult, why: String| {
-        r.outcome = Outcome::Fail(why);
-        r
     };
     let graph = match graph {
         Ok(g) => g,
@@ -356,10 +337,24 @@ pub fn run_case(case: &Case, backend: Backend) -> CaseResult {
         Err(e) => return fail(result, e.to_string()),
     };
     result.compile_ms = compiled.compile_time().as_secs_f64() * 1e3;
-    let outputs = match compiled.call(&inputs) {
-        Ok(o) => o,
-        Err(e) => return fail(result, e.to_string()),
-    };
+    match compiled.call(&inputs) {
+        Ok(outputs) => compare_outputs(case, &tensors, &outputs, result),
+        Err(e) => fail(result, e.to_string()),
+    }
+}
+
+fn fail(mut result: CaseResult, why: String) -> CaseResult {
+    result.outcome = Outcome::Fail(why);
+    result
+}
+
+/// Compares `outputs` with the case's `out0`, `out1`, … in `tensors`.
+fn compare_outputs(
+    case: &Case,
+    tensors: &HashMap<String, Tensor>,
+    outputs: &[Tensor],
+    mut result: CaseResult,
+) -> CaseResult {
     if outputs.len() != case.outputs.len() {
         return fail(
             result,

@@ -2,8 +2,8 @@
 //! the inputs the case's note names, in that order. The optimizer cases run through
 //! [`crate::train`] instead (see `super::run_case`).
 
-use super::{mlp, transformer_block, Build};
-use crate::Traced;
+use super::{compare_outputs, fail, load_tensors, mlp, transformer_block, Build, Case, CaseResult};
+use crate::{AdamW, Backend, Optimizer, Parameters, Sgd, Tensor, Traced, TrainStep};
 use std::collections::HashMap;
 
 /// `[loss, d loss / d each of wrt]`.
@@ -104,4 +104,67 @@ pub(super) fn builder(name: &str) -> Option<(&'static [&'static str], Build)> {
         ),
         _ => return None,
     })
+}
+
+/// The optimizer of an optimizer case (`train_sgd_momentum_mlp`, `train_adamw_mlp`), with the
+/// settings gen.py uses.
+pub(super) fn optimizer_case(name: &str) -> Option<Optimizer> {
+    match name {
+        "train_sgd_momentum_mlp" => Some(Sgd::new(0.1).momentum(0.9).into()),
+        "train_adamw_mlp" => Some(
+            AdamW::new(1e-2)
+                .betas(0.9, 0.999)
+                .eps(1e-8)
+                .weight_decay(1e-2)
+                .into(),
+        ),
+        _ => None,
+    }
+}
+
+/// Runs as many steps of `optimizer` on the MLP's mse loss as the case has losses, through
+/// [`TrainStep`] on `backend`; the outputs are the losses, then the parameters after the last step.
+pub(super) fn run_optimizer_case(
+    case: &Case,
+    backend: Backend,
+    optimizer: Optimizer,
+    result: CaseResult,
+) -> CaseResult {
+    let tensors = match load_tensors(&case.file) {
+        Ok(t) => t,
+        Err(e) => return fail(result, e),
+    };
+    let names = ["w1", "b1", "w2", "b2"];
+    let mut params = Parameters::new();
+    for name in names {
+        match tensors.get(name) {
+            Some(t) => params.insert(name, t.clone()),
+            None => return fail(result, format!("{name} missing from the file")),
+        }
+    }
+    let (Some(x), Some(t)) = (tensors.get("x"), tensors.get("t")) else {
+        return fail(result, "x or t missing from the file".into());
+    };
+    let steps = case.outputs.first().and_then(|o| o.shape.first()).copied().unwrap_or(0);
+    let batch = [("x", x.dtype(), x.shape()), ("t", t.dtype(), t.shape())];
+    let started = std::time::Instant::now();
+    let train = TrainStep::with_backend(backend, params, optimizer, &batch, |p, b| {
+        mlp(&b[0], &p["w1"], &p["b1"], &p["w2"], &p["b2"]).mse_loss(&b[1])
+    });
+    let mut train = match train {
+        Ok(train) => train,
+        Err(e) => return fail(result, e.to_string()),
+    };
+    let mut result = result;
+    result.compile_ms = started.elapsed().as_secs_f64() * 1e3;
+    let mut losses = Vec::with_capacity(steps);
+    for _ in 0..steps {
+        match train.step(&[x.clone(), t.clone()]) {
+            Ok(loss) => losses.push(loss),
+            Err(e) => return fail(result, e.to_string()),
+        }
+    }
+    let mut outputs = vec![Tensor::from_vec(&[steps], losses).expect("one loss per step")];
+    outputs.extend(names.iter().map(|n| train.parameters().get(n).expect("inserted").clone()));
+    compare_outputs(case, &tensors, &outputs, result)
 }
