@@ -15,7 +15,10 @@
 //! - `layernorm_4096x1024`: affine layer_norm over the last dim, eps 1e-5;
 //! - `mlp_256x1024x4096`: `linear(1024→4096) → gelu → linear(4096→1024)` on 256 rows;
 //! - `attention_8x256x512`: a pre-LN transformer block (batch 8, sequence 256, width 512, 8 heads,
-//!   MLP width 2048), the same block the golden case `model_transformer_block` checks.
+//!   MLP width 2048), the same block the golden case `model_transformer_block` checks;
+//! - `mlp_train_step_256`: one functional SGD step of that MLP (`mlp_256x1024x4096`'s shapes) on
+//!   the mse loss: `loss, [p − 1e-3·d loss/d p for p in w1, b1, w2, b2]` (uniform inputs in [-1, 1]
+//!   here, standard normal in the PyTorch suite: the time does not depend on the values).
 //!
 //! [`pointwise_gelu_sweep`] and [`softmax_sweep`] build the same computations at other sizes, for
 //! the speedup-over-size plot and for fast tests.
@@ -58,7 +61,7 @@ pub enum WorkloadError {
 }
 
 /// The names of the suite, in the order the harness runs them.
-pub const SUITE: [&str; 7] = [
+pub const SUITE: [&str; 8] = [
     "pointwise_gelu_4k",
     "pointwise_gelu_1m",
     "pointwise_gelu_16m",
@@ -66,6 +69,7 @@ pub const SUITE: [&str; 7] = [
     "layernorm_4096x1024",
     "mlp_256x1024x4096",
     "attention_8x256x512",
+    "mlp_train_step_256",
 ];
 
 /// Element counts of the pointwise sweep: 2^12 to 2^24, ×4 per step.
@@ -92,6 +96,7 @@ pub fn by_name(name: &str) -> Result<Workload, WorkloadError> {
         "layernorm_4096x1024" => layer_norm(4096, 1024),
         "mlp_256x1024x4096" => mlp_workload(256, 1024, 4096),
         "attention_8x256x512" => attention(8, 256, 512, 8, 2048),
+        "mlp_train_step_256" => mlp_train_step(256, 1024, 4096, 1e-3),
         _ => {
             return Err(WorkloadError::Unknown {
                 found: name.to_string(),
@@ -189,6 +194,52 @@ pub fn mlp_workload(rows: usize, width: usize, hidden: usize) -> Result<Workload
         flops: 2 * 2 * (rows * width * hidden) as u64,
         bound: Bound::Compute,
         elements: outputs,
+        inputs,
+        graph,
+        name,
+    })
+}
+
+/// One SGD step of the MLP on `rows` rows: the mse loss against a target `t`, its gradients with
+/// respect to w1, b1, w2, b2 (the joint graph), and each parameter less `lr` times its gradient.
+/// Five GEMMs: two forward, three backward (the input's gradient is not needed).
+pub fn mlp_train_step(
+    rows: usize,
+    width: usize,
+    hidden: usize,
+    lr: f64,
+) -> Result<Workload, WorkloadError> {
+    let name = format!("mlp_train_step_{rows}");
+    let specs = [
+        symmetric("x", &[rows, width], 1.0),
+        symmetric("t", &[rows, width], 1.0),
+        symmetric("w1", &[hidden, width], 1.0),
+        symmetric("b1", &[hidden], 1.0),
+        symmetric("w2", &[width, hidden], 1.0),
+        symmetric("b2", &[width], 1.0),
+    ];
+    let graph = {
+        let tracer = Tracer::new();
+        let i: HashMap<String, Traced> = specs
+            .iter()
+            .map(|s| (s.name.to_string(), tracer.input(s.name, DType::F32, &s.shape)))
+            .collect();
+        let params = [&i["w1"], &i["b1"], &i["w2"], &i["b2"]];
+        let loss = mlp(&i["x"], params[0], params[1], params[2], params[3]).mse_loss(&i["t"]);
+        let grads = loss.grad(&params);
+        let mut outputs = vec![loss];
+        outputs.extend(params.iter().zip(&grads).map(|(p, g)| *p - g * lr));
+        tracer
+            .finish(&outputs)
+            .map_err(|source| trace_error(&name, source))?
+    };
+    let inputs = random_inputs(&specs);
+    let params: usize = inputs[2..].iter().map(Tensor::numel).sum();
+    Ok(Workload {
+        bytes_moved: f32_bytes(inputs.iter().map(Tensor::numel).sum::<usize>() + params + 1),
+        flops: 5 * 2 * (rows * width * hidden) as u64,
+        bound: Bound::Compute,
+        elements: rows * width,
         inputs,
         graph,
         name,
