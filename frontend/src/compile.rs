@@ -3,14 +3,17 @@
 //! Backends, by name like torch.compile's:
 //! - `eager`: the reference interpreter, op by op, unfused, each op allocating its result;
 //! - `aot_eager`: the decomposed and simplified prim graph, interpreted;
-//! - `inductor` (default): decompose → simplify → fuse → fuse_horizontal → fuse_epilogues →
-//!   plan_buffers → Cranelift, run as machine code.
+//! - `inductor` (default): decompose → autodiff → simplify → partition → fuse → fuse_horizontal →
+//!   fuse_epilogues → plan_buffers → Cranelift, run as machine code.
+//!
+//! A graph with `grad` nodes becomes a joint graph (`autodiff`) on every backend; its tangent
+//! inputs are fed with ones by the compiled object, so callers pass the traced inputs only.
 
 use minductor_codegen_cpu::{compile_program, CodegenError, CompiledProgram};
 use minductor_ir::{Graph, IrError};
 use minductor_passes::{
-    autodiff, decompose, fuse, fuse_epilogues, fuse_horizontal, kernel::Program, plan_buffers,
-    simplify, AutodiffError,
+    autodiff, decompose, fuse, fuse_epilogues, fuse_horizontal, kernel::Program, partition,
+    plan_buffers, simplify, AutodiffError, Joint, Partition, PartitionOptions,
 };
 use minductor_runtime::{check_inputs, interpret, Executable, RuntimeError, StepTiming, Tensor};
 use std::str::FromStr;
@@ -62,10 +65,24 @@ pub enum CompileError {
     Unsupported { backend: &'static str, what: String },
 }
 
+/// What `compile_with_options` does besides picking a backend.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct CompileOptions {
+    pub backend: Backend,
+    /// How joint graphs trade saved memory for recomputation (`passes::partition`).
+    pub partition: PartitionOptions,
+}
+
 /// Every stage's output, kept for inspection.
 #[derive(Clone, Debug, Default)]
 pub struct Artifacts {
-    /// The prim graph after `decompose` and `simplify` (empty for `eager`).
+    /// For a graph with gradients: the joint forward-backward prim graph after `autodiff` and
+    /// `simplify`, before partitioning.
+    pub joint_graph: Option<Graph>,
+    /// For a joint graph: which forward values the backward saves and which it recomputes.
+    pub partition: Option<Partition>,
+    /// The prim graph the backend runs: after `decompose` and `simplify` (and `partition`, for a
+    /// joint graph); empty for `eager`.
     pub prim_graph: Option<Graph>,
     /// The kernel program after `fuse` (inductor only).
     pub program: Option<Program>,
@@ -97,6 +114,91 @@ pub fn compile(graph: &Graph) -> Result<Compiled, CompileError> {
 
 /// Compiles `graph` with the named backend.
 pub fn compile_with(graph: &Graph, backend: Backend) -> Result<Compiled, CompileError> {
+    compile_with_options(
+        graph,
+        CompileOptions {
+            backend,
+            ..CompileOptions::default()
+        },
+    )
+}
+
+/// The runnable prim graph of `graph`: decomposed and simplified, and for a joint graph
+/// partitioned between forward and backward.
+fn prim_graph(
+    graph: &Graph,
+    joint: Option<&Joint>,
+    options: &CompileOptions,
+    artifacts: &mut Artifacts,
+) -> Graph {
+    let Some(joint) = joint else {
+        return simplify(&decompose(graph));
+    };
+    let prims = simplify(&joint.graph);
+    artifacts.joint_graph = Some(prims.clone());
+    if joint.seeded || joint.tangents.is_empty() {
+        // A backward seeded by a traced value has no tangent to tell backward nodes apart.
+        return prims;
+    }
+    let partitioned = partition(&prims, &joint.tangents, &options.partition);
+    let graph = partitioned.graph.clone();
+    artifacts.partition = Some(partitioned);
+    graph
+}
+
+/// A 0-d one of `dtype` (a tangent's value).
+fn one(dtype: minductor_ir::DType) -> Tensor {
+    use minductor_ir::DType;
+    let bytes: Vec<u8> = match dtype {
+        DType::F16 => 0x3c00u16.to_le_bytes().to_vec(),
+        DType::BF16 => 0x3f80u16.to_le_bytes().to_vec(),
+        _ => 1f32.to_le_bytes().to_vec(),
+    };
+    let dtype = if matches!(dtype, DType::F16 | DType::BF16) {
+        dtype
+    } else {
+        DType::F32
+    };
+    Tensor::from_bytes(dtype, &[], &bytes).expect("a 0-d tensor of one element")
+}
+
+/// Runs `inner` with the tangent inputs (ones) after the caller's inputs.
+struct WithTangents {
+    inner: Box<dyn Executable>,
+    tangents: Vec<Tensor>,
+}
+
+impl WithTangents {
+    fn inputs(&self, inputs: &[Tensor]) -> Vec<Tensor> {
+        inputs.iter().chain(&self.tangents).cloned().collect()
+    }
+}
+
+impl Executable for WithTangents {
+    fn run(&mut self, inputs: &[Tensor]) -> Result<Vec<Tensor>, RuntimeError> {
+        let all = self.inputs(inputs);
+        self.inner.run(&all)
+    }
+
+    fn profile(
+        &mut self,
+        inputs: &[Tensor],
+    ) -> Result<(Vec<Tensor>, Vec<StepTiming>), RuntimeError> {
+        let all = self.inputs(inputs);
+        self.inner.profile(&all)
+    }
+
+    fn arena_bytes(&self) -> usize {
+        self.inner.arena_bytes()
+    }
+}
+
+/// Compiles `graph` with the given backend and options.
+pub fn compile_with_options(
+    graph: &Graph,
+    options: CompileOptions,
+) -> Result<Compiled, CompileError> {
+    let backend = options.backend;
     crate::logging::init_lazily();
     graph.verify()?;
     // The prim-graph interpreter needs static shapes; inductor binds symbolic sizes per call.
@@ -115,18 +217,25 @@ pub fn compile_with(graph: &Graph, backend: Backend) -> Result<Compiled, Compile
         .nodes()
         .iter()
         .any(|n| matches!(n.op, minductor_ir::Op::Grad { .. }));
+    let joint = if has_grad {
+        Some(autodiff(&decompose(graph))?)
+    } else {
+        None
+    };
     let executable: Box<dyn Executable> = match backend {
         // Op by op; a gradient runs the joint graph (the forward decomposed so that autodiff can
         // differentiate it), still op by op.
-        Backend::Eager if has_grad => Box::new(Interpreted(autodiff(&decompose(graph))?.graph)),
-        Backend::Eager => Box::new(Interpreted(graph.clone())),
+        Backend::Eager => match &joint {
+            Some(joint) => Box::new(Interpreted(joint.graph.clone())),
+            None => Box::new(Interpreted(graph.clone())),
+        },
         Backend::AotEager => {
-            let prims = simplify(&autodiff(&decompose(graph))?.graph);
+            let prims = prim_graph(graph, joint.as_ref(), &options, &mut artifacts);
             artifacts.prim_graph = Some(prims.clone());
             Box::new(Interpreted(prims))
         }
         Backend::Inductor => {
-            let prims = simplify(&autodiff(&decompose(graph))?.graph);
+            let prims = prim_graph(graph, joint.as_ref(), &options, &mut artifacts);
             let integer_reduction = prims.nodes().iter().find(|n| {
                 matches!(n.op, minductor_ir::Op::Reduce { .. }) && !n.ty.dtype.is_float()
             });
@@ -152,6 +261,21 @@ pub fn compile_with(graph: &Graph, backend: Backend) -> Result<Compiled, Compile
             artifacts.program = Some(program);
             Box::new(compiled)
         }
+    };
+    let executable: Box<dyn Executable> = match &joint {
+        Some(joint) if !joint.tangents.is_empty() => {
+            let inputs = joint.graph.inputs();
+            let tangents = joint
+                .tangents
+                .iter()
+                .map(|&t| one(joint.graph.ty(inputs[t]).dtype))
+                .collect();
+            Box::new(WithTangents {
+                inner: executable,
+                tangents,
+            })
+        }
+        _ => executable,
     };
     let compile_time = started.elapsed();
     crate::dump::after_compile(graph, backend.name(), &artifacts, compile_time);

@@ -90,6 +90,12 @@ fn log_artifacts(
         if enabled!(target: "minductor::aot", Level::DEBUG) {
             debug!(target: "minductor::aot", "{name}: after decompose\n{}", decompose(graph));
         }
+        if let Some(joint) = &artifacts.joint_graph {
+            info!(target: "minductor::aot", "{name}: joint graph (forward and backward)\n{joint}");
+        }
+        if let Some(partition) = &artifacts.partition {
+            info!(target: "minductor::aot", "{name}: {partition}");
+        }
         info!(target: "minductor::aot", "{name}: prim graph after decompose and simplify\n{prims}");
     }
     if let (Some(prims), Some(program)) = (&artifacts.prim_graph, &artifacts.program) {
@@ -143,6 +149,12 @@ fn write_files(
             format!("{}\n", decompose(graph)),
         ));
         files.push((dir.join("2_simplify.txt"), format!("{prims}\n")));
+        if let Some(joint) = &artifacts.joint_graph {
+            files.push((dir.join("1_joint.txt"), format!("{joint}\n")));
+        }
+        if let Some(partition) = &artifacts.partition {
+            files.push((dir.join("2_partition.txt"), partition.to_string()));
+        }
         files.push((
             dir.join("graph.dot"),
             graph_dot(prims, artifacts.program.as_ref()),

@@ -19,7 +19,10 @@ mod train;
 mod weights;
 
 pub use backend::{reference_executable, CompiledFn, CustomBackend, JitBackend};
-pub use compile::{compile, compile_with, Artifacts, Backend, CompileError, Compiled};
+pub use compile::{
+    compile, compile_with, compile_with_options, Artifacts, Backend, CompileError, CompileOptions,
+    Compiled,
+};
 pub use explain::{explain, BreakReport, Explanation, GraphReport};
 pub use losses::CrossEntropyOptions;
 pub use jit::{jit, Jit, JitError, JitOptions, JitStats, DEFAULT_RECOMPILE_LIMIT};

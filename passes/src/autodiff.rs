@@ -15,8 +15,10 @@
 //! gradient over the dims they broadcast. A value the loss does not depend on gets zeros (what
 //! `torch.func.grad` and `allow_unused` with materialized gradients give).
 //!
-//! [`Joint::seeds`] names the nodes the backward passes start from (the output gradients): the
-//! partitioner classifies every node that depends on one as backward.
+//! A loss without an explicit output gradient is seeded by a new graph input, a *tangent* (as in
+//! PyTorch's joint graph), which the caller feeds with 1: `partition` classifies every node that
+//! depends on a tangent as backward. Tangent inputs come after the graph's own inputs, which keep
+//! their positions.
 
 use minductor_ir::{
     BinaryOp, CompareOp, DType, Dim, Graph, IrError, NodeId, Op, ReduceOp, Shape, UnaryOp,
@@ -27,15 +29,17 @@ use std::collections::HashMap;
 #[derive(Clone, Debug)]
 pub struct Joint {
     pub graph: Graph,
-    /// The output gradient of each backward pass (a constant 1 for a scalar loss, else the seed
-    /// the user gave), in the order the passes were built.
-    pub seeds: Vec<NodeId>,
+    /// Positions (in `graph.inputs()`) of the tangent inputs, each to be fed a 0-d 1 of its dtype.
+    pub tangents: Vec<usize>,
+    /// True if some backward pass starts from an output gradient the traced code computed
+    /// (`grad_with`) rather than from a tangent input.
+    pub seeded: bool,
 }
 
 impl Joint {
     /// True if the graph holds a backward pass.
     pub fn has_backward(&self) -> bool {
-        !self.seeds.is_empty()
+        !self.tangents.is_empty() || self.seeded
     }
 }
 
@@ -54,13 +58,31 @@ impl From<IrError> for AutodiffError {
 
 pub fn autodiff(graph: &Graph) -> Result<Joint, AutodiffError> {
     let mut g = Graph::new();
-    let mut map: Vec<NodeId> = Vec::with_capacity(graph.len());
+    let mut map: Vec<Option<NodeId>> = vec![None; graph.len()];
+    // The graph's own inputs first, so that tangents added later come after them.
+    for &input in graph.inputs() {
+        let node = graph.node(input);
+        if let Op::Input { name } = &node.op {
+            map[input.index()] = Some(g.input(name.clone(), node.ty.clone()));
+        }
+    }
     let mut passes: HashMap<Vec<NodeId>, Vec<NodeId>> = HashMap::new();
-    let mut seeds = Vec::new();
-    for node in graph.nodes() {
-        let ins: Vec<NodeId> = node.inputs.iter().map(|i| map[i.index()]).collect();
+    let (mut tangents, mut seeded_pass) = (Vec::new(), false);
+    for (index, node) in graph.nodes().iter().enumerate() {
+        if map[index].is_some() {
+            continue;
+        }
+        let ins: Vec<NodeId> = node
+            .inputs
+            .iter()
+            .map(|i| map[i.index()].expect("operands precede their users"))
+            .collect();
         let id = match &node.op {
-            Op::Input { name } => g.input(name.clone(), node.ty.clone()),
+            Op::Input { .. } => {
+                return Err(AutodiffError::Unsupported(format!(
+                    "%{index} is an input node the graph does not list"
+                )))
+            }
             Op::Constant { value } => g.constant(*value, node.ty.dtype),
             Op::Grad { index, seeded } => {
                 let grads = match passes.get(&ins) {
@@ -69,11 +91,13 @@ pub fn autodiff(graph: &Graph) -> Result<Joint, AutodiffError> {
                         let fixed = 1 + *seeded as usize;
                         let (loss, wrt) = (ins[0], &ins[fixed..]);
                         let seed = if *seeded {
+                            seeded_pass = true;
                             ins[1]
                         } else {
-                            g.constant(1.0, g.ty(loss).dtype)
+                            tangents.push(g.inputs().len());
+                            let ty = g.ty(loss).clone();
+                            g.input(format!("tangent{}", tangents.len() - 1), ty)
                         };
-                        seeds.push(seed);
                         let grads = Backward { g: &mut g }.run(loss, seed, wrt)?;
                         passes.insert(ins.clone(), grads.clone());
                         grads
@@ -88,10 +112,20 @@ pub fn autodiff(graph: &Graph) -> Result<Joint, AutodiffError> {
                 )))
             }
         };
-        map.push(id);
+        map[index] = Some(id);
     }
-    g.set_outputs(graph.outputs().iter().map(|o| map[o.index()]).collect());
-    Ok(Joint { graph: g, seeds })
+    g.set_outputs(
+        graph
+            .outputs()
+            .iter()
+            .map(|o| map[o.index()].expect("every node is mapped"))
+            .collect(),
+    );
+    Ok(Joint {
+        graph: g,
+        tangents,
+        seeded: seeded_pass,
+    })
 }
 
 /// Appends one backward pass to a graph.
@@ -431,11 +465,24 @@ impl Backward<'_> {
                 self.reshape(g, shape)?
             }
             Op::Permute { perm } => {
-                let mut inverse = vec![0; perm.len()];
-                for (i, &p) in perm.iter().enumerate() {
-                    inverse[p] = i;
+                let rank = perm.len();
+                let swaps_last_two = rank >= 2
+                    && perm[rank - 2] == rank - 1
+                    && perm[rank - 1] == rank - 2
+                    && perm[..rank - 2].iter().enumerate().all(|(i, &p)| i == p);
+                if swaps_last_two && matches!(self.g.node(g).op, Op::Matmul) {
+                    // (A·B)ᵀ = Bᵀ·Aᵀ: the gradient of a transposed operand (a linear layer's
+                    // weight) comes out of the GEMM in the operand's own layout.
+                    let (a, b) = (self.g.node(g).inputs[0], self.g.node(g).inputs[1]);
+                    let (at, bt) = (self.transpose_last(a)?, self.transpose_last(b)?);
+                    self.add(Op::Matmul, &[bt, at])?
+                } else {
+                    let mut inverse = vec![0; rank];
+                    for (i, &p) in perm.iter().enumerate() {
+                        inverse[p] = i;
+                    }
+                    self.add(Op::Permute { perm: inverse }, &[g])?
                 }
-                self.add(Op::Permute { perm: inverse }, &[g])?
             }
             Op::Expand { .. } => {
                 let target = self.shape(x);

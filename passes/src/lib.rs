@@ -1,4 +1,4 @@
-//! The pass pipeline: `decompose` → `autodiff` → `simplify` → `fuse` → `fuse_horizontal` → `fuse_epilogues`
+//! The pass pipeline: `decompose` → `autodiff` → `simplify` → `partition` (joint graphs) → `fuse` → `fuse_horizontal` → `fuse_epilogues`
 //! → `plan_buffers`, the kernel IR that `fuse` produces, and `program_cost`, a static cost model
 //! of that IR.
 //!
@@ -11,6 +11,7 @@ mod decompose;
 mod epilogue;
 mod fuse;
 mod horizontal;
+mod partition;
 pub mod kernel;
 pub mod plan_buffers;
 mod simplify;
@@ -21,5 +22,6 @@ pub use decompose::decompose;
 pub use epilogue::fuse_epilogues;
 pub use fuse::{fuse, FuseError};
 pub use horizontal::fuse_horizontal;
+pub use partition::{partition, Partition, PartitionOptions, SavedValue};
 pub use plan_buffers::plan_buffers;
 pub use simplify::simplify;

@@ -3,6 +3,7 @@
 //! Assumes a prim graph (after `decompose`). Guarantees an equivalent prim graph in which
 //! - pointwise ops over 0-d constants are folded into one constant (rounded to its dtype),
 //! - identity views/casts and `x * 1`, `x + 0`, `x / 1` whose result type equals `x`'s are gone,
+//!   and a permute of a permute is one permute,
 //! - `x ** c` for c in {1, 2, 3, 0.5, -1} becomes multiplications, `sqrt` or a division,
 //! - structurally equal nodes are merged (CSE) and nodes no output needs are dropped (DCE);
 //!   graph inputs always stay, in order.
@@ -206,6 +207,17 @@ fn rewrite(
             return ins[0]
         }
         Op::Permute { perm } if perm.iter().enumerate().all(|(i, &p)| i == p) => return ins[0],
+        Op::Permute { perm } => {
+            // A permute of a permute is one permute (the identity when they cancel).
+            if let Op::Permute { perm: inner } = &out.node(ins[0]).op {
+                let composed: Vec<usize> = perm.iter().map(|&p| inner[p]).collect();
+                let source = out.node(ins[0]).inputs[0];
+                if composed.iter().enumerate().all(|(i, &p)| i == p) {
+                    return source;
+                }
+                return intern(out, seen, Op::Permute { perm: composed }, &[source], node);
+            }
+        }
         // Only autodiff (which runs before) distinguishes a detached value.
         Op::Detach => return ins[0],
         Op::Slice {
