@@ -610,7 +610,8 @@ fn apply(step: Step, v: &Traced, y: &Traced) -> Traced {
         Step::AddY => v + y,
         Step::DivOnePlusYSquare => v / (y * y + 1.0),
         Step::Softmax(d) => v.softmax(d as isize),
-        Step::LayerNorm => v.layer_norm(&[n], None, None, 1e-5),
+        // A large eps keeps the normalisation well-conditioned for finite differences.
+        Step::LayerNorm => v.layer_norm(&[n], None, None, 0.5),
         Step::SubMean(d) => v - v.mean(&[d as isize], true),
         Step::Transpose => v.transpose(0, 1).transpose(0, 1) * 0.5,
         Step::SliceCat => Traced::cat(
