@@ -643,3 +643,41 @@ proptest! {
         });
     }
 }
+
+#[test]
+fn jit_compiles_gradients_with_guards_and_a_dynamic_batch() {
+    // A train-step-like function under jit: the batch size varies, the parameters do not.
+    let step = |i: &[Traced]| {
+        let (x, t, w, b) = (&i[0], &i[1], &i[2], &i[3]);
+        let loss = x.linear(w, Some(b)).tanh().mse_loss(t);
+        let mut out = vec![loss.clone()];
+        out.extend(loss.grad(&[w, b]));
+        out
+    };
+    let f = minductor::jit(step).input_names(&["x", "t", "w", "b"]);
+    for batch in [2usize, 3, 5, 8, 13] {
+        let inputs = vec![
+            minductor::workloads::uniform(&[batch, 6], -1.0, 1.0, batch as u64),
+            minductor::workloads::uniform(&[batch, 4], -1.0, 1.0, 100 + batch as u64),
+            minductor::workloads::uniform(&[4, 6], -1.0, 1.0, 7),
+            minductor::workloads::uniform(&[4], -1.0, 1.0, 8),
+        ];
+        let got = f.call(&inputs).unwrap();
+        let graph = minductor::trace(|t| {
+            let xs: Vec<Traced> = ["x", "t", "w", "b"]
+                .iter()
+                .zip(&inputs)
+                .map(|(n, v)| t.input(n, DType::F32, v.shape()))
+                .collect();
+            step(&xs)
+        })
+        .unwrap();
+        let want = compile_with(&graph, Backend::Eager).unwrap().call(&inputs).unwrap();
+        assert_close("jit train step", Backend::Inductor, &got, &want);
+    }
+    let stats = f.stats();
+    // The first size compiles static; the second recompiles with a symbolic batch, which then
+    // serves every later size.
+    assert_eq!(stats.compiles, 2, "{stats:?}");
+    assert_eq!(stats.symbolic_compiles, 1, "{stats:?}");
+}
