@@ -576,6 +576,11 @@ impl Lowering<'_, '_, '_> {
         let f = self.flags;
         match self.program.buffer(buffer).dtype {
             DType::F32 => self.b.ins().load(types::F32, f, addr, 0),
+            // Kernels compute floats in f32 (`fuse` refuses f64 graphs; this keeps lowering total).
+            DType::F64 => {
+                let wide = self.b.ins().load(types::F64, f, addr, 0);
+                self.b.ins().fdemote(types::F32, wide)
+            }
             DType::F16 => {
                 let bits = self.b.ins().uload16(types::I32, f, addr, 0);
                 emit_f16_to_f32(self.b, bits)
@@ -642,16 +647,18 @@ impl Lowering<'_, '_, '_> {
 
     fn cast_scalar(&mut self, to: DType, from: ScalarType, a: Value) -> Value {
         match (to, from) {
-            (DType::F32 | DType::F16 | DType::BF16, ScalarType::I64) => {
+            (DType::F64 | DType::F32 | DType::F16 | DType::BF16, ScalarType::I64) => {
                 let f = self.b.ins().fcvt_from_sint(types::F32, a);
                 self.round_to(to, f)
             }
-            (DType::F32 | DType::F16 | DType::BF16, ScalarType::Bool) => {
+            (DType::F64 | DType::F32 | DType::F16 | DType::BF16, ScalarType::Bool) => {
                 let one = self.b.ins().f32const(1.0);
                 let zero = self.b.ins().f32const(0.0);
                 self.b.ins().select(a, one, zero)
             }
-            (DType::F32 | DType::F16 | DType::BF16, ScalarType::F32) => self.round_to(to, a),
+            (DType::F64 | DType::F32 | DType::F16 | DType::BF16, ScalarType::F32) => {
+                self.round_to(to, a)
+            }
             (DType::I64, ScalarType::F32) => self.b.ins().fcvt_to_sint_sat(types::I64, a),
             (DType::I64, ScalarType::Bool) => self.b.ins().uextend(types::I64, a),
             (DType::I64, ScalarType::I64) => a,
@@ -825,7 +832,7 @@ impl Lowering<'_, '_, '_> {
                     (DType::F32 | DType::F16 | DType::BF16, ScalarType::F32) => {
                         self.round_to(to, x)
                     }
-                    (DType::F32 | DType::F16 | DType::BF16, ScalarType::Bool) => {
+                    (DType::F64 | DType::F32 | DType::F16 | DType::BF16, ScalarType::Bool) => {
                         let one = self.f32_like(1.0, types::F32X4);
                         let mask = self.bitcast(types::F32X4, x);
                         self.b.ins().band(mask, one)
@@ -937,6 +944,10 @@ impl Lowering<'_, '_, '_> {
         match dtype {
             DType::F32 | DType::I64 => {
                 self.b.ins().store(f, x, addr, 0);
+            }
+            DType::F64 => {
+                let wide = self.b.ins().fpromote(types::F64, x);
+                self.b.ins().store(f, wide, addr, 0);
             }
             DType::F16 | DType::BF16 => {
                 let bits = if dtype == DType::F16 {

@@ -146,7 +146,7 @@ enum CompiledStep {
     /// A GEMM, and the kernel that runs on each block of its output rows (see `fuse_epilogues`).
     Matmul(MatmulStep, Option<CompiledKernel>),
     /// An extern scatter-add (`scatter::scatter_add`).
-    ScatterAdd(ScatterAddStep),
+    ScatterAdd(Box<ScatterAddStep>),
 }
 
 /// The owner of the machine code. Only dropped, never used after finalisation.
@@ -242,7 +242,7 @@ pub fn compile_program(program: &Program) -> Result<CompiledProgram, CodegenErro
             Step::Matmul(m) => {
                 CompiledStep::Matmul(m.clone(), m.epilogue.as_ref().map(&mut finished))
             }
-            Step::ScatterAdd(sc) => CompiledStep::ScatterAdd(sc.clone()),
+            Step::ScatterAdd(sc) => CompiledStep::ScatterAdd(Box::new(sc.clone())),
         })
         .collect();
     let plan = program

@@ -148,18 +148,7 @@ fn prim_graph(
 
 /// A 0-d one of `dtype` (a tangent's value).
 fn one(dtype: minductor_ir::DType) -> Tensor {
-    use minductor_ir::DType;
-    let bytes: Vec<u8> = match dtype {
-        DType::F16 => 0x3c00u16.to_le_bytes().to_vec(),
-        DType::BF16 => 0x3f80u16.to_le_bytes().to_vec(),
-        _ => 1f32.to_le_bytes().to_vec(),
-    };
-    let dtype = if matches!(dtype, DType::F16 | DType::BF16) {
-        dtype
-    } else {
-        DType::F32
-    };
-    Tensor::from_bytes(dtype, &[], &bytes).expect("a 0-d tensor of one element")
+    Tensor::from_f64(dtype, &[], &[1.0]).expect("a 0-d tensor of one element")
 }
 
 /// Runs `inner` with the tangent inputs (ones) after the caller's inputs.

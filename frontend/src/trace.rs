@@ -993,6 +993,6 @@ impl std::ops::Neg for Traced {
     type Output = Traced;
     #[track_caller]
     fn neg(self) -> Traced {
-        (&self).unary(UnaryOp::Neg)
+        self.unary(UnaryOp::Neg)
     }
 }

@@ -19,6 +19,7 @@ pub fn load_safetensors(path: &Path) -> Result<HashMap<String, Tensor>, TrainErr
     for (name, view) in file.tensors() {
         use safetensors::Dtype as S;
         let dtype = match view.dtype() {
+            S::F64 => DType::F64,
             S::F32 => DType::F32,
             S::F16 => DType::F16,
             S::BF16 => DType::BF16,

@@ -6,6 +6,8 @@ use std::fmt;
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum DType {
     F32,
+    /// Double precision: the interpreter computes in it (gradient checks); compiled kernels do not.
+    F64,
     F16,
     BF16,
     I64,
@@ -16,6 +18,7 @@ impl DType {
     /// Bytes one element occupies in memory.
     pub fn size_bytes(self) -> usize {
         match self {
+            DType::F64 => 8,
             DType::F32 => 4,
             DType::F16 | DType::BF16 => 2,
             DType::I64 => 8,
@@ -24,12 +27,13 @@ impl DType {
     }
 
     pub fn is_float(self) -> bool {
-        matches!(self, DType::F32 | DType::F16 | DType::BF16)
+        matches!(self, DType::F64 | DType::F32 | DType::F16 | DType::BF16)
     }
 
     /// The name PyTorch and safetensors manifests use (`float32`, `int64`, ...).
     pub fn torch_name(self) -> &'static str {
         match self {
+            DType::F64 => "float64",
             DType::F32 => "float32",
             DType::F16 => "float16",
             DType::BF16 => "bfloat16",
@@ -41,6 +45,7 @@ impl DType {
     /// Parses either the short (`f32`) or the PyTorch (`float32`) spelling.
     pub fn parse(name: &str) -> Option<DType> {
         Some(match name {
+            "f64" | "float64" | "double" => DType::F64,
             "f32" | "float32" | "float" => DType::F32,
             "f16" | "float16" | "half" => DType::F16,
             "bf16" | "bfloat16" => DType::BF16,
@@ -55,6 +60,7 @@ impl DType {
         use DType::*;
         match (a, b) {
             (x, y) if x == y => x,
+            (F64, _) | (_, F64) => F64,
             (F32, _) | (_, F32) => F32,
             (F16, BF16) | (BF16, F16) => F32,
             (F16, _) | (_, F16) => F16,
@@ -68,6 +74,7 @@ impl DType {
 impl fmt::Display for DType {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(match self {
+            DType::F64 => "f64",
             DType::F32 => "f32",
             DType::F16 => "f16",
             DType::BF16 => "bf16",

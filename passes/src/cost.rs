@@ -374,7 +374,7 @@ fn matmul_cost(program: &Program, step: usize, matmul: &MatmulStep) -> StepCost 
         inner: vec![vec![Dim::Static(k as usize)]],
         bytes_read: bytes(program, &reads),
         bytes_written: bytes(program, &writes),
-        flops: 2 * out_numel * k as u64,
+        flops: 2 * out_numel * k,
     }
 }
 

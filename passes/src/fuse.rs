@@ -32,6 +32,12 @@ pub enum FuseError {
 }
 
 pub fn fuse(graph: &Graph) -> Result<Program, FuseError> {
+    if let Some(node) = graph.nodes().iter().find(|n| n.ty.dtype == DType::F64) {
+        return Err(FuseError::Unsupported(format!(
+            "f64 values ({} : {}): compiled kernels compute in f32 (eager and aot_eager run f64)",
+            node.op, node.ty
+        )));
+    }
     let mut realized: HashSet<NodeId> = HashSet::new();
     for id in graph.ids() {
         if matches!(
@@ -129,7 +135,7 @@ fn row_block(n: usize) -> Option<usize> {
     }
     [4096, 2048, 8192, 1024, 16384, 512, 256]
         .into_iter()
-        .find(|&b| n % b == 0)
+        .find(|&b| n.is_multiple_of(b))
 }
 
 /// The loop structure of a kernel with reductions: reductions over `axes` of an input of `shape`.

@@ -127,9 +127,10 @@ pub enum ScalarType {
 }
 
 impl ScalarType {
+    /// The type a buffer of `dtype` computes in. (`fuse` refuses f64 graphs before asking.)
     pub fn of(dtype: DType) -> ScalarType {
         match dtype {
-            DType::F32 | DType::F16 | DType::BF16 => ScalarType::F32,
+            DType::F64 | DType::F32 | DType::F16 | DType::BF16 => ScalarType::F32,
             DType::I64 => ScalarType::I64,
             DType::Bool => ScalarType::Bool,
         }

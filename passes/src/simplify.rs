@@ -108,6 +108,7 @@ fn constant_value(g: &Graph, id: NodeId) -> Option<f64> {
 /// Rounds `v` the way storing it in `dtype` would.
 fn round_to(v: f64, dtype: DType) -> f64 {
     match dtype {
+        DType::F64 => v,
         DType::F32 => v as f32 as f64,
         DType::F16 => half::f16::from_f64(v).to_f64(),
         DType::BF16 => half::bf16::from_f64(v).to_f64(),

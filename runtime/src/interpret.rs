@@ -1,8 +1,9 @@
 //! The reference interpreter: minductor's `eager` backend and the oracle every compiled result is
 //! tested against.
 //!
-//! Every value is held as contiguous row-major data: `f32` for all float dtypes (f16/bf16 values
-//! are rounded to their dtype after every op, as PyTorch eager does), `i64`, or `bool`. Each op
+//! Every value is held as contiguous row-major data: `f64` for all float dtypes, each op computed
+//! in f64 and its result rounded to the op's dtype (f32, f16, bf16: once, correctly; f64: not at
+//! all), so narrow dtypes round after every op as PyTorch eager does, `i64`, or `bool`. Each op
 //! allocates its result. Composite ops are computed directly rather than by decomposing them into
 //! prims, so the interpreter stays an independent check on `passes::decompose`.
 
@@ -91,10 +92,11 @@ pub fn interpret(graph: &Graph, inputs: &[Tensor]) -> Result<Vec<Tensor>, Runtim
 
 // ---- values -------------------------------------------------------------------------------------
 
-/// Contiguous row-major elements. Floats of every float dtype are held as f32, already rounded.
+/// Contiguous row-major elements. Floats of every float dtype are held as f64, already rounded
+/// to their dtype.
 #[derive(Clone, Debug, PartialEq)]
 enum Data {
-    F(Vec<f32>),
+    F(Vec<f64>),
     I(Vec<i64>),
     B(Vec<bool>),
 }
@@ -124,9 +126,10 @@ impl Value {
     fn from_tensor(t: &Tensor) -> Result<Value, RuntimeError> {
         let t = t.contiguous();
         let data = match t.dtype() {
-            DType::F32 => Data::F(t.to_vec::<f32>()?),
-            DType::F16 => Data::F(t.to_vec::<f16>()?.into_iter().map(f16::to_f32).collect()),
-            DType::BF16 => Data::F(t.to_vec::<bf16>()?.into_iter().map(bf16::to_f32).collect()),
+            DType::F64 => Data::F(t.to_vec::<f64>()?),
+            DType::F32 => Data::F(t.to_vec::<f32>()?.into_iter().map(f64::from).collect()),
+            DType::F16 => Data::F(t.to_vec::<f16>()?.into_iter().map(f16::to_f64).collect()),
+            DType::BF16 => Data::F(t.to_vec::<bf16>()?.into_iter().map(bf16::to_f64).collect()),
             DType::I64 => Data::I(t.to_vec::<i64>()?),
             // Read through `to_f64_vec`, which accepts any byte as a bool (non-zero = true).
             DType::Bool => Data::B(t.to_f64_vec().into_iter().map(|x| x != 0.0).collect()),
@@ -141,12 +144,15 @@ impl Value {
     fn to_tensor(&self) -> Result<Tensor, RuntimeError> {
         let shape = &self.shape;
         match (&self.data, self.dtype) {
-            (Data::F(x), DType::F32) => Tensor::from_vec(shape, x.clone()),
+            (Data::F(x), DType::F64) => Tensor::from_vec(shape, x.clone()),
+            (Data::F(x), DType::F32) => {
+                Tensor::from_vec(shape, x.iter().map(|&v| v as f32).collect())
+            }
             (Data::F(x), DType::F16) => {
-                Tensor::from_vec(shape, x.iter().map(|&v| f16::from_f32(v)).collect())
+                Tensor::from_vec(shape, x.iter().map(|&v| f16::from_f64(v)).collect())
             }
             (Data::F(x), DType::BF16) => {
-                Tensor::from_vec(shape, x.iter().map(|&v| bf16::from_f32(v)).collect())
+                Tensor::from_vec(shape, x.iter().map(|&v| bf16::from_f64(v)).collect())
             }
             (Data::I(x), DType::I64) => Tensor::from_vec(shape, x.clone()),
             (Data::B(x), DType::Bool) => Tensor::from_vec(shape, x.clone()),
@@ -177,7 +183,7 @@ impl Value {
         self.shape.iter().product()
     }
 
-    fn floats(&self) -> Result<&[f32], RuntimeError> {
+    fn floats(&self) -> Result<&[f64], RuntimeError> {
         match &self.data {
             Data::F(v) => Ok(v),
             _ => Err(internal(format!(
@@ -235,21 +241,13 @@ fn static_sizes(graph: &Graph) -> Result<Vec<Vec<usize>>, RuntimeError> {
 
 // ---- rounding and casts -------------------------------------------------------------------------
 
-/// Rounds an f32 result to `dtype` (identity for f32).
-fn round_f32(dtype: DType, x: f32) -> f32 {
-    match dtype {
-        DType::F16 => f16::from_f32(x).to_f32(),
-        DType::BF16 => bf16::from_f32(x).to_f32(),
-        _ => x,
-    }
-}
-
 /// Rounds an f64 result to `dtype` once (no double rounding through f32).
-fn round_f64(dtype: DType, x: f64) -> f32 {
+fn round(dtype: DType, x: f64) -> f64 {
     match dtype {
-        DType::F16 => f16::from_f64(x).to_f32(),
-        DType::BF16 => bf16::from_f64(x).to_f32(),
-        _ => x as f32,
+        DType::F32 => x as f32 as f64,
+        DType::F16 => f16::from_f64(x).to_f64(),
+        DType::BF16 => bf16::from_f64(x).to_f64(),
+        _ => x,
     }
 }
 
@@ -257,7 +255,7 @@ fn constant(dtype: DType, value: f64) -> Data {
     match dtype {
         DType::I64 => Data::I(vec![value as i64]),
         DType::Bool => Data::B(vec![value != 0.0]),
-        float => Data::F(vec![round_f64(float, value)]),
+        float => Data::F(vec![round(float, value)]),
     }
 }
 
@@ -269,14 +267,13 @@ fn cast(v: &Value, to: DType) -> Cow<'_, Value> {
     let data = match (&v.data, to) {
         (Data::F(x), DType::I64) => Data::I(x.iter().map(|&e| e as i64).collect()),
         (Data::F(x), DType::Bool) => Data::B(x.iter().map(|&e| e != 0.0).collect()),
-        (Data::F(x), float) => Data::F(x.iter().map(|&e| round_f32(float, e)).collect()),
+        (Data::F(x), float) => Data::F(x.iter().map(|&e| round(float, e)).collect()),
         (Data::I(x), DType::I64) => Data::I(x.clone()),
         (Data::I(x), DType::Bool) => Data::B(x.iter().map(|&e| e != 0).collect()),
-        (Data::I(x), DType::F32) => Data::F(x.iter().map(|&e| e as f32).collect()),
-        (Data::I(x), float) => Data::F(x.iter().map(|&e| round_f64(float, e as f64)).collect()),
+        (Data::I(x), float) => Data::F(x.iter().map(|&e| round(float, e as f64)).collect()),
         (Data::B(x), DType::I64) => Data::I(x.iter().map(|&e| e as i64).collect()),
         (Data::B(x), DType::Bool) => Data::B(x.clone()),
-        (Data::B(x), _float) => Data::F(x.iter().map(|&e| e as u8 as f32).collect()),
+        (Data::B(x), _float) => Data::F(x.iter().map(|&e| e as u8 as f64).collect()),
     };
     Cow::Owned(Value {
         dtype: to,
@@ -501,7 +498,7 @@ fn eval(op: &Op, dtype: DType, shape: &[usize], args: &[&Value]) -> Result<Data,
 /// A float composite computed in f64 and rounded once to the value's dtype.
 fn map_floats(x: &Value, f: impl Fn(f64) -> f64) -> Data {
     match &x.data {
-        Data::F(v) => Data::F(v.iter().map(|&e| round_f64(x.dtype, f(e as f64))).collect()),
+        Data::F(v) => Data::F(v.iter().map(|&e| round(x.dtype, f(e))).collect()),
         other => other.clone(), // unreachable for verified graphs: these ops need float input
     }
 }
@@ -516,30 +513,30 @@ fn unary(op: UnaryOp, x: &Value) -> Result<Data, RuntimeError> {
     }
     let dtype = x.dtype;
     let v = x.floats()?;
-    let map = |f: fn(f32) -> f32| Data::F(v.iter().map(|&e| round_f32(dtype, f(e))).collect());
+    let map = |f: fn(f64) -> f64| Data::F(v.iter().map(|&e| round(dtype, f(e))).collect());
     Ok(match op {
         UnaryOp::Neg => map(|e| -e),
-        UnaryOp::Abs => map(f32::abs),
-        UnaryOp::Exp => map(f32::exp),
-        UnaryOp::Log => map(f32::ln),
-        UnaryOp::Sqrt => map(f32::sqrt),
+        UnaryOp::Abs => map(f64::abs),
+        UnaryOp::Exp => map(f64::exp),
+        UnaryOp::Log => map(f64::ln),
+        UnaryOp::Sqrt => map(f64::sqrt),
         UnaryOp::Rsqrt => map(|e| 1.0 / e.sqrt()),
-        UnaryOp::Sin => map(f32::sin),
-        UnaryOp::Cos => map(f32::cos),
-        UnaryOp::Tanh => map(f32::tanh),
-        UnaryOp::Erf => map(|e| libm::erf(e as f64) as f32),
+        UnaryOp::Sin => map(f64::sin),
+        UnaryOp::Cos => map(f64::cos),
+        UnaryOp::Tanh => map(f64::tanh),
+        UnaryOp::Erf => map(libm::erf),
         UnaryOp::Sigmoid => map(|e| 1.0 / (1.0 + (-e).exp())),
     })
 }
 
-fn binary_float(op: BinaryOp, a: f32, b: f32) -> f32 {
+fn binary_float(op: BinaryOp, a: f64, b: f64) -> f64 {
     match op {
         BinaryOp::Add => a + b,
         BinaryOp::Sub => a - b,
         BinaryOp::Mul => a * b,
         BinaryOp::Div => a / b,
-        BinaryOp::Maximum => nan_propagating(f32::max)(a, b),
-        BinaryOp::Minimum => nan_propagating(f32::min)(a, b),
+        BinaryOp::Maximum => nan_propagating(f64::max)(a, b),
+        BinaryOp::Minimum => nan_propagating(f64::min)(a, b),
         BinaryOp::Pow => a.powf(b),
     }
 }
@@ -570,7 +567,7 @@ fn binary(
             shape,
             (x, &a.shape),
             (y, &b.shape),
-            |p, q| round_f32(dtype, binary_float(op, p, q)),
+            |p, q| round(dtype, binary_float(op, p, q)),
         )),
         (Data::I(x), Data::I(y)) => Data::I(zip_broadcast(
             shape,
@@ -660,10 +657,10 @@ fn lanes(shape: &[usize], axes: &[usize]) -> (Offsets, usize, usize) {
     (Offsets::new(&sizes, &strides, 0), outer, count)
 }
 
-fn nan_propagating(pick: fn(f32, f32) -> f32) -> impl Fn(f32, f32) -> f32 {
+fn nan_propagating(pick: fn(f64, f64) -> f64) -> impl Fn(f64, f64) -> f64 {
     move |m, e| {
         if m.is_nan() || e.is_nan() {
-            f32::NAN
+            f64::NAN
         } else {
             pick(m, e)
         }
@@ -679,9 +676,9 @@ fn reduce(op: ReduceOp, x: &Value, axes: &[usize]) -> Result<Data, RuntimeError>
                 let lane = offsets.by_ref().take(count).map(|o| v[o]);
                 out.push(match op {
                     // Accumulate in f64, round once.
-                    ReduceOp::Sum => round_f64(x.dtype, lane.map(|e| e as f64).sum()),
-                    ReduceOp::Max => lane.fold(f32::NEG_INFINITY, nan_propagating(f32::max)),
-                    ReduceOp::Min => lane.fold(f32::INFINITY, nan_propagating(f32::min)),
+                    ReduceOp::Sum => round(x.dtype, lane.sum()),
+                    ReduceOp::Max => lane.fold(f64::NEG_INFINITY, nan_propagating(f64::max)),
+                    ReduceOp::Min => lane.fold(f64::INFINITY, nan_propagating(f64::min)),
                 });
             }
             Data::F(out)
@@ -710,7 +707,7 @@ fn moments(x: &Value, axes: &[usize], correction: Option<usize>) -> Result<Data,
     let mut out = Vec::with_capacity(outer);
     for _ in 0..outer {
         lane.clear();
-        lane.extend(offsets.by_ref().take(count).map(|o| v[o] as f64));
+        lane.extend(offsets.by_ref().take(count).map(|o| v[o]));
         let mean = lane.iter().sum::<f64>() / count as f64;
         let result = match correction {
             None => mean,
@@ -719,7 +716,7 @@ fn moments(x: &Value, axes: &[usize], correction: Option<usize>) -> Result<Data,
                 lane.iter().map(|e| (e - mean) * (e - mean)).sum::<f64>() / divisor
             }
         };
-        out.push(round_f64(x.dtype, result));
+        out.push(round(x.dtype, result));
     }
     Ok(Data::F(out))
 }
@@ -729,22 +726,20 @@ fn softmax(x: &Value, dim: usize, log: bool) -> Result<Data, RuntimeError> {
     let n = x.shape[dim];
     let inner: usize = x.shape[dim + 1..].iter().product();
     let outer: usize = x.shape[..dim].iter().product();
-    let mut out = vec![0f32; v.len()];
+    let mut out = vec![0f64; v.len()];
     for o in 0..outer {
         for i in 0..inner {
             let at = |k: usize| o * n * inner + k * inner + i;
-            let max = (0..n)
-                .map(|k| v[at(k)] as f64)
-                .fold(f64::NEG_INFINITY, f64::max);
-            let sum: f64 = (0..n).map(|k| (v[at(k)] as f64 - max).exp()).sum();
+            let max = (0..n).map(|k| v[at(k)]).fold(f64::NEG_INFINITY, f64::max);
+            let sum: f64 = (0..n).map(|k| (v[at(k)] - max).exp()).sum();
             for k in 0..n {
-                let shifted = v[at(k)] as f64 - max;
+                let shifted = v[at(k)] - max;
                 let y = if log {
                     shifted - sum.ln()
                 } else {
                     shifted.exp() / sum
                 };
-                out[at(k)] = round_f64(x.dtype, y);
+                out[at(k)] = round(x.dtype, y);
             }
         }
     }
@@ -762,27 +757,23 @@ fn layer_norm(
     let weight = weight.map(Value::floats).transpose()?;
     let bias = bias.map(Value::floats).transpose()?;
     let m: usize = x.shape[x.shape.len() - normalized_rank..].iter().product();
-    let mut out = vec![0f32; v.len()];
+    let mut out = vec![0f64; v.len()];
     if m == 0 {
         return Ok(Data::F(out));
     }
     for (row, dst) in v.chunks_exact(m).zip(out.chunks_exact_mut(m)) {
-        let mean = row.iter().map(|&e| e as f64).sum::<f64>() / m as f64;
-        let var = row
-            .iter()
-            .map(|&e| (e as f64 - mean) * (e as f64 - mean))
-            .sum::<f64>()
-            / m as f64;
+        let mean = row.iter().sum::<f64>() / m as f64;
+        let var = row.iter().map(|&e| (e - mean) * (e - mean)).sum::<f64>() / m as f64;
         let rstd = 1.0 / (var + eps).sqrt();
         for (j, (&e, d)) in row.iter().zip(dst.iter_mut()).enumerate() {
-            let mut y = (e as f64 - mean) * rstd;
+            let mut y = (e - mean) * rstd;
             if let Some(w) = weight {
-                y *= w[j] as f64;
+                y *= w[j];
             }
             if let Some(b) = bias {
-                y += b[j] as f64;
+                y += b[j];
             }
-            *d = round_f64(x.dtype, y);
+            *d = round(x.dtype, y);
         }
     }
     Ok(Data::F(out))
@@ -918,7 +909,7 @@ fn scatter_add(
             };
             offset += p * out_strides[d];
         }
-        sums[offset] += v as f64;
+        sums[offset] += v;
         for d in (0..position.len()).rev() {
             position[d] += 1;
             if position[d] < src.shape[d] {
@@ -927,19 +918,20 @@ fn scatter_add(
             position[d] = 0;
         }
     }
-    Ok(Data::F(sums.into_iter().map(|s| s as f32).collect()))
+    Ok(Data::F(sums.into_iter().map(|s| round(src.dtype, s)).collect()))
 }
 
 // ---- matrix products ----------------------------------------------------------------------------
 
-/// `C = A·B + beta·C` for an `m×k` A and `k×n` B given by element strides, and a contiguous `m×n` C.
+/// `C = A·B + beta·C` for an `m×k` A and `k×n` B given by element strides, and a contiguous `m×n` C,
+/// in f64.
 #[allow(clippy::too_many_arguments)]
 fn gemm(
     (m, k, n): (usize, usize, usize),
-    (a, rsa, csa): (&[f32], usize, usize),
-    (b, rsb, csb): (&[f32], usize, usize),
-    beta: f32,
-    c: &mut [f32],
+    (a, rsa, csa): (&[f64], usize, usize),
+    (b, rsb, csb): (&[f64], usize, usize),
+    beta: f64,
+    c: &mut [f64],
 ) -> Result<(), RuntimeError> {
     if m == 0 || n == 0 {
         return Ok(());
@@ -952,10 +944,10 @@ fn gemm(
     if last(m, k, rsa, csa) >= a.len() || last(k, n, rsb, csb) >= b.len() || m * n > c.len() {
         return Err(internal("gemm operands out of bounds"));
     }
-    // SAFETY: every element sgemm reads or writes lies within `a`, `b` and `c` (checked above);
+    // SAFETY: every element dgemm reads or writes lies within `a`, `b` and `c` (checked above);
     // `c` is a unique borrow that does not alias `a` or `b`.
     unsafe {
-        matrixmultiply::sgemm(
+        matrixmultiply::dgemm(
             m,
             k,
             n,
@@ -976,7 +968,7 @@ fn gemm(
 }
 
 /// `torch.matmul`: rank-1 operands get a 1 prepended (left) or appended (right), which the
-/// node's shape then drops; batch dims broadcast. Computed in f32, rounded to `dtype` at the end.
+/// node's shape then drops; batch dims broadcast. Computed in f64, rounded to `dtype` at the end.
 fn matmul(dtype: DType, a: &Value, b: &Value) -> Result<Data, RuntimeError> {
     let (x, y) = (a.floats()?, b.floats()?);
     let mut sa = a.shape.clone();
@@ -992,7 +984,7 @@ fn matmul(dtype: DType, a: &Value, b: &Value) -> Result<Data, RuntimeError> {
     let (batch_a, batch_b) = (&sa[..ra - 2], &sb[..rb - 2]);
     let batch = broadcast_sizes(batch_a, batch_b);
     let batches: usize = batch.iter().product();
-    let mut out = vec![0f32; batches * m * n];
+    let mut out = vec![0f64; batches * m * n];
     let matrices = Offsets::broadcast(batch_a, &batch).zip(Offsets::broadcast(batch_b, &batch));
     for (i, (ia, ib)) in matrices.enumerate() {
         gemm(
@@ -1003,19 +995,17 @@ fn matmul(dtype: DType, a: &Value, b: &Value) -> Result<Data, RuntimeError> {
             &mut out[i * m * n..(i + 1) * m * n],
         )?;
     }
-    if dtype != DType::F32 {
-        out.iter_mut().for_each(|e| *e = round_f32(dtype, *e));
-    }
+    out.iter_mut().for_each(|e| *e = round(dtype, *e));
     Ok(Data::F(out))
 }
 
 /// `x @ w^T (+ b)` with `x: [..., in]`, `w: [out, in]`, `b: [out]`; the bias is added inside the
-/// f32 product (as addmm does) and the result rounded to `dtype` once.
+/// f64 product (as addmm does) and the result rounded to `dtype` once.
 fn linear(dtype: DType, x: &Value, w: &Value, bias: Option<&Value>) -> Result<Data, RuntimeError> {
     let (xs, ws) = (x.floats()?, w.floats()?);
     let (features_out, features_in) = (w.shape[0], w.shape[1]);
     let rows = x.shape[..x.shape.len() - 1].iter().product();
-    let mut out = vec![0f32; rows * features_out];
+    let mut out = vec![0f64; rows * features_out];
     let beta = match bias {
         Some(b) => {
             let b = b.floats()?;
@@ -1033,9 +1023,7 @@ fn linear(dtype: DType, x: &Value, w: &Value, bias: Option<&Value>) -> Result<Da
         beta,
         &mut out,
     )?;
-    if dtype != DType::F32 {
-        out.iter_mut().for_each(|e| *e = round_f32(dtype, *e));
-    }
+    out.iter_mut().for_each(|e| *e = round(dtype, *e));
     Ok(Data::F(out))
 }
 

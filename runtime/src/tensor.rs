@@ -171,6 +171,7 @@ macro_rules! element {
         }
     };
 }
+element!(f64, DType::F64, |x| x, |v| v);
 element!(f32, DType::F32, |x| x as f64, |v| v as f32);
 element!(f16, DType::F16, |x| x.to_f64(), |v| f16::from_f64(v));
 element!(bf16, DType::BF16, |x| x.to_f64(), |v| bf16::from_f64(v));
@@ -363,6 +364,7 @@ impl Tensor {
     pub fn to_f64_vec(&self) -> Vec<f64> {
         let c = self.contiguous();
         match c.dtype {
+            DType::F64 => c.as_slice::<f64>().to_vec(),
             DType::F32 => c.as_slice::<f32>().iter().map(|&x| x as f64).collect(),
             DType::F16 => c.as_slice::<f16>().iter().map(|x| x.to_f64()).collect(),
             DType::BF16 => c.as_slice::<bf16>().iter().map(|x| x.to_f64()).collect(),
@@ -378,6 +380,7 @@ impl Tensor {
     /// A contiguous tensor of `dtype` holding `values` (rounded to the dtype).
     pub fn from_f64(dtype: DType, shape: &[usize], values: &[f64]) -> Result<Tensor, RuntimeError> {
         match dtype {
+            DType::F64 => Tensor::from_vec(shape, values.to_vec()),
             DType::F32 => Tensor::from_vec(shape, values.iter().map(|&v| v as f32).collect()),
             DType::F16 => {
                 Tensor::from_vec(shape, values.iter().map(|&v| f16::from_f64(v)).collect())

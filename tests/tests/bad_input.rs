@@ -123,7 +123,7 @@ fn non_contiguous_inputs_give_the_right_answer() {
     for backend in BACKENDS {
         let got = compile_with(&graph, backend)
             .unwrap()
-            .call(&[x.clone()])
+            .call(std::slice::from_ref(&x))
             .unwrap();
         assert_eq!(got[0].to_vec::<f32>().unwrap().len(), 12);
         for (g, w) in got[0]
