@@ -362,7 +362,10 @@ impl CompiledProgram {
                     held[index] = Some(t);
                 }
                 BufferKind::Intermediate => {
-                    let slot = self.plan.slot_of[index].expect("every intermediate has a slot");
+                    // An intermediate no step touches (its stores were fused away) has no slot.
+                    let Some(slot) = self.plan.slot_of[index] else {
+                        continue;
+                    };
                     let offset = slot_offsets[slot];
                     // SAFETY: `layout` placed the slot, as large as its largest member for this
                     // call's sizes, inside `total` bytes, and the arena holds at least that

@@ -1,6 +1,8 @@
 //! `fuse_horizontal`: merges sibling kernels that iterate over the same domain and read a common
 //! buffer into one kernel, so that buffer is streamed from memory once (Inductor's horizontal
-//! fusion).
+//! fusion), and a pointwise consumer into the pointwise producer of a buffer it reads element by
+//! element (vertical fusion of realized buffers: an optimizer's moments and its parameter update
+//! become one pass).
 //!
 //! Two kernels are siblings when they have the same outer loops, neither reads what the other
 //! writes, and the later one can run where the earlier one runs: nothing it reads is written by
@@ -9,11 +11,19 @@
 //! as the earlier one's last (store) stage, the stores share that stage, so a common load is
 //! issued once per element.
 //!
+//! A producer and a consumer merge when both are one store stage over the same loops, the
+//! consumer reads each buffer the producer writes only at the index the producer stores it
+//! (so the value is the one just computed, in the same iteration), the producer reads nothing the
+//! consumer writes, and the consumer can move up to the producer. The consumer then uses the
+//! stored expression instead of loading it; the store stays while the buffer is an output or
+//! read elsewhere, and is dropped once no step reads the intermediate.
+//!
 //! Assumes a `Program` from `fuse`. Guarantees the same results: each merged kernel computes the
 //! same values at the same indices, and the thread split of the first outer loop still gives
 //! every thread disjoint elements to write.
 
 use crate::kernel::*;
+use minductor_ir::DType;
 
 pub fn fuse_horizontal(program: &Program) -> Program {
     let mut steps: Vec<Step> = program.steps.clone();
@@ -21,11 +31,17 @@ pub fn fuse_horizontal(program: &Program) -> Program {
     let mut origin: Vec<Vec<usize>> = (0..steps.len()).map(|i| vec![i]).collect();
     let mut j = 1;
     while j < steps.len() {
-        let partner = (0..j)
-            .rev()
-            .find(|&i| siblings(&steps, i, j) && movable(&steps, i, j));
+        let partner = (0..j).rev().find_map(|i| {
+            if !movable(&steps, i, j) {
+                return None;
+            }
+            if siblings(&steps, i, j) {
+                return Some((i, Vec::new()));
+            }
+            forwarded(program, &steps, i, j).map(|values| (i, values))
+        });
         match partner {
-            Some(i) => {
+            Some((i, forward)) => {
                 let Step::Kernel(later) = steps.remove(j) else {
                     unreachable!("siblings are kernels")
                 };
@@ -34,10 +50,11 @@ pub fn fuse_horizontal(program: &Program) -> Program {
                 let Step::Kernel(earlier) = &mut steps[i] else {
                     unreachable!("siblings are kernels")
                 };
-                *earlier = merge(earlier, &later);
+                *earlier = merge(earlier, &later, &forward);
                 tracing::debug!(
                     target: "minductor::fusion",
-                    "horizontal: merged {} into {}",
+                    "{}: merged {} into {}",
+                    if forward.is_empty() { "horizontal" } else { "vertical" },
                     later.name,
                     earlier.name
                 );
@@ -45,7 +62,34 @@ pub fn fuse_horizontal(program: &Program) -> Program {
             None => j += 1,
         }
     }
+    drop_dead_stores(program, &mut steps);
     program.with_steps(steps, &origin)
+}
+
+/// Removes stores to intermediates no step reads any more (a vertical merge forwarded their only
+/// reader the value), keeping at least one store per kernel.
+fn drop_dead_stores(program: &Program, steps: &mut [Step]) {
+    let read: Vec<BufferId> = steps.iter().flat_map(Step::reads).collect();
+    let dead = |b: BufferId| {
+        program.buffer(b).kind == BufferKind::Intermediate
+            && !read.contains(&b)
+            && !program.index_checks.iter().any(|c| c.buffer == b)
+    };
+    for step in steps.iter_mut() {
+        let Step::Kernel(kernel) = step else { continue };
+        let live_stores = kernel.stores().into_iter().filter(|&b| !dead(b)).count();
+        if live_stores == 0 {
+            continue;
+        }
+        for stage in &mut kernel.stages {
+            if let StageAction::Store(stores) = &mut stage.action {
+                stores.retain(|st| !dead(st.buffer));
+            }
+        }
+        kernel
+            .stages
+            .retain(|s| !matches!(&s.action, StageAction::Store(stores) if stores.is_empty()));
+    }
 }
 
 fn siblings(steps: &[Step], i: usize, j: usize) -> bool {
@@ -60,6 +104,62 @@ fn siblings(steps: &[Step], i: usize, j: usize) -> bool {
         && !b.stores().iter().any(|x| la.contains(x))
 }
 
+/// One store stage, nothing else.
+fn single_store(k: &Kernel) -> bool {
+    matches!(
+        k.stages.as_slice(),
+        [Stage {
+            action: StageAction::Store(_),
+            ..
+        }]
+    )
+}
+
+/// When kernel `j` can take the values kernel `i` stores instead of loading them: the buffers
+/// `i` writes that `j` reads, each with the expression `i` stores to it.
+fn forwarded(
+    program: &Program,
+    steps: &[Step],
+    i: usize,
+    j: usize,
+) -> Option<Vec<(BufferId, ExprId)>> {
+    let (Step::Kernel(a), Step::Kernel(b)) = (&steps[i], &steps[j]) else {
+        return None;
+    };
+    if a.outer != b.outer
+        || a.outer.is_empty()
+        || !single_store(a)
+        || !single_store(b)
+        || a.stages[0].extent != b.stages[0].extent
+        || b.stores().iter().any(|x| a.loads().contains(x))
+    {
+        return None;
+    }
+    let StageAction::Store(stores) = &a.stages[0].action else {
+        return None;
+    };
+    let reads = b.loads();
+    let mut values = Vec::new();
+    for store in stores.iter().filter(|st| reads.contains(&st.buffer)) {
+        let stored_once = stores.iter().filter(|st| st.buffer == store.buffer).count() == 1;
+        let same_element = b.exprs.iter().all(|e| match e {
+            Expr::Load {
+                buffer,
+                index,
+                indirect,
+            } if *buffer == store.buffer => *index == store.index && indirect.is_none(),
+            _ => true,
+        });
+        // A narrow float buffer rounds what it stores: a load would not see the exact value.
+        let exact = !matches!(program.buffer(store.buffer).dtype, DType::F16 | DType::BF16);
+        if !stored_once || !same_element || !exact {
+            return None;
+        }
+        values.push((store.buffer, store.value));
+    }
+    (!values.is_empty()).then_some(values)
+}
+
 /// Whether step `j` can run at position `i` (before the steps in between).
 fn movable(steps: &[Step], i: usize, j: usize) -> bool {
     let (reads, writes) = (steps[j].reads(), steps[j].writes());
@@ -70,13 +170,20 @@ fn movable(steps: &[Step], i: usize, j: usize) -> bool {
 }
 
 /// One kernel running `a`'s stages and then `b`'s per outer iteration (sharing one store stage
-/// when both are a single store stage over the same loops).
-fn merge(a: &Kernel, b: &Kernel) -> Kernel {
+/// when both are a single store stage over the same loops); `b`'s loads of the buffers in
+/// `forward` become the expressions `a` stores to them.
+fn merge(a: &Kernel, b: &Kernel, forward: &[(BufferId, ExprId)]) -> Kernel {
     let mut merged = a.clone();
     let base_stage = a.stages.len() as u32;
     let mut map: Vec<ExprId> = Vec::with_capacity(b.exprs.len());
     for (e, &ty) in b.exprs.iter().zip(&b.types) {
         let m = |x: &ExprId| map[x.0 as usize];
+        if let Expr::Load { buffer, .. } = e {
+            if let Some(&(_, value)) = forward.iter().find(|(f, _)| f == buffer) {
+                map.push(value);
+                continue;
+            }
+        }
         let expr = match e {
             Expr::Load {
                 buffer,
@@ -126,15 +233,6 @@ fn merge(a: &Kernel, b: &Kernel) -> Kernel {
                     .collect(),
             ),
         },
-    };
-    let single_store = |k: &Kernel| {
-        matches!(
-            k.stages.as_slice(),
-            [Stage {
-                action: StageAction::Store(_),
-                ..
-            }]
-        )
     };
     let last = merged.stages.last_mut().expect("a kernel has a stage");
     if single_store(b)

@@ -230,6 +230,18 @@ fn in_place_candidate(
         return None;
     }
     let store_extent = &kernel.stages[*store_stage].extent;
+    // Stores of one stage run in order, each after computing its value: a load that only a
+    // later store of the stage needs would run after `written` overwrote the element.
+    let StageAction::Store(stage_stores) = &kernel.stages[*store_stage].action else {
+        return None;
+    };
+    let position = stage_stores
+        .iter()
+        .position(|st| st.buffer == written)
+        .expect("the store is in its stage");
+    let values = |stores: &[Store]| -> Vec<ExprId> { stores.iter().map(|st| st.value).collect() };
+    let computed_before = kernel.reachable(&values(&stage_stores[..=position]));
+    let computed_after = kernel.reachable(&values(&stage_stores[position + 1..]));
     kernel.loads().into_iter().find(|&input| {
         let b = program.buffer(input);
         b.kind == BufferKind::Intermediate
@@ -247,8 +259,10 @@ fn in_place_candidate(
                     index,
                     indirect,
                 } if *buffer == input => {
+                    let id = ExprId(i as u32);
                     indirect.is_none()
                         && *index == store.index
+                        && (!computed_after.contains(&id) || computed_before.contains(&id))
                         && stages_using(kernel, ExprId(i as u32))
                             .iter()
                             .all(|&s| kernel.stages[s].extent == *store_extent)

@@ -300,3 +300,72 @@ fn two_outputs_of_one_kernel_never_take_the_same_input_slot() {
     let x = Tensor::from_vec(&[2, 2], vec![0.3f32, -1.0, 2.0, 0.5]).unwrap();
     assert_matches_interpreter(&graph, &[x], 1e-5);
 }
+
+#[test]
+fn an_in_place_store_never_clobbers_what_a_later_store_of_its_stage_reads() {
+    // Issue 11's example: after horizontal fusion, `s1 = exp(y)` and `s2 = x·y` share a stage;
+    // `s1` must not overwrite `y` while `s2`'s store still reads it.
+    let graph = trace(|t| {
+        let a = t.input("a", DType::F32, &[8, 8]);
+        let b = t.input("b", DType::F32, &[8, 8]);
+        let y0 = t.input("y", DType::F32, &[8, 8]);
+        let w = t.input("w", DType::F32, &[8, 8]);
+        let x = a.matmul(&b);
+        let y = y0.sin();
+        let s1 = y.exp();
+        let s2 = &x * &y;
+        vec![s1.matmul(&w), s2.matmul(&w)]
+    })
+    .unwrap();
+    let inputs: Vec<Tensor> = (0..4).map(|i| ramp(&[8, 8], i as f32)).collect();
+    assert_matches_interpreter(&graph, &inputs, 1e-5);
+}
+
+#[test]
+fn a_pointwise_consumer_takes_its_producers_values_in_one_pass() {
+    // AdamW's shape: two moments are outputs, and the parameter update reads both. Vertical
+    // fusion makes it one kernel that loads each input once; the gradient's producer stores an
+    // intermediate that a later store of the same stage reads (the in-place hazard above).
+    let graph = trace(|t| {
+        let g = t.input("g", DType::F32, &[64, 32]);
+        let p = t.input("p", DType::F32, &[64, 32]);
+        let m = t.input("m", DType::F32, &[64, 32]);
+        let v = t.input("v", DType::F32, &[64, 32]);
+        let m2 = &m + (&g - &m) * 0.1;
+        let v2 = &v.abs() * 0.999 + &g * &g * 0.001;
+        let p2 = &p * 0.9999 - &m2 / (v2.sqrt() + 1e-8) * 0.01;
+        vec![p2, m2, v2]
+    })
+    .unwrap();
+    let program = program_of(&graph);
+    let kernels = program.kernels().count();
+    assert_eq!(kernels, 1, "{program}");
+    let inputs: Vec<Tensor> = (0..4).map(|i| ramp(&[64, 32], i as f32 + 2.0)).collect();
+    assert_matches_interpreter(&graph, &inputs, 1e-5);
+    // The tanh chain the random gradient test found: tanh(x / (y² + 1)) and its derivative.
+    let graph = trace(|t| {
+        let x = t.input("x", DType::F32, &[1, 2]);
+        let y = t.input("y", DType::F32, &[2]);
+        let w = t.input("w", DType::F32, &[1, 2]);
+        let loss = ((&x / (&y * &y + 1.0)).tanh() * &w).sum(&[], false);
+        let mut outs = vec![loss.clone()];
+        outs.extend(loss.grad(&[&x, &y]));
+        outs
+    })
+    .unwrap();
+    let inputs = vec![
+        Tensor::from_vec(&[1, 2], vec![0.5f32, -0.3]).unwrap(),
+        Tensor::from_vec(&[2], vec![0.7f32, 1.2]).unwrap(),
+        Tensor::from_vec(&[1, 2], vec![0.9f32, -0.4]).unwrap(),
+    ];
+    let want = minductor::compile_with(&graph, minductor::Backend::Eager)
+        .unwrap()
+        .call(&inputs)
+        .unwrap();
+    let got = compile(&graph).unwrap().call(&inputs).unwrap();
+    for (g, w) in got.iter().zip(&want) {
+        for (a, b) in g.to_f64_vec().iter().zip(w.to_f64_vec()) {
+            assert!((a - b).abs() <= 1e-5 * b.abs().max(1.0), "{a} vs {b}");
+        }
+    }
+}
