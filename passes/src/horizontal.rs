@@ -97,8 +97,10 @@ fn siblings(steps: &[Step], i: usize, j: usize) -> bool {
         return false;
     };
     let (la, lb) = (a.loads(), b.loads());
+    let pointwise_alike =
+        single_store(a) && single_store(b) && a.stages[0].extent == b.stages[0].extent;
     a.outer == b.outer
-        && !a.outer.is_empty()
+        && (!a.outer.is_empty() || pointwise_alike)
         && la.iter().any(|x| lb.contains(x))
         && !a.stores().iter().any(|x| lb.contains(x))
         && !b.stores().iter().any(|x| la.contains(x))
@@ -127,7 +129,6 @@ fn forwarded(
         return None;
     };
     if a.outer != b.outer
-        || a.outer.is_empty()
         || !single_store(a)
         || !single_store(b)
         || a.stages[0].extent != b.stages[0].extent
