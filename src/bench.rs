@@ -136,6 +136,9 @@ pub struct WorkloadResult {
     pub kernels: Vec<String>,
     /// Extern GEMM calls of the compiled program.
     pub gemms: usize,
+    /// For a workload with gradients: bytes of the forward values the backward reads from
+    /// memory (the partitioner's saved activations); `None` without a backward.
+    pub saved_activation_bytes: Option<u64>,
 }
 
 /// Everything one `minductor bench` run measured.
@@ -174,6 +177,11 @@ pub fn run_workload(
     let eager_result = time_backend(workload, &eager, probe, meter, options)?;
     let compiled_result = time_backend(workload, &compiled, probe, meter, options)?;
     let program = compiled.artifacts().program.as_ref();
+    let saved_activation_bytes = compiled
+        .artifacts()
+        .partition
+        .as_ref()
+        .map(|p| p.saved_bytes());
     Ok(WorkloadResult {
         name: workload.name.clone(),
         bound: match workload.bound {
@@ -196,6 +204,7 @@ pub fn run_workload(
                 .filter(|s| matches!(s, crate::passes::kernel::Step::Matmul(_)))
                 .count()
         }),
+        saved_activation_bytes,
     })
 }
 
@@ -339,6 +348,7 @@ pub fn render_table(results: &[WorkloadResult]) -> String {
         "compiled achieved",
         "of peak",
         "steps",
+        "saved activations",
         "max abs err",
     ];
     let rows: Vec<Vec<String>> = results
@@ -361,6 +371,8 @@ pub fn render_table(results: &[WorkloadResult]) -> String {
                 format!("{:.1} {}", r.compiled.achieved, r.unit),
                 format!("{:.0}%", r.compiled.fraction_of_peak * 100.0),
                 format!("{}k+{}g", r.kernels.len(), r.gemms),
+                r.saved_activation_bytes
+                    .map_or("-".to_string(), format_bytes),
                 format!("{:.1e}", r.max_abs_error),
             ]
         })
