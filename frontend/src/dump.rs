@@ -94,7 +94,7 @@ fn log_artifacts(
             info!(target: "minductor::aot", "{name}: joint graph (forward and backward)\n{joint}");
         }
         if let Some(partition) = &artifacts.partition {
-            info!(target: "minductor::aot", "{name}: {partition}");
+            info!(target: "minductor::aot", "{name}: {partition}{}", partition.graph_text());
         }
         info!(target: "minductor::aot", "{name}: prim graph after decompose and simplify\n{prims}");
     }
@@ -153,7 +153,10 @@ fn write_files(
             files.push((dir.join("1_joint.txt"), format!("{joint}\n")));
         }
         if let Some(partition) = &artifacts.partition {
-            files.push((dir.join("2_partition.txt"), partition.to_string()));
+            files.push((
+                dir.join("2_partition.txt"),
+                format!("{partition}\n{}", partition.graph_text()),
+            ));
         }
         files.push((
             dir.join("graph.dot"),

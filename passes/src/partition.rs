@@ -69,6 +69,35 @@ impl Partition {
     pub fn saved_bytes(&self) -> u64 {
         self.saved.iter().map(|s| s.bytes).sum()
     }
+
+    /// The partitioned graph's text with the forward and the backward marked, saved values and
+    /// recomputed nodes annotated.
+    pub fn graph_text(&self) -> String {
+        let mut out = String::new();
+        for line in self.graph.to_string().lines() {
+            let id = line
+                .trim_start()
+                .strip_prefix('%')
+                .and_then(|rest| rest.split_once(' '))
+                .and_then(|(n, _)| n.parse::<u32>().ok());
+            if id == Some(0) {
+                out.push_str("  // forward\n");
+            }
+            if id == Some(self.forward_len as u32) {
+                out.push_str("  // backward\n");
+            }
+            out.push_str(line);
+            if let Some(id) = id.map(NodeId) {
+                if self.saved.iter().any(|s| s.node == id) {
+                    out.push_str("  // saved");
+                } else if self.recomputed.contains(&id) {
+                    out.push_str("  // recomputed");
+                }
+            }
+            out.push('\n');
+        }
+        out
+    }
 }
 
 impl fmt::Display for Partition {
