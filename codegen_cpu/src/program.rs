@@ -13,6 +13,7 @@ use minductor_passes::kernel::{
 };
 use minductor_passes::plan_buffers::{plan_buffers, BufferPlan};
 use minductor_runtime::{threads, Executable, RuntimeError, StepTiming, Storage, Tensor};
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 use thiserror::Error;
 
@@ -152,19 +153,28 @@ enum CompiledStep {
 /// The owner of the machine code. Only dropped, never used after finalisation.
 struct CodeOwner(#[allow(dead_code)] JITModule);
 // SAFETY: after `finalize_definitions` the module's memory is immutable code; moving its owner to
-// another thread changes nothing about it. The module is never used again except by Drop.
+// another thread, or sharing it, changes nothing about it. The module is never used again
+// except by Drop.
 unsafe impl Send for CodeOwner {}
+unsafe impl Sync for CodeOwner {}
+
+/// One call's memory for the intermediates: an allocation laid out by the plan for some symbol
+/// sizes. Calls take an arena from the program's pool and give it back, so calls from several
+/// threads run at once, each in its own arena.
+struct Arena {
+    storage: Storage,
+    /// The symbol sizes the arena is laid out for, each slot's offset for them, and the total.
+    layout: Option<(Symbols, Vec<usize>, usize)>,
+}
 
 pub struct CompiledProgram {
     pub program: Program,
     /// Where each intermediate lives in the arena.
     pub plan: BufferPlan,
     steps: Vec<CompiledStep>,
-    /// One allocation for every intermediate, laid out by `plan`, kept between calls (grown
-    /// when a call's symbolic sizes need more).
-    arena: Storage,
-    /// The symbol sizes the arena is laid out for, and each slot's offset for them.
-    layout: Option<(Symbols, Vec<usize>, usize)>,
+    /// Arenas of finished calls, kept for the next ones (grown when a call's symbolic sizes need
+    /// more); as many as calls ran at once.
+    arenas: Mutex<Vec<Arena>>,
     pub compile_time: Duration,
     _code: CodeOwner,
 }
@@ -251,8 +261,7 @@ pub fn compile_program(program: &Program) -> Result<CompiledProgram, CodegenErro
         .unwrap_or_else(|| plan_buffers(program));
     Ok(CompiledProgram {
         program: program.clone(),
-        arena: Storage::zeroed(0),
-        layout: None,
+        arenas: Mutex::new(Vec::new()),
         plan,
         steps,
         compile_time: started.elapsed(),
@@ -289,21 +298,23 @@ impl CompiledProgram {
 }
 
 impl Executable for CompiledProgram {
-    fn run(&mut self, inputs: &[Tensor]) -> Result<Vec<Tensor>, RuntimeError> {
-        self.run_steps(inputs, None)
+    fn run(&self, inputs: &[Tensor]) -> Result<Vec<Tensor>, RuntimeError> {
+        self.run_in_pooled_arena(inputs, None)
     }
 
-    fn profile(
-        &mut self,
-        inputs: &[Tensor],
-    ) -> Result<(Vec<Tensor>, Vec<StepTiming>), RuntimeError> {
+    fn profile(&self, inputs: &[Tensor]) -> Result<(Vec<Tensor>, Vec<StepTiming>), RuntimeError> {
         let mut timings = Vec::new();
-        let outputs = self.run_steps(inputs, Some(&mut timings))?;
+        let outputs = self.run_in_pooled_arena(inputs, Some(&mut timings))?;
         Ok((outputs, timings))
     }
 
+    /// The largest pooled arena (what one call keeps), or the plan's estimate before any call.
     fn arena_bytes(&self) -> usize {
-        self.layout.as_ref().map_or(self.plan.arena_bytes, |l| l.2)
+        let pool = self.arenas.lock().unwrap_or_else(|p| p.into_inner());
+        pool.iter()
+            .filter_map(|a| a.layout.as_ref().map(|l| l.2))
+            .max()
+            .unwrap_or(self.plan.arena_bytes)
     }
 }
 
@@ -316,27 +327,46 @@ unsafe impl Send for SharedPointers {}
 unsafe impl Sync for SharedPointers {}
 
 impl CompiledProgram {
+    /// Runs the steps in an arena taken from the pool (a new one if every arena is in use) and
+    /// returns it to the pool afterwards.
+    fn run_in_pooled_arena(
+        &self,
+        inputs: &[Tensor],
+        timings: Option<&mut Vec<StepTiming>>,
+    ) -> Result<Vec<Tensor>, RuntimeError> {
+        let lock = || self.arenas.lock().unwrap_or_else(|p| p.into_inner());
+        let taken = lock().pop();
+        let mut arena = taken.unwrap_or_else(|| Arena {
+            storage: Storage::zeroed(0),
+            layout: None,
+        });
+        let result = self.run_steps(&mut arena, inputs, timings);
+        lock().push(arena);
+        result
+    }
+
     /// Binds every buffer to memory (inputs: the caller's, contiguous; outputs: fresh;
-    /// intermediates: their arena slots) and runs the steps, timing each if asked.
+    /// intermediates: their slots in `arena`) and runs the steps, timing each if asked.
     fn run_steps(
-        &mut self,
+        &self,
+        arena: &mut Arena,
         inputs: &[Tensor],
         mut timings: Option<&mut Vec<StepTiming>>,
     ) -> Result<Vec<Tensor>, RuntimeError> {
         let symbols = Symbols::bind(&self.program, inputs)?;
-        if self.layout.as_ref().map(|l| &l.0) != Some(&symbols) {
+        if arena.layout.as_ref().map(|l| &l.0) != Some(&symbols) {
             let program = &self.program;
             let (offsets, total) = self.plan.layout(|b| {
                 let buffer = program.buffer(b);
                 symbols.sizes(&buffer.shape).iter().product::<usize>() * buffer.dtype.size_bytes()
             });
-            if total > self.arena.len() {
-                self.arena = Storage::zeroed(total);
+            if total > arena.storage.len() {
+                arena.storage = Storage::zeroed(total);
             }
-            self.layout = Some((symbols.clone(), offsets, total));
+            arena.layout = Some((symbols.clone(), offsets, total));
         }
         let program = &self.program;
-        let slot_offsets = &self.layout.as_ref().expect("laid out above").1;
+        let slot_offsets = &arena.layout.as_ref().expect("laid out above").1;
         let mut held: Vec<Option<Tensor>> = vec![None; program.buffers.len()];
         let mut pointers: Vec<*mut u8> = vec![std::ptr::null_mut(); program.buffers.len()];
         // Every buffer the compiled code touches, checked against the plan: this is the fence
@@ -369,8 +399,9 @@ impl CompiledProgram {
                     let offset = slot_offsets[slot];
                     // SAFETY: `layout` placed the slot, as large as its largest member for this
                     // call's sizes, inside `total` bytes, and the arena holds at least that
-                    // many; `&mut self` makes this call its only user.
-                    pointers[index] = unsafe { self.arena.as_mut_ptr().add(offset) };
+                    // many; the arena was taken out of the pool (`&mut Arena`), so this call is
+                    // its only user.
+                    pointers[index] = unsafe { arena.storage.as_mut_ptr().add(offset) };
                 }
             }
         }

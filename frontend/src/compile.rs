@@ -17,7 +17,6 @@ use minductor_passes::{
 };
 use minductor_runtime::{check_inputs, interpret, Executable, RuntimeError, StepTiming, Tensor};
 use std::str::FromStr;
-use std::sync::Mutex;
 use std::time::{Duration, Instant};
 use thiserror::Error;
 
@@ -94,7 +93,8 @@ pub struct Artifacts {
 pub struct Compiled {
     graph: Graph,
     backend: Backend,
-    executable: Mutex<Box<dyn Executable>>,
+    /// Shared by concurrent calls: per-call state lives in the executable's pool.
+    executable: Box<dyn Executable>,
     artifacts: Artifacts,
     compile_time: Duration,
 }
@@ -102,7 +102,7 @@ pub struct Compiled {
 struct Interpreted(Graph);
 
 impl Executable for Interpreted {
-    fn run(&mut self, inputs: &[Tensor]) -> Result<Vec<Tensor>, RuntimeError> {
+    fn run(&self, inputs: &[Tensor]) -> Result<Vec<Tensor>, RuntimeError> {
         interpret(&self.0, inputs)
     }
 }
@@ -164,15 +164,12 @@ impl WithTangents {
 }
 
 impl Executable for WithTangents {
-    fn run(&mut self, inputs: &[Tensor]) -> Result<Vec<Tensor>, RuntimeError> {
+    fn run(&self, inputs: &[Tensor]) -> Result<Vec<Tensor>, RuntimeError> {
         let all = self.inputs(inputs);
         self.inner.run(&all)
     }
 
-    fn profile(
-        &mut self,
-        inputs: &[Tensor],
-    ) -> Result<(Vec<Tensor>, Vec<StepTiming>), RuntimeError> {
+    fn profile(&self, inputs: &[Tensor]) -> Result<(Vec<Tensor>, Vec<StepTiming>), RuntimeError> {
         let all = self.inputs(inputs);
         self.inner.profile(&all)
     }
@@ -271,7 +268,7 @@ pub fn compile_with_options(
     Ok(Compiled {
         graph: graph.clone(),
         backend,
-        executable: Mutex::new(executable),
+        executable,
         artifacts,
         compile_time,
     })
@@ -282,11 +279,7 @@ impl Compiled {
     /// names the input, the expected and the found. Non-contiguous inputs are accepted.
     pub fn call(&self, inputs: &[Tensor]) -> Result<Vec<Tensor>, RuntimeError> {
         check_inputs(&self.graph, inputs)?;
-        let mut exec = self
-            .executable
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner());
-        exec.run(inputs)
+        self.executable.run(inputs)
     }
 
     /// Runs like `call` and also returns the wall time of each step (kernel, or GEMM with its
@@ -296,19 +289,12 @@ impl Compiled {
         inputs: &[Tensor],
     ) -> Result<(Vec<Tensor>, Vec<StepTiming>), RuntimeError> {
         check_inputs(&self.graph, inputs)?;
-        let mut exec = self
-            .executable
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner());
-        exec.profile(inputs)
+        self.executable.profile(inputs)
     }
 
     /// Bytes the compiled code keeps allocated between calls (the intermediate-buffer arena).
     pub fn arena_bytes(&self) -> usize {
-        self.executable
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
-            .arena_bytes()
+        self.executable.arena_bytes()
     }
 
     pub fn graph(&self) -> &Graph {

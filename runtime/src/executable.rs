@@ -4,15 +4,14 @@ use crate::{RuntimeError, Tensor};
 use minductor_ir::{shape_string, Dim, Graph};
 
 /// A compiled graph ready to run. `run` takes the graph inputs in order and returns its outputs.
-pub trait Executable: Send {
-    fn run(&mut self, inputs: &[Tensor]) -> Result<Vec<Tensor>, RuntimeError>;
+/// Calls may come from several threads at once: an executable keeps per-call state (arenas) in
+/// a pool, not behind one lock held for the call.
+pub trait Executable: Send + Sync {
+    fn run(&self, inputs: &[Tensor]) -> Result<Vec<Tensor>, RuntimeError>;
 
     /// Runs like `run`, and times each step (one entry for the whole call if the backend has no
     /// steps of its own).
-    fn profile(
-        &mut self,
-        inputs: &[Tensor],
-    ) -> Result<(Vec<Tensor>, Vec<StepTiming>), RuntimeError> {
+    fn profile(&self, inputs: &[Tensor]) -> Result<(Vec<Tensor>, Vec<StepTiming>), RuntimeError> {
         let started = std::time::Instant::now();
         let outputs = self.run(inputs)?;
         let timing = StepTiming {
@@ -22,7 +21,7 @@ pub trait Executable: Send {
         Ok((outputs, vec![timing]))
     }
 
-    /// Bytes this executable keeps allocated between calls (its buffer arena); 0 if none.
+    /// Bytes this executable keeps allocated between calls (its buffer arenas); 0 if none.
     fn arena_bytes(&self) -> usize {
         0
     }
