@@ -13,6 +13,7 @@ mod guards;
 mod jit;
 pub mod logging;
 mod losses;
+mod ops;
 mod stance;
 mod trace;
 mod train;

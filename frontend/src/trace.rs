@@ -108,6 +108,12 @@ impl Tracer {
         self.input_typed(name, TensorType::new(dtype, static_shape(shape)))
     }
 
+    /// A 0-d constant of `dtype`.
+    pub fn constant(&self, value: f64, dtype: DType) -> Traced {
+        let id = self.state.graph.borrow_mut().constant(value, dtype);
+        Traced::handle(&self.state, Some(id))
+    }
+
     /// Declares an input of any type (dims may be symbolic).
     pub fn input_typed(&self, name: &str, ty: TensorType) -> Traced {
         let id = self.state.graph.borrow_mut().input(name, ty);

@@ -6,6 +6,7 @@
 //! skipped, not failed. A case passes when every element satisfies |got − want| ≤ atol + rtol·|want|
 //! (NaN matches NaN; infinities must be equal).
 
+pub mod models;
 mod train;
 
 use crate::{compile_with, Backend, DType, Graph, Tensor, Traced, Tracer};
@@ -243,7 +244,7 @@ fn case_builder(name: &str) -> Option<(&'static [&'static str], Build)> {
             ],
             |i| vec![transformer_block(i, 4)],
         ),
-        _ => return train::builder(name),
+        _ => return train::builder(name).or_else(|| models::builder(name)),
     })
 }
 
@@ -436,6 +437,14 @@ pub fn run_golden(dir: &Path, backends: &[Backend]) -> Result<Report, String> {
         }
     }
     Ok(report)
+}
+
+/// The models' golden directory beside the repository (`../shared/golden-models`), or
+/// `$MINDUCTOR_GOLDEN_MODELS_DIR`.
+pub fn default_golden_models_dir() -> PathBuf {
+    std::env::var_os("MINDUCTOR_GOLDEN_MODELS_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/golden-models"))
 }
 
 /// The golden directory beside the repository (`../shared/golden`), or `$MINDUCTOR_GOLDEN_DIR`.
