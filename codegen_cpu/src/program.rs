@@ -503,7 +503,7 @@ fn check_indices(
         unsafe { std::slice::from_raw_parts(pointers[buffer.0 as usize] as *const i64, n) };
     match values.iter().find(|&&i| i < 0 || i >= bound) {
         Some(bad) => Err(RuntimeError::Data(format!(
-            "embedding index {bad} is out of range for a table of {bound} rows"
+            "index {bad} is out of range for a dim of size {bound} (a gather's indices)"
         ))),
         None => Ok(()),
     }

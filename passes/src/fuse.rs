@@ -694,6 +694,33 @@ impl<'g> KernelBuilder<'g> {
         self.push(Expr::Cast(dtype, e), to)
     }
 
+    /// Makes the runtime check, before this step runs, that every index `indices` holds lies in
+    /// `0..bound` (a gather clamps, so an unchecked index would read the wrong row silently).
+    /// The check reads a realized buffer: the indices themselves, or the buffer under a chain of
+    /// reshapes, permutes and expands (views that read every element); computed or sliced
+    /// indices are realized first (a retry), so that they can be checked.
+    fn check_indices(&self, s: &mut Scheduler, indices: NodeId, bound: i64) -> Retry<()> {
+        let g = s.graph;
+        let mut v = indices;
+        while !s.realized.contains(&v) {
+            match g.node(v).op {
+                Op::Reshape { .. } | Op::Permute { .. } | Op::Expand { .. } => {
+                    v = g.node(v).inputs[0]
+                }
+                _ => return retry(indices),
+            }
+        }
+        let check = IndexCheck {
+            buffer: s.buffer_of[&v],
+            bound,
+            step: self.step,
+        };
+        if !s.index_checks.contains(&check) {
+            s.index_checks.push(check);
+        }
+        Ok(())
+    }
+
     /// Value of `node` at `idx`: a load if it is realized, else its inlined definition.
     fn emit(&mut self, s: &mut Scheduler, node: NodeId, idx: &[Affine]) -> Retry<ExprId> {
         if s.realized.contains(&node) {
@@ -828,16 +855,7 @@ impl<'g> KernelBuilder<'g> {
                     return unsupported("an embedding table with symbolic sizes");
                 };
                 let bound = rows as i64;
-                if s.realized.contains(&indices) {
-                    let check = IndexCheck {
-                        buffer: s.buffer_of[&indices],
-                        bound,
-                        step: self.step,
-                    };
-                    if !s.index_checks.contains(&check) {
-                        s.index_checks.push(check);
-                    }
-                }
+                self.check_indices(s, indices, bound)?;
                 let indirect = Indirect {
                     value: i,
                     stride,
@@ -889,16 +907,7 @@ impl<'g> KernelBuilder<'g> {
                     return unsupported("take_along over a symbolic dim");
                 };
                 let bound = bound as i64;
-                if s.realized.contains(&indices) {
-                    let check = IndexCheck {
-                        buffer: s.buffer_of[&indices],
-                        bound,
-                        step: self.step,
-                    };
-                    if !s.index_checks.contains(&check) {
-                        s.index_checks.push(check);
-                    }
-                }
+                self.check_indices(s, indices, bound)?;
                 let buffer = s.buffer_of[&source];
                 self.push(
                     Expr::Load {

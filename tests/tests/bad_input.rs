@@ -261,3 +261,83 @@ fn integer_reductions_are_a_typed_error_when_compiled() {
         .unwrap();
     assert_eq!(out[0].to_vec::<i64>().unwrap(), vec![3, 12, 21, 30]);
 }
+
+#[test]
+fn new_ops_reject_bad_sizes_with_errors_naming_the_op() {
+    let err = |f: fn(&minductor::Tracer) -> Vec<minductor::Traced>| {
+        minductor::trace(f).unwrap_err().to_string()
+    };
+    let e = err(|t| {
+        let x = t.input("x", DType::F32, &[2, 16, 5, 5]);
+        vec![x.group_norm(3, None, None, 1e-5)]
+    });
+    assert!(e.contains("group_norm") && e.contains("16 channels") && e.contains("3 groups"), "{e}");
+    let e = err(|t| {
+        let x = t.input("x", DType::F32, &[2, 3, 4, 4]);
+        vec![x.avg_pool2d(5)]
+    });
+    assert!(e.contains("avg_pool2d") && e.contains("5x5") && e.contains("[2, 3, 4, 4]"), "{e}");
+    let e = err(|t| {
+        let x = t.input("x", DType::F32, &[2, 3]);
+        vec![x.pad(&[1, 2, 3], 0.0)]
+    });
+    assert!(e.contains("pad") && e.contains("[1, 2, 3]"), "{e}");
+    let e = err(|t| {
+        let x = t.input("x", DType::F32, &[2, 3]);
+        let i = t.input("i", DType::I64, &[2, 2]);
+        vec![x.index_select(0, &i)]
+    });
+    assert!(e.contains("index_select") && e.contains("1-d"), "{e}");
+    let e = err(|t| {
+        let x = t.input("x", DType::F32, &[4, 6]);
+        let i = t.input("i", DType::I64, &[4, 2]);
+        vec![x.gather(1, &i.cast(DType::F32))]
+    });
+    assert!(e.contains("take_along") && e.contains("i64"), "{e}");
+}
+
+#[test]
+fn out_of_range_indices_of_index_select_and_gather_are_errors_on_every_backend() {
+    let graph = minductor::trace(|t| {
+        let x = t.input("x", DType::F32, &[4, 3]);
+        let i = t.input("i", DType::I64, &[2]);
+        vec![x.index_select(0, &i)]
+    })
+    .unwrap();
+    let x = Tensor::zeros(DType::F32, &[4, 3]);
+    for bad in [4i64, -1] {
+        let i = Tensor::from_vec(&[2], vec![0i64, bad]).unwrap();
+        for backend in [Backend::Eager, Backend::AotEager, Backend::Inductor] {
+            let err = compile_with(&graph, backend)
+                .unwrap()
+                .call(&[x.clone(), i.clone()])
+                .unwrap_err()
+                .to_string();
+            assert!(err.contains(&bad.to_string()) && err.contains("out of range"), "{backend:?}: {err}");
+        }
+    }
+}
+
+#[test]
+fn embedding_indices_reaching_the_gather_through_a_view_are_range_checked() {
+    // Issue 11, defect 2: index 9 into a 4-row table through a reshape returned row 3, and a
+    // 0-row table read before its buffer.
+    for rows in [4usize, 0] {
+        let graph = minductor::trace(|t| {
+            let ids = t.input("ids", DType::I64, &[2, 2]);
+            let table = t.input("table", DType::F32, &[rows, 3]);
+            vec![ids.reshape(&[4]).embedding(&table)]
+        })
+        .unwrap();
+        let ids = Tensor::from_vec(&[2, 2], vec![0i64, 1, 9, 2]).unwrap();
+        let table = Tensor::zeros(DType::F32, &[rows, 3]);
+        for backend in [Backend::Eager, Backend::AotEager, Backend::Inductor] {
+            let err = compile_with(&graph, backend)
+                .unwrap()
+                .call(&[ids.clone(), table.clone()])
+                .unwrap_err()
+                .to_string();
+            assert!(err.contains("out of range"), "{backend:?}, {rows} rows: {err}");
+        }
+    }
+}
