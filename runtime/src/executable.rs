@@ -44,18 +44,19 @@ pub fn check_inputs(graph: &Graph, inputs: &[Tensor]) -> Result<(), RuntimeError
         });
     }
     for (index, (tensor, &id)) in inputs.iter().zip(graph.inputs()).enumerate() {
-        let name = graph.input_name(index).to_string();
+        // The name is only built for an error: a call that passes allocates nothing here.
+        let name = || graph.input_name(index).to_string();
         let want = graph.ty(id);
         if tensor.dtype() != want.dtype {
             return Err(RuntimeError::DType {
-                name,
+                name: name(),
                 expected: want.dtype.to_string(),
                 found: tensor.dtype().to_string(),
             });
         }
         if tensor.rank() != want.rank() {
             return Err(RuntimeError::Rank {
-                name,
+                name: name(),
                 expected: want.rank(),
                 found: tensor.rank(),
                 shape: tensor.shape().to_vec(),
@@ -71,7 +72,7 @@ pub fn check_inputs(graph: &Graph, inputs: &[Tensor]) -> Result<(), RuntimeError
             });
         if !matches {
             return Err(RuntimeError::Shape {
-                name,
+                name: name(),
                 expected: shape_string(&want.shape),
                 found: tensor.shape().to_vec(),
             });

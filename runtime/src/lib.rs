@@ -1,6 +1,7 @@
 //! The runtime: tensors, the reference interpreter (eager backend and test oracle), and the
 //! `Executable` trait every backend's compiled artifact implements.
 
+mod block_cache;
 mod error;
 mod executable;
 mod interpret;
@@ -10,7 +11,6 @@ pub mod threads;
 
 pub use error::RuntimeError;
 pub use executable::{check_inputs, Executable, StepTiming};
-pub use tensor::{
-    contiguous_strides, release_cached_blocks, Element, Storage, Tensor, BUFFER_ALIGN,
-};
+pub use block_cache::{block_cache_limit, release_cached_blocks, set_block_cache_limit};
+pub use tensor::{contiguous_strides, Element, Storage, Tensor, BUFFER_ALIGN};
 pub use threads::{num_threads, set_num_threads};

@@ -4,6 +4,7 @@
 //! Views (`permute`, `slice`) share storage and may be non-contiguous; kernels only ever see
 //! contiguous buffers, so the runtime copies (`contiguous`) where a view is passed in.
 
+use crate::block_cache::{self, CACHE_MIN_BYTES};
 use crate::RuntimeError;
 use half::{bf16, f16};
 use minductor_ir::{static_shape, DType, TensorType};
@@ -18,44 +19,8 @@ pub const BUFFER_ALIGN: usize = 64;
 pub struct Storage {
     ptr: NonNull<u8>,
     bytes: usize,
-    /// Returned to the block cache on drop (see [`Storage::for_overwrite`]).
+    /// Returned to the block cache on drop (see [`Storage::for_overwrite`] and `block_cache`).
     cached: bool,
-}
-
-/// Blocks at least this large that were made by `for_overwrite` are cached when dropped.
-const CACHE_MIN_BYTES: usize = 1 << 20;
-/// The most bytes the block cache holds; beyond it, dropped blocks are freed.
-const CACHE_MAX_BYTES: usize = 1 << 30;
-
-/// Large freed output blocks, kept for the next call's outputs of the same size: a fresh
-/// allocation of tens of MiB costs a page fault per 4 KiB on first write, which for a
-/// bandwidth-bound kernel is as much time again as the kernel (a caching allocator, in small).
-struct BlockCache {
-    blocks: Vec<(usize, NonNull<u8>)>,
-    bytes: usize,
-}
-
-// SAFETY: the cache owns plain heap blocks no one else references.
-unsafe impl Send for BlockCache {}
-
-static BLOCK_CACHE: std::sync::Mutex<BlockCache> = std::sync::Mutex::new(BlockCache {
-    blocks: Vec::new(),
-    bytes: 0,
-});
-
-/// Frees every block the output cache holds.
-pub fn release_cached_blocks() {
-    let mut cache = BLOCK_CACHE.lock().unwrap_or_else(|p| p.into_inner());
-    for (bytes, ptr) in cache.blocks.drain(..) {
-        // SAFETY: every cached block was allocated by `Storage::zeroed` with this layout.
-        unsafe {
-            dealloc(
-                ptr.as_ptr(),
-                Layout::from_size_align_unchecked(bytes, BUFFER_ALIGN),
-            )
-        }
-    }
-    cache.bytes = 0;
 }
 
 // SAFETY: Storage is a plain heap allocation with no thread affinity; shared access is read-only
@@ -89,10 +54,7 @@ impl Storage {
     /// their outputs with it, since their kernels write every element of an output.
     pub fn for_overwrite(bytes: usize) -> Storage {
         if bytes >= CACHE_MIN_BYTES {
-            let mut cache = BLOCK_CACHE.lock().unwrap_or_else(|p| p.into_inner());
-            if let Some(i) = cache.blocks.iter().position(|&(b, _)| b == bytes) {
-                let (_, ptr) = cache.blocks.swap_remove(i);
-                cache.bytes -= bytes;
+            if let Some(ptr) = block_cache::take(bytes) {
                 return Storage {
                     ptr,
                     bytes,
@@ -130,13 +92,8 @@ impl Storage {
 
 impl Drop for Storage {
     fn drop(&mut self) {
-        if self.cached {
-            let mut cache = BLOCK_CACHE.lock().unwrap_or_else(|p| p.into_inner());
-            if cache.bytes + self.bytes <= CACHE_MAX_BYTES {
-                cache.blocks.push((self.bytes, self.ptr));
-                cache.bytes += self.bytes;
-                return;
-            }
+        if self.cached && block_cache::give(self.bytes, self.ptr).is_none() {
+            return;
         }
         if self.bytes > 0 {
             // SAFETY: allocated in `zeroed` with this very layout.
