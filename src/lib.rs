@@ -22,7 +22,7 @@ pub use minductor_frontend::{
     compile, compile_with, compile_with_options, current_stance, explain, jit, reference_executable, set_stance, trace,
     with_stance, Artifacts, Backend, BreakReport, CompileError, CompileOptions, Compiled, CompiledFn,
     CustomBackend, Explanation, GraphReport, Jit, JitBackend, JitError, JitOptions, JitStats,
-    Operand, Stance, StanceGuard, TraceError, Traced, Tracer, DEFAULT_RECOMPILE_LIMIT,
+    Operand, Stance, StanceGuard, TraceError, Traced, TracedDim, Tracer, DEFAULT_RECOMPILE_LIMIT,
 };
 pub use minductor_frontend::{
     load_safetensors, AdamW, CrossEntropyOptions, Optimizer, Parameters, Sgd, TracedParameters,

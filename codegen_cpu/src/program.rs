@@ -150,13 +150,30 @@ enum CompiledStep {
     ScatterAdd(Box<ScatterAddStep>),
 }
 
-/// The owner of the machine code. Only dropped, never used after finalisation.
-struct CodeOwner(#[allow(dead_code)] JITModule);
+/// The owner of the machine code: frees it when dropped. Never used after finalisation.
+///
+/// cranelift-jit keeps a module's code mapped until `JITModule::free_memory` is called (dropping
+/// the module leaks it), so this calls it. The code is reachable only through the function
+/// pointers in the `CompiledKernel`s of the same `CompiledProgram`, which are private and never
+/// copied out; a `CompiledProgram` is only called through `&self`, so no call can be running
+/// when it (and with it this owner, its last field) is dropped.
+struct CodeOwner(Option<JITModule>);
 // SAFETY: after `finalize_definitions` the module's memory is immutable code; moving its owner to
 // another thread, or sharing it, changes nothing about it. The module is never used again
 // except by Drop.
 unsafe impl Send for CodeOwner {}
 unsafe impl Sync for CodeOwner {}
+
+impl Drop for CodeOwner {
+    fn drop(&mut self) {
+        if let Some(module) = self.0.take() {
+            // SAFETY: no function pointer into this module outlives it: they live only in the
+            // `CompiledKernel`s of the `CompiledProgram` that owns this `CodeOwner`, which is
+            // being dropped, and no call is in progress (calls borrow the program).
+            unsafe { module.free_memory() };
+        }
+    }
+}
 
 /// One call's memory for the intermediates: an allocation laid out by the plan for some symbol
 /// sizes. Calls take an arena from the program's pool and give it back, so calls from several
@@ -201,10 +218,12 @@ pub fn compile_program(program: &Program) -> Result<CompiledProgram, CodegenErro
     check_symbols_bound(program)?;
     let isa = isa()?;
     let call_conv = isa.default_call_conv();
-    let mut module = JITModule::new(JITBuilder::with_isa(
+    // Owned from the start, so an error below frees whatever was compiled before it.
+    let mut code = CodeOwner(Some(JITModule::new(JITBuilder::with_isa(
         isa,
         cranelift_module::default_libcall_names(),
-    ));
+    ))));
+    let module = code.0.as_mut().expect("just created");
     let mut ctx = module.make_context();
     let mut fctx = FunctionBuilderContext::new();
     let mut pending = Vec::new();
@@ -231,9 +250,9 @@ pub fn compile_program(program: &Program) -> Result<CompiledProgram, CodegenErro
     let mut pending = pending.into_iter();
     let mut finished = |kernel: &Kernel| -> CompiledKernel {
         let (id, clif) = pending.next().expect("one function per kernel");
-        let code = module.get_finalized_function(id);
-        // SAFETY: `code` was compiled from `kernel_function`'s signature, which is KernelFn's.
-        let function = unsafe { std::mem::transmute::<*const u8, KernelFn>(code) };
+        let address = module.get_finalized_function(id);
+        // SAFETY: `address` was compiled from `kernel_function`'s signature, which is KernelFn's.
+        let function = unsafe { std::mem::transmute::<*const u8, KernelFn>(address) };
         CompiledKernel {
             name: kernel.name.clone(),
             clif,
@@ -265,7 +284,7 @@ pub fn compile_program(program: &Program) -> Result<CompiledProgram, CodegenErro
         plan,
         steps,
         compile_time: started.elapsed(),
-        _code: CodeOwner(module),
+        _code: code,
     })
 }
 
@@ -387,7 +406,7 @@ impl CompiledProgram {
                 }
                 BufferKind::Output => {
                     // Kernels write every element of an output, so a recycled block will do.
-                    let mut t = Tensor::for_overwrite(b.dtype, &symbols.sizes(&b.shape));
+                    let mut t = Tensor::for_overwrite(b.dtype, &symbols.sizes(&b.shape))?;
                     pointers[index] = t.data_mut_ptr().expect("a fresh tensor is uniquely owned");
                     held[index] = Some(t);
                 }

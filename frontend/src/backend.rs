@@ -108,17 +108,67 @@ impl SegmentExec for Compiled {
 struct CustomExec {
     graph: Graph,
     function: Mutex<CompiledFn>,
+    /// The backend's name, for errors about what it returned.
+    name: String,
 }
 
 impl SegmentExec for CustomExec {
     fn run(&self, inputs: &[Tensor]) -> Result<Vec<Tensor>, RuntimeError> {
         check_inputs(&self.graph, inputs)?;
-        let mut f = self
-            .function
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner());
-        f(inputs)
+        let outputs = {
+            let mut f = self
+                .function
+                .lock()
+                .unwrap_or_else(|poisoned| poisoned.into_inner());
+            f(inputs)?
+        };
+        check_outputs(&self.name, &self.graph, inputs, &outputs)?;
+        Ok(outputs)
     }
+}
+
+/// A custom backend's outputs must match the graph's: their count, each dtype and rank, each
+/// static dim, and each symbolic dim's size as the inputs bind it. Later segments and the
+/// caller index them by position and trust their types.
+fn check_outputs(
+    backend: &str,
+    graph: &Graph,
+    inputs: &[Tensor],
+    outputs: &[Tensor],
+) -> Result<(), RuntimeError> {
+    if outputs.len() != graph.outputs().len() {
+        return Err(RuntimeError::OutputCount {
+            backend: backend.to_string(),
+            expected: graph.outputs().len(),
+            found: outputs.len(),
+        });
+    }
+    let mut symbols: HashMap<u32, usize> = HashMap::new();
+    for (&id, tensor) in graph.inputs().iter().zip(inputs) {
+        for (d, &n) in graph.ty(id).shape.iter().zip(tensor.shape()) {
+            if let Dim::Sym(s) = d {
+                symbols.insert(s.0, n);
+            }
+        }
+    }
+    for (index, (&id, tensor)) in graph.outputs().iter().zip(outputs).enumerate() {
+        let ty = graph.ty(id);
+        let fits = tensor.dtype() == ty.dtype
+            && tensor.rank() == ty.rank()
+            && ty.shape.iter().zip(tensor.shape()).all(|(d, &n)| match d {
+                Dim::Static(m) => *m == n,
+                Dim::Sym(s) => symbols.get(&s.0).is_none_or(|&m| m == n),
+            });
+        if !fits {
+            return Err(RuntimeError::OutputType {
+                backend: backend.to_string(),
+                index,
+                expected: ty.to_string(),
+                found: format!("{}{:?}", tensor.dtype(), tensor.shape()),
+            });
+        }
+    }
+    Ok(())
 }
 
 /// The reference interpreter on a graph whose dims may be symbolic.
@@ -230,6 +280,7 @@ pub(crate) fn compile_segment(
             Ok(Arc::new(CustomExec {
                 graph: graph.clone(),
                 function: Mutex::new(function),
+                name: custom.name(),
             }))
         }
     }

@@ -595,6 +595,9 @@ where
                 RunFailure::Error(JitError::Trace(error))
             });
         }
+        if let Some(error) = tracer.foreign_error(&outputs) {
+            return Err(RunFailure::Error(JitError::Trace(error)));
+        }
         let Some(ids) = tracer.ids_of(&outputs) else {
             return Err(RunFailure::Error(JitError::ForeignOutput(
                 self.options.name.clone(),

@@ -30,4 +30,4 @@ pub use jit::{jit, Jit, JitError, JitOptions, JitStats, DEFAULT_RECOMPILE_LIMIT}
 pub use stance::{current_stance, set_stance, with_stance, Stance, StanceGuard};
 pub use train::{AdamW, Optimizer, Parameters, Sgd, TracedParameters, TrainError, TrainStep};
 pub use weights::load_safetensors;
-pub use trace::{trace, Operand, TraceError, Traced, Tracer};
+pub use trace::{trace, Operand, TraceError, Traced, TracedDim, Tracer};

@@ -91,7 +91,7 @@ impl Traced {
                 format!("label_smoothing must be in [0, 1], found {}", options.label_smoothing),
             );
         }
-        let dims = self.dims();
+        let dims = self.ir_dims();
         let valid = target.ne(options.ignore_index);
         // Ignored rows read class 0 (their loss is masked out), so every index is in range.
         let safe = valid.where_(target, 0i64);

@@ -44,7 +44,7 @@ impl Traced {
         let constant = self.constant_like(value);
         constant.apply(
             Op::Expand {
-                shape: self.dims().into_iter().collect(),
+                shape: self.ir_dims().into_iter().collect(),
             },
             &[&constant],
         )

@@ -66,6 +66,131 @@ pub(crate) trait TraceHooks {
     fn specialize(&self, sym: SymId, location: &'static Location<'static>) -> Option<usize>;
 }
 
+/// Records `error` at `location` in `state` unless an earlier error is already recorded.
+fn record_error_in(state: &TraceState, location: &'static Location<'static>, error: IrError) {
+    let mut slot = state.error.borrow_mut();
+    if slot.is_none() {
+        *slot = Some(TraceError {
+            location: location.to_string(),
+            error,
+        });
+    }
+}
+
+/// The example size of symbol `sym`, read as a number by `what`: under `jit` the hooks record
+/// that the symbol must be specialized; without an example size it is a trace error (and 0).
+fn size_of_symbol(
+    state: &TraceState,
+    sym: SymId,
+    what: &str,
+    location: &'static Location<'static>,
+) -> usize {
+    let hooks = state.hooks.borrow().clone();
+    match hooks.and_then(|h| h.specialize(sym, location)) {
+        Some(n) => n,
+        None => {
+            record_error_in(
+                state,
+                location,
+                IrError::ty(
+                    what,
+                    format!(
+                        "dim s{} is symbolic and has no example size; use dims()",
+                        sym.0
+                    ),
+                ),
+            );
+            0
+        }
+    }
+}
+
+/// One dim of a traced value, as [`Traced::dims`] hands it to Rust code.
+///
+/// A static dim behaves as its number. A symbolic dim stands for every size the compiled graph
+/// will be called with, so Rust code that *branches* on it would bake one answer into a graph
+/// used for all sizes. Like Dynamo with a `SymInt`, comparing a symbolic dim (`==`, `<`, ... with
+/// another dim or a number) or reading it as a number ([`TracedDim::size`]) therefore
+/// specializes it: under `jit` the trace is redone with that dim static, so the cache entry's
+/// guards require its exact size and a call with another size recompiles instead of taking the
+/// recorded branch. Without `jit` (no example size) it is a trace error. Building shapes with
+/// symbolic dims (`expand(&[-1, ..])`, `reshape` with `-1`) does not read them.
+#[derive(Clone)]
+pub struct TracedDim {
+    dim: Dim,
+    state: Rc<TraceState>,
+}
+
+impl TracedDim {
+    /// Whether the dim is symbolic (the answer does not depend on its size, so no guard).
+    pub fn is_symbolic(&self) -> bool {
+        matches!(self.dim, Dim::Sym(_))
+    }
+
+    /// The size as a number; specializes a symbolic dim.
+    #[track_caller]
+    pub fn size(&self) -> usize {
+        self.read("dims()[..].size()", Location::caller())
+    }
+
+    fn read(&self, what: &str, location: &'static Location<'static>) -> usize {
+        match self.dim {
+            Dim::Static(n) => n,
+            Dim::Sym(s) => size_of_symbol(&self.state, s, what, location),
+        }
+    }
+}
+
+impl PartialEq for TracedDim {
+    #[track_caller]
+    fn eq(&self, other: &TracedDim) -> bool {
+        if self.is_symbolic() && self.dim == other.dim {
+            // One symbol: equal at every size (the guards tie dims that share a symbol).
+            return true;
+        }
+        let location = Location::caller();
+        self.read("comparing dims", location) == other.read("comparing dims", location)
+    }
+}
+
+impl PartialEq<usize> for TracedDim {
+    #[track_caller]
+    fn eq(&self, other: &usize) -> bool {
+        self.read("comparing a dim", Location::caller()) == *other
+    }
+}
+
+impl PartialOrd for TracedDim {
+    #[track_caller]
+    fn partial_cmp(&self, other: &TracedDim) -> Option<std::cmp::Ordering> {
+        if self.is_symbolic() && self.dim == other.dim {
+            return Some(std::cmp::Ordering::Equal);
+        }
+        let location = Location::caller();
+        Some(self.read("comparing dims", location).cmp(&other.read("comparing dims", location)))
+    }
+}
+
+impl PartialOrd<usize> for TracedDim {
+    #[track_caller]
+    fn partial_cmp(&self, other: &usize) -> Option<std::cmp::Ordering> {
+        Some(self.read("comparing a dim", Location::caller()).cmp(other))
+    }
+}
+
+/// Prints the dim without reading it: a number, or the symbol (`s0`).
+impl fmt::Display for TracedDim {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.dim)
+    }
+}
+
+impl fmt::Debug for TracedDim {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "TracedDim({})", self.dim)
+    }
+}
+
 /// Records a graph. Create inputs with [`Tracer::input`], compute on them, then [`Tracer::finish`].
 pub struct Tracer {
     state: Rc<TraceState>,
@@ -104,6 +229,7 @@ impl Tracer {
     }
 
     /// Declares an input with a static shape.
+    #[track_caller]
     pub fn input(&self, name: &str, dtype: DType, shape: &[usize]) -> Traced {
         self.input_typed(name, TensorType::new(dtype, static_shape(shape)))
     }
@@ -114,10 +240,18 @@ impl Tracer {
         Traced::handle(&self.state, Some(id))
     }
 
-    /// Declares an input of any type (dims may be symbolic).
+    /// Declares an input of any type (dims may be symbolic). A type too large for memory is a
+    /// trace error.
+    #[track_caller]
     pub fn input_typed(&self, name: &str, ty: TensorType) -> Traced {
-        let id = self.state.graph.borrow_mut().input(name, ty);
-        Traced::handle(&self.state, Some(id))
+        let location = Location::caller();
+        let id = self.state.graph.borrow_mut().input(name, ty.clone());
+        let traced = Traced::handle(&self.state, Some(id));
+        if let Err(error) = minductor_ir::check_size(&format!("input `{name}`"), &ty) {
+            traced.record_error(location, error);
+            return Traced::handle(&self.state, None);
+        }
+        traced
     }
 
     pub(crate) fn set_hooks(&self, hooks: Rc<dyn TraceHooks>) {
@@ -134,6 +268,15 @@ impl Tracer {
         self.state.error.borrow().clone()
     }
 
+    /// The error recorded by the tracer of an output that is not from this tracer, if any
+    /// (a value poisoned on a tracer of its own, such as `Traced::cat(&[])`'s).
+    pub(crate) fn foreign_error(&self, outputs: &[Traced]) -> Option<TraceError> {
+        outputs
+            .iter()
+            .filter(|t| !Rc::ptr_eq(&t.state, &self.state))
+            .find_map(|t| t.state.error.borrow().clone())
+    }
+
     /// Node ids of `outputs`, or `None` if one is poisoned or from another tracer.
     pub(crate) fn ids_of(&self, outputs: &[Traced]) -> Option<Vec<NodeId>> {
         if outputs.iter().any(|t| !Rc::ptr_eq(&t.state, &self.state)) {
@@ -147,14 +290,24 @@ impl Tracer {
         if let Some(err) = self.state.error.borrow().clone() {
             return Err(err);
         }
-        let ids: Option<Vec<NodeId>> = outputs.iter().map(|t| t.id).collect();
-        let ids = ids.expect("a poisoned value always records an error");
-        if outputs.iter().any(|t| !Rc::ptr_eq(&t.state, &self.state)) {
+        if let Some(foreign) = outputs.iter().find(|t| !Rc::ptr_eq(&t.state, &self.state)) {
+            // A value poisoned on its own tracer (e.g. `Traced::cat(&[])`) reports that error.
+            if let Some(err) = foreign.state.error.borrow().clone() {
+                return Err(err);
+            }
             return Err(TraceError {
                 location: "finish".into(),
                 error: IrError::ty("finish", "an output belongs to a different tracer"),
             });
         }
+        let ids: Option<Vec<NodeId>> = outputs.iter().map(|t| t.id).collect();
+        let Some(ids) = ids else {
+            // Every poisoning records an error first; say so rather than panic if one did not.
+            return Err(TraceError {
+                location: "finish".into(),
+                error: IrError::ty("finish", "an output is poisoned but no error was recorded"),
+            });
+        };
         let mut graph = self.state.graph.borrow().clone();
         graph.set_outputs(ids);
         Ok(graph)
@@ -230,15 +383,17 @@ impl Traced {
         }
     }
 
+    /// A poisoned value that belongs to no user's tracer: a tracer of its own holds `error`.
+    fn detached_error(location: &'static Location<'static>, error: IrError) -> Traced {
+        let tracer = Tracer::new();
+        let t = Traced::handle(&tracer.state, None);
+        t.record_error(location, error);
+        t
+    }
+
     /// Records `error` at `location` unless an earlier error is already recorded.
     fn record_error(&self, location: &'static Location<'static>, error: IrError) {
-        let mut slot = self.state.error.borrow_mut();
-        if slot.is_none() {
-            *slot = Some(TraceError {
-                location: location.to_string(),
-                error,
-            });
-        }
+        record_error_in(&self.state, location, error);
     }
 
     /// This value in words for error messages: `input `w1` (f32[4, 8])` or `%7 = mul (f32[4])`.
@@ -278,8 +433,20 @@ impl Traced {
             .collect()
     }
 
-    /// Dims of this value, static or symbolic (empty if poisoned).
-    pub fn dims(&self) -> Vec<Dim> {
+    /// Dims of this value as Rust code may use them: static or symbolic (empty if poisoned).
+    /// Comparing a symbolic one, or reading it as a number, specializes it (see [`TracedDim`]).
+    pub fn dims(&self) -> Vec<TracedDim> {
+        self.ir_dims()
+            .into_iter()
+            .map(|dim| TracedDim {
+                dim,
+                state: self.state.clone(),
+            })
+            .collect()
+    }
+
+    /// The IR dims, for shape rules that keep symbols symbolic (they never branch on them).
+    pub(crate) fn ir_dims(&self) -> Vec<Dim> {
         self.ty().map(|t| t.shape.to_vec()).unwrap_or_default()
     }
 
@@ -290,23 +457,7 @@ impl Traced {
         what: &str,
         location: &'static Location<'static>,
     ) -> usize {
-        let hooks = self.state.hooks.borrow().clone();
-        match hooks.and_then(|h| h.specialize(sym, location)) {
-            Some(n) => n,
-            None => {
-                self.record_error(
-                    location,
-                    IrError::ty(
-                        what,
-                        format!(
-                            "dim s{} is symbolic and has no example size; use dims()",
-                            sym.0
-                        ),
-                    ),
-                );
-                0
-            }
-        }
+        size_of_symbol(&self.state, sym, what, location)
     }
 
     /// Reads this value (a graph break under `jit`); `None` after recording why it cannot.
@@ -701,7 +852,7 @@ impl Traced {
         eps: f64,
     ) -> Traced {
         let location = Location::caller();
-        let dims = self.dims();
+        let dims = self.ir_dims();
         let k = normalized_shape.len();
         // Only the normalized dims are read as numbers (a symbolic one is specialized).
         let matches = k > 0
@@ -743,7 +894,7 @@ impl Traced {
     /// `torch.bmm`: both operands rank 3 with equal batch.
     #[track_caller]
     pub fn bmm(&self, other: &Traced) -> Traced {
-        let (a, b) = (self.dims(), other.dims());
+        let (a, b) = (self.ir_dims(), other.ir_dims());
         if a.len() != 3 || b.len() != 3 || a[0] != b[0] {
             return self.fail_msg(
                 "bmm",
@@ -795,7 +946,7 @@ impl Traced {
     /// `reshape` with at most one `-1`.
     #[track_caller]
     pub fn reshape(&self, shape: &[isize]) -> Traced {
-        let dims = self.dims();
+        let dims = self.ir_dims();
         let known: usize = shape
             .iter()
             .filter(|&&d| d >= 0)
@@ -844,7 +995,7 @@ impl Traced {
     /// `expand`; `-1` keeps a dimension's size.
     #[track_caller]
     pub fn expand(&self, shape: &[isize]) -> Traced {
-        let own = self.dims();
+        let own = self.ir_dims();
         let lead = shape.len().saturating_sub(own.len());
         let sizes: Shape = shape
             .iter()
@@ -870,7 +1021,7 @@ impl Traced {
         step: usize,
     ) -> Traced {
         let location = Location::caller();
-        let dims = self.dims();
+        let dims = self.ir_dims();
         let dim = match normalize_dim(dim, dims.len()) {
             Ok(d) if !dims.is_empty() => d,
             Ok(_) => return self.fail_msg("slice", "cannot slice a 0-d tensor".into()),
@@ -900,7 +1051,14 @@ impl Traced {
     /// `torch.cat(tensors, dim)`.
     #[track_caller]
     pub fn cat(tensors: &[&Traced], dim: isize) -> Traced {
-        let first = tensors.first().expect("cat needs at least one tensor");
+        let Some(first) = tensors.first() else {
+            // No operand means no tracer to record the error in: the result is a poisoned value
+            // of a tracer of its own that holds the error, which `Tracer::finish` reports.
+            return Traced::detached_error(
+                Location::caller(),
+                IrError::ty("cat", "needs at least one tensor, got none"),
+            );
+        };
         match normalize_dim(dim, first.rank()) {
             Ok(dim) => first.apply(Op::Cat { dim }, tensors),
             Err(m) => first.fail_msg("cat", m),

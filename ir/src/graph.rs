@@ -158,6 +158,7 @@ impl Graph {
             if node.inputs.iter().any(|i| i.index() >= index) {
                 return Err(err("operand does not precede its user".into()));
             }
+            crate::shape::check_size(&node.op.name(), &node.ty).map_err(|e| err(e.to_string()))?;
             match &node.op {
                 Op::Input { .. } => {
                     if !self.inputs.contains(&NodeId(index as u32)) {

@@ -379,6 +379,13 @@ fn broadcast(op: &Op, a: &TensorType, b: &TensorType) -> Result<Shape, IrError> 
 /// The result type of `op` applied to operands of the given types, or why it is ill-typed.
 /// Sources (`Input`, `Constant`) have no rule: their type is declared.
 pub fn infer_type(op: &Op, inputs: &[&TensorType]) -> Result<TensorType, IrError> {
+    let ty = infer_type_unchecked(op, inputs)?;
+    crate::shape::check_size(&op.name(), &ty)?;
+    Ok(ty)
+}
+
+/// The type rule proper; [`infer_type`] adds the size check.
+fn infer_type_unchecked(op: &Op, inputs: &[&TensorType]) -> Result<TensorType, IrError> {
     let first = || inputs[0].clone();
     match op {
         Op::Input { .. } | Op::Constant { .. } => Err(IrError::ty(

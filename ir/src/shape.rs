@@ -79,9 +79,45 @@ impl TensorType {
         self.shape.iter().map(|d| d.as_static()).collect()
     }
 
-    /// Number of elements, if static.
+    /// Number of elements, if static (and representable: `None` if the product overflows).
     pub fn numel(&self) -> Option<usize> {
-        self.static_sizes().map(|s| s.iter().product())
+        self.static_sizes()
+            .and_then(|s| s.iter().try_fold(1usize, |acc, &n| acc.checked_mul(n)))
+    }
+
+    /// Bytes of the static dims times the element size: the whole size when every dim is
+    /// static, a factor of it otherwise. `None` past [`MAX_TENSOR_BYTES`].
+    pub fn static_bytes(&self) -> Option<usize> {
+        checked_bytes(
+            self.shape.iter().filter_map(|d| d.as_static()),
+            self.dtype.size_bytes(),
+        )
+    }
+}
+
+/// The largest byte size of any tensor: what one allocation can hold (`isize::MAX`). Types past
+/// it are rejected when they are made (`infer_type`, `Graph::verify`), so products of static
+/// sizes of a verified graph cannot overflow.
+pub const MAX_TENSOR_BYTES: usize = isize::MAX as usize;
+
+/// `Π sizes · element_bytes`, or `None` if it overflows or exceeds [`MAX_TENSOR_BYTES`].
+pub fn checked_bytes(sizes: impl IntoIterator<Item = usize>, element_bytes: usize) -> Option<usize> {
+    sizes
+        .into_iter()
+        .try_fold(element_bytes, |acc, n| acc.checked_mul(n))
+        .filter(|&b| b <= MAX_TENSOR_BYTES)
+}
+
+/// Checks that the static part of `ty` fits in [`MAX_TENSOR_BYTES`]; the error names `op`.
+pub fn check_size(op: &str, ty: &TensorType) -> Result<(), crate::IrError> {
+    match ty.static_bytes() {
+        Some(_) => Ok(()),
+        None => Err(crate::IrError::ty(
+            op,
+            format!(
+                "{ty} holds more than {MAX_TENSOR_BYTES} bytes (its size overflows)"
+            ),
+        )),
     }
 }
 

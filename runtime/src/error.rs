@@ -26,6 +26,23 @@ pub enum RuntimeError {
         expected: String,
         found: Vec<usize>,
     },
+    #[error("backend `{backend}` returned {found} outputs; the graph has {expected}")]
+    OutputCount {
+        backend: String,
+        expected: usize,
+        found: usize,
+    },
+    #[error("backend `{backend}`: output {index}: expected {expected}, found {found}")]
+    OutputType {
+        backend: String,
+        index: usize,
+        expected: String,
+        found: String,
+    },
+    #[error("size overflow: {0}")]
+    SizeOverflow(String),
+    #[error("invalid program: {0}")]
+    InvalidProgram(String),
     #[error("bad tensor data: {0}")]
     Data(String),
     #[error("cannot execute: {0}")]

@@ -7,7 +7,7 @@
 use crate::block_cache::{self, CACHE_MIN_BYTES};
 use crate::RuntimeError;
 use half::{bf16, f16};
-use minductor_ir::{static_shape, DType, TensorType};
+use minductor_ir::{checked_bytes, static_shape, DType, TensorType, MAX_TENSOR_BYTES};
 use std::alloc::{alloc_zeroed, dealloc, Layout};
 use std::ptr::NonNull;
 use std::sync::Arc;
@@ -29,42 +29,50 @@ unsafe impl Send for Storage {}
 unsafe impl Sync for Storage {}
 
 impl Storage {
+    /// `bytes` zero bytes. Panics if `bytes` exceeds `isize::MAX` (as `Vec` does; use
+    /// [`Storage::try_zeroed`] for sizes that come from input) and aborts if memory runs out.
     pub fn zeroed(bytes: usize) -> Storage {
+        Storage::try_zeroed(bytes).unwrap_or_else(|e| panic!("Storage::zeroed: {e}"))
+    }
+
+    /// `bytes` zero bytes, or a typed error if no allocation can be that large.
+    pub fn try_zeroed(bytes: usize) -> Result<Storage, RuntimeError> {
         if bytes == 0 {
             // A dangling but aligned pointer: never dereferenced since there are no bytes.
-            return Storage {
-                ptr: NonNull::new(BUFFER_ALIGN as *mut u8).unwrap(),
+            return Ok(Storage {
+                ptr: NonNull::new(BUFFER_ALIGN as *mut u8).expect("BUFFER_ALIGN is not 0"),
                 bytes: 0,
                 cached: false,
-            };
+            });
         }
-        let layout =
-            Layout::from_size_align(bytes, BUFFER_ALIGN).expect("buffer size overflows isize");
+        let layout = Layout::from_size_align(bytes, BUFFER_ALIGN).map_err(|_| {
+            RuntimeError::SizeOverflow(format!("a buffer of {bytes} bytes cannot be allocated"))
+        })?;
         // SAFETY: layout has non-zero size.
         let ptr = unsafe { alloc_zeroed(layout) };
-        Storage {
+        Ok(Storage {
             ptr: NonNull::new(ptr).unwrap_or_else(|| std::alloc::handle_alloc_error(layout)),
             bytes,
             cached: false,
-        }
+        })
     }
 
     /// A buffer whose every byte the caller will overwrite before reading it: a large one may be
     /// a recycled block holding old (initialised) bytes instead of zeros. Compiled programs make
     /// their outputs with it, since their kernels write every element of an output.
-    pub fn for_overwrite(bytes: usize) -> Storage {
+    pub fn for_overwrite(bytes: usize) -> Result<Storage, RuntimeError> {
         if bytes >= CACHE_MIN_BYTES {
             if let Some(ptr) = block_cache::take(bytes) {
-                return Storage {
+                return Ok(Storage {
                     ptr,
                     bytes,
                     cached: true,
-                };
+                });
             }
         }
-        let mut storage = Storage::zeroed(bytes);
+        let mut storage = Storage::try_zeroed(bytes)?;
         storage.cached = bytes >= CACHE_MIN_BYTES;
-        storage
+        Ok(storage)
     }
 
     pub fn len(&self) -> usize {
@@ -107,8 +115,20 @@ impl Drop for Storage {
     }
 }
 
-/// Rust types that can be tensor elements.
-pub trait Element: Copy + Default + 'static {
+mod sealed {
+    /// Implemented only for the element types below: `Element` fixes the memory layout that
+    /// `data_mut` hands out, so code outside this crate must not add types to it.
+    pub trait Sealed {}
+}
+
+/// Rust types that can be tensor elements: f64, f32, f16, bf16, i64 and bool. Sealed: the
+/// element type decides how `data_mut` reinterprets a tensor's bytes, so no other type may
+/// implement it.
+///
+/// Invariant every constructor keeps: the bytes of a bool tensor are 0 or 1 (`from_bytes`
+/// normalizes, `for_overwrite` zeroes bool buffers, compiled kernels store only 0 or 1), so a
+/// `&mut [bool]` over them is valid, and safe code can only write `true` or `false` through it.
+pub trait Element: sealed::Sealed + Copy + Default + 'static {
     const DTYPE: DType;
     fn to_f64(self) -> f64;
     fn from_f64(v: f64) -> Self;
@@ -116,6 +136,7 @@ pub trait Element: Copy + Default + 'static {
 
 macro_rules! element {
     ($t:ty, $d:expr, |$a:ident| $to:expr, |$b:ident| $from:expr) => {
+        impl sealed::Sealed for $t {}
         impl Element for $t {
             const DTYPE: DType = $d;
             fn to_f64(self) -> f64 {
@@ -155,22 +176,43 @@ pub fn contiguous_strides(shape: &[usize]) -> Vec<usize> {
     strides
 }
 
+/// Bytes of a contiguous `dtype` tensor of `shape`, or a typed error past `isize::MAX`.
+pub fn byte_size(dtype: DType, shape: &[usize]) -> Result<usize, RuntimeError> {
+    checked_bytes(shape.iter().copied(), dtype.size_bytes()).ok_or_else(|| {
+        RuntimeError::SizeOverflow(format!(
+            "a {dtype} tensor of shape {shape:?} holds more than {MAX_TENSOR_BYTES} bytes"
+        ))
+    })
+}
+
 impl Tensor {
-    /// A zero-filled contiguous tensor.
+    /// A zero-filled contiguous tensor. Panics if the size overflows (as `vec![0; n]` does);
+    /// [`Tensor::try_zeros`] returns a typed error instead.
     pub fn zeros(dtype: DType, shape: &[usize]) -> Tensor {
-        let numel: usize = shape.iter().product();
-        Tensor::with_storage(dtype, shape, Storage::zeroed(numel * dtype.size_bytes()))
+        Tensor::try_zeros(dtype, shape).unwrap_or_else(|e| panic!("Tensor::zeros: {e}"))
+    }
+
+    /// A zero-filled contiguous tensor, or a typed error if its byte size overflows.
+    pub fn try_zeros(dtype: DType, shape: &[usize]) -> Result<Tensor, RuntimeError> {
+        let bytes = byte_size(dtype, shape)?;
+        Ok(Tensor::with_storage(dtype, shape, Storage::try_zeroed(bytes)?))
     }
 
     /// A contiguous tensor whose elements the caller overwrites before anyone reads them (see
-    /// [`Storage::for_overwrite`]): unspecified but initialised values until then.
-    pub fn for_overwrite(dtype: DType, shape: &[usize]) -> Tensor {
-        let numel: usize = shape.iter().product();
-        Tensor::with_storage(
+    /// [`Storage::for_overwrite`]): unspecified but initialised values until then. A typed
+    /// error if its byte size overflows.
+    pub fn for_overwrite(dtype: DType, shape: &[usize]) -> Result<Tensor, RuntimeError> {
+        let bytes = byte_size(dtype, shape)?;
+        if dtype == DType::Bool {
+            // A recycled block may hold any bytes; bool tensors hold only 0 and 1 (see
+            // `Element`), even where a buggy writer left elements unwritten.
+            return Ok(Tensor::with_storage(dtype, shape, Storage::try_zeroed(bytes)?));
+        }
+        Ok(Tensor::with_storage(
             dtype,
             shape,
-            Storage::for_overwrite(numel * dtype.size_bytes()),
-        )
+            Storage::for_overwrite(bytes)?,
+        ))
     }
 
     fn with_storage(dtype: DType, shape: &[usize], storage: Storage) -> Tensor {
@@ -185,7 +227,7 @@ impl Tensor {
 
     /// A contiguous tensor holding `data` in row-major order.
     pub fn from_vec<T: Element>(shape: &[usize], data: Vec<T>) -> Result<Tensor, RuntimeError> {
-        let numel: usize = shape.iter().product();
+        let numel = byte_size(T::DTYPE, shape)? / T::DTYPE.size_bytes();
         if data.len() != numel {
             return Err(RuntimeError::Data(format!(
                 "{} elements given for shape {:?} ({} expected)",
@@ -194,7 +236,7 @@ impl Tensor {
                 numel
             )));
         }
-        let mut t = Tensor::zeros(T::DTYPE, shape);
+        let mut t = Tensor::try_zeros(T::DTYPE, shape)?;
         t.data_mut::<T>()
             .expect("fresh tensor is unique")
             .copy_from_slice(&data);
@@ -203,20 +245,25 @@ impl Tensor {
 
     /// A contiguous tensor from little-endian bytes (as stored in safetensors files).
     pub fn from_bytes(dtype: DType, shape: &[usize], bytes: &[u8]) -> Result<Tensor, RuntimeError> {
-        let numel: usize = shape.iter().product();
-        if bytes.len() != numel * dtype.size_bytes() {
+        let expected = byte_size(dtype, shape)?;
+        if bytes.len() != expected {
             return Err(RuntimeError::Data(format!(
-                "{} bytes given for {dtype}{:?} ({} expected)",
+                "{} bytes given for {dtype}{:?} ({expected} expected)",
                 bytes.len(),
                 shape,
-                numel * dtype.size_bytes()
             )));
         }
-        let t = Tensor::zeros(dtype, shape);
+        let t = Tensor::try_zeros(dtype, shape)?;
         // SAFETY: the fresh storage holds exactly `bytes.len()` bytes and is not shared yet.
-        unsafe {
-            std::ptr::copy_nonoverlapping(bytes.as_ptr(), t.storage.as_mut_ptr(), bytes.len())
-        };
+        let dst = unsafe { std::slice::from_raw_parts_mut(t.storage.as_mut_ptr(), bytes.len()) };
+        if dtype == DType::Bool {
+            // Any nonzero byte reads as true; stored as 1 so bool tensors hold only 0 and 1.
+            for (d, &b) in dst.iter_mut().zip(bytes) {
+                *d = (b != 0) as u8;
+            }
+        } else {
+            dst.copy_from_slice(bytes);
+        }
         Ok(t)
     }
 
@@ -366,12 +413,21 @@ impl Tensor {
 
     /// Mutable elements of a contiguous tensor whose storage is not shared; `None` otherwise.
     pub fn data_mut<T: Element>(&mut self) -> Option<&mut [T]> {
-        if T::DTYPE != self.dtype || !self.is_contiguous() {
+        if T::DTYPE != self.dtype
+            || !self.is_contiguous()
+            || std::mem::size_of::<T>() != self.dtype.size_bytes()
+        {
             return None;
         }
         let numel = self.numel();
         let storage = Arc::get_mut(&mut self.storage)?;
-        // SAFETY: unique access to an aligned buffer of numel elements of T.
+        if storage.len() < numel * std::mem::size_of::<T>() {
+            return None;
+        }
+        // SAFETY: unique access (`Arc::get_mut`) to a 64-byte aligned buffer of at least numel
+        // elements of T (checked just above); `T` is one of the sealed element types, for which
+        // every byte pattern the constructors leave is valid (bool bytes are 0 or 1, see
+        // `Element`).
         Some(unsafe { std::slice::from_raw_parts_mut(storage.as_mut_ptr() as *mut T, numel) })
     }
 
