@@ -6,12 +6,13 @@ use cranelift_codegen::settings::{self, Configurable};
 use cranelift_frontend::{FunctionBuilder, FunctionBuilderContext};
 use cranelift_jit::{JITBuilder, JITModule};
 use cranelift_module::{Linkage, Module};
-use minductor_ir::{DType, Dim};
+use minductor_ir::{checked_bytes, DType, Dim};
 use crate::scatter::{scatter_add, View};
 use minductor_passes::kernel::{
     BufferId, BufferKind, Kernel, MatmulStep, Program, ScatterAddStep, Step,
 };
 use minductor_passes::plan_buffers::{plan_buffers, BufferPlan};
+use minductor_passes::{verify_program, VerifyError};
 use minductor_runtime::{threads, Executable, RuntimeError, StepTiming, Storage, Tensor};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
@@ -23,6 +24,8 @@ pub enum CodegenError {
     Cranelift(String),
     #[error("unsupported: {0}")]
     Unsupported(String),
+    #[error("the program fails verification: {0}")]
+    Verify(#[from] VerifyError),
 }
 
 /// The signature of every compiled kernel (see `lower`).
@@ -57,16 +60,22 @@ impl CompiledKernel {
             .iter()
             .map(|&d| symbols.size(d) as i64)
             .collect();
-        let outer: i64 = params[..self.outer_loops].iter().product();
+        // Saturating: these only decide whether to split the work across threads.
+        let outer: i64 = params[..self.outer_loops]
+            .iter()
+            .fold(1i64, |acc, &n| acc.saturating_mul(n));
         let mut at = self.outer_loops;
-        let mut inner = 0;
+        let mut inner: i64 = 0;
         for &n in &self.stage_loops {
-            inner += params[at..at + n].iter().product::<i64>();
+            let trips = params[at..at + n]
+                .iter()
+                .fold(1i64, |acc, &n| acc.saturating_mul(n));
+            inner = inner.saturating_add(trips);
             at += n;
         }
         BoundKernel {
             range: if self.outer_loops > 0 { params[0] } else { 1 },
-            work: outer * inner,
+            work: outer.saturating_mul(inner),
             params,
         }
     }
@@ -212,10 +221,18 @@ fn isa() -> Result<std::sync::Arc<dyn cranelift_codegen::isa::TargetIsa>, Codege
         .map_err(|e| CodegenError::Cranelift(e.to_string()))
 }
 
-/// Compiles every kernel of `program` to machine code.
+/// Compiles every kernel of `program` to machine code. The program (with its plan, or the one
+/// `plan_buffers` makes when it has none) must pass `verify_program` first: whatever built it,
+/// compiled code then stays inside its buffers. Ranges that depend on symbolic sizes are
+/// verified again at each call that brings new sizes.
 pub fn compile_program(program: &Program) -> Result<CompiledProgram, CodegenError> {
     let started = Instant::now();
-    check_symbols_bound(program)?;
+    let mut program = program.clone();
+    if program.plan.is_none() {
+        program.plan = Some(plan_buffers(&program));
+    }
+    verify_program(&program, &[])?;
+    let program = &program;
     let isa = isa()?;
     let call_conv = isa.default_call_conv();
     // Owned from the start, so an error below frees whatever was compiled before it.
@@ -274,10 +291,7 @@ pub fn compile_program(program: &Program) -> Result<CompiledProgram, CodegenErro
             Step::ScatterAdd(sc) => CompiledStep::ScatterAdd(Box::new(sc.clone())),
         })
         .collect();
-    let plan = program
-        .plan
-        .clone()
-        .unwrap_or_else(|| plan_buffers(program));
+    let plan = program.plan.clone().expect("planned above");
     Ok(CompiledProgram {
         program: program.clone(),
         arenas: Mutex::new(Vec::new()),
@@ -286,24 +300,6 @@ pub fn compile_program(program: &Program) -> Result<CompiledProgram, CodegenErro
         compile_time: started.elapsed(),
         _code: code,
     })
-}
-
-/// Every symbolic size the program uses must be readable off an input's shape at call time.
-fn check_symbols_bound(program: &Program) -> Result<(), CodegenError> {
-    let bound: Vec<Dim> = program
-        .buffers
-        .iter()
-        .filter(|b| matches!(b.kind, BufferKind::Input(_)))
-        .flat_map(|b| b.shape.iter().copied())
-        .filter(|d| matches!(d, Dim::Sym(_)))
-        .collect();
-    let mut used = program.buffers.iter().flat_map(|b| b.shape.iter());
-    match used.find(|d| matches!(d, Dim::Sym(_)) && !bound.contains(d)) {
-        Some(d) => Err(CodegenError::Unsupported(format!(
-            "symbolic size {d} is not the size of any input dim"
-        ))),
-        None => Ok(()),
-    }
 }
 
 impl CompiledProgram {
@@ -375,12 +371,27 @@ impl CompiledProgram {
         let symbols = Symbols::bind(&self.program, inputs)?;
         if arena.layout.as_ref().map(|l| &l.0) != Some(&symbols) {
             let program = &self.program;
-            let (offsets, total) = self.plan.layout(|b| {
-                let buffer = program.buffer(b);
-                symbols.sizes(&buffer.shape).iter().product::<usize>() * buffer.dtype.size_bytes()
-            });
+            if !symbols.0.is_empty() {
+                // Ranges over symbolic extents could not be checked at compile time: check them
+                // for these sizes before any kernel runs with them.
+                verify_program(program, &symbols.0)
+                    .map_err(|e| RuntimeError::InvalidProgram(e.to_string()))?;
+            }
+            let overflow = || {
+                RuntimeError::SizeOverflow(format!(
+                    "the intermediates for sizes {:?} exceed isize::MAX bytes",
+                    symbols.0
+                ))
+            };
+            let (offsets, total) = self
+                .plan
+                .layout(|b| {
+                    let buffer = program.buffer(b);
+                    checked_bytes(symbols.sizes(&buffer.shape), buffer.dtype.size_bytes())
+                })
+                .ok_or_else(overflow)?;
             if total > arena.storage.len() {
-                arena.storage = Storage::zeroed(total);
+                arena.storage = Storage::try_zeroed(total)?;
             }
             arena.layout = Some((symbols.clone(), offsets, total));
         }
@@ -601,7 +612,8 @@ fn run_matmul(
     let count: usize = a_shape[..batch].iter().product();
     let units = a_shape[0];
     let unit_bytes = count * rows * cols * std::mem::size_of::<f32>() / units.max(1);
-    let flops = 2 * count * rows * k * cols;
+    // Saturating: only decides whether to split the GEMM across threads.
+    let flops = [count, rows, k, cols].iter().fold(2usize, |acc, &n| acc.saturating_mul(n));
     let min_tile = if batch == 0 { 64 } else { 1 };
     let tile = (TILE_BYTES / unit_bytes.max(1))
         .max(min_tile)

@@ -13,7 +13,8 @@ use minductor_codegen_cpu::{compile_program, CodegenError, CompiledProgram};
 use minductor_ir::{Graph, IrError};
 use minductor_passes::{
     autodiff, decompose, fuse, fuse_epilogues, fuse_horizontal, kernel::Program, partition,
-    plan_buffers, simplify, AutodiffError, Joint, Partition, PartitionOptions,
+    plan_buffers, simplify, verify_program, AutodiffError, Joint, Partition, PartitionOptions,
+    VerifyError,
 };
 use minductor_runtime::{check_inputs, interpret, Executable, RuntimeError, StepTiming, Tensor};
 use std::str::FromStr;
@@ -60,6 +61,11 @@ pub enum CompileError {
     Codegen(#[from] CodegenError),
     #[error("{0}")]
     Autodiff(#[from] AutodiffError),
+    #[error("the kernel program after `{pass}` fails verification (a compiler bug): {error}")]
+    Verify {
+        pass: &'static str,
+        error: VerifyError,
+    },
     #[error("backend {backend} does not support {what} yet")]
     Unsupported { backend: &'static str, what: String },
 }
@@ -236,8 +242,19 @@ pub fn compile_with_options(
                 backend: backend.name(),
                 what: e.to_string(),
             })?;
-            let mut program = fuse_epilogues(&fuse_horizontal(&fused));
+            // The kernel-IR verifier after every pass that makes or rewrites a program, so a
+            // broken pass is named by the first check that fails (and `compile_program` checks
+            // again whatever it is given).
+            let verified = |pass: &'static str, program: Program| {
+                verify_program(&program, &[])
+                    .map(|()| program)
+                    .map_err(|e| CompileError::Verify { pass, error: e })
+            };
+            let fused = verified("fuse", fused)?;
+            let horizontal = verified("fuse_horizontal", fuse_horizontal(&fused))?;
+            let mut program = verified("fuse_epilogues", fuse_epilogues(&horizontal))?;
             program.plan = Some(plan_buffers(&program));
+            let program = verified("plan_buffers", program)?;
             let compiled: CompiledProgram = compile_program(&program)?;
             artifacts.cranelift_ir = compiled
                 .kernels()

@@ -57,21 +57,24 @@ pub struct Slot {
 
 impl BufferPlan {
     /// Slot offsets and the arena's total bytes for the actual byte size of each buffer: each
-    /// slot is as large as its largest member, 64-byte aligned, laid out in order.
-    pub fn layout(&self, buffer_bytes: impl Fn(BufferId) -> usize) -> (Vec<usize>, usize) {
+    /// slot is as large as its largest member, 64-byte aligned, laid out in order. `None` if a
+    /// buffer's size is `None` (it overflowed) or the total exceeds `isize::MAX`.
+    pub fn layout(
+        &self,
+        buffer_bytes: impl Fn(BufferId) -> Option<usize>,
+    ) -> Option<(Vec<usize>, usize)> {
         let mut offsets = Vec::with_capacity(self.slots.len());
-        let mut total = 0;
+        let mut total: usize = 0;
         for slot in &self.slots {
             offsets.push(total);
-            let bytes = slot
-                .members
-                .iter()
-                .map(|&m| buffer_bytes(m))
-                .max()
-                .unwrap_or(0);
-            total += bytes.div_ceil(SLOT_ALIGN) * SLOT_ALIGN;
+            let mut bytes = 0;
+            for &m in &slot.members {
+                bytes = bytes.max(buffer_bytes(m)?);
+            }
+            let aligned = bytes.checked_next_multiple_of(SLOT_ALIGN)?;
+            total = total.checked_add(aligned)?;
         }
-        (offsets, total)
+        (total <= isize::MAX as usize).then_some((offsets, total))
     }
 
     /// Byte offset of `buffer` in the arena, if it is planned.
@@ -139,10 +142,12 @@ pub fn plan_buffers(program: &Program) -> BufferPlan {
     let mut offset = 0;
     for slot in &mut plan.slots {
         slot.offset = offset;
-        offset += slot.bytes.div_ceil(SLOT_ALIGN) * SLOT_ALIGN;
+        offset = offset.saturating_add(slot.bytes.div_ceil(SLOT_ALIGN) * SLOT_ALIGN);
     }
     plan.arena_bytes = offset;
-    plan.unshared_bytes = (0..n).filter(|&b| planned(b)).map(|b| bytes[b]).sum();
+    plan.unshared_bytes = (0..n)
+        .filter(|&b| planned(b))
+        .fold(0usize, |acc, b| acc.saturating_add(bytes[b]));
     // A buffer updated in place takes no memory of its own at the step that creates it.
     let shares = |b: usize, s: usize| {
         plan.in_place
@@ -154,8 +159,7 @@ pub fn plan_buffers(program: &Program) -> BufferPlan {
             (0..n)
                 .filter(|&b| planned(b) && matches!(live[b], Some((d, l)) if d <= s && s <= l))
                 .filter(|&b| !shares(b, s))
-                .map(|b| bytes[b])
-                .sum()
+                .fold(0usize, |acc, b| acc.saturating_add(bytes[b]))
         })
         .max()
         .unwrap_or(0);
@@ -163,13 +167,13 @@ pub fn plan_buffers(program: &Program) -> BufferPlan {
 }
 
 /// Bytes of `b`, with [`SIZE_HINT`] for each symbolic dim.
-fn buffer_bytes(b: &Buffer) -> usize {
-    let numel: usize = b
-        .shape
+/// Saturates instead of overflowing: these sizes only choose which buffers share a slot (exact
+/// sizes are computed, checked, per call).
+pub(crate) fn buffer_bytes(b: &Buffer) -> usize {
+    b.shape
         .iter()
         .map(|d| d.as_static().unwrap_or(SIZE_HINT))
-        .product();
-    numel * b.dtype.size_bytes()
+        .fold(b.dtype.size_bytes(), |acc, n| acc.saturating_mul(n))
 }
 
 /// Whether a member of `slot` is still live at `step` (its slot cannot be handed out).
@@ -180,7 +184,7 @@ fn occupied(plan: &BufferPlan, live: &[Option<(usize, usize)>], slot: usize, ste
         .any(|m| matches!(live[m.0 as usize], Some((_, last)) if last >= step))
 }
 
-fn live_ranges(program: &Program) -> Vec<Option<(usize, usize)>> {
+pub(crate) fn live_ranges(program: &Program) -> Vec<Option<(usize, usize)>> {
     let mut live: Vec<Option<(usize, usize)>> = vec![None; program.buffers.len()];
     for (i, step) in program.steps.iter().enumerate() {
         for b in step.writes().into_iter().chain(step.reads()) {
@@ -195,8 +199,7 @@ fn live_ranges(program: &Program) -> Vec<Option<(usize, usize)>> {
 }
 
 /// An input of `step` whose slot `written` may take over: an intermediate whose last use is this
-/// step, with the same element width and size, that the kernel writing `written` reads only at
-/// the index it stores to, in the store's stage or earlier stages of the same loop shape.
+/// step, not already overwritten by another buffer, for which [`in_place_is_safe`] holds.
 fn in_place_candidate(
     program: &Program,
     step: &Step,
@@ -209,6 +212,34 @@ fn in_place_candidate(
         Step::Kernel(k) => k,
         Step::Matmul(m) => m.epilogue.as_ref()?,
         Step::ScatterAdd(_) => return None,
+    };
+    kernel.loads().into_iter().find(|&input| {
+        // Not already overwritten by another buffer this kernel writes.
+        plan.slot_of[input.0 as usize]
+            .is_some_and(|slot| plan.slots[slot].members.last() == Some(&input))
+            && matches!(live[input.0 as usize], Some((_, last)) if last == step_index)
+            && in_place_is_safe(program, step, written, input)
+    })
+}
+
+/// Whether the kernel of `step` may write `written` over `input` (both intermediates, `input`
+/// not used after this step): same element width and size, and the kernel reads `input` only at
+/// the index it stores `written` to, in the store's stage or earlier stages of the same loop
+/// shape, never through a GEMM, and the store is the only one to `written`, in the last stage.
+/// `plan_buffers` places buffers in place only where this holds; the verifier re-checks it.
+pub(crate) fn in_place_is_safe(
+    program: &Program,
+    step: &Step,
+    written: BufferId,
+    input: BufferId,
+) -> bool {
+    let kernel = match step {
+        Step::Kernel(k) => k,
+        Step::Matmul(m) => match m.epilogue.as_ref() {
+            Some(e) => e,
+            None => return false,
+        },
+        Step::ScatterAdd(_) => return false,
     };
     let out = program.buffer(written);
     let stores: Vec<(usize, &Store)> = kernel
@@ -224,52 +255,46 @@ fn in_place_candidate(
         .collect();
     // One store to `written`, in the last stage (no later stage can read what it overwrote).
     let [(store_stage, store)] = stores.as_slice() else {
-        return None;
+        return false;
     };
     if *store_stage + 1 != kernel.stages.len() {
-        return None;
+        return false;
     }
     let store_extent = &kernel.stages[*store_stage].extent;
     // Stores of one stage run in order, each after computing its value: a load that only a
     // later store of the stage needs would run after `written` overwrote the element.
     let StageAction::Store(stage_stores) = &kernel.stages[*store_stage].action else {
-        return None;
+        return false;
     };
-    let position = stage_stores
-        .iter()
-        .position(|st| st.buffer == written)
-        .expect("the store is in its stage");
+    let Some(position) = stage_stores.iter().position(|st| st.buffer == written) else {
+        return false;
+    };
     let values = |stores: &[Store]| -> Vec<ExprId> { stores.iter().map(|st| st.value).collect() };
     let computed_before = kernel.reachable(&values(&stage_stores[..=position]));
     let computed_after = kernel.reachable(&values(&stage_stores[position + 1..]));
-    kernel.loads().into_iter().find(|&input| {
-        let b = program.buffer(input);
-        b.kind == BufferKind::Intermediate
-            && input != written
-            // Not already overwritten by another buffer this kernel writes.
-            && plan.slot_of[input.0 as usize]
-                .is_some_and(|slot| plan.slots[slot].members.last() == Some(&input))
-            && matches!(live[input.0 as usize], Some((_, last)) if last == step_index)
-            && b.dtype.size_bytes() == out.dtype.size_bytes()
-            && (b.shape == out.shape || (b.numel().is_some() && b.numel() == out.numel()))
-            && !read_by_gemm(step, input)
-            && kernel.exprs.iter().enumerate().all(|(i, e)| match e {
-                Expr::Load {
-                    buffer,
-                    index,
-                    indirect,
-                } if *buffer == input => {
-                    let id = ExprId(i as u32);
-                    indirect.is_none()
-                        && *index == store.index
-                        && (!computed_after.contains(&id) || computed_before.contains(&id))
-                        && stages_using(kernel, ExprId(i as u32))
-                            .iter()
-                            .all(|&s| kernel.stages[s].extent == *store_extent)
-                }
-                _ => true,
-            })
-    })
+    let b = program.buffer(input);
+    b.kind == BufferKind::Intermediate
+        && out.kind == BufferKind::Intermediate
+        && input != written
+        && b.dtype.size_bytes() == out.dtype.size_bytes()
+        && (b.shape == out.shape || (b.numel().is_some() && b.numel() == out.numel()))
+        && !read_by_gemm(step, input)
+        && kernel.exprs.iter().enumerate().all(|(i, e)| match e {
+            Expr::Load {
+                buffer,
+                index,
+                indirect,
+            } if *buffer == input => {
+                let id = ExprId(i as u32);
+                indirect.is_none()
+                    && *index == store.index
+                    && (!computed_after.contains(&id) || computed_before.contains(&id))
+                    && stages_using(kernel, ExprId(i as u32))
+                        .iter()
+                        .all(|&s| kernel.stages[s].extent == *store_extent)
+            }
+            _ => true,
+        })
 }
 
 /// Whether a GEMM in the same step reads `input` (its operands are read whole, not row by row).

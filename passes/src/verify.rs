@@ -1,0 +1,651 @@
+//! `verify_program`: the kernel-IR verifier. Compiled code runs on whatever a [`Program`] says,
+//! so before any machine code runs, this checks that it cannot reach outside its buffers.
+//!
+//! Assumes nothing about where the program came from (`fuse`, a later pass, or a user's hands).
+//! Guarantees, when it returns `Ok`:
+//! - **Structure.** Every buffer, expression, stage and step id is in range; expressions form a
+//!   DAG in order (operands before users); each expression's recorded type follows its op's rule
+//!   and each store's value has its buffer's type; no step writes a graph input; the program's
+//!   outputs are input or output buffers; index checks name i64 buffers and existing steps.
+//! - **Sizes.** Every symbolic size is the size of an input dim (so it is bound at run time);
+//!   every buffer's byte size fits in `isize::MAX` for the sizes known.
+//! - **Stages in order.** A stage reads `StageResult(n)` only of an earlier reduction stage, and
+//!   its loads and stores use only the outer loops and its own loops; a step reads an
+//!   intermediate or output only if that step or an earlier one writes it.
+//! - **Ranges.** Every load and store index (`offset + Σ coefficient·var`, plus a clamped
+//!   data-dependent term), evaluated at its minimum and maximum over the loop extents of the
+//!   stage that runs it, lies inside its buffer; so does every element of a GEMM's or
+//!   scatter-add's strided views; a GEMM's shapes agree and its epilogue runs over its rows.
+//! - **Plan.** Every intermediate a step touches has a slot and only intermediates do; slot
+//!   membership is consistent and each slot is at least as large as its members (at the plan's
+//!   nominal sizes; the runtime lays slots out per call from exact sizes); two buffers share a slot
+//!   only if their live ranges (recomputed from the steps) are disjoint, or they are an in-place
+//!   pair at the one step where one ends and the other begins and the kernel's access pattern
+//!   makes it safe (the same check `plan_buffers` applies).
+//!
+//! Ranges depend on loop extents, which may be symbolic: `symbols[s]` is the size of symbol `s`
+//! when known. An access whose extents involve an unknown symbol is not range-checked; callers
+//! run the verifier again once the sizes are bound (the runtime does so whenever a call brings
+//! new sizes), which then checks every access. An access inside a loop of extent 0 never runs
+//! and is not checked. Cost: linear in the program, plus one reachability walk per stage.
+
+use crate::kernel::*;
+use crate::plan_buffers::{buffer_bytes, in_place_is_safe, live_ranges};
+use minductor_ir::{checked_bytes, DType, Dim};
+use std::collections::HashSet;
+use thiserror::Error;
+
+/// Why a program was rejected; `at` names the step, kernel, stage or buffer.
+#[derive(Debug, Clone, PartialEq, Error)]
+pub enum VerifyError {
+    #[error("{at}: {message}")]
+    Malformed { at: String, message: String },
+    #[error("{at}: {access} of {buffer} reaches elements {min}..={max}, outside its {len} elements")]
+    OutOfRange {
+        at: String,
+        access: String,
+        buffer: BufferId,
+        min: i128,
+        max: i128,
+        len: i128,
+    },
+    #[error("symbolic size {0} is not the size of any input dim, so no call can bind it")]
+    UnboundSymbol(Dim),
+    #[error("{at}: size overflow: {message}")]
+    Size { at: String, message: String },
+    #[error("buffer plan: {0}")]
+    Plan(String),
+}
+
+fn malformed(at: impl Into<String>, message: impl Into<String>) -> VerifyError {
+    VerifyError::Malformed {
+        at: at.into(),
+        message: message.into(),
+    }
+}
+
+/// Checks `program` (and its plan, if it has one); see the module doc. `symbols[s]` is the size
+/// of symbol `s` when known (empty at compile time).
+pub fn verify_program(program: &Program, symbols: &[Option<usize>]) -> Result<(), VerifyError> {
+    let v = Verifier { program, symbols };
+    v.symbols_bound()?;
+    v.buffers()?;
+    for (n, step) in program.steps.iter().enumerate() {
+        v.step(n, step)?;
+    }
+    v.order()?;
+    v.outputs_and_checks()?;
+    if let Some(plan) = &program.plan {
+        v.plan(plan)?;
+    }
+    Ok(())
+}
+
+struct Verifier<'a> {
+    program: &'a Program,
+    symbols: &'a [Option<usize>],
+}
+
+impl Verifier<'_> {
+    /// The size of `d`, if known.
+    fn size(&self, d: Dim) -> Option<usize> {
+        match d {
+            Dim::Static(n) => Some(n),
+            Dim::Sym(s) => self.symbols.get(s.0 as usize).copied().flatten(),
+        }
+    }
+
+    fn buffer(&self, id: BufferId, at: &str) -> Result<&Buffer, VerifyError> {
+        self.program
+            .buffers
+            .get(id.0 as usize)
+            .ok_or_else(|| malformed(at, format!("{id} does not exist")))
+    }
+
+    /// Elements of buffer `id`, if its sizes are known.
+    fn numel(&self, id: BufferId) -> Option<i128> {
+        self.program
+            .buffer(id)
+            .shape
+            .iter()
+            .try_fold(1i128, |acc, &d| Some(acc * self.size(d)? as i128))
+    }
+
+    /// Every symbol used anywhere is the size of some input dim.
+    fn symbols_bound(&self) -> Result<(), VerifyError> {
+        let p = self.program;
+        let bound: HashSet<Dim> = p
+            .buffers
+            .iter()
+            .filter(|b| matches!(b.kind, BufferKind::Input(_)))
+            .flat_map(|b| b.shape.iter().copied())
+            .collect();
+        let mut used: Vec<Dim> = p.buffers.iter().flat_map(|b| b.shape.clone()).collect();
+        let kernel_dims = |k: &Kernel| -> Vec<Dim> { k.params() };
+        for step in &p.steps {
+            match step {
+                Step::Kernel(k) => used.extend(kernel_dims(k)),
+                Step::Matmul(m) => {
+                    used.extend(m.a.shape.iter().chain(&m.b.shape).copied());
+                    used.extend(m.epilogue.iter().flat_map(kernel_dims));
+                }
+                Step::ScatterAdd(sc) => {
+                    used.extend(sc.index.shape.iter().chain(&sc.src.shape).copied())
+                }
+            }
+        }
+        match used
+            .into_iter()
+            .find(|d| matches!(d, Dim::Sym(_)) && !bound.contains(d))
+        {
+            Some(d) => Err(VerifyError::UnboundSymbol(d)),
+            None => Ok(()),
+        }
+    }
+
+    /// Every buffer's byte size (its static part, or all of it once the symbols are known) fits.
+    fn buffers(&self) -> Result<(), VerifyError> {
+        for (i, b) in self.program.buffers.iter().enumerate() {
+            let known: Vec<usize> = b.shape.iter().filter_map(|&d| self.size(d)).collect();
+            if checked_bytes(known, b.dtype.size_bytes()).is_none() {
+                return Err(VerifyError::Size {
+                    at: format!("{}", BufferId(i as u32)),
+                    message: format!(
+                        "{}{} holds more than isize::MAX bytes",
+                        b.dtype,
+                        minductor_ir::shape_string(&b.shape)
+                    ),
+                });
+            }
+        }
+        Ok(())
+    }
+
+    fn step(&self, n: usize, step: &Step) -> Result<(), VerifyError> {
+        match step {
+            Step::Kernel(k) => self.kernel(&format!("step {n} (kernel {})", k.name), n, k),
+            Step::Matmul(m) => self.matmul(n, m),
+            Step::ScatterAdd(sc) => self.scatter_add(n, sc),
+        }
+    }
+
+    /// Kernel `k` of step `step` (a kernel step, or a GEMM's epilogue).
+    fn kernel(&self, at: &str, step: usize, k: &Kernel) -> Result<(), VerifyError> {
+        if k.types.len() != k.exprs.len() {
+            return Err(malformed(
+                at,
+                format!("{} types for {} expressions", k.types.len(), k.exprs.len()),
+            ));
+        }
+        for (i, e) in k.exprs.iter().enumerate() {
+            self.expr(at, k, i, e)?;
+        }
+        for (s, stage) in k.stages.iter().enumerate() {
+            let at = format!("{at}, stage {s}");
+            let roots: Vec<ExprId> = match &stage.action {
+                StageAction::Reduce { value, .. } => vec![*value],
+                StageAction::Store(stores) => stores.iter().map(|st| st.value).collect(),
+            };
+            if let Some(bad) = roots.iter().find(|r| r.0 as usize >= k.exprs.len()) {
+                return Err(malformed(&at, format!("expression e{} does not exist", bad.0)));
+            }
+            if let StageAction::Reduce { value, .. } = &stage.action {
+                if k.ty(*value) != ScalarType::F32 {
+                    return Err(malformed(&at, "reductions are over f32 values"));
+                }
+            }
+            for id in k.reachable(&roots) {
+                match k.expr(id) {
+                    Expr::StageResult(r) if *r as usize >= s => {
+                        return Err(malformed(
+                            &at,
+                            format!("e{} reads the result of stage {r}, which runs later", id.0),
+                        ))
+                    }
+                    Expr::Load {
+                        buffer,
+                        index,
+                        indirect,
+                    } => {
+                        let access = format!("load e{}", id.0);
+                        self.vars(&at, &access, k, stage, index)?;
+                        let extra = indirect.as_ref().map(|ind| (ind.stride, ind.bound));
+                        if !matches!(extra, Some((_, bound)) if bound < 1)
+                            || !self.step_never_runs(step, extra.map_or(0, |e| e.1))
+                        {
+                            self.range(&at, &access, k, stage, *buffer, index, extra)?;
+                        }
+                    }
+                    _ => {}
+                }
+            }
+            if let StageAction::Store(stores) = &stage.action {
+                for (j, st) in stores.iter().enumerate() {
+                    let access = format!("store {j}");
+                    let b = self.buffer(st.buffer, &at)?;
+                    if matches!(b.kind, BufferKind::Input(_)) {
+                        return Err(malformed(&at, format!("{access} writes input {}", st.buffer)));
+                    }
+                    if k.ty(st.value) != ScalarType::of(b.dtype) {
+                        return Err(malformed(
+                            &at,
+                            format!(
+                                "{access} stores a {:?} value into {} of {}",
+                                k.ty(st.value),
+                                st.buffer,
+                                b.dtype
+                            ),
+                        ));
+                    }
+                    self.vars(&at, &access, k, stage, &st.index)?;
+                    self.range(&at, &access, k, stage, st.buffer, &st.index, None)?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Expression `i`: operands exist and precede it, and its recorded type follows its rule.
+    fn expr(&self, at: &str, k: &Kernel, i: usize, e: &Expr) -> Result<(), VerifyError> {
+        let at = format!("{at}, e{i}");
+        if let Some(bad) = e.operands().iter().find(|o| o.0 as usize >= i) {
+            return Err(malformed(
+                &at,
+                format!("operand e{} does not precede its user", bad.0),
+            ));
+        }
+        let ty = |id: ExprId| k.ty(id);
+        use ScalarType as T;
+        let expected = match e {
+            Expr::Load {
+                buffer, indirect, ..
+            } => {
+                let b = self.buffer(*buffer, &at)?;
+                if b.dtype == DType::F64 {
+                    return Err(malformed(&at, "kernels do not load f64 buffers"));
+                }
+                if let Some(ind) = indirect {
+                    if ty(ind.value) != T::I64 {
+                        return Err(malformed(&at, "a data-dependent index must be i64"));
+                    }
+                }
+                Some(ScalarType::of(b.dtype))
+            }
+            Expr::Constant { ty, .. } => Some(*ty),
+            Expr::StageResult(r) => match k.stages.get(*r as usize).map(|s| &s.action) {
+                Some(StageAction::Reduce { value, .. }) if (value.0 as usize) < k.exprs.len() => {
+                    Some(ty(*value))
+                }
+                _ => return Err(malformed(&at, format!("stage {r} is not a reduction"))),
+            },
+            Expr::Unary(_, a) => Some(ty(*a)),
+            Expr::Binary(_, a, b) => {
+                if ty(*a) != ty(*b) {
+                    return Err(malformed(&at, "binary operands of different types"));
+                }
+                Some(ty(*a))
+            }
+            Expr::Compare(_, a, b) => {
+                if ty(*a) != ty(*b) {
+                    return Err(malformed(&at, "compared operands of different types"));
+                }
+                Some(T::Bool)
+            }
+            Expr::Where(c, a, b) => {
+                if ty(*c) != T::Bool || ty(*a) != ty(*b) {
+                    return Err(malformed(
+                        &at,
+                        "where needs a bool condition and operands of one type",
+                    ));
+                }
+                Some(ty(*a))
+            }
+            Expr::Cast(d, _) => {
+                if *d == DType::F64 {
+                    return Err(malformed(&at, "kernels do not compute in f64"));
+                }
+                Some(ScalarType::of(*d))
+            }
+        };
+        match expected {
+            Some(t) if t != k.ty(ExprId(i as u32)) => Err(malformed(
+                &at,
+                format!("recorded type {:?}, the rule gives {t:?}", k.ty(ExprId(i as u32))),
+            )),
+            _ => Ok(()),
+        }
+    }
+
+    /// Whether an index check before `step` fails on every call: it bounds a nonempty buffer's
+    /// indices by `bound` < 1, so no index passes (a gather from a table with no rows). A load
+    /// through such indices never runs. Unknown sizes count as "may run".
+    fn step_never_runs(&self, step: usize, bound: i64) -> bool {
+        self.program.index_checks.iter().any(|c| {
+            c.step == step
+                && c.bound == bound
+                && bound < 1
+                && (c.buffer.0 as usize) < self.program.buffers.len()
+                && self.numel(c.buffer).is_some_and(|n| n > 0)
+        })
+    }
+
+    /// An index uses only the kernel's outer loops and the loops of the stage running it.
+    fn vars(
+        &self,
+        at: &str,
+        access: &str,
+        k: &Kernel,
+        stage: &Stage,
+        index: &Affine,
+    ) -> Result<(), VerifyError> {
+        for &(v, _) in &index.terms {
+            let ok = match v {
+                Var::Outer(i) => (i as usize) < k.outer.len(),
+                Var::Inner(i) => (i as usize) < stage.extent.len(),
+            };
+            if !ok {
+                return Err(malformed(
+                    at,
+                    format!("{access} uses loop {v}, which this stage does not have"),
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// The index range of an access over the stage's loops lies inside `buffer`. `indirect` is a
+    /// data-dependent term `clamp(value, 0, bound - 1) · stride`.
+    #[allow(clippy::too_many_arguments)]
+    fn range(
+        &self,
+        at: &str,
+        access: &str,
+        k: &Kernel,
+        stage: &Stage,
+        buffer: BufferId,
+        index: &Affine,
+        indirect: Option<(i64, i64)>,
+    ) -> Result<(), VerifyError> {
+        self.buffer(buffer, at)?;
+        let extent = |v: Var| -> Option<usize> {
+            match v {
+                Var::Outer(i) => self.size(k.outer[i as usize]),
+                Var::Inner(i) => self.size(stage.extent[i as usize]),
+            }
+        };
+        let loops: Vec<Option<usize>> = k
+            .outer
+            .iter()
+            .chain(&stage.extent)
+            .map(|&d| self.size(d))
+            .collect();
+        if loops.contains(&Some(0)) {
+            return Ok(()); // The access never runs.
+        }
+        if loops.contains(&None) {
+            return Ok(()); // Checked again once the symbols are bound.
+        }
+        let Some(len) = self.numel(buffer) else {
+            return Ok(());
+        };
+        let (mut min, mut max) = (index.offset as i128, index.offset as i128);
+        for &(v, c) in &index.terms {
+            let span = c as i128 * (extent(v).expect("known above") as i128 - 1);
+            if span < 0 {
+                min += span;
+            } else {
+                max += span;
+            }
+        }
+        if let Some((stride, bound)) = indirect {
+            if bound < 1 {
+                return Err(malformed(
+                    at,
+                    format!("{access} has a data-dependent index into a dim of size {bound}"),
+                ));
+            }
+            let span = stride as i128 * (bound as i128 - 1);
+            if span < 0 {
+                min += span;
+            } else {
+                max += span;
+            }
+        }
+        if min < 0 || max >= len {
+            return Err(VerifyError::OutOfRange {
+                at: at.to_string(),
+                access: access.to_string(),
+                buffer,
+                min,
+                max,
+                len,
+            });
+        }
+        Ok(())
+    }
+
+    /// Every element of `view` seen with `shape` lies inside its buffer.
+    fn view(&self, at: &str, what: &str, view: &StridedView, shape: &[Dim]) -> Result<(), VerifyError> {
+        self.buffer(view.buffer, at)?;
+        if view.strides.len() != shape.len() {
+            return Err(malformed(
+                at,
+                format!("{what}: {} strides for {} dims", view.strides.len(), shape.len()),
+            ));
+        }
+        let sizes: Option<Vec<usize>> = shape.iter().map(|&d| self.size(d)).collect();
+        let (Some(sizes), Some(len)) = (sizes, self.numel(view.buffer)) else {
+            return Ok(()); // Checked again once the symbols are bound.
+        };
+        if sizes.contains(&0) {
+            return Ok(());
+        }
+        let (mut min, mut max) = (view.offset as i128, view.offset as i128);
+        for (&n, &stride) in sizes.iter().zip(&view.strides) {
+            let span = stride as i128 * (n as i128 - 1);
+            if span < 0 {
+                min += span;
+            } else {
+                max += span;
+            }
+        }
+        if min < 0 || max >= len {
+            return Err(VerifyError::OutOfRange {
+                at: at.to_string(),
+                access: what.to_string(),
+                buffer: view.buffer,
+                min,
+                max,
+                len,
+            });
+        }
+        Ok(())
+    }
+
+    /// Two dims are the same size: equal dims, or equal known sizes.
+    fn same(&self, a: Dim, b: Dim) -> bool {
+        a == b || matches!((self.size(a), self.size(b)), (Some(x), Some(y)) if x == y)
+    }
+
+    fn matmul(&self, n: usize, m: &MatmulStep) -> Result<(), VerifyError> {
+        let at = format!("step {n} (matmul into {})", m.out);
+        for (what, id) in [("a", m.a.buffer), ("b", m.b.buffer), ("out", m.out)] {
+            if self.buffer(id, &at)?.dtype != DType::F32 {
+                return Err(malformed(&at, format!("{what} ({id}) must be f32")));
+            }
+        }
+        let out = self.program.buffer(m.out);
+        if matches!(out.kind, BufferKind::Input(_)) {
+            return Err(malformed(&at, "writes an input"));
+        }
+        let (a, b) = (&m.a.shape, &m.b.shape);
+        let rank = a.len();
+        let dims_agree = rank >= 2
+            && b.len() == rank
+            && out.shape.len() == rank
+            && (0..rank - 2).all(|d| self.same(a[d], b[d]) && self.same(a[d], out.shape[d]))
+            && self.same(a[rank - 1], b[rank - 2])
+            && self.same(a[rank - 2], out.shape[rank - 2])
+            && self.same(b[rank - 1], out.shape[rank - 1]);
+        if !dims_agree {
+            return Err(malformed(
+                &at,
+                format!(
+                    "shapes {} @ {} do not give {}",
+                    minductor_ir::shape_string(a),
+                    minductor_ir::shape_string(b),
+                    minductor_ir::shape_string(&out.shape)
+                ),
+            ));
+        }
+        self.view(&at, "operand a", &m.a, a)?;
+        self.view(&at, "operand b", &m.b, b)?;
+        if let Some(e) = &m.epilogue {
+            let eat = format!("{at}, epilogue {}", e.name);
+            // The epilogue is called on ranges of the output's first dim.
+            match e.outer.first() {
+                Some(&first) if self.same(first, a[0]) => {}
+                _ => {
+                    return Err(malformed(
+                        &eat,
+                        "its first outer loop must be the output's first dim",
+                    ))
+                }
+            }
+            self.kernel(&eat, n, e)?;
+        }
+        Ok(())
+    }
+
+    fn scatter_add(&self, n: usize, sc: &ScatterAddStep) -> Result<(), VerifyError> {
+        let at = format!("step {n} (scatter-add into {})", sc.out);
+        let want = [
+            ("index", sc.index.buffer, DType::I64),
+            ("src", sc.src.buffer, DType::F32),
+            ("out", sc.out, DType::F32),
+        ];
+        for (what, id, dtype) in want {
+            if self.buffer(id, &at)?.dtype != dtype {
+                return Err(malformed(&at, format!("{what} ({id}) must be {dtype}")));
+            }
+        }
+        let out = self.program.buffer(sc.out);
+        if matches!(out.kind, BufferKind::Input(_)) {
+            return Err(malformed(&at, "writes an input"));
+        }
+        if out.shape.len() != sc.src.shape.len() || sc.dim >= out.shape.len() {
+            return Err(malformed(&at, "dim or ranks do not agree"));
+        }
+        self.view(&at, "index", &sc.index, &sc.src.shape)?;
+        self.view(&at, "src", &sc.src, &sc.src.shape)
+    }
+
+    /// A step reads an intermediate or output only if it or an earlier step writes it.
+    fn order(&self) -> Result<(), VerifyError> {
+        let mut written: HashSet<BufferId> = HashSet::new();
+        for (n, step) in self.program.steps.iter().enumerate() {
+            written.extend(step.writes());
+            for r in step.reads() {
+                let b = self.buffer(r, &format!("step {n}"))?;
+                if !matches!(b.kind, BufferKind::Input(_)) && !written.contains(&r) {
+                    return Err(malformed(
+                        format!("step {n}"),
+                        format!("reads {r} before any step writes it"),
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn outputs_and_checks(&self) -> Result<(), VerifyError> {
+        let p = self.program;
+        for &o in &p.outputs {
+            let b = self.buffer(o, "outputs")?;
+            if b.kind == BufferKind::Intermediate {
+                return Err(malformed("outputs", format!("{o} is an intermediate")));
+            }
+        }
+        for check in &p.index_checks {
+            let at = format!("index check of {}", check.buffer);
+            if self.buffer(check.buffer, &at)?.dtype != DType::I64 {
+                return Err(malformed(&at, "indices must be i64"));
+            }
+            if check.step >= p.steps.len() {
+                return Err(malformed(&at, format!("step {} does not exist", check.step)));
+            }
+        }
+        Ok(())
+    }
+
+    fn plan(&self, plan: &crate::plan_buffers::BufferPlan) -> Result<(), VerifyError> {
+        let p = self.program;
+        let fail = |m: String| Err(VerifyError::Plan(m));
+        if plan.slot_of.len() != p.buffers.len() {
+            return fail(format!(
+                "{} slot entries for {} buffers",
+                plan.slot_of.len(),
+                p.buffers.len()
+            ));
+        }
+        let live = live_ranges(p);
+        for (i, (b, slot)) in p.buffers.iter().zip(&plan.slot_of).enumerate() {
+            let id = BufferId(i as u32);
+            match (b.kind, slot) {
+                (BufferKind::Intermediate, None) if live[i].is_some() => {
+                    return fail(format!("{id} is used by a step but has no slot"))
+                }
+                (BufferKind::Intermediate, _) => {}
+                (_, Some(_)) => return fail(format!("{id} is not an intermediate but has a slot")),
+                (_, None) => {}
+            }
+            if let Some(s) = *slot {
+                let Some(slot) = plan.slots.get(s) else {
+                    return fail(format!("{id} is in slot {s}, which does not exist"));
+                };
+                if !slot.members.contains(&id) {
+                    return fail(format!("{id} is in slot {s} but not among its members"));
+                }
+            }
+        }
+        for (s, slot) in plan.slots.iter().enumerate() {
+            for &m in &slot.members {
+                if plan.slot_of.get(m.0 as usize).copied().flatten() != Some(s) {
+                    return fail(format!("slot {s} lists {m}, which is not placed in it"));
+                }
+                let bytes = buffer_bytes(p.buffer(m));
+                if slot.bytes < bytes {
+                    return fail(format!(
+                        "slot {s} has {} bytes, too few for {m} ({bytes} bytes)",
+                        slot.bytes
+                    ));
+                }
+            }
+            for (x, &a) in slot.members.iter().enumerate() {
+                for &b in &slot.members[x + 1..] {
+                    let (Some(la), Some(lb)) = (live[a.0 as usize], live[b.0 as usize]) else {
+                        continue;
+                    };
+                    if la.1 < lb.0 || lb.1 < la.0 {
+                        continue;
+                    }
+                    // Overlapping lifetimes: only an in-place pair, at the step where the input's
+                    // life ends and the output's begins, with a safe access pattern.
+                    let pair = |written: BufferId, input: BufferId, lw: (usize, usize), li: (usize, usize)| {
+                        li.1 == lw.0
+                            && plan.in_place.contains(&(written, input, lw.0))
+                            && in_place_is_safe(p, &p.steps[lw.0], written, input)
+                    };
+                    if !(pair(b, a, lb, la) || pair(a, b, la, lb)) {
+                        return fail(format!(
+                            "{a} (steps {}..={}) and {b} (steps {}..={}) share slot {s} while both \
+                             are live",
+                            la.0, la.1, lb.0, lb.1
+                        ));
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+}
