@@ -2,12 +2,12 @@
 //! that runs the steps in order: Cranelift kernels and extern GEMM calls.
 
 use crate::lower::{kernel_function, lower_kernel};
+use crate::scatter::{scatter_add, View};
 use cranelift_codegen::settings::{self, Configurable};
 use cranelift_frontend::{FunctionBuilder, FunctionBuilderContext};
 use cranelift_jit::{JITBuilder, JITModule};
 use cranelift_module::{Linkage, Module};
 use minductor_ir::{checked_bytes, DType, Dim};
-use crate::scatter::{scatter_add, View};
 use minductor_passes::kernel::{
     BufferId, BufferKind, Kernel, MatmulStep, Program, ScatterAddStep, Step,
 };
@@ -446,9 +446,7 @@ impl CompiledProgram {
                 CompiledStep::Matmul(m, epilogue) => {
                     run_matmul(m, epilogue.as_ref(), program, &symbols, &pointers)
                 }
-                CompiledStep::ScatterAdd(sc) => {
-                    run_scatter_add(sc, program, &symbols, &pointers)?
-                }
+                CompiledStep::ScatterAdd(sc) => run_scatter_add(sc, program, &symbols, &pointers)?,
             }
             if let (Some(timings), Some(started)) = (timings.as_deref_mut(), started) {
                 timings.push(StepTiming {
@@ -481,8 +479,10 @@ fn run_scatter_add(
     symbols: &Symbols,
     pointers: &[*mut u8],
 ) -> Result<(), RuntimeError> {
-    let numel = |id: BufferId| -> usize { symbols.sizes(&program.buffer(id).shape).iter().product() };
-    let (index_len, src_len, out_len) = (numel(sc.index.buffer), numel(sc.src.buffer), numel(sc.out));
+    let numel =
+        |id: BufferId| -> usize { symbols.sizes(&program.buffer(id).shape).iter().product() };
+    let (index_len, src_len, out_len) =
+        (numel(sc.index.buffer), numel(sc.src.buffer), numel(sc.out));
     // SAFETY: each pointer is the start of a live buffer holding its planned number of elements
     // of its dtype for this call's sizes (`run_steps`): i64 indices, f32 source and output
     // (`fuse` only emits f32 scatter-adds). The output is written by this step alone and does
@@ -490,7 +490,10 @@ fn run_scatter_add(
     // a buffer it reads, and live buffers' slots are disjoint.
     let (index, src, out) = unsafe {
         (
-            std::slice::from_raw_parts(pointers[sc.index.buffer.0 as usize] as *const i64, index_len),
+            std::slice::from_raw_parts(
+                pointers[sc.index.buffer.0 as usize] as *const i64,
+                index_len,
+            ),
             std::slice::from_raw_parts(pointers[sc.src.buffer.0 as usize] as *const f32, src_len),
             std::slice::from_raw_parts_mut(pointers[sc.out.0 as usize] as *mut f32, out_len),
         )
@@ -613,7 +616,9 @@ fn run_matmul(
     let units = a_shape[0];
     let unit_bytes = count * rows * cols * std::mem::size_of::<f32>() / units.max(1);
     // Saturating: only decides whether to split the GEMM across threads.
-    let flops = [count, rows, k, cols].iter().fold(2usize, |acc, &n| acc.saturating_mul(n));
+    let flops = [count, rows, k, cols]
+        .iter()
+        .fold(2usize, |acc, &n| acc.saturating_mul(n));
     let min_tile = if batch == 0 { 64 } else { 1 };
     let tile = (TILE_BYTES / unit_bytes.max(1))
         .max(min_tile)

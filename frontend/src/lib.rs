@@ -25,9 +25,9 @@ pub use compile::{
     Compiled,
 };
 pub use explain::{explain, BreakReport, Explanation, GraphReport};
-pub use losses::CrossEntropyOptions;
 pub use jit::{jit, Jit, JitError, JitOptions, JitStats, DEFAULT_RECOMPILE_LIMIT};
+pub use losses::CrossEntropyOptions;
 pub use stance::{current_stance, set_stance, with_stance, Stance, StanceGuard};
+pub use trace::{trace, Operand, TraceError, Traced, TracedDim, Tracer};
 pub use train::{AdamW, Optimizer, Parameters, Sgd, TracedParameters, TrainError, TrainStep};
 pub use weights::load_safetensors;
-pub use trace::{trace, Operand, TraceError, Traced, TracedDim, Tracer};

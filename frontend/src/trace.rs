@@ -167,7 +167,10 @@ impl PartialOrd for TracedDim {
             return Some(std::cmp::Ordering::Equal);
         }
         let location = Location::caller();
-        Some(self.read("comparing dims", location).cmp(&other.read("comparing dims", location)))
+        Some(
+            self.read("comparing dims", location)
+                .cmp(&other.read("comparing dims", location)),
+        )
     }
 }
 

@@ -101,7 +101,10 @@ impl TensorType {
 pub const MAX_TENSOR_BYTES: usize = isize::MAX as usize;
 
 /// `Π sizes · element_bytes`, or `None` if it overflows or exceeds [`MAX_TENSOR_BYTES`].
-pub fn checked_bytes(sizes: impl IntoIterator<Item = usize>, element_bytes: usize) -> Option<usize> {
+pub fn checked_bytes(
+    sizes: impl IntoIterator<Item = usize>,
+    element_bytes: usize,
+) -> Option<usize> {
     sizes
         .into_iter()
         .try_fold(element_bytes, |acc, n| acc.checked_mul(n))
@@ -114,9 +117,7 @@ pub fn check_size(op: &str, ty: &TensorType) -> Result<(), crate::IrError> {
         Some(_) => Ok(()),
         None => Err(crate::IrError::ty(
             op,
-            format!(
-                "{ty} holds more than {MAX_TENSOR_BYTES} bytes (its size overflows)"
-            ),
+            format!("{ty} holds more than {MAX_TENSOR_BYTES} bytes (its size overflows)"),
         )),
     }
 }

@@ -40,7 +40,9 @@ use thiserror::Error;
 pub enum VerifyError {
     #[error("{at}: {message}")]
     Malformed { at: String, message: String },
-    #[error("{at}: {access} of {buffer} reaches elements {min}..={max}, outside its {len} elements")]
+    #[error(
+        "{at}: {access} of {buffer} reaches elements {min}..={max}, outside its {len} elements"
+    )]
     OutOfRange {
         at: String,
         access: String,
@@ -187,7 +189,10 @@ impl Verifier<'_> {
                 StageAction::Store(stores) => stores.iter().map(|st| st.value).collect(),
             };
             if let Some(bad) = roots.iter().find(|r| r.0 as usize >= k.exprs.len()) {
-                return Err(malformed(&at, format!("expression e{} does not exist", bad.0)));
+                return Err(malformed(
+                    &at,
+                    format!("expression e{} does not exist", bad.0),
+                ));
             }
             if let StageAction::Reduce { value, .. } = &stage.action {
                 if k.ty(*value) != ScalarType::F32 {
@@ -224,7 +229,10 @@ impl Verifier<'_> {
                     let access = format!("store {j}");
                     let b = self.buffer(st.buffer, &at)?;
                     if matches!(b.kind, BufferKind::Input(_)) {
-                        return Err(malformed(&at, format!("{access} writes input {}", st.buffer)));
+                        return Err(malformed(
+                            &at,
+                            format!("{access} writes input {}", st.buffer),
+                        ));
                     }
                     if k.ty(st.value) != ScalarType::of(b.dtype) {
                         return Err(malformed(
@@ -310,7 +318,10 @@ impl Verifier<'_> {
         match expected {
             Some(t) if t != k.ty(ExprId(i as u32)) => Err(malformed(
                 &at,
-                format!("recorded type {:?}, the rule gives {t:?}", k.ty(ExprId(i as u32))),
+                format!(
+                    "recorded type {:?}, the rule gives {t:?}",
+                    k.ty(ExprId(i as u32))
+                ),
             )),
             _ => Ok(()),
         }
@@ -425,12 +436,22 @@ impl Verifier<'_> {
     }
 
     /// Every element of `view` seen with `shape` lies inside its buffer.
-    fn view(&self, at: &str, what: &str, view: &StridedView, shape: &[Dim]) -> Result<(), VerifyError> {
+    fn view(
+        &self,
+        at: &str,
+        what: &str,
+        view: &StridedView,
+        shape: &[Dim],
+    ) -> Result<(), VerifyError> {
         self.buffer(view.buffer, at)?;
         if view.strides.len() != shape.len() {
             return Err(malformed(
                 at,
-                format!("{what}: {} strides for {} dims", view.strides.len(), shape.len()),
+                format!(
+                    "{what}: {} strides for {} dims",
+                    view.strides.len(),
+                    shape.len()
+                ),
             ));
         }
         let sizes: Option<Vec<usize>> = shape.iter().map(|&d| self.size(d)).collect();
@@ -572,7 +593,10 @@ impl Verifier<'_> {
                 return Err(malformed(&at, "indices must be i64"));
             }
             if check.step >= p.steps.len() {
-                return Err(malformed(&at, format!("step {} does not exist", check.step)));
+                return Err(malformed(
+                    &at,
+                    format!("step {} does not exist", check.step),
+                ));
             }
         }
         Ok(())
@@ -631,7 +655,10 @@ impl Verifier<'_> {
                     }
                     // Overlapping lifetimes: only an in-place pair, at the step where the input's
                     // life ends and the output's begins, with a safe access pattern.
-                    let pair = |written: BufferId, input: BufferId, lw: (usize, usize), li: (usize, usize)| {
+                    let pair = |written: BufferId,
+                                input: BufferId,
+                                lw: (usize, usize),
+                                li: (usize, usize)| {
                         li.1 == lw.0
                             && plan.in_place.contains(&(written, input, lw.0))
                             && in_place_is_safe(p, &p.steps[lw.0], written, input)

@@ -9,8 +9,8 @@ pub use interpret::interpret;
 mod tensor;
 pub mod threads;
 
+pub use block_cache::{block_cache_limit, release_cached_blocks, set_block_cache_limit};
 pub use error::RuntimeError;
 pub use executable::{check_inputs, Executable, StepTiming};
-pub use block_cache::{block_cache_limit, release_cached_blocks, set_block_cache_limit};
 pub use tensor::{byte_size, contiguous_strides, Element, Storage, Tensor, BUFFER_ALIGN};
 pub use threads::{num_threads, set_num_threads};

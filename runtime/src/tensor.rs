@@ -195,7 +195,11 @@ impl Tensor {
     /// A zero-filled contiguous tensor, or a typed error if its byte size overflows.
     pub fn try_zeros(dtype: DType, shape: &[usize]) -> Result<Tensor, RuntimeError> {
         let bytes = byte_size(dtype, shape)?;
-        Ok(Tensor::with_storage(dtype, shape, Storage::try_zeroed(bytes)?))
+        Ok(Tensor::with_storage(
+            dtype,
+            shape,
+            Storage::try_zeroed(bytes)?,
+        ))
     }
 
     /// A contiguous tensor whose elements the caller overwrites before anyone reads them (see
@@ -206,7 +210,11 @@ impl Tensor {
         if dtype == DType::Bool {
             // A recycled block may hold any bytes; bool tensors hold only 0 and 1 (see
             // `Element`), even where a buggy writer left elements unwritten.
-            return Ok(Tensor::with_storage(dtype, shape, Storage::try_zeroed(bytes)?));
+            return Ok(Tensor::with_storage(
+                dtype,
+                shape,
+                Storage::try_zeroed(bytes)?,
+            ));
         }
         Ok(Tensor::with_storage(
             dtype,

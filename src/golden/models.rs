@@ -64,4 +64,3 @@ pub const SUPPORTED: [&str; 12] = [
     "op_batch_norm_eval",
     "op_group_norm",
 ];
-
