@@ -222,12 +222,7 @@ pub fn mlp_train_step(
         let tracer = Tracer::new();
         let i: HashMap<String, Traced> = specs
             .iter()
-            .map(|s| {
-                (
-                    s.name.to_string(),
-                    tracer.input(s.name, DType::F32, &s.shape),
-                )
-            })
+            .map(|s| (s.name.to_string(), tracer.input(s.name, DType::F32, &s.shape)))
             .collect();
         let params = [&i["w1"], &i["b1"], &i["w2"], &i["b2"]];
         let loss = mlp(&i["x"], params[0], params[1], params[2], params[3]).mse_loss(&i["t"]);

@@ -313,10 +313,7 @@ impl Traced {
         if shape.len() < 2 || groups == 0 || shape[1] % groups != 0 {
             return self.fail_msg(
                 "group_norm",
-                format!(
-                    "{} channels do not split into {groups} groups",
-                    shape.get(1).unwrap_or(&0)
-                ),
+                format!("{} channels do not split into {groups} groups", shape.get(1).unwrap_or(&0)),
             );
         }
         let grouped = self.reshape(&[shape[0] as isize, groups as isize, -1]);
@@ -352,12 +349,9 @@ impl Traced {
             );
         }
         let (n, c, h, w) = (shape[0], shape[1], shape[2] / kernel, shape[3] / kernel);
-        let cropped = self.slice(2, None, Some((h * kernel) as isize), 1).slice(
-            3,
-            None,
-            Some((w * kernel) as isize),
-            1,
-        );
+        let cropped = self
+            .slice(2, None, Some((h * kernel) as isize), 1)
+            .slice(3, None, Some((w * kernel) as isize), 1);
         let k = kernel as isize;
         cropped
             .reshape(&[n as isize, c as isize, h as isize, k, w as isize, k])

@@ -918,9 +918,7 @@ fn scatter_add(
             position[d] = 0;
         }
     }
-    Ok(Data::F(
-        sums.into_iter().map(|s| round(src.dtype, s)).collect(),
-    ))
+    Ok(Data::F(sums.into_iter().map(|s| round(src.dtype, s)).collect()))
 }
 
 // ---- matrix products ----------------------------------------------------------------------------

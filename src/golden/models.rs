@@ -64,3 +64,4 @@ pub const SUPPORTED: [&str; 12] = [
     "op_batch_norm_eval",
     "op_group_norm",
 ];
+
