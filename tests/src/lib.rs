@@ -1,1 +1,116 @@
-//! End-to-end tests live in `tests/`.
+//! End-to-end tests live in `tests/`. This library holds what they share: one comparison of
+//! outputs, used by every test that checks results against a reference.
+
+use minductor::Tensor;
+
+/// How close a result must be to the reference: `|got - want| <= atol + rtol · |want|` for each
+/// element.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Tolerance {
+    pub rtol: f64,
+    pub atol: f64,
+}
+
+impl Tolerance {
+    /// Bit-for-bit equal values (NaN matching NaN).
+    pub const EXACT: Tolerance = Tolerance {
+        rtol: 0.0,
+        atol: 0.0,
+    };
+
+    /// `tol` relative to `max(1, |want|)`, roughly: `rtol = atol = tol`.
+    pub fn close(tol: f64) -> Tolerance {
+        Tolerance {
+            rtol: tol,
+            atol: tol,
+        }
+    }
+}
+
+/// Compares outputs with a reference: the same number of outputs, and for each the same shape,
+/// the same dtype and every element within `tol`. NaN matches only NaN (a NaN where a number is
+/// expected, or a number where NaN is expected, is a mismatch); infinities must match exactly.
+/// Returns the first difference in words, prefixed with `context`.
+pub fn compare_outputs(
+    got: &[Tensor],
+    want: &[Tensor],
+    tol: Tolerance,
+    context: &str,
+) -> Result<(), String> {
+    if got.len() != want.len() {
+        return Err(format!(
+            "{context}: {} outputs, expected {}",
+            got.len(),
+            want.len()
+        ));
+    }
+    for (o, (g, w)) in got.iter().zip(want).enumerate() {
+        if g.shape() != w.shape() {
+            return Err(format!(
+                "{context}: output {o}: shape {:?}, expected {:?}",
+                g.shape(),
+                w.shape()
+            ));
+        }
+        if g.dtype() != w.dtype() {
+            return Err(format!(
+                "{context}: output {o}: dtype {}, expected {}",
+                g.dtype(),
+                w.dtype()
+            ));
+        }
+        for (e, (a, b)) in g.to_f64_vec().iter().zip(w.to_f64_vec()).enumerate() {
+            let ok = if a.is_nan() || b.is_nan() {
+                a.is_nan() && b.is_nan()
+            } else if a.is_infinite() || b.is_infinite() {
+                *a == b
+            } else {
+                (a - b).abs() <= tol.atol + tol.rtol * b.abs()
+            };
+            if !ok {
+                return Err(format!(
+                    "{context}: output {o}, element {e}: {a}, expected {b} (rtol {}, atol {})",
+                    tol.rtol, tol.atol
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// [`compare_outputs`], panicking with the first difference.
+#[track_caller]
+pub fn assert_allclose(got: &[Tensor], want: &[Tensor], tol: Tolerance, context: &str) {
+    if let Err(message) = compare_outputs(got, want, tol, context) {
+        panic!("{message}");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn t(values: &[f32]) -> Tensor {
+        Tensor::from_vec(&[values.len()], values.to_vec()).unwrap()
+    }
+
+    #[test]
+    fn compares_counts_shapes_dtypes_values_and_nan() {
+        let ok = |g: &[Tensor], w: &[Tensor]| compare_outputs(g, w, Tolerance::close(1e-3), "c");
+        assert!(ok(&[t(&[1.0, f32::NAN])], &[t(&[1.0005, f32::NAN])]).is_ok());
+        assert!(ok(&[t(&[1.0])], &[t(&[1.0]), t(&[1.0])])
+            .unwrap_err()
+            .contains("1 outputs, expected 2"));
+        assert!(ok(&[t(&[1.0, 2.0])], &[t(&[1.0])])
+            .unwrap_err()
+            .contains("shape"));
+        let i = Tensor::from_vec(&[1], vec![1i64]).unwrap();
+        assert!(ok(&[i], &[t(&[1.0])]).unwrap_err().contains("dtype"));
+        assert!(ok(&[t(&[f32::NAN])], &[t(&[1.0])]).is_err());
+        assert!(ok(&[t(&[1.0])], &[t(&[f32::NAN])]).is_err());
+        assert!(ok(&[t(&[f32::INFINITY])], &[t(&[f32::NEG_INFINITY])]).is_err());
+        assert!(ok(&[t(&[1.1])], &[t(&[1.0])])
+            .unwrap_err()
+            .contains("output 0, element 0: 1.100000023841858, expected 1"));
+    }
+}

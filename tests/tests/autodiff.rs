@@ -9,6 +9,7 @@
 //! `1e-5 + 1e-5·|g|`, with h = 1e-6·(1 + |x_j|) (rounding error about 1e-10, truncation about
 //! 1e-12). The same graph in f32 then runs on aot_eager and inductor against eager.
 
+use minductor_tests::Tolerance;
 use minductor::{
     compile_with, interpret, Backend, CompileOptions, CrossEntropyOptions, DType, Tensor, Traced,
     Tracer,
@@ -211,17 +212,7 @@ fn check(name: &str, specs: &[Spec], f: impl Fn(&[Traced]) -> Traced) {
 }
 
 fn assert_close(name: &str, backend: Backend, got: &[Tensor], want: &[Tensor]) {
-    assert_eq!(got.len(), want.len(), "{name}: {backend:?}: output count");
-    for (o, (g, w)) in got.iter().zip(want).enumerate() {
-        assert_eq!(g.shape(), w.shape(), "{name}: {backend:?}: output {o} shape");
-        assert_eq!(g.dtype(), w.dtype(), "{name}: {backend:?}: output {o} dtype");
-        for (e, (a, b)) in floats(g).iter().zip(floats(w)).enumerate() {
-            assert!(
-                (a - b).abs() <= 1e-4 + 1e-4 * b.abs() || (a.is_nan() && b.is_nan()),
-                "{name}: {backend:?}: output {o}[{e}]: {a} vs eager {b}"
-            );
-        }
-    }
+    minductor_tests::assert_allclose(got, want, Tolerance::close(1e-4), &format!("{name}: {backend:?}"));
 }
 
 const S: &[usize] = &[3, 5];

@@ -1,6 +1,7 @@
 //! Compiled against the reference interpreter over many shapes: odd sizes exercise vector tails,
 //! reductions over every axis exercise strided loops, views exercise index arithmetic.
 
+use minductor_tests::Tolerance;
 use minductor::passes::kernel::Step;
 use minductor::{compile, interpret, trace, DType, Graph, Tensor, Traced, Tracer};
 
@@ -20,16 +21,7 @@ fn check(graph: &Graph, inputs: &[Tensor], tol: f64, what: &str) {
         .unwrap_or_else(|e| panic!("{what}: {e}"))
         .call(inputs)
         .unwrap();
-    for (g, w) in got.iter().zip(&want) {
-        assert_eq!(g.shape(), w.shape(), "{what}");
-        for (i, (a, b)) in g.to_f64_vec().iter().zip(w.to_f64_vec()).enumerate() {
-            let ok = (a.is_nan() && b.is_nan()) || (a - b).abs() <= tol * b.abs().max(1.0);
-            assert!(
-                ok,
-                "{what}: element {i}: compiled {a} vs reference {b}\n{graph}"
-            );
-        }
-    }
+    minductor_tests::assert_allclose(&got, &want, Tolerance::close(tol), &format!("{what}\n{graph}"));
 }
 
 fn build(shapes: &[&[usize]], f: impl FnOnce(&[Traced]) -> Vec<Traced>) -> (Graph, Vec<Tensor>) {
@@ -264,19 +256,8 @@ fn recycled_output_blocks_are_fully_overwritten_and_never_shared() {
         let inputs = [values(&[n], 2 + round % 2)];
         let want = interpret(&g, &inputs).unwrap();
         let got = compiled.call(&inputs).unwrap();
-        for (a, b) in got.iter().zip(&want) {
-            for (x, y) in a.to_f64_vec().iter().zip(b.to_f64_vec()) {
-                assert!(
-                    (x - y).abs() <= 1e-5 * y.abs().max(1.0),
-                    "round {round}: {x} vs {y}"
-                );
-            }
-        }
+        minductor_tests::assert_allclose(&got, &want, Tolerance::close(1e-5), &format!("round {round}"));
     }
     // The outputs held across those calls still hold the first call's values.
-    for (a, b) in held.iter().zip(&want_first) {
-        for (x, y) in a.to_f64_vec().iter().zip(b.to_f64_vec()) {
-            assert!((x - y).abs() <= 1e-5 * y.abs().max(1.0), "{x} vs {y}");
-        }
-    }
+    minductor_tests::assert_allclose(&held, &want_first, Tolerance::close(1e-5), "held outputs");
 }

@@ -3,6 +3,7 @@
 //! the reference interpreter on a static trace of the same function: exactly for the `eager`
 //! backend, within 1e-4 (absolute + relative) for inductor's polynomial math.
 
+use minductor_tests::Tolerance;
 use minductor::ir::TensorType;
 use minductor::{
     interpret, jit, reference_executable, set_stance, trace, with_stance, Backend, CompileError,
@@ -36,17 +37,9 @@ fn reference(
     interpret(&graph, inputs).unwrap()
 }
 
+#[track_caller]
 fn assert_close(got: &[Tensor], want: &[Tensor], tolerance: f64) {
-    assert_eq!(got.len(), want.len());
-    for (g, w) in got.iter().zip(want) {
-        assert_eq!(g.shape(), w.shape());
-        for (a, b) in g.to_f64_vec().iter().zip(w.to_f64_vec()) {
-            assert!(
-                (a - b).abs() <= tolerance * (1.0 + b.abs()),
-                "got {a}, want {b} (tolerance {tolerance})"
-            );
-        }
-    }
+    minductor_tests::assert_allclose(got, want, Tolerance::close(tolerance), "jit");
 }
 
 fn mlp_like(x: &[Traced]) -> Vec<Traced> {

@@ -1,5 +1,6 @@
 //! What the compiler does, asserted from its printed artifacts: decompositions, fusion decisions.
 
+use minductor_tests::Tolerance;
 use minductor::passes::kernel::{StageAction, Step};
 use minductor::{compile, interpret, passes, trace, DType, Graph, Tensor};
 
@@ -110,11 +111,7 @@ fn contiguous_pointwise_kernels_use_f32x4_loads_and_stores() {
 fn assert_matches_interpreter(graph: &Graph, inputs: &[Tensor], tol: f64) {
     let want = interpret(graph, inputs).unwrap();
     let got = compile(graph).unwrap().call(inputs).unwrap();
-    for (g, w) in got.iter().zip(&want) {
-        for (a, b) in g.to_f64_vec().iter().zip(w.to_f64_vec()) {
-            assert!((a - b).abs() <= tol * b.abs().max(1.0), "{a} vs {b}");
-        }
-    }
+    minductor_tests::assert_allclose(&got, &want, Tolerance::close(tol), &graph.to_string());
 }
 
 fn ramp(shape: &[usize], seed: f32) -> Tensor {

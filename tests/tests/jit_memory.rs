@@ -20,7 +20,10 @@ fn cycle(graph: &minductor::Graph, x: &Tensor, want: &[f64]) {
     let compiled = compile(graph).unwrap();
     let out = compiled.call(std::slice::from_ref(x)).unwrap();
     let got = out[0].to_f64_vec();
-    assert!(got.iter().zip(want).all(|(g, w)| (g - w).abs() <= 1e-5 * (1.0 + w.abs())));
+    assert!(got
+        .iter()
+        .zip(want)
+        .all(|(g, w)| (g - w).abs() <= 1e-5 * (1.0 + w.abs())));
 }
 
 #[test]

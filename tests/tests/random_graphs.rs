@@ -2,6 +2,7 @@
 //! ops and views, compiled with the full pipeline and compared with the reference interpreter;
 //! proptest shrinks any failure to the smallest graph and shape.
 
+use minductor_tests::{compare_outputs, Tolerance};
 use minductor::{compile, interpret, DType, Tensor, Traced, Tracer};
 use proptest::prelude::*;
 
@@ -117,12 +118,7 @@ proptest! {
         let inputs = [data(&shape, 1), data(&y_shape, 2)];
         let want = interpret(&graph, &inputs).unwrap();
         let got = compile(&graph).unwrap().call(&inputs).unwrap();
-        for (g, w) in got.iter().zip(&want) {
-            prop_assert_eq!(g.shape(), w.shape());
-            for (a, b) in g.to_f64_vec().iter().zip(w.to_f64_vec()) {
-                let ok = (a.is_nan() && b.is_nan()) || (a - b).abs() <= 2e-5 * b.abs().max(1.0);
-                prop_assert!(ok, "compiled {} vs reference {}\n{}", a, b, graph);
-            }
-        }
+        let compared = compare_outputs(&got, &want, Tolerance::close(2e-5), &graph.to_string());
+        prop_assert!(compared.is_ok(), "{}", compared.unwrap_err());
     }
 }

@@ -1,6 +1,7 @@
 //! Symbolic (dynamic) batch dims on the inductor backend: one compiled program serves every size,
 //! tails included, and agrees with a static compile of the same function at each size.
 
+use minductor_tests::Tolerance;
 use minductor::ir::{Dim, SymId, TensorType};
 use minductor::passes::kernel::Step;
 use minductor::{compile, interpret, DType, Graph, RuntimeError, Tensor, Traced, Tracer};
@@ -54,13 +55,7 @@ fn check_every_size(shapes: &[&[usize]], weights: &[&[usize]], f: &Body) -> Grap
             .collect();
         let want = interpret(&build(Some(batch), shapes, weights, f), &inputs).unwrap();
         let got = symbolic.call(&inputs).unwrap();
-        for (g, w) in got.iter().zip(&want) {
-            assert_eq!(g.shape(), w.shape(), "batch {batch}");
-            for (a, b) in g.to_f64_vec().iter().zip(w.to_f64_vec()) {
-                let ok = (a.is_nan() && b.is_nan()) || (a - b).abs() <= 1e-4 * b.abs().max(1.0);
-                assert!(ok, "batch {batch}: {a} vs {b}");
-            }
-        }
+        minductor_tests::assert_allclose(&got, &want, Tolerance::close(1e-4), &format!("batch {batch}"));
     }
     symbolic.artifacts().prim_graph.clone().unwrap()
 }
