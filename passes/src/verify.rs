@@ -250,6 +250,141 @@ impl Verifier<'_> {
                 }
             }
         }
+        self.disjoint_rows(at, k)
+    }
+
+    /// The runtime may split a kernel's first outer loop across threads, so iterations of
+    /// different rows must not write the same element, nor read an element another row writes.
+    /// Checked per buffer the kernel stores: its one store's index, with its variables ordered by
+    /// coefficient, is a mixed-radix number (each coefficient exceeds the span of all smaller
+    /// ones), so different iterations write different elements; several stores to one buffer
+    /// must share their variable terms and fit, offsets included, within one row's stride. A
+    /// buffer the kernel also loads is loaded only at the element the iteration stores. Extents
+    /// not known yet are checked once the sizes are bound.
+    fn disjoint_rows(&self, at: &str, k: &Kernel) -> Result<(), VerifyError> {
+        let Some(&first) = k.outer.first() else {
+            return Ok(()); // One call runs everything: no threads.
+        };
+        if matches!(self.size(first), Some(0 | 1)) {
+            return Ok(());
+        }
+        let row = Var::Outer(0);
+        let mut stores: Vec<(usize, &Store)> = Vec::new();
+        for (s, stage) in k.stages.iter().enumerate() {
+            if let StageAction::Store(st) = &stage.action {
+                stores.extend(st.iter().map(|x| (s, x)));
+            }
+        }
+        let extent = |s: usize, v: Var| match v {
+            Var::Outer(i) => self.size(k.outer[i as usize]),
+            Var::Inner(i) => self.size(k.stages[s].extent[i as usize]),
+        };
+        let overlap = |buffer: BufferId| {
+            malformed(
+                at,
+                format!(
+                    "iterations of different rows of the first outer loop (split across \
+                     threads) may store the same element of {buffer}"
+                ),
+            )
+        };
+        let mut buffers: Vec<BufferId> = stores.iter().map(|(_, st)| st.buffer).collect();
+        buffers.sort();
+        buffers.dedup();
+        for buffer in buffers {
+            let mine: Vec<&(usize, &Store)> = stores
+                .iter()
+                .filter(|(_, st)| st.buffer == buffer)
+                .collect();
+            let (s, first_store) = *mine[0];
+            if first_store.index.coefficient(row) == 0 {
+                return Err(overlap(buffer));
+            }
+            // Mixed radix over the variables that move the index.
+            let mut terms: Vec<(i128, Option<usize>)> = first_store
+                .index
+                .terms
+                .iter()
+                .filter(|(_, c)| *c != 0)
+                .map(|&(v, c)| ((c as i128).abs(), extent(s, v)))
+                .collect();
+            if terms.iter().any(|t| t.1 == Some(0)) {
+                continue; // Never runs.
+            }
+            if terms.iter().any(|t| t.1.is_none()) {
+                continue; // Checked again once the symbols are bound.
+            }
+            terms.sort();
+            let mut span: i128 = 0;
+            for (c, n) in terms {
+                let n = n.expect("known above") as i128;
+                if n > 1 && c <= span {
+                    return Err(overlap(buffer));
+                }
+                span += c * (n - 1);
+            }
+            if mine.len() > 1 {
+                // Several stores (a cat's operands in one kernel), pairwise: either they never
+                // write the same element at all (disjoint ranges over every row: a cat along the
+                // first dim), or each row's elements of both lie within one stride of the row's
+                // base (a cat along a later dim).
+                let stride = first_store.index.coefficient(row);
+                let rows = self.size(first).map(|n| n as i128);
+                let mut windows = Vec::new();
+                for (t, st) in &mine {
+                    if st.index.coefficient(row) != stride {
+                        return Err(overlap(buffer));
+                    }
+                    let (mut min, mut max) = (st.index.offset as i128, st.index.offset as i128);
+                    for &(v, c) in st.index.terms.iter().filter(|t| t.0 != row) {
+                        let Some(n) = extent(*t, v) else {
+                            return Ok(()); // Checked again once the symbols are bound.
+                        };
+                        let span = c as i128 * (n as i128 - 1).max(0);
+                        if span < 0 {
+                            min += span;
+                        } else {
+                            max += span;
+                        }
+                    }
+                    windows.push((min, max));
+                }
+                let Some(rows) = rows else {
+                    return Ok(()); // Checked again once the symbols are bound.
+                };
+                let all_rows = stride as i128 * (rows - 1);
+                let whole =
+                    |(min, max): (i128, i128)| (min + all_rows.min(0), max + all_rows.max(0));
+                for (x, &a) in windows.iter().enumerate() {
+                    for &b in &windows[x + 1..] {
+                        let (wa, wb) = (whole(a), whole(b));
+                        let apart = wa.1 < wb.0 || wb.1 < wa.0;
+                        let one_row = a.1.max(b.1) - a.0.min(b.0) < (stride as i128).abs();
+                        if !apart && !one_row {
+                            return Err(overlap(buffer));
+                        }
+                    }
+                }
+            }
+            let loaded_elsewhere = k.exprs.iter().any(|e| match e {
+                Expr::Load {
+                    buffer: b,
+                    index,
+                    indirect,
+                } if *b == buffer => {
+                    indirect.is_some() || mine.len() != 1 || *index != first_store.index
+                }
+                _ => false,
+            });
+            if loaded_elsewhere {
+                return Err(malformed(
+                    at,
+                    format!(
+                        "{buffer} is loaded at elements other than the one each iteration stores"
+                    ),
+                ));
+            }
+        }
         Ok(())
     }
 

@@ -395,6 +395,31 @@ fn the_verifier_rejects_a_gemm_view_outside_its_buffer() {
     ));
 }
 
+#[test]
+fn the_verifier_rejects_rows_that_store_the_same_elements() {
+    // exp(w) is a kernel over 8 rows (split across threads when large), storing row o0 at
+    // 8*o0 + i0. With the row term dropped every row writes elements 0..8: still in range,
+    // but threads would race on them.
+    let mut bad = matmul_program();
+    let Step::Kernel(k) = &mut bad.steps[1] else {
+        panic!("the second step is the exp kernel")
+    };
+    let minductor::passes::kernel::StageAction::Store(stores) = &mut k.stages[0].action else {
+        panic!("stage 0 stores")
+    };
+    stores[0]
+        .index
+        .terms
+        .retain(|(v, _)| *v != minductor::passes::kernel::Var::Outer(0));
+    match compile_program(&bad) {
+        Err(CodegenError::Verify(VerifyError::Malformed { message, .. })) => {
+            assert!(message.contains("may store the same element"), "{message}")
+        }
+        Err(other) => panic!("expected a malformed-program error, got {other}"),
+        Ok(_) => panic!("a racy kernel compiled"),
+    }
+}
+
 // ---- defect 7: branching on symbolic dims ------------------------------------------------------
 
 // The eager backend runs graphs with any symbolic dims (inductor specializes a symbolic dim that
