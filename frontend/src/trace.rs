@@ -10,7 +10,8 @@
 //! run the graph so far and return real values (the tracer counts live `Traced` handles so the
 //! break knows which values Rust code still holds), and reading a symbolic dim as a number
 //! (`shape()`, the sizes `reshape`/`slice`/`layer_norm` need) returns its example size and marks
-//! the symbol specialized. Shape rules keep symbolic dims where they can (`dims()`, `expand`'s
+//! the symbol specialized, as does comparing a symbolic [`TracedDim`] (what `dims()` returns).
+//! Shape rules keep symbolic dims where they can (the IR dims, `expand`'s
 //! `-1`, a `reshape` `-1` standing for exactly one symbol) and otherwise fail with a trace error,
 //! never a panic, so `jit` can fall back to static shapes.
 
@@ -412,7 +413,9 @@ impl Traced {
         }
     }
 
-    /// The type of this value (`None` if an earlier error poisoned it).
+    /// The type of this value (`None` if an earlier error poisoned it). Its dims are the IR's:
+    /// comparing them neither guards nor specializes, so a branch on sizes should compare
+    /// [`Traced::dims`] instead.
     pub fn ty(&self) -> Option<TensorType> {
         self.id.map(|id| self.state.graph.borrow().ty(id).clone())
     }

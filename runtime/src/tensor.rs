@@ -128,6 +128,20 @@ mod sealed {
 /// Invariant every constructor keeps: the bytes of a bool tensor are 0 or 1 (`from_bytes`
 /// normalizes, `for_overwrite` zeroes bool buffers, compiled kernels store only 0 or 1), so a
 /// `&mut [bool]` over them is valid, and safe code can only write `true` or `false` through it.
+///
+/// Code outside this crate cannot add a type (this does not compile: `Sealed` is private):
+///
+/// ```compile_fail,E0277
+/// use minductor_ir::DType;
+/// use minductor_runtime::Element;
+/// #[derive(Clone, Copy, Default)]
+/// struct Wide([u8; 64]);
+/// impl Element for Wide {
+///     const DTYPE: DType = DType::F32;
+///     fn to_f64(self) -> f64 { 0.0 }
+///     fn from_f64(_: f64) -> Self { Wide([0; 64]) }
+/// }
+/// ```
 pub trait Element: sealed::Sealed + Copy + Default + 'static {
     const DTYPE: DType;
     fn to_f64(self) -> f64;
