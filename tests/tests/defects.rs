@@ -193,6 +193,20 @@ fn a_symbol_that_appears_only_in_a_loop_extent_is_rejected_not_a_panic() {
     for (g, w) in values(&out[0]).iter().zip(&want) {
         assert!((g - w).abs() <= 1e-5 * w.abs(), "{g} vs {w}");
     }
+    // From a graph: an expand to a symbol no input has is a typed error on every backend.
+    let mut graph = Graph::new();
+    let x = graph.input("x", TensorType::new(DType::F32, minductor::ir::static_shape(&[1, 3])));
+    let shape = [Dim::Sym(SymId(9)), Dim::Static(3)].into_iter().collect();
+    let y = graph.add(minductor::ir::Op::Expand { shape }, &[x]).unwrap();
+    graph.set_outputs(vec![y]);
+    for backend in [minductor::Backend::Eager, minductor::Backend::Inductor] {
+        let result = minductor::compile_with(&graph, backend).and_then(|c| {
+            c.call(&[ramp(&[1, 3])])
+                .map_err(|e| CompileError::Unsupported { backend: "call", what: e.to_string() })
+        });
+        let err = result.err().expect("an unbound symbol cannot run");
+        assert!(err.to_string().contains("s9"), "{backend:?}: {err}");
+    }
     let mut bad = good.clone();
     first_kernel(&mut bad).stages[0].extent[0] = Dim::Sym(SymId(3));
     match compile_program(&bad) {
