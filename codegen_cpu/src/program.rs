@@ -24,8 +24,9 @@ pub enum CodegenError {
     Cranelift(String),
     #[error("unsupported: {0}")]
     Unsupported(String),
+    /// Boxed: a verifier error is large and rare.
     #[error("the program fails verification: {0}")]
-    Verify(#[from] VerifyError),
+    Verify(Box<VerifyError>),
 }
 
 /// The signature of every compiled kernel (see `lower`).
@@ -231,7 +232,7 @@ pub fn compile_program(program: &Program) -> Result<CompiledProgram, CodegenErro
     if program.plan.is_none() {
         program.plan = Some(plan_buffers(&program));
     }
-    verify_program(&program, &[])?;
+    verify_program(&program, &[]).map_err(|e| CodegenError::Verify(Box::new(e)))?;
     let program = &program;
     let isa = isa()?;
     let call_conv = isa.default_call_conv();

@@ -64,7 +64,7 @@ pub enum CompileError {
     #[error("the kernel program after `{pass}` fails verification (a compiler bug): {error}")]
     Verify {
         pass: &'static str,
-        error: VerifyError,
+        error: Box<VerifyError>,
     },
     #[error("backend {backend} does not support {what} yet")]
     Unsupported { backend: &'static str, what: String },
@@ -248,7 +248,10 @@ pub fn compile_with_options(
             let verified = |pass: &'static str, program: Program| {
                 verify_program(&program, &[])
                     .map(|()| program)
-                    .map_err(|e| CompileError::Verify { pass, error: e })
+                    .map_err(|e| CompileError::Verify {
+                        pass,
+                        error: Box::new(e),
+                    })
             };
             let fused = verified("fuse", fused)?;
             let horizontal = verified("fuse_horizontal", fuse_horizontal(&fused))?;
