@@ -953,11 +953,16 @@ impl Traced {
     #[track_caller]
     pub fn reshape(&self, shape: &[isize]) -> Traced {
         let dims = self.ir_dims();
-        let known: usize = shape
+        let known = shape
             .iter()
             .filter(|&&d| d >= 0)
-            .map(|&d| d as usize)
-            .product();
+            .try_fold(1usize, |acc, &d| acc.checked_mul(d as usize));
+        let Some(known) = known else {
+            return self.fail_msg(
+                "reshape",
+                format!("the sizes {shape:?} multiply past usize::MAX"),
+            );
+        };
         let holes = shape.iter().filter(|&&d| d == -1).count();
         // With one symbolic dim `s` and static rest `p`, a `-1` that stands for exactly `s`
         // (the known sizes multiply to `p`) stays symbolic; any other reshape of a symbolic

@@ -76,8 +76,12 @@ fn extent(d: &Dim) -> u64 {
     d.as_static().unwrap_or(1) as u64
 }
 
+/// Saturating products and sums throughout: this is an estimate, and a program with sizes near
+/// the limits must not make it overflow.
 fn trip_count(dims: &[Dim]) -> u64 {
-    dims.iter().map(extent).product()
+    dims.iter()
+        .map(extent)
+        .fold(1u64, |acc, n| acc.saturating_mul(n))
 }
 
 /// The addresses `offset + Σ coefficient · i`, `i` in `0..count`, of one access, in elements.
@@ -100,7 +104,10 @@ impl Pattern {
     }
 
     fn points(&self) -> u64 {
-        self.terms.iter().map(|t| t.1).product()
+        self.terms
+            .iter()
+            .map(|t| t.1)
+            .fold(1u64, |acc, n| acc.saturating_mul(n))
     }
 
     /// True if no two index tuples reach the same address (each stride exceeds the span of the
@@ -173,10 +180,10 @@ fn bytes(program: &Program, accesses: &HashMap<BufferId, HashSet<Pattern>>) -> u
         .iter()
         .filter_map(|(&id, patterns)| {
             let buffer = program.buffers.get(id.0 as usize)?;
-            let numel = buffer.shape.iter().map(extent).product();
-            Some(footprint(patterns, numel) * buffer.dtype.size_bytes() as u64)
+            let numel = trip_count(&buffer.shape);
+            Some(footprint(patterns, numel).saturating_mul(buffer.dtype.size_bytes() as u64))
         })
-        .sum()
+        .fold(0u64, |acc, b| acc.saturating_add(b))
 }
 
 /// Extent of each loop variable as seen from inside `stage`.
@@ -207,7 +214,7 @@ fn kernel_cost(program: &Program, kernel: &Kernel) -> StepCost {
         let inner_trips = trip_count(&stage.extent);
         let roots: Vec<ExprId> = match &stage.action {
             StageAction::Reduce { value, .. } => {
-                flops += outer_trips * inner_trips;
+                flops = flops.saturating_add(outer_trips.saturating_mul(inner_trips));
                 vec![*value]
             }
             StageAction::Store(stores) => {
@@ -250,7 +257,7 @@ fn kernel_cost(program: &Program, kernel: &Kernel) -> StepCost {
                     reads.entry(*buffer).or_default().insert(pattern);
                 }
                 Expr::Unary(..) | Expr::Binary(..) | Expr::Compare(..) | Expr::Where(..) => {
-                    flops += per_evaluation
+                    flops = flops.saturating_add(per_evaluation)
                 }
                 Expr::Constant { .. } | Expr::StageResult(_) | Expr::Cast(..) => {}
             }
@@ -374,7 +381,7 @@ fn matmul_cost(program: &Program, step: usize, matmul: &MatmulStep) -> StepCost 
         inner: vec![vec![Dim::Static(k as usize)]],
         bytes_read: bytes(program, &reads),
         bytes_written: bytes(program, &writes),
-        flops: 2 * out_numel * k,
+        flops: out_numel.saturating_mul(k).saturating_mul(2),
     }
 }
 

@@ -42,8 +42,11 @@ pub struct Buffer {
 }
 
 impl Buffer {
+    /// Elements, if every dim is static (and the count fits: `None` on overflow).
     pub fn numel(&self) -> Option<usize> {
-        self.shape.iter().map(|d| d.as_static()).product()
+        self.shape
+            .iter()
+            .try_fold(1usize, |acc, d| acc.checked_mul(d.as_static()?))
     }
 }
 
