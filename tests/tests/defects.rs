@@ -39,6 +39,16 @@ fn expand_to_2_pow_62_rows_is_a_trace_error_not_a_wrapped_byte_count() {
 }
 
 #[test]
+fn reshape_sizes_whose_product_overflows_are_a_trace_error() {
+    let err = trace(|t| {
+        let x = t.input("x", DType::F32, &[4]);
+        vec![x.reshape(&[1 << 33, 1 << 33, -1])]
+    })
+    .unwrap_err();
+    assert!(err.to_string().contains("reshape"), "{err}");
+}
+
+#[test]
 fn an_input_whose_byte_count_overflows_is_a_trace_error() {
     let err = trace(|t| vec![t.input("x", DType::F32, &[1 << 40, 1 << 40]).exp()]).unwrap_err();
     assert!(err.to_string().contains("input `x`"), "{err}");
