@@ -234,6 +234,9 @@ impl Verifier<'_> {
                             format!("{access} writes input {}", st.buffer),
                         ));
                     }
+                    if b.dtype == DType::F64 {
+                        return Err(malformed(&at, "kernels do not store f64 buffers"));
+                    }
                     if k.ty(st.value) != ScalarType::of(b.dtype) {
                         return Err(malformed(
                             &at,
@@ -421,10 +424,38 @@ impl Verifier<'_> {
                 }
                 _ => return Err(malformed(&at, format!("stage {r} is not a reduction"))),
             },
-            Expr::Unary(_, a) => Some(ty(*a)),
-            Expr::Binary(_, a, b) => {
+            Expr::Unary(op, a) => {
+                let integer_ok =
+                    matches!(op, minductor_ir::UnaryOp::Neg | minductor_ir::UnaryOp::Abs);
+                match ty(*a) {
+                    T::F32 => {}
+                    T::I64 if integer_ok => {}
+                    other => {
+                        return Err(malformed(
+                            &at,
+                            format!("{op:?} is not defined on {other:?}"),
+                        ))
+                    }
+                }
+                Some(ty(*a))
+            }
+            Expr::Binary(op, a, b) => {
                 if ty(*a) != ty(*b) {
                     return Err(malformed(&at, "binary operands of different types"));
+                }
+                let float_only = matches!(
+                    op,
+                    minductor_ir::BinaryOp::Div | minductor_ir::BinaryOp::Pow
+                );
+                match ty(*a) {
+                    T::F32 => {}
+                    T::I64 if !float_only => {}
+                    other => {
+                        return Err(malformed(
+                            &at,
+                            format!("{op:?} is not defined on {other:?}"),
+                        ))
+                    }
                 }
                 Some(ty(*a))
             }

@@ -4,7 +4,7 @@
 
 use minductor::codegen_cpu::{compile_program, CodegenError};
 use minductor::ir::{Dim, SymId, TensorType};
-use minductor::passes::kernel::{Program, Step};
+use minductor::passes::kernel::{Program, ScalarType, Step};
 use minductor::passes::VerifyError;
 use minductor::runtime::Executable;
 use minductor::{
@@ -438,6 +438,25 @@ fn the_verifier_rejects_a_gemm_view_outside_its_buffer() {
         }
         Err(other) => panic!("expected an out-of-range error, got {other}"),
         Ok(_) => panic!("a GEMM view outside its buffer compiled"),
+    }
+}
+
+#[test]
+fn the_verifier_rejects_ops_the_lowering_has_no_rule_for_instead_of_panicking() {
+    // exp over i64 buffers: well-typed as far as the expression types go, but code generation
+    // has no integer exp (it used to reach an `unreachable!`).
+    let mut bad = exp_program();
+    for b in &mut bad.buffers {
+        b.dtype = DType::I64;
+    }
+    let k = first_kernel(&mut bad);
+    k.types = vec![ScalarType::I64; k.exprs.len()];
+    match compile_program(&bad) {
+        Err(CodegenError::Verify(e)) => {
+            assert!(e.to_string().contains("Exp is not defined on I64"), "{e}")
+        }
+        Err(other) => panic!("expected a verifier error, got {other}"),
+        Ok(_) => panic!("an integer exp compiled"),
     }
 }
 
