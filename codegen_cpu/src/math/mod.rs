@@ -76,7 +76,7 @@ mod clif;
 #[cfg(test)]
 pub(crate) mod tests;
 
-pub(crate) use clif::Em;
+pub(crate) use clif::{host_has_fma, Em};
 pub use clif::{emit_math, emit_pow};
 
 use cranelift_codegen::ir::condcodes::{FloatCC, IntCC};
