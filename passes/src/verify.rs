@@ -5,7 +5,9 @@
 //! Guarantees, when it returns `Ok`:
 //! - **Structure.** Every buffer, expression, stage and step id is in range; expressions form a
 //!   DAG in order (operands before users); each expression's recorded type follows its op's rule
-//!   and each store's value has its buffer's type; no step writes a graph input; the program's
+//!   and each store's value has its buffer's type; ops are limited to the types code generation
+//!   implements (no integer exp, div or pow, no bool arithmetic, no f64 in kernels); no step
+//!   writes a graph input; the program's
 //!   outputs are input or output buffers; index checks name i64 buffers and existing steps.
 //! - **Sizes.** Every symbolic size is the size of an input dim (so it is bound at run time);
 //!   every buffer's byte size fits in `isize::MAX` for the sizes known.
@@ -16,6 +18,11 @@
 //!   data-dependent term), evaluated at its minimum and maximum over the loop extents of the
 //!   stage that runs it, lies inside its buffer; so does every element of a GEMM's or
 //!   scatter-add's strided views; a GEMM's shapes agree and its epilogue runs over its rows.
+//! - **Threads.** Iterations of different rows of a kernel's first outer loop (which the runtime
+//!   splits across threads) never store the same element (each store index is a mixed-radix
+//!   number over its loops; several stores to one buffer are apart or within one row), and a
+//!   buffer a kernel stores is loaded only at the element the same iteration stores.
+//! - **Outputs.** Some step writes every output buffer (they are allocated without zeroing).
 //! - **Plan.** Every intermediate a step touches has a slot and only intermediates do; slot
 //!   membership is consistent and each slot is at least as large as its members (at the plan's
 //!   nominal sizes; the runtime lays slots out per call from exact sizes); two buffers share a slot
@@ -751,6 +758,12 @@ impl Verifier<'_> {
             let b = self.buffer(o, "outputs")?;
             if b.kind == BufferKind::Intermediate {
                 return Err(malformed("outputs", format!("{o} is an intermediate")));
+            }
+            // Outputs are allocated without zeroing, so some step must write them. (That it
+            // writes every element is `fuse`'s guarantee, not checked here: an unwritten
+            // element holds stale but initialised bytes, zero for bool outputs.)
+            if b.kind == BufferKind::Output && !p.steps.iter().any(|s| s.writes().contains(&o)) {
+                return Err(malformed("outputs", format!("no step writes output {o}")));
             }
         }
         for check in &p.index_checks {
