@@ -4,7 +4,7 @@
 //! - `eager`: the reference interpreter, op by op, unfused, each op allocating its result;
 //! - `aot_eager`: the decomposed and simplified prim graph, interpreted;
 //! - `inductor` (default): decompose → autodiff → simplify → partition → fuse → fuse_horizontal →
-//!   fuse_epilogues → plan_buffers → Cranelift, run as machine code.
+//!   fuse_epilogues → store_once → plan_buffers → Cranelift, run as machine code.
 //!
 //! A graph with `grad` nodes becomes a joint graph (`autodiff`) on every backend; its tangent
 //! inputs are fed with ones by the compiled object, so callers pass the traced inputs only.
@@ -13,8 +13,8 @@ use minductor_codegen_cpu::{compile_program, CodegenError, CompiledProgram};
 use minductor_ir::{Graph, IrError};
 use minductor_passes::{
     autodiff, decompose, fuse, fuse_epilogues, fuse_horizontal, kernel::Program, partition,
-    plan_buffers, simplify, verify_program, AutodiffError, Joint, Partition, PartitionOptions,
-    VerifyError,
+    plan_buffers, simplify, store_once, verify_program, AutodiffError, Joint, Partition,
+    PartitionOptions, VerifyError,
 };
 use minductor_runtime::{check_inputs, interpret, Executable, RuntimeError, StepTiming, Tensor};
 use std::str::FromStr;
@@ -255,7 +255,8 @@ pub fn compile_with_options(
             };
             let fused = verified("fuse", fused)?;
             let horizontal = verified("fuse_horizontal", fuse_horizontal(&fused))?;
-            let mut program = verified("fuse_epilogues", fuse_epilogues(&horizontal))?;
+            let epilogues = verified("fuse_epilogues", fuse_epilogues(&horizontal))?;
+            let mut program = verified("store_once", store_once(&epilogues))?;
             program.plan = Some(plan_buffers(&program));
             let program = verified("plan_buffers", program)?;
             let compiled: CompiledProgram = compile_program(&program)?;

@@ -1,6 +1,7 @@
 //! The pass pipeline: `decompose` → `autodiff` → `simplify` → `partition` (joint graphs) → `fuse` → `fuse_horizontal` → `fuse_epilogues`
-//! → `plan_buffers`, `verify_program` (the kernel-IR verifier, run after each kernel-IR pass and
-//! before code generation), the kernel IR that `fuse` produces, and `program_cost`, a static cost model
+//! → `store_once` → `plan_buffers`, `verify_program` (the kernel-IR verifier, run after each
+//! kernel-IR pass and before code generation), the kernel IR that `fuse` produces, and
+//! `program_cost`, a static cost model
 //! of that IR.
 //!
 //! Each pass is one file with one entry function from one data structure to the next; each data
@@ -16,6 +17,7 @@ pub mod kernel;
 mod partition;
 pub mod plan_buffers;
 mod simplify;
+mod store_once;
 mod verify;
 
 pub use autodiff::{autodiff, AutodiffError, Joint};
@@ -27,4 +29,5 @@ pub use horizontal::fuse_horizontal;
 pub use partition::{partition, Partition, PartitionOptions, SavedValue};
 pub use plan_buffers::plan_buffers;
 pub use simplify::simplify;
+pub use store_once::store_once;
 pub use verify::{verify_program, VerifyError};

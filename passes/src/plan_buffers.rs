@@ -246,14 +246,11 @@ pub(crate) fn in_place_is_safe(
         .stages
         .iter()
         .enumerate()
-        .filter_map(|(i, s)| match &s.action {
-            StageAction::Store(st) => Some(st.iter().map(move |x| (i, x))),
-            _ => None,
-        })
-        .flatten()
+        .flat_map(|(i, s)| s.action.stores().iter().map(move |x| (i, x)))
         .filter(|(_, st)| st.buffer == written)
         .collect();
-    // One store to `written`, in the last stage (no later stage can read what it overwrote).
+    // One store to `written` (a reduction stage that also stores it disqualifies it), in the
+    // last stage (no later stage can read what it overwrote).
     let [(store_stage, store)] = stores.as_slice() else {
         return false;
     };
@@ -261,8 +258,10 @@ pub(crate) fn in_place_is_safe(
         return false;
     }
     let store_extent = &kernel.stages[*store_stage].extent;
-    // Stores of one stage run in order, each after computing its value: a load that only a
-    // later store of the stage needs would run after `written` overwrote the element.
+    // A load that a later store of the stage needs may run after `written` overwrote the
+    // element: stores of one stage run in order, and the code generator does not keep every
+    // value computed for an earlier store (block math routines compute a block of values first,
+    // then the stores reload what they need). So no later store of the stage may read `input`.
     let StageAction::Store(stage_stores) = &kernel.stages[*store_stage].action else {
         return false;
     };
@@ -270,7 +269,6 @@ pub(crate) fn in_place_is_safe(
         return false;
     };
     let values = |stores: &[Store]| -> Vec<ExprId> { stores.iter().map(|st| st.value).collect() };
-    let computed_before = kernel.reachable(&values(&stage_stores[..=position]));
     let computed_after = kernel.reachable(&values(&stage_stores[position + 1..]));
     let b = program.buffer(input);
     b.kind == BufferKind::Intermediate
@@ -288,7 +286,7 @@ pub(crate) fn in_place_is_safe(
                 let id = ExprId(i as u32);
                 indirect.is_none()
                     && *index == store.index
-                    && (!computed_after.contains(&id) || computed_before.contains(&id))
+                    && !computed_after.contains(&id)
                     && stages_using(kernel, ExprId(i as u32))
                         .iter()
                         .all(|&s| kernel.stages[s].extent == *store_extent)
@@ -313,10 +311,7 @@ fn stages_using(kernel: &Kernel, target: ExprId) -> Vec<usize> {
         .stages
         .iter()
         .enumerate()
-        .filter(|(_, s)| match &s.action {
-            StageAction::Reduce { value, .. } => uses(*value),
-            StageAction::Store(stores) => stores.iter().any(|st| uses(st.value)),
-        })
+        .filter(|(_, s)| s.action.roots().into_iter().any(uses))
         .map(|(i, _)| i)
         .collect()
 }

@@ -191,10 +191,8 @@ impl Verifier<'_> {
         }
         for (s, stage) in k.stages.iter().enumerate() {
             let at = format!("{at}, stage {s}");
-            let roots: Vec<ExprId> = match &stage.action {
-                StageAction::Reduce { value, .. } => vec![*value],
-                StageAction::Store(stores) => stores.iter().map(|st| st.value).collect(),
-            };
+            // A reduction stage may also store values it computes (`store_once`).
+            let roots: Vec<ExprId> = stage.action.roots();
             if let Some(bad) = roots.iter().find(|r| r.0 as usize >= k.exprs.len()) {
                 return Err(malformed(
                     &at,
@@ -231,8 +229,8 @@ impl Verifier<'_> {
                     _ => {}
                 }
             }
-            if let StageAction::Store(stores) = &stage.action {
-                for (j, st) in stores.iter().enumerate() {
+            {
+                for (j, st) in stage.action.stores().iter().enumerate() {
                     let access = format!("store {j}");
                     let b = self.buffer(st.buffer, &at)?;
                     if matches!(b.kind, BufferKind::Input(_)) {
@@ -269,7 +267,7 @@ impl Verifier<'_> {
     /// coefficient, is a mixed-radix number (each coefficient exceeds the span of all smaller
     /// ones), so different iterations write different elements; several stores to one buffer
     /// must share their variable terms and fit, offsets included, within one row's stride. A
-    /// buffer the kernel also loads is loaded only at the element the iteration stores. Extents
+    /// buffer the kernel also loads is stored and loaded at one index only (store_once rereads it). Extents
     /// not known yet are checked once the sizes are bound.
     fn disjoint_rows(&self, at: &str, k: &Kernel) -> Result<(), VerifyError> {
         let Some(&first) = k.outer.first() else {
@@ -281,9 +279,7 @@ impl Verifier<'_> {
         let row = Var::Outer(0);
         let mut stores: Vec<(usize, &Store)> = Vec::new();
         for (s, stage) in k.stages.iter().enumerate() {
-            if let StageAction::Store(st) = &stage.action {
-                stores.extend(st.iter().map(|x| (s, x)));
-            }
+            stores.extend(stage.action.stores().iter().map(|x| (s, x)));
         }
         let extent = |s: usize, v: Var| match v {
             Var::Outer(i) => self.size(k.outer[i as usize]),
@@ -306,32 +302,39 @@ impl Verifier<'_> {
                 .iter()
                 .filter(|(_, st)| st.buffer == buffer)
                 .collect();
-            let (s, first_store) = *mine[0];
-            if first_store.index.coefficient(row) == 0 {
-                return Err(overlap(buffer));
-            }
-            // Mixed radix over the variables that move the index.
-            let mut terms: Vec<(i128, Option<usize>)> = first_store
-                .index
-                .terms
-                .iter()
-                .filter(|(_, c)| *c != 0)
-                .map(|&(v, c)| ((c as i128).abs(), extent(s, v)))
-                .collect();
-            if terms.iter().any(|t| t.1 == Some(0)) {
-                continue; // Never runs.
-            }
-            if terms.iter().any(|t| t.1.is_none()) {
-                continue; // Checked again once the symbols are bound.
-            }
-            terms.sort();
-            let mut span: i128 = 0;
-            for (c, n) in terms {
-                let n = n.expect("known above") as i128;
-                if n > 1 && c <= span {
+            let first_store = mine[0].1;
+            // Each store: mixed radix over the variables that move its index.
+            let mut deferred = false;
+            for (t, st) in &mine {
+                if st.index.coefficient(row) == 0 {
                     return Err(overlap(buffer));
                 }
-                span += c * (n - 1);
+                let mut terms: Vec<(i128, Option<usize>)> = st
+                    .index
+                    .terms
+                    .iter()
+                    .filter(|(_, c)| *c != 0)
+                    .map(|&(v, c)| ((c as i128).abs(), extent(*t, v)))
+                    .collect();
+                if terms.iter().any(|t| t.1 == Some(0)) {
+                    continue; // Never runs.
+                }
+                if terms.iter().any(|t| t.1.is_none()) {
+                    deferred = true; // Checked again once the symbols are bound.
+                    continue;
+                }
+                terms.sort();
+                let mut span: i128 = 0;
+                for (c, n) in terms {
+                    let n = n.expect("known above") as i128;
+                    if n > 1 && c <= span {
+                        return Err(overlap(buffer));
+                    }
+                    span += c * (n - 1);
+                }
+            }
+            if deferred {
+                continue;
             }
             if mine.len() > 1 {
                 // Several stores (a cat's operands in one kernel), pairwise: either they never
@@ -341,7 +344,19 @@ impl Verifier<'_> {
                 let stride = first_store.index.coefficient(row);
                 let rows = self.size(first).map(|n| n as i128);
                 let mut windows = Vec::new();
+                // Stores at one index over the same loop extents write the same elements (a
+                // value `store_once` stores in a reduction and a later stage overwrites): the
+                // mixed-radix check above covers them as one store.
+                let extents_of = |t: usize, st: &Store| -> Vec<Option<usize>> {
+                    st.index.terms.iter().map(|&(v, _)| extent(t, v)).collect()
+                };
+                let mut seen: Vec<(&Affine, Vec<Option<usize>>)> = Vec::new();
                 for (t, st) in &mine {
+                    let key = (&st.index, extents_of(*t, st));
+                    if seen.contains(&key) {
+                        continue;
+                    }
+                    seen.push(key);
                     if st.index.coefficient(row) != stride {
                         return Err(overlap(buffer));
                     }
@@ -382,7 +397,7 @@ impl Verifier<'_> {
                     index,
                     indirect,
                 } if *b == buffer => {
-                    indirect.is_some() || mine.len() != 1 || *index != first_store.index
+                    indirect.is_some() || mine.iter().any(|(_, st)| st.index != *index)
                 }
                 _ => false,
             });

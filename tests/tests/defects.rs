@@ -581,3 +581,33 @@ fn comparing_dims_that_share_a_symbol_keeps_them_symbolic() {
         "{stats:?}"
     );
 }
+
+// ---- found on the way: an in-place store before a later store that reads the input ------------
+
+#[test]
+fn an_in_place_store_never_precedes_a_later_store_reading_the_overwritten_input() {
+    // The gradient of softmax(tanh(x - mean(x, 0))) fuses a kernel storing exp(t - max) in
+    // place of t, then 1 - t² (the tanh derivative) from t. With block math (exp computed a
+    // block at a time, stores reloading their loads) the second store read the overwritten t:
+    // the gradient came out wrong. Found by the random autodiff test after the merge.
+    let graph = {
+        let t = Tracer::new();
+        let x = t.input("x", DType::F32, &[2, 2]);
+        let w = t.input("w", DType::F32, &[2, 2]);
+        let v = (&x - x.mean(&[0], true)).tanh().softmax(1);
+        let loss = (&v * &w).sum(&[], false);
+        let mut outs = vec![loss.clone()];
+        outs.extend(loss.grad(&[&x]));
+        t.finish(&outs).unwrap()
+    };
+    let inputs = [
+        Tensor::from_vec(&[2, 2], vec![0.3f32, -1.2, 0.7, 1.1]).unwrap(),
+        Tensor::from_vec(&[2, 2], vec![0.5f32, -0.4, 0.9, -0.8]).unwrap(),
+    ];
+    let want = minductor::compile_with(&graph, minductor::Backend::Eager)
+        .unwrap()
+        .call(&inputs)
+        .unwrap();
+    let got = compile(&graph).unwrap().call(&inputs).unwrap();
+    minductor_tests::assert_allclose(&got, &want, minductor_tests::Tolerance::close(1e-5), "grad");
+}
