@@ -8,7 +8,8 @@
 //!   list; each newly written buffer then takes, in order of preference:
 //!   1. *in place*: the slot of an input it is computed from, when this step is that input's last
 //!      reader and the kernel reads each element only in the iteration that writes the same
-//!      element (same dtype width, same index, no later stage reading it), so overwriting is safe;
+//!      element (same dtype width, same index, no later stage nor later store of its stage
+//!      reading it), so overwriting is safe;
 //!   2. *reuse*: the smallest free slot at least as large (best fit);
 //!   3. a new slot.
 //! - Slots are laid out one after another, each 64-byte aligned; the arena is their total.
