@@ -1,0 +1,90 @@
+//! The AVX-512 micro-kernel: a 6 × 64 tile of `c` in 24 zmm accumulators. Each step of `k`
+//! loads 4 vectors of the `b` panel, broadcasts 6 values of the `a` panel and issues 24
+//! independent FMAs (Zen 5 runs 2 per cycle at 4 cycles' latency, so 8 in flight suffice).
+//! Tails: fewer rows run the same code instantiated for that many rows (no wasted FMAs);
+//! fewer columns store through a lane mask.
+
+use super::TileArgs;
+#[cfg(target_arch = "x86_64")]
+use std::arch::x86_64::*;
+
+pub(super) const MR: usize = 6;
+pub(super) const NR: usize = 64;
+
+/// See [`super::Kernel::tile`].
+///
+/// # Safety
+/// The CPU supports AVX-512F, and `args` satisfies [`TileArgs`]' invariants for `MR` and `NR`.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+pub(super) unsafe fn tile(args: &TileArgs) {
+    // SAFETY: forwarded from the caller; `rows` selects the instance reading that many rows.
+    unsafe {
+        match args.rows {
+            6 => tile_rows::<6>(args),
+            5 => tile_rows::<5>(args),
+            4 => tile_rows::<4>(args),
+            3 => tile_rows::<3>(args),
+            2 => tile_rows::<2>(args),
+            1 => tile_rows::<1>(args),
+            rows => unreachable!("an AVX-512 tile of {rows} rows"),
+        }
+    }
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+pub(super) unsafe fn tile(_: &TileArgs) {
+    unreachable!("the AVX-512 kernel is never selected off x86-64")
+}
+
+/// The tile for `ROWS ≤ MR` rows.
+///
+/// # Safety
+/// As [`tile`], with `args.rows == ROWS`.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+#[inline]
+unsafe fn tile_rows<const ROWS: usize>(args: &TileArgs) {
+    let mut acc = [[_mm512_setzero_ps(); 4]; ROWS];
+    let (mut a, mut b) = (args.a, args.b);
+    for _ in 0..args.kc {
+        // SAFETY: `a` and `b` walk the panels one step of `k` at a time, `kc` steps in all:
+        // `b` reads values `p·NR .. p·NR + 64` and `a` values `p·MR .. p·MR + ROWS` of panels
+        // holding `kc·NR` and `kc·MR` values.
+        unsafe {
+            let b0 = _mm512_loadu_ps(b);
+            let b1 = _mm512_loadu_ps(b.add(16));
+            let b2 = _mm512_loadu_ps(b.add(32));
+            let b3 = _mm512_loadu_ps(b.add(48));
+            for (i, row) in acc.iter_mut().enumerate() {
+                let value = _mm512_set1_ps(*a.add(i));
+                row[0] = _mm512_fmadd_ps(value, b0, row[0]);
+                row[1] = _mm512_fmadd_ps(value, b1, row[1]);
+                row[2] = _mm512_fmadd_ps(value, b2, row[2]);
+                row[3] = _mm512_fmadd_ps(value, b3, row[3]);
+            }
+            a = a.add(MR);
+            b = b.add(NR);
+        }
+    }
+    for (v, column) in (0..NR).step_by(16).enumerate() {
+        if column >= args.cols {
+            break;
+        }
+        let lanes = (args.cols - column).min(16);
+        let mask: __mmask16 = if lanes == 16 { !0 } else { (1u16 << lanes) - 1 };
+        for (i, row) in acc.iter().enumerate() {
+            // SAFETY: row `i < rows`, lanes `column .. column + lanes ≤ cols` of `c`: inside
+            // the tile the caller gave this call (masked lanes are neither read nor written).
+            unsafe {
+                let at = args.c.add(i * args.ldc + column);
+                let value = if args.accumulate {
+                    _mm512_add_ps(row[v], _mm512_maskz_loadu_ps(mask, at))
+                } else {
+                    row[v]
+                };
+                _mm512_mask_storeu_ps(at, mask, value);
+            }
+        }
+    }
+}
