@@ -6,7 +6,7 @@
 //!   holding all `k` rows, `nr` values per row, the last panel padded with zeros. One packing is
 //!   shared by every row tile and thread of the call (the caller packs, then hands `&PackedB`
 //!   to each thread).
-//! - `a` is packed per block of `MC` rows and `KC` columns into micro-panels of `mr` rows, `mr`
+//! - `a` is packed per block of at most `MC` rows and `KC` columns into micro-panels of `mr` rows, `mr`
 //!   values per column, the last micro-panel padded with zeros. The block stays in L2.
 //! - For each block, each panel of `b` (`KC × nr` values, streamed through L1 and reused by every
 //!   micro-panel of the block) and each micro-panel of `a`, the micro-kernel computes an
@@ -36,13 +36,10 @@ use thiserror::Error;
 /// (`KC · nr` values, 64 KiB for the AVX-512 kernel) is reused from L1/L2 by every micro-panel
 /// of `a`, and the `a` micro-panel (`KC · mr` values) stays in L1.
 const KC: usize = 256;
-#[doc(hidden)]
-pub static TUNE_KC: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(KC);
-#[doc(hidden)]
-pub static TUNE_MC: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(MC);
-/// Rows of `a` per packed block: `MC · KC` values (120 KiB) stay in L2 (1 MiB per core on
-/// Zen 5) while every panel of `b` passes by. A multiple of every kernel's `mr`.
-const MC: usize = 120;
+/// Most rows of `a` per packed block: `MC · KC` values (264 KiB) stay in L2 (1 MiB per core
+/// on Zen 5) while every panel of `b` passes by. The rows are split into blocks of equal size
+/// (whole micro-panels), so no small last block streams all of `b` for little work.
+const MC: usize = 264;
 
 #[derive(Debug, Error, PartialEq)]
 pub enum GemmError {
@@ -496,15 +493,15 @@ unsafe fn multiply_panels(
         return;
     }
     let packed_b = b.buffer.as_slice();
-    let kc_block = TUNE_KC.load(std::sync::atomic::Ordering::Relaxed);
-    let mc_block = TUNE_MC.load(std::sync::atomic::Ordering::Relaxed);
+    // Equal blocks of whole micro-panels, at most MC rows each.
+    let mc_block = m.div_ceil(m.div_ceil(MC)).div_ceil(mr) * mr;
     PACKED_A.with(|cell| {
         let mut packed_a = cell.take();
         for row in (0..m).step_by(mc_block) {
             let mc = mc_block.min(m - row);
             let micro_panels = mc.div_ceil(mr);
-            for depth in (0..k).step_by(kc_block) {
-                let kc = kc_block.min(k - depth);
+            for depth in (0..k).step_by(KC) {
+                let kc = KC.min(k - depth);
                 packed_a.reserve(micro_panels * mr * kc);
                 let a_block = &mut packed_a.as_mut_slice()[..micro_panels * mr * kc];
                 pack::pack_a(a, row..row + mc, depth..depth + kc, mr, a_block);

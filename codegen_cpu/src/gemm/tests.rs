@@ -128,10 +128,11 @@ fn transposed_strided_and_reversed_operands_are_read_through_their_strides() {
 
 #[test]
 fn sizes_past_one_cache_block_in_every_dimension() {
-    // m crosses MC = 120 with a tail, k crosses KC = 256 twice with a tail.
+    // m crosses MC = 264 (two blocks, the second with a short micro-panel), k crosses
+    // KC = 256 twice with a tail.
     for kernel in supported_kernels() {
-        check(kernel, [250, 600, 130], [Layout::RowMajor; 2], 1);
-        check(kernel, [121, 257, 65], [Layout::Transposed; 2], 1);
+        check(kernel, [301, 600, 130], [Layout::RowMajor; 2], 1);
+        check(kernel, [265, 257, 65], [Layout::Transposed; 2], 1);
     }
 }
 
