@@ -1,0 +1,511 @@
+//! The math algorithms compiled ahead of time for wide vectors, called by kernels on blocks.
+//!
+//! Cranelift emits 128-bit vectors only, so an inline `exp` or `erf` runs 4 lanes per
+//! instruction where the CPU has 16 (AVX-512) or 8 (AVX2). As Inductor's C++ calls Sleef, a
+//! kernel whose loop computes such a function hands a block of arguments to a routine here
+//! (see `lower.rs`, "math blocks"), which runs the very same algorithm (`super::exp`, …) on
+//! one AVX-512 register (16 lanes) or AVX2 register (8 lanes) at a time: the [`Lanes`]
+//! operations map one to one onto `std::arch` intrinsics, inlined into `#[target_feature]`
+//! routines. The operations and their order are those of the inline form, so the results
+//! agree bit for bit (tested in `tests.rs`) and one accuracy table covers both.
+//!
+//! A routine is chosen once per process by [`block_routine`]: AVX-512F, else AVX2 with FMA,
+//! else none (then kernels keep the inline form, which is as wide as a plain SSE routine).
+
+use super::{Lanes, MathFn};
+
+/// The signature of a block routine: `data[0..n] = f(data[0..n])` in place.
+pub type BlockFn = unsafe extern "C" fn(data: *mut f32, n: i64);
+
+/// A [`Lanes`] implementation on one x86 vector register of 32-bit lanes (floats, i32s or
+/// masks of all ones / all zeros, by use, like the untyped registers of the inline form).
+/// Its methods are only sound to call where the CPU has the instruction set: inside the
+/// `#[target_feature]` routines below, after [`block_isa`] checked it.
+trait Wide: Lanes + Sized {
+    /// Lanes per register.
+    const WIDTH: usize;
+    /// Loads `Self::WIDTH` f32s.
+    ///
+    /// # Safety
+    /// `p` points to `Self::WIDTH` readable f32s.
+    unsafe fn load(p: *const f32) -> Self::V;
+    /// Stores `Self::WIDTH` f32s.
+    ///
+    /// # Safety
+    /// `p` points to `Self::WIDTH` writable f32s.
+    unsafe fn store(p: *mut f32, v: Self::V);
+}
+
+#[cfg(target_arch = "x86_64")]
+mod x86 {
+    //! `Avx512` (16 lanes) and `Avx2` (8 lanes). Every method is `#[inline(always)]` so that
+    //! it is compiled inside the `#[target_feature]` routine that calls it; the `unsafe`
+    //! blocks rely on that routine's feature check (see [`super::Wide`]).
+    use super::{Lanes, Wide};
+    use cranelift_codegen::ir::condcodes::{FloatCC, IntCC};
+    use std::arch::x86_64::*;
+
+    pub(super) struct Avx512;
+
+    macro_rules! f512 {
+        ($op:ident, $a:expr, $b:expr) => {
+            _mm512_castps_si512($op(_mm512_castsi512_ps($a), _mm512_castsi512_ps($b)))
+        };
+    }
+
+    impl Lanes for Avx512 {
+        type V = __m512i;
+        #[inline(always)]
+        fn f(&mut self, c: f32) -> __m512i {
+            unsafe { _mm512_set1_epi32(c.to_bits() as i32) }
+        }
+        #[inline(always)]
+        fn i(&mut self, c: i32) -> __m512i {
+            unsafe { _mm512_set1_epi32(c) }
+        }
+        #[inline(always)]
+        fn add(&mut self, a: __m512i, b: __m512i) -> __m512i {
+            unsafe { f512!(_mm512_add_ps, a, b) }
+        }
+        #[inline(always)]
+        fn sub(&mut self, a: __m512i, b: __m512i) -> __m512i {
+            unsafe { f512!(_mm512_sub_ps, a, b) }
+        }
+        #[inline(always)]
+        fn mul(&mut self, a: __m512i, b: __m512i) -> __m512i {
+            unsafe { f512!(_mm512_mul_ps, a, b) }
+        }
+        #[inline(always)]
+        fn div(&mut self, a: __m512i, b: __m512i) -> __m512i {
+            unsafe { f512!(_mm512_div_ps, a, b) }
+        }
+        /// Always fused: routines exist only for CPUs with FMA, where the inline form fuses.
+        #[inline(always)]
+        fn mul_add(&mut self, a: __m512i, b: __m512i, c: __m512i) -> __m512i {
+            unsafe {
+                _mm512_castps_si512(_mm512_fmadd_ps(
+                    _mm512_castsi512_ps(a),
+                    _mm512_castsi512_ps(b),
+                    _mm512_castsi512_ps(c),
+                ))
+            }
+        }
+        #[inline(always)]
+        fn abs(&mut self, a: __m512i) -> __m512i {
+            unsafe { _mm512_and_si512(a, _mm512_set1_epi32(0x7fff_ffff)) }
+        }
+        #[inline(always)]
+        fn neg(&mut self, a: __m512i) -> __m512i {
+            unsafe { _mm512_xor_si512(a, _mm512_set1_epi32(i32::MIN)) }
+        }
+        #[inline(always)]
+        fn bits(&mut self, x: __m512i) -> __m512i {
+            x
+        }
+        #[inline(always)]
+        fn float(&mut self, i: __m512i) -> __m512i {
+            i
+        }
+        #[inline(always)]
+        fn iadd(&mut self, a: __m512i, b: __m512i) -> __m512i {
+            unsafe { _mm512_add_epi32(a, b) }
+        }
+        #[inline(always)]
+        fn isub(&mut self, a: __m512i, b: __m512i) -> __m512i {
+            unsafe { _mm512_sub_epi32(a, b) }
+        }
+        #[inline(always)]
+        fn band(&mut self, a: __m512i, b: __m512i) -> __m512i {
+            unsafe { _mm512_and_si512(a, b) }
+        }
+        #[inline(always)]
+        fn bor(&mut self, a: __m512i, b: __m512i) -> __m512i {
+            unsafe { _mm512_or_si512(a, b) }
+        }
+        #[inline(always)]
+        fn bxor(&mut self, a: __m512i, b: __m512i) -> __m512i {
+            unsafe { _mm512_xor_si512(a, b) }
+        }
+        #[inline(always)]
+        fn shl(&mut self, a: __m512i, n: i64) -> __m512i {
+            unsafe { _mm512_sllv_epi32(a, _mm512_set1_epi32(n as i32)) }
+        }
+        #[inline(always)]
+        fn ushr(&mut self, a: __m512i, n: i64) -> __m512i {
+            unsafe { _mm512_srlv_epi32(a, _mm512_set1_epi32(n as i32)) }
+        }
+        #[inline(always)]
+        fn sshr(&mut self, a: __m512i, n: i64) -> __m512i {
+            unsafe { _mm512_srav_epi32(a, _mm512_set1_epi32(n as i32)) }
+        }
+        #[inline(always)]
+        fn i2f(&mut self, i: __m512i) -> __m512i {
+            unsafe { _mm512_castps_si512(_mm512_cvtepi32_ps(i)) }
+        }
+        #[inline(always)]
+        fn fcmp(&mut self, cc: FloatCC, a: __m512i, b: __m512i) -> __m512i {
+            unsafe {
+                let (a, b) = (_mm512_castsi512_ps(a), _mm512_castsi512_ps(b));
+                let k = match cc {
+                    FloatCC::Equal => _mm512_cmp_ps_mask::<_CMP_EQ_OQ>(a, b),
+                    FloatCC::NotEqual => _mm512_cmp_ps_mask::<_CMP_NEQ_UQ>(a, b),
+                    FloatCC::LessThan => _mm512_cmp_ps_mask::<_CMP_LT_OQ>(a, b),
+                    FloatCC::LessThanOrEqual => _mm512_cmp_ps_mask::<_CMP_LE_OQ>(a, b),
+                    FloatCC::GreaterThan => _mm512_cmp_ps_mask::<_CMP_GT_OQ>(a, b),
+                    FloatCC::GreaterThanOrEqual => _mm512_cmp_ps_mask::<_CMP_GE_OQ>(a, b),
+                    FloatCC::Unordered => _mm512_cmp_ps_mask::<_CMP_UNORD_Q>(a, b),
+                    FloatCC::Ordered => _mm512_cmp_ps_mask::<_CMP_ORD_Q>(a, b),
+                    other => unreachable!("the math algorithms do not use {other:?}"),
+                };
+                _mm512_maskz_mov_epi32(k, _mm512_set1_epi32(-1))
+            }
+        }
+        #[inline(always)]
+        fn icmp(&mut self, cc: IntCC, a: __m512i, b: __m512i) -> __m512i {
+            unsafe {
+                let k = match cc {
+                    IntCC::Equal => _mm512_cmpeq_epi32_mask(a, b),
+                    IntCC::NotEqual => _mm512_cmpneq_epi32_mask(a, b),
+                    IntCC::SignedLessThan => _mm512_cmplt_epi32_mask(a, b),
+                    IntCC::SignedLessThanOrEqual => _mm512_cmple_epi32_mask(a, b),
+                    IntCC::SignedGreaterThan => _mm512_cmpgt_epi32_mask(a, b),
+                    IntCC::SignedGreaterThanOrEqual => _mm512_cmpge_epi32_mask(a, b),
+                    other => unreachable!("the math algorithms do not use {other:?}"),
+                };
+                _mm512_maskz_mov_epi32(k, _mm512_set1_epi32(-1))
+            }
+        }
+        #[inline(always)]
+        fn sel(&mut self, m: __m512i, t: __m512i, f: __m512i) -> __m512i {
+            // Bitwise `m ? t : f` (0xca: the truth table of A ? B : C).
+            unsafe { _mm512_ternarylogic_epi32::<0xca>(m, t, f) }
+        }
+    }
+
+    impl Wide for Avx512 {
+        const WIDTH: usize = 16;
+        #[inline(always)]
+        unsafe fn load(p: *const f32) -> __m512i {
+            unsafe { _mm512_castps_si512(_mm512_loadu_ps(p)) }
+        }
+        #[inline(always)]
+        unsafe fn store(p: *mut f32, v: __m512i) {
+            unsafe { _mm512_storeu_ps(p, _mm512_castsi512_ps(v)) }
+        }
+    }
+
+    pub(super) struct Avx2;
+
+    macro_rules! f256 {
+        ($op:ident, $a:expr, $b:expr) => {
+            _mm256_castps_si256($op(_mm256_castsi256_ps($a), _mm256_castsi256_ps($b)))
+        };
+    }
+
+    impl Lanes for Avx2 {
+        type V = __m256i;
+        #[inline(always)]
+        fn f(&mut self, c: f32) -> __m256i {
+            unsafe { _mm256_set1_epi32(c.to_bits() as i32) }
+        }
+        #[inline(always)]
+        fn i(&mut self, c: i32) -> __m256i {
+            unsafe { _mm256_set1_epi32(c) }
+        }
+        #[inline(always)]
+        fn add(&mut self, a: __m256i, b: __m256i) -> __m256i {
+            unsafe { f256!(_mm256_add_ps, a, b) }
+        }
+        #[inline(always)]
+        fn sub(&mut self, a: __m256i, b: __m256i) -> __m256i {
+            unsafe { f256!(_mm256_sub_ps, a, b) }
+        }
+        #[inline(always)]
+        fn mul(&mut self, a: __m256i, b: __m256i) -> __m256i {
+            unsafe { f256!(_mm256_mul_ps, a, b) }
+        }
+        #[inline(always)]
+        fn div(&mut self, a: __m256i, b: __m256i) -> __m256i {
+            unsafe { f256!(_mm256_div_ps, a, b) }
+        }
+        #[inline(always)]
+        fn mul_add(&mut self, a: __m256i, b: __m256i, c: __m256i) -> __m256i {
+            unsafe {
+                _mm256_castps_si256(_mm256_fmadd_ps(
+                    _mm256_castsi256_ps(a),
+                    _mm256_castsi256_ps(b),
+                    _mm256_castsi256_ps(c),
+                ))
+            }
+        }
+        #[inline(always)]
+        fn abs(&mut self, a: __m256i) -> __m256i {
+            unsafe { _mm256_and_si256(a, _mm256_set1_epi32(0x7fff_ffff)) }
+        }
+        #[inline(always)]
+        fn neg(&mut self, a: __m256i) -> __m256i {
+            unsafe { _mm256_xor_si256(a, _mm256_set1_epi32(i32::MIN)) }
+        }
+        #[inline(always)]
+        fn bits(&mut self, x: __m256i) -> __m256i {
+            x
+        }
+        #[inline(always)]
+        fn float(&mut self, i: __m256i) -> __m256i {
+            i
+        }
+        #[inline(always)]
+        fn iadd(&mut self, a: __m256i, b: __m256i) -> __m256i {
+            unsafe { _mm256_add_epi32(a, b) }
+        }
+        #[inline(always)]
+        fn isub(&mut self, a: __m256i, b: __m256i) -> __m256i {
+            unsafe { _mm256_sub_epi32(a, b) }
+        }
+        #[inline(always)]
+        fn band(&mut self, a: __m256i, b: __m256i) -> __m256i {
+            unsafe { _mm256_and_si256(a, b) }
+        }
+        #[inline(always)]
+        fn bor(&mut self, a: __m256i, b: __m256i) -> __m256i {
+            unsafe { _mm256_or_si256(a, b) }
+        }
+        #[inline(always)]
+        fn bxor(&mut self, a: __m256i, b: __m256i) -> __m256i {
+            unsafe { _mm256_xor_si256(a, b) }
+        }
+        #[inline(always)]
+        fn shl(&mut self, a: __m256i, n: i64) -> __m256i {
+            unsafe { _mm256_sllv_epi32(a, _mm256_set1_epi32(n as i32)) }
+        }
+        #[inline(always)]
+        fn ushr(&mut self, a: __m256i, n: i64) -> __m256i {
+            unsafe { _mm256_srlv_epi32(a, _mm256_set1_epi32(n as i32)) }
+        }
+        #[inline(always)]
+        fn sshr(&mut self, a: __m256i, n: i64) -> __m256i {
+            unsafe { _mm256_srav_epi32(a, _mm256_set1_epi32(n as i32)) }
+        }
+        #[inline(always)]
+        fn i2f(&mut self, i: __m256i) -> __m256i {
+            unsafe { _mm256_castps_si256(_mm256_cvtepi32_ps(i)) }
+        }
+        #[inline(always)]
+        fn fcmp(&mut self, cc: FloatCC, a: __m256i, b: __m256i) -> __m256i {
+            unsafe {
+                let (a, b) = (_mm256_castsi256_ps(a), _mm256_castsi256_ps(b));
+                _mm256_castps_si256(match cc {
+                    FloatCC::Equal => _mm256_cmp_ps::<_CMP_EQ_OQ>(a, b),
+                    FloatCC::NotEqual => _mm256_cmp_ps::<_CMP_NEQ_UQ>(a, b),
+                    FloatCC::LessThan => _mm256_cmp_ps::<_CMP_LT_OQ>(a, b),
+                    FloatCC::LessThanOrEqual => _mm256_cmp_ps::<_CMP_LE_OQ>(a, b),
+                    FloatCC::GreaterThan => _mm256_cmp_ps::<_CMP_GT_OQ>(a, b),
+                    FloatCC::GreaterThanOrEqual => _mm256_cmp_ps::<_CMP_GE_OQ>(a, b),
+                    FloatCC::Unordered => _mm256_cmp_ps::<_CMP_UNORD_Q>(a, b),
+                    FloatCC::Ordered => _mm256_cmp_ps::<_CMP_ORD_Q>(a, b),
+                    other => unreachable!("the math algorithms do not use {other:?}"),
+                })
+            }
+        }
+        #[inline(always)]
+        fn icmp(&mut self, cc: IntCC, a: __m256i, b: __m256i) -> __m256i {
+            unsafe {
+                let ones = _mm256_set1_epi32(-1);
+                match cc {
+                    IntCC::Equal => _mm256_cmpeq_epi32(a, b),
+                    IntCC::NotEqual => _mm256_xor_si256(_mm256_cmpeq_epi32(a, b), ones),
+                    IntCC::SignedLessThan => _mm256_cmpgt_epi32(b, a),
+                    IntCC::SignedLessThanOrEqual => {
+                        _mm256_xor_si256(_mm256_cmpgt_epi32(a, b), ones)
+                    }
+                    IntCC::SignedGreaterThan => _mm256_cmpgt_epi32(a, b),
+                    IntCC::SignedGreaterThanOrEqual => {
+                        _mm256_xor_si256(_mm256_cmpgt_epi32(b, a), ones)
+                    }
+                    other => unreachable!("the math algorithms do not use {other:?}"),
+                }
+            }
+        }
+        #[inline(always)]
+        fn sel(&mut self, m: __m256i, t: __m256i, f: __m256i) -> __m256i {
+            // Bitwise `m ? t : f`, as the inline form's `bitselect`.
+            unsafe { _mm256_or_si256(_mm256_and_si256(m, t), _mm256_andnot_si256(m, f)) }
+        }
+    }
+
+    impl Wide for Avx2 {
+        const WIDTH: usize = 8;
+        #[inline(always)]
+        unsafe fn load(p: *const f32) -> __m256i {
+            unsafe { _mm256_castps_si256(_mm256_loadu_ps(p)) }
+        }
+        #[inline(always)]
+        unsafe fn store(p: *mut f32, v: __m256i) {
+            unsafe { _mm256_storeu_ps(p, _mm256_castsi256_ps(v)) }
+        }
+    }
+}
+
+/// `f` on one register.
+#[inline(always)]
+fn apply<L: Wide>(e: &mut L, f: MathFn, x: L::V) -> L::V {
+    match f {
+        MathFn::Exp => super::exp(e, x, None),
+        MathFn::Log => super::log(e, x),
+        MathFn::Tanh => super::tanh(e, x),
+        MathFn::Erf => super::erf(e, x),
+        MathFn::Sin => super::sincos(e, x, false),
+        MathFn::Cos => super::sincos(e, x, true),
+        MathFn::Sigmoid => super::sigmoid(e, x),
+    }
+}
+
+/// `data = f(data)` a register at a time; the last partial register is padded with zeros.
+///
+/// # Safety
+/// The CPU has `L`'s instruction set.
+#[inline(always)]
+unsafe fn run<L: Wide>(mut e: L, f: MathFn, data: &mut [f32]) {
+    let mut chunks = data.chunks_exact_mut(L::WIDTH);
+    for chunk in &mut chunks {
+        // SAFETY: `chunk` holds exactly `L::WIDTH` f32s.
+        unsafe {
+            let x = L::load(chunk.as_ptr());
+            let y = apply(&mut e, f, x);
+            L::store(chunk.as_mut_ptr(), y);
+        }
+    }
+    let rest = chunks.into_remainder();
+    if !rest.is_empty() {
+        let mut padded = [0f32; 16];
+        padded[..rest.len()].copy_from_slice(rest);
+        // SAFETY: `padded` holds 16 >= `L::WIDTH` f32s.
+        unsafe {
+            let x = L::load(padded.as_ptr());
+            let y = apply(&mut e, f, x);
+            L::store(padded.as_mut_ptr(), y);
+        }
+        rest.copy_from_slice(&padded[..rest.len()]);
+    }
+}
+
+/// One `extern "C"` routine per function and instruction set.
+macro_rules! routines {
+    ($($name:ident => $f:expr, $isa:ident, $feature:literal;)*) => {
+        $(
+            /// # Safety
+            /// `data` points to `n` initialized, writable f32s (any `n <= 0` does nothing), and
+            /// the CPU has the enabled target features (checked by [`block_isa`]).
+            #[target_feature(enable = $feature)]
+            unsafe extern "C" fn $name(data: *mut f32, n: i64) {
+                if n <= 0 {
+                    return;
+                }
+                // SAFETY: the caller's contract above.
+                unsafe {
+                    let data = std::slice::from_raw_parts_mut(data, n as usize);
+                    run(x86::$isa, $f, data);
+                }
+            }
+        )*
+    };
+}
+
+#[cfg(target_arch = "x86_64")]
+routines! {
+    exp_avx512 => MathFn::Exp, Avx512, "avx512f,fma";
+    log_avx512 => MathFn::Log, Avx512, "avx512f,fma";
+    tanh_avx512 => MathFn::Tanh, Avx512, "avx512f,fma";
+    erf_avx512 => MathFn::Erf, Avx512, "avx512f,fma";
+    sin_avx512 => MathFn::Sin, Avx512, "avx512f,fma";
+    cos_avx512 => MathFn::Cos, Avx512, "avx512f,fma";
+    sigmoid_avx512 => MathFn::Sigmoid, Avx512, "avx512f,fma";
+    exp_avx2 => MathFn::Exp, Avx2, "avx2,fma";
+    log_avx2 => MathFn::Log, Avx2, "avx2,fma";
+    tanh_avx2 => MathFn::Tanh, Avx2, "avx2,fma";
+    erf_avx2 => MathFn::Erf, Avx2, "avx2,fma";
+    sin_avx2 => MathFn::Sin, Avx2, "avx2,fma";
+    cos_avx2 => MathFn::Cos, Avx2, "avx2,fma";
+    sigmoid_avx2 => MathFn::Sigmoid, Avx2, "avx2,fma";
+}
+
+/// Which instruction set the block routines use on this CPU.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BlockIsa {
+    Avx512,
+    Avx2,
+}
+
+/// The best instruction set this CPU offers the routines, or `None` (no routines: kernels
+/// compute inline). `MINDUCTOR_MATH_BLOCKS=0` turns them off (for comparisons).
+pub fn block_isa() -> Option<BlockIsa> {
+    static ISA: std::sync::OnceLock<Option<BlockIsa>> = std::sync::OnceLock::new();
+    *ISA.get_or_init(|| {
+        if std::env::var("MINDUCTOR_MATH_BLOCKS").is_ok_and(|v| v == "0") {
+            return None;
+        }
+        detect()
+    })
+}
+
+#[cfg(target_arch = "x86_64")]
+fn detect() -> Option<BlockIsa> {
+    use std::arch::is_x86_feature_detected as has;
+    if has!("avx512f") && has!("fma") {
+        Some(BlockIsa::Avx512)
+    } else if has!("avx2") && has!("fma") {
+        Some(BlockIsa::Avx2)
+    } else {
+        None
+    }
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+fn detect() -> Option<BlockIsa> {
+    None
+}
+
+/// The routine computing `f` with `isa`, which the caller has checked this CPU supports
+/// (via [`block_isa`]).
+#[cfg(target_arch = "x86_64")]
+pub fn routine(f: MathFn, isa: BlockIsa) -> BlockFn {
+    match (isa, f) {
+        (BlockIsa::Avx512, MathFn::Exp) => exp_avx512,
+        (BlockIsa::Avx512, MathFn::Log) => log_avx512,
+        (BlockIsa::Avx512, MathFn::Tanh) => tanh_avx512,
+        (BlockIsa::Avx512, MathFn::Erf) => erf_avx512,
+        (BlockIsa::Avx512, MathFn::Sin) => sin_avx512,
+        (BlockIsa::Avx512, MathFn::Cos) => cos_avx512,
+        (BlockIsa::Avx512, MathFn::Sigmoid) => sigmoid_avx512,
+        (BlockIsa::Avx2, MathFn::Exp) => exp_avx2,
+        (BlockIsa::Avx2, MathFn::Log) => log_avx2,
+        (BlockIsa::Avx2, MathFn::Tanh) => tanh_avx2,
+        (BlockIsa::Avx2, MathFn::Erf) => erf_avx2,
+        (BlockIsa::Avx2, MathFn::Sin) => sin_avx2,
+        (BlockIsa::Avx2, MathFn::Cos) => cos_avx2,
+        (BlockIsa::Avx2, MathFn::Sigmoid) => sigmoid_avx2,
+    }
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+pub fn routine(_f: MathFn, _isa: BlockIsa) -> BlockFn {
+    unreachable!("`block_isa` offers no routines on this architecture")
+}
+
+/// The routine for `f` on this CPU, if it has one.
+pub fn block_routine(f: MathFn) -> Option<BlockFn> {
+    block_isa().map(|isa| routine(f, isa))
+}
+
+/// `data = f(data)` with the routine for `isa` (which must be supported: see [`block_isa`]),
+/// for tests and benchmarks.
+pub fn apply_block(f: MathFn, isa: BlockIsa, data: &mut [f32]) {
+    let supported = match isa {
+        BlockIsa::Avx512 => detect() == Some(BlockIsa::Avx512),
+        BlockIsa::Avx2 => detect().is_some(),
+    };
+    assert!(supported, "{isa:?} routines need a CPU that has {isa:?}");
+    // SAFETY: `data` is a valid mutable slice of `data.len()` f32s, and the CPU supports
+    // `isa` (asserted above).
+    unsafe { routine(f, isa)(data.as_mut_ptr(), data.len() as i64) }
+}
