@@ -28,7 +28,12 @@ fn main() {
             let b: Vec<f32> = (0..k * n).map(|i| (i % 13) as f32 * 0.01).collect();
             let mut c = vec![0f32; m * n];
             let a = MatrixRef::row_major(&a, m, k).unwrap();
-            let b = MatrixRef::row_major(&b, k, n).unwrap();
+            // `b` transposed (as a backward pass's `dY @ W^T` reads it) when asked.
+            let b = if std::env::args().any(|a| a == "--transposed-b") {
+                MatrixRef::new(&b, 0, [k, n], [1, k as i64], "b").unwrap()
+            } else {
+                MatrixRef::row_major(&b, k, n).unwrap()
+            };
             let pack = median(|| drop(PackedB::pack(&b, kernel, threads).unwrap()));
             let packed = PackedB::pack(&b, kernel, threads).unwrap();
             let mul = median(|| {

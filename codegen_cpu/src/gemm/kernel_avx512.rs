@@ -88,3 +88,52 @@ unsafe fn tile_rows<const ROWS: usize>(args: &TileArgs) {
         }
     }
 }
+
+/// Packs one panel of a `b` whose columns are contiguous (a transposed operand): row `p` of the
+/// panel (`NR` values) is 4 gathers of 16 values, one from each of 16 columns, at element
+/// `start + j · column_stride + p` of `data` for column `j` of the panel; columns `width..NR`
+/// are zeros.
+///
+/// # Safety
+/// The CPU supports AVX-512F; `panel.len() == k · NR`; `width ≤ NR`; `15 · column_stride` fits
+/// in an `i32`; and `start + j · column_stride + p < data.len()` for every `j < width`, `p < k`.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+pub(super) unsafe fn pack_columns(
+    data: &[f32],
+    start: usize,
+    column_stride: usize,
+    k: usize,
+    width: usize,
+    panel: &mut [f32],
+) {
+    debug_assert!(panel.len() == k * NR && width <= NR);
+    let stride = column_stride as i32;
+    let offsets = _mm512_mullo_epi32(
+        _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+        _mm512_set1_epi32(stride),
+    );
+    for v in 0..NR / 16 {
+        let lanes = width.saturating_sub(16 * v).min(16);
+        let mask: __mmask16 = if lanes == 16 { !0 } else { (1u16 << lanes) - 1 };
+        if lanes == 0 {
+            for p in 0..k {
+                panel[p * NR + 16 * v..][..16].fill(0.0);
+            }
+            continue;
+        }
+        let column = start + 16 * v * column_stride;
+        for p in 0..k {
+            // SAFETY: lane `j < lanes` reads element `column + j·column_stride + p`, inside
+            // `data` by the caller's guarantee (masked lanes read nothing); the offsets fit in
+            // i32 (`15·column_stride` does). The store writes values `p·NR + 16v .. + 16` of
+            // `panel`, which holds `k·NR`.
+            unsafe {
+                let base = data.as_ptr().add(column + p);
+                let value =
+                    _mm512_mask_i32gather_ps::<4>(_mm512_setzero_ps(), mask, offsets, base);
+                _mm512_storeu_ps(panel.as_mut_ptr().add(p * NR + 16 * v), value);
+            }
+        }
+    }
+}

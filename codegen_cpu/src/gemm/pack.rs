@@ -1,8 +1,8 @@
 //! Packing: copies of `a` and `b` through their strides into the layouts the micro-kernels
-//! read with unit stride. Reads go through checked slices (one check per contiguous run), so
-//! this file has no `unsafe`.
+//! read with unit stride. Reads go through checked slices (one check per contiguous run), except
+//! the AVX-512 gathers of a transposed `b`, which rest on `MatrixRef::new`'s check.
 
-use super::MatrixRef;
+use super::{kernel_avx512, Kernel, MatrixRef};
 use std::ops::Range;
 
 impl MatrixRef<'_> {
@@ -34,12 +34,27 @@ pub(super) fn pack_b(b: &MatrixRef, nr: usize, first_panel: usize, out: &mut [f3
                 row[..width].copy_from_slice(&b.data[start..start + width]);
                 row[width..].fill(0.0);
             }
+        } else if b.row_stride == 1 && gather_columns(b, nr) {
+            // Columns are contiguous (a transposed operand), and AVX-512 gathers whole rows.
+            let column_stride = b.col_stride as usize;
+            // SAFETY: AVX-512F is present and `15 · column_stride` fits in i32
+            // (`gather_columns`); the panel holds `k · nr` values with `nr` the kernel's 64; and
+            // every element `(p, first + j)`, `p < k`, `j < width`, is inside the view, which
+            // `MatrixRef::new` checked lies inside `data`.
+            #[cfg(target_arch = "x86_64")]
+            unsafe {
+                kernel_avx512::pack_columns(b.data, b.at(0, first), column_stride, k, width, panel)
+            };
         } else if b.row_stride == 1 {
-            // Columns are contiguous (a transposed operand): read each column once.
-            for j in 0..width {
-                let start = b.at(0, first + j);
-                for (p, &value) in b.data[start..start + k].iter().enumerate() {
-                    panel[p * nr + j] = value;
+            // Columns are contiguous (a transposed operand): read runs of each column, 64 rows
+            // at a time, so the rows being written (64 · nr values) stay in L1.
+            for rows in (0..k).step_by(64) {
+                let height = 64.min(k - rows);
+                for j in 0..width {
+                    let start = b.at(rows, first + j);
+                    for (p, &value) in b.data[start..start + height].iter().enumerate() {
+                        panel[(rows + p) * nr + j] = value;
+                    }
                 }
             }
             for row in panel.chunks_exact_mut(nr) {
@@ -100,4 +115,14 @@ pub(super) fn pack_a(
             }
         }
     }
+}
+
+/// Whether a column-contiguous `b` is packed with AVX-512 gathers: panels 64 wide, AVX-512F
+/// present, and the offsets of 16 columns within an `i32`.
+fn gather_columns(b: &MatrixRef, nr: usize) -> bool {
+    cfg!(target_arch = "x86_64")
+        && nr == kernel_avx512::NR
+        && Kernel::Avx512.is_supported()
+        && b.col_stride > 0
+        && (b.col_stride as i64) * 15 <= i32::MAX as i64
 }
