@@ -569,8 +569,10 @@ const PARALLEL_FLOPS_THRESHOLD: usize = 1 << 22;
 
 /// Runs `out = a @ b` with our GEMM (`crate::gemm`) tile by tile over the output's first dim,
 /// each tile followed by the epilogue on the same rows; tiles are split across threads. `b` is
-/// packed once per product and shared by every tile and thread. A 2-D product with too few rows
-/// for every thread splits its columns instead, and runs the epilogue after all of them.
+/// packed once per product, block by block as the first tile to need each block gets to it,
+/// and shared by every tile and thread (each thread starts at its own panels). A 2-D product
+/// with too few rows for every thread splits its columns instead, and runs the epilogue after
+/// all of them.
 fn run_matmul(
     m: &MatmulStep,
     epilogue: Option<&CompiledKernel>,
@@ -619,7 +621,9 @@ fn run_matmul(
     let units = a_shape[0];
     let unit_bytes = count * rows * cols * std::mem::size_of::<f32>() / units.max(1);
     let flops = 2 * count * rows * k * cols;
-    let min_tile = if batch == 0 { 64 } else { 1 };
+    // At least 128 rows of a 2-D product: every tile streams all of packed `b` once, which costs
+    // more than keeping the tile's output in L2 for the epilogue saves (measured on the MLP).
+    let min_tile = if batch == 0 { 128 } else { 1 };
     let tile = (TILE_BYTES / unit_bytes.max(1))
         .max(min_tile)
         .min(units.max(1));
@@ -636,8 +640,9 @@ fn run_matmul(
     if batch == 0 {
         let a = a_view(m.a.offset).map_err(gemm_error)?;
         let b = b_view(m.b.offset).map_err(gemm_error)?;
-        let packed = gemm::PackedB::pack(&b, kernel, if parallel { threads } else { 1 })
-            .map_err(gemm_error)?;
+        // Packed as the tiles need it, once, by whichever thread gets to each block first.
+        let packed = gemm::PackedB::lazy(&b, kernel).map_err(gemm_error)?;
+        let panels = cols.div_ceil(kernel.nr());
         if parallel && rows < threads * 4 * kernel.mr() {
             // Too few rows to share: every thread takes a run of columns, then the epilogue runs
             // on whole rows.
@@ -654,12 +659,13 @@ fn run_matmul(
             }
             return Ok(());
         }
-        let run_rows = |start: usize, end: usize| {
+        let run_rows = |start: usize, end: usize, first_panel: usize| {
             let mut s = start;
             while s < end {
                 let e = (s + tile).min(end);
                 let mut out = c_rows(0, s, e).expect("rows inside the output");
-                gemm::multiply(&a.rows(s, e), &packed, &mut out).expect("shapes agree");
+                gemm::multiply_from(&a.rows(s, e), &packed, &mut out, first_panel)
+                    .expect("shapes agree");
                 drop(out);
                 if let Some((epilogue, bound)) = &epilogue {
                     call_kernel(epilogue, bound, shared, s as i64, e as i64);
@@ -669,9 +675,11 @@ fn run_matmul(
         };
         if parallel && rows > 1 {
             let chunks = threads.min(rows);
-            threads::for_each_chunk(chunks, |ch| run_rows(rows * ch / chunks, rows * (ch + 1) / chunks));
+            threads::for_each_chunk(chunks, |ch| {
+                run_rows(rows * ch / chunks, rows * (ch + 1) / chunks, panels * ch / chunks)
+            });
         } else {
-            run_rows(0, rows);
+            run_rows(0, rows, 0);
         }
         return Ok(());
     }
@@ -699,7 +707,7 @@ fn run_matmul(
                     // Return the old buffer to the pool before taking one.
                     drop(packed.take());
                     let b = b_view(b_off).map_err(gemm_error)?;
-                    packed = Some((b_off, gemm::PackedB::pack(&b, kernel, 1).map_err(gemm_error)?));
+                    packed = Some((b_off, gemm::PackedB::lazy(&b, kernel).map_err(gemm_error)?));
                 }
                 let (_, b) = packed.as_ref().expect("packed above");
                 let mut out = c_rows(n, 0, rows).map_err(gemm_error)?;

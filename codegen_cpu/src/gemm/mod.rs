@@ -29,6 +29,7 @@ mod pack;
 #[cfg(test)]
 mod tests;
 
+use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::{Mutex, OnceLock};
 use thiserror::Error;
 
@@ -306,48 +307,82 @@ impl<'a> MatrixMut<'a> {
 
 /// `b` packed for one kernel: `ceil(n / nr)` panels, panel `q` holding values
 /// `(p, q · nr + j)` at `q · k · nr + p · nr + j` for `p < k`, `j < nr` (zeros past column `n`).
-/// The buffer comes from a pool and returns to it when dropped, so repeated calls of the same
-/// size neither allocate nor fault pages in.
-pub struct PackedB {
+///
+/// Packing is lazy, one block of `KC` rows of one panel at a time, by the first thread that needs
+/// it (the others wait for it); so the packing of a large `b` is spread over the whole product,
+/// and the reads of `b` it needs are prefetched while the micro-kernels run on the block before
+/// (`multiply_panels`). Every block is packed exactly once per `PackedB`, shared by every tile
+/// and thread. The buffer comes from a pool and returns to it when dropped, so repeated calls of
+/// the same size neither allocate nor fault pages in.
+pub struct PackedB<'a> {
     kernel: Kernel,
     k: usize,
     n: usize,
+    source: MatrixRef<'a>,
+    /// Owns the packed values; accessed only through `base` (below) after construction.
     buffer: AlignedBuffer,
+    /// The start of `buffer`'s `panels · k · nr` values.
+    base: *mut f32,
+    /// `EMPTY`, `PACKING` or `READY` for block `(panel, depth)` at `panel · blocks + depth`. A
+    /// block's values are written only by the thread that moved it from `EMPTY` to `PACKING`,
+    /// and read only after its state was seen `READY` (release/acquire).
+    states: Vec<AtomicU8>,
+    /// Blocks of `KC` rows per panel: `ceil(k / KC)`.
+    blocks: usize,
 }
 
-impl PackedB {
-    /// Packs `b` for `kernel`, splitting the panels across `threads` threads (1: this one).
-    pub fn pack(b: &MatrixRef, kernel: Kernel, threads: usize) -> Result<PackedB, GemmError> {
+const EMPTY: u8 = 0;
+const PACKING: u8 = 1;
+const READY: u8 = 2;
+
+// SAFETY: the packed values are shared under the protocol of `states` (each block written by
+// one thread before any thread reads it); the rest is read-only.
+unsafe impl Send for PackedB<'_> {}
+unsafe impl Sync for PackedB<'_> {}
+
+impl<'a> PackedB<'a> {
+    /// `b` ready to be packed for `kernel` as the products need it.
+    pub fn lazy(b: &MatrixRef<'a>, kernel: Kernel) -> Result<PackedB<'a>, GemmError> {
         if !kernel.is_supported() {
             return Err(GemmError::Unsupported(kernel));
         }
         let [k, n] = b.shape();
-        let nr = kernel.nr();
-        let panels = n.div_ceil(nr);
-        let panel_len = k * nr;
-        let mut buffer = AlignedBuffer::take(panels * panel_len);
-        let values = buffer.as_mut_slice();
-        let threads = threads.clamp(1, panels.max(1));
-        if threads == 1 || panel_len == 0 {
-            pack::pack_b(b, nr, 0, values);
-        } else {
-            // Contiguous runs of whole panels, one per thread.
-            let per_thread = panels.div_ceil(threads);
-            let chunks: Vec<Mutex<&mut [f32]>> = values
-                .chunks_mut(per_thread * panel_len)
-                .map(Mutex::new)
-                .collect();
-            minductor_runtime::threads::for_each_chunk(chunks.len(), |t| {
-                let mut chunk = chunks[t].lock().unwrap_or_else(|p| p.into_inner());
-                pack::pack_b(b, nr, t * per_thread, &mut chunk);
-            });
-        }
+        let panels = n.div_ceil(kernel.nr());
+        let blocks = k.div_ceil(KC);
+        let mut buffer = AlignedBuffer::take(panels * k * kernel.nr());
+        let base = buffer.as_mut_slice().as_mut_ptr();
         Ok(PackedB {
             kernel,
             k,
             n,
+            source: *b,
             buffer,
+            base,
+            states: (0..panels * blocks).map(|_| AtomicU8::new(EMPTY)).collect(),
+            blocks,
         })
+    }
+
+    /// Packs all of `b` for `kernel` now, splitting the panels across `threads` threads.
+    pub fn pack(b: &MatrixRef<'a>, kernel: Kernel, threads: usize) -> Result<PackedB<'a>, GemmError> {
+        let packed = Self::lazy(b, kernel)?;
+        let panels = packed.panels();
+        let threads = threads.clamp(1, panels.max(1));
+        let pack_panels = |range: std::ops::Range<usize>| {
+            for panel in range {
+                for depth in 0..packed.blocks {
+                    packed.block(panel, depth);
+                }
+            }
+        };
+        if threads == 1 {
+            pack_panels(0..panels);
+        } else {
+            minductor_runtime::threads::for_each_chunk(threads, |t| {
+                pack_panels(panels * t / threads..panels * (t + 1) / threads)
+            });
+        }
+        Ok(packed)
     }
 
     pub fn kernel(&self) -> Kernel {
@@ -357,15 +392,110 @@ impl PackedB {
     pub fn shape(&self) -> [usize; 2] {
         [self.k, self.n]
     }
+
+    fn panels(&self) -> usize {
+        self.n.div_ceil(self.kernel.nr())
+    }
+
+    /// The rows of block `depth` (a multiple of `KC`, up to `k`).
+    fn block_rows(&self, depth: usize) -> std::ops::Range<usize> {
+        depth * KC..(depth * KC + KC).min(self.k)
+    }
+
+    /// Whether block `(panel, depth)` is still to be packed by someone.
+    fn is_empty(&self, panel: usize, depth: usize) -> bool {
+        self.states[panel * self.blocks + depth].load(Ordering::Relaxed) == EMPTY
+    }
+
+    /// The packed block `(panel, depth)`: `kc · nr` values, `kc` its rows. Packs it here if no
+    /// thread has started to, else waits until the thread that did is done.
+    fn block(&self, panel: usize, depth: usize) -> &[f32] {
+        let nr = self.kernel.nr();
+        let rows = self.block_rows(depth);
+        let at = panel * self.k * nr + rows.start * nr;
+        let len = rows.len() * nr;
+        let state = &self.states[panel * self.blocks + depth];
+        if state.load(Ordering::Acquire) != READY {
+            if state
+                .compare_exchange(EMPTY, PACKING, Ordering::Acquire, Ordering::Acquire)
+                .is_ok()
+            {
+                // SAFETY: `at + len ≤ panels · k · nr`, inside the buffer; this thread moved the
+                // block from EMPTY to PACKING, so it alone writes these values, and no thread
+                // reads them before the READY below.
+                let values = unsafe { std::slice::from_raw_parts_mut(self.base.add(at), len) };
+                pack::pack_b(&self.source.rows(rows.start, rows.end), nr, panel, values);
+                state.store(READY, Ordering::Release);
+            } else {
+                let mut spins = 0u32;
+                while state.load(Ordering::Acquire) != READY {
+                    spins += 1;
+                    if spins < 1 << 12 {
+                        std::hint::spin_loop();
+                    } else {
+                        std::thread::yield_now();
+                    }
+                }
+            }
+        }
+        // SAFETY: the block is READY (seen with acquire ordering after its writer's release),
+        // so no thread writes it any more; it lies inside the buffer (see above).
+        unsafe { std::slice::from_raw_parts(self.base.add(at), len) }
+    }
+
+    /// Asks the caches for the rows `part` (of `parts`) of block `(panel, depth)`'s source, if it
+    /// is still to be packed and its rows are contiguous in memory.
+    fn prefetch(&self, panel: usize, depth: usize, part: usize, parts: usize) {
+        let source = &self.source;
+        if source.col_stride != 1 || !self.is_empty(panel, depth) {
+            return;
+        }
+        let rows = self.block_rows(depth);
+        let nr = self.kernel.nr();
+        let first = panel * nr;
+        let width = nr.min(self.n - first);
+        let (from, to) = (rows.len() * part / parts, rows.len() * (part + 1) / parts);
+        for p in rows.start + from..rows.start + to {
+            let row = &source.data[source.at(p, first)..][..width];
+            for line in row.chunks(16) {
+                prefetch_line(line.as_ptr());
+            }
+        }
+    }
 }
 
-/// `c = a · b` on the calling thread, `b` packed.
+/// Hints that the line holding `value` will be read soon (into L2).
+#[inline]
+fn prefetch_line(value: *const f32) {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: a prefetch is only a hint: it never faults and changes no state the program sees.
+    unsafe {
+        use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T1};
+        _mm_prefetch::<_MM_HINT_T1>(value as *const i8)
+    };
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = value;
+}
+
+/// `c = a · b` on the calling thread, `b` packed (or packed here as needed).
 pub fn multiply(a: &MatrixRef, b: &PackedB, c: &mut MatrixMut) -> Result<(), GemmError> {
+    multiply_from(a, b, c, 0)
+}
+
+/// [`multiply`] visiting the panels of `b` from `first_panel` on (wrapping around): threads
+/// multiplying other rows by the same lazily packed `b` should start at different panels, so
+/// each packs its own share first instead of waiting for the other.
+pub fn multiply_from(
+    a: &MatrixRef,
+    b: &PackedB,
+    c: &mut MatrixMut,
+    first_panel: usize,
+) -> Result<(), GemmError> {
     check_shapes(a, b, c)?;
-    let panels = b.n.div_ceil(b.kernel.nr());
+    let panels = b.panels();
     // SAFETY: shapes were checked to agree; `c` is borrowed uniquely for the whole call and
     // its extent was checked by `MatrixMut::new`.
-    unsafe { multiply_panels(a, b, c.data.as_mut_ptr(), c.row_stride, 0..panels) };
+    unsafe { multiply_panels(a, b, c.data.as_mut_ptr(), c.row_stride, 0..panels, first_panel) };
     Ok(())
 }
 
@@ -399,7 +529,9 @@ pub fn multiply_parallel(
             let (start, part) = &parts[t];
             let mut part = part.lock().unwrap_or_else(|p| p.into_inner());
             let rows = part.rows;
-            multiply(&a.rows(*start, start + rows), b, &mut part).expect("shapes checked above");
+            let first_panel = panels * t / parts.len();
+            multiply_from(&a.rows(*start, start + rows), b, &mut part, first_panel)
+                .expect("shapes checked above");
         });
         return Ok(());
     }
@@ -412,7 +544,7 @@ pub fn multiply_parallel(
         // SAFETY: shapes were checked to agree and `c` (borrowed uniquely for this whole call)
         // holds every element of the output; each thread writes only the columns of its own
         // panels, disjoint from every other thread's.
-        unsafe { multiply_panels(a, b, c_pointer.get(), row_stride, range) };
+        unsafe { multiply_panels(a, b, c_pointer.get(), row_stride, range, 0) };
     });
     Ok(())
 }
@@ -435,7 +567,7 @@ pub fn sgemm_with(
     c: &mut MatrixMut,
     threads: usize,
 ) -> Result<(), GemmError> {
-    let packed = PackedB::pack(b, kernel, threads)?;
+    let packed = PackedB::lazy(b, kernel)?;
     multiply_parallel(a, &packed, c, threads)
 }
 
@@ -467,6 +599,9 @@ fn check_shapes(a: &MatrixRef, b: &PackedB, c: &MatrixMut) -> Result<(), GemmErr
 
 /// `c[:, columns of panels] = a · b[:, columns of panels]`.
 ///
+/// The panels are visited starting at `panels.start + rotation` (wrapping around), so threads
+/// working on other rows of the same `b` start on blocks of their own and pack different ones.
+///
 /// # Safety
 /// `a.cols == b.k`; `c + i · ldc + j` is writable for every `i < a.rows`, `j < b.n` with `j` in
 /// the given panels' columns, and no other thread touches those elements during the call.
@@ -476,6 +611,7 @@ unsafe fn multiply_panels(
     c: *mut f32,
     ldc: usize,
     panels: std::ops::Range<usize>,
+    rotation: usize,
 ) {
     let kernel = b.kernel;
     let (m, k, n, mr, nr) = (a.rows, b.k, b.n, kernel.mr(), kernel.nr());
@@ -492,7 +628,9 @@ unsafe fn multiply_panels(
         }
         return;
     }
-    let packed_b = b.buffer.as_slice();
+    let order: Vec<usize> = (0..panels.len())
+        .map(|i| panels.start + (i + rotation) % panels.len())
+        .collect();
     // Equal blocks of whole micro-panels, at most MC rows each.
     let mc_block = m.div_ceil(m.div_ceil(MC)).div_ceil(mr) * mr;
     PACKED_A.with(|cell| {
@@ -505,10 +643,19 @@ unsafe fn multiply_panels(
                 packed_a.reserve(micro_panels * mr * kc);
                 let a_block = &mut packed_a.as_mut_slice()[..micro_panels * mr * kc];
                 pack::pack_a(a, row..row + mc, depth..depth + kc, mr, a_block);
-                for panel in panels.clone() {
+                let block = depth / KC;
+                for (i, &panel) in order.iter().enumerate() {
                     let cols = nr.min(n - panel * nr);
-                    let b_panel = &packed_b[panel * k * nr + depth * nr..][..kc * nr];
+                    let b_panel = b.block(panel, block);
+                    // The block this loop needs next, or the first of the next depth.
+                    let next = match order.get(i + 1) {
+                        Some(&next) => Some((next, block)),
+                        None => (block + 1 < b.blocks).then_some((order[0], block + 1)),
+                    };
                     for micro in 0..micro_panels {
+                        if let Some((next_panel, next_block)) = next {
+                            b.prefetch(next_panel, next_block, micro, micro_panels);
+                        }
                         let rows = mr.min(mc - micro * mr);
                         let args = TileArgs {
                             kc,
@@ -522,7 +669,7 @@ unsafe fn multiply_panels(
                             cols,
                             accumulate: depth > 0,
                         };
-                        // SAFETY: `PackedB::pack` checked the kernel is supported; the panels
+                        // SAFETY: `PackedB::lazy` checked the kernel is supported; the panels
                         // are slices of `kc·mr` and `kc·nr` values; `rows ≤ mr` and
                         // `cols ≤ nr` stay inside `m × n`, whose elements in these panels'
                         // columns the caller gave to this call alone.
@@ -589,19 +736,15 @@ impl AlignedBuffer {
         self.len = len;
     }
 
-    fn as_slice(&self) -> &[f32] {
-        // SAFETY: `lines` holds `lines.len() · 16` initialized f32 values (`Line` is
-        // `repr(C)` over `[f32; 16]`, without padding), and `len` never exceeds that.
-        unsafe { std::slice::from_raw_parts(self.lines.as_ptr() as *const f32, self.len) }
-    }
-
     fn as_mut_slice(&mut self) -> &mut [f32] {
-        // SAFETY: as in `as_slice`, and `&mut self` makes the borrow unique.
+        // SAFETY: `lines` holds `lines.len() · 16` initialized f32 values (`Line` is
+        // `repr(C)` over `[f32; 16]`, without padding), `len` never exceeds that, and
+        // `&mut self` makes the borrow unique.
         unsafe { std::slice::from_raw_parts_mut(self.lines.as_mut_ptr() as *mut f32, self.len) }
     }
 }
 
-impl Drop for PackedB {
+impl Drop for PackedB<'_> {
     fn drop(&mut self) {
         let buffer = std::mem::take(&mut self.buffer);
         let mut pool = POOL.lock().unwrap_or_else(|p| p.into_inner());

@@ -8,7 +8,7 @@ use std::ops::Range;
 impl MatrixRef<'_> {
     /// Index into `data` of element `(i, j)`, which must be inside the view.
     #[inline]
-    fn at(&self, i: usize, j: usize) -> usize {
+    pub(super) fn at(&self, i: usize, j: usize) -> usize {
         debug_assert!(i < self.rows && j < self.cols);
         (self.offset as isize + i as isize * self.row_stride + j as isize * self.col_stride)
             as usize
