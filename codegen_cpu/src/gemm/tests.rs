@@ -129,10 +129,11 @@ fn transposed_strided_and_reversed_operands_are_read_through_their_strides() {
 #[test]
 fn sizes_past_one_cache_block_in_every_dimension() {
     // m crosses MC = 264 (two blocks, the second with a short micro-panel), k crosses
-    // KC = 256 twice with a tail.
+    // KC = 128 four times with a tail, or once by one.
     for kernel in supported_kernels() {
         check(kernel, [301, 600, 130], [Layout::RowMajor; 2], 1);
-        check(kernel, [265, 257, 65], [Layout::Transposed; 2], 1);
+        check(kernel, [265, 129, 65], [Layout::Transposed; 2], 1);
+        check(kernel, [7, 257, 65], [Layout::Transposed, Layout::RowMajor], 1);
     }
 }
 
