@@ -189,8 +189,33 @@ pub struct Store {
 
 #[derive(Clone, Debug, PartialEq)]
 pub enum StageAction {
-    Reduce { op: ReduceOp, value: ExprId },
+    /// Reduces `value` over the stage's loops; `stores` are values the same loop also stores
+    /// element by element (a costly value a later stage reuses: see `store_once`).
+    Reduce {
+        op: ReduceOp,
+        value: ExprId,
+        stores: Vec<Store>,
+    },
     Store(Vec<Store>),
+}
+
+impl StageAction {
+    /// The stage's stores (a reduction's extra stores, or a store stage's).
+    pub fn stores(&self) -> &[Store] {
+        match self {
+            StageAction::Reduce { stores, .. } | StageAction::Store(stores) => stores,
+        }
+    }
+
+    /// The values the stage computes: the reduced value first, then each stored one.
+    pub fn roots(&self) -> Vec<ExprId> {
+        let mut roots = match self {
+            StageAction::Reduce { value, .. } => vec![*value],
+            StageAction::Store(_) => Vec::new(),
+        };
+        roots.extend(self.stores().iter().map(|st| st.value));
+        roots
+    }
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -266,11 +291,9 @@ impl Kernel {
     pub fn stores(&self) -> Vec<BufferId> {
         let mut out = Vec::new();
         for s in &self.stages {
-            if let StageAction::Store(stores) = &s.action {
-                for st in stores {
-                    if !out.contains(&st.buffer) {
-                        out.push(st.buffer);
-                    }
+            for st in s.action.stores() {
+                if !out.contains(&st.buffer) {
+                    out.push(st.buffer);
                 }
             }
         }
@@ -513,13 +536,19 @@ impl fmt::Display for Kernel {
         }
         for (i, s) in self.stages.iter().enumerate() {
             match &s.action {
-                StageAction::Reduce { op, value } => writeln!(
-                    f,
-                    "  stage{i} over {}: reduce_{} e{}",
-                    dims(&s.extent),
-                    format!("{op:?}").to_lowercase(),
-                    value.0
-                )?,
+                StageAction::Reduce { op, value, stores } => {
+                    write!(
+                        f,
+                        "  stage{i} over {}: reduce_{} e{}",
+                        dims(&s.extent),
+                        format!("{op:?}").to_lowercase(),
+                        value.0
+                    )?;
+                    for st in stores {
+                        write!(f, ", store {}[{}] = e{}", st.buffer, st.index, st.value.0)?;
+                    }
+                    writeln!(f)?;
+                }
                 StageAction::Store(stores) => {
                     for st in stores {
                         writeln!(
