@@ -1,7 +1,7 @@
 //! The benchmark harness behind `minductor bench`: runs a [`Workload`] on the eager backend (the
 //! reference interpreter) and the compiled one (inductor), checks that they agree, and reports
 //! median times, speedup, cold compile time, peak heap bytes and achieved GB/s or GFLOP/s as a
-//! fraction of the [`MachineProbe`]'s copy bandwidth or GEMM peak.
+//! fraction of the [`MachineProbe`]'s copy bandwidth or vector FMA peak.
 //!
 //! Timing: one untimed warmup call, then calls until the time budget is spent (at least
 //! `min_iterations`), each timed alone; the median is reported. Outputs are dropped outside the
@@ -111,7 +111,8 @@ pub struct BackendResult {
     pub kept_bytes: u64,
     /// GB/s for memory-bound workloads, GFLOP/s for GEMM-dominated ones.
     pub achieved: f64,
-    /// `achieved` over the probe's copy bandwidth or all-thread GEMM peak.
+    /// `achieved` over the probe's copy bandwidth or all-thread vector FMA peak (the widest
+    /// width's, [`MachineProbe::compute_peak_gflops`]).
     pub fraction_of_peak: f64,
 }
 
@@ -304,7 +305,7 @@ fn time_backend(
         }
         Bound::Compute => {
             let gflops = workload.flops as f64 / median / 1e9;
-            (gflops, gflops / probe.gemm_gflops_all_threads)
+            (gflops, gflops / probe.compute_peak_gflops())
         }
     };
     Ok(BackendResult {
@@ -320,9 +321,15 @@ fn time_backend(
 
 /// The probe's figures, one line each.
 pub fn render_probe(probe: &MachineProbe) -> String {
+    let fma: Vec<String> = probe
+        .fma_peaks
+        .iter()
+        .map(|p| format!("{}-bit {:.1} ({:.1} on one)", p.bits, p.gflops_all_threads, p.gflops))
+        .collect();
     format!(
         "machine: {}\nprobe ({} threads): copy {:.1} GB/s (read+write, {} MiB buffers); \
-         sgemm {}³ {:.1} GFLOP/s on one thread, {:.1} GFLOP/s on all {} threads (the GEMM peak)\n",
+         sgemm {}³ {:.1} GFLOP/s on one thread, {:.1} GFLOP/s on all {} threads\n\
+         FMA peak GFLOP/s on all threads: {} (\"of peak\" for GEMM workloads: {:.1})\n",
         probe.machine,
         probe.threads,
         probe.copy_gb_per_s,
@@ -331,6 +338,8 @@ pub fn render_probe(probe: &MachineProbe) -> String {
         probe.gemm_gflops,
         probe.gemm_gflops_all_threads,
         probe.threads,
+        if fma.is_empty() { "none".to_string() } else { fma.join(", ") },
+        probe.compute_peak_gflops(),
     )
 }
 

@@ -5,10 +5,15 @@
 //!   split into one contiguous chunk per thread of a rayon pool of the given size; the median of
 //!   several runs, in GB/s counting the bytes read plus the bytes written (as the workloads count
 //!   theirs). The destination is touched before timing, so page faults are not measured.
-//! - GEMM peak: `matrixmultiply::sgemm` on square `n × n` matrices, median of several runs, as
-//!   2·n³ / time. `gemm_gflops` is one sgemm on one thread; `gemm_gflops_all_threads` runs one
-//!   independent sgemm on every thread of the pool at once and reports the aggregate: the ceiling
-//!   for compiled GEMMs, which split their output rows across the threads.
+//! - Vector FMA peak, for each vector width the CPU has FMAs of (128-bit and 256-bit with FMA3,
+//!   512-bit with AVX-512F, detected at run time): a tight loop of 12 independent chains of FMAs
+//!   written with `std::arch` (more than latency × FMA pipes, so the pipes never wait), median of
+//!   several runs, on one thread and on every thread of the pool at once. The widest width's
+//!   all-thread figure is the compute peak compute-bound workloads are judged against.
+//! - GEMM speed: our GEMM (`minductor_codegen_cpu::gemm::sgemm`, the one compiled programs call)
+//!   on square `n × n` matrices, median of several runs, as 2·n³ / time. `gemm_gflops` is one
+//!   GEMM on one thread; `gemm_gflops_all_threads` runs one independent GEMM on every thread of
+//!   the pool at once and reports the aggregate.
 //!
 //! The result is cached as JSON in `$MINDUCTOR_CACHE_DIR`, else `$XDG_CACHE_HOME/minductor`, else
 //! `~/.cache/minductor` (never in the repository), one file per machine (CPU model, logical CPU
@@ -37,10 +42,34 @@ pub struct MachineProbe {
     pub gemm_size: usize,
     /// Median GFLOP/s of one sgemm on one thread.
     pub gemm_gflops: f64,
-    /// Median aggregate GFLOP/s of one sgemm per thread, all threads at once: the GEMM peak.
+    /// Median aggregate GFLOP/s of one sgemm per thread, all threads at once.
     pub gemm_gflops_all_threads: f64,
+    /// The vector FMA peak of every width this CPU has FMAs of, narrowest first.
+    pub fma_peaks: Vec<FmaPeak>,
     /// When it was measured, seconds since the Unix epoch.
     pub measured_at_unix_s: u64,
+}
+
+/// The FMA throughput of one vector width.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct FmaPeak {
+    /// Vector width: 128, 256 or 512.
+    pub bits: u32,
+    /// Median GFLOP/s (an FMA counts 2 per lane) on one thread.
+    pub gflops: f64,
+    /// Median aggregate GFLOP/s on every thread of the pool at once.
+    pub gflops_all_threads: f64,
+}
+
+impl MachineProbe {
+    /// The ceiling for compute-bound work: the widest vector FMA peak on all threads (the GEMM
+    /// speed if the CPU has no FMA).
+    pub fn compute_peak_gflops(&self) -> f64 {
+        self.fma_peaks
+            .iter()
+            .max_by_key(|p| p.bits)
+            .map_or(self.gemm_gflops_all_threads, |p| p.gflops_all_threads)
+    }
 }
 
 /// How big and how often the probe measures.
@@ -214,6 +243,22 @@ pub fn measure(threads: usize, sizes: ProbeSizes) -> Result<MachineProbe, ProbeE
     let gemm_seconds = gemm_seconds(n, runs);
     let all_threads_seconds = gemm_all_threads_seconds(&pool, n, runs);
     let copy_bytes = sizes.copy_bytes / 4 * 4;
+    let fma_peaks = fma::WIDTHS
+        .iter()
+        .filter(|w| w.is_supported())
+        .map(|w| {
+            let flop = w.flops(fma::ITERATIONS);
+            let one = median_seconds(runs, || w.run(fma::ITERATIONS));
+            let all = median_seconds(runs, || {
+                pool.broadcast(|_| w.run(fma::ITERATIONS));
+            });
+            FmaPeak {
+                bits: w.bits,
+                gflops: flop / one / 1e9,
+                gflops_all_threads: threads as f64 * flop / all / 1e9,
+            }
+        })
+        .collect();
     Ok(MachineProbe {
         machine: machine_id(),
         threads,
@@ -222,6 +267,7 @@ pub fn measure(threads: usize, sizes: ProbeSizes) -> Result<MachineProbe, ProbeE
         gemm_size: n,
         gemm_gflops: flop / gemm_seconds / 1e9,
         gemm_gflops_all_threads: threads as f64 * flop / all_threads_seconds / 1e9,
+        fma_peaks,
         measured_at_unix_s: SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .map_or(0, |d| d.as_secs()),
@@ -256,29 +302,13 @@ fn copy_seconds(bytes: usize, threads: usize, runs: usize) -> f64 {
     })
 }
 
-/// One `n × n × n` sgemm, row-major, `c = a·b`.
+/// One `n × n × n` GEMM on the calling thread, row-major, `c = a·b`.
 fn sgemm(n: usize, a: &[f32], b: &[f32], c: &mut [f32]) {
-    assert!(a.len() >= n * n && b.len() >= n * n && c.len() >= n * n);
-    // SAFETY: a, b and c each hold n·n f32s (asserted above), read and written at row stride n
-    // and column stride 1; c is a unique borrow, so it aliases neither a nor b.
-    unsafe {
-        matrixmultiply::sgemm(
-            n,
-            n,
-            n,
-            1.0,
-            a.as_ptr(),
-            n as isize,
-            1,
-            b.as_ptr(),
-            n as isize,
-            1,
-            0.0,
-            c.as_mut_ptr(),
-            n as isize,
-            1,
-        );
-    }
+    use minductor_codegen_cpu::gemm::{self, MatrixMut, MatrixRef};
+    let a = MatrixRef::row_major(a, n, n).expect("a holds n·n values");
+    let b = MatrixRef::row_major(b, n, n).expect("b holds n·n values");
+    let mut c = MatrixMut::row_major(c, n, n).expect("c holds n·n values");
+    gemm::sgemm(&a, &b, &mut c, 1).expect("shapes agree");
 }
 
 fn gemm_operands(n: usize) -> (Vec<f32>, Vec<f32>) {
@@ -308,4 +338,113 @@ fn gemm_all_threads_seconds(pool: &rayon::ThreadPool, n: usize, runs: usize) -> 
             sgemm(n, &a, &b, &mut c);
         });
     })
+}
+
+/// The FMA loops, one per vector width.
+mod fma {
+    /// Loop trips per measurement: 12 chains × 16 lanes × 2 flops × 2²⁰ trips ≈ 0.4 GFLOP at
+    /// 512 bits, a few milliseconds.
+    pub const ITERATIONS: usize = 1 << 20;
+    /// Independent accumulator chains: more than FMA latency (4 cycles) × FMA pipes (2).
+    const CHAINS: usize = 12;
+
+    pub struct Width {
+        pub bits: u32,
+    }
+
+    pub const WIDTHS: [Width; 3] = [Width { bits: 128 }, Width { bits: 256 }, Width { bits: 512 }];
+
+    impl Width {
+        pub fn is_supported(&self) -> bool {
+            #[cfg(target_arch = "x86_64")]
+            {
+                use std::arch::is_x86_feature_detected as has;
+                match self.bits {
+                    128 => has!("fma"),
+                    256 => has!("avx") && has!("fma"),
+                    512 => has!("avx512f"),
+                    _ => false,
+                }
+            }
+            #[cfg(not(target_arch = "x86_64"))]
+            false
+        }
+
+        /// Flops of `iterations` trips: every chain does one FMA (2 flops per lane) per trip.
+        pub fn flops(&self, iterations: usize) -> f64 {
+            (iterations * CHAINS * (self.bits as usize / 32) * 2) as f64
+        }
+
+        /// Runs the loop; the result goes through `black_box` so it is not optimized away.
+        pub fn run(&self, iterations: usize) {
+            assert!(self.is_supported(), "{}-bit FMAs are not supported", self.bits);
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: the CPU has the loop's target features (asserted above).
+            let sum = unsafe {
+                match self.bits {
+                    128 => x86::fma_128(iterations),
+                    256 => x86::fma_256(iterations),
+                    _ => x86::fma_512(iterations),
+                }
+            };
+            #[cfg(not(target_arch = "x86_64"))]
+            let sum = 0.0f32;
+            std::hint::black_box(sum);
+        }
+    }
+
+    /// `x ← x · 0.999999 + 1e-7` on every chain converges to 0.1: no overflow, no subnormals.
+    #[cfg(target_arch = "x86_64")]
+    mod x86 {
+        use super::CHAINS;
+        use std::arch::x86_64::*;
+
+        /// # Safety
+        /// The CPU supports FMA3.
+        #[target_feature(enable = "fma")]
+        pub unsafe fn fma_128(iterations: usize) -> f32 {
+            let (m, a) = (_mm_set1_ps(0.999_999), _mm_set1_ps(1e-7));
+            let mut chains = [_mm_set1_ps(1.0); CHAINS];
+            for _ in 0..iterations {
+                for x in chains.iter_mut() {
+                    *x = _mm_fmadd_ps(*x, m, a);
+                }
+            }
+            let mut out = [0f32; 4];
+            // SAFETY: `out` holds 4 values.
+            unsafe { _mm_storeu_ps(out.as_mut_ptr(), chains.iter().fold(_mm_setzero_ps(), |s, &x| _mm_add_ps(s, x))) };
+            out.iter().sum()
+        }
+
+        /// # Safety
+        /// The CPU supports AVX and FMA3.
+        #[target_feature(enable = "avx,fma")]
+        pub unsafe fn fma_256(iterations: usize) -> f32 {
+            let (m, a) = (_mm256_set1_ps(0.999_999), _mm256_set1_ps(1e-7));
+            let mut chains = [_mm256_set1_ps(1.0); CHAINS];
+            for _ in 0..iterations {
+                for x in chains.iter_mut() {
+                    *x = _mm256_fmadd_ps(*x, m, a);
+                }
+            }
+            let mut out = [0f32; 8];
+            // SAFETY: `out` holds 8 values.
+            unsafe { _mm256_storeu_ps(out.as_mut_ptr(), chains.iter().fold(_mm256_setzero_ps(), |s, &x| _mm256_add_ps(s, x))) };
+            out.iter().sum()
+        }
+
+        /// # Safety
+        /// The CPU supports AVX-512F.
+        #[target_feature(enable = "avx512f")]
+        pub unsafe fn fma_512(iterations: usize) -> f32 {
+            let (m, a) = (_mm512_set1_ps(0.999_999), _mm512_set1_ps(1e-7));
+            let mut chains = [_mm512_set1_ps(1.0); CHAINS];
+            for _ in 0..iterations {
+                for x in chains.iter_mut() {
+                    *x = _mm512_fmadd_ps(*x, m, a);
+                }
+            }
+            _mm512_reduce_add_ps(chains.iter().fold(_mm512_setzero_ps(), |s, &x| _mm512_add_ps(s, x)))
+        }
+    }
 }

@@ -104,8 +104,11 @@ impl fmt::Display for FusionReport {
         if let Some(p) = &self.probe {
             writeln!(
                 f,
-                "machine ({} threads): copy {:.1} GB/s, GEMM {:.1} GFLOP/s",
-                p.threads, p.copy_gb_per_s, p.gemm_gflops_all_threads
+                "machine ({} threads): copy {:.1} GB/s, GEMM {:.1} GFLOP/s, FMA peak {:.1} GFLOP/s",
+                p.threads,
+                p.copy_gb_per_s,
+                p.gemm_gflops_all_threads,
+                p.compute_peak_gflops()
             )?;
         }
         writeln!(
@@ -126,7 +129,7 @@ impl fmt::Display for FusionReport {
             let gemm = step.costs.iter().any(|c| c.kind == StepKind::Matmul);
             let (achieved, fraction) = if gemm {
                 let g = flops as f64 / seconds / 1e9;
-                let peak = self.probe.as_ref().map(|p| g / p.gemm_gflops_all_threads);
+                let peak = self.probe.as_ref().map(|p| g / p.compute_peak_gflops());
                 (format!("{g:.1} GFLOP/s"), peak)
             } else {
                 let g = bytes as f64 / seconds / 1e9;

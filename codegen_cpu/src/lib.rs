@@ -5,6 +5,7 @@
 //! runs it (kernels and extern GEMM calls) as an `Executable`.
 
 pub mod convert;
+pub mod gemm;
 pub mod lower;
 pub mod math;
 mod program;

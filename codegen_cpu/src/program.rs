@@ -1,6 +1,7 @@
 //! `compile_program`: JIT-compiles every kernel of a `Program` and returns an [`Executable`]
 //! that runs the steps in order: Cranelift kernels and extern GEMM calls.
 
+use crate::gemm;
 use crate::lower::{kernel_function, lower_kernel};
 use crate::scatter::{scatter_add, View};
 use cranelift_codegen::settings::{self, Configurable};
@@ -445,7 +446,7 @@ impl CompiledProgram {
             match step {
                 CompiledStep::Kernel(k) => run_kernel(k, &symbols, &pointers, &mut table),
                 CompiledStep::Matmul(m, epilogue) => {
-                    run_matmul(m, epilogue.as_ref(), program, &symbols, &pointers)
+                    run_matmul(m, epilogue.as_ref(), program, &symbols, &pointers)?
                 }
                 CompiledStep::ScatterAdd(sc) => run_scatter_add(sc, program, &symbols, &pointers)?,
             }
@@ -600,27 +601,66 @@ const TILE_BYTES: usize = 256 << 10;
 /// GEMMs with fewer flops run on the calling thread.
 const PARALLEL_FLOPS_THRESHOLD: usize = 1 << 22;
 
-/// Runs `out = a @ b` tile by tile over the output's first dim, each tile followed by the
-/// epilogue on the same rows; tiles are split across threads.
+/// Runs `out = a @ b` with our GEMM (`crate::gemm`) tile by tile over the output's first dim,
+/// each tile followed by the epilogue on the same rows; tiles are split across threads. `b` is
+/// packed once per product, block by block as the first tile to need each block gets to it,
+/// and shared by every tile and thread (each thread starts at its own panels). A 2-D product
+/// with too few rows for every thread splits its columns instead, and runs the epilogue after
+/// all of them.
 fn run_matmul(
     m: &MatmulStep,
     epilogue: Option<&CompiledKernel>,
     program: &Program,
     symbols: &Symbols,
     pointers: &[*mut u8],
-) {
+) -> Result<(), RuntimeError> {
     let (a_shape, b_shape) = (symbols.sizes(&m.a.shape), symbols.sizes(&m.b.shape));
     let batch = a_shape.len() - 2;
     let (rows, k, cols) = (a_shape[batch], a_shape[batch + 1], b_shape[batch + 1]);
     debug_assert!(program.buffer(m.out).dtype == DType::F32);
+    let numel = |id: BufferId| -> usize { symbols.sizes(&program.buffer(id).shape).iter().product() };
     let count: usize = a_shape[..batch].iter().product();
+    // SAFETY: each pointer is the start of a live buffer holding its planned number of f32s for
+    // this call's sizes (`run_steps`; `fuse` only emits f32 GEMMs). The operands are only read
+    // during this step. The output is written only through the tiles below, each made from
+    // `c` for rows no other thread touches, and overlaps neither operand: `plan_buffers` never
+    // places a GEMM's output in place of a buffer the GEMM reads, and live slots are disjoint.
+    let (a_data, b_data) = unsafe {
+        (
+            std::slice::from_raw_parts(pointers[m.a.buffer.0 as usize] as *const f32, numel(m.a.buffer)),
+            std::slice::from_raw_parts(pointers[m.b.buffer.0 as usize] as *const f32, numel(m.b.buffer)),
+        )
+    };
+    let c = SendPtr(pointers[m.out.0 as usize]);
+    assert!(numel(m.out) == count * rows * cols, "a GEMM's output holds its product");
+    let a_view = |offset: i64| {
+        gemm::MatrixRef::new(a_data, offset, [rows, k], [m.a.strides[batch], m.a.strides[batch + 1]], "a")
+    };
+    let b_view = |offset: i64| {
+        gemm::MatrixRef::new(b_data, offset, [k, cols], [m.b.strides[batch], m.b.strides[batch + 1]], "b")
+    };
+    // Output rows `start..end` of batch matrix `index`, as the unique borrow of those values.
+    let c_rows = |index: usize, start: usize, end: usize| {
+        let first = index * rows * cols + start * cols;
+        // SAFETY: `first + (end - start)·cols ≤ count·rows·cols`, the output's length (asserted
+        // above); callers ask for disjoint rows on different threads and drop each tile before
+        // its epilogue runs.
+        let values = unsafe {
+            std::slice::from_raw_parts_mut((c.get() as *mut f32).add(first), (end - start) * cols)
+        };
+        gemm::MatrixMut::row_major(values, end - start, cols)
+    };
+    let gemm_error = |e: gemm::GemmError| RuntimeError::Unsupported(format!("matmul {}: {e}", m.out));
+
     let units = a_shape[0];
     let unit_bytes = count * rows * cols * std::mem::size_of::<f32>() / units.max(1);
     // Saturating: only decides whether to split the GEMM across threads.
     let flops = [count, rows, k, cols]
         .iter()
         .fold(2usize, |acc, &n| acc.saturating_mul(n));
-    let min_tile = if batch == 0 { 64 } else { 1 };
+    // At least 128 rows of a 2-D product: every tile streams all of packed `b` once, which costs
+    // more than keeping the tile's output in L2 for the epilogue saves (measured on the MLP).
+    let min_tile = if batch == 0 { 128 } else { 1 };
     let tile = (TILE_BYTES / unit_bytes.max(1))
         .max(min_tile)
         .min(units.max(1));
@@ -630,96 +670,122 @@ fn run_matmul(
     }
     let epilogue = epilogue.map(|e| (e, e.bind(symbols)));
     let shared = SharedPointers(table.as_ptr());
-    let a = SendPtr(pointers[m.a.buffer.0 as usize]);
-    let b = SendPtr(pointers[m.b.buffer.0 as usize]);
-    let c = SendPtr(pointers[m.out.0 as usize]);
-    let run_units = |start: usize, end: usize| {
+    let threads = threads::num_threads();
+    let parallel = threads > 1 && flops >= PARALLEL_FLOPS_THRESHOLD;
+    let kernel = gemm::Kernel::detect();
+
+    if batch == 0 {
+        let a = a_view(m.a.offset).map_err(gemm_error)?;
+        let b = b_view(m.b.offset).map_err(gemm_error)?;
+        // Packed as the tiles need it, once, by whichever thread gets to each block first.
+        let packed = gemm::PackedB::lazy(&b, kernel).map_err(gemm_error)?;
+        let panels = cols.div_ceil(kernel.nr());
+        if parallel && rows < threads * 4 * kernel.mr() {
+            // Too few rows to share: every thread takes a run of columns, then the epilogue runs
+            // on whole rows.
+            let mut out = c_rows(0, 0, rows).map_err(gemm_error)?;
+            gemm::multiply_parallel(&a, &packed, &mut out, threads).map_err(gemm_error)?;
+            drop(out);
+            if let Some((epilogue, bound)) = &epilogue {
+                let chunks = threads.min(bound.range.max(1) as usize) as i64;
+                threads::for_each_chunk(chunks as usize, |ch| {
+                    let ch = ch as i64;
+                    let (s, e) = (bound.range * ch / chunks, bound.range * (ch + 1) / chunks);
+                    call_kernel(epilogue, bound, shared, s, e);
+                });
+            }
+            return Ok(());
+        }
+        let run_rows = |start: usize, end: usize, first_panel: usize| {
+            let mut s = start;
+            while s < end {
+                let e = (s + tile).min(end);
+                let mut out = c_rows(0, s, e).expect("rows inside the output");
+                gemm::multiply_from(&a.rows(s, e), &packed, &mut out, first_panel)
+                    .expect("shapes agree");
+                drop(out);
+                if let Some((epilogue, bound)) = &epilogue {
+                    call_kernel(epilogue, bound, shared, s as i64, e as i64);
+                }
+                s = e;
+            }
+        };
+        if parallel && rows > 1 {
+            let chunks = threads.min(rows);
+            threads::for_each_chunk(chunks, |ch| {
+                run_rows(rows * ch / chunks, rows * (ch + 1) / chunks, panels * ch / chunks)
+            });
+        } else {
+            run_rows(0, rows, 0);
+        }
+        return Ok(());
+    }
+
+    // Batched: each unit of the first batch dim holds `inner` matrices; each is packed and
+    // multiplied on one thread (`b` is packed once and reused while consecutive matrices share
+    // it, as a broadcast operand does).
+    let inner: usize = a_shape[1..batch].iter().product();
+    let failure: Mutex<Option<RuntimeError>> = Mutex::new(None);
+    let run_units = |start: usize, end: usize| -> Result<(), RuntimeError> {
+        let mut packed: Option<(i64, gemm::PackedB)> = None;
         let mut s = start;
         while s < end {
             let e = (s + tile).min(end);
-            gemm_units(m, &a_shape, &b_shape, a, b, c, s, e);
+            for n in s * inner..e * inner {
+                // Decompose the flat batch index into per-dim offsets.
+                let (mut rest, mut a_off, mut b_off) = (n, m.a.offset, m.b.offset);
+                for d in (0..batch).rev() {
+                    let i = (rest % a_shape[d]) as i64;
+                    rest /= a_shape[d];
+                    a_off += i * m.a.strides[d];
+                    b_off += i * m.b.strides[d];
+                }
+                if packed.as_ref().is_none_or(|(at, _)| *at != b_off) {
+                    // Return the old buffer to the pool before taking one.
+                    drop(packed.take());
+                    let b = b_view(b_off).map_err(gemm_error)?;
+                    packed = Some((b_off, gemm::PackedB::lazy(&b, kernel).map_err(gemm_error)?));
+                }
+                let (_, b) = packed.as_ref().expect("packed above");
+                let mut out = c_rows(n, 0, rows).map_err(gemm_error)?;
+                gemm::multiply(&a_view(a_off).map_err(gemm_error)?, b, &mut out)
+                    .map_err(gemm_error)?;
+            }
             if let Some((epilogue, bound)) = &epilogue {
                 call_kernel(epilogue, bound, shared, s as i64, e as i64);
             }
             s = e;
         }
+        Ok(())
     };
-    let threads = threads::num_threads();
-    if threads > 1 && units > 1 && flops >= PARALLEL_FLOPS_THRESHOLD {
+    let run_units = |start: usize, end: usize| {
+        if let Err(e) = run_units(start, end) {
+            *failure.lock().unwrap_or_else(|p| p.into_inner()) = Some(e);
+        }
+    };
+    if parallel && units > 1 {
         let chunks = threads.min(units);
-        threads::for_each_chunk(chunks, |ch| {
-            run_units(units * ch / chunks, units * (ch + 1) / chunks)
-        });
+        threads::for_each_chunk(chunks, |ch| run_units(units * ch / chunks, units * (ch + 1) / chunks));
     } else {
         run_units(0, units);
     }
+    match failure.into_inner().unwrap_or_else(|p| p.into_inner()) {
+        Some(e) => Err(e),
+        None => Ok(()),
+    }
 }
 
-/// A raw buffer pointer handed to the GEMM threads.
+/// The output pointer handed to the GEMM threads.
 #[derive(Clone, Copy)]
 struct SendPtr(*mut u8);
 // SAFETY: the buffers outlive the step; threads write disjoint rows of the output (see
-// `gemm_units`) and only read the operands.
+// `run_matmul`) and only read the operands.
 unsafe impl Send for SendPtr {}
 unsafe impl Sync for SendPtr {}
 
-/// The GEMM for output units `start..end` of the first dim: rows of a 2-D product, or whole
-/// matrices of the first batch dim.
-#[allow(clippy::too_many_arguments)]
-fn gemm_units(
-    m: &MatmulStep,
-    a_shape: &[usize],
-    b_shape: &[usize],
-    a: SendPtr,
-    b: SendPtr,
-    c: SendPtr,
-    start: usize,
-    end: usize,
-) {
-    let batch = a_shape.len() - 2;
-    let (rows, k, cols) = (a_shape[batch], a_shape[batch + 1], b_shape[batch + 1]);
-    if rows == 0 || cols == 0 || start >= end {
-        return;
-    }
-    let (a, b, c) = (a.0 as *const f32, b.0 as *const f32, c.0 as *mut f32);
-    let sgemm = |m_rows: usize, a_off: i64, b_off: i64, c_off: usize| {
-        // SAFETY: the views were derived by `fuse` from the buffers' shapes, so every element
-        // `offset + Σ i·stride` over the view's shape lies inside its buffer; `c` is the
-        // contiguous output of `count·rows·cols` f32s and `c_off + m_rows·cols` stays inside it.
-        unsafe {
-            matrixmultiply::sgemm(
-                m_rows,
-                k,
-                cols,
-                1.0,
-                a.offset(a_off as isize),
-                m.a.strides[batch] as isize,
-                m.a.strides[batch + 1] as isize,
-                b.offset(b_off as isize),
-                m.b.strides[batch] as isize,
-                m.b.strides[batch + 1] as isize,
-                0.0,
-                c.add(c_off),
-                cols as isize,
-                1,
-            );
-        }
-    };
-    if batch == 0 {
-        let a_off = m.a.offset + start as i64 * m.a.strides[0];
-        sgemm(end - start, a_off, m.b.offset, start * cols);
-        return;
-    }
-    let inner: usize = a_shape[1..batch].iter().product();
-    for n in start * inner..end * inner {
-        // Decompose the flat batch index into per-dim offsets.
-        let (mut rest, mut a_off, mut b_off) = (n, m.a.offset, m.b.offset);
-        for d in (0..batch).rev() {
-            let i = (rest % a_shape[d]) as i64;
-            rest /= a_shape[d];
-            a_off += i * m.a.strides[d];
-            b_off += i * m.b.strides[d];
-        }
-        sgemm(rows, a_off, b_off, n * rows * cols);
+impl SendPtr {
+    /// A method, so closures capture the whole `Send + Sync` wrapper rather than its field.
+    fn get(self) -> *mut u8 {
+        self.0
     }
 }

@@ -3,7 +3,7 @@
 //! from the graphs' types.
 
 use minductor::bench::{compare, run_workload, BenchOptions};
-use minductor::probe::MachineProbe;
+use minductor::probe::{FmaPeak, MachineProbe};
 use minductor::workloads::{
     attention, by_name, layer_norm, mlp_workload, pointwise_gelu_sweep, softmax_sweep, Bound,
     Workload, SUITE,
@@ -61,6 +61,11 @@ fn harness_times_both_backends_and_reports_consistent_figures() {
         gemm_size: 64,
         gemm_gflops: 50.0,
         gemm_gflops_all_threads: 50.0,
+        fma_peaks: vec![FmaPeak {
+            bits: 512,
+            gflops: 60.0,
+            gflops_all_threads: 60.0,
+        }],
         measured_at_unix_s: 0,
     };
     let options = BenchOptions {
@@ -76,7 +81,7 @@ fn harness_times_both_backends_and_reports_consistent_figures() {
         let seconds = result.compiled.median_ms / 1e3;
         let (work, peak) = match workload.bound {
             Bound::Memory => (workload.bytes_moved as f64, probe.copy_gb_per_s),
-            Bound::Compute => (workload.flops as f64, probe.gemm_gflops),
+            Bound::Compute => (workload.flops as f64, 60.0),
         };
         let achieved = work / seconds / 1e9;
         assert!((result.compiled.achieved - achieved).abs() <= 1e-9 * achieved);

@@ -1,0 +1,97 @@
+//! The AVX2 + FMA micro-kernel: a 6 × 16 tile of `c` in 12 ymm accumulators (with 2 vectors of
+//! `b` and one broadcast, 15 of the 16 registers). Fewer rows run the same code instantiated
+//! for that many rows; fewer columns go through a tile on the stack.
+
+use super::TileArgs;
+#[cfg(target_arch = "x86_64")]
+use std::arch::x86_64::*;
+
+pub(super) const MR: usize = 6;
+pub(super) const NR: usize = 16;
+
+/// See [`super::Kernel::tile`].
+///
+/// # Safety
+/// The CPU supports AVX2 and FMA, and `args` satisfies [`TileArgs`]' invariants for `MR` and
+/// `NR`.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+pub(super) unsafe fn tile(args: &TileArgs) {
+    // SAFETY: forwarded from the caller; `rows` selects the instance reading that many rows.
+    unsafe {
+        match args.rows {
+            6 => tile_rows::<6>(args),
+            5 => tile_rows::<5>(args),
+            4 => tile_rows::<4>(args),
+            3 => tile_rows::<3>(args),
+            2 => tile_rows::<2>(args),
+            1 => tile_rows::<1>(args),
+            rows => unreachable!("an AVX2 tile of {rows} rows"),
+        }
+    }
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+pub(super) unsafe fn tile(_: &TileArgs) {
+    unreachable!("the AVX2 kernel is never selected off x86-64")
+}
+
+/// The tile for `ROWS ≤ MR` rows.
+///
+/// # Safety
+/// As [`tile`], with `args.rows == ROWS`.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+#[inline]
+unsafe fn tile_rows<const ROWS: usize>(args: &TileArgs) {
+    let mut acc = [[_mm256_setzero_ps(); 2]; ROWS];
+    let (mut a, mut b) = (args.a, args.b);
+    for _ in 0..args.kc {
+        // SAFETY: `a` and `b` walk the panels one step of `k` at a time, `kc` steps in all,
+        // reading `b` values `p·NR .. p·NR + 16` and `a` values `p·MR .. p·MR + ROWS` of panels
+        // holding `kc·NR` and `kc·MR` values.
+        unsafe {
+            let b0 = _mm256_loadu_ps(b);
+            let b1 = _mm256_loadu_ps(b.add(8));
+            for (i, row) in acc.iter_mut().enumerate() {
+                let value = _mm256_broadcast_ss(&*a.add(i));
+                row[0] = _mm256_fmadd_ps(value, b0, row[0]);
+                row[1] = _mm256_fmadd_ps(value, b1, row[1]);
+            }
+            a = a.add(MR);
+            b = b.add(NR);
+        }
+    }
+    if args.cols == NR {
+        for (i, row) in acc.iter().enumerate() {
+            for (v, &vector) in row.iter().enumerate() {
+                // SAFETY: row `i < rows`, columns `8v .. 8v + 8 ≤ NR = cols` of the caller's tile.
+                unsafe {
+                    let at = args.c.add(i * args.ldc + 8 * v);
+                    let value = if args.accumulate {
+                        _mm256_add_ps(vector, _mm256_loadu_ps(at))
+                    } else {
+                        vector
+                    };
+                    _mm256_storeu_ps(at, value);
+                }
+            }
+        }
+        return;
+    }
+    let mut tile = [[0f32; NR]; ROWS];
+    for (i, row) in acc.iter().enumerate() {
+        // SAFETY: each stack row holds NR = 16 values, two vectors.
+        unsafe {
+            _mm256_storeu_ps(tile[i].as_mut_ptr(), row[0]);
+            _mm256_storeu_ps(tile[i].as_mut_ptr().add(8), row[1]);
+        }
+    }
+    for (i, values) in tile.iter().enumerate() {
+        // SAFETY: row `i < rows`, columns `0..cols` of the caller's tile.
+        let out = unsafe { std::slice::from_raw_parts_mut(args.c.add(i * args.ldc), args.cols) };
+        for (o, &v) in out.iter_mut().zip(values) {
+            *o = if args.accumulate { *o + v } else { v };
+        }
+    }
+}

@@ -1,0 +1,760 @@
+//! Our own single-precision GEMM: `c = a · b` on strided views, with packed panels, cache
+//! blocking and register-blocked micro-kernels written with `std::arch`.
+//!
+//! The structure is GotoBLAS/BLIS's:
+//! - `b` (k × n) is packed once per call into panels of `nr` columns ([`PackedB`]), each panel
+//!   holding all `k` rows, `nr` values per row, the last panel padded with zeros. One packing is
+//!   shared by every row tile and thread of the call (the caller packs, then hands `&PackedB`
+//!   to each thread).
+//! - `a` is packed per block of at most `MC` rows and `KC` columns into micro-panels of `mr` rows, `mr`
+//!   values per column, the last micro-panel padded with zeros. The block stays in L2.
+//! - For each block, each panel of `b` (`KC × nr` values, streamed through L1 and reused by every
+//!   micro-panel of the block) and each micro-panel of `a`, the micro-kernel computes an
+//!   `mr × nr` tile of `c` in registers and writes (first `KC` block) or adds (later blocks) it.
+//!
+//! Micro-kernels ([`Kernel`]): AVX-512 (6 × 64: 24 zmm accumulators, 4 loads of `b` and 6
+//! broadcasts of `a` per step of `k`), AVX2 + FMA (6 × 16: 12 ymm accumulators), and a portable
+//! one (4 × 16 on plain arrays, which the compiler vectorizes for the baseline target). The best
+//! one the CPU supports is detected once at run time; tests may force any supported one.
+//!
+//! Safety: the only unsafe code is in the packing routines and the micro-kernels, and it rests
+//! on bounds checked once per call: [`MatrixRef::new`] proves every element of a view inside
+//! its slice, [`MatrixMut::new`] proves the output rows inside theirs, and the packed buffers are
+//! sized here from the same shapes the loops run over.
+
+mod kernel_avx2;
+mod kernel_avx512;
+mod kernel_portable;
+mod pack;
+#[cfg(test)]
+mod tests;
+
+use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::{Mutex, OnceLock};
+use thiserror::Error;
+
+/// Columns of `a` (rows of `b`) per packed block: the `b` micro-panel of one block
+/// (`KC · nr` values, 32 KiB for the AVX-512 kernel) stays in L1 (48 KiB on Zen 5) while every
+/// micro-panel of `a` (`KC · mr` values, 3 KiB) passes by. Measured on the MLP's GEMMs on 2
+/// threads: 128 gives ~460 GFLOP/s, 192 ~445, 256 ~425, 384 ~440.
+const KC: usize = 128;
+/// Most rows of `a` per packed block: `MC · KC` values (132 KiB) stay in L2 (1 MiB per core
+/// on Zen 5) while every panel of `b` passes by. The rows are split into blocks of equal size
+/// (whole micro-panels), so no small last block streams all of `b` for little work.
+const MC: usize = 264;
+
+#[derive(Debug, Error, PartialEq)]
+pub enum GemmError {
+    #[error("gemm: the {what} view reaches outside its buffer (elements {low}..={high} of {len})")]
+    OutOfBounds {
+        what: &'static str,
+        low: i64,
+        high: i64,
+        len: usize,
+    },
+    #[error("gemm: shapes do not match: a is {a:?}, b is {b:?}, c is {c:?}")]
+    Shape {
+        a: [usize; 2],
+        b: [usize; 2],
+        c: [usize; 2],
+    },
+    #[error("gemm: the {0:?} kernel needs CPU features this machine lacks")]
+    Unsupported(Kernel),
+    #[error("gemm: b was packed for the {packed:?} kernel, not {wanted:?}")]
+    KernelMismatch { packed: Kernel, wanted: Kernel },
+}
+
+/// A micro-kernel family. Each computes an `mr × nr` tile of `c` from packed panels.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kernel {
+    /// AVX-512F, 6 × 64.
+    Avx512,
+    /// AVX2 and FMA, 6 × 16.
+    Avx2,
+    /// Plain Rust, 4 × 16.
+    Portable,
+}
+
+impl Kernel {
+    /// Every kernel, widest first.
+    pub const ALL: [Kernel; 3] = [Kernel::Avx512, Kernel::Avx2, Kernel::Portable];
+
+    /// The widest kernel this CPU supports, detected on the first call.
+    pub fn detect() -> Kernel {
+        static DETECTED: OnceLock<Kernel> = OnceLock::new();
+        *DETECTED.get_or_init(|| {
+            Kernel::ALL
+                .into_iter()
+                .find(|k| k.is_supported())
+                .unwrap_or(Kernel::Portable)
+        })
+    }
+
+    /// Whether this CPU has the features the kernel is compiled for.
+    pub fn is_supported(self) -> bool {
+        match self {
+            #[cfg(target_arch = "x86_64")]
+            Kernel::Avx512 => std::arch::is_x86_feature_detected!("avx512f"),
+            #[cfg(target_arch = "x86_64")]
+            Kernel::Avx2 => {
+                std::arch::is_x86_feature_detected!("avx2")
+                    && std::arch::is_x86_feature_detected!("fma")
+            }
+            #[cfg(not(target_arch = "x86_64"))]
+            Kernel::Avx512 | Kernel::Avx2 => false,
+            Kernel::Portable => true,
+        }
+    }
+
+    /// Rows of the register tile.
+    pub fn mr(self) -> usize {
+        match self {
+            Kernel::Avx512 => kernel_avx512::MR,
+            Kernel::Avx2 => kernel_avx2::MR,
+            Kernel::Portable => kernel_portable::MR,
+        }
+    }
+
+    /// Columns of the register tile (the width of a packed panel of `b`).
+    pub fn nr(self) -> usize {
+        match self {
+            Kernel::Avx512 => kernel_avx512::NR,
+            Kernel::Avx2 => kernel_avx2::NR,
+            Kernel::Portable => kernel_portable::NR,
+        }
+    }
+
+    /// `c[0..rows, 0..cols] (+)= a_panel · b_panel` over `kc` steps, see [`TileArgs`].
+    ///
+    /// # Safety
+    /// The kernel is supported by this CPU, and `args` satisfies [`TileArgs`]' invariants for
+    /// this kernel's `mr` and `nr`.
+    #[inline]
+    unsafe fn tile(self, args: &TileArgs) {
+        match self {
+            // SAFETY: the caller guarantees the features and the pointers' extents.
+            Kernel::Avx512 => unsafe { kernel_avx512::tile(args) },
+            Kernel::Avx2 => unsafe { kernel_avx2::tile(args) },
+            Kernel::Portable => unsafe { kernel_portable::tile(args) },
+        }
+    }
+}
+
+/// The operands of one micro-kernel call.
+///
+/// Invariants (the caller's): `a` points to `kc · mr` readable values (a packed micro-panel,
+/// value `(i, p)` at `p · mr + i`), `b` to `kc · nr` readable values (value `(p, j)` at
+/// `p · nr + j`), `1 ≤ rows ≤ mr`, `1 ≤ cols ≤ nr`, and `c + i · ldc + j` is writable for every
+/// `i < rows`, `j < cols`, touched by no other thread during the call and overlapping neither
+/// panel. With `accumulate` the tile is added to `c`, else it overwrites `c` (whatever `c` held,
+/// NaN included).
+pub(crate) struct TileArgs {
+    pub kc: usize,
+    pub a: *const f32,
+    pub b: *const f32,
+    pub c: *mut f32,
+    pub ldc: usize,
+    pub rows: usize,
+    pub cols: usize,
+    pub accumulate: bool,
+}
+
+/// A read-only strided matrix: element `(i, j)` is `data[offset + i · row_stride + j · col_stride]`,
+/// every one of them inside `data` (checked by [`MatrixRef::new`]).
+#[derive(Clone, Copy, Debug)]
+pub struct MatrixRef<'a> {
+    data: &'a [f32],
+    offset: usize,
+    rows: usize,
+    cols: usize,
+    row_stride: isize,
+    col_stride: isize,
+}
+
+impl<'a> MatrixRef<'a> {
+    /// A view of `data`, checked once: every element of the `rows × cols` view lies inside it.
+    pub fn new(
+        data: &'a [f32],
+        offset: i64,
+        [rows, cols]: [usize; 2],
+        [row_stride, col_stride]: [i64; 2],
+        what: &'static str,
+    ) -> Result<Self, GemmError> {
+        if rows > 0 && cols > 0 {
+            let (mut low, mut high) = (offset, offset);
+            for (n, s) in [(rows, row_stride), (cols, col_stride)] {
+                let span = (n - 1) as i64 * s;
+                if span < 0 {
+                    low += span;
+                } else {
+                    high += span;
+                }
+            }
+            if low < 0 || high >= data.len() as i64 {
+                return Err(GemmError::OutOfBounds {
+                    what,
+                    low,
+                    high,
+                    len: data.len(),
+                });
+            }
+        }
+        Ok(MatrixRef {
+            data,
+            // An empty view never reads: any offset will do.
+            offset: offset.max(0) as usize,
+            rows,
+            cols,
+            row_stride: row_stride as isize,
+            col_stride: col_stride as isize,
+        })
+    }
+
+    /// A row-major `rows × cols` matrix in the first `rows · cols` values of `data`.
+    pub fn row_major(data: &'a [f32], rows: usize, cols: usize) -> Result<Self, GemmError> {
+        Self::new(data, 0, [rows, cols], [cols as i64, 1], "row-major")
+    }
+
+    /// Rows `start..end` of this view.
+    pub fn rows(&self, start: usize, end: usize) -> MatrixRef<'a> {
+        assert!(start <= end && end <= self.rows, "rows {start}..{end} of {}", self.rows);
+        MatrixRef {
+            // An empty view never reads, so it keeps the old offset.
+            offset: if start == end || self.cols == 0 {
+                self.offset
+            } else {
+                (self.offset as isize + start as isize * self.row_stride) as usize
+            },
+            rows: end - start,
+            ..*self
+        }
+    }
+
+    /// The transposed view (no data moves).
+    pub fn t(&self) -> MatrixRef<'a> {
+        MatrixRef {
+            rows: self.cols,
+            cols: self.rows,
+            row_stride: self.col_stride,
+            col_stride: self.row_stride,
+            ..*self
+        }
+    }
+
+    pub fn shape(&self) -> [usize; 2] {
+        [self.rows, self.cols]
+    }
+}
+
+/// An output matrix with unit column stride: element `(i, j)` is `data[i · row_stride + j]`,
+/// every one inside `data` (checked by [`MatrixMut::new`]).
+#[derive(Debug)]
+pub struct MatrixMut<'a> {
+    data: &'a mut [f32],
+    rows: usize,
+    cols: usize,
+    row_stride: usize,
+}
+
+impl<'a> MatrixMut<'a> {
+    /// A `rows × cols` output whose rows start `row_stride` values apart in `data`.
+    pub fn new(
+        data: &'a mut [f32],
+        [rows, cols]: [usize; 2],
+        row_stride: usize,
+    ) -> Result<Self, GemmError> {
+        if rows > 0 && cols > 0 && (row_stride < cols || (rows - 1) * row_stride + cols > data.len())
+        {
+            return Err(GemmError::OutOfBounds {
+                what: "output",
+                low: 0,
+                high: ((rows - 1) * row_stride + cols) as i64 - 1,
+                len: data.len(),
+            });
+        }
+        Ok(MatrixMut {
+            data,
+            rows,
+            cols,
+            row_stride,
+        })
+    }
+
+    /// A contiguous row-major `rows × cols` output.
+    pub fn row_major(data: &'a mut [f32], rows: usize, cols: usize) -> Result<Self, GemmError> {
+        Self::new(data, [rows, cols], cols)
+    }
+
+    pub fn shape(&self) -> [usize; 2] {
+        [self.rows, self.cols]
+    }
+
+    /// Splits off rows `0..at` (returned) from rows `at..` (kept in `self`).
+    fn split_rows(&mut self, at: usize) -> MatrixMut<'a> {
+        assert!(at <= self.rows);
+        let data = std::mem::take(&mut self.data);
+        let split = (at * self.row_stride).min(data.len());
+        let (head, tail) = data.split_at_mut(split);
+        self.data = tail;
+        self.rows -= at;
+        MatrixMut {
+            data: head,
+            rows: at,
+            cols: self.cols,
+            row_stride: self.row_stride,
+        }
+    }
+}
+
+/// `b` packed for one kernel: `ceil(n / nr)` panels, panel `q` holding values
+/// `(p, q · nr + j)` at `q · k · nr + p · nr + j` for `p < k`, `j < nr` (zeros past column `n`).
+///
+/// Packing is lazy, one block of `KC` rows of one panel at a time, by the first thread that needs
+/// it (the others wait for it); so the packing of a large `b` is spread over the whole product,
+/// and the reads of `b` it needs are prefetched while the micro-kernels run on the block before
+/// (`multiply_panels`). Every block is packed exactly once per `PackedB`, shared by every tile
+/// and thread. The buffer comes from a pool and returns to it when dropped, so repeated calls of
+/// the same size neither allocate nor fault pages in.
+pub struct PackedB<'a> {
+    kernel: Kernel,
+    k: usize,
+    n: usize,
+    source: MatrixRef<'a>,
+    /// Owns the packed values; accessed only through `base` (below) after construction.
+    buffer: AlignedBuffer,
+    /// The start of `buffer`'s `panels · k · nr` values.
+    base: *mut f32,
+    /// `EMPTY`, `PACKING` or `READY` for block `(panel, depth)` at `panel · blocks + depth`. A
+    /// block's values are written only by the thread that moved it from `EMPTY` to `PACKING`,
+    /// and read only after its state was seen `READY` (release/acquire).
+    states: Vec<AtomicU8>,
+    /// Blocks of `KC` rows per panel: `ceil(k / KC)`.
+    blocks: usize,
+}
+
+const EMPTY: u8 = 0;
+const PACKING: u8 = 1;
+const READY: u8 = 2;
+
+// SAFETY: the packed values are shared under the protocol of `states` (each block written by
+// one thread before any thread reads it); the rest is read-only.
+unsafe impl Send for PackedB<'_> {}
+unsafe impl Sync for PackedB<'_> {}
+
+impl<'a> PackedB<'a> {
+    /// `b` ready to be packed for `kernel` as the products need it.
+    pub fn lazy(b: &MatrixRef<'a>, kernel: Kernel) -> Result<PackedB<'a>, GemmError> {
+        if !kernel.is_supported() {
+            return Err(GemmError::Unsupported(kernel));
+        }
+        let [k, n] = b.shape();
+        let panels = n.div_ceil(kernel.nr());
+        let blocks = k.div_ceil(KC);
+        let mut buffer = AlignedBuffer::take(panels * k * kernel.nr());
+        let base = buffer.as_mut_slice().as_mut_ptr();
+        Ok(PackedB {
+            kernel,
+            k,
+            n,
+            source: *b,
+            buffer,
+            base,
+            states: (0..panels * blocks).map(|_| AtomicU8::new(EMPTY)).collect(),
+            blocks,
+        })
+    }
+
+    /// Packs all of `b` for `kernel` now, splitting the panels across `threads` threads.
+    pub fn pack(b: &MatrixRef<'a>, kernel: Kernel, threads: usize) -> Result<PackedB<'a>, GemmError> {
+        let packed = Self::lazy(b, kernel)?;
+        let panels = packed.panels();
+        let threads = threads.clamp(1, panels.max(1));
+        let pack_panels = |range: std::ops::Range<usize>| {
+            for panel in range {
+                for depth in 0..packed.blocks {
+                    packed.block(panel, depth);
+                }
+            }
+        };
+        if threads == 1 {
+            pack_panels(0..panels);
+        } else {
+            minductor_runtime::threads::for_each_chunk(threads, |t| {
+                pack_panels(panels * t / threads..panels * (t + 1) / threads)
+            });
+        }
+        Ok(packed)
+    }
+
+    pub fn kernel(&self) -> Kernel {
+        self.kernel
+    }
+
+    pub fn shape(&self) -> [usize; 2] {
+        [self.k, self.n]
+    }
+
+    fn panels(&self) -> usize {
+        self.n.div_ceil(self.kernel.nr())
+    }
+
+    /// The rows of block `depth` (a multiple of `KC`, up to `k`).
+    fn block_rows(&self, depth: usize) -> std::ops::Range<usize> {
+        depth * KC..(depth * KC + KC).min(self.k)
+    }
+
+    /// Whether block `(panel, depth)` is still to be packed by someone.
+    fn is_empty(&self, panel: usize, depth: usize) -> bool {
+        self.states[panel * self.blocks + depth].load(Ordering::Relaxed) == EMPTY
+    }
+
+    /// The packed block `(panel, depth)`: `kc · nr` values, `kc` its rows. Packs it here if no
+    /// thread has started to, else waits until the thread that did is done.
+    fn block(&self, panel: usize, depth: usize) -> &[f32] {
+        let nr = self.kernel.nr();
+        let rows = self.block_rows(depth);
+        let at = panel * self.k * nr + rows.start * nr;
+        let len = rows.len() * nr;
+        let state = &self.states[panel * self.blocks + depth];
+        if state.load(Ordering::Acquire) != READY {
+            if state
+                .compare_exchange(EMPTY, PACKING, Ordering::Acquire, Ordering::Acquire)
+                .is_ok()
+            {
+                // SAFETY: `at + len ≤ panels · k · nr`, inside the buffer; this thread moved the
+                // block from EMPTY to PACKING, so it alone writes these values, and no thread
+                // reads them before the READY below.
+                let values = unsafe { std::slice::from_raw_parts_mut(self.base.add(at), len) };
+                pack::pack_b(&self.source.rows(rows.start, rows.end), nr, panel, values);
+                state.store(READY, Ordering::Release);
+            } else {
+                let mut spins = 0u32;
+                while state.load(Ordering::Acquire) != READY {
+                    spins += 1;
+                    if spins < 1 << 12 {
+                        std::hint::spin_loop();
+                    } else {
+                        std::thread::yield_now();
+                    }
+                }
+            }
+        }
+        // SAFETY: the block is READY (seen with acquire ordering after its writer's release),
+        // so no thread writes it any more; it lies inside the buffer (see above).
+        unsafe { std::slice::from_raw_parts(self.base.add(at), len) }
+    }
+
+    /// Asks the caches for the rows `part` (of `parts`) of block `(panel, depth)`'s source, if it
+    /// is still to be packed and its rows are contiguous in memory.
+    fn prefetch(&self, panel: usize, depth: usize, part: usize, parts: usize) {
+        let source = &self.source;
+        if source.col_stride != 1 || !self.is_empty(panel, depth) {
+            return;
+        }
+        let rows = self.block_rows(depth);
+        let nr = self.kernel.nr();
+        let first = panel * nr;
+        let width = nr.min(self.n - first);
+        let (from, to) = (rows.len() * part / parts, rows.len() * (part + 1) / parts);
+        for p in rows.start + from..rows.start + to {
+            let row = &source.data[source.at(p, first)..][..width];
+            for line in row.chunks(16) {
+                prefetch_line(line.as_ptr());
+            }
+        }
+    }
+}
+
+/// Hints that the line holding `value` will be read soon (into L2).
+#[inline]
+fn prefetch_line(value: *const f32) {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: a prefetch is only a hint: it never faults and changes no state the program sees.
+    unsafe {
+        use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T1};
+        _mm_prefetch::<_MM_HINT_T1>(value as *const i8)
+    };
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = value;
+}
+
+/// `c = a · b` on the calling thread, `b` packed (or packed here as needed).
+pub fn multiply(a: &MatrixRef, b: &PackedB, c: &mut MatrixMut) -> Result<(), GemmError> {
+    multiply_from(a, b, c, 0)
+}
+
+/// [`multiply`] visiting the panels of `b` from `first_panel` on (wrapping around): threads
+/// multiplying other rows by the same lazily packed `b` should start at different panels, so
+/// each packs its own share first instead of waiting for the other.
+pub fn multiply_from(
+    a: &MatrixRef,
+    b: &PackedB,
+    c: &mut MatrixMut,
+    first_panel: usize,
+) -> Result<(), GemmError> {
+    check_shapes(a, b, c)?;
+    let panels = b.panels();
+    // SAFETY: shapes were checked to agree; `c` is borrowed uniquely for the whole call and
+    // its extent was checked by `MatrixMut::new`.
+    unsafe { multiply_panels(a, b, c.data.as_mut_ptr(), c.row_stride, 0..panels, first_panel) };
+    Ok(())
+}
+
+/// `c = a · b` on `threads` threads, `b` packed: rows are split across threads when there are
+/// enough of them for every thread to get a few register tiles, else columns.
+pub fn multiply_parallel(
+    a: &MatrixRef,
+    b: &PackedB,
+    c: &mut MatrixMut,
+    threads: usize,
+) -> Result<(), GemmError> {
+    check_shapes(a, b, c)?;
+    let (m, mr, nr) = (a.rows, b.kernel.mr(), b.kernel.nr());
+    let panels = b.n.div_ceil(nr);
+    let threads = threads.max(1);
+    if threads == 1 || m * panels <= 1 {
+        return multiply(a, b, c);
+    }
+    if m >= threads * 4 * mr || panels < threads {
+        // Rows: whole micro-panels per thread, the last thread taking the remainder.
+        let chunks = threads.min(m.div_ceil(mr));
+        let per_thread = m.div_ceil(mr).div_ceil(chunks) * mr;
+        let mut parts = Vec::new();
+        let mut start = 0;
+        while start < m {
+            let end = (start + per_thread).min(m);
+            parts.push((start, Mutex::new(c.split_rows(end - start))));
+            start = end;
+        }
+        minductor_runtime::threads::for_each_chunk(parts.len(), |t| {
+            let (start, part) = &parts[t];
+            let mut part = part.lock().unwrap_or_else(|p| p.into_inner());
+            let rows = part.rows;
+            let first_panel = panels * t / parts.len();
+            multiply_from(&a.rows(*start, start + rows), b, &mut part, first_panel)
+                .expect("shapes checked above");
+        });
+        return Ok(());
+    }
+    // Columns: contiguous runs of panels per thread.
+    let chunks = threads.min(panels);
+    let c_pointer = SharedOutput(c.data.as_mut_ptr());
+    let row_stride = c.row_stride;
+    minductor_runtime::threads::for_each_chunk(chunks, |t| {
+        let range = panels * t / chunks..panels * (t + 1) / chunks;
+        // SAFETY: shapes were checked to agree and `c` (borrowed uniquely for this whole call)
+        // holds every element of the output; each thread writes only the columns of its own
+        // panels, disjoint from every other thread's.
+        unsafe { multiply_panels(a, b, c_pointer.get(), row_stride, range, 0) };
+    });
+    Ok(())
+}
+
+/// `c = a · b` for row-major `c`, packing `b` for the detected kernel, on `threads` threads.
+pub fn sgemm(
+    a: &MatrixRef,
+    b: &MatrixRef,
+    c: &mut MatrixMut,
+    threads: usize,
+) -> Result<(), GemmError> {
+    sgemm_with(Kernel::detect(), a, b, c, threads)
+}
+
+/// [`sgemm`] with the given kernel (an error if this CPU does not support it).
+pub fn sgemm_with(
+    kernel: Kernel,
+    a: &MatrixRef,
+    b: &MatrixRef,
+    c: &mut MatrixMut,
+    threads: usize,
+) -> Result<(), GemmError> {
+    let packed = PackedB::lazy(b, kernel)?;
+    multiply_parallel(a, &packed, c, threads)
+}
+
+/// The output pointer handed to the column-splitting threads.
+#[derive(Clone, Copy)]
+struct SharedOutput(*mut f32);
+// SAFETY: the threads write disjoint columns of the output (see `multiply_parallel`), which
+// outlives them.
+unsafe impl Send for SharedOutput {}
+unsafe impl Sync for SharedOutput {}
+
+impl SharedOutput {
+    /// A method, so closures capture the whole `Send + Sync` wrapper rather than its field.
+    fn get(self) -> *mut f32 {
+        self.0
+    }
+}
+
+fn check_shapes(a: &MatrixRef, b: &PackedB, c: &MatrixMut) -> Result<(), GemmError> {
+    if a.cols != b.k || c.rows != a.rows || c.cols != b.n {
+        return Err(GemmError::Shape {
+            a: a.shape(),
+            b: b.shape(),
+            c: c.shape(),
+        });
+    }
+    Ok(())
+}
+
+/// `c[:, columns of panels] = a · b[:, columns of panels]`.
+///
+/// The panels are visited starting at `panels.start + rotation` (wrapping around), so threads
+/// working on other rows of the same `b` start on blocks of their own and pack different ones.
+///
+/// # Safety
+/// `a.cols == b.k`; `c + i · ldc + j` is writable for every `i < a.rows`, `j < b.n` with `j` in
+/// the given panels' columns, and no other thread touches those elements during the call.
+unsafe fn multiply_panels(
+    a: &MatrixRef,
+    b: &PackedB,
+    c: *mut f32,
+    ldc: usize,
+    panels: std::ops::Range<usize>,
+    rotation: usize,
+) {
+    let kernel = b.kernel;
+    let (m, k, n, mr, nr) = (a.rows, b.k, b.n, kernel.mr(), kernel.nr());
+    if m == 0 || panels.is_empty() {
+        return;
+    }
+    if k == 0 {
+        for i in 0..m {
+            let start = panels.start * nr;
+            let end = (panels.end * nr).min(n);
+            // SAFETY: row `i`, columns `start..end` are the caller's (see above).
+            unsafe { std::slice::from_raw_parts_mut(c.add(i * ldc + start), end - start) }
+                .fill(0.0);
+        }
+        return;
+    }
+    let order: Vec<usize> = (0..panels.len())
+        .map(|i| panels.start + (i + rotation) % panels.len())
+        .collect();
+    // Equal blocks of whole micro-panels, at most MC rows each.
+    let mc_block = m.div_ceil(m.div_ceil(MC)).div_ceil(mr) * mr;
+    PACKED_A.with(|cell| {
+        let mut packed_a = cell.take();
+        for row in (0..m).step_by(mc_block) {
+            let mc = mc_block.min(m - row);
+            let micro_panels = mc.div_ceil(mr);
+            for depth in (0..k).step_by(KC) {
+                let kc = KC.min(k - depth);
+                packed_a.reserve(micro_panels * mr * kc);
+                let a_block = &mut packed_a.as_mut_slice()[..micro_panels * mr * kc];
+                pack::pack_a(a, row..row + mc, depth..depth + kc, mr, a_block);
+                let block = depth / KC;
+                for (i, &panel) in order.iter().enumerate() {
+                    let cols = nr.min(n - panel * nr);
+                    let b_panel = b.block(panel, block);
+                    // The block this loop needs next, or the first of the next depth.
+                    let next = match order.get(i + 1) {
+                        Some(&next) => Some((next, block)),
+                        None => (block + 1 < b.blocks).then_some((order[0], block + 1)),
+                    };
+                    for micro in 0..micro_panels {
+                        if let Some((next_panel, next_block)) = next {
+                            b.prefetch(next_panel, next_block, micro, micro_panels);
+                        }
+                        let rows = mr.min(mc - micro * mr);
+                        let args = TileArgs {
+                            kc,
+                            a: a_block[micro * mr * kc..][..mr * kc].as_ptr(),
+                            b: b_panel.as_ptr(),
+                            // SAFETY: row `row + micro·mr` < m, column `panel·nr` < n: inside
+                            // the caller's output (see above).
+                            c: unsafe { c.add((row + micro * mr) * ldc + panel * nr) },
+                            ldc,
+                            rows,
+                            cols,
+                            accumulate: depth > 0,
+                        };
+                        // SAFETY: `PackedB::lazy` checked the kernel is supported; the panels
+                        // are slices of `kc·mr` and `kc·nr` values; `rows ≤ mr` and
+                        // `cols ≤ nr` stay inside `m × n`, whose elements in these panels'
+                        // columns the caller gave to this call alone.
+                        unsafe { kernel.tile(&args) };
+                    }
+                }
+            }
+        }
+        cell.set(packed_a);
+    });
+}
+
+thread_local! {
+    /// Each thread's buffer for packed blocks of `a`, kept between calls.
+    static PACKED_A: std::cell::Cell<AlignedBuffer> = const { std::cell::Cell::new(AlignedBuffer::new()) };
+}
+
+/// A 64-byte aligned run of f32 values: whole cache lines, aligned zmm loads.
+#[derive(Clone, Copy)]
+#[repr(C, align(64))]
+struct Line([f32; 16]);
+
+/// A growable buffer of f32 values starting on a cache line, zero-initialized when grown.
+#[derive(Default)]
+struct AlignedBuffer {
+    lines: Vec<Line>,
+    len: usize,
+}
+
+/// Packed-`b` buffers waiting for the next call (at most [`POOL_BUFFERS`]).
+static POOL: Mutex<Vec<AlignedBuffer>> = Mutex::new(Vec::new());
+const POOL_BUFFERS: usize = 4;
+
+impl AlignedBuffer {
+    const fn new() -> Self {
+        AlignedBuffer {
+            lines: Vec::new(),
+            len: 0,
+        }
+    }
+
+    /// A buffer of `len` values from the pool (the smallest one large enough), or a new one.
+    fn take(len: usize) -> Self {
+        let mut pool = POOL.lock().unwrap_or_else(|p| p.into_inner());
+        let best = (0..pool.len())
+            .filter(|&i| pool[i].lines.len() * 16 >= len)
+            .min_by_key(|&i| pool[i].lines.len());
+        let mut buffer = match best {
+            Some(i) => pool.swap_remove(i),
+            None => pool.pop().unwrap_or_default(),
+        };
+        drop(pool);
+        buffer.reserve(len);
+        buffer.len = len;
+        buffer
+    }
+
+    /// Makes room for `len` values and sets the length to it.
+    fn reserve(&mut self, len: usize) {
+        let lines = len.div_ceil(16);
+        if self.lines.len() < lines {
+            self.lines = vec![Line([0.0; 16]); lines];
+        }
+        self.len = len;
+    }
+
+    fn as_mut_slice(&mut self) -> &mut [f32] {
+        // SAFETY: `lines` holds `lines.len() · 16` initialized f32 values (`Line` is
+        // `repr(C)` over `[f32; 16]`, without padding), `len` never exceeds that, and
+        // `&mut self` makes the borrow unique.
+        unsafe { std::slice::from_raw_parts_mut(self.lines.as_mut_ptr() as *mut f32, self.len) }
+    }
+}
+
+impl Drop for PackedB<'_> {
+    fn drop(&mut self) {
+        let buffer = std::mem::take(&mut self.buffer);
+        let mut pool = POOL.lock().unwrap_or_else(|p| p.into_inner());
+        if pool.len() < POOL_BUFFERS {
+            pool.push(buffer);
+        } else if let Some(smallest) = (0..pool.len()).min_by_key(|&i| pool[i].lines.len()) {
+            if pool[smallest].lines.len() < buffer.lines.len() {
+                pool[smallest] = buffer;
+            }
+        }
+    }
+}

@@ -1,0 +1,128 @@
+//! Packing: copies of `a` and `b` through their strides into the layouts the micro-kernels
+//! read with unit stride. Reads go through checked slices (one check per contiguous run), except
+//! the AVX-512 gathers of a transposed `b`, which rest on `MatrixRef::new`'s check.
+
+use super::{kernel_avx512, Kernel, MatrixRef};
+use std::ops::Range;
+
+impl MatrixRef<'_> {
+    /// Index into `data` of element `(i, j)`, which must be inside the view.
+    #[inline]
+    pub(super) fn at(&self, i: usize, j: usize) -> usize {
+        debug_assert!(i < self.rows && j < self.cols);
+        (self.offset as isize + i as isize * self.row_stride + j as isize * self.col_stride)
+            as usize
+    }
+}
+
+/// Packs panels `first_panel, first_panel + 1, …` of `b` (`k × n`) into `out`, which holds a
+/// whole number of panels of `k · nr` values: value `(p, j)` of panel `q` goes to
+/// `q · k · nr + p · nr + j - q · nr`; columns past `n` are zeros.
+pub(super) fn pack_b(b: &MatrixRef, nr: usize, first_panel: usize, out: &mut [f32]) {
+    let [k, n] = b.shape();
+    let panel_len = k * nr;
+    if panel_len == 0 {
+        return;
+    }
+    for (q, panel) in out.chunks_exact_mut(panel_len).enumerate() {
+        let first = (first_panel + q) * nr;
+        let width = nr.min(n - first);
+        if b.col_stride == 1 {
+            // Rows of `b` are contiguous: one copy per row.
+            for (p, row) in panel.chunks_exact_mut(nr).enumerate() {
+                let start = b.at(p, first);
+                row[..width].copy_from_slice(&b.data[start..start + width]);
+                row[width..].fill(0.0);
+            }
+        } else if b.row_stride == 1 && gather_columns(b, nr) {
+            // Columns are contiguous (a transposed operand), and AVX-512 gathers whole rows.
+            let column_stride = b.col_stride as usize;
+            // SAFETY: AVX-512F is present and `15 · column_stride` fits in i32
+            // (`gather_columns`); the panel holds `k · nr` values with `nr` the kernel's 64; and
+            // every element `(p, first + j)`, `p < k`, `j < width`, is inside the view, which
+            // `MatrixRef::new` checked lies inside `data`.
+            #[cfg(target_arch = "x86_64")]
+            unsafe {
+                kernel_avx512::pack_columns(b.data, b.at(0, first), column_stride, k, width, panel)
+            };
+        } else if b.row_stride == 1 {
+            // Columns are contiguous (a transposed operand): read runs of each column, 64 rows
+            // at a time, so the rows being written (64 · nr values) stay in L1.
+            for rows in (0..k).step_by(64) {
+                let height = 64.min(k - rows);
+                for j in 0..width {
+                    let start = b.at(rows, first + j);
+                    for (p, &value) in b.data[start..start + height].iter().enumerate() {
+                        panel[(rows + p) * nr + j] = value;
+                    }
+                }
+            }
+            for row in panel.chunks_exact_mut(nr) {
+                row[width..].fill(0.0);
+            }
+        } else {
+            for (p, row) in panel.chunks_exact_mut(nr).enumerate() {
+                for (j, value) in row[..width].iter_mut().enumerate() {
+                    *value = b.data[b.at(p, first + j)];
+                }
+                row[width..].fill(0.0);
+            }
+        }
+    }
+}
+
+/// Packs the block `rows × depth` of `a` into micro-panels of `mr` rows: value `(i, p)` of
+/// micro-panel `r` goes to `r · mr · kc + p · mr + i`; rows past the block are zeros. `out`
+/// holds exactly `ceil(rows.len() / mr) · mr · kc` values.
+pub(super) fn pack_a(
+    a: &MatrixRef,
+    rows: Range<usize>,
+    depth: Range<usize>,
+    mr: usize,
+    out: &mut [f32],
+) {
+    let kc = depth.len();
+    debug_assert_eq!(out.len(), rows.len().div_ceil(mr) * mr * kc);
+    for (r, panel) in out.chunks_exact_mut(mr * kc).enumerate() {
+        let first = rows.start + r * mr;
+        let height = mr.min(rows.end - first);
+        if a.col_stride == 1 {
+            // Rows of `a` are contiguous: read each row's run once.
+            for i in 0..height {
+                let start = a.at(first + i, depth.start);
+                for (p, &value) in a.data[start..start + kc].iter().enumerate() {
+                    panel[p * mr + i] = value;
+                }
+            }
+            if height < mr {
+                for column in panel.chunks_exact_mut(mr) {
+                    column[height..].fill(0.0);
+                }
+            }
+        } else if a.row_stride == 1 {
+            // Columns are contiguous (a transposed operand): one copy per column.
+            for (p, column) in panel.chunks_exact_mut(mr).enumerate() {
+                let start = a.at(first, depth.start + p);
+                column[..height].copy_from_slice(&a.data[start..start + height]);
+                column[height..].fill(0.0);
+            }
+        } else {
+            for (p, column) in panel.chunks_exact_mut(mr).enumerate() {
+                for (i, value) in column[..height].iter_mut().enumerate() {
+                    *value = a.data[a.at(first + i, depth.start + p)];
+                }
+                column[height..].fill(0.0);
+            }
+        }
+    }
+}
+
+/// Whether a column-contiguous `b` is packed with AVX-512 gathers: panels 64 wide, AVX-512F
+/// present, and the offsets of 16 columns within an `i32`.
+fn gather_columns(b: &MatrixRef, nr: usize) -> bool {
+    cfg!(target_arch = "x86_64")
+        && nr == kernel_avx512::NR
+        && Kernel::Avx512.is_supported()
+        && b.col_stride > 0
+        && (b.col_stride as i64) * 15 <= i32::MAX as i64
+}

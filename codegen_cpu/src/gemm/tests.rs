@@ -1,0 +1,221 @@
+//! Differential tests of the GEMM against a naive triple loop accumulated in f64, for every
+//! kernel this CPU supports, at sizes around the register tile and the cache blocks, with
+//! transposed, strided and reversed operands.
+//!
+//! Tolerance: a dot product of length `k` summed in f32 (in any order, FMA or not) is within
+//! `k · ε · Σ_p |a_ip · b_pj|` of the exact value (ε = 2⁻²³, the standard γ_k bound with room to
+//! spare); the test allows that plus 1e-30 for sums of zeros.
+
+use super::*;
+
+/// The sizes every dimension is tried at: around the micro-tiles (4, 6, 16, 64) and blocks.
+const SIZES: [usize; 14] = [0, 1, 2, 3, 5, 15, 16, 17, 31, 33, 63, 65, 127, 129];
+
+/// How an operand is laid out in its buffer.
+#[derive(Clone, Copy, Debug)]
+enum Layout {
+    /// Row-major, contiguous.
+    RowMajor,
+    /// Stored as its transpose (column-major), seen through a transposed view.
+    Transposed,
+    /// Every other column of a wider row-major matrix, after an offset of 7.
+    Strided,
+    /// Rows in reverse order (a negative row stride).
+    Reversed,
+}
+
+const LAYOUTS: [Layout; 4] = [
+    Layout::RowMajor,
+    Layout::Transposed,
+    Layout::Strided,
+    Layout::Reversed,
+];
+
+/// Deterministic values in [-1, 1).
+fn values(count: usize, seed: u64) -> Vec<f32> {
+    let mut state = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    (0..count)
+        .map(|_| {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            (state >> 40) as f32 / (1u64 << 23) as f32 - 1.0
+        })
+        .collect()
+}
+
+/// A buffer holding a `rows × cols` matrix in `layout`, with the offset and strides to view it.
+fn operand(rows: usize, cols: usize, layout: Layout, seed: u64) -> (Vec<f32>, i64, [i64; 2]) {
+    let (r, c) = (rows as i64, cols as i64);
+    match layout {
+        Layout::RowMajor => (values(rows * cols, seed), 0, [c, 1]),
+        Layout::Transposed => (values(rows * cols, seed), 0, [1, r]),
+        Layout::Strided => (values(7 + rows * (2 * cols + 1), seed), 7, [2 * c + 1, 2]),
+        Layout::Reversed => (values(rows * cols, seed), (r - 1).max(0) * c, [-c, 1]),
+    }
+}
+
+/// Element `(i, j)` of a view, read through its strides directly.
+fn element(data: &[f32], offset: i64, strides: [i64; 2], i: usize, j: usize) -> f64 {
+    data[(offset + i as i64 * strides[0] + j as i64 * strides[1]) as usize] as f64
+}
+
+/// Computes `a · b` with `kernel` on `threads` threads into a NaN-filled output and compares
+/// every element with the f64 triple loop.
+fn check(kernel: Kernel, [m, k, n]: [usize; 3], layouts: [Layout; 2], threads: usize) {
+    let (a_data, a_offset, a_strides) = operand(m, k, layouts[0], (m * 1000 + k) as u64);
+    let (b_data, b_offset, b_strides) = operand(k, n, layouts[1], (k * 1000 + n + 7) as u64);
+    let a = MatrixRef::new(&a_data, a_offset, [m, k], a_strides, "a").unwrap();
+    let b = MatrixRef::new(&b_data, b_offset, [k, n], b_strides, "b").unwrap();
+    let mut c_data = vec![f32::NAN; m * n];
+    let mut c = MatrixMut::row_major(&mut c_data, m, n).unwrap();
+    sgemm_with(kernel, &a, &b, &mut c, threads).unwrap();
+    for i in 0..m {
+        for j in 0..n {
+            let (mut exact, mut magnitude) = (0f64, 0f64);
+            for p in 0..k {
+                let x = element(&a_data, a_offset, a_strides, i, p)
+                    * element(&b_data, b_offset, b_strides, p, j);
+                exact += x;
+                magnitude += x.abs();
+            }
+            let found = c_data[i * n + j] as f64;
+            let tolerance = k as f64 * f32::EPSILON as f64 * magnitude + 1e-30;
+            assert!(
+                (found - exact).abs() <= tolerance,
+                "{kernel:?} {m}x{k}x{n} {layouts:?} on {threads} threads: c[{i}, {j}] = {found}, \
+                 expected {exact} within {tolerance}"
+            );
+        }
+    }
+}
+
+fn supported_kernels() -> Vec<Kernel> {
+    let kernels: Vec<Kernel> = Kernel::ALL.into_iter().filter(|k| k.is_supported()).collect();
+    assert!(kernels.contains(&Kernel::Portable));
+    kernels
+}
+
+#[test]
+fn every_kernel_matches_the_naive_product_at_every_odd_size() {
+    for kernel in supported_kernels() {
+        for m in SIZES {
+            for k in SIZES {
+                for n in SIZES {
+                    check(kernel, [m, k, n], [Layout::RowMajor; 2], 1);
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn transposed_strided_and_reversed_operands_are_read_through_their_strides() {
+    for kernel in supported_kernels() {
+        for a_layout in LAYOUTS {
+            for b_layout in LAYOUTS {
+                for m in [0, 1, 5, 17, 65] {
+                    for k in [0, 1, 16, 33] {
+                        for n in [1, 15, 65, 129] {
+                            check(kernel, [m, k, n], [a_layout, b_layout], 1);
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn sizes_past_one_cache_block_in_every_dimension() {
+    // m crosses MC = 264 (two blocks, the second with a short micro-panel), k crosses
+    // KC = 128 four times with a tail, or once by one.
+    for kernel in supported_kernels() {
+        check(kernel, [301, 600, 130], [Layout::RowMajor; 2], 1);
+        check(kernel, [265, 129, 65], [Layout::Transposed; 2], 1);
+        check(kernel, [7, 257, 65], [Layout::Transposed, Layout::RowMajor], 1);
+    }
+}
+
+#[test]
+fn threads_split_rows_or_columns_without_changing_the_result() {
+    for kernel in supported_kernels() {
+        for threads in [2, 3] {
+            // Enough rows: split by rows (with a ragged last part).
+            check(kernel, [203, 70, 90], [Layout::RowMajor, Layout::Transposed], threads);
+            // Few rows and many columns: split by columns.
+            check(kernel, [5, 70, 700], [Layout::RowMajor; 2], threads);
+            check(kernel, [1, 3, 1], [Layout::RowMajor; 2], threads);
+        }
+    }
+}
+
+#[test]
+fn a_batch_of_products_at_offsets_into_one_buffer() {
+    // Attention's [2, 3, 17, 8] @ [2, 3, 8, 17]: each matrix of the batch is a view at an offset
+    // into the same buffer, as `run_matmul` hands them over; here the second operand is the
+    // transpose of a [2, 3, 17, 8] tensor.
+    let (batch, m, k, n) = (6, 17, 8, 17);
+    let a_data = values(batch * m * k, 1);
+    let b_data = values(batch * n * k, 2);
+    let mut c_data = vec![f32::NAN; batch * m * n];
+    for kernel in supported_kernels() {
+        for (index, c_part) in c_data.chunks_exact_mut(m * n).enumerate() {
+            let a = MatrixRef::new(&a_data, (index * m * k) as i64, [m, k], [k as i64, 1], "a");
+            let b = MatrixRef::new(&b_data, (index * n * k) as i64, [k, n], [1, k as i64], "b");
+            let mut c = MatrixMut::row_major(c_part, m, n).unwrap();
+            sgemm_with(kernel, &a.unwrap(), &b.unwrap(), &mut c, 1).unwrap();
+        }
+        for index in 0..batch {
+            for (i, j) in (0..m).flat_map(|i| (0..n).map(move |j| (i, j))) {
+                let exact: f64 = (0..k)
+                    .map(|p| {
+                        a_data[index * m * k + i * k + p] as f64
+                            * b_data[index * n * k + j * k + p] as f64
+                    })
+                    .sum();
+                let found = c_data[index * m * n + i * n + j] as f64;
+                assert!((found - exact).abs() <= k as f64 * 1e-6, "{kernel:?} {index} {i} {j}");
+            }
+        }
+    }
+}
+
+#[test]
+fn views_reaching_outside_their_buffer_are_refused_once_up_front() {
+    let data = vec![0f32; 12];
+    assert!(MatrixRef::new(&data, 0, [3, 4], [4, 1], "a").is_ok());
+    assert_eq!(
+        MatrixRef::new(&data, 1, [3, 4], [4, 1], "a").unwrap_err(),
+        GemmError::OutOfBounds {
+            what: "a",
+            low: 1,
+            high: 12,
+            len: 12
+        }
+    );
+    assert!(MatrixRef::new(&data, -1, [3, 4], [4, 1], "a").is_err());
+    assert!(MatrixRef::new(&data, 8, [3, 4], [-4, 1], "a").is_ok());
+    // An empty view reads nothing, wherever it points.
+    assert!(MatrixRef::new(&data, 100, [0, 4], [4, 1], "a").is_ok());
+    let mut out = vec![0f32; 11];
+    assert!(MatrixMut::row_major(&mut out, 3, 4).is_err());
+    assert!(MatrixMut::new(&mut out, [3, 3], 4).is_ok());
+}
+
+#[test]
+fn mismatched_shapes_are_an_error() {
+    let data = vec![1f32; 64];
+    let a = MatrixRef::row_major(&data, 2, 3).unwrap();
+    let b = MatrixRef::row_major(&data, 4, 5).unwrap();
+    let mut out = vec![0f32; 10];
+    let mut c = MatrixMut::row_major(&mut out, 2, 5).unwrap();
+    assert_eq!(
+        sgemm(&a, &b, &mut c, 1).unwrap_err(),
+        GemmError::Shape {
+            a: [2, 3],
+            b: [4, 5],
+            c: [2, 5]
+        }
+    );
+}
