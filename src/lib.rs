@@ -19,16 +19,17 @@ pub mod workloads;
 
 pub use minductor_codegen_cpu as codegen_cpu;
 pub use minductor_frontend::{
-    compile, compile_with, compile_with_options, current_stance, explain, jit, reference_executable, set_stance, trace,
-    with_stance, Artifacts, Backend, BreakReport, CompileError, CompileOptions, Compiled, CompiledFn,
-    CustomBackend, Explanation, GraphReport, Jit, JitBackend, JitError, JitOptions, JitStats,
-    Operand, Stance, StanceGuard, TraceError, Traced, Tracer, DEFAULT_RECOMPILE_LIMIT,
-};
-pub use minductor_frontend::{
-    load_safetensors, AdamW, CrossEntropyOptions, Optimizer, Parameters, Sgd, TracedParameters,
-    TrainError, TrainStep,
+    compile, compile_with, compile_with_options, current_stance, explain, jit,
+    reference_executable, set_stance, trace, with_stance, Artifacts, Backend, BreakReport,
+    CompileError, CompileOptions, Compiled, CompiledFn, CustomBackend, Explanation, GraphReport,
+    Jit, JitBackend, JitError, JitOptions, JitStats, Operand, Stance, StanceGuard, TraceError,
+    Traced, Tracer, DEFAULT_RECOMPILE_LIMIT,
 };
 pub use minductor_frontend::{dump, logging};
+pub use minductor_frontend::{
+    load_safetensors, AdamW, ConvOptions, CrossEntropyOptions, Optimizer, Parameters, Sgd,
+    TracedParameters, TrainError, TrainStep,
+};
 pub use minductor_ir as ir;
 pub use minductor_ir::{DType, Graph};
 pub use minductor_passes as passes;

@@ -383,6 +383,7 @@ impl Lowering<'_, '_, '_> {
                     && indirect.as_ref().is_none_or(|i| self.is_uniform(i.value))
             }
             Expr::Constant { .. } | Expr::StageResult(_) => true,
+            Expr::Index(index) => index.coefficient(inner) == 0,
             Expr::Unary(_, a) | Expr::Cast(_, a) => self.is_uniform(*a),
             Expr::Binary(_, a, c) | Expr::Compare(_, a, c) => {
                 self.is_uniform(*a) && self.is_uniform(*c)
@@ -616,6 +617,13 @@ impl Lowering<'_, '_, '_> {
             Expr::StageResult(n) => {
                 self.stage_results[n as usize].expect("stages run in dependency order")
             }
+            Expr::Index(index) => {
+                let i = self.index_value(&index);
+                match ty {
+                    ScalarType::F32 => self.b.ins().fcvt_from_sint(types::F32, i),
+                    _ => i,
+                }
+            }
             Expr::Unary(op, a) => {
                 let a = self.scalar_operand(a);
                 self.unary(op, a, ty)
@@ -822,7 +830,9 @@ impl Lowering<'_, '_, '_> {
                     self.vector_operand(a),
                     self.vector_operand(d),
                 );
-                let mask = self.bitcast(types::F32X4, c);
+                // Bool operands are i32x4 masks, float ones f32x4: the mask takes their type.
+                let operand_type = self.b.func.dfg.value_type(a);
+                let mask = self.bitcast(operand_type, c);
                 self.b.ins().bitselect(mask, a, d)
             }
             Expr::Cast(to, a) => {
@@ -846,9 +856,37 @@ impl Lowering<'_, '_, '_> {
                     _ => unreachable!("vectorizable() excludes i64 casts"),
                 }
             }
+            Expr::Index(index) => {
+                // Lane 0's value, splat, plus [0, c, 2c, 3c] for the innermost coefficient c.
+                let inner = self.innermost.expect("vector mode has an innermost loop");
+                let c = index.coefficient(inner);
+                let i = self.index_value(&index);
+                let f = self.b.ins().fcvt_from_sint(types::F32, i);
+                let base = self.b.ins().splat(types::F32X4, f);
+                let mut steps = self.f32_like(0.0, types::F32X4);
+                for lane in 1..LANES {
+                    let k = self.b.ins().f32const((lane * c) as f32);
+                    steps = self.b.ins().insertlane(steps, k, lane as u8);
+                }
+                self.b.ins().fadd(base, steps)
+            }
             Expr::Constant { .. } | Expr::StageResult(_) => unreachable!("uniform"),
         };
         Val::Vector(v)
+    }
+
+    /// The i64 value of `index` at the current loop variables (lane 0 of the unroll slot).
+    fn index_value(&mut self, index: &Affine) -> Value {
+        let mut acc = self.b.ins().iconst(types::I64, index.offset);
+        for &(var, coef) in &index.terms {
+            let v = self.vars[&var];
+            let scaled = self.b.ins().imul_imm_s(v, coef);
+            acc = self.b.ins().iadd(acc, scaled);
+            if Some(var) == self.innermost && self.lane_offset != 0 {
+                acc = self.b.ins().iadd_imm_s(acc, self.lane_offset * coef);
+            }
+        }
+        acc
     }
 
     fn bitcast(&mut self, to: Type, v: Value) -> Value {

@@ -5,11 +5,13 @@
 mod autograd;
 mod backend;
 mod compile;
+mod conv;
 pub mod dump;
 mod dynamic;
 mod explain;
 mod graph_break;
 mod guards;
+mod indexing;
 mod jit;
 pub mod logging;
 mod losses;
@@ -24,10 +26,11 @@ pub use compile::{
     compile, compile_with, compile_with_options, Artifacts, Backend, CompileError, CompileOptions,
     Compiled,
 };
+pub use conv::ConvOptions;
 pub use explain::{explain, BreakReport, Explanation, GraphReport};
-pub use losses::CrossEntropyOptions;
 pub use jit::{jit, Jit, JitError, JitOptions, JitStats, DEFAULT_RECOMPILE_LIMIT};
+pub use losses::CrossEntropyOptions;
 pub use stance::{current_stance, set_stance, with_stance, Stance, StanceGuard};
+pub use trace::{trace, Operand, TraceError, Traced, Tracer};
 pub use train::{AdamW, Optimizer, Parameters, Sgd, TracedParameters, TrainError, TrainStep};
 pub use weights::load_safetensors;
-pub use trace::{trace, Operand, TraceError, Traced, Tracer};

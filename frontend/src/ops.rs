@@ -2,7 +2,7 @@
 //! decompose, differentiate and fuse like them): shape ops (`squeeze`, `unsqueeze`, `flatten`,
 //! `split`, `chunk`, `pad`), `masked_fill`, `index_select`, `logsumexp`, `full`/`zeros`/`ones`,
 //! and the network layers `batch_norm` (eval), `group_norm`, `avg_pool2d`,
-//! `adaptive_avg_pool2d` and `scaled_dot_product_attention` (with an additive mask).
+//! `adaptive_avg_pool2d` and `scaled_dot_product_attention` (additive mask, `is_causal`).
 //!
 //! Sizes these ops compute with are read as numbers (`shape()`), so under `jit` a symbolic dim
 //! they split or pool is specialized. Bad arguments are trace errors naming the op and the sizes.
@@ -313,7 +313,10 @@ impl Traced {
         if shape.len() < 2 || groups == 0 || shape[1] % groups != 0 {
             return self.fail_msg(
                 "group_norm",
-                format!("{} channels do not split into {groups} groups", shape.get(1).unwrap_or(&0)),
+                format!(
+                    "{} channels do not split into {groups} groups",
+                    shape.get(1).unwrap_or(&0)
+                ),
             );
         }
         let grouped = self.reshape(&[shape[0] as isize, groups as isize, -1]);
@@ -349,9 +352,12 @@ impl Traced {
             );
         }
         let (n, c, h, w) = (shape[0], shape[1], shape[2] / kernel, shape[3] / kernel);
-        let cropped = self
-            .slice(2, None, Some((h * kernel) as isize), 1)
-            .slice(3, None, Some((w * kernel) as isize), 1);
+        let cropped = self.slice(2, None, Some((h * kernel) as isize), 1).slice(
+            3,
+            None,
+            Some((w * kernel) as isize),
+            1,
+        );
         let k = kernel as isize;
         cropped
             .reshape(&[n as isize, c as isize, h as isize, k, w as isize, k])
@@ -389,20 +395,29 @@ impl Traced {
         .mean(&[3, 5], false)
     }
 
-    /// `F.scaled_dot_product_attention(q, k, v, attn_mask)`: `softmax(q·kᵀ/√d + mask)·v` with an
-    /// optional additive float mask broadcast to the scores. (The causal form needs `arange`,
-    /// which is not built yet.)
+    /// `F.scaled_dot_product_attention(q, k, v, attn_mask, is_causal)`:
+    /// `softmax(q·kᵀ/√d + mask)·v` with an optional additive float mask broadcast to the scores,
+    /// and with `is_causal` the scores above the diagonal (key position > query position, the
+    /// mask `ones(L, S).tril()`) set to −inf. The causal mask is compared from two `arange`s
+    /// inside the softmax kernel; the scores are materialized (no fused attention kernel yet).
     #[track_caller]
     pub fn scaled_dot_product_attention(
         &self,
         key: &Traced,
         value: &Traced,
         mask: Option<&Traced>,
+        is_causal: bool,
     ) -> Traced {
         let d = *self.shape().last().unwrap_or(&1) as f64;
         let mut scores = self.matmul(&key.transpose(-1, -2)) * (1.0 / d.sqrt());
         if let Some(m) = mask {
             scores = scores + m;
+        }
+        if is_causal {
+            match scores.diagonal_offsets("scaled_dot_product_attention") {
+                Ok(offsets) => scores = scores.masked_fill(&offsets.gt(0.0), f64::NEG_INFINITY),
+                Err(poisoned) => return poisoned,
+            }
         }
         scores.softmax(-1).matmul(value)
     }

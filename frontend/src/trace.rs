@@ -114,6 +114,12 @@ impl Tracer {
         Traced::handle(&self.state, Some(id))
     }
 
+    /// `torch.arange(end, dtype=dtype)`: `[0, 1, .., end - 1]` (the `iota` prim).
+    #[track_caller]
+    pub fn arange(&self, end: usize, dtype: DType) -> Traced {
+        Traced::handle(&self.state, None).apply(Op::Iota { len: end, dtype }, &[])
+    }
+
     /// Declares an input of any type (dims may be symbolic).
     pub fn input_typed(&self, name: &str, ty: TensorType) -> Traced {
         let id = self.state.graph.borrow_mut().input(name, ty);
@@ -429,6 +435,13 @@ impl Traced {
         match result {
             Ok(id) => Traced::handle(&self.state, Some(id)),
             Err(e) => self.fail(e),
+        }
+    }
+
+    /// The tracer recording this value (to create constants and `arange`s next to it).
+    pub fn tracer(&self) -> Tracer {
+        Tracer {
+            state: self.state.clone(),
         }
     }
 

@@ -121,6 +121,13 @@ pub enum Op {
     },
     /// The identity whose derivative is zero (`x.detach()`, stop-gradient).
     Detach,
+    /// `torch.arange(len, dtype)`: the 1-d tensor `[0, 1, .., len - 1]` of `dtype` (no operands).
+    /// Other starts and steps, masks (`triu`/`tril`, causal attention) and arg-reductions are
+    /// built from it by the tracer.
+    Iota {
+        len: usize,
+        dtype: DType,
+    },
 
     // ---- composites (decomposed before fusion) ---------------------------------------------
     Relu,
@@ -227,6 +234,7 @@ impl Op {
             Op::TakeAlong { .. } => "take_along".into(),
             Op::ScatterAdd { .. } => "scatter_add".into(),
             Op::Detach => "detach".into(),
+            Op::Iota { .. } => "iota".into(),
             Op::Grad { .. } => "grad".into(),
             Op::Relu => "relu".into(),
             Op::Silu => "silu".into(),
@@ -285,6 +293,7 @@ impl Op {
                 format!("[dim={dim}]")
             }
             Op::ScatterAdd { dim, size } => format!("[dim={dim}, size={size}]"),
+            Op::Iota { len, dtype } => format!("[len={len}, {dtype}]"),
             Op::Grad { index, seeded } => {
                 if *seeded {
                     format!("[wrt={index}, seeded]")
@@ -672,6 +681,16 @@ pub fn infer_type(op: &Op, inputs: &[&TensorType]) -> Result<TensorType, IrError
         Op::Detach => {
             expect_arity(op, inputs, 1)?;
             Ok(first())
+        }
+        Op::Iota { len, dtype } => {
+            expect_arity(op, inputs, 0)?;
+            if *dtype == DType::Bool {
+                return Err(IrError::ty(op.name(), "a bool arange is not supported"));
+            }
+            Ok(TensorType::new(
+                *dtype,
+                Shape::from_slice(&[Dim::Static(*len)]),
+            ))
         }
         Op::Grad { index, seeded } => {
             let fixed = 1 + *seeded as usize;

@@ -252,7 +252,7 @@ fn kernel_cost(program: &Program, kernel: &Kernel) -> StepCost {
                 Expr::Unary(..) | Expr::Binary(..) | Expr::Compare(..) | Expr::Where(..) => {
                     flops += per_evaluation
                 }
-                Expr::Constant { .. } | Expr::StageResult(_) | Expr::Cast(..) => {}
+                Expr::Constant { .. } | Expr::StageResult(_) | Expr::Cast(..) | Expr::Index(_) => {}
             }
         }
     }
@@ -291,6 +291,10 @@ fn inner_dependence(kernel: &Kernel) -> Vec<bool> {
                 Expr::Binary(_, a, b) | Expr::Compare(_, a, b) => get(a) || get(b),
                 Expr::Where(c, a, b) => get(c) || get(a) || get(b),
                 Expr::Constant { .. } | Expr::StageResult(_) => false,
+                Expr::Index(index) => index
+                    .terms
+                    .iter()
+                    .any(|&(var, c)| c != 0 && matches!(var, Var::Inner(_))),
             };
             if v && !varies[i] {
                 varies[i] = true;

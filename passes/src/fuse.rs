@@ -754,12 +754,14 @@ impl<'g> KernelBuilder<'g> {
         let out_shape = dims(g, node);
         // Index of a broadcast operand.
         let operand_idx = |operand: NodeId| broadcast_index(idx, &dims(g, operand), &out_shape);
-        if !matches!(n.op, Op::Constant { .. }) && !n.op.is_view() {
+        if !matches!(n.op, Op::Constant { .. } | Op::Iota { .. }) && !n.op.is_view() {
             self.inlined.push(node);
             self.names.push(n.op.name());
         }
         let e = match &n.op {
             Op::Constant { value } => self.push(Expr::Constant { value: *value, ty }, ty),
+            // Recomputed from the loop index wherever it is read (never worth a buffer).
+            Op::Iota { .. } => self.push(Expr::Index(idx[0].clone()), ty),
             Op::Unary(u) => {
                 let a = self.emit(s, n.inputs[0], &operand_idx(n.inputs[0]))?;
                 let a = self.convert(a, ty);
@@ -787,6 +789,15 @@ impl<'g> KernelBuilder<'g> {
                 let y = self.emit(s, n.inputs[2], &operand_idx(n.inputs[2]))?;
                 let (x, y) = (self.convert(x, ty), self.convert(y, ty));
                 self.push(Expr::Where(c, x, y), ty)
+            }
+            Op::Cast { dtype }
+                if *dtype == DType::F32
+                    && matches!(g.node(n.inputs[0]).op, Op::Iota { .. })
+                    && !s.realized.contains(&n.inputs[0]) =>
+            {
+                // An integer arange read as floats is the float arange (vectorizable); exact
+                // below 2^24, far beyond any length a kernel indexes.
+                self.push(Expr::Index(idx[0].clone()), ScalarType::F32)
             }
             Op::Cast { dtype } => {
                 let a = self.emit(s, n.inputs[0], idx)?;

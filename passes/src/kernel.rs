@@ -158,6 +158,9 @@ pub enum Expr {
     },
     /// The value reduction stage `n` produced for the current outer iteration.
     StageResult(u32),
+    /// The value of an affine function of the loop variables (`arange`), as the expression's
+    /// type (f32 or i64).
+    Index(Affine),
     Unary(UnaryOp, ExprId),
     Binary(BinaryOp, ExprId, ExprId),
     Compare(CompareOp, ExprId, ExprId),
@@ -175,7 +178,7 @@ impl Expr {
             Expr::Unary(_, a) | Expr::Cast(_, a) => SmallVec::from_slice(&[*a]),
             Expr::Binary(_, a, b) | Expr::Compare(_, a, b) => SmallVec::from_slice(&[*a, *b]),
             Expr::Where(c, a, b) => SmallVec::from_slice(&[*c, *a, *b]),
-            Expr::Constant { .. } | Expr::StageResult(_) => SmallVec::new(),
+            Expr::Constant { .. } | Expr::StageResult(_) | Expr::Index(_) => SmallVec::new(),
         }
     }
 }
@@ -489,6 +492,7 @@ impl fmt::Display for Kernel {
                 }
                 Expr::Constant { value, .. } => write!(line, "{value:?}")?,
                 Expr::StageResult(s) => write!(line, "stage{s}")?,
+                Expr::Index(index) => write!(line, "index {index}")?,
                 Expr::Unary(op, a) => {
                     write!(line, "{} e{}", format!("{op:?}").to_lowercase(), a.0)?
                 }

@@ -41,6 +41,11 @@ pub fn interpret(graph: &Graph, inputs: &[Tensor]) -> Result<Vec<Tensor>, Runtim
                 shape: vec![],
                 data: constant(dtype, *value),
             },
+            Op::Iota { len, .. } => Value {
+                dtype,
+                shape: vec![*len],
+                data: iota(dtype, *len),
+            },
             op => {
                 let args = node
                     .inputs
@@ -398,13 +403,22 @@ fn zip_broadcast<A: Copy, B: Copy, R>(
         .collect()
 }
 
+/// `[0, 1, .., len - 1]` as `dtype`'s data (floats exactly, as f64 then rounded).
+fn iota(dtype: DType, len: usize) -> Data {
+    match dtype {
+        DType::I64 => Data::I((0..len as i64).collect()),
+        DType::Bool => Data::B((0..len).map(|i| i != 0).collect()),
+        _ => Data::F((0..len).map(|i| round(dtype, i as f64)).collect()),
+    }
+}
+
 // ---- dispatch -----------------------------------------------------------------------------------
 
 /// The data of `op` applied to `args`; `dtype` and `shape` are the node's (verified) type.
 fn eval(op: &Op, dtype: DType, shape: &[usize], args: &[&Value]) -> Result<Data, RuntimeError> {
     let x = args[0];
     match op {
-        Op::Input { .. } | Op::Constant { .. } => {
+        Op::Input { .. } | Op::Constant { .. } | Op::Iota { .. } => {
             Err(internal("sources are not evaluated by `eval`"))
         }
         Op::Unary(u) => unary(*u, x),
@@ -918,7 +932,9 @@ fn scatter_add(
             position[d] = 0;
         }
     }
-    Ok(Data::F(sums.into_iter().map(|s| round(src.dtype, s)).collect()))
+    Ok(Data::F(
+        sums.into_iter().map(|s| round(src.dtype, s)).collect(),
+    ))
 }
 
 // ---- matrix products ----------------------------------------------------------------------------
