@@ -47,18 +47,10 @@ fn rms_norm(x: &Traced, g: &Traced) -> Traced {
     x * ((x * x).mean(&[-1], true) + 1e-6).rsqrt() * g
 }
 
-/// Rotary embedding of `x: [B, H, T, D]` at positions `0..T` (`gen_models.py`'s `rope`).
-fn rope(x: &Traced) -> Traced {
-    let shape = x.shape();
-    let (t, d) = (shape[2], shape[3]);
-    let tracer = x.tracer();
-    let exponents = tracer.arange_range(0.0, d as f64, 2.0, DType::F32) / d as f64;
-    let inv = exponents.full_like(10000.0).pow(&exponents).reciprocal();
-    let positions = tracer
-        .arange(t, DType::I64)
-        .reshape(&[t as isize, 1])
-        .cast(DType::F32);
-    let angles = positions * inv.reshape(&[1, (d / 2) as isize]);
+/// `x · cos + rotate_half(x) · sin` for `angles: [T, D/2]` (the rotary embedding of `x: [B,
+/// H, T, D]`, with `rotate_half(x) = cat(−x[.., D/2:], x[.., :D/2])`).
+fn rotate(x: &Traced, angles: &Traced) -> Traced {
+    let d = x.shape()[3];
     let (cos, sin) = (angles.cos(), angles.sin());
     let cos = Traced::cat(&[&cos, &cos], -1);
     let sin = Traced::cat(&[&sin, &sin], -1);
@@ -68,30 +60,63 @@ fn rope(x: &Traced) -> Traced {
     x * cos + Traced::cat(&[&-x2, &x1], -1) * sin
 }
 
-/// The LLaMA-style block of `gen_models.py` (4 query heads, 2 key-value heads).
+/// `10000 ** (arange(0, d, 2) / d)` as `[1, d/2]`, and the positions `arange(t)` as `[t, 1]`
+/// (f32).
+fn rotary_frequencies(x: &Traced) -> (Traced, Traced) {
+    let shape = x.shape();
+    let (t, d) = (shape[2], shape[3]);
+    let tracer = x.tracer();
+    let exponents = tracer.arange_range(0.0, d as f64, 2.0, DType::F32) / d as f64;
+    let frequencies = exponents.full_like(10000.0).pow(&exponents);
+    let positions = tracer.arange(t, DType::I64).reshape(&[t as isize, 1]).cast(DType::F32);
+    (frequencies.reshape(&[1, (d / 2) as isize]), positions)
+}
+
+/// `gen_models.py`'s `rope`: angles `pos · (1 / 10000^(2i/d))`.
+fn rope(x: &Traced) -> Traced {
+    let (frequencies, positions) = rotary_frequencies(x);
+    rotate(x, &(positions * frequencies.reciprocal()))
+}
+
+/// `torch_suite.py`'s `rope`: angles `pos / 10000^(2i/d)`.
+fn rope_divided(x: &Traced) -> Traced {
+    let (frequencies, positions) = rotary_frequencies(x);
+    rotate(x, &(positions / frequencies))
+}
+
+/// The LLaMA-style block of `gen_models.py` (4 query heads, 2 key-value heads, rotary
+/// embeddings of q and k).
 fn llama_block(i: &HashMap<String, Traced>) -> Traced {
-    let (heads, kv_heads) = (4isize, 2isize);
+    llama_block_with(i, 4, 2, rope)
+}
+
+/// The LLaMA-style block of `torch_suite.py`'s `llama_block` (the `llama_block_4x256x512`
+/// workload) with `heads` query heads and `kv_heads` key-value heads, over inputs named x, g1,
+/// wq, wk, wv, wo, g2, wg, wu, wd.
+pub(crate) fn suite_llama_block(
+    i: &HashMap<String, Traced>,
+    heads: isize,
+    kv_heads: isize,
+) -> Traced {
+    llama_block_with(i, heads, kv_heads, rope_divided)
+}
+
+fn llama_block_with(
+    i: &HashMap<String, Traced>,
+    heads: isize,
+    kv_heads: isize,
+    rope: fn(&Traced) -> Traced,
+) -> Traced {
     let x = &i["x"];
     let shape = x.shape();
     let (b, t, d) = (shape[0] as isize, shape[1] as isize, shape[2] as isize);
     let hd = d / heads;
     let h = rms_norm(x, &i["g1"]);
-    let project = |w: &str, n: isize| {
-        h.linear(&i[w], None)
-            .reshape(&[b, t, n, hd])
-            .transpose(1, 2)
-    };
-    let (q, k, v) = (
-        project("wq", heads),
-        project("wk", kv_heads),
-        project("wv", kv_heads),
-    );
+    let project = |w: &str, n: isize| h.linear(&i[w], None).reshape(&[b, t, n, hd]).transpose(1, 2);
+    let (q, k, v) = (project("wq", heads), project("wk", kv_heads), project("wv", kv_heads));
     let (q, k) = (rope(&q), rope(&k));
     let repeats = (heads / kv_heads) as usize;
-    let (k, v) = (
-        k.repeat_interleave(repeats, 1),
-        v.repeat_interleave(repeats, 1),
-    );
+    let (k, v) = (k.repeat_interleave(repeats, 1), v.repeat_interleave(repeats, 1));
     let a = q
         .scaled_dot_product_attention(&k, &v, None, true)
         .transpose(1, 2)
@@ -100,6 +125,20 @@ fn llama_block(i: &HashMap<String, Traced>) -> Traced {
     let n2 = rms_norm(&y, &i["g2"]);
     let gated = n2.linear(&i["wg"], None).silu() * n2.linear(&i["wu"], None);
     &y + gated.linear(&i["wd"], None)
+}
+
+/// `torch_suite.py`'s `resnet_block` (the `resnet_block_8x64x56` workload): two 3x3
+/// convolutions with padding 1, each followed by eval batch norm, a ReLU after the first and
+/// after the residual add, over inputs named x, w1, m1, v1, g1, b1, w2, m2, v2, g2, b2.
+pub(crate) fn suite_resnet_block(i: &HashMap<String, Traced>) -> Traced {
+    let conv = ConvOptions::default().padding(1);
+    let bn = |y: Traced, n: &str| {
+        let at = |p: &str| &i[&format!("{p}{n}")];
+        y.batch_norm(at("m"), at("v"), Some(at("g")), Some(at("b")), 1e-5)
+    };
+    let x = &i["x"];
+    let y = bn(x.conv2d(&i["w1"], None, conv), "1").relu();
+    (bn(y.conv2d(&i["w2"], None, conv), "2") + x).relu()
 }
 
 /// The GPT-2-style decoder of `gen_models.py` (4 heads, tied embeddings): the logits and the
