@@ -50,7 +50,7 @@ fn rms_norm(x: &Traced, g: &Traced) -> Traced {
 /// `x · cos + rotate_half(x) · sin` for `angles: [T, D/2]` (the rotary embedding of `x: [B,
 /// H, T, D]`, with `rotate_half(x) = cat(−x[.., D/2:], x[.., :D/2])`).
 fn rotate(x: &Traced, angles: &Traced) -> Traced {
-    let d = x.shape()[3];
+    let d = x.shape().get(3).copied().unwrap_or(0);
     let (cos, sin) = (angles.cos(), angles.sin());
     let cos = Traced::cat(&[&cos, &cos], -1);
     let sin = Traced::cat(&[&sin, &sin], -1);
@@ -63,8 +63,8 @@ fn rotate(x: &Traced, angles: &Traced) -> Traced {
 /// `10000 ** (arange(0, d, 2) / d)` as `[1, d/2]`, and the positions `arange(t)` as `[t, 1]`
 /// (f32).
 fn rotary_frequencies(x: &Traced) -> (Traced, Traced) {
-    let shape = x.shape();
-    let (t, d) = (shape[2], shape[3]);
+    let size = |dim: usize| x.shape().get(dim).copied().unwrap_or(0);
+    let (t, d) = (size(2), size(3));
     let tracer = x.tracer();
     let exponents = tracer.arange_range(0.0, d as f64, 2.0, DType::F32) / d as f64;
     let frequencies = exponents.full_like(10000.0).pow(&exponents);
@@ -149,8 +149,10 @@ pub fn gpt_forward(i: &HashMap<String, Traced>) -> Vec<Traced> {
         .take_while(|l| i.contains_key(&format!("h{l}.ln1.g")))
         .count();
     let heads = 4isize;
-    let (b, t) = (idx.shape()[0] as isize, idx.shape()[1]);
-    let width = i["wte"].shape()[1];
+    // Sizes read as numbers (0 if an earlier error poisoned a value: tracing then fails).
+    let size = |x: &Traced, d: usize| x.shape().get(d).copied().unwrap_or(0);
+    let (b, t) = (size(idx, 0) as isize, size(idx, 1));
+    let width = size(&i["wte"], 1);
     let (ti, di) = (t as isize, width as isize);
     let hd = di / heads;
     let positions = idx.tracer().arange(t, DType::I64);
@@ -158,11 +160,14 @@ pub fn gpt_forward(i: &HashMap<String, Traced>) -> Vec<Traced> {
     let p = |l: usize, name: &str| &i[&format!("h{l}.{name}")];
     for l in 0..layers {
         let h = x.layer_norm(&[width], Some(p(l, "ln1.g")), Some(p(l, "ln1.b")), 1e-5);
-        let qkv = h
-            .linear(p(l, "qkv.w"), Some(p(l, "qkv.b")))
-            .split(width, -1);
-        let heads_of = |z: &Traced| z.reshape(&[b, ti, heads, hd]).transpose(1, 2);
-        let (q, k, v) = (heads_of(&qkv[0]), heads_of(&qkv[1]), heads_of(&qkv[2]));
+        // `split(width, -1)` into q, k, v, as slices (a poisoned value still gives three).
+        let qkv = h.linear(p(l, "qkv.w"), Some(p(l, "qkv.b")));
+        let heads_of = |n: isize| {
+            qkv.slice(-1, Some(n * di), Some((n + 1) * di), 1)
+                .reshape(&[b, ti, heads, hd])
+                .transpose(1, 2)
+        };
+        let (q, k, v) = (heads_of(0), heads_of(1), heads_of(2));
         let a = q
             .scaled_dot_product_attention(&k, &v, None, true)
             .transpose(1, 2)
@@ -185,7 +190,8 @@ pub fn gpt_forward(i: &HashMap<String, Traced>) -> Vec<Traced> {
     vec![logits, next]
 }
 
-const GPT_INPUTS: &[&str] = &[
+/// The inputs of the GPT-style decoder cases, in the order `gpt_forward` is traced with.
+pub const GPT_INPUTS: &[&str] = &[
     "idx",
     "wte",
     "wpe",

@@ -34,3 +34,47 @@ fn supported_golden_model_cases_match_pytorch_on_every_backend() {
         }
     }
 }
+
+/// One `jit` function serves the GPT-style decoder at the three sequence lengths of the golden
+/// cases (same weights), each call matching PyTorch. The sequence length is read as a number by
+/// `arange`, `reshape` and `slice`, so each length is a specialization of its own (a recompile,
+/// not a symbolic graph): at most one compile per length.
+#[test]
+fn one_jit_function_serves_the_gpt_sweep() {
+    use minductor::golden::{compare, load_manifest, load_tensors};
+    use minductor::{jit, Traced};
+    use std::collections::HashMap;
+    let dir = default_golden_models_dir();
+    let cases: Vec<_> = load_manifest(&dir)
+        .unwrap()
+        .into_iter()
+        .filter(|c| c.name.starts_with("model_gpt_tiny_t"))
+        .collect();
+    assert_eq!(cases.len(), 3);
+    let gpt = jit(|x: &[Traced]| {
+        let named: HashMap<String, Traced> = models::GPT_INPUTS
+            .iter()
+            .zip(x)
+            .map(|(n, t)| (n.to_string(), t.clone()))
+            .collect();
+        models::gpt_forward(&named)
+    })
+    .input_names(models::GPT_INPUTS);
+    for case in &cases {
+        let tensors = load_tensors(&case.file).unwrap();
+        let inputs: Vec<_> = models::GPT_INPUTS
+            .iter()
+            .map(|n| tensors[*n].clone())
+            .collect();
+        let outputs = gpt.call(&inputs).unwrap();
+        for (got, spec) in outputs.iter().zip(&case.outputs) {
+            let c = compare(got, &tensors[&spec.name], case.rtol, case.atol);
+            assert!(c.passed, "{} {}: max abs error {}", case.name, spec.name, c.max_abs_error);
+        }
+    }
+    let stats = gpt.stats();
+    println!("gpt sweep through one jit function: {stats:?}");
+    assert_eq!(stats.calls, 3);
+    assert!(stats.compiles <= 3, "{stats:?}");
+    assert_eq!(stats.eager_fallbacks(), 0, "{stats:?}");
+}
