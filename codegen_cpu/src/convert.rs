@@ -16,7 +16,7 @@
 //! * `f32 -> bf16` rounds to nearest-even (overflow to `±inf`); NaN keeps its top bits with
 //!   the quiet bit set.
 
-use crate::math::Em;
+use crate::math::{Em, Lanes};
 use cranelift_codegen::ir::condcodes::IntCC;
 use cranelift_codegen::ir::{InstBuilder, Value};
 use cranelift_frontend::FunctionBuilder;
@@ -108,7 +108,7 @@ pub fn emit_f32_to_bf16_bits(b: &mut FunctionBuilder, x: Value) -> Value {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::math::testjit::{compile, strided_bits, Kernel};
+    use crate::math::tests::testjit::{compile, strided_bits, Kernel};
     use cranelift_codegen::ir::types;
     use half::{bf16, f16};
 
