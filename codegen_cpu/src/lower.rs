@@ -286,6 +286,19 @@ impl Lowering<'_, '_, '_> {
                 };
                 self.stage_results[n] = Some(self.pin(result));
             }
+            StageAction::Scan(store) => {
+                // One element at a time, in order: the running sum lives in a variable.
+                let acc = self.b.declare_var(types::F32);
+                let zero = self.b.ins().f32const(0.0);
+                self.b.def_var(acc, zero);
+                self.inner_loops(0, extents, false, &mut |l, _, _| {
+                    let x = l.scalar_operand(store.value);
+                    let sum = l.b.use_var(acc);
+                    let sum = l.b.ins().fadd(sum, x);
+                    l.b.def_var(acc, sum);
+                    l.store(store, Val::Scalar(sum), Mode::Scalar);
+                });
+            }
             StageAction::Store(stores) => {
                 self.inner_loops(0, extents, vector, &mut |l, mode, _| {
                     for st in stores {
@@ -399,6 +412,10 @@ impl Lowering<'_, '_, '_> {
         let mut sites = Vec::new();
         let mut stack = match &stage.action {
             StageAction::Reduce { value, .. } => vec![*value],
+            StageAction::Scan(store) => {
+                sites.push((store.buffer, store.index.clone()));
+                vec![store.value]
+            }
             StageAction::Store(stores) => {
                 sites.extend(stores.iter().map(|st| (st.buffer, st.index.clone())));
                 stores.iter().map(|st| st.value).collect()
@@ -430,6 +447,7 @@ impl Lowering<'_, '_, '_> {
     fn vectorizable(&self, stage: &Stage) -> bool {
         let roots: Vec<ExprId> = match &stage.action {
             StageAction::Reduce { value, .. } => vec![*value],
+            StageAction::Scan(_) => return false,
             StageAction::Store(stores) => {
                 for st in stores {
                     let dtype = self.program.buffer(st.buffer).dtype;

@@ -9,16 +9,17 @@
 //! - `argmax(x, d)` is `amin(where(x == amax(x, d), arange, n), d)` (NaN positions count as the
 //!   maximum, as in PyTorch): two reduction stages of one kernel over each row, the first index
 //!   of the extreme value winning, as PyTorch's. Indices are computed in f32 (exact below 2^24).
-//! - `cumsum(x, d)` is a product with the upper-triangular matrix of ones (`x · U`,
-//!   `U[j, i] = j <= i`): one GEMM step, O(n²) in the scanned length (fine for sequence-length
-//!   scans; a sequential scan kernel would be O(n)).
+//! - `cumsum(x, d)` is the `cumsum` prim: a kernel whose scan stage walks `d` one element at a
+//!   time with the running sum in a register (its operand's pointwise producers inlined), the
+//!   other dims being its outer loops (split across threads). Its derivative is the reverse
+//!   running sum, `Σ g − cumsum(g) + g`.
 //! - `repeat_interleave` is an expand of an unsqueezed dim, merged.
 //!
 //! Bad arguments (out-of-range dims, empty dims for arg-reductions, non-float scans) are trace
 //! errors naming the op and the sizes.
 
 use crate::trace::{Traced, Tracer};
-use minductor_ir::DType;
+use minductor_ir::{DType, Op};
 
 fn normalize(dim: isize, rank: usize) -> Option<usize> {
     let d = if dim < 0 { dim + rank as isize } else { dim };
@@ -173,19 +174,7 @@ impl Traced {
                 ),
             );
         }
-        let n = self.shape()[d];
-        let t = self.tracer();
-        let row = t.arange(n, DType::F32).reshape(&[n as isize, 1]);
-        let col = t.arange(n, DType::F32);
-        let upper = row.le(&col).cast(dtype);
-        let last = rank as isize - 1;
-        if d as isize == last {
-            self.matmul(&upper)
-        } else {
-            self.transpose(d as isize, last)
-                .matmul(&upper)
-                .transpose(d as isize, last)
-        }
+        self.apply(Op::CumSum { dim: d }, &[self])
     }
 
     /// `x.repeat_interleave(repeats, dim)`: each slice along `dim` repeated `repeats` times in

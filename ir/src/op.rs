@@ -121,6 +121,10 @@ pub enum Op {
     },
     /// The identity whose derivative is zero (`x.detach()`, stop-gradient).
     Detach,
+    /// `x.cumsum(dim)`: running sums along `dim` (floating-point `x`), a scan.
+    CumSum {
+        dim: usize,
+    },
     /// `torch.arange(len, dtype)`: the 1-d tensor `[0, 1, .., len - 1]` of `dtype` (no operands).
     /// Other starts and steps, masks (`triu`/`tril`, causal attention) and arg-reductions are
     /// built from it by the tracer.
@@ -235,6 +239,7 @@ impl Op {
             Op::ScatterAdd { .. } => "scatter_add".into(),
             Op::Detach => "detach".into(),
             Op::Iota { .. } => "iota".into(),
+            Op::CumSum { .. } => "cumsum".into(),
             Op::Grad { .. } => "grad".into(),
             Op::Relu => "relu".into(),
             Op::Silu => "silu".into(),
@@ -289,7 +294,8 @@ impl Op {
             Op::Cat { dim }
             | Op::Softmax { dim }
             | Op::LogSoftmax { dim }
-            | Op::TakeAlong { dim } => {
+            | Op::TakeAlong { dim }
+            | Op::CumSum { dim } => {
                 format!("[dim={dim}]")
             }
             Op::ScatterAdd { dim, size } => format!("[dim={dim}, size={size}]"),
@@ -680,6 +686,17 @@ pub fn infer_type(op: &Op, inputs: &[&TensorType]) -> Result<TensorType, IrError
         }
         Op::Detach => {
             expect_arity(op, inputs, 1)?;
+            Ok(first())
+        }
+        Op::CumSum { dim } => {
+            expect_arity(op, inputs, 1)?;
+            expect_float(op, inputs[0])?;
+            if *dim >= inputs[0].rank() {
+                return Err(IrError::ty(
+                    op.name(),
+                    format!("dim {dim} out of range for {}", inputs[0]),
+                ));
+            }
             Ok(first())
         }
         Op::Iota { len, dtype } => {

@@ -548,6 +548,15 @@ impl Backward<'_> {
                 };
                 self.add(Op::TakeAlong { dim: *dim }, &[g, full])?
             }
+            Op::CumSum { dim } => {
+                // The reverse running sums of g: Σ_{j >= i} g_j = Σ g − cumsum(g)_i + g_i.
+                let total = self.sum(g, vec![*dim], true)?;
+                let shape = self.shape(g);
+                let total = self.add(Op::Expand { shape }, &[total])?;
+                let running = self.add(Op::CumSum { dim: *dim }, &[g])?;
+                let before = self.bin(BinaryOp::Sub, total, running)?;
+                self.bin(BinaryOp::Add, before, g)?
+            }
             Op::Matmul => {
                 let (a, c) = (operand(0), operand(1));
                 let full = if k == 0 {

@@ -210,6 +210,14 @@ fn kernel_cost(program: &Program, kernel: &Kernel) -> StepCost {
                 flops += outer_trips * inner_trips;
                 vec![*value]
             }
+            StageAction::Scan(store) => {
+                flops += outer_trips * inner_trips;
+                writes
+                    .entry(store.buffer)
+                    .or_default()
+                    .insert(affine_pattern(kernel, stage, &store.index));
+                vec![store.value]
+            }
             StageAction::Store(stores) => {
                 for store in stores {
                     writes

@@ -42,7 +42,11 @@ pub fn fuse(graph: &Graph) -> Result<Program, FuseError> {
     for id in graph.ids() {
         if matches!(
             graph.node(id).op,
-            Op::Input { .. } | Op::Matmul | Op::Cat { .. } | Op::ScatterAdd { .. }
+            Op::Input { .. }
+                | Op::Matmul
+                | Op::Cat { .. }
+                | Op::ScatterAdd { .. }
+                | Op::CumSum { .. }
         ) {
             realized.insert(id);
         }
@@ -207,6 +211,10 @@ impl<'g> Scheduler<'g> {
                 Op::ScatterAdd { dim, .. } => {
                     steps.push(Step::ScatterAdd(self.scatter_add(id, *dim, buffer)?))
                 }
+                Op::CumSum { dim } => {
+                    let kernel = self.scan_kernel(id, *dim, buffer, steps.len())?;
+                    steps.push(Step::Kernel(kernel));
+                }
                 Op::Cat { dim } => {
                     let mut offset = 0;
                     for &operand in &g.node(id).inputs {
@@ -337,6 +345,45 @@ impl<'g> Scheduler<'g> {
             dim,
             node: id,
         })
+    }
+
+    /// The kernel of a running sum along `dim`: the other dims are its outer loops, `dim` the
+    /// one loop of a scan stage, which reads the (inlined) operand one element at a time.
+    fn scan_kernel(
+        &mut self,
+        id: NodeId,
+        dim: usize,
+        buffer: BufferId,
+        step: usize,
+    ) -> Retry<Kernel> {
+        let g = self.graph;
+        let shape = dims(g, id);
+        let operand = g.node(id).inputs[0];
+        let kept: Vec<usize> = (0..shape.len()).filter(|&d| d != dim).collect();
+        let idx: Vec<Affine> = (0..shape.len())
+            .map(|d| match kept.iter().position(|&k| k == d) {
+                Some(p) => Affine::var(Var::Outer(p as u32)),
+                None => Affine::var(Var::Inner(0)),
+            })
+            .collect();
+        let mut builder = KernelBuilder::new(g, step);
+        builder.inlined.push(id);
+        builder.names.push(g.node(id).op.name());
+        let value = builder.emit(self, operand, &idx)?;
+        let value = builder.convert(value, ScalarType::F32);
+        let index = linear(&idx, &contiguous(&shape))?;
+        builder.stages.push(Stage {
+            extent: vec![shape[dim]],
+            action: StageAction::Scan(Store {
+                buffer,
+                index,
+                value,
+            }),
+        });
+        for &node in &builder.inlined {
+            self.inlined_in.entry(node).or_default().insert(step);
+        }
+        Ok(builder.finish(kept.iter().map(|&d| shape[d]).collect()))
     }
 
     /// Where element `idx` of `node` lives, following views down to a realized buffer.
@@ -512,7 +559,11 @@ impl<'g> Scheduler<'g> {
             }
             if matches!(
                 n.op,
-                Op::Matmul | Op::Cat { .. } | Op::Input { .. } | Op::ScatterAdd { .. }
+                Op::Matmul
+                    | Op::Cat { .. }
+                    | Op::Input { .. }
+                    | Op::ScatterAdd { .. }
+                    | Op::CumSum { .. }
             ) {
                 continue;
             }
@@ -933,7 +984,11 @@ impl<'g> KernelBuilder<'g> {
                     ty,
                 )
             }
-            Op::Input { .. } | Op::Matmul | Op::Cat { .. } | Op::ScatterAdd { .. } => {
+            Op::Input { .. }
+            | Op::Matmul
+            | Op::Cat { .. }
+            | Op::ScatterAdd { .. }
+            | Op::CumSum { .. } => {
                 unreachable!("{} is always realized", n.op)
             }
             composite => panic!("fuse: {composite} reached fusion; run decompose first"),

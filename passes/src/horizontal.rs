@@ -223,6 +223,11 @@ fn merge(a: &Kernel, b: &Kernel, forward: &[(BufferId, ExprId)]) -> Kernel {
                 op: *op,
                 value: map[value.0 as usize],
             },
+            StageAction::Scan(st) => StageAction::Scan(Store {
+                buffer: st.buffer,
+                index: st.index.clone(),
+                value: map[st.value.0 as usize],
+            }),
             StageAction::Store(stores) => StageAction::Store(
                 stores
                     .iter()

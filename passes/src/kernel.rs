@@ -194,6 +194,9 @@ pub struct Store {
 pub enum StageAction {
     Reduce { op: ReduceOp, value: ExprId },
     Store(Vec<Store>),
+    /// Stores, at each iteration of the stage's loops (in order, one at a time), the running
+    /// sum of `value` since the stage began: a scan (`cumsum`) along the stage's loops.
+    Scan(Store),
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -269,11 +272,14 @@ impl Kernel {
     pub fn stores(&self) -> Vec<BufferId> {
         let mut out = Vec::new();
         for s in &self.stages {
-            if let StageAction::Store(stores) = &s.action {
-                for st in stores {
-                    if !out.contains(&st.buffer) {
-                        out.push(st.buffer);
-                    }
+            let stores: &[Store] = match &s.action {
+                StageAction::Store(stores) => stores,
+                StageAction::Scan(store) => std::slice::from_ref(store),
+                StageAction::Reduce { .. } => &[],
+            };
+            for st in stores {
+                if !out.contains(&st.buffer) {
+                    out.push(st.buffer);
                 }
             }
         }
@@ -523,6 +529,14 @@ impl fmt::Display for Kernel {
                     dims(&s.extent),
                     format!("{op:?}").to_lowercase(),
                     value.0
+                )?,
+                StageAction::Scan(st) => writeln!(
+                    f,
+                    "  stage{i} over {}: store {}[{}] = running sum of e{}",
+                    dims(&s.extent),
+                    st.buffer,
+                    st.index,
+                    st.value.0
                 )?,
                 StageAction::Store(stores) => {
                     for st in stores {

@@ -291,6 +291,7 @@ fn stages_using(kernel: &Kernel, target: ExprId) -> Vec<usize> {
         .filter(|(_, s)| match &s.action {
             StageAction::Reduce { value, .. } => uses(*value),
             StageAction::Store(stores) => stores.iter().any(|st| uses(st.value)),
+            StageAction::Scan(st) => uses(st.value),
         })
         .map(|(i, _)| i)
         .collect()

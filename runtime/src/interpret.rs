@@ -451,6 +451,7 @@ fn eval(op: &Op, dtype: DType, shape: &[usize], args: &[&Value]) -> Result<Data,
         Op::TakeAlong { dim } => take_along(x, args[1], *dim, shape),
         Op::ScatterAdd { dim, .. } => scatter_add(x, args[1], *dim, shape),
         Op::Detach => Ok(x.data.clone()),
+        Op::CumSum { dim } => cumsum(x, *dim),
         Op::Grad { .. } => Err(RuntimeError::Unsupported(
             "grad nodes must be expanded by passes::autodiff before interpretation".into(),
         )),
@@ -669,6 +670,27 @@ fn lanes(shape: &[usize], axes: &[usize]) -> (Offsets, usize, usize) {
     let outer = kept.iter().map(|&d| shape[d]).product();
     let count = axes.iter().map(|&d| shape[d]).product();
     (Offsets::new(&sizes, &strides, 0), outer, count)
+}
+
+/// Running sums along `dim`, accumulated in f64, each rounded to the dtype.
+fn cumsum(x: &Value, dim: usize) -> Result<Data, RuntimeError> {
+    let v = x.floats()?;
+    let strides = contiguous_strides(&x.shape);
+    let (n, stride) = (x.shape[dim], strides[dim]);
+    let mut out = v.to_vec();
+    for start in 0..v.len() {
+        // Each line starts where its index along `dim` is 0.
+        if n == 0 || (start / stride) % n != 0 {
+            continue;
+        }
+        let mut acc = 0.0;
+        for k in 0..n {
+            let i = start + k * stride;
+            acc += v[i];
+            out[i] = round(x.dtype, acc);
+        }
+    }
+    Ok(Data::F(out))
 }
 
 fn nan_propagating(pick: fn(f64, f64) -> f64) -> impl Fn(f64, f64) -> f64 {

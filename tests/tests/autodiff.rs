@@ -10,7 +10,7 @@
 //! 1e-12). The same graph in f32 then runs on aot_eager and inductor against eager.
 
 use minductor::{
-    compile_with, interpret, Backend, CompileOptions, CrossEntropyOptions, DType, Tensor, Traced,
+    compile_with, interpret, Backend, CompileOptions, ConvOptions, CrossEntropyOptions, DType, Tensor, Traced,
     Tracer,
 };
 use minductor::passes::PartitionOptions;
@@ -421,6 +421,42 @@ fn composites() {
         .reshape(&[1])
     });
     check("nll_loss", &ce, |i| i[0].log_softmax(1).nll_loss(&i[1]).reshape(&[1]));
+}
+
+#[test]
+fn layers_of_real_models() {
+    let x = vec![f32_input("x", &[3, 5], -2.0, 2.0)];
+    check("cumsum_last", &x, |i| i[0].cumsum(-1));
+    check("cumsum_first", &x, |i| i[0].cumsum(0));
+    check("triu", &x, |i| i[0].triu(1));
+    check("tril", &x, |i| i[0].tril(0));
+    check("repeat_interleave", &x, |i| i[0].repeat_interleave(2, 0));
+    check("max_with_indices", &[distinct_input("x", &[3, 5], -2.0, 2.0)], |i| {
+        i[0].max_dim(1, false).0
+    });
+    let images = [
+        f32_input("x", &[2, 4, 5, 6], -1.0, 1.0),
+        f32_input("w", &[6, 2, 3, 3], -0.5, 0.5),
+        f32_input("b", &[6], -1.0, 1.0),
+    ];
+    check("conv2d", &images, |i| {
+        let options = ConvOptions::default().padding(1).stride(2).groups(2);
+        i[0].conv2d(&i[1], Some(&i[2]), options)
+    });
+    check("conv2d_depthwise", &[images[0].clone(), f32_input("w", &[4, 1, 3, 3], -0.5, 0.5)], |i| {
+        i[0].conv2d(&i[1], None, ConvOptions::default().padding(1).groups(4))
+    });
+    check("max_pool2d", &[distinct_input("x", &[1, 2, 5, 5], -1.0, 1.0)], |i| {
+        i[0].max_pool2d(3, 2, 1)
+    });
+    let qkv = [
+        f32_input("q", &[1, 2, 4, 3], -1.0, 1.0),
+        f32_input("k", &[1, 2, 4, 3], -1.0, 1.0),
+        f32_input("v", &[1, 2, 4, 3], -1.0, 1.0),
+    ];
+    check("causal_attention", &qkv, |i| {
+        i[0].scaled_dot_product_attention(&i[1], &i[2], None, true)
+    });
 }
 
 #[test]

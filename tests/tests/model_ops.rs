@@ -207,6 +207,21 @@ fn cumsum_along_every_dim_and_its_gradient() {
 }
 
 #[test]
+fn cumsum_is_one_scan_kernel_per_output_with_its_producers_inlined() {
+    // Big enough to be split across threads (lines are independent).
+    let (g, inputs) = build(&[&[300, 257]], |i| {
+        let x = &i[0];
+        vec![(x * 2.0 + 1.0).cumsum(0), x.exp().cumsum(1)]
+    });
+    check(&g, &inputs, 1e-4, "cumsum 300x257");
+    let compiled = compile(&g).unwrap();
+    let program = compiled.artifacts().program.as_ref().unwrap();
+    assert_eq!(program.steps.len(), 2, "{program}");
+    assert!(program.steps.iter().all(|s| matches!(s, Step::Kernel(_))), "{program}");
+    assert_eq!(program.to_string().matches("running sum").count(), 2, "{program}");
+}
+
+#[test]
 fn repeat_interleave_repeats_each_slice_in_place() {
     let graph = trace(|t| {
         let x = t.input("x", DType::F32, &[2, 3]);
