@@ -8,7 +8,7 @@
 //! they split or pool is specialized. Bad arguments are trace errors naming the op and the sizes.
 
 use crate::trace::{Traced, Tracer};
-use minductor_ir::{DType, Op};
+use minductor_ir::{broadcast_shapes, shape_string, DType, Op};
 
 fn normalize(dim: isize, rank: usize) -> Option<usize> {
     let d = if dim < 0 { dim + rank as isize } else { dim };
@@ -396,8 +396,8 @@ impl Traced {
     }
 
     /// `F.scaled_dot_product_attention(q, k, v, attn_mask, is_causal)`:
-    /// `softmax(q·kᵀ/√d + mask)·v` with an optional additive float mask broadcast to the scores,
-    /// and with `is_causal` the scores above the diagonal (key position > query position, the
+    /// `softmax(q·kᵀ/√d + mask)·v` with an optional additive float mask broadcast to the scores
+    /// (a bool mask keeps the positions where it is true, −inf elsewhere), and with `is_causal` the scores above the diagonal (key position > query position, the
     /// mask `ones(L, S).tril()`) set to −inf. The causal mask is compared from two `arange`s
     /// inside the softmax kernel; the scores are materialized (no fused attention kernel yet).
     #[track_caller]
@@ -408,10 +408,44 @@ impl Traced {
         mask: Option<&Traced>,
         is_causal: bool,
     ) -> Traced {
+        const OP: &str = "scaled_dot_product_attention";
+        let (q, k, v) = (self.dims(), key.dims(), value.dims());
+        let fits = q.len() >= 2
+            && k.len() >= 2
+            && v.len() >= 2
+            && q[q.len() - 1] == k[k.len() - 1]
+            && k[k.len() - 2] == v[v.len() - 2];
+        if !fits {
+            return self.fail_msg(
+                OP,
+                format!(
+                    "query {}, key {} and value {} must be [.., L, E], [.., S, E] and [.., S, Ev]",
+                    shape_string(&q),
+                    shape_string(&k),
+                    shape_string(&v)
+                ),
+            );
+        }
         let d = *self.shape().last().unwrap_or(&1) as f64;
         let mut scores = self.matmul(&key.transpose(-1, -2)) * (1.0 / d.sqrt());
         if let Some(m) = mask {
-            scores = scores + m;
+            let target = scores.dims();
+            if broadcast_shapes(&m.dims(), &target).as_deref() != Some(&target[..]) {
+                return self.fail_msg(
+                    OP,
+                    format!(
+                        "mask {} does not broadcast to the scores {}",
+                        m.describe(),
+                        shape_string(&target)
+                    ),
+                );
+            }
+            scores = if m.dtype() == Some(DType::Bool) {
+                // A bool mask says which positions take part (PyTorch's convention).
+                m.where_(&scores, f64::NEG_INFINITY)
+            } else {
+                scores + m
+            };
         }
         if is_causal {
             match scores.diagonal_offsets("scaled_dot_product_attention") {

@@ -263,6 +263,21 @@ fn causal_attention_at_odd_lengths_and_query_key_lengths_that_differ() {
 }
 
 #[test]
+fn a_bool_attention_mask_keeps_the_positions_where_it_is_true() {
+    // The causal mask as a bool `tril` gives the same result as `is_causal`.
+    let (g, inputs) = build(&[&[2, 3, 6, 4], &[2, 3, 6, 4], &[2, 3, 6, 5]], |i| {
+        let keep = i[0].tracer().ones(&[6, 6], DType::Bool).tril(0);
+        vec![
+            i[0].scaled_dot_product_attention(&i[1], &i[2], Some(&keep), false),
+            i[0].scaled_dot_product_attention(&i[1], &i[2], None, true),
+        ]
+    });
+    check(&g, &inputs, 2e-5, "bool mask");
+    let out = compile(&g).unwrap().call(&inputs).unwrap();
+    assert_eq!(out[0].to_f64_vec(), out[1].to_f64_vec());
+}
+
+#[test]
 fn conv2d_over_strides_paddings_dilations_and_groups() {
     // (channels, out channels, kernel, stride, padding, dilation, groups, size)
     let cases = [
@@ -404,6 +419,21 @@ fn bad_sizes_are_trace_errors_naming_the_op_and_the_sizes() {
         vec![x.repeat_interleave(2, 5)]
     });
     assert!(e.contains("repeat_interleave") && e.contains("dim 5"), "{e}");
+    let e = trace_error(|t| {
+        let q = t.input("q", DType::F32, &[2, 4, 5, 8]);
+        let m = t.input("m", DType::F32, &[2, 3, 5, 5]);
+        vec![q.scaled_dot_product_attention(&q, &q, Some(&m), false)]
+    });
+    assert!(
+        e.contains("scaled_dot_product_attention") && e.contains("[2, 3, 5, 5]") && e.contains("[2, 4, 5, 5]"),
+        "{e}"
+    );
+    let e = trace_error(|t| {
+        let q = t.input("q", DType::F32, &[2, 5, 8]);
+        let k = t.input("k", DType::F32, &[2, 6, 7]);
+        vec![q.scaled_dot_product_attention(&k, &k, None, true)]
+    });
+    assert!(e.contains("scaled_dot_product_attention") && e.contains("[2, 6, 7]"), "{e}");
     let e = trace_error(|t| vec![t.arange_range(0.0, 5.0, 0.0, DType::F32)]);
     assert!(e.contains("arange") && e.contains("by 0"), "{e}");
 }
