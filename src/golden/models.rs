@@ -68,7 +68,10 @@ fn rotary_frequencies(x: &Traced) -> (Traced, Traced) {
     let tracer = x.tracer();
     let exponents = tracer.arange_range(0.0, d as f64, 2.0, DType::F32) / d as f64;
     let frequencies = exponents.full_like(10000.0).pow(&exponents);
-    let positions = tracer.arange(t, DType::I64).reshape(&[t as isize, 1]).cast(DType::F32);
+    let positions = tracer
+        .arange(t, DType::I64)
+        .reshape(&[t as isize, 1])
+        .cast(DType::F32);
     (frequencies.reshape(&[1, (d / 2) as isize]), positions)
 }
 
@@ -112,11 +115,22 @@ fn llama_block_with(
     let (b, t, d) = (shape[0] as isize, shape[1] as isize, shape[2] as isize);
     let hd = d / heads;
     let h = rms_norm(x, &i["g1"]);
-    let project = |w: &str, n: isize| h.linear(&i[w], None).reshape(&[b, t, n, hd]).transpose(1, 2);
-    let (q, k, v) = (project("wq", heads), project("wk", kv_heads), project("wv", kv_heads));
+    let project = |w: &str, n: isize| {
+        h.linear(&i[w], None)
+            .reshape(&[b, t, n, hd])
+            .transpose(1, 2)
+    };
+    let (q, k, v) = (
+        project("wq", heads),
+        project("wk", kv_heads),
+        project("wv", kv_heads),
+    );
     let (q, k) = (rope(&q), rope(&k));
     let repeats = (heads / kv_heads) as usize;
-    let (k, v) = (k.repeat_interleave(repeats, 1), v.repeat_interleave(repeats, 1));
+    let (k, v) = (
+        k.repeat_interleave(repeats, 1),
+        v.repeat_interleave(repeats, 1),
+    );
     let a = q
         .scaled_dot_product_attention(&k, &v, None, true)
         .transpose(1, 2)
@@ -237,7 +251,24 @@ const BASIC_BLOCK: &[&str] = &[
     "blk.bn2.b",
 ];
 
-const TINY_RESNET: &[&str] = &[
+/// The small ResNet of `gen_models.py`: a stem conv-bn-relu, three basic blocks (16, 32 with
+/// stride 2, 64 with stride 2), `max_pool2d(2)`, global average pooling and a linear layer: class
+/// scores of the images `x`. Inputs are named as in `model_tiny_resnet.safetensors`.
+pub fn tiny_resnet(i: &HashMap<String, Traced>) -> Traced {
+    let stem = i["x"].conv2d(&i["stem"], None, ConvOptions::default().padding(1));
+    let y = bn(&stem, i, "stem_bn").relu();
+    let y = basic_block(&y, i, "l1", 1);
+    let y = basic_block(&y, i, "l2", 2);
+    let y = basic_block(&y, i, "l3", 2);
+    let pooled = y
+        .max_pool2d(2, 2, 0)
+        .adaptive_avg_pool2d((1, 1))
+        .flatten(1, -1);
+    pooled.linear(&i["fc.w"], Some(&i["fc.b"]))
+}
+
+/// The inputs of `tiny_resnet`, in the order it is traced with.
+pub const TINY_RESNET: &[&str] = &[
     "x",
     "stem",
     "stem_bn.mean",
@@ -361,22 +392,7 @@ pub(super) fn builder(name: &str) -> Option<(&'static [&'static str], Build)> {
         }),
         "op_max_pool2d" => (&["x"], |i| vec![i["x"].max_pool2d(3, 2, 1)]),
         "model_resnet_basic_block" => (BASIC_BLOCK, |i| vec![basic_block(&i["x"], i, "blk", 1)]),
-        "model_tiny_resnet" => (TINY_RESNET, |i| {
-            let y = bn(
-                &i["x"].conv2d(&i["stem"], None, ConvOptions::default().padding(1)),
-                i,
-                "stem_bn",
-            )
-            .relu();
-            let y = basic_block(&y, i, "l1", 1);
-            let y = basic_block(&y, i, "l2", 2);
-            let y = basic_block(&y, i, "l3", 2);
-            let pooled = y
-                .max_pool2d(2, 2, 0)
-                .adaptive_avg_pool2d((1, 1))
-                .flatten(1, -1);
-            vec![pooled.linear(&i["fc.w"], Some(&i["fc.b"]))]
-        }),
+        "model_tiny_resnet" => (TINY_RESNET, |i| vec![tiny_resnet(i)]),
         "model_llama_block" => (
             &["x", "g1", "wq", "wk", "wv", "wo", "g2", "wg", "wu", "wd"],
             |i| vec![llama_block(i)],

@@ -4,7 +4,10 @@
 //! autodiff, and with bad sizes (typed trace errors naming the op and the sizes, never a panic).
 
 use minductor::passes::kernel::Step;
-use minductor::{compile, compile_with, interpret, trace, Backend, ConvOptions, DType, Graph, Tensor, Traced, Tracer};
+use minductor::{
+    compile, compile_with, interpret, trace, Backend, ConvOptions, DType, Graph, Tensor, Traced,
+    Tracer,
+};
 
 fn values(shape: &[usize], seed: u32) -> Tensor {
     let n: usize = shape.iter().product();
@@ -23,7 +26,10 @@ fn check(graph: &Graph, inputs: &[Tensor], tol: f64, what: &str) {
         .iter()
         .any(|n| matches!(n.op, minductor::ir::Op::Grad { .. }));
     let want = if has_grad {
-        compile_with(graph, Backend::AotEager).unwrap().call(inputs).unwrap()
+        compile_with(graph, Backend::AotEager)
+            .unwrap()
+            .call(inputs)
+            .unwrap()
     } else {
         interpret(graph, inputs).unwrap()
     };
@@ -99,7 +105,10 @@ fn arange_in_a_kernel_at_every_tail_length() {
                 let x = &i[0];
                 let t = x.tracer();
                 let col = t.arange(n, DType::F32);
-                let row = t.arange(m, DType::I64).reshape(&[m as isize, 1]).cast(DType::F32);
+                let row = t
+                    .arange(m, DType::I64)
+                    .reshape(&[m as isize, 1])
+                    .cast(DType::F32);
                 vec![x + &col * 0.25 - &row, (x * &row).transpose(0, 1) + 1.0]
             });
             check(&g, &inputs, 1e-6, &format!("arange {m}x{n}"));
@@ -179,8 +188,15 @@ fn arg_reductions_compile_to_kernels_not_fallbacks() {
     let (g, _) = build(&[&[7, 19]], |i| vec![i[0].argmax(-1, false)]);
     let compiled = compile(&g).unwrap();
     let program = compiled.artifacts().program.as_ref().unwrap();
-    assert!(program.steps.iter().all(|s| matches!(s, Step::Kernel(_))), "{program}");
-    assert_eq!(program.steps.len(), 1, "one kernel, two reduction stages:\n{program}");
+    assert!(
+        program.steps.iter().all(|s| matches!(s, Step::Kernel(_))),
+        "{program}"
+    );
+    assert_eq!(
+        program.steps.len(),
+        1,
+        "one kernel, two reduction stages:\n{program}"
+    );
 }
 
 #[test]
@@ -217,8 +233,15 @@ fn cumsum_is_one_scan_kernel_per_output_with_its_producers_inlined() {
     let compiled = compile(&g).unwrap();
     let program = compiled.artifacts().program.as_ref().unwrap();
     assert_eq!(program.steps.len(), 2, "{program}");
-    assert!(program.steps.iter().all(|s| matches!(s, Step::Kernel(_))), "{program}");
-    assert_eq!(program.to_string().matches("running sum").count(), 2, "{program}");
+    assert!(
+        program.steps.iter().all(|s| matches!(s, Step::Kernel(_))),
+        "{program}"
+    );
+    assert_eq!(
+        program.to_string().matches("running sum").count(),
+        2,
+        "{program}"
+    );
 }
 
 #[test]
@@ -236,7 +259,10 @@ fn repeat_interleave_repeats_each_slice_in_place() {
         [1., 2., 3., 1., 2., 3., 4., 5., 6., 4., 5., 6.]
     );
     assert_eq!(out[1].shape(), &[2, 9]);
-    assert_eq!(out[1].to_f64_vec()[..9], [1., 1., 1., 2., 2., 2., 3., 3., 3.]);
+    assert_eq!(
+        out[1].to_f64_vec()[..9],
+        [1., 1., 1., 2., 2., 2., 3., 3., 3.]
+    );
     for &n in &SIZES {
         let (g, inputs) = build(&[&[2, 3, n]], |i| vec![i[0].repeat_interleave(2, 1) * 3.0]);
         check(&g, &inputs, 0.0, &format!("repeat_interleave n={n}"));
@@ -320,7 +346,12 @@ fn conv1d_and_max_pool2d_match_the_interpreter() {
         let (g, inputs) = build(&[&[2, 3, size, size + 1]], |i| {
             vec![i[0].max_pool2d(k, s, p)]
         });
-        check(&g, &inputs, 0.0, &format!("max_pool2d k={k} s={s} p={p} size={size}"));
+        check(
+            &g,
+            &inputs,
+            0.0,
+            &format!("max_pool2d k={k} s={s} p={p} size={size}"),
+        );
     }
 }
 
@@ -339,7 +370,12 @@ fn new_ops_differentiate_like_their_compositions() {
         outs.extend(loss.grad(&[&i[0], &i[1], &i[2]]));
         outs
     });
-    check(&g, &inputs, 1e-4, "gradients of conv2d, max_pool2d, attention");
+    check(
+        &g,
+        &inputs,
+        1e-4,
+        "gradients of conv2d, max_pool2d, attention",
+    );
 }
 
 fn trace_error(f: fn(&Tracer) -> Vec<Traced>) -> String {
@@ -353,7 +389,10 @@ fn bad_sizes_are_trace_errors_naming_the_op_and_the_sizes() {
         let w = t.input("w", DType::F32, &[4, 2, 3, 3]);
         vec![x.conv2d(&w, None, ConvOptions::default().groups(4))]
     });
-    assert!(e.contains("conv2d") && e.contains("6 input channels") && e.contains("4 groups"), "{e}");
+    assert!(
+        e.contains("conv2d") && e.contains("6 input channels") && e.contains("4 groups"),
+        "{e}"
+    );
     let e = trace_error(|t| {
         let x = t.input("x", DType::F32, &[2, 6, 5, 5]);
         let w = t.input("w", DType::F32, &[4, 5, 3, 3]);
@@ -365,14 +404,20 @@ fn bad_sizes_are_trace_errors_naming_the_op_and_the_sizes() {
         let w = t.input("w", DType::F32, &[3, 2, 3, 3]);
         vec![x.conv2d(&w, None, ConvOptions::default().dilation(3))]
     });
-    assert!(e.contains("conv2d") && e.contains("7x7") && e.contains("4x4"), "{e}");
+    assert!(
+        e.contains("conv2d") && e.contains("7x7") && e.contains("4x4"),
+        "{e}"
+    );
     let e = trace_error(|t| {
         let x = t.input("x", DType::F32, &[1, 2, 4, 4]);
         let w = t.input("w", DType::F32, &[3, 2, 3, 3]);
         let b = t.input("b", DType::F32, &[2]);
         vec![x.conv2d(&w, Some(&b), ConvOptions::default())]
     });
-    assert!(e.contains("conv2d") && e.contains("bias") && e.contains("[3]"), "{e}");
+    assert!(
+        e.contains("conv2d") && e.contains("bias") && e.contains("[3]"),
+        "{e}"
+    );
     let e = trace_error(|t| {
         let x = t.input("x", DType::F32, &[2, 4, 9]);
         let w = t.input("w", DType::F32, &[3, 4, 3, 3]);
@@ -383,7 +428,10 @@ fn bad_sizes_are_trace_errors_naming_the_op_and_the_sizes() {
         let x = t.input("x", DType::F32, &[1, 2, 3, 3]);
         vec![x.max_pool2d(5, 1, 0)]
     });
-    assert!(e.contains("max_pool2d") && e.contains("5x5") && e.contains("3x3"), "{e}");
+    assert!(
+        e.contains("max_pool2d") && e.contains("5x5") && e.contains("3x3"),
+        "{e}"
+    );
     let e = trace_error(|t| {
         let x = t.input("x", DType::F32, &[1, 2, 8, 8]);
         vec![x.max_pool2d(2, 2, 2)]
@@ -393,7 +441,10 @@ fn bad_sizes_are_trace_errors_naming_the_op_and_the_sizes() {
         let x = t.input("x", DType::F32, &[3, 4]);
         vec![x.argmax(2, false)]
     });
-    assert!(e.contains("argmax") && e.contains("dim 2") && e.contains("rank 2"), "{e}");
+    assert!(
+        e.contains("argmax") && e.contains("dim 2") && e.contains("rank 2"),
+        "{e}"
+    );
     let e = trace_error(|t| {
         let x = t.input("x", DType::F32, &[3, 0]);
         vec![x.argmin(1, false)]
@@ -413,19 +464,27 @@ fn bad_sizes_are_trace_errors_naming_the_op_and_the_sizes() {
         let x = t.input("x", DType::F32, &[4]);
         vec![x.triu(0)]
     });
-    assert!(e.contains("triu") && e.contains("2 dims") && e.contains("f32[4]"), "{e}");
+    assert!(
+        e.contains("triu") && e.contains("2 dims") && e.contains("f32[4]"),
+        "{e}"
+    );
     let e = trace_error(|t| {
         let x = t.input("x", DType::F32, &[2, 3]);
         vec![x.repeat_interleave(2, 5)]
     });
-    assert!(e.contains("repeat_interleave") && e.contains("dim 5"), "{e}");
+    assert!(
+        e.contains("repeat_interleave") && e.contains("dim 5"),
+        "{e}"
+    );
     let e = trace_error(|t| {
         let q = t.input("q", DType::F32, &[2, 4, 5, 8]);
         let m = t.input("m", DType::F32, &[2, 3, 5, 5]);
         vec![q.scaled_dot_product_attention(&q, &q, Some(&m), false)]
     });
     assert!(
-        e.contains("scaled_dot_product_attention") && e.contains("[2, 3, 5, 5]") && e.contains("[2, 4, 5, 5]"),
+        e.contains("scaled_dot_product_attention")
+            && e.contains("[2, 3, 5, 5]")
+            && e.contains("[2, 4, 5, 5]"),
         "{e}"
     );
     let e = trace_error(|t| {
@@ -433,7 +492,10 @@ fn bad_sizes_are_trace_errors_naming_the_op_and_the_sizes() {
         let k = t.input("k", DType::F32, &[2, 6, 7]);
         vec![q.scaled_dot_product_attention(&k, &k, None, true)]
     });
-    assert!(e.contains("scaled_dot_product_attention") && e.contains("[2, 6, 7]"), "{e}");
+    assert!(
+        e.contains("scaled_dot_product_attention") && e.contains("[2, 6, 7]"),
+        "{e}"
+    );
     let e = trace_error(|t| vec![t.arange_range(0.0, 5.0, 0.0, DType::F32)]);
     assert!(e.contains("arange") && e.contains("by 0"), "{e}");
 }
