@@ -334,6 +334,52 @@ fn conv2d_over_strides_paddings_dilations_and_groups() {
 }
 
 #[test]
+fn conv2d_is_an_im2col_copy_then_one_gemm_with_the_bias_and_relu_as_its_epilogue() {
+    let (g, _) = build(&[&[2, 3, 9, 9], &[8, 3, 3, 3], &[8]], |i| {
+        vec![i[0].conv2d(&i[1], Some(&i[2]), ConvOptions::default().stride(2)).relu()]
+    });
+    let compiled = compile(&g).unwrap();
+    let program = compiled.artifacts().program.as_ref().unwrap();
+    let gemms: Vec<_> = program
+        .steps
+        .iter()
+        .filter_map(|s| match s {
+            Step::Matmul(m) => Some(m),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(gemms.len(), 1, "{program}");
+    assert!(gemms[0].epilogue.is_some(), "bias and relu run on the GEMM's tiles:\n{program}");
+    assert!(
+        matches!(program.steps.last(), Some(Step::Matmul(_))),
+        "nothing runs after the GEMM:\n{program}"
+    );
+    // A 1x1 convolution with stride 1 multiplies the input where it lies: no copy at all.
+    let (g, _) = build(&[&[2, 16, 5, 7], &[4, 16, 1, 1]], |i| {
+        vec![i[0].conv2d(&i[1], None, ConvOptions::default())]
+    });
+    let compiled = compile(&g).unwrap();
+    let program = compiled.artifacts().program.as_ref().unwrap();
+    assert_eq!(program.steps.len(), 1, "{program}");
+}
+
+#[test]
+fn graph_text_names_the_new_prims() {
+    let graph = trace(|t| {
+        let x = t.input("x", DType::F32, &[2, 5]);
+        vec![x.cumsum(1) + t.arange(5, DType::F32)]
+    })
+    .unwrap();
+    let text = graph.to_string();
+    assert!(text.contains("cumsum[dim=1] %0 : f32[2, 5]"), "{text}");
+    assert!(text.contains("iota[len=5, f32] : f32[5]"), "{text}");
+    let compiled = compile(&graph).unwrap();
+    let program = compiled.artifacts().program.as_ref().unwrap().to_string();
+    assert!(program.contains("running sum of"), "{program}");
+    assert!(program.contains("index "), "{program}");
+}
+
+#[test]
 fn conv1d_and_max_pool2d_match_the_interpreter() {
     for &n in &[5, 8, 40] {
         let (g, inputs) = build(&[&[2, 4, n], &[6, 2, 3], &[6]], |i| {
