@@ -113,6 +113,15 @@ impl Traced {
                 format!("cannot take {op} over empty dim {d} of {}", self.describe()),
             );
         }
+        if n > 1 << 24 {
+            return self.fail_msg(
+                op,
+                format!(
+                    "dim {d} of {} is longer than 2^24 (indices are computed in f32)",
+                    self.describe()
+                ),
+            );
+        }
         let x = match self.dtype() {
             Some(t) if t.is_float() => self.clone(),
             Some(DType::Bool) => return self.fail_msg(op, format!("{op} of a bool tensor")),

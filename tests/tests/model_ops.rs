@@ -117,6 +117,26 @@ fn arange_in_a_kernel_at_every_tail_length() {
 }
 
 #[test]
+fn arange_in_a_gemm_epilogue_split_across_row_tiles() {
+    // The epilogue runs on tiles of the GEMM's rows: its loop indices stay absolute.
+    let (g, inputs) = build(&[&[600, 64], &[64, 40]], |i| {
+        let rows = i[0].tracer().arange(600, DType::F32).reshape(&[600, 1]);
+        let cols = i[0].tracer().arange(40, DType::F32);
+        vec![(i[0].matmul(&i[1]) + rows * 0.01 - cols).relu()]
+    });
+    check(&g, &inputs, 1e-4, "arange in an epilogue");
+    let compiled = compile(&g).unwrap();
+    let program = compiled.artifacts().program.as_ref().unwrap();
+    assert!(
+        program
+            .steps
+            .iter()
+            .any(|s| matches!(s, Step::Matmul(m) if m.epilogue.is_some())),
+        "{program}"
+    );
+}
+
+#[test]
 fn triu_and_tril_match_the_interpreter_and_hand_values() {
     let graph = trace(|t| {
         let x = t.input("x", DType::F32, &[3, 4]);
