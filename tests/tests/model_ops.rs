@@ -96,6 +96,24 @@ fn arange_has_pytorch_values_in_every_dtype() {
 }
 
 #[test]
+fn empty_aranges_and_scans_give_empty_results() {
+    let graph = trace(|t| {
+        let x = t.input("x", DType::F32, &[3, 0]);
+        vec![t.arange(0, DType::F32) * 2.0, x.cumsum(1), x.cumsum(0)]
+    })
+    .unwrap();
+    for backend in [Backend::Eager, Backend::AotEager, Backend::Inductor] {
+        let out = compile_with(&graph, backend)
+            .unwrap()
+            .call(&[Tensor::zeros(DType::F32, &[3, 0])])
+            .unwrap();
+        assert_eq!(out[0].shape(), &[0]);
+        assert_eq!(out[1].shape(), &[3, 0]);
+        assert_eq!(out[2].shape(), &[3, 0]);
+    }
+}
+
+#[test]
 fn arange_in_a_kernel_at_every_tail_length() {
     // The index expression vectorizes along the innermost loop (unroll slots, tails) and is
     // read transposed (a strided index) and broadcast.
@@ -262,6 +280,17 @@ fn cumsum_is_one_scan_kernel_per_output_with_its_producers_inlined() {
         2,
         "{program}"
     );
+}
+
+#[test]
+fn cumsum_of_a_gemm_output_along_its_rows_and_its_columns() {
+    // Along the columns a scan is row-local (it may run on each tile of the GEMM's rows); along
+    // the rows it reads every row, after the whole GEMM.
+    let (g, inputs) = build(&[&[700, 16], &[16, 24]], |i| {
+        let y = i[0].matmul(&i[1]) * 0.05;
+        vec![y.cumsum(0), y.cumsum(1)]
+    });
+    check(&g, &inputs, 1e-4, "cumsum of a GEMM output");
 }
 
 #[test]
