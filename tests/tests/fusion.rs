@@ -1,6 +1,7 @@
 //! What the compiler does, asserted from its printed artifacts: decompositions, fusion decisions.
 
 use minductor::passes::kernel::{StageAction, Step};
+use minductor::workloads::uniform;
 use minductor::{compile, interpret, passes, trace, DType, Graph, Tensor};
 
 fn program_of(graph: &Graph) -> passes::kernel::Program {
@@ -104,7 +105,36 @@ fn contiguous_pointwise_kernels_use_f32x4_loads_and_stores() {
         clif.contains("store") && clif.contains("f32x4"),
         "no vector store:\n{clif}"
     );
-    assert!(!clif.contains("call"), "kernels make no calls:\n{clif}");
+    // The only calls are to math-block routines (`exp` here), where the CPU has them.
+    let calls: Vec<&str> = clif.lines().filter(|l| l.contains("call")).collect();
+    if minductor::codegen_cpu::math::block::block_isa().is_some() {
+        assert!(
+            !calls.is_empty() && calls.iter().all(|l| l.contains("call_indirect")),
+            "exp is computed in math blocks:\n{clif}"
+        );
+    } else {
+        assert!(calls.is_empty(), "kernels make no calls:\n{clif}");
+    }
+}
+
+/// Math blocks (see `lower.rs`): nested functions (two levels), a function feeding a reduction
+/// and a later stage (softmax), a uniform function argument, and row lengths around the block
+/// size and the vector widths, against the interpreter.
+#[test]
+fn math_blocks_match_the_interpreter_at_block_tails() {
+    for n in [1usize, 3, 17, 255, 256, 257, 513, 1031] {
+        let graph = trace(|t| {
+            let x = t.input("x", DType::F32, &[3, n]);
+            let s = t.input("s", DType::F32, &[3, 1]);
+            let nested = (x.tanh() * 2.0).exp().sigmoid() + s.exp();
+            let soft = (&x * 3.0).softmax(-1);
+            let gelu = x.gelu() * x.erf().sin() + x.abs().log().cos();
+            vec![nested, soft, gelu]
+        })
+        .unwrap();
+        let inputs = vec![uniform(&[3, n], -3.0, 3.0, n as u64), uniform(&[3, 1], -1.0, 1.0, 7)];
+        assert_matches_interpreter(&graph, &inputs, 1e-5);
+    }
 }
 
 /// Compiled vs the interpreter, within `tol` relative to max(1, |reference|).

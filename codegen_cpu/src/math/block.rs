@@ -4,200 +4,351 @@
 //! instruction where the CPU has 16 (AVX-512) or 8 (AVX2). As Inductor's C++ calls Sleef, a
 //! kernel whose loop computes such a function hands a block of arguments to a routine here
 //! (see `lower.rs`, "math blocks"), which runs the very same algorithm (`super::exp`, …) on
-//! [`Wide`]: 16 lanes held as `[u32; 16]`, every operation a lane-wise loop that LLVM turns
-//! into one AVX-512 instruction (two AVX2 ones) inside the `#[target_feature]` functions below.
-//! The operations and their order are those of the inline form, so the results agree bit for
-//! bit (tested in `tests.rs`) and one accuracy table covers both.
+//! one AVX-512 register (16 lanes) or AVX2 register (8 lanes) at a time: the [`Lanes`]
+//! operations map one to one onto `std::arch` intrinsics, inlined into `#[target_feature]`
+//! routines. The operations and their order are those of the inline form, so the results
+//! agree bit for bit (tested in `tests.rs`) and one accuracy table covers both.
 //!
 //! A routine is chosen once per process by [`block_routine`]: AVX-512F, else AVX2 with FMA,
 //! else none (then kernels keep the inline form, which is as wide as a plain SSE routine).
 
 use super::{Lanes, MathFn};
-use cranelift_codegen::ir::condcodes::{FloatCC, IntCC};
-
-/// Lanes of one [`Wide`] value.
-pub const WIDTH: usize = 16;
 
 /// The signature of a block routine: `data[0..n] = f(data[0..n])` in place.
 pub type BlockFn = unsafe extern "C" fn(data: *mut f32, n: i64);
 
-/// 16 lanes of 32 bits: floats, i32s or masks (all ones / all zeros), by use, like the
-/// untyped vector registers the inline form uses.
-pub(crate) struct Wide;
-
-type W = [u32; WIDTH];
-
-#[inline(always)]
-fn map(a: W, f: impl Fn(u32) -> u32) -> W {
-    let mut r = [0; WIDTH];
-    for i in 0..WIDTH {
-        r[i] = f(a[i]);
-    }
-    r
+/// A [`Lanes`] implementation on one x86 vector register of 32-bit lanes (floats, i32s or
+/// masks of all ones / all zeros, by use, like the untyped registers of the inline form).
+/// Its methods are only sound to call where the CPU has the instruction set: inside the
+/// `#[target_feature]` routines below, after [`block_isa`] checked it.
+trait Wide: Lanes + Sized {
+    /// Lanes per register.
+    const WIDTH: usize;
+    /// Loads `Self::WIDTH` f32s.
+    ///
+    /// # Safety
+    /// `p` points to `Self::WIDTH` readable f32s.
+    unsafe fn load(p: *const f32) -> Self::V;
+    /// Stores `Self::WIDTH` f32s.
+    ///
+    /// # Safety
+    /// `p` points to `Self::WIDTH` writable f32s.
+    unsafe fn store(p: *mut f32, v: Self::V);
 }
 
-#[inline(always)]
-fn zip(a: W, b: W, f: impl Fn(u32, u32) -> u32) -> W {
-    let mut r = [0; WIDTH];
-    for i in 0..WIDTH {
-        r[i] = f(a[i], b[i]);
-    }
-    r
-}
+#[cfg(target_arch = "x86_64")]
+mod x86 {
+    //! `Avx512` (16 lanes) and `Avx2` (8 lanes). Every method is `#[inline(always)]` so that
+    //! it is compiled inside the `#[target_feature]` routine that calls it; the `unsafe`
+    //! blocks rely on that routine's feature check (see [`super::Wide`]).
+    use super::{Lanes, Wide};
+    use cranelift_codegen::ir::condcodes::{FloatCC, IntCC};
+    use std::arch::x86_64::*;
 
-#[inline(always)]
-fn fzip(a: W, b: W, f: impl Fn(f32, f32) -> f32) -> W {
-    zip(a, b, |x, y| f(f32::from_bits(x), f32::from_bits(y)).to_bits())
-}
+    pub(super) struct Avx512;
 
-#[inline(always)]
-fn mask(c: bool) -> u32 {
-    if c {
-        u32::MAX
-    } else {
-        0
+    macro_rules! f512 {
+        ($op:ident, $a:expr, $b:expr) => {
+            _mm512_castps_si512($op(_mm512_castsi512_ps($a), _mm512_castsi512_ps($b)))
+        };
     }
-}
 
-impl Lanes for Wide {
-    type V = W;
-
-    #[inline(always)]
-    fn f(&mut self, c: f32) -> W {
-        [c.to_bits(); WIDTH]
-    }
-    #[inline(always)]
-    fn i(&mut self, c: i32) -> W {
-        [c as u32; WIDTH]
-    }
-    #[inline(always)]
-    fn add(&mut self, a: W, b: W) -> W {
-        fzip(a, b, |x, y| x + y)
-    }
-    #[inline(always)]
-    fn sub(&mut self, a: W, b: W) -> W {
-        fzip(a, b, |x, y| x - y)
-    }
-    #[inline(always)]
-    fn mul(&mut self, a: W, b: W) -> W {
-        fzip(a, b, |x, y| x * y)
-    }
-    #[inline(always)]
-    fn div(&mut self, a: W, b: W) -> W {
-        fzip(a, b, |x, y| x / y)
-    }
-    /// Always fused: routines exist only for CPUs with FMA, where the inline form fuses too.
-    #[inline(always)]
-    fn mul_add(&mut self, a: W, b: W, c: W) -> W {
-        let mut r = [0; WIDTH];
-        for i in 0..WIDTH {
-            let (x, y, z) = (
-                f32::from_bits(a[i]),
-                f32::from_bits(b[i]),
-                f32::from_bits(c[i]),
-            );
-            r[i] = x.mul_add(y, z).to_bits();
+    impl Lanes for Avx512 {
+        type V = __m512i;
+        #[inline(always)]
+        fn f(&mut self, c: f32) -> __m512i {
+            unsafe { _mm512_set1_epi32(c.to_bits() as i32) }
         }
-        r
-    }
-    #[inline(always)]
-    fn abs(&mut self, a: W) -> W {
-        map(a, |x| x & 0x7fff_ffff)
-    }
-    #[inline(always)]
-    fn neg(&mut self, a: W) -> W {
-        map(a, |x| x ^ 0x8000_0000)
-    }
-    #[inline(always)]
-    fn bits(&mut self, x: W) -> W {
-        x
-    }
-    #[inline(always)]
-    fn float(&mut self, i: W) -> W {
-        i
-    }
-    #[inline(always)]
-    fn iadd(&mut self, a: W, b: W) -> W {
-        zip(a, b, u32::wrapping_add)
-    }
-    #[inline(always)]
-    fn isub(&mut self, a: W, b: W) -> W {
-        zip(a, b, u32::wrapping_sub)
-    }
-    #[inline(always)]
-    fn band(&mut self, a: W, b: W) -> W {
-        zip(a, b, |x, y| x & y)
-    }
-    #[inline(always)]
-    fn bor(&mut self, a: W, b: W) -> W {
-        zip(a, b, |x, y| x | y)
-    }
-    #[inline(always)]
-    fn bxor(&mut self, a: W, b: W) -> W {
-        zip(a, b, |x, y| x ^ y)
-    }
-    #[inline(always)]
-    fn shl(&mut self, a: W, n: i64) -> W {
-        map(a, |x| x << (n as u32 & 31))
-    }
-    #[inline(always)]
-    fn ushr(&mut self, a: W, n: i64) -> W {
-        map(a, |x| x >> (n as u32 & 31))
-    }
-    #[inline(always)]
-    fn sshr(&mut self, a: W, n: i64) -> W {
-        map(a, |x| ((x as i32) >> (n as u32 & 31)) as u32)
-    }
-    #[inline(always)]
-    fn i2f(&mut self, i: W) -> W {
-        map(i, |x| (x as i32 as f32).to_bits())
-    }
-    #[inline(always)]
-    fn fcmp(&mut self, cc: FloatCC, a: W, b: W) -> W {
-        zip(a, b, |x, y| {
-            let (x, y) = (f32::from_bits(x), f32::from_bits(y));
-            mask(match cc {
-                FloatCC::Equal => x == y,
-                FloatCC::NotEqual => x != y,
-                FloatCC::LessThan => x < y,
-                FloatCC::LessThanOrEqual => x <= y,
-                FloatCC::GreaterThan => x > y,
-                FloatCC::GreaterThanOrEqual => x >= y,
-                FloatCC::Unordered => x.is_nan() || y.is_nan(),
-                FloatCC::Ordered => !x.is_nan() && !y.is_nan(),
-                other => unreachable!("the math algorithms do not use {other:?}"),
-            })
-        })
-    }
-    #[inline(always)]
-    fn icmp(&mut self, cc: IntCC, a: W, b: W) -> W {
-        zip(a, b, |x, y| {
-            let (sx, sy) = (x as i32, y as i32);
-            mask(match cc {
-                IntCC::Equal => x == y,
-                IntCC::NotEqual => x != y,
-                IntCC::SignedLessThan => sx < sy,
-                IntCC::SignedLessThanOrEqual => sx <= sy,
-                IntCC::SignedGreaterThan => sx > sy,
-                IntCC::SignedGreaterThanOrEqual => sx >= sy,
-                other => unreachable!("the math algorithms do not use {other:?}"),
-            })
-        })
-    }
-    #[inline(always)]
-    fn sel(&mut self, m: W, t: W, f: W) -> W {
-        let mut r = [0; WIDTH];
-        for i in 0..WIDTH {
-            r[i] = (m[i] & t[i]) | (!m[i] & f[i]);
+        #[inline(always)]
+        fn i(&mut self, c: i32) -> __m512i {
+            unsafe { _mm512_set1_epi32(c) }
         }
-        r
+        #[inline(always)]
+        fn add(&mut self, a: __m512i, b: __m512i) -> __m512i {
+            unsafe { f512!(_mm512_add_ps, a, b) }
+        }
+        #[inline(always)]
+        fn sub(&mut self, a: __m512i, b: __m512i) -> __m512i {
+            unsafe { f512!(_mm512_sub_ps, a, b) }
+        }
+        #[inline(always)]
+        fn mul(&mut self, a: __m512i, b: __m512i) -> __m512i {
+            unsafe { f512!(_mm512_mul_ps, a, b) }
+        }
+        #[inline(always)]
+        fn div(&mut self, a: __m512i, b: __m512i) -> __m512i {
+            unsafe { f512!(_mm512_div_ps, a, b) }
+        }
+        /// Always fused: routines exist only for CPUs with FMA, where the inline form fuses.
+        #[inline(always)]
+        fn mul_add(&mut self, a: __m512i, b: __m512i, c: __m512i) -> __m512i {
+            unsafe {
+                _mm512_castps_si512(_mm512_fmadd_ps(
+                    _mm512_castsi512_ps(a),
+                    _mm512_castsi512_ps(b),
+                    _mm512_castsi512_ps(c),
+                ))
+            }
+        }
+        #[inline(always)]
+        fn abs(&mut self, a: __m512i) -> __m512i {
+            unsafe { _mm512_and_si512(a, _mm512_set1_epi32(0x7fff_ffff)) }
+        }
+        #[inline(always)]
+        fn neg(&mut self, a: __m512i) -> __m512i {
+            unsafe { _mm512_xor_si512(a, _mm512_set1_epi32(i32::MIN)) }
+        }
+        #[inline(always)]
+        fn bits(&mut self, x: __m512i) -> __m512i {
+            x
+        }
+        #[inline(always)]
+        fn float(&mut self, i: __m512i) -> __m512i {
+            i
+        }
+        #[inline(always)]
+        fn iadd(&mut self, a: __m512i, b: __m512i) -> __m512i {
+            unsafe { _mm512_add_epi32(a, b) }
+        }
+        #[inline(always)]
+        fn isub(&mut self, a: __m512i, b: __m512i) -> __m512i {
+            unsafe { _mm512_sub_epi32(a, b) }
+        }
+        #[inline(always)]
+        fn band(&mut self, a: __m512i, b: __m512i) -> __m512i {
+            unsafe { _mm512_and_si512(a, b) }
+        }
+        #[inline(always)]
+        fn bor(&mut self, a: __m512i, b: __m512i) -> __m512i {
+            unsafe { _mm512_or_si512(a, b) }
+        }
+        #[inline(always)]
+        fn bxor(&mut self, a: __m512i, b: __m512i) -> __m512i {
+            unsafe { _mm512_xor_si512(a, b) }
+        }
+        #[inline(always)]
+        fn shl(&mut self, a: __m512i, n: i64) -> __m512i {
+            unsafe { _mm512_sllv_epi32(a, _mm512_set1_epi32(n as i32)) }
+        }
+        #[inline(always)]
+        fn ushr(&mut self, a: __m512i, n: i64) -> __m512i {
+            unsafe { _mm512_srlv_epi32(a, _mm512_set1_epi32(n as i32)) }
+        }
+        #[inline(always)]
+        fn sshr(&mut self, a: __m512i, n: i64) -> __m512i {
+            unsafe { _mm512_srav_epi32(a, _mm512_set1_epi32(n as i32)) }
+        }
+        #[inline(always)]
+        fn i2f(&mut self, i: __m512i) -> __m512i {
+            unsafe { _mm512_castps_si512(_mm512_cvtepi32_ps(i)) }
+        }
+        #[inline(always)]
+        fn fcmp(&mut self, cc: FloatCC, a: __m512i, b: __m512i) -> __m512i {
+            unsafe {
+                let (a, b) = (_mm512_castsi512_ps(a), _mm512_castsi512_ps(b));
+                let k = match cc {
+                    FloatCC::Equal => _mm512_cmp_ps_mask::<_CMP_EQ_OQ>(a, b),
+                    FloatCC::NotEqual => _mm512_cmp_ps_mask::<_CMP_NEQ_UQ>(a, b),
+                    FloatCC::LessThan => _mm512_cmp_ps_mask::<_CMP_LT_OQ>(a, b),
+                    FloatCC::LessThanOrEqual => _mm512_cmp_ps_mask::<_CMP_LE_OQ>(a, b),
+                    FloatCC::GreaterThan => _mm512_cmp_ps_mask::<_CMP_GT_OQ>(a, b),
+                    FloatCC::GreaterThanOrEqual => _mm512_cmp_ps_mask::<_CMP_GE_OQ>(a, b),
+                    FloatCC::Unordered => _mm512_cmp_ps_mask::<_CMP_UNORD_Q>(a, b),
+                    FloatCC::Ordered => _mm512_cmp_ps_mask::<_CMP_ORD_Q>(a, b),
+                    other => unreachable!("the math algorithms do not use {other:?}"),
+                };
+                _mm512_maskz_mov_epi32(k, _mm512_set1_epi32(-1))
+            }
+        }
+        #[inline(always)]
+        fn icmp(&mut self, cc: IntCC, a: __m512i, b: __m512i) -> __m512i {
+            unsafe {
+                let k = match cc {
+                    IntCC::Equal => _mm512_cmpeq_epi32_mask(a, b),
+                    IntCC::NotEqual => _mm512_cmpneq_epi32_mask(a, b),
+                    IntCC::SignedLessThan => _mm512_cmplt_epi32_mask(a, b),
+                    IntCC::SignedLessThanOrEqual => _mm512_cmple_epi32_mask(a, b),
+                    IntCC::SignedGreaterThan => _mm512_cmpgt_epi32_mask(a, b),
+                    IntCC::SignedGreaterThanOrEqual => _mm512_cmpge_epi32_mask(a, b),
+                    other => unreachable!("the math algorithms do not use {other:?}"),
+                };
+                _mm512_maskz_mov_epi32(k, _mm512_set1_epi32(-1))
+            }
+        }
+        #[inline(always)]
+        fn sel(&mut self, m: __m512i, t: __m512i, f: __m512i) -> __m512i {
+            // Bitwise `m ? t : f` (0xca: the truth table of A ? B : C).
+            unsafe { _mm512_ternarylogic_epi32::<0xca>(m, t, f) }
+        }
+    }
+
+    impl Wide for Avx512 {
+        const WIDTH: usize = 16;
+        #[inline(always)]
+        unsafe fn load(p: *const f32) -> __m512i {
+            unsafe { _mm512_castps_si512(_mm512_loadu_ps(p)) }
+        }
+        #[inline(always)]
+        unsafe fn store(p: *mut f32, v: __m512i) {
+            unsafe { _mm512_storeu_ps(p, _mm512_castsi512_ps(v)) }
+        }
+    }
+
+    pub(super) struct Avx2;
+
+    macro_rules! f256 {
+        ($op:ident, $a:expr, $b:expr) => {
+            _mm256_castps_si256($op(_mm256_castsi256_ps($a), _mm256_castsi256_ps($b)))
+        };
+    }
+
+    impl Lanes for Avx2 {
+        type V = __m256i;
+        #[inline(always)]
+        fn f(&mut self, c: f32) -> __m256i {
+            unsafe { _mm256_set1_epi32(c.to_bits() as i32) }
+        }
+        #[inline(always)]
+        fn i(&mut self, c: i32) -> __m256i {
+            unsafe { _mm256_set1_epi32(c) }
+        }
+        #[inline(always)]
+        fn add(&mut self, a: __m256i, b: __m256i) -> __m256i {
+            unsafe { f256!(_mm256_add_ps, a, b) }
+        }
+        #[inline(always)]
+        fn sub(&mut self, a: __m256i, b: __m256i) -> __m256i {
+            unsafe { f256!(_mm256_sub_ps, a, b) }
+        }
+        #[inline(always)]
+        fn mul(&mut self, a: __m256i, b: __m256i) -> __m256i {
+            unsafe { f256!(_mm256_mul_ps, a, b) }
+        }
+        #[inline(always)]
+        fn div(&mut self, a: __m256i, b: __m256i) -> __m256i {
+            unsafe { f256!(_mm256_div_ps, a, b) }
+        }
+        #[inline(always)]
+        fn mul_add(&mut self, a: __m256i, b: __m256i, c: __m256i) -> __m256i {
+            unsafe {
+                _mm256_castps_si256(_mm256_fmadd_ps(
+                    _mm256_castsi256_ps(a),
+                    _mm256_castsi256_ps(b),
+                    _mm256_castsi256_ps(c),
+                ))
+            }
+        }
+        #[inline(always)]
+        fn abs(&mut self, a: __m256i) -> __m256i {
+            unsafe { _mm256_and_si256(a, _mm256_set1_epi32(0x7fff_ffff)) }
+        }
+        #[inline(always)]
+        fn neg(&mut self, a: __m256i) -> __m256i {
+            unsafe { _mm256_xor_si256(a, _mm256_set1_epi32(i32::MIN)) }
+        }
+        #[inline(always)]
+        fn bits(&mut self, x: __m256i) -> __m256i {
+            x
+        }
+        #[inline(always)]
+        fn float(&mut self, i: __m256i) -> __m256i {
+            i
+        }
+        #[inline(always)]
+        fn iadd(&mut self, a: __m256i, b: __m256i) -> __m256i {
+            unsafe { _mm256_add_epi32(a, b) }
+        }
+        #[inline(always)]
+        fn isub(&mut self, a: __m256i, b: __m256i) -> __m256i {
+            unsafe { _mm256_sub_epi32(a, b) }
+        }
+        #[inline(always)]
+        fn band(&mut self, a: __m256i, b: __m256i) -> __m256i {
+            unsafe { _mm256_and_si256(a, b) }
+        }
+        #[inline(always)]
+        fn bor(&mut self, a: __m256i, b: __m256i) -> __m256i {
+            unsafe { _mm256_or_si256(a, b) }
+        }
+        #[inline(always)]
+        fn bxor(&mut self, a: __m256i, b: __m256i) -> __m256i {
+            unsafe { _mm256_xor_si256(a, b) }
+        }
+        #[inline(always)]
+        fn shl(&mut self, a: __m256i, n: i64) -> __m256i {
+            unsafe { _mm256_sllv_epi32(a, _mm256_set1_epi32(n as i32)) }
+        }
+        #[inline(always)]
+        fn ushr(&mut self, a: __m256i, n: i64) -> __m256i {
+            unsafe { _mm256_srlv_epi32(a, _mm256_set1_epi32(n as i32)) }
+        }
+        #[inline(always)]
+        fn sshr(&mut self, a: __m256i, n: i64) -> __m256i {
+            unsafe { _mm256_srav_epi32(a, _mm256_set1_epi32(n as i32)) }
+        }
+        #[inline(always)]
+        fn i2f(&mut self, i: __m256i) -> __m256i {
+            unsafe { _mm256_castps_si256(_mm256_cvtepi32_ps(i)) }
+        }
+        #[inline(always)]
+        fn fcmp(&mut self, cc: FloatCC, a: __m256i, b: __m256i) -> __m256i {
+            unsafe {
+                let (a, b) = (_mm256_castsi256_ps(a), _mm256_castsi256_ps(b));
+                _mm256_castps_si256(match cc {
+                    FloatCC::Equal => _mm256_cmp_ps::<_CMP_EQ_OQ>(a, b),
+                    FloatCC::NotEqual => _mm256_cmp_ps::<_CMP_NEQ_UQ>(a, b),
+                    FloatCC::LessThan => _mm256_cmp_ps::<_CMP_LT_OQ>(a, b),
+                    FloatCC::LessThanOrEqual => _mm256_cmp_ps::<_CMP_LE_OQ>(a, b),
+                    FloatCC::GreaterThan => _mm256_cmp_ps::<_CMP_GT_OQ>(a, b),
+                    FloatCC::GreaterThanOrEqual => _mm256_cmp_ps::<_CMP_GE_OQ>(a, b),
+                    FloatCC::Unordered => _mm256_cmp_ps::<_CMP_UNORD_Q>(a, b),
+                    FloatCC::Ordered => _mm256_cmp_ps::<_CMP_ORD_Q>(a, b),
+                    other => unreachable!("the math algorithms do not use {other:?}"),
+                })
+            }
+        }
+        #[inline(always)]
+        fn icmp(&mut self, cc: IntCC, a: __m256i, b: __m256i) -> __m256i {
+            unsafe {
+                let ones = _mm256_set1_epi32(-1);
+                match cc {
+                    IntCC::Equal => _mm256_cmpeq_epi32(a, b),
+                    IntCC::NotEqual => _mm256_xor_si256(_mm256_cmpeq_epi32(a, b), ones),
+                    IntCC::SignedLessThan => _mm256_cmpgt_epi32(b, a),
+                    IntCC::SignedLessThanOrEqual => {
+                        _mm256_xor_si256(_mm256_cmpgt_epi32(a, b), ones)
+                    }
+                    IntCC::SignedGreaterThan => _mm256_cmpgt_epi32(a, b),
+                    IntCC::SignedGreaterThanOrEqual => {
+                        _mm256_xor_si256(_mm256_cmpgt_epi32(b, a), ones)
+                    }
+                    other => unreachable!("the math algorithms do not use {other:?}"),
+                }
+            }
+        }
+        #[inline(always)]
+        fn sel(&mut self, m: __m256i, t: __m256i, f: __m256i) -> __m256i {
+            // Bitwise `m ? t : f`, as the inline form's `bitselect`.
+            unsafe { _mm256_or_si256(_mm256_and_si256(m, t), _mm256_andnot_si256(m, f)) }
+        }
+    }
+
+    impl Wide for Avx2 {
+        const WIDTH: usize = 8;
+        #[inline(always)]
+        unsafe fn load(p: *const f32) -> __m256i {
+            unsafe { _mm256_castps_si256(_mm256_loadu_ps(p)) }
+        }
+        #[inline(always)]
+        unsafe fn store(p: *mut f32, v: __m256i) {
+            unsafe { _mm256_storeu_ps(p, _mm256_castsi256_ps(v)) }
+        }
     }
 }
 
-/// `f` on one 16-lane value.
+/// `f` on one register.
 #[inline(always)]
-fn apply(f: MathFn, x: W) -> W {
-    let e = &mut Wide;
+fn apply<L: Wide>(e: &mut L, f: MathFn, x: L::V) -> L::V {
     match f {
         MathFn::Exp => super::exp(e, x, None),
         MathFn::Log => super::log(e, x),
@@ -209,45 +360,52 @@ fn apply(f: MathFn, x: W) -> W {
     }
 }
 
-/// `data = f(data)`, 16 lanes at a time; the last partial group is padded with zeros.
+/// `data = f(data)` a register at a time; the last partial register is padded with zeros.
+///
+/// # Safety
+/// The CPU has `L`'s instruction set.
 #[inline(always)]
-fn run(f: MathFn, data: &mut [f32]) {
-    let mut chunks = data.chunks_exact_mut(WIDTH);
+unsafe fn run<L: Wide>(mut e: L, f: MathFn, data: &mut [f32]) {
+    let mut chunks = data.chunks_exact_mut(L::WIDTH);
     for chunk in &mut chunks {
-        let x: W = std::array::from_fn(|i| chunk[i].to_bits());
-        let y = apply(f, x);
-        for i in 0..WIDTH {
-            chunk[i] = f32::from_bits(y[i]);
+        // SAFETY: `chunk` holds exactly `L::WIDTH` f32s.
+        unsafe {
+            let x = L::load(chunk.as_ptr());
+            let y = apply(&mut e, f, x);
+            L::store(chunk.as_mut_ptr(), y);
         }
     }
     let rest = chunks.into_remainder();
     if !rest.is_empty() {
-        let mut x = [0u32; WIDTH];
-        for (xi, v) in x.iter_mut().zip(rest.iter()) {
-            *xi = v.to_bits();
+        let mut padded = [0f32; 16];
+        padded[..rest.len()].copy_from_slice(rest);
+        // SAFETY: `padded` holds 16 >= `L::WIDTH` f32s.
+        unsafe {
+            let x = L::load(padded.as_ptr());
+            let y = apply(&mut e, f, x);
+            L::store(padded.as_mut_ptr(), y);
         }
-        let y = apply(f, x);
-        for (v, yi) in rest.iter_mut().zip(y) {
-            *v = f32::from_bits(yi);
-        }
+        rest.copy_from_slice(&padded[..rest.len()]);
     }
 }
 
 /// One `extern "C"` routine per function and instruction set.
 macro_rules! routines {
-    ($($name:ident => $f:expr, $feature:literal;)*) => {
+    ($($name:ident => $f:expr, $isa:ident, $feature:literal;)*) => {
         $(
             /// # Safety
             /// `data` points to `n` initialized, writable f32s (any `n <= 0` does nothing), and
-            /// the CPU has the enabled target features (checked by [`block_routine`]).
+            /// the CPU has the enabled target features (checked by [`block_isa`]).
             #[target_feature(enable = $feature)]
             unsafe extern "C" fn $name(data: *mut f32, n: i64) {
                 if n <= 0 {
                     return;
                 }
                 // SAFETY: the caller's contract above.
-                let data = unsafe { std::slice::from_raw_parts_mut(data, n as usize) };
-                run($f, data);
+                unsafe {
+                    let data = std::slice::from_raw_parts_mut(data, n as usize);
+                    run(x86::$isa, $f, data);
+                }
             }
         )*
     };
@@ -255,20 +413,20 @@ macro_rules! routines {
 
 #[cfg(target_arch = "x86_64")]
 routines! {
-    exp_avx512 => MathFn::Exp, "avx512f,fma";
-    log_avx512 => MathFn::Log, "avx512f,fma";
-    tanh_avx512 => MathFn::Tanh, "avx512f,fma";
-    erf_avx512 => MathFn::Erf, "avx512f,fma";
-    sin_avx512 => MathFn::Sin, "avx512f,fma";
-    cos_avx512 => MathFn::Cos, "avx512f,fma";
-    sigmoid_avx512 => MathFn::Sigmoid, "avx512f,fma";
-    exp_avx2 => MathFn::Exp, "avx2,fma";
-    log_avx2 => MathFn::Log, "avx2,fma";
-    tanh_avx2 => MathFn::Tanh, "avx2,fma";
-    erf_avx2 => MathFn::Erf, "avx2,fma";
-    sin_avx2 => MathFn::Sin, "avx2,fma";
-    cos_avx2 => MathFn::Cos, "avx2,fma";
-    sigmoid_avx2 => MathFn::Sigmoid, "avx2,fma";
+    exp_avx512 => MathFn::Exp, Avx512, "avx512f,fma";
+    log_avx512 => MathFn::Log, Avx512, "avx512f,fma";
+    tanh_avx512 => MathFn::Tanh, Avx512, "avx512f,fma";
+    erf_avx512 => MathFn::Erf, Avx512, "avx512f,fma";
+    sin_avx512 => MathFn::Sin, Avx512, "avx512f,fma";
+    cos_avx512 => MathFn::Cos, Avx512, "avx512f,fma";
+    sigmoid_avx512 => MathFn::Sigmoid, Avx512, "avx512f,fma";
+    exp_avx2 => MathFn::Exp, Avx2, "avx2,fma";
+    log_avx2 => MathFn::Log, Avx2, "avx2,fma";
+    tanh_avx2 => MathFn::Tanh, Avx2, "avx2,fma";
+    erf_avx2 => MathFn::Erf, Avx2, "avx2,fma";
+    sin_avx2 => MathFn::Sin, Avx2, "avx2,fma";
+    cos_avx2 => MathFn::Cos, Avx2, "avx2,fma";
+    sigmoid_avx2 => MathFn::Sigmoid, Avx2, "avx2,fma";
 }
 
 /// Which instruction set the block routines use on this CPU.

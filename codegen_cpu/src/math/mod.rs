@@ -71,12 +71,12 @@
 //!
 //! Every function returns NaN for a NaN input.
 
-pub(crate) mod block;
+pub mod block;
 mod clif;
 #[cfg(test)]
 pub(crate) mod tests;
 
-pub(crate) use clif::Em;
+pub(crate) use clif::{host_has_fma, Em};
 pub use clif::{emit_math, emit_pow};
 
 use cranelift_codegen::ir::condcodes::{FloatCC, IntCC};
@@ -153,72 +153,88 @@ pub(crate) trait Lanes {
     /// `mask ? t : f`, lane-wise.
     fn sel(&mut self, mask: Self::V, t: Self::V, f: Self::V) -> Self::V;
 
+    #[inline(always)]
     fn and(&mut self, m1: Self::V, m2: Self::V) -> Self::V {
         self.band(m1, m2)
     }
+    #[inline(always)]
     fn or(&mut self, m1: Self::V, m2: Self::V) -> Self::V {
         self.bor(m1, m2)
     }
     /// `a * b + c` for a constant `c`.
+    #[inline(always)]
     fn mul_addc(&mut self, a: Self::V, b: Self::V, c: f32) -> Self::V {
         let c = self.f(c);
         self.mul_add(a, b, c)
     }
     /// `a * c + d` for a constant `c`.
+    #[inline(always)]
     fn mulc_add(&mut self, a: Self::V, c: f32, d: Self::V) -> Self::V {
         let c = self.f(c);
         self.mul_add(a, c, d)
     }
+    #[inline(always)]
     fn addc(&mut self, a: Self::V, c: f32) -> Self::V {
         let c = self.f(c);
         self.add(a, c)
     }
+    #[inline(always)]
     fn mulc(&mut self, a: Self::V, c: f32) -> Self::V {
         let c = self.f(c);
         self.mul(a, c)
     }
     /// `c - a`.
+    #[inline(always)]
     fn rsubc(&mut self, c: f32, a: Self::V) -> Self::V {
         let c = self.f(c);
         self.sub(c, a)
     }
+    #[inline(always)]
     fn iaddc(&mut self, a: Self::V, c: i32) -> Self::V {
         let c = self.i(c);
         self.iadd(a, c)
     }
+    #[inline(always)]
     fn bandc(&mut self, a: Self::V, c: i32) -> Self::V {
         let c = self.i(c);
         self.band(a, c)
     }
+    #[inline(always)]
     fn borc(&mut self, a: Self::V, c: i32) -> Self::V {
         let c = self.i(c);
         self.bor(a, c)
     }
+    #[inline(always)]
     fn fcmpc(&mut self, cc: FloatCC, a: Self::V, c: f32) -> Self::V {
         let c = self.f(c);
         self.fcmp(cc, a, c)
     }
+    #[inline(always)]
     fn icmpc(&mut self, cc: IntCC, a: Self::V, c: i32) -> Self::V {
         let c = self.i(c);
         self.icmp(cc, a, c)
     }
+    #[inline(always)]
     fn selc(&mut self, mask: Self::V, t: f32, f: Self::V) -> Self::V {
         let t = self.f(t);
         self.sel(mask, t, f)
     }
     /// `min(x, c)` that keeps a NaN `x` (`c < x ? c : x`; `minps` for vectors).
+    #[inline(always)]
     fn minc(&mut self, x: Self::V, c: f32) -> Self::V {
         let cv = self.f(c);
         let m = self.fcmp(FloatCC::LessThan, cv, x);
         self.sel(m, cv, x)
     }
     /// `max(x, c)` that keeps a NaN `x` (`x < c ? c : x`; `maxps` for vectors).
+    #[inline(always)]
     fn maxc(&mut self, x: Self::V, c: f32) -> Self::V {
         let cv = self.f(c);
         let m = self.fcmp(FloatCC::LessThan, x, cv);
         self.sel(m, cv, x)
     }
     /// Horner: `c[0] + v*(c[1] + v*(... + v*c[n-1]))`.
+    #[inline(always)]
     fn horner(&mut self, coefs: &[f32], v: Self::V) -> Self::V {
         let mut p = self.f(coefs[coefs.len() - 1]);
         for &c in coefs[..coefs.len() - 1].iter().rev() {
@@ -227,6 +243,7 @@ pub(crate) trait Lanes {
         p
     }
     /// `|r|` with the sign bit of `x`.
+    #[inline(always)]
     fn copysign(&mut self, r: Self::V, x: Self::V) -> Self::V {
         let rb = self.bits(r);
         let rb = self.bandc(rb, 0x7fff_ffff);
@@ -236,12 +253,14 @@ pub(crate) trait Lanes {
         self.float(o)
     }
     /// `2^n` for integer lanes `n` in `[-126, 127]`.
+    #[inline(always)]
     fn pow2i(&mut self, n: Self::V) -> Self::V {
         let t = self.iaddc(n, 127);
         let t = self.shl(t, 23);
         self.float(t)
     }
     /// Round to the nearest integer for `|x| < 2^22`: returns `(float, int)`.
+    #[inline(always)]
     fn round_small(&mut self, x: Self::V) -> (Self::V, Self::V) {
         const MAGIC: f32 = 12_582_912.0; // 1.5 * 2^23
         let t = self.addc(x, MAGIC);
@@ -252,6 +271,7 @@ pub(crate) trait Lanes {
         (n, n_i)
     }
     /// Veltkamp split: `a = hi + lo` with `hi` holding the top 12 bits.
+    #[inline(always)]
     fn split(&mut self, a: Self::V) -> (Self::V, Self::V) {
         let t = self.mulc(a, 4097.0);
         let d = self.sub(t, a);
@@ -260,6 +280,7 @@ pub(crate) trait Lanes {
         (hi, lo)
     }
     /// Dekker product: `a*b = p + err` exactly (barring over/underflow).
+    #[inline(always)]
     fn two_prod(&mut self, a: Self::V, b: Self::V) -> (Self::V, Self::V) {
         let p = self.mul(a, b);
         let (ah, al) = self.split(a);
@@ -275,6 +296,7 @@ pub(crate) trait Lanes {
         (p, err)
     }
     /// Knuth two-sum: `a+b = s + err` exactly.
+    #[inline(always)]
     fn two_sum(&mut self, a: Self::V, b: Self::V) -> (Self::V, Self::V) {
         let s = self.add(a, b);
         let bb = self.sub(s, a);
@@ -304,6 +326,7 @@ const EXP_P: [f32; 6] = [
 ];
 
 /// `exp(x + xl)` where `xl` is an optional small low part (`|xl|` well below `ulp(x)` scale).
+#[inline(always)]
 fn exp<E: Lanes>(e: &mut E, x: E::V, xl: Option<E::V>) -> E::V {
     let x = e.minc(x, 89.0);
     let x = e.maxc(x, -110.0);
@@ -312,12 +335,14 @@ fn exp<E: Lanes>(e: &mut E, x: E::V, xl: Option<E::V>) -> E::V {
 
 /// `exp(x)` for `x` in `[-80, 80]` (or NaN), where neither the clamps nor the two-factor
 /// `2^n` are needed: the same result as [`exp`], with fewer operations.
+#[inline(always)]
 fn exp_in_normal_range<E: Lanes>(e: &mut E, x: E::V) -> E::V {
     exp_unclamped(e, x, None, false)
 }
 
 /// `exp` after the clamps; `two_factor_scale` applies `2^n` as two factors (needed where the
 /// result can be subnormal or `2^n` overflow; exact and equal to one factor elsewhere).
+#[inline(always)]
 fn exp_unclamped<E: Lanes>(e: &mut E, x: E::V, xl: Option<E::V>, two_factor_scale: bool) -> E::V {
     let t = e.mulc(x, LOG2E);
     let (n, n_i) = e.round_small(t);
@@ -373,6 +398,7 @@ const LOG_P: [f32; 9] = [
 
 /// Splits positive `x` (normal or subnormal) into `(k as float, m)` with `x = 2^k m`,
 /// `m` in `[sqrt(1/2), sqrt(2))`.
+#[inline(always)]
 fn log_reduce<E: Lanes>(e: &mut E, x: E::V) -> (E::V, E::V) {
     let sub = e.fcmpc(FloatCC::LessThan, x, MIN_NORMAL);
     let xs = e.mulc(x, 8_388_608.0); // 2^23
@@ -390,6 +416,7 @@ fn log_reduce<E: Lanes>(e: &mut E, x: E::V) -> (E::V, E::V) {
     (kf, m)
 }
 
+#[inline(always)]
 fn log<E: Lanes>(e: &mut E, x: E::V) -> E::V {
     let (kf, m) = log_reduce(e, x);
     let f = e.addc(m, -1.0);
@@ -430,6 +457,7 @@ const TANH_P: [f32; 5] = [
     -3.333_328e-1,
 ];
 
+#[inline(always)]
 fn tanh<E: Lanes>(e: &mut E, x: E::V) -> E::V {
     let a = e.abs(x);
     let z = e.mul(a, a);
@@ -451,6 +479,7 @@ fn tanh<E: Lanes>(e: &mut E, x: E::V) -> E::V {
     e.copysign(r, x)
 }
 
+#[inline(always)]
 fn sigmoid<E: Lanes>(e: &mut E, x: E::V) -> E::V {
     let a = e.abs(x);
     let na = e.neg(a);
@@ -486,6 +515,7 @@ const ERF_Q: [f32; 7] = [
     0.025_377_74,
 ];
 
+#[inline(always)]
 fn erf<E: Lanes>(e: &mut E, x: E::V) -> E::V {
     let a = e.abs(x);
     let z = e.mul(a, a);
@@ -526,6 +556,7 @@ const SIN_S: [f32; 3] = [-1.951_529_6e-4, 8.332_161e-3, -1.666_665_5e-1];
 /// Cephes `cosf`: `cos r ≈ 1 - r^2/2 + r^4 * C(r^2)`, highest first.
 const COS_C: [f32; 3] = [2.443_315_7e-5, -1.388_731_6e-3, 4.166_664_6e-2];
 
+#[inline(always)]
 fn sincos<E: Lanes>(e: &mut E, x: E::V, cos: bool) -> E::V {
     let t = e.mulc(x, TWO_OVER_PI);
     let (q, mut qi) = e.round_small(t);
@@ -590,6 +621,7 @@ const TWO_THIRDS_LO: f32 = -1.986_821_6e-8;
 
 /// `log(a)` for finite positive `a` (normal or subnormal) as `hi + lo`, relative error
 /// below 2^-33. Garbage (but no trap) for other inputs.
+#[inline(always)]
 fn log_ext<E: Lanes>(e: &mut E, a: E::V) -> (E::V, E::V) {
     let (kf, m) = log_reduce(e, a);
     let f = e.addc(m, -1.0);
@@ -638,6 +670,7 @@ fn log_ext<E: Lanes>(e: &mut E, a: E::V) -> (E::V, E::V) {
 }
 
 /// Masks `(is_integer, is_not_integer)` of `|v|` (NaN: neither).
+#[inline(always)]
 fn int_masks<E: Lanes>(e: &mut E, av: E::V) -> (E::V, E::V) {
     const TWO23: f32 = 8_388_608.0;
     let t = e.addc(av, TWO23);
@@ -651,6 +684,7 @@ fn int_masks<E: Lanes>(e: &mut E, av: E::V) -> (E::V, E::V) {
     (is_int, not_int)
 }
 
+#[inline(always)]
 fn pow<E: Lanes>(e: &mut E, a: E::V, y: E::V) -> E::V {
     let aa = e.abs(a);
     let ay = e.abs(y);
