@@ -698,6 +698,8 @@ impl Lowering<'_, '_, '_> {
         let roots: Vec<ExprId> = match &stage.action {
             StageAction::Reduce { value, .. } => vec![*value],
             StageAction::Store(stores) => stores.iter().map(|s| s.value).collect(),
+            // A scan runs scalar, one element at a time: nothing to hand over in blocks.
+            StageAction::Scan(_) => return Vec::new(),
         };
         // Nesting level of each function reached: 1 + the deepest function in its argument.
         let mut level: HashMap<ExprId, usize> = HashMap::new();
@@ -1496,6 +1498,7 @@ fn use_counts(kernel: &Kernel) -> Vec<u32> {
                     uses[st.value.0 as usize] += 1;
                 }
             }
+            StageAction::Scan(st) => uses[st.value.0 as usize] += 1,
         }
     }
     uses
