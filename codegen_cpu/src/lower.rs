@@ -36,8 +36,8 @@ use crate::math::block::{block_routine, BlockFn};
 use crate::math::{emit_math, emit_pow, host_has_fma, MathFn};
 use cranelift_codegen::ir::condcodes::{FloatCC, IntCC};
 use cranelift_codegen::ir::{
-    types, AbiParam, Function, InstBuilder, MemFlagsData, Signature, StackSlotData, StackSlotKind,
-    Type, Value,
+    types, AbiParam, ConstantData, Function, InstBuilder, MemFlagsData, Signature, StackSlotData,
+    StackSlotKind, Type, Value,
 };
 use cranelift_frontend::{FunctionBuilder, Variable};
 use minductor_ir::{BinaryOp, CompareOp, DType, ReduceOp, UnaryOp};
@@ -1341,11 +1341,12 @@ impl Lowering<'_, '_, '_> {
                 let i = self.index_value(&index);
                 let f = self.b.ins().fcvt_from_sint(types::F32, i);
                 let base = self.b.ins().splat(types::F32X4, f);
-                let mut steps = self.f32_like(0.0, types::F32X4);
-                for lane in 1..LANES {
-                    let k = self.b.ins().f32const((lane * c) as f32);
-                    steps = self.b.ins().insertlane(steps, k, lane as u8);
-                }
+                // One constant from the pool (inserting lanes costs an instruction each).
+                let bytes: Vec<u8> = (0..LANES)
+                    .flat_map(|lane| ((lane * c) as f32).to_le_bytes())
+                    .collect();
+                let handle = self.b.func.dfg.constants.insert(ConstantData::from(bytes));
+                let steps = self.b.ins().vconst(types::F32X4, handle);
                 self.b.ins().fadd(base, steps)
             }
             Expr::Constant { .. } | Expr::StageResult(_) => unreachable!("uniform"),
