@@ -69,7 +69,11 @@ fn one_jit_function_serves_the_gpt_sweep() {
         let outputs = gpt.call(&inputs).unwrap();
         for (got, spec) in outputs.iter().zip(&case.outputs) {
             let c = compare(got, &tensors[&spec.name], case.rtol, case.atol);
-            assert!(c.passed, "{} {}: max abs error {}", case.name, spec.name, c.max_abs_error);
+            assert!(
+                c.passed,
+                "{} {}: max abs error {}",
+                case.name, spec.name, c.max_abs_error
+            );
         }
     }
     let stats = gpt.stats();
@@ -77,4 +81,75 @@ fn one_jit_function_serves_the_gpt_sweep() {
     assert_eq!(stats.calls, 3);
     assert!(stats.compiles <= 3, "{stats:?}");
     assert_eq!(stats.eager_fallbacks(), 0, "{stats:?}");
+}
+
+/// The model builders read every size from their inputs: at other batch sizes, image sizes and
+/// sequence lengths (random weights), the compiled models agree with the interpreter.
+#[test]
+fn model_builders_run_at_other_shapes() {
+    use minductor::golden::{build_case, load_manifest, TensorSpec};
+    use minductor::workloads::uniform;
+    use minductor::{compile_with, DType, Tensor};
+    let cases = load_manifest(&default_golden_models_dir()).unwrap();
+    // (case, input, new shape)
+    let changes: [(&str, &str, &[usize]); 5] = [
+        ("model_resnet_basic_block", "x", &[3, 16, 7, 9]),
+        ("model_tiny_resnet", "x", &[1, 3, 20, 24]),
+        ("model_llama_block", "x", &[3, 6, 64]),
+        ("model_gpt_tiny_t7", "idx", &[3, 5]),
+        ("op_sdpa_causal", "q", &[2, 4, 3, 16]),
+    ];
+    for (name, input, shape) in changes {
+        let case = cases.iter().find(|c| c.name == name).unwrap();
+        let specs: Vec<TensorSpec> = case
+            .inputs
+            .iter()
+            .map(|s| TensorSpec {
+                shape: if s.name == input {
+                    shape.to_vec()
+                } else {
+                    s.shape.clone()
+                },
+                ..s.clone()
+            })
+            .collect();
+        let (order, graph) = build_case(name, &specs).unwrap();
+        let graph = graph.unwrap_or_else(|e| panic!("{name}: {e}"));
+        let inputs: Vec<Tensor> = order
+            .iter()
+            .enumerate()
+            .map(|(seed, n)| {
+                let s = specs.iter().find(|s| &s.name == n).unwrap();
+                match s.dtype {
+                    // Token ids within the vocabulary (the rows of `wte`).
+                    DType::I64 => {
+                        let count: usize = s.shape.iter().product();
+                        Tensor::from_vec(
+                            &s.shape,
+                            (0..count as i64).map(|i| (i * 7) % 97).collect(),
+                        )
+                        .unwrap()
+                    }
+                    _ => uniform(&s.shape, -0.5, 0.5, seed as u64 + 1),
+                }
+            })
+            .collect();
+        let want = compile_with(&graph, Backend::Eager)
+            .unwrap()
+            .call(&inputs)
+            .unwrap();
+        let got = compile_with(&graph, Backend::Inductor)
+            .unwrap()
+            .call(&inputs)
+            .unwrap();
+        for (g, w) in got.iter().zip(&want) {
+            assert_eq!(g.shape(), w.shape(), "{name}");
+            let c = minductor::golden::compare(g, w, 1e-4, 1e-4);
+            assert!(
+                c.passed,
+                "{name} at {input} {shape:?}: max abs error {}",
+                c.max_abs_error
+            );
+        }
+    }
 }
