@@ -520,6 +520,18 @@ fn bad_sizes_are_trace_errors_naming_the_op_and_the_sizes() {
     });
     assert!(e.contains("conv1d") && e.contains("[3, 4, 3, 3]"), "{e}");
     let e = trace_error(|t| {
+        let x = t.input("x", DType::F32, &[1, 2, 4, 4]);
+        let w = t.input("w", DType::F32, &[3, 2, 3, 3]);
+        vec![x.conv2d(&w, None, ConvOptions::default().stride(0))]
+    });
+    assert!(e.contains("conv2d") && e.contains("stride"), "{e}");
+    let e = trace_error(|t| {
+        let x = t.input("x", DType::F32, &[1, 2, 4, 4]);
+        let w = t.input("w", DType::F32, &[3, 2, 0, 3]);
+        vec![x.conv2d(&w, None, ConvOptions::default())]
+    });
+    assert!(e.contains("conv2d") && e.contains("0x3"), "{e}");
+    let e = trace_error(|t| {
         let x = t.input("x", DType::F32, &[1, 2, 3, 3]);
         vec![x.max_pool2d(5, 1, 0)]
     });
