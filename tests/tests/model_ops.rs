@@ -385,7 +385,9 @@ fn conv2d_over_strides_paddings_dilations_and_groups() {
 #[test]
 fn conv2d_is_an_im2col_copy_then_one_gemm_with_the_bias_and_relu_as_its_epilogue() {
     let (g, _) = build(&[&[2, 3, 9, 9], &[8, 3, 3, 3], &[8]], |i| {
-        vec![i[0].conv2d(&i[1], Some(&i[2]), ConvOptions::default().stride(2)).relu()]
+        vec![i[0]
+            .conv2d(&i[1], Some(&i[2]), ConvOptions::default().stride(2))
+            .relu()]
     });
     let compiled = compile(&g).unwrap();
     let program = compiled.artifacts().program.as_ref().unwrap();
@@ -398,7 +400,10 @@ fn conv2d_is_an_im2col_copy_then_one_gemm_with_the_bias_and_relu_as_its_epilogue
         })
         .collect();
     assert_eq!(gemms.len(), 1, "{program}");
-    assert!(gemms[0].epilogue.is_some(), "bias and relu run on the GEMM's tiles:\n{program}");
+    assert!(
+        gemms[0].epilogue.is_some(),
+        "bias and relu run on the GEMM's tiles:\n{program}"
+    );
     assert!(
         matches!(program.steps.last(), Some(Step::Matmul(_))),
         "nothing runs after the GEMM:\n{program}"
