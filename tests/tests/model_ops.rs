@@ -611,3 +611,42 @@ fn bad_sizes_are_trace_errors_naming_the_op_and_the_sizes() {
     let e = trace_error(|t| vec![t.arange_range(0.0, 5.0, 0.0, DType::F32)]);
     assert!(e.contains("arange") && e.contains("by 0"), "{e}");
 }
+
+#[test]
+fn new_ops_on_half_precision_values() {
+    for dtype in [DType::F16, DType::BF16] {
+        let graph = trace(|t| {
+            let x = t.input("x", dtype, &[2, 4, 9, 9]);
+            let w = t.input("w", dtype, &[6, 4, 3, 3]);
+            let conv = x.conv2d(&w, None, ConvOptions::default().padding(1));
+            vec![
+                conv.max_pool2d(3, 2, 1),
+                x.cumsum(-1),
+                x.argmax(1, false),
+                x.triu(0),
+                t.arange(300, dtype),
+            ]
+        })
+        .unwrap();
+        let inputs: Vec<Tensor> = [(&[2usize, 4, 9, 9][..], 1u32), (&[6, 4, 3, 3][..], 2)]
+            .iter()
+            .map(|(shape, seed)| {
+                let v = values(shape, *seed).to_f64_vec();
+                let scaled: Vec<f64> = v.iter().map(|x| x * 0.3).collect();
+                Tensor::from_f64(dtype, shape, &scaled).unwrap()
+            })
+            .collect();
+        let want = interpret(&graph, &inputs).unwrap();
+        let got = compile(&graph).unwrap().call(&inputs).unwrap();
+        for (k, (g, w)) in got.iter().zip(&want).enumerate() {
+            assert_eq!(g.dtype(), w.dtype(), "{dtype} output {k}");
+            assert_eq!(g.shape(), w.shape(), "{dtype} output {k}");
+            for (a, b) in g.to_f64_vec().iter().zip(w.to_f64_vec()) {
+                assert!(
+                    (a - b).abs() <= 2e-2 * b.abs().max(1.0),
+                    "{dtype} output {k}: compiled {a} vs reference {b}"
+                );
+            }
+        }
+    }
+}
