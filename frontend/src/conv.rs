@@ -10,8 +10,8 @@
 //!   convolution (one input and one output channel per group) is instead one pointwise kernel
 //!   summing `KH·KW` products of shifted windows with the weights.
 //! - `conv1d` is `conv2d` over a height of 1.
-//! - `max_pool2d` pads with −inf and takes the `maximum` of its `KH·KW` strided windows: one
-//!   pointwise kernel.
+//! - `max_pool2d` pads with −inf and takes the `maximum` of its `KH·KW` strided windows, and
+//!   `avg_pool2d_with` pads with zeros and sums them: one pointwise kernel each.
 //!
 //! Bad sizes (channels or groups that do not divide, a window larger than the padded input, a
 //! weight of the wrong rank) are trace errors naming the op and the sizes.
@@ -257,43 +257,83 @@ impl Traced {
         }
     }
 
-    /// `F.max_pool2d(x, kernel, stride, padding)` on `[N, C, H, W]` (dilation 1, floor mode);
-    /// padded positions never win (they are −inf).
+    /// `F.avg_pool2d(x, kernel, stride, padding)` on `[N, C, H, W]` (floor mode,
+    /// `count_include_pad=True`: padded zeros count in every window's mean, as PyTorch's
+    /// default): the sum of the zero-padded input's strided windows over `kernel²`, one pointwise
+    /// kernel. (`avg_pool2d(kernel)` is the stride = kernel, no padding case as a reshape-mean.)
     #[track_caller]
-    pub fn max_pool2d(&self, kernel: usize, stride: usize, padding: usize) -> Traced {
+    pub fn avg_pool2d_with(&self, kernel: usize, stride: usize, padding: usize) -> Traced {
+        let (padded, w, out) = match self.pool_windows("avg_pool2d", kernel, stride, padding, 0.0) {
+            Ok(windows) => windows,
+            Err(poisoned) => return poisoned,
+        };
+        let mut sum: Option<Traced> = None;
+        for i in 0..kernel {
+            for j in 0..kernel {
+                let window = padded.window_at(i, j, w, out);
+                sum = Some(match sum {
+                    None => window,
+                    Some(s) => s + window,
+                });
+            }
+        }
+        sum.expect("a kernel has at least one offset") / (kernel * kernel) as f64
+    }
+
+    /// The padded input of a `kernel`x`kernel` pooling, its window and the output size, or the
+    /// poisoned value of a trace error naming `op` and the sizes.
+    #[track_caller]
+    fn pool_windows(
+        &self,
+        op: &str,
+        kernel: usize,
+        stride: usize,
+        padding: usize,
+        pad_value: f64,
+    ) -> Result<(Traced, Window, (usize, usize)), Traced> {
         if self.rank() != 4 {
-            return self.fail_msg(
-                "max_pool2d",
+            return Err(self.fail_msg(
+                op,
                 format!("expected [N, C, H, W], found {}", self.describe()),
-            );
+            ));
         }
         if !self.dtype().is_some_and(|d| d.is_float()) {
-            return self.fail_msg(
-                "max_pool2d",
+            return Err(self.fail_msg(
+                op,
                 format!("needs a floating-point tensor, found {}", self.describe()),
-            );
+            ));
         }
         if 2 * padding > kernel {
-            return self.fail_msg(
-                "max_pool2d",
+            return Err(self.fail_msg(
+                op,
                 format!("padding {padding} must be at most half of the kernel size {kernel}"),
-            );
+            ));
         }
         let w = Window {
             stride: (stride, stride),
             padding: (padding, padding),
             dilation: (1, 1),
         };
-        let (oh, ow) = match self.output_size("max_pool2d", (kernel, kernel), w) {
-            Ok(size) => size,
-            Err(t) => return t,
-        };
+        let out = self.output_size(op, (kernel, kernel), w)?;
         let p = padding as isize;
         let padded = if p > 0 {
-            self.pad(&[p, p, p, p], f64::NEG_INFINITY)
+            self.pad(&[p, p, p, p], pad_value)
         } else {
             self.clone()
         };
+        Ok((padded, w, out))
+    }
+
+    /// `F.max_pool2d(x, kernel, stride, padding)` on `[N, C, H, W]` (dilation 1, floor mode);
+    /// padded positions never win (they are −inf).
+    #[track_caller]
+    pub fn max_pool2d(&self, kernel: usize, stride: usize, padding: usize) -> Traced {
+        let pad = f64::NEG_INFINITY;
+        let (padded, w, (oh, ow)) =
+            match self.pool_windows("max_pool2d", kernel, stride, padding, pad) {
+                Ok(windows) => windows,
+                Err(poisoned) => return poisoned,
+            };
         let mut out: Option<Traced> = None;
         for i in 0..kernel {
             for j in 0..kernel {

@@ -456,6 +456,34 @@ fn conv1d_and_max_pool2d_match_the_interpreter() {
 }
 
 #[test]
+fn avg_pool2d_with_strides_and_padding_counts_padded_zeros() {
+    // Without padding and stride = kernel it is the reshape-mean `avg_pool2d`.
+    for &size in &[4, 7, 9] {
+        let (g, inputs) = build(&[&[2, 3, size, size + 1]], |i| {
+            vec![i[0].avg_pool2d_with(2, 2, 0) - i[0].avg_pool2d(2)]
+        });
+        let out = compile(&g).unwrap().call(&inputs).unwrap();
+        assert!(out[0].to_f64_vec().iter().all(|v| v.abs() < 1e-6), "size {size}");
+        let (g, inputs) = build(&[&[2, 3, size, size + 1]], |i| {
+            vec![i[0].avg_pool2d_with(3, 2, 1)]
+        });
+        check(&g, &inputs, 1e-6, &format!("avg_pool2d 3/2/1 size {size}"));
+    }
+    // PyTorch's count_include_pad=True: a corner window of ones over 2x2 real values is 4/9.
+    let graph = trace(|t| {
+        let x = t.input("x", DType::F32, &[1, 1, 4, 4]);
+        vec![x.avg_pool2d_with(3, 2, 1)]
+    })
+    .unwrap();
+    let ones = Tensor::from_vec(&[1, 1, 4, 4], vec![1f32; 16]).unwrap();
+    let out = compile(&graph).unwrap().call(&[ones]).unwrap();
+    assert_eq!(out[0].shape(), &[1, 1, 2, 2]);
+    assert!((out[0].to_f64_vec()[0] - 4.0 / 9.0).abs() < 1e-6);
+    assert!((out[0].to_f64_vec()[1] - 6.0 / 9.0).abs() < 1e-6);
+    assert!((out[0].to_f64_vec()[3] - 1.0).abs() < 1e-6);
+}
+
+#[test]
 fn new_ops_differentiate_like_their_compositions() {
     // Gradients through conv2d, max_pool2d and causal attention agree between the compiled
     // joint graph and the interpreter.
