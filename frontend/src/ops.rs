@@ -2,7 +2,8 @@
 //! decompose, differentiate and fuse like them): shape ops (`squeeze`, `unsqueeze`, `flatten`,
 //! `split`, `chunk`, `pad`), `masked_fill`, `index_select`, `logsumexp`, `full`/`zeros`/`ones`,
 //! and the network layers `batch_norm` (eval), `group_norm`, `avg_pool2d`,
-//! `adaptive_avg_pool2d` and `scaled_dot_product_attention` (additive mask, `is_causal`).
+//! `adaptive_avg_pool2d` (any output size) and `scaled_dot_product_attention` (additive or bool
+//! mask, `is_causal`).
 //!
 //! Sizes these ops compute with are read as numbers (`shape()`), so under `jit` a symbolic dim
 //! they split or pool is specialized. Bad arguments are trace errors naming the op and the sizes.
@@ -364,42 +365,58 @@ impl Traced {
             .mean(&[3, 5], false)
     }
 
-    /// `F.adaptive_avg_pool2d(x, size)` for output sizes that divide the input's.
+    /// `F.adaptive_avg_pool2d(x, size)`: PyTorch's windows for any output size (a reshape-mean
+    /// when the output size divides the input's).
     #[track_caller]
     pub fn adaptive_avg_pool2d(&self, size: (usize, usize)) -> Traced {
         let shape = self.shape();
-        let fits = shape.len() == 4
-            && size.0 > 0
-            && size.1 > 0
-            && shape[2] % size.0 == 0
-            && shape[3] % size.1 == 0;
+        let fits = shape.len() == 4 && size.0 > 0 && size.1 > 0;
         if !fits {
             return self.fail_msg(
                 "adaptive_avg_pool2d",
                 format!(
-                    "output {size:?} must divide the spatial sizes of {} (other sizes are not \
-                     supported yet)",
+                    "needs [N, C, H, W] and a positive output size, found {} and {size:?}",
                     self.describe()
                 ),
             );
         }
-        let (kh, kw) = (shape[2] / size.0, shape[3] / size.1);
-        self.reshape(&[
-            shape[0] as isize,
-            shape[1] as isize,
-            size.0 as isize,
-            kh as isize,
-            size.1 as isize,
-            kw as isize,
-        ])
-        .mean(&[3, 5], false)
+        if shape[2] % size.0 == 0 && shape[3] % size.1 == 0 {
+            // Equal windows: one reshape and one mean.
+            let (kh, kw) = (shape[2] / size.0, shape[3] / size.1);
+            return self
+                .reshape(&[
+                    shape[0] as isize,
+                    shape[1] as isize,
+                    size.0 as isize,
+                    kh as isize,
+                    size.1 as isize,
+                    kw as isize,
+                ])
+                .mean(&[3, 5], false);
+        }
+        // PyTorch's windows: output i averages inputs floor(i·n/o) .. ceil((i+1)·n/o). A window
+        // is a rectangle, so the mean is taken over rows, then over columns.
+        let pool = |x: &Traced, dim: isize, n: usize, o: usize| -> Traced {
+            let pieces: Vec<Traced> = (0..o)
+                .map(|i| {
+                    let (start, end) = (i * n / o, ((i + 1) * n).div_ceil(o));
+                    x.slice(dim, Some(start as isize), Some(end as isize), 1)
+                        .mean(&[dim], true)
+                })
+                .collect();
+            let refs: Vec<&Traced> = pieces.iter().collect();
+            Traced::cat(&refs, dim)
+        };
+        let rows = pool(self, 2, shape[2], size.0);
+        pool(&rows, 3, shape[3], size.1)
     }
 
     /// `F.scaled_dot_product_attention(q, k, v, attn_mask, is_causal)`:
     /// `softmax(q·kᵀ/√d + mask)·v` with an optional additive float mask broadcast to the scores
-    /// (a bool mask keeps the positions where it is true, −inf elsewhere), and with `is_causal` the scores above the diagonal (key position > query position, the
-    /// mask `ones(L, S).tril()`) set to −inf. The causal mask is compared from two `arange`s
-    /// inside the softmax kernel; the scores are materialized (no fused attention kernel yet).
+    /// (a bool mask keeps the positions where it is true, −inf elsewhere), and with `is_causal`
+    /// the scores above the diagonal (key position > query position, the mask
+    /// `ones(L, S).tril()`) set to −inf. The causal mask is compared from two `arange`s inside
+    /// the softmax kernel; the scores are materialized (no fused attention kernel yet).
     #[track_caller]
     pub fn scaled_dot_product_attention(
         &self,

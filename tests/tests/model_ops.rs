@@ -484,6 +484,29 @@ fn avg_pool2d_with_strides_and_padding_counts_padded_zeros() {
 }
 
 #[test]
+fn adaptive_avg_pool2d_at_sizes_that_do_not_divide() {
+    // 5 rows into 3 windows: rows 0..2, 1..4, 3..5 (PyTorch's floor/ceil bounds).
+    let graph = trace(|t| {
+        let x = t.input("x", DType::F32, &[1, 1, 5, 1]);
+        vec![x.adaptive_avg_pool2d((3, 1))]
+    })
+    .unwrap();
+    let x = Tensor::from_vec(&[1, 1, 5, 1], vec![1f32, 2., 3., 4., 5.]).unwrap();
+    for backend in [Backend::Eager, Backend::Inductor] {
+        let out = compile_with(&graph, backend).unwrap().call(&[x.clone()]).unwrap();
+        let v = out[0].to_f64_vec();
+        assert_eq!(out[0].shape(), &[1, 1, 3, 1]);
+        for (a, b) in v.iter().zip([1.5, 3.0, 4.5]) {
+            assert!((a - b).abs() < 1e-6, "{v:?}");
+        }
+    }
+    for &(h, w, oh, ow) in &[(7, 9, 3, 4), (13, 13, 7, 7), (5, 6, 5, 6), (4, 4, 1, 1)] {
+        let (g, inputs) = build(&[&[2, 3, h, w]], |i| vec![i[0].adaptive_avg_pool2d((oh, ow))]);
+        check(&g, &inputs, 1e-6, &format!("adaptive_avg_pool2d {h}x{w} → {oh}x{ow}"));
+    }
+}
+
+#[test]
 fn new_ops_differentiate_like_their_compositions() {
     // Gradients through conv2d, max_pool2d and causal attention agree between the compiled
     // joint graph and the interpreter.
