@@ -272,7 +272,7 @@ impl Lowering<'_, '_, '_> {
         };
         self.sites = self.address_sites(stage);
         match &stage.action {
-            StageAction::Reduce { op, value } => {
+            StageAction::Reduce { op, value, stores } => {
                 let (op, value) = (*op, *value);
                 let init = match op {
                     ReduceOp::Sum => 0.0,
@@ -328,6 +328,10 @@ impl Lowering<'_, '_, '_> {
                 }
                 self.inner_loops(0, extents, vector, &mut |l, mode, slot| {
                     let x = l.emit(value, mode);
+                    for st in stores {
+                        let v = l.emit(st.value, mode);
+                        l.store(st, v, mode);
+                    }
                     match (mode, x) {
                         (Mode::Vector, x) => {
                             let x = l.vector_of(x, ScalarType::F32);
@@ -695,12 +699,7 @@ impl Lowering<'_, '_, '_> {
     /// The stage's functions that math blocks compute (non-uniform, with a routine on this CPU),
     /// grouped by nesting level, each with a fresh block buffer.
     fn block_math(&mut self, stage: &Stage) -> Vec<Vec<BlockMath>> {
-        let roots: Vec<ExprId> = match &stage.action {
-            StageAction::Reduce { value, .. } => vec![*value],
-            StageAction::Store(stores) => stores.iter().map(|s| s.value).collect(),
-            // A scan runs scalar, one element at a time: nothing to hand over in blocks.
-            StageAction::Scan(_) => return Vec::new(),
-        };
+        let roots = stage.action.roots();
         // Nesting level of each function reached: 1 + the deepest function in its argument.
         let mut level: HashMap<ExprId, usize> = HashMap::new();
         let mut found: Vec<(ExprId, ExprId, BlockFn)> = Vec::new();
@@ -765,18 +764,13 @@ impl Lowering<'_, '_, '_> {
 
     /// Every (buffer, index) the stage loads (without a data-dependent part) or stores.
     fn address_sites(&self, stage: &Stage) -> Vec<(BufferId, Affine)> {
-        let mut sites = Vec::new();
-        let mut stack = match &stage.action {
-            StageAction::Reduce { value, .. } => vec![*value],
-            StageAction::Scan(store) => {
-                sites.push((store.buffer, store.index.clone()));
-                vec![store.value]
-            }
-            StageAction::Store(stores) => {
-                sites.extend(stores.iter().map(|st| (st.buffer, st.index.clone())));
-                stores.iter().map(|st| st.value).collect()
-            }
-        };
+        let mut sites: Vec<(BufferId, Affine)> = stage
+            .action
+            .stores()
+            .iter()
+            .map(|st| (st.buffer, st.index.clone()))
+            .collect();
+        let mut stack = stage.action.roots();
         let mut seen = std::collections::HashSet::new();
         while let Some(e) = stack.pop() {
             if !seen.insert(e) {
@@ -801,20 +795,16 @@ impl Lowering<'_, '_, '_> {
 
     /// Whether every value the stage needs has a 4-lane form.
     fn vectorizable(&self, stage: &Stage) -> bool {
-        let roots: Vec<ExprId> = match &stage.action {
-            StageAction::Reduce { value, .. } => vec![*value],
-            StageAction::Scan(_) => return false,
-            StageAction::Store(stores) => {
-                for st in stores {
-                    let dtype = self.program.buffer(st.buffer).dtype;
-                    if !dtype.is_float() {
-                        return false;
-                    }
-                }
-                stores.iter().map(|s| s.value).collect()
+        if matches!(stage.action, StageAction::Scan(_)) {
+            // A scan runs one element at a time.
+            return false;
+        }
+        for st in stage.action.stores() {
+            if !self.program.buffer(st.buffer).dtype.is_float() {
+                return false;
             }
-        };
-        let mut stack = roots;
+        }
+        let mut stack = stage.action.roots();
         while let Some(e) = stack.pop() {
             if self.is_uniform(e) {
                 continue;
@@ -1492,14 +1482,8 @@ fn use_counts(kernel: &Kernel) -> Vec<u32> {
         }
     }
     for stage in &kernel.stages {
-        match &stage.action {
-            StageAction::Reduce { value, .. } => uses[value.0 as usize] += 1,
-            StageAction::Store(stores) => {
-                for st in stores {
-                    uses[st.value.0 as usize] += 1;
-                }
-            }
-            StageAction::Scan(st) => uses[st.value.0 as usize] += 1,
+        for root in stage.action.roots() {
+            uses[root.0 as usize] += 1;
         }
     }
     uses

@@ -4,7 +4,7 @@
 //! - `eager`: the reference interpreter, op by op, unfused, each op allocating its result;
 //! - `aot_eager`: the decomposed and simplified prim graph, interpreted;
 //! - `inductor` (default): decompose → autodiff → simplify → partition → fuse → fuse_horizontal →
-//!   fuse_epilogues → plan_buffers → Cranelift, run as machine code.
+//!   fuse_epilogues → store_once → plan_buffers → Cranelift, run as machine code.
 //!
 //! A graph with `grad` nodes becomes a joint graph (`autodiff`) on every backend; its tangent
 //! inputs are fed with ones by the compiled object, so callers pass the traced inputs only.
@@ -13,6 +13,7 @@ use minductor_codegen_cpu::{compile_program, CodegenError, CompiledProgram};
 use minductor_ir::{Graph, IrError};
 use minductor_passes::{
     autodiff, decompose, fuse, fuse_epilogues, fuse_horizontal, kernel::Program, partition,
+    store_once,
     plan_buffers, simplify, AutodiffError, Joint, Partition, PartitionOptions,
 };
 use minductor_runtime::{check_inputs, interpret, Executable, RuntimeError, StepTiming, Tensor};
@@ -236,7 +237,7 @@ pub fn compile_with_options(
                 backend: backend.name(),
                 what: e.to_string(),
             })?;
-            let mut program = fuse_epilogues(&fuse_horizontal(&fused));
+            let mut program = store_once(&fuse_epilogues(&fuse_horizontal(&fused)));
             program.plan = Some(plan_buffers(&program));
             let compiled: CompiledProgram = compile_program(&program)?;
             artifacts.cranelift_ir = compiled

@@ -205,29 +205,16 @@ fn kernel_cost(program: &Program, kernel: &Kernel) -> StepCost {
     let mut flops = 0u64;
     for stage in &kernel.stages {
         let inner_trips = trip_count(&stage.extent);
-        let roots: Vec<ExprId> = match &stage.action {
-            StageAction::Reduce { value, .. } => {
-                flops += outer_trips * inner_trips;
-                vec![*value]
-            }
-            StageAction::Scan(store) => {
-                flops += outer_trips * inner_trips;
-                writes
-                    .entry(store.buffer)
-                    .or_default()
-                    .insert(affine_pattern(kernel, stage, &store.index));
-                vec![store.value]
-            }
-            StageAction::Store(stores) => {
-                for store in stores {
-                    writes
-                        .entry(store.buffer)
-                        .or_default()
-                        .insert(affine_pattern(kernel, stage, &store.index));
-                }
-                stores.iter().map(|s| s.value).collect()
-            }
-        };
+        if let StageAction::Reduce { .. } | StageAction::Scan(_) = &stage.action {
+            flops += outer_trips * inner_trips;
+        }
+        for store in stage.action.stores() {
+            writes
+                .entry(store.buffer)
+                .or_default()
+                .insert(affine_pattern(kernel, stage, &store.index));
+        }
+        let roots = stage.action.roots();
         for id in kernel.reachable(&roots) {
             let Some(expr) = kernel.exprs.get(id.0 as usize) else {
                 continue;

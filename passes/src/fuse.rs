@@ -894,7 +894,11 @@ impl<'g> KernelBuilder<'g> {
                         let extent = row.axes.iter().map(|&d| row.shape[d]).collect();
                         self.stages.push(Stage {
                             extent,
-                            action: StageAction::Reduce { op: *op, value },
+                            action: StageAction::Reduce {
+                                op: *op,
+                                value,
+                                stores: Vec::new(),
+                            },
                         });
                         let st = self.stages.len() as u32 - 1;
                         self.stage_of.insert(node, st);

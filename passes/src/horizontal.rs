@@ -219,9 +219,17 @@ fn merge(a: &Kernel, b: &Kernel, forward: &[(BufferId, ExprId)]) -> Kernel {
     let remap_stage = |s: &Stage| Stage {
         extent: s.extent.clone(),
         action: match &s.action {
-            StageAction::Reduce { op, value } => StageAction::Reduce {
+            StageAction::Reduce { op, value, stores } => StageAction::Reduce {
                 op: *op,
                 value: map[value.0 as usize],
+                stores: stores
+                    .iter()
+                    .map(|st| Store {
+                        buffer: st.buffer,
+                        index: st.index.clone(),
+                        value: map[st.value.0 as usize],
+                    })
+                    .collect(),
             },
             StageAction::Scan(st) => StageAction::Scan(Store {
                 buffer: st.buffer,

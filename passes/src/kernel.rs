@@ -192,11 +192,38 @@ pub struct Store {
 
 #[derive(Clone, Debug, PartialEq)]
 pub enum StageAction {
-    Reduce { op: ReduceOp, value: ExprId },
+    /// Reduces `value` over the stage's loops; `stores` are values the same loop also stores
+    /// element by element (a costly value a later stage reuses: see `store_once`).
+    Reduce {
+        op: ReduceOp,
+        value: ExprId,
+        stores: Vec<Store>,
+    },
     Store(Vec<Store>),
     /// Stores, at each iteration of the stage's loops (in order, one at a time), the running
     /// sum of `value` since the stage began: a scan (`cumsum`) along the stage's loops.
     Scan(Store),
+}
+
+impl StageAction {
+    /// The stage's stores (a reduction's extra stores, a store stage's, or the one store of a
+    /// scan, which writes the running sum of its value rather than the value).
+    pub fn stores(&self) -> &[Store] {
+        match self {
+            StageAction::Reduce { stores, .. } | StageAction::Store(stores) => stores,
+            StageAction::Scan(store) => std::slice::from_ref(store),
+        }
+    }
+
+    /// The values the stage computes: the reduced value first, then each stored one.
+    pub fn roots(&self) -> Vec<ExprId> {
+        let mut roots = match self {
+            StageAction::Reduce { value, .. } => vec![*value],
+            StageAction::Store(_) | StageAction::Scan(_) => Vec::new(),
+        };
+        roots.extend(self.stores().iter().map(|st| st.value));
+        roots
+    }
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -272,12 +299,7 @@ impl Kernel {
     pub fn stores(&self) -> Vec<BufferId> {
         let mut out = Vec::new();
         for s in &self.stages {
-            let stores: &[Store] = match &s.action {
-                StageAction::Store(stores) => stores,
-                StageAction::Scan(store) => std::slice::from_ref(store),
-                StageAction::Reduce { .. } => &[],
-            };
-            for st in stores {
+            for st in s.action.stores() {
                 if !out.contains(&st.buffer) {
                     out.push(st.buffer);
                 }
@@ -523,13 +545,19 @@ impl fmt::Display for Kernel {
         }
         for (i, s) in self.stages.iter().enumerate() {
             match &s.action {
-                StageAction::Reduce { op, value } => writeln!(
-                    f,
-                    "  stage{i} over {}: reduce_{} e{}",
-                    dims(&s.extent),
-                    format!("{op:?}").to_lowercase(),
-                    value.0
-                )?,
+                StageAction::Reduce { op, value, stores } => {
+                    write!(
+                        f,
+                        "  stage{i} over {}: reduce_{} e{}",
+                        dims(&s.extent),
+                        format!("{op:?}").to_lowercase(),
+                        value.0
+                    )?;
+                    for st in stores {
+                        write!(f, ", store {}[{}] = e{}", st.buffer, st.index, st.value.0)?;
+                    }
+                    writeln!(f)?;
+                }
                 StageAction::Scan(st) => writeln!(
                     f,
                     "  stage{i} over {}: store {}[{}] = running sum of e{}",

@@ -1,5 +1,5 @@
 //! The pass pipeline: `decompose` → `autodiff` → `simplify` → `partition` (joint graphs) → `fuse` → `fuse_horizontal` → `fuse_epilogues`
-//! → `plan_buffers`, the kernel IR that `fuse` produces, and `program_cost`, a static cost model
+//! → `store_once` → `plan_buffers`, the kernel IR that `fuse` produces, and `program_cost`, a static cost model
 //! of that IR.
 //!
 //! Each pass is one file with one entry function from one data structure to the next; each data
@@ -15,6 +15,7 @@ mod partition;
 pub mod kernel;
 pub mod plan_buffers;
 mod simplify;
+mod store_once;
 
 pub use autodiff::{autodiff, AutodiffError, Joint};
 pub use cost::program_cost;
@@ -25,3 +26,4 @@ pub use horizontal::fuse_horizontal;
 pub use partition::{partition, Partition, PartitionOptions, SavedValue};
 pub use plan_buffers::plan_buffers;
 pub use simplify::simplify;
+pub use store_once::store_once;

@@ -215,14 +215,11 @@ fn in_place_candidate(
         .stages
         .iter()
         .enumerate()
-        .filter_map(|(i, s)| match &s.action {
-            StageAction::Store(st) => Some(st.iter().map(move |x| (i, x))),
-            _ => None,
-        })
-        .flatten()
+        .flat_map(|(i, s)| s.action.stores().iter().map(move |x| (i, x)))
         .filter(|(_, st)| st.buffer == written)
         .collect();
-    // One store to `written`, in the last stage (no later stage can read what it overwrote).
+    // One store to `written` (a reduction stage that also stores it disqualifies it), in the
+    // last stage (no later stage can read what it overwrote).
     let [(store_stage, store)] = stores.as_slice() else {
         return None;
     };
@@ -288,11 +285,7 @@ fn stages_using(kernel: &Kernel, target: ExprId) -> Vec<usize> {
         .stages
         .iter()
         .enumerate()
-        .filter(|(_, s)| match &s.action {
-            StageAction::Reduce { value, .. } => uses(*value),
-            StageAction::Store(stores) => stores.iter().any(|st| uses(st.value)),
-            StageAction::Scan(st) => uses(st.value),
-        })
+        .filter(|(_, s)| s.action.roots().into_iter().any(uses))
         .map(|(i, _)| i)
         .collect()
 }

@@ -400,3 +400,37 @@ fn a_pointwise_consumer_takes_its_producers_values_in_one_pass() {
         }
     }
 }
+
+/// `store_once`: softmax's exponentials are computed by the summing stage, stored into the
+/// output, and read back by the last stage (one `exp` per element, not two); log_softmax and a
+/// softmax over an f16 output (which would round the stored value) keep recomputing.
+#[test]
+fn softmax_computes_each_exponential_once() {
+    let program = |dtype: DType, log: bool| {
+        let graph = trace(|t| {
+            let x = t.input("x", dtype, &[6, 37]);
+            vec![if log { x.log_softmax(-1) } else { x.softmax(-1) }]
+        })
+        .unwrap();
+        program_of(&graph)
+    };
+    let stage_stores = |p: &passes::kernel::Program| -> Vec<usize> {
+        let Step::Kernel(k) = &p.steps[0] else {
+            panic!("one kernel:\n{p}")
+        };
+        k.stages.iter().map(|s| s.action.stores().len()).collect()
+    };
+    let softmax = program(DType::F32, false);
+    assert_eq!(stage_stores(&softmax), vec![0, 1, 1], "{softmax}");
+    assert!(softmax.to_string().contains("reduce_sum e3, store buf1"), "{softmax}");
+    assert_eq!(stage_stores(&program(DType::F16, false)), vec![0, 0, 1]);
+    assert_eq!(stage_stores(&program(DType::F32, true)), vec![0, 0, 1]);
+    for n in [1usize, 5, 256, 1031] {
+        let graph = trace(|t| {
+            let x = t.input("x", DType::F32, &[3, n]);
+            vec![(&x * 4.0).softmax(-1), x.softmax(0)]
+        })
+        .unwrap();
+        assert_matches_interpreter(&graph, &[uniform(&[3, n], -5.0, 5.0, 3)], 1e-6);
+    }
+}
