@@ -412,8 +412,12 @@ impl Lowering<'_, '_, '_> {
             }
             StageAction::Store(stores) => {
                 self.inner_loops(0, extents, vector, &mut |l, mode, _| {
-                    for st in stores {
-                        let v = l.emit(st.value, mode);
+                    // Every value before any store: a store may overwrite in place an element
+                    // that a later value still loads (math blocks hand a function's result over
+                    // without evaluating its argument, so the argument's load can come after).
+                    let values: Vec<Val> =
+                        stores.iter().map(|st| l.emit(st.value, mode)).collect();
+                    for (st, v) in stores.iter().zip(values) {
                         l.store(st, v, mode);
                     }
                 });

@@ -423,6 +423,22 @@ fn composites() {
     check("nll_loss", &ce, |i| i[0].log_softmax(1).nll_loss(&i[1]).reshape(&[1]));
 }
 
+/// Found by the random graphs: a kernel stored one value in place of the buffer that another of
+/// its stored values still loaded, after the load had been deferred (a math block handed over
+/// `sin(u)` without evaluating `u`): every stored value is now computed before any store.
+#[test]
+fn stores_in_place_wait_for_every_value_of_their_stage() {
+    let specs = [
+        f32_input("x", &[2, 3], -1.5, 1.5),
+        f32_input("y", &[3], -1.5, 1.5),
+    ];
+    check("matmul_sin_softmax0", &specs, |i| {
+        let x = &i[0];
+        let m = x.matmul(&x.transpose(0, 1)).matmul(x) * 0.1;
+        (m.sin() * &i[1]).softmax(0)
+    });
+}
+
 #[test]
 fn layers_of_real_models() {
     let x = vec![f32_input("x", &[3, 5], -2.0, 2.0)];
