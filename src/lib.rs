@@ -24,11 +24,11 @@ pub use minductor_frontend::{
     CustomBackend, Explanation, GraphReport, Jit, JitBackend, JitError, JitOptions, JitStats,
     Operand, Stance, StanceGuard, TraceError, Traced, TracedDim, Tracer, DEFAULT_RECOMPILE_LIMIT,
 };
-pub use minductor_frontend::{
-    load_safetensors, AdamW, CrossEntropyOptions, Optimizer, Parameters, Sgd, TracedParameters,
-    TrainError, TrainStep,
-};
 pub use minductor_frontend::{dump, logging};
+pub use minductor_frontend::{
+    load_safetensors, AdamW, ConvOptions, CrossEntropyOptions, Optimizer, Parameters, Sgd,
+    TracedParameters, TrainError, TrainStep,
+};
 pub use minductor_ir as ir;
 pub use minductor_ir::{DType, Graph};
 pub use minductor_passes as passes;

@@ -16,6 +16,12 @@
 //! - `mlp_256x1024x4096`: `linear(1024→4096) → gelu → linear(4096→1024)` on 256 rows;
 //! - `attention_8x256x512`: a pre-LN transformer block (batch 8, sequence 256, width 512, 8 heads,
 //!   MLP width 2048), the same block the golden case `model_transformer_block` checks;
+//! - `resnet_block_8x64x56`: a ResNet basic block on `[8, 64, 56, 56]` (two 3x3 convolutions
+//!   with padding 1, eval batch norm, ReLU, the residual add), as `torch_suite.py`'s
+//!   `resnet_block`: 3.7 GFLOP;
+//! - `llama_block_4x256x512`: a LLaMA-style block (batch 4, sequence 256, width 512, 8 query
+//!   heads, 4 key-value heads, rotary embeddings, causal attention, SwiGLU MLP of width 1408), as
+//!   `torch_suite.py`'s `llama_block`;
 //! - `mlp_train_step_256`: one functional SGD step of that MLP (`mlp_256x1024x4096`'s shapes) on
 //!   the mse loss: `loss, [p − 1e-3·d loss/d p for p in w1, b1, w2, b2]` (uniform inputs in [-1, 1]
 //!   here, standard normal in the PyTorch suite: the time does not depend on the values).
@@ -23,6 +29,7 @@
 //! [`pointwise_gelu_sweep`] and [`softmax_sweep`] build the same computations at other sizes, for
 //! the speedup-over-size plot and for fast tests.
 
+use crate::golden::models::{suite_llama_block, suite_resnet_block};
 use crate::golden::{mlp, transformer_block};
 use crate::{trace, DType, Graph, Tensor, TraceError, Traced, Tracer};
 use std::collections::HashMap;
@@ -61,7 +68,7 @@ pub enum WorkloadError {
 }
 
 /// The names of the suite, in the order the harness runs them.
-pub const SUITE: [&str; 8] = [
+pub const SUITE: [&str; 10] = [
     "pointwise_gelu_4k",
     "pointwise_gelu_1m",
     "pointwise_gelu_16m",
@@ -69,6 +76,8 @@ pub const SUITE: [&str; 8] = [
     "layernorm_4096x1024",
     "mlp_256x1024x4096",
     "attention_8x256x512",
+    "resnet_block_8x64x56",
+    "llama_block_4x256x512",
     "mlp_train_step_256",
 ];
 
@@ -96,6 +105,8 @@ pub fn by_name(name: &str) -> Result<Workload, WorkloadError> {
         "layernorm_4096x1024" => layer_norm(4096, 1024),
         "mlp_256x1024x4096" => mlp_workload(256, 1024, 4096),
         "attention_8x256x512" => attention(8, 256, 512, 8, 2048),
+        "resnet_block_8x64x56" => resnet_block(8, 64, 56),
+        "llama_block_4x256x512" => llama_block(4, 256, 512, 8, 4, 1408),
         "mlp_train_step_256" => mlp_train_step(256, 1024, 4096, 1e-3),
         _ => {
             return Err(WorkloadError::Unknown {
@@ -289,6 +300,98 @@ pub fn attention(
         + gemm(tokens, w, w) // output projection
         + gemm(tokens, m, w)
         + gemm(tokens, w, m); // MLP
+    Ok(Workload {
+        bytes_moved: f32_bytes(inputs.iter().map(Tensor::numel).sum::<usize>() + tokens * w),
+        flops,
+        bound: Bound::Compute,
+        elements: tokens * w,
+        inputs,
+        graph,
+        name,
+    })
+}
+
+/// The ResNet basic block of `torch_suite.py` on `[batch, channels, size, size]`: weights
+/// `[channels, channels, 3, 3]` (uniform in ±0.1, about PyTorch's `randn · 0.06`), batch-norm
+/// means in ±0.1, variances in [0.5, 1.5), gains in [0.9, 1.1), shifts in ±0.1.
+pub fn resnet_block(batch: usize, channels: usize, size: usize) -> Result<Workload, WorkloadError> {
+    let name = format!("resnet_block_{batch}x{channels}x{size}");
+    let c = channels;
+    let mut specs = vec![symmetric("x", &[batch, c, size, size], 1.0)];
+    for (w, m, v, g, b) in [("w1", "m1", "v1", "g1", "b1"), ("w2", "m2", "v2", "g2", "b2")] {
+        specs.push(symmetric(w, &[c, c, 3, 3], 0.1));
+        specs.push(symmetric(m, &[c], 0.1));
+        specs.push(InputSpec {
+            name: v,
+            shape: vec![c],
+            low: 0.5,
+            high: 1.5,
+        });
+        specs.push(InputSpec {
+            name: g,
+            shape: vec![c],
+            low: 0.9,
+            high: 1.1,
+        });
+        specs.push(symmetric(b, &[c], 0.1));
+    }
+    let graph = trace_named(&name, &specs, suite_resnet_block)?;
+    let inputs = random_inputs(&specs);
+    let outputs = batch * c * size * size;
+    let conv = 2 * (outputs * c * 9) as u64;
+    Ok(Workload {
+        bytes_moved: f32_bytes(inputs.iter().map(Tensor::numel).sum::<usize>() + outputs),
+        flops: 2 * conv,
+        bound: Bound::Compute,
+        elements: outputs,
+        inputs,
+        graph,
+        name,
+    })
+}
+
+/// The LLaMA-style block of `torch_suite.py` (RMSNorm, `heads` query and `kv_heads` key-value
+/// heads with rotary embeddings, causal attention, a SwiGLU MLP of width `mlp_width`) on
+/// `[batch, seq, width]`.
+pub fn llama_block(
+    batch: usize,
+    seq: usize,
+    width: usize,
+    heads: usize,
+    kv_heads: usize,
+    mlp_width: usize,
+) -> Result<Workload, WorkloadError> {
+    let name = format!("llama_block_{batch}x{seq}x{width}");
+    let (w, m) = (width, mlp_width);
+    let kv = w / heads * kv_heads;
+    let gain = |name| InputSpec {
+        name,
+        shape: vec![w],
+        low: 0.8,
+        high: 1.2,
+    };
+    let specs = [
+        symmetric("x", &[batch, seq, w], 1.0),
+        gain("g1"),
+        symmetric("wq", &[w, w], init_bound(w)),
+        symmetric("wk", &[kv, w], init_bound(w)),
+        symmetric("wv", &[kv, w], init_bound(w)),
+        symmetric("wo", &[w, w], init_bound(w)),
+        gain("g2"),
+        symmetric("wg", &[m, w], init_bound(w)),
+        symmetric("wu", &[m, w], init_bound(w)),
+        symmetric("wd", &[w, m], init_bound(m)),
+    ];
+    let graph = trace_named(&name, &specs, |i| {
+        suite_llama_block(i, heads as isize, kv_heads as isize)
+    })?;
+    let inputs = random_inputs(&specs);
+    let tokens = batch * seq;
+    let gemm = |m: usize, n: usize, k: usize| 2 * (m * n * k) as u64;
+    let flops = gemm(tokens, w, w) + 2 * gemm(tokens, kv, w) // q, k, v projections
+        + 2 * (batch * heads) as u64 * gemm(seq, seq, w / heads) // q·kᵀ and p·v
+        + gemm(tokens, w, w) // output projection
+        + 2 * gemm(tokens, m, w) + gemm(tokens, w, m); // SwiGLU MLP
     Ok(Workload {
         bytes_moved: f32_bytes(inputs.iter().map(Tensor::numel).sum::<usize>() + tokens * w),
         flops,

@@ -36,8 +36,8 @@ use crate::math::block::{block_routine, BlockFn};
 use crate::math::{emit_math, emit_pow, host_has_fma, MathFn};
 use cranelift_codegen::ir::condcodes::{FloatCC, IntCC};
 use cranelift_codegen::ir::{
-    types, AbiParam, Function, InstBuilder, MemFlagsData, Signature, StackSlotData, StackSlotKind,
-    Type, Value,
+    types, AbiParam, ConstantData, Function, InstBuilder, MemFlagsData, Signature, StackSlotData,
+    StackSlotKind, Type, Value,
 };
 use cranelift_frontend::{FunctionBuilder, Variable};
 use minductor_ir::{BinaryOp, CompareOp, DType, ReduceOp, UnaryOp};
@@ -397,10 +397,27 @@ impl Lowering<'_, '_, '_> {
                 };
                 self.stage_results[n] = Some(self.pin(result));
             }
+            StageAction::Scan(store) => {
+                // One element at a time, in order: the running sum lives in a variable.
+                let acc = self.b.declare_var(types::F32);
+                let zero = self.b.ins().f32const(0.0);
+                self.b.def_var(acc, zero);
+                self.inner_loops(0, extents, false, &mut |l, _, _| {
+                    let x = l.scalar_operand(store.value);
+                    let sum = l.b.use_var(acc);
+                    let sum = l.b.ins().fadd(sum, x);
+                    l.b.def_var(acc, sum);
+                    l.store(store, Val::Scalar(sum), Mode::Scalar);
+                });
+            }
             StageAction::Store(stores) => {
                 self.inner_loops(0, extents, vector, &mut |l, mode, _| {
-                    for st in stores {
-                        let v = l.emit(st.value, mode);
+                    // Every value before any store: a store may overwrite in place an element
+                    // that a later value still loads (math blocks hand a function's result over
+                    // without evaluating its argument, so the argument's load can come after).
+                    let values: Vec<Val> =
+                        stores.iter().map(|st| l.emit(st.value, mode)).collect();
+                    for (st, v) in stores.iter().zip(values) {
                         l.store(st, v, mode);
                     }
                 });
@@ -672,6 +689,7 @@ impl Lowering<'_, '_, '_> {
                     && indirect.as_ref().is_none_or(|i| self.is_uniform(i.value))
             }
             Expr::Constant { .. } | Expr::StageResult(_) => true,
+            Expr::Index(index) => index.coefficient(inner) == 0,
             Expr::Unary(_, a) | Expr::Cast(_, a) => self.is_uniform(*a),
             Expr::Binary(_, a, c) | Expr::Compare(_, a, c) => {
                 self.is_uniform(*a) && self.is_uniform(*c)
@@ -781,6 +799,10 @@ impl Lowering<'_, '_, '_> {
 
     /// Whether every value the stage needs has a 4-lane form.
     fn vectorizable(&self, stage: &Stage) -> bool {
+        if matches!(stage.action, StageAction::Scan(_)) {
+            // A scan runs one element at a time.
+            return false;
+        }
         for st in stage.action.stores() {
             if !self.program.buffer(st.buffer).dtype.is_float() {
                 return false;
@@ -1031,6 +1053,13 @@ impl Lowering<'_, '_, '_> {
             Expr::StageResult(n) => {
                 self.stage_results[n as usize].expect("stages run in dependency order")
             }
+            Expr::Index(index) => {
+                let i = self.index_value(&index);
+                match ty {
+                    ScalarType::F32 => self.b.ins().fcvt_from_sint(types::F32, i),
+                    _ => i,
+                }
+            }
             Expr::Unary(op, a) => {
                 let a = self.scalar_operand(a);
                 self.unary(op, a, ty)
@@ -1273,7 +1302,9 @@ impl Lowering<'_, '_, '_> {
                     self.vector_operand(a),
                     self.vector_operand(d),
                 );
-                let mask = self.bitcast(types::F32X4, c);
+                // Bool operands are i32x4 masks, float ones f32x4: the mask takes their type.
+                let operand_type = self.b.func.dfg.value_type(a);
+                let mask = self.bitcast(operand_type, c);
                 self.b.ins().bitselect(mask, a, d)
             }
             Expr::Cast(to, a) => {
@@ -1297,9 +1328,38 @@ impl Lowering<'_, '_, '_> {
                     _ => unreachable!("vectorizable() excludes i64 casts"),
                 }
             }
+            Expr::Index(index) => {
+                // Lane 0's value, splat, plus [0, c, 2c, 3c] for the innermost coefficient c.
+                let inner = self.innermost.expect("vector mode has an innermost loop");
+                let c = index.coefficient(inner);
+                let i = self.index_value(&index);
+                let f = self.b.ins().fcvt_from_sint(types::F32, i);
+                let base = self.b.ins().splat(types::F32X4, f);
+                // One constant from the pool (inserting lanes costs an instruction each).
+                let bytes: Vec<u8> = (0..LANES)
+                    .flat_map(|lane| ((lane * c) as f32).to_le_bytes())
+                    .collect();
+                let handle = self.b.func.dfg.constants.insert(ConstantData::from(bytes));
+                let steps = self.b.ins().vconst(types::F32X4, handle);
+                self.b.ins().fadd(base, steps)
+            }
             Expr::Constant { .. } | Expr::StageResult(_) => unreachable!("uniform"),
         };
         Val::Vector(v)
+    }
+
+    /// The i64 value of `index` at the current loop variables (lane 0 of the unroll slot).
+    fn index_value(&mut self, index: &Affine) -> Value {
+        let mut acc = self.b.ins().iconst(types::I64, index.offset);
+        for &(var, coef) in &index.terms {
+            let v = self.vars[&var];
+            let scaled = self.b.ins().imul_imm_s(v, coef);
+            acc = self.b.ins().iadd(acc, scaled);
+            if Some(var) == self.innermost && self.lane_offset != 0 {
+                acc = self.b.ins().iadd_imm_s(acc, self.lane_offset * coef);
+            }
+        }
+        acc
     }
 
     fn bitcast(&mut self, to: Type, v: Value) -> Value {

@@ -5,11 +5,13 @@
 mod autograd;
 mod backend;
 mod compile;
+mod conv;
 pub mod dump;
 mod dynamic;
 mod explain;
 mod graph_break;
 mod guards;
+mod indexing;
 mod jit;
 pub mod logging;
 mod losses;
@@ -24,6 +26,7 @@ pub use compile::{
     compile, compile_with, compile_with_options, Artifacts, Backend, CompileError, CompileOptions,
     Compiled,
 };
+pub use conv::ConvOptions;
 pub use explain::{explain, BreakReport, Explanation, GraphReport};
 pub use jit::{jit, Jit, JitError, JitOptions, JitStats, DEFAULT_RECOMPILE_LIMIT};
 pub use losses::CrossEntropyOptions;

@@ -2,13 +2,14 @@
 //! decompose, differentiate and fuse like them): shape ops (`squeeze`, `unsqueeze`, `flatten`,
 //! `split`, `chunk`, `pad`), `masked_fill`, `index_select`, `logsumexp`, `full`/`zeros`/`ones`,
 //! and the network layers `batch_norm` (eval), `group_norm`, `avg_pool2d`,
-//! `adaptive_avg_pool2d` and `scaled_dot_product_attention` (with an additive mask).
+//! `adaptive_avg_pool2d` (any output size) and `scaled_dot_product_attention` (additive or bool
+//! mask, `is_causal`).
 //!
 //! Sizes these ops compute with are read as numbers (`shape()`), so under `jit` a symbolic dim
 //! they split or pool is specialized. Bad arguments are trace errors naming the op and the sizes.
 
 use crate::trace::{Traced, Tracer};
-use minductor_ir::{DType, Op};
+use minductor_ir::{broadcast_shapes, shape_string, DType, Op};
 
 fn normalize(dim: isize, rank: usize) -> Option<usize> {
     let d = if dim < 0 { dim + rank as isize } else { dim };
@@ -313,7 +314,10 @@ impl Traced {
         if shape.len() < 2 || groups == 0 || shape[1] % groups != 0 {
             return self.fail_msg(
                 "group_norm",
-                format!("{} channels do not split into {groups} groups", shape.get(1).unwrap_or(&0)),
+                format!(
+                    "{} channels do not split into {groups} groups",
+                    shape.get(1).unwrap_or(&0)
+                ),
             );
         }
         let grouped = self.reshape(&[shape[0] as isize, groups as isize, -1]);
@@ -349,60 +353,122 @@ impl Traced {
             );
         }
         let (n, c, h, w) = (shape[0], shape[1], shape[2] / kernel, shape[3] / kernel);
-        let cropped = self
-            .slice(2, None, Some((h * kernel) as isize), 1)
-            .slice(3, None, Some((w * kernel) as isize), 1);
+        let cropped = self.slice(2, None, Some((h * kernel) as isize), 1).slice(
+            3,
+            None,
+            Some((w * kernel) as isize),
+            1,
+        );
         let k = kernel as isize;
         cropped
             .reshape(&[n as isize, c as isize, h as isize, k, w as isize, k])
             .mean(&[3, 5], false)
     }
 
-    /// `F.adaptive_avg_pool2d(x, size)` for output sizes that divide the input's.
+    /// `F.adaptive_avg_pool2d(x, size)`: PyTorch's windows for any output size (a reshape-mean
+    /// when the output size divides the input's).
     #[track_caller]
     pub fn adaptive_avg_pool2d(&self, size: (usize, usize)) -> Traced {
         let shape = self.shape();
-        let fits = shape.len() == 4
-            && size.0 > 0
-            && size.1 > 0
-            && shape[2] % size.0 == 0
-            && shape[3] % size.1 == 0;
+        let fits = shape.len() == 4 && size.0 > 0 && size.1 > 0;
         if !fits {
             return self.fail_msg(
                 "adaptive_avg_pool2d",
                 format!(
-                    "output {size:?} must divide the spatial sizes of {} (other sizes are not \
-                     supported yet)",
+                    "needs [N, C, H, W] and a positive output size, found {} and {size:?}",
                     self.describe()
                 ),
             );
         }
-        let (kh, kw) = (shape[2] / size.0, shape[3] / size.1);
-        self.reshape(&[
-            shape[0] as isize,
-            shape[1] as isize,
-            size.0 as isize,
-            kh as isize,
-            size.1 as isize,
-            kw as isize,
-        ])
-        .mean(&[3, 5], false)
+        if shape[2] % size.0 == 0 && shape[3] % size.1 == 0 {
+            // Equal windows: one reshape and one mean.
+            let (kh, kw) = (shape[2] / size.0, shape[3] / size.1);
+            return self
+                .reshape(&[
+                    shape[0] as isize,
+                    shape[1] as isize,
+                    size.0 as isize,
+                    kh as isize,
+                    size.1 as isize,
+                    kw as isize,
+                ])
+                .mean(&[3, 5], false);
+        }
+        // PyTorch's windows: output i averages inputs floor(i·n/o) .. ceil((i+1)·n/o). A window
+        // is a rectangle, so the mean is taken over rows, then over columns.
+        let pool = |x: &Traced, dim: isize, n: usize, o: usize| -> Traced {
+            let pieces: Vec<Traced> = (0..o)
+                .map(|i| {
+                    let (start, end) = (i * n / o, ((i + 1) * n).div_ceil(o));
+                    x.slice(dim, Some(start as isize), Some(end as isize), 1)
+                        .mean(&[dim], true)
+                })
+                .collect();
+            let refs: Vec<&Traced> = pieces.iter().collect();
+            Traced::cat(&refs, dim)
+        };
+        let rows = pool(self, 2, shape[2], size.0);
+        pool(&rows, 3, shape[3], size.1)
     }
 
-    /// `F.scaled_dot_product_attention(q, k, v, attn_mask)`: `softmax(q·kᵀ/√d + mask)·v` with an
-    /// optional additive float mask broadcast to the scores. (The causal form needs `arange`,
-    /// which is not built yet.)
+    /// `F.scaled_dot_product_attention(q, k, v, attn_mask, is_causal)`:
+    /// `softmax(q·kᵀ/√d + mask)·v` with an optional additive float mask broadcast to the scores
+    /// (a bool mask keeps the positions where it is true, −inf elsewhere), and with `is_causal`
+    /// the scores above the diagonal (key position > query position, the mask
+    /// `ones(L, S).tril()`) set to −inf. The causal mask is compared from two `arange`s inside
+    /// the softmax kernel; the scores are materialized (no fused attention kernel yet).
     #[track_caller]
     pub fn scaled_dot_product_attention(
         &self,
         key: &Traced,
         value: &Traced,
         mask: Option<&Traced>,
+        is_causal: bool,
     ) -> Traced {
+        const OP: &str = "scaled_dot_product_attention";
+        let (q, k, v) = (self.ir_dims(), key.ir_dims(), value.ir_dims());
+        let fits = q.len() >= 2
+            && k.len() >= 2
+            && v.len() >= 2
+            && q[q.len() - 1] == k[k.len() - 1]
+            && k[k.len() - 2] == v[v.len() - 2];
+        if !fits {
+            return self.fail_msg(
+                OP,
+                format!(
+                    "query {}, key {} and value {} must be [.., L, E], [.., S, E] and [.., S, Ev]",
+                    shape_string(&q),
+                    shape_string(&k),
+                    shape_string(&v)
+                ),
+            );
+        }
         let d = *self.shape().last().unwrap_or(&1) as f64;
         let mut scores = self.matmul(&key.transpose(-1, -2)) * (1.0 / d.sqrt());
         if let Some(m) = mask {
-            scores = scores + m;
+            let target = scores.ir_dims();
+            if broadcast_shapes(&m.ir_dims(), &target).as_deref() != Some(&target[..]) {
+                return self.fail_msg(
+                    OP,
+                    format!(
+                        "mask {} does not broadcast to the scores {}",
+                        m.describe(),
+                        shape_string(&target)
+                    ),
+                );
+            }
+            scores = if m.dtype() == Some(DType::Bool) {
+                // A bool mask says which positions take part (PyTorch's convention).
+                m.where_(&scores, f64::NEG_INFINITY)
+            } else {
+                scores + m
+            };
+        }
+        if is_causal {
+            match scores.diagonal_offsets("scaled_dot_product_attention") {
+                Ok(offsets) => scores = scores.masked_fill(&offsets.gt(0.0), f64::NEG_INFINITY),
+                Err(poisoned) => return poisoned,
+            }
         }
         scores.softmax(-1).matmul(value)
     }

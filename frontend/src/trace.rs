@@ -244,6 +244,12 @@ impl Tracer {
         Traced::handle(&self.state, Some(id))
     }
 
+    /// `torch.arange(end, dtype=dtype)`: `[0, 1, .., end - 1]` (the `iota` prim).
+    #[track_caller]
+    pub fn arange(&self, end: usize, dtype: DType) -> Traced {
+        Traced::handle(&self.state, None).apply(Op::Iota { len: end, dtype }, &[])
+    }
+
     /// Declares an input of any type (dims may be symbolic). A type too large for memory is a
     /// trace error.
     #[track_caller]
@@ -586,6 +592,13 @@ impl Traced {
         match result {
             Ok(id) => Traced::handle(&self.state, Some(id)),
             Err(e) => self.fail(e),
+        }
+    }
+
+    /// The tracer recording this value (to create constants and `arange`s next to it).
+    pub fn tracer(&self) -> Tracer {
+        Tracer {
+            state: self.state.clone(),
         }
     }
 

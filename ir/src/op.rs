@@ -121,6 +121,17 @@ pub enum Op {
     },
     /// The identity whose derivative is zero (`x.detach()`, stop-gradient).
     Detach,
+    /// `x.cumsum(dim)`: running sums along `dim` (floating-point `x`), a scan.
+    CumSum {
+        dim: usize,
+    },
+    /// `torch.arange(len, dtype)`: the 1-d tensor `[0, 1, .., len - 1]` of `dtype` (no operands).
+    /// Other starts and steps, masks (`triu`/`tril`, causal attention) and arg-reductions are
+    /// built from it by the tracer.
+    Iota {
+        len: usize,
+        dtype: DType,
+    },
 
     // ---- composites (decomposed before fusion) ---------------------------------------------
     Relu,
@@ -227,6 +238,8 @@ impl Op {
             Op::TakeAlong { .. } => "take_along".into(),
             Op::ScatterAdd { .. } => "scatter_add".into(),
             Op::Detach => "detach".into(),
+            Op::Iota { .. } => "iota".into(),
+            Op::CumSum { .. } => "cumsum".into(),
             Op::Grad { .. } => "grad".into(),
             Op::Relu => "relu".into(),
             Op::Silu => "silu".into(),
@@ -281,10 +294,12 @@ impl Op {
             Op::Cat { dim }
             | Op::Softmax { dim }
             | Op::LogSoftmax { dim }
-            | Op::TakeAlong { dim } => {
+            | Op::TakeAlong { dim }
+            | Op::CumSum { dim } => {
                 format!("[dim={dim}]")
             }
             Op::ScatterAdd { dim, size } => format!("[dim={dim}, size={size}]"),
+            Op::Iota { len, dtype } => format!("[len={len}, {dtype}]"),
             Op::Grad { index, seeded } => {
                 if *seeded {
                     format!("[wrt={index}, seeded]")
@@ -679,6 +694,27 @@ fn infer_type_unchecked(op: &Op, inputs: &[&TensorType]) -> Result<TensorType, I
         Op::Detach => {
             expect_arity(op, inputs, 1)?;
             Ok(first())
+        }
+        Op::CumSum { dim } => {
+            expect_arity(op, inputs, 1)?;
+            expect_float(op, inputs[0])?;
+            if *dim >= inputs[0].rank() {
+                return Err(IrError::ty(
+                    op.name(),
+                    format!("dim {dim} out of range for {}", inputs[0]),
+                ));
+            }
+            Ok(first())
+        }
+        Op::Iota { len, dtype } => {
+            expect_arity(op, inputs, 0)?;
+            if *dtype == DType::Bool {
+                return Err(IrError::ty(op.name(), "a bool arange is not supported"));
+            }
+            Ok(TensorType::new(
+                *dtype,
+                Shape::from_slice(&[Dim::Static(*len)]),
+            ))
         }
         Op::Grad { index, seeded } => {
             let fixed = 1 + *seeded as usize;

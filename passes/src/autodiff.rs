@@ -137,7 +137,12 @@ type Emit = Result<NodeId, AutodiffError>;
 
 impl Backward<'_> {
     /// Gradients of `loss` (seeded with `seed`) with respect to each of `wrt`.
-    fn run(&mut self, loss: NodeId, seed: NodeId, wrt: &[NodeId]) -> Result<Vec<NodeId>, AutodiffError> {
+    fn run(
+        &mut self,
+        loss: NodeId,
+        seed: NodeId,
+        wrt: &[NodeId],
+    ) -> Result<Vec<NodeId>, AutodiffError> {
         let n = loss.index() + 1;
         // A node is active when it depends on a value in `wrt` through differentiable ops and the
         // loss depends on it.
@@ -165,7 +170,9 @@ impl Backward<'_> {
                 }
             }
         }
-        let active: Vec<bool> = (0..n).map(|i| depends_on_wrt[i] && reaches_loss[i]).collect();
+        let active: Vec<bool> = (0..n)
+            .map(|i| depends_on_wrt[i] && reaches_loss[i])
+            .collect();
 
         let mut adjoint: HashMap<NodeId, NodeId> = HashMap::new();
         if active[loss.index()] {
@@ -445,7 +452,11 @@ impl Backward<'_> {
             Op::Cast { .. } => self.cast(g, self.dtype(x))?,
             Op::Reduce { op, axes, keepdim } => {
                 let kept = self.kept_shape(x, axes);
-                let g_kept = if *keepdim { g } else { self.reshape(g, kept.clone())? };
+                let g_kept = if *keepdim {
+                    g
+                } else {
+                    self.reshape(g, kept.clone())?
+                };
                 let shape = self.shape(x);
                 match op {
                     ReduceOp::Sum => self.add(Op::Expand { shape }, &[g_kept])?,
@@ -537,6 +548,15 @@ impl Backward<'_> {
                 };
                 self.add(Op::TakeAlong { dim: *dim }, &[g, full])?
             }
+            Op::CumSum { dim } => {
+                // The reverse running sums of g: Σ_{j >= i} g_j = Σ g − cumsum(g)_i + g_i.
+                let total = self.sum(g, vec![*dim], true)?;
+                let shape = self.shape(g);
+                let total = self.add(Op::Expand { shape }, &[total])?;
+                let running = self.add(Op::CumSum { dim: *dim }, &[g])?;
+                let before = self.bin(BinaryOp::Sub, total, running)?;
+                self.bin(BinaryOp::Add, before, g)?
+            }
             Op::Matmul => {
                 let (a, c) = (operand(0), operand(1));
                 let full = if k == 0 {
@@ -549,9 +569,11 @@ impl Backward<'_> {
                 let target = self.shape(x);
                 self.sum_to(full, &target)?
             }
-            Op::Compare(_) | Op::Detach | Op::Input { .. } | Op::Constant { .. } => {
-                return Ok(None)
-            }
+            Op::Compare(_)
+            | Op::Detach
+            | Op::Input { .. }
+            | Op::Constant { .. }
+            | Op::Iota { .. } => return Ok(None),
             op => {
                 return Err(AutodiffError::Unsupported(format!(
                     "no derivative rule for {op} (composites are decomposed first)"

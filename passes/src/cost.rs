@@ -212,7 +212,7 @@ fn kernel_cost(program: &Program, kernel: &Kernel) -> StepCost {
     let mut flops = 0u64;
     for stage in &kernel.stages {
         let inner_trips = trip_count(&stage.extent);
-        if let StageAction::Reduce { .. } = &stage.action {
+        if let StageAction::Reduce { .. } | StageAction::Scan(_) = &stage.action {
             flops = flops.saturating_add(outer_trips.saturating_mul(inner_trips));
         }
         for store in stage.action.stores() {
@@ -254,7 +254,7 @@ fn kernel_cost(program: &Program, kernel: &Kernel) -> StepCost {
                 Expr::Unary(..) | Expr::Binary(..) | Expr::Compare(..) | Expr::Where(..) => {
                     flops = flops.saturating_add(per_evaluation)
                 }
-                Expr::Constant { .. } | Expr::StageResult(_) | Expr::Cast(..) => {}
+                Expr::Constant { .. } | Expr::StageResult(_) | Expr::Cast(..) | Expr::Index(_) => {}
             }
         }
     }
@@ -293,6 +293,10 @@ fn inner_dependence(kernel: &Kernel) -> Vec<bool> {
                 Expr::Binary(_, a, b) | Expr::Compare(_, a, b) => get(a) || get(b),
                 Expr::Where(c, a, b) => get(c) || get(a) || get(b),
                 Expr::Constant { .. } | Expr::StageResult(_) => false,
+                Expr::Index(index) => index
+                    .terms
+                    .iter()
+                    .any(|&(var, c)| c != 0 && matches!(var, Var::Inner(_))),
             };
             if v && !varies[i] {
                 varies[i] = true;

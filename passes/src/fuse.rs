@@ -42,7 +42,11 @@ pub fn fuse(graph: &Graph) -> Result<Program, FuseError> {
     for id in graph.ids() {
         if matches!(
             graph.node(id).op,
-            Op::Input { .. } | Op::Matmul | Op::Cat { .. } | Op::ScatterAdd { .. }
+            Op::Input { .. }
+                | Op::Matmul
+                | Op::Cat { .. }
+                | Op::ScatterAdd { .. }
+                | Op::CumSum { .. }
         ) {
             realized.insert(id);
         }
@@ -207,6 +211,10 @@ impl<'g> Scheduler<'g> {
                 Op::ScatterAdd { dim, .. } => {
                     steps.push(Step::ScatterAdd(self.scatter_add(id, *dim, buffer)?))
                 }
+                Op::CumSum { dim } => {
+                    let kernel = self.scan_kernel(id, *dim, buffer, steps.len())?;
+                    steps.push(Step::Kernel(kernel));
+                }
                 Op::Cat { dim } => {
                     let mut offset = 0;
                     for &operand in &g.node(id).inputs {
@@ -337,6 +345,45 @@ impl<'g> Scheduler<'g> {
             dim,
             node: id,
         })
+    }
+
+    /// The kernel of a running sum along `dim`: the other dims are its outer loops, `dim` the
+    /// one loop of a scan stage, which reads the (inlined) operand one element at a time.
+    fn scan_kernel(
+        &mut self,
+        id: NodeId,
+        dim: usize,
+        buffer: BufferId,
+        step: usize,
+    ) -> Retry<Kernel> {
+        let g = self.graph;
+        let shape = dims(g, id);
+        let operand = g.node(id).inputs[0];
+        let kept: Vec<usize> = (0..shape.len()).filter(|&d| d != dim).collect();
+        let idx: Vec<Affine> = (0..shape.len())
+            .map(|d| match kept.iter().position(|&k| k == d) {
+                Some(p) => Affine::var(Var::Outer(p as u32)),
+                None => Affine::var(Var::Inner(0)),
+            })
+            .collect();
+        let mut builder = KernelBuilder::new(g, step);
+        builder.inlined.push(id);
+        builder.names.push(g.node(id).op.name());
+        let value = builder.emit(self, operand, &idx)?;
+        let value = builder.convert(value, ScalarType::F32);
+        let index = linear(&idx, &contiguous(&shape))?;
+        builder.stages.push(Stage {
+            extent: vec![shape[dim]],
+            action: StageAction::Scan(Store {
+                buffer,
+                index,
+                value,
+            }),
+        });
+        for &node in &builder.inlined {
+            self.inlined_in.entry(node).or_default().insert(step);
+        }
+        Ok(builder.finish(kept.iter().map(|&d| shape[d]).collect()))
     }
 
     /// Where element `idx` of `node` lives, following views down to a realized buffer.
@@ -512,7 +559,11 @@ impl<'g> Scheduler<'g> {
             }
             if matches!(
                 n.op,
-                Op::Matmul | Op::Cat { .. } | Op::Input { .. } | Op::ScatterAdd { .. }
+                Op::Matmul
+                    | Op::Cat { .. }
+                    | Op::Input { .. }
+                    | Op::ScatterAdd { .. }
+                    | Op::CumSum { .. }
             ) {
                 continue;
             }
@@ -754,12 +805,14 @@ impl<'g> KernelBuilder<'g> {
         let out_shape = dims(g, node);
         // Index of a broadcast operand.
         let operand_idx = |operand: NodeId| broadcast_index(idx, &dims(g, operand), &out_shape);
-        if !matches!(n.op, Op::Constant { .. }) && !n.op.is_view() {
+        if !matches!(n.op, Op::Constant { .. } | Op::Iota { .. }) && !n.op.is_view() {
             self.inlined.push(node);
             self.names.push(n.op.name());
         }
         let e = match &n.op {
             Op::Constant { value } => self.push(Expr::Constant { value: *value, ty }, ty),
+            // Recomputed from the loop index wherever it is read (never worth a buffer).
+            Op::Iota { .. } => self.push(Expr::Index(idx[0].clone()), ty),
             Op::Unary(u) => {
                 let a = self.emit(s, n.inputs[0], &operand_idx(n.inputs[0]))?;
                 let a = self.convert(a, ty);
@@ -787,6 +840,15 @@ impl<'g> KernelBuilder<'g> {
                 let y = self.emit(s, n.inputs[2], &operand_idx(n.inputs[2]))?;
                 let (x, y) = (self.convert(x, ty), self.convert(y, ty));
                 self.push(Expr::Where(c, x, y), ty)
+            }
+            Op::Cast { dtype }
+                if *dtype == DType::F32
+                    && matches!(g.node(n.inputs[0]).op, Op::Iota { .. })
+                    && !s.realized.contains(&n.inputs[0]) =>
+            {
+                // An integer arange read as floats is the float arange (vectorizable); exact
+                // below 2^24, far beyond any length a kernel indexes.
+                self.push(Expr::Index(idx[0].clone()), ScalarType::F32)
             }
             Op::Cast { dtype } => {
                 let a = self.emit(s, n.inputs[0], idx)?;
@@ -926,7 +988,11 @@ impl<'g> KernelBuilder<'g> {
                     ty,
                 )
             }
-            Op::Input { .. } | Op::Matmul | Op::Cat { .. } | Op::ScatterAdd { .. } => {
+            Op::Input { .. }
+            | Op::Matmul
+            | Op::Cat { .. }
+            | Op::ScatterAdd { .. }
+            | Op::CumSum { .. } => {
                 unreachable!("{} is always realized", n.op)
             }
             composite => panic!("fuse: {composite} reached fusion; run decompose first"),

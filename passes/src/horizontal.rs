@@ -198,7 +198,7 @@ fn merge(a: &Kernel, b: &Kernel, forward: &[(BufferId, ExprId)]) -> Kernel {
                     ..ind.clone()
                 }),
             },
-            Expr::Constant { .. } => e.clone(),
+            Expr::Constant { .. } | Expr::Index(_) => e.clone(),
             Expr::StageResult(s) => Expr::StageResult(s + base_stage),
             Expr::Unary(op, x) => Expr::Unary(*op, m(x)),
             Expr::Binary(op, x, y) => Expr::Binary(*op, m(x), m(y)),
@@ -231,6 +231,11 @@ fn merge(a: &Kernel, b: &Kernel, forward: &[(BufferId, ExprId)]) -> Kernel {
                     })
                     .collect(),
             },
+            StageAction::Scan(st) => StageAction::Scan(Store {
+                buffer: st.buffer,
+                index: st.index.clone(),
+                value: map[st.value.0 as usize],
+            }),
             StageAction::Store(stores) => StageAction::Store(
                 stores
                     .iter()

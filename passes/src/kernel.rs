@@ -161,6 +161,9 @@ pub enum Expr {
     },
     /// The value reduction stage `n` produced for the current outer iteration.
     StageResult(u32),
+    /// The value of an affine function of the loop variables (`arange`), as the expression's
+    /// type (f32 or i64).
+    Index(Affine),
     Unary(UnaryOp, ExprId),
     Binary(BinaryOp, ExprId, ExprId),
     Compare(CompareOp, ExprId, ExprId),
@@ -178,7 +181,7 @@ impl Expr {
             Expr::Unary(_, a) | Expr::Cast(_, a) => SmallVec::from_slice(&[*a]),
             Expr::Binary(_, a, b) | Expr::Compare(_, a, b) => SmallVec::from_slice(&[*a, *b]),
             Expr::Where(c, a, b) => SmallVec::from_slice(&[*c, *a, *b]),
-            Expr::Constant { .. } | Expr::StageResult(_) => SmallVec::new(),
+            Expr::Constant { .. } | Expr::StageResult(_) | Expr::Index(_) => SmallVec::new(),
         }
     }
 }
@@ -200,13 +203,18 @@ pub enum StageAction {
         stores: Vec<Store>,
     },
     Store(Vec<Store>),
+    /// Stores, at each iteration of the stage's loops (in order, one at a time), the running
+    /// sum of `value` since the stage began: a scan (`cumsum`) along the stage's loops.
+    Scan(Store),
 }
 
 impl StageAction {
-    /// The stage's stores (a reduction's extra stores, or a store stage's).
+    /// The stage's stores (a reduction's extra stores, a store stage's, or the one store of a
+    /// scan, which writes the running sum of its value rather than the value).
     pub fn stores(&self) -> &[Store] {
         match self {
             StageAction::Reduce { stores, .. } | StageAction::Store(stores) => stores,
+            StageAction::Scan(store) => std::slice::from_ref(store),
         }
     }
 
@@ -214,7 +222,7 @@ impl StageAction {
     pub fn roots(&self) -> Vec<ExprId> {
         let mut roots = match self {
             StageAction::Reduce { value, .. } => vec![*value],
-            StageAction::Store(_) => Vec::new(),
+            StageAction::Store(_) | StageAction::Scan(_) => Vec::new(),
         };
         roots.extend(self.stores().iter().map(|st| st.value));
         roots
@@ -515,6 +523,7 @@ impl fmt::Display for Kernel {
                 }
                 Expr::Constant { value, .. } => write!(line, "{value:?}")?,
                 Expr::StageResult(s) => write!(line, "stage{s}")?,
+                Expr::Index(index) => write!(line, "index {index}")?,
                 Expr::Unary(op, a) => {
                     write!(line, "{} e{}", format!("{op:?}").to_lowercase(), a.0)?
                 }
@@ -552,6 +561,14 @@ impl fmt::Display for Kernel {
                     }
                     writeln!(f)?;
                 }
+                StageAction::Scan(st) => writeln!(
+                    f,
+                    "  stage{i} over {}: store {}[{}] = running sum of e{}",
+                    dims(&s.extent),
+                    st.buffer,
+                    st.index,
+                    st.value.0
+                )?,
                 StageAction::Store(stores) => {
                     for st in stores {
                         writeln!(

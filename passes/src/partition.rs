@@ -205,7 +205,11 @@ pub fn partition(graph: &Graph, tangents: &[usize], options: &PartitionOptions) 
     let expensive = |i: usize| {
         matches!(
             nodes[i].op,
-            Op::Matmul | Op::Reduce { .. } | Op::Cat { .. } | Op::ScatterAdd { .. }
+            Op::Matmul
+                | Op::Reduce { .. }
+                | Op::Cat { .. }
+                | Op::ScatterAdd { .. }
+                | Op::CumSum { .. }
         )
     };
     // Forward values that a backward GEMM, cat or scatter-add reads (through views): the

@@ -55,7 +55,7 @@ fn rewrite(program: &Program, kernel: &mut Kernel) {
     for k in 0..kernel.stages.len() {
         let (value, has_stores) = match &kernel.stages[k].action {
             StageAction::Reduce { value, stores, .. } => (*value, !stores.is_empty()),
-            StageAction::Store(_) => continue,
+            StageAction::Store(_) | StageAction::Scan(_) => continue,
         };
         if has_stores || kernel.stages[k].extent.len() != 1 {
             continue;
@@ -191,6 +191,6 @@ fn with_operands(expr: Expr, ops: &[ExprId]) -> Expr {
         Expr::Binary(op, _, _) => Expr::Binary(op, ops[0], ops[1]),
         Expr::Compare(op, _, _) => Expr::Compare(op, ops[0], ops[1]),
         Expr::Where(_, _, _) => Expr::Where(ops[0], ops[1], ops[2]),
-        leaf @ (Expr::Constant { .. } | Expr::StageResult(_)) => leaf,
+        leaf @ (Expr::Constant { .. } | Expr::StageResult(_) | Expr::Index(_)) => leaf,
     }
 }

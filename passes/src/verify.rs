@@ -440,6 +440,10 @@ impl Verifier<'_> {
                 Some(ScalarType::of(b.dtype))
             }
             Expr::Constant { ty, .. } => Some(*ty),
+            Expr::Index(_) => match k.ty(ExprId(i as u32)) {
+                T::Bool => return Err(malformed(&at, "a loop index is f32 or i64, not bool")),
+                other => Some(other),
+            },
             Expr::StageResult(r) => match k.stages.get(*r as usize).map(|s| &s.action) {
                 Some(StageAction::Reduce { value, .. }) if (value.0 as usize) < k.exprs.len() => {
                     Some(ty(*value))

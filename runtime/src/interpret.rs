@@ -41,6 +41,11 @@ pub fn interpret(graph: &Graph, inputs: &[Tensor]) -> Result<Vec<Tensor>, Runtim
                 shape: vec![],
                 data: constant(dtype, *value),
             },
+            Op::Iota { len, .. } => Value {
+                dtype,
+                shape: vec![*len],
+                data: iota(dtype, *len),
+            },
             op => {
                 let args = node
                     .inputs
@@ -398,13 +403,22 @@ fn zip_broadcast<A: Copy, B: Copy, R>(
         .collect()
 }
 
+/// `[0, 1, .., len - 1]` as `dtype`'s data (floats exactly, as f64 then rounded).
+fn iota(dtype: DType, len: usize) -> Data {
+    match dtype {
+        DType::I64 => Data::I((0..len as i64).collect()),
+        DType::Bool => Data::B((0..len).map(|i| i != 0).collect()),
+        _ => Data::F((0..len).map(|i| round(dtype, i as f64)).collect()),
+    }
+}
+
 // ---- dispatch -----------------------------------------------------------------------------------
 
 /// The data of `op` applied to `args`; `dtype` and `shape` are the node's (verified) type.
 fn eval(op: &Op, dtype: DType, shape: &[usize], args: &[&Value]) -> Result<Data, RuntimeError> {
     let x = args[0];
     match op {
-        Op::Input { .. } | Op::Constant { .. } => {
+        Op::Input { .. } | Op::Constant { .. } | Op::Iota { .. } => {
             Err(internal("sources are not evaluated by `eval`"))
         }
         Op::Unary(u) => unary(*u, x),
@@ -437,6 +451,7 @@ fn eval(op: &Op, dtype: DType, shape: &[usize], args: &[&Value]) -> Result<Data,
         Op::TakeAlong { dim } => take_along(x, args[1], *dim, shape),
         Op::ScatterAdd { dim, .. } => scatter_add(x, args[1], *dim, shape),
         Op::Detach => Ok(x.data.clone()),
+        Op::CumSum { dim } => cumsum(x, *dim),
         Op::Grad { .. } => Err(RuntimeError::Unsupported(
             "grad nodes must be expanded by passes::autodiff before interpretation".into(),
         )),
@@ -655,6 +670,27 @@ fn lanes(shape: &[usize], axes: &[usize]) -> (Offsets, usize, usize) {
     let outer = kept.iter().map(|&d| shape[d]).product();
     let count = axes.iter().map(|&d| shape[d]).product();
     (Offsets::new(&sizes, &strides, 0), outer, count)
+}
+
+/// Running sums along `dim`, accumulated in f64, each rounded to the dtype.
+fn cumsum(x: &Value, dim: usize) -> Result<Data, RuntimeError> {
+    let v = x.floats()?;
+    let strides = contiguous_strides(&x.shape);
+    let (n, stride) = (x.shape[dim], strides[dim]);
+    let mut out = v.to_vec();
+    for start in 0..v.len() {
+        // Each line starts where its index along `dim` is 0.
+        if n == 0 || (start / stride) % n != 0 {
+            continue;
+        }
+        let mut acc = 0.0;
+        for k in 0..n {
+            let i = start + k * stride;
+            acc += v[i];
+            out[i] = round(x.dtype, acc);
+        }
+    }
+    Ok(Data::F(out))
 }
 
 fn nan_propagating(pick: fn(f64, f64) -> f64) -> impl Fn(f64, f64) -> f64 {
@@ -918,7 +954,9 @@ fn scatter_add(
             position[d] = 0;
         }
     }
-    Ok(Data::F(sums.into_iter().map(|s| round(src.dtype, s)).collect()))
+    Ok(Data::F(
+        sums.into_iter().map(|s| round(src.dtype, s)).collect(),
+    ))
 }
 
 // ---- matrix products ----------------------------------------------------------------------------

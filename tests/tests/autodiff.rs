@@ -11,7 +11,7 @@
 
 use minductor_tests::Tolerance;
 use minductor::{
-    compile_with, interpret, Backend, CompileOptions, CrossEntropyOptions, DType, Tensor, Traced,
+    compile_with, interpret, Backend, CompileOptions, ConvOptions, CrossEntropyOptions, DType, Tensor, Traced,
     Tracer,
 };
 use minductor::passes::PartitionOptions;
@@ -412,6 +412,58 @@ fn composites() {
         .reshape(&[1])
     });
     check("nll_loss", &ce, |i| i[0].log_softmax(1).nll_loss(&i[1]).reshape(&[1]));
+}
+
+/// Found by the random graphs: a kernel stored one value in place of the buffer that another of
+/// its stored values still loaded, after the load had been deferred (a math block handed over
+/// `sin(u)` without evaluating `u`): every stored value is now computed before any store.
+#[test]
+fn stores_in_place_wait_for_every_value_of_their_stage() {
+    let specs = [
+        f32_input("x", &[2, 3], -1.5, 1.5),
+        f32_input("y", &[3], -1.5, 1.5),
+    ];
+    check("matmul_sin_softmax0", &specs, |i| {
+        let x = &i[0];
+        let m = x.matmul(&x.transpose(0, 1)).matmul(x) * 0.1;
+        (m.sin() * &i[1]).softmax(0)
+    });
+}
+
+#[test]
+fn layers_of_real_models() {
+    let x = vec![f32_input("x", &[3, 5], -2.0, 2.0)];
+    check("cumsum_last", &x, |i| i[0].cumsum(-1));
+    check("cumsum_first", &x, |i| i[0].cumsum(0));
+    check("triu", &x, |i| i[0].triu(1));
+    check("tril", &x, |i| i[0].tril(0));
+    check("repeat_interleave", &x, |i| i[0].repeat_interleave(2, 0));
+    check("max_with_indices", &[distinct_input("x", &[3, 5], -2.0, 2.0)], |i| {
+        i[0].max_dim(1, false).0
+    });
+    let images = [
+        f32_input("x", &[2, 4, 5, 6], -1.0, 1.0),
+        f32_input("w", &[6, 2, 3, 3], -0.5, 0.5),
+        f32_input("b", &[6], -1.0, 1.0),
+    ];
+    check("conv2d", &images, |i| {
+        let options = ConvOptions::default().padding(1).stride(2).groups(2);
+        i[0].conv2d(&i[1], Some(&i[2]), options)
+    });
+    check("conv2d_depthwise", &[images[0].clone(), f32_input("w", &[4, 1, 3, 3], -0.5, 0.5)], |i| {
+        i[0].conv2d(&i[1], None, ConvOptions::default().padding(1).groups(4))
+    });
+    check("max_pool2d", &[distinct_input("x", &[1, 2, 5, 5], -1.0, 1.0)], |i| {
+        i[0].max_pool2d(3, 2, 1)
+    });
+    let qkv = [
+        f32_input("q", &[1, 2, 4, 3], -1.0, 1.0),
+        f32_input("k", &[1, 2, 4, 3], -1.0, 1.0),
+        f32_input("v", &[1, 2, 4, 3], -1.0, 1.0),
+    ];
+    check("causal_attention", &qkv, |i| {
+        i[0].scaled_dot_product_attention(&i[1], &i[2], None, true)
+    });
 }
 
 #[test]

@@ -41,6 +41,7 @@ fn softmax_is_one_kernel_over_a_row() {
         .map(|s| match &s.action {
             StageAction::Reduce { .. } => "reduce",
             StageAction::Store(_) => "store",
+            StageAction::Scan(_) => "scan",
         })
         .collect();
     assert_eq!(kinds, ["reduce", "reduce", "store"], "{program}");

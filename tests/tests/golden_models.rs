@@ -1,8 +1,6 @@
-//! The cases of `../shared/golden-models` (or `$MINDUCTOR_GOLDEN_MODELS_DIR`) that the runner
-//! builds today, on every backend, against PyTorch. Cases it cannot build yet (convolutions,
-//! `max_pool2d`, scans, arg-reductions, causal masks, the models) are skipped by the runner; this
-//! test does not count them: it requires every case in `models::SUPPORTED` to run and pass, and no
-//! case to fail.
+//! Every case of `../shared/golden-models` (or `$MINDUCTOR_GOLDEN_MODELS_DIR`) on every
+//! backend, against PyTorch: the runner must build each one (nothing skipped), every case in
+//! `models::SUPPORTED` must run and pass, and no case may fail.
 
 use minductor::golden::{default_golden_models_dir, models, run_golden, Outcome};
 use minductor::Backend;
@@ -10,15 +8,148 @@ use minductor::Backend;
 #[test]
 fn supported_golden_model_cases_match_pytorch_on_every_backend() {
     let dir = default_golden_models_dir();
-    let report = run_golden(&dir, &[Backend::Eager, Backend::AotEager, Backend::Inductor])
-        .unwrap_or_else(|e| panic!("cannot read golden cases in {}: {e}", dir.display()));
+    let report = run_golden(
+        &dir,
+        &[Backend::Eager, Backend::AotEager, Backend::Inductor],
+    )
+    .unwrap_or_else(|e| panic!("cannot read golden cases in {}: {e}", dir.display()));
     println!("{}", report.render());
-    assert_eq!(report.failed(), 0, "golden-models failures:\n{}", report.render());
+    assert_eq!(
+        report.failed(),
+        0,
+        "golden-models failures:\n{}",
+        report.render()
+    );
+    assert_eq!(
+        report.skipped(),
+        0,
+        "golden-models cases skipped:\n{}",
+        report.render()
+    );
     for case in models::SUPPORTED {
         let runs: Vec<_> = report.results.iter().filter(|r| r.case == case).collect();
         assert_eq!(runs.len(), 3, "{case} is missing from the manifest");
         for r in runs {
             assert_eq!(r.outcome, Outcome::Pass, "{case} on {:?}", r.backend);
+        }
+    }
+}
+
+/// One `jit` function serves the GPT-style decoder at the three sequence lengths of the golden
+/// cases (same weights), each call matching PyTorch. The sequence length is read as a number by
+/// `arange`, `reshape` and `slice`, so each length is a specialization of its own (a recompile,
+/// not a symbolic graph): at most one compile per length.
+#[test]
+fn one_jit_function_serves_the_gpt_sweep() {
+    use minductor::golden::{compare, load_manifest, load_tensors};
+    use minductor::{jit, Traced};
+    use std::collections::HashMap;
+    let dir = default_golden_models_dir();
+    let cases: Vec<_> = load_manifest(&dir)
+        .unwrap()
+        .into_iter()
+        .filter(|c| c.name.starts_with("model_gpt_tiny_t"))
+        .collect();
+    assert_eq!(cases.len(), 3);
+    let gpt = jit(|x: &[Traced]| {
+        let named: HashMap<String, Traced> = models::GPT_INPUTS
+            .iter()
+            .zip(x)
+            .map(|(n, t)| (n.to_string(), t.clone()))
+            .collect();
+        models::gpt_forward(&named)
+    })
+    .input_names(models::GPT_INPUTS);
+    for case in &cases {
+        let tensors = load_tensors(&case.file).unwrap();
+        let inputs: Vec<_> = models::GPT_INPUTS
+            .iter()
+            .map(|n| tensors[*n].clone())
+            .collect();
+        let outputs = gpt.call(&inputs).unwrap();
+        for (got, spec) in outputs.iter().zip(&case.outputs) {
+            let c = compare(got, &tensors[&spec.name], case.rtol, case.atol);
+            assert!(
+                c.passed,
+                "{} {}: max abs error {}",
+                case.name, spec.name, c.max_abs_error
+            );
+        }
+    }
+    let stats = gpt.stats();
+    println!("gpt sweep through one jit function: {stats:?}");
+    assert_eq!(stats.calls, 3);
+    assert!(stats.compiles <= 3, "{stats:?}");
+    assert_eq!(stats.eager_fallbacks(), 0, "{stats:?}");
+}
+
+/// The model builders read every size from their inputs: at other batch sizes, image sizes and
+/// sequence lengths (random weights), the compiled models agree with the interpreter.
+#[test]
+fn model_builders_run_at_other_shapes() {
+    use minductor::golden::{build_case, load_manifest, TensorSpec};
+    use minductor::workloads::uniform;
+    use minductor::{compile_with, DType, Tensor};
+    let cases = load_manifest(&default_golden_models_dir()).unwrap();
+    // (case, input, new shape)
+    let changes: [(&str, &str, &[usize]); 5] = [
+        ("model_resnet_basic_block", "x", &[3, 16, 7, 9]),
+        ("model_tiny_resnet", "x", &[1, 3, 20, 24]),
+        ("model_llama_block", "x", &[3, 6, 64]),
+        ("model_gpt_tiny_t7", "idx", &[3, 5]),
+        ("op_sdpa_causal", "q", &[2, 4, 3, 16]),
+    ];
+    for (name, input, shape) in changes {
+        let case = cases.iter().find(|c| c.name == name).unwrap();
+        let specs: Vec<TensorSpec> = case
+            .inputs
+            .iter()
+            .map(|s| TensorSpec {
+                shape: if s.name == input {
+                    shape.to_vec()
+                } else {
+                    s.shape.clone()
+                },
+                ..s.clone()
+            })
+            .collect();
+        let (order, graph) = build_case(name, &specs).unwrap();
+        let graph = graph.unwrap_or_else(|e| panic!("{name}: {e}"));
+        let inputs: Vec<Tensor> = order
+            .iter()
+            .enumerate()
+            .map(|(seed, n)| {
+                let s = specs.iter().find(|s| &s.name == n).unwrap();
+                match s.dtype {
+                    // Token ids within the vocabulary (the rows of `wte`).
+                    DType::I64 => {
+                        let count: usize = s.shape.iter().product();
+                        Tensor::from_vec(
+                            &s.shape,
+                            (0..count as i64).map(|i| (i * 7) % 97).collect(),
+                        )
+                        .unwrap()
+                    }
+                    _ => uniform(&s.shape, -0.5, 0.5, seed as u64 + 1),
+                }
+            })
+            .collect();
+        let want = compile_with(&graph, Backend::Eager)
+            .unwrap()
+            .call(&inputs)
+            .unwrap();
+        let got = compile_with(&graph, Backend::Inductor)
+            .unwrap()
+            .call(&inputs)
+            .unwrap();
+        for (g, w) in got.iter().zip(&want) {
+            assert_eq!(g.shape(), w.shape(), "{name}");
+            let c = minductor::golden::compare(g, w, 1e-4, 1e-4);
+            assert!(
+                c.passed,
+                "{name} at {input} {shape:?}: max abs error {}",
+                c.max_abs_error
+            );
         }
     }
 }

@@ -1,5 +1,5 @@
 //! Randomized differential testing (STYLE 10): random graphs of pointwise ops, reductions, row
-//! ops and views, compiled with the full pipeline and compared with the reference interpreter;
+//! ops, views, `arange`, masks and scans, compiled with the full pipeline and compared with the reference interpreter;
 //! proptest shrinks any failure to the smallest graph and shape.
 
 use minductor_tests::{compare_outputs, Tolerance};
@@ -28,6 +28,12 @@ enum Step {
     TransposeRoundTrip,
     ReshapeRoundTrip,
     Gelu,
+    /// `+ 0.1 · arange` along a dim (the `iota` index expression, broadcast).
+    AddArange(usize),
+    /// A scaled running sum along a dim (the scan stage).
+    CumSum(usize),
+    /// `triu(1)` of the last two dims (identity on 1-d values).
+    Triu,
 }
 
 fn step_strategy() -> impl Strategy<Value = Step> {
@@ -50,6 +56,9 @@ fn step_strategy() -> impl Strategy<Value = Step> {
         Just(Step::TransposeRoundTrip),
         Just(Step::ReshapeRoundTrip),
         Just(Step::Gelu),
+        (0usize..3).prop_map(Step::AddArange),
+        (0usize..3).prop_map(Step::CumSum),
+        Just(Step::Triu),
     ]
 }
 
@@ -78,6 +87,16 @@ fn apply(step: Step, v: &Traced, y: &Traced) -> Traced {
             (v.reshape(&[-1]) + 0.25).reshape(&shape)
         }
         Step::Gelu => v.gelu(),
+        Step::AddArange(d) => {
+            let d = dim(d) as usize;
+            let n = v.shape()[d];
+            let mut column = vec![1isize; rank];
+            column[d] = n as isize;
+            v + v.tracer().arange(n, DType::F32).reshape(&column) * 0.1
+        }
+        Step::CumSum(d) => (v * 0.1).cumsum(dim(d)),
+        Step::Triu if rank >= 2 => v.triu(1),
+        Step::Triu => v.clone(),
     }
 }
 

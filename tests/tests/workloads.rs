@@ -5,8 +5,8 @@
 use minductor::bench::{compare, run_workload, BenchOptions};
 use minductor::probe::{FmaPeak, MachineProbe};
 use minductor::workloads::{
-    attention, by_name, layer_norm, mlp_workload, pointwise_gelu_sweep, softmax_sweep, Bound,
-    Workload, SUITE,
+    attention, by_name, layer_norm, llama_block, mlp_workload, pointwise_gelu_sweep,
+    resnet_block, softmax_sweep, Bound, Workload, SUITE,
 };
 use minductor::{compile_with, Backend};
 use std::time::Duration;
@@ -29,6 +29,8 @@ fn small_workloads() -> Vec<Workload> {
     all.push(layer_norm(5, 37).unwrap());
     all.push(mlp_workload(4, 16, 64).unwrap());
     all.push(attention(2, 8, 16, 4, 32).unwrap());
+    all.push(resnet_block(2, 4, 7).unwrap());
+    all.push(llama_block(2, 9, 32, 4, 2, 40).unwrap());
     all
 }
 
@@ -117,6 +119,16 @@ fn suite_names_build_with_the_stated_sizes_and_costs() {
         + 2 * 2 * tokens * w * m; // MLP
     assert_eq!(attention.flops, expected);
     assert_eq!(attention.bound, Bound::Compute);
+    // Two 3x3 convolutions of 64 → 64 channels over 8 images of 56x56: 3.7 GFLOP.
+    let resnet = by_name("resnet_block_8x64x56").unwrap();
+    assert_eq!(resnet.flops, 2 * 2 * 8 * 64 * 56 * 56 * 64 * 9);
+    let llama = by_name("llama_block_4x256x512").unwrap();
+    let (tokens, w, kv, m) = (4 * 256u64, 512u64, 256u64, 1408u64);
+    let expected = 2 * tokens * w * w + 2 * 2 * tokens * kv * w // q, k, v
+        + 2 * 2 * 4 * 8 * 256 * 256 * 64 // q·kᵀ and p·v over 4 batches × 8 heads
+        + 2 * tokens * w * w // output projection
+        + 3 * 2 * tokens * w * m; // SwiGLU MLP
+    assert_eq!(llama.flops, expected);
 }
 
 #[test]

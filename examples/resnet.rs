@@ -1,0 +1,79 @@
+//! A batch of images through a small ResNet (a stem convolution, three basic blocks, max and
+//! average pooling, a linear classifier) with the weights of the golden case
+//! `model_tiny_resnet`: compiled, checked against PyTorch's scores in the same file, timed
+//! against eager.
+//!
+//! `cargo run --release --example resnet [path/to/model_tiny_resnet.safetensors]`
+
+use minductor::golden::models::{tiny_resnet, TINY_RESNET};
+use minductor::golden::{compare, default_golden_models_dir};
+use minductor::{compile_with, load_safetensors, Backend, Tracer};
+use std::collections::HashMap;
+use std::time::Instant;
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let path = std::env::args()
+        .nth(1)
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| default_golden_models_dir().join("model_tiny_resnet.safetensors"));
+    let tensors = load_safetensors(&path)?;
+    // Inputs with the shapes and dtypes the file holds.
+    let tracer = Tracer::new();
+    let mut named = HashMap::new();
+    for &name in TINY_RESNET {
+        let t = tensors
+            .get(name)
+            .ok_or(format!("{name} is not in {}", path.display()))?;
+        named.insert(name.to_string(), tracer.input(name, t.dtype(), t.shape()));
+    }
+    let graph = tracer.finish(&[tiny_resnet(&named)])?;
+    let inputs: Vec<_> = TINY_RESNET.iter().map(|n| tensors[*n].clone()).collect();
+
+    let compiled = compile_with(&graph, Backend::Inductor)?;
+    let eager = compile_with(&graph, Backend::Eager)?;
+    let scores = compiled.call(&inputs)?.remove(0);
+    let images = scores.shape()[0];
+    let classes = scores.shape()[1];
+    println!(
+        "{images} images of {:?} → scores {:?} (compiled in {:.1} ms)",
+        &tensors["x"].shape()[1..],
+        scores.shape(),
+        compiled.compile_time().as_secs_f64() * 1e3
+    );
+    let values = scores.to_vec::<f32>()?;
+    for (n, row) in values.chunks(classes).enumerate() {
+        let (best, score) =
+            row.iter().enumerate().fold(
+                (0, f32::NEG_INFINITY),
+                |a, (c, &s)| if s > a.1 { (c, s) } else { a },
+            );
+        println!("image {n}: class {best} (score {score:.4})");
+    }
+    if let Some(want) = tensors.get("out0") {
+        let c = compare(&scores, want, 1e-4, 1e-4);
+        println!(
+            "against PyTorch: max abs error {:.2e} ({})",
+            c.max_abs_error,
+            if c.passed { "pass" } else { "FAIL" }
+        );
+    }
+    let time = |f: &dyn Fn()| {
+        let mut t: Vec<f64> = (0..20)
+            .map(|_| {
+                let s = Instant::now();
+                f();
+                s.elapsed().as_secs_f64() * 1e3
+            })
+            .collect();
+        t.sort_by(f64::total_cmp);
+        t[t.len() / 2]
+    };
+    let compiled_ms = time(&|| {
+        compiled.call(&inputs).expect("compiled call");
+    });
+    let eager_ms = time(&|| {
+        eager.call(&inputs).expect("eager call");
+    });
+    println!("median of 20 calls: eager {eager_ms:.3} ms, compiled {compiled_ms:.3} ms");
+    Ok(())
+}
