@@ -16,6 +16,11 @@
 //! run scalar-only when it needs a value that has no 4-lane form here (i64 or bool data varying
 //! along the innermost loop, a data-dependent index that varies along it).
 //!
+//! **Invariants.** Values that read no buffer and do not change along the innermost loop (a
+//! row's mean, `rsqrt(var + eps)`, the reciprocal of a softmax's sum) are computed once before
+//! that loop rather than in every iteration (a division or square root per iteration costs
+//! more than the rest of a layer norm's row pass).
+//!
 //! **Contraction.** Where the host has FMA, `a * b + c`, `a * b - c` and `c - a * b` are one
 //! fused multiply-add when the product has no other use (as C compilers contract by default,
 //! and Inductor's generated C++ with them): fewer instructions and one rounding instead of two.
@@ -116,18 +121,42 @@ struct Lowering<'k, 'b, 'f> {
     uses: Vec<u32>,
     /// Whether products are contracted into fused multiply-adds (the host has FMA).
     contract: bool,
+    /// The current stage's computed values (its reduced value and stored values).
+    stage_roots: Vec<ExprId>,
+    /// Whether each expression reads no buffer (through any operand).
+    load_free: Vec<bool>,
+    /// Values computed before the current innermost loop (see "Invariants" in the module docs).
+    invariants: HashMap<ExprId, Value>,
+    /// `1 / c` for the invariant divisors `c`, computed with them.
+    invariant_reciprocals: HashMap<ExprId, Value>,
 }
 
 /// A sum's accumulators: the block ones the loop body adds into, reset at each block, and the
-/// running ones each block's partial sums are added into, with their Kahan compensations.
+/// running ones each block's partial sums are added into, with their Kahan compensations. The
+/// running sums live in a stack slot (`sums`, see [`Fold::offset`]), touched once per block:
+/// as variables they would hold eight more vector registers through the loop, and spill.
 #[derive(Clone)]
 struct Fold {
     block: Vec<Variable>,
     block_scalar: Variable,
-    running: Vec<Variable>,
-    running_scalar: Variable,
-    compensation: Vec<Variable>,
-    compensation_scalar: Variable,
+    /// Address of the running sums and compensations.
+    sums: Value,
+}
+
+impl Fold {
+    /// Bytes of the slot: `UNROLL` running vectors, `UNROLL` compensation vectors, then the
+    /// scalar running sum and its compensation.
+    const BYTES: u32 = (32 * UNROLL + 8) as u32;
+
+    /// Offset of running (`compensation` false) or compensation vector `slot`, or of the scalar
+    /// pair for `slot == UNROLL`.
+    fn offset(slot: usize, compensation: bool) -> i32 {
+        if slot == UNROLL {
+            (32 * UNROLL + if compensation { 4 } else { 0 }) as i32
+        } else {
+            (16 * (slot + if compensation { UNROLL } else { 0 })) as i32
+        }
+    }
 }
 
 /// A function computed in math blocks: the expression, its argument, the routine and the
@@ -178,6 +207,10 @@ pub fn lower_kernel(b: &mut FunctionBuilder, kernel: &Kernel, program: &Program)
         fold: None,
         uses: use_counts(kernel),
         contract: host_has_fma(),
+        stage_roots: Vec::new(),
+        load_free: load_free(kernel),
+        invariants: HashMap::new(),
+        invariant_reciprocals: HashMap::new(),
     };
     let outer = kernel.outer.len();
     if outer == 0 {
@@ -271,6 +304,7 @@ impl Lowering<'_, '_, '_> {
             Vec::new()
         };
         self.sites = self.address_sites(stage);
+        self.stage_roots = stage.action.roots();
         match &stage.action {
             StageAction::Reduce { op, value, stores } => {
                 let (op, value) = (*op, *value);
@@ -299,31 +333,24 @@ impl Lowering<'_, '_, '_> {
                 self.b.def_var(nan_lanes, none);
                 // (A stage without loops has nothing to block.)
                 if op == ReduceOp::Sum && depth > 0 {
-                    let running: Vec<_> = (0..UNROLL)
-                        .map(|_| {
-                            let acc = self.b.declare_var(types::F32X4);
-                            self.b.def_var(acc, v);
-                            acc
-                        })
-                        .collect();
-                    let compensation: Vec<_> = (0..UNROLL)
-                        .map(|_| {
-                            let acc = self.b.declare_var(types::F32X4);
-                            self.b.def_var(acc, v);
-                            acc
-                        })
-                        .collect();
-                    let running_scalar = self.b.declare_var(types::F32);
-                    self.b.def_var(running_scalar, c);
-                    let compensation_scalar = self.b.declare_var(types::F32);
-                    self.b.def_var(compensation_scalar, c);
+                    let slot = self.b.create_sized_stack_slot(StackSlotData::new(
+                        StackSlotKind::ExplicitSlot,
+                        Fold::BYTES,
+                        4,
+                    ));
+                    let sums = self.b.ins().stack_addr(types::I64, slot, 0);
+                    for k in 0..UNROLL {
+                        for comp in [false, true] {
+                            self.b.ins().store(self.flags, v, sums, Fold::offset(k, comp));
+                        }
+                    }
+                    for comp in [false, true] {
+                        self.b.ins().store(self.flags, c, sums, Fold::offset(UNROLL, comp));
+                    }
                     self.fold = Some(Fold {
                         block: vector_accs.clone(),
                         block_scalar: scalar_acc,
-                        running,
-                        running_scalar,
-                        compensation,
-                        compensation_scalar,
+                        sums,
                     });
                 }
                 self.inner_loops(0, extents, vector, &mut |l, mode, slot| {
@@ -361,13 +388,25 @@ impl Lowering<'_, '_, '_> {
                         }
                     }
                 });
-                let (vector_accs, scalar_acc) = match self.fold.take() {
-                    Some(fold) => (fold.running, fold.running_scalar),
-                    None => (vector_accs, scalar_acc),
+                let (mut accs, scalar): (Vec<Value>, Value) = match self.fold.take() {
+                    Some(fold) => {
+                        let flags = self.flags;
+                        let accs = (0..UNROLL)
+                            .map(|k| {
+                                let at = Fold::offset(k, false);
+                                self.b.ins().load(types::F32X4, flags, fold.sums, at)
+                            })
+                            .collect();
+                        let at = Fold::offset(UNROLL, false);
+                        (accs, self.b.ins().load(types::F32, flags, fold.sums, at))
+                    }
+                    None => (
+                        vector_accs.iter().map(|&a| self.b.use_var(a)).collect(),
+                        self.b.use_var(scalar_acc),
+                    ),
                 };
                 // Fixed combine order: a pairwise tree over the unrolled accumulators, then
                 // over the lanes, then the scalar tail.
-                let mut accs: Vec<Value> = vector_accs.iter().map(|&a| self.b.use_var(a)).collect();
                 while accs.len() > 1 {
                     accs = accs
                         .chunks(2)
@@ -385,8 +424,7 @@ impl Lowering<'_, '_, '_> {
                 let lo = self.combine(op, lanes[0], lanes[1]);
                 let hi = self.combine(op, lanes[2], lanes[3]);
                 let v = self.combine(op, lo, hi);
-                let s = self.b.use_var(scalar_acc);
-                let result = self.combine(op, v, s);
+                let result = self.combine(op, v, scalar);
                 let result = if op == ReduceOp::Sum {
                     result
                 } else {
@@ -452,6 +490,7 @@ impl Lowering<'_, '_, '_> {
             return;
         }
         self.hoist_addresses();
+        self.hoist_invariants();
         if !self.block_levels.is_empty() || self.fold.is_some() {
             let levels = std::mem::take(&mut self.block_levels);
             let fold = self.fold.clone();
@@ -487,9 +526,53 @@ impl Lowering<'_, '_, '_> {
                 }
             });
             self.block_levels = levels;
+            self.drop_invariants();
             return;
         }
         self.range_loops(var, zero, extents[level], vector, body);
+        self.drop_invariants();
+    }
+
+    /// Computes the stage's load-free values that do not vary along the innermost loop, here,
+    /// before it (with the reciprocals of those that divide), for `emit` to reuse inside.
+    fn hoist_invariants(&mut self) {
+        self.drop_invariants();
+        let mut ids = self.kernel.reachable(&self.stage_roots);
+        ids.sort_by_key(|e| e.0);
+        for &e in &ids {
+            let worth = matches!(
+                self.kernel.expr(e),
+                Expr::Unary(..)
+                    | Expr::Binary(..)
+                    | Expr::Compare(..)
+                    | Expr::Where(..)
+                    | Expr::Cast(..)
+                    | Expr::StageResult(_)
+            );
+            if worth && self.load_free[e.0 as usize] && self.is_uniform(e) {
+                let v = self.scalar_operand(e);
+                self.invariants.insert(e, v);
+            }
+        }
+        for &e in &ids {
+            if let Expr::Binary(BinaryOp::Div, a, c) = *self.kernel.expr(e) {
+                if self.divides_by_uniform(a, c, self.kernel.ty(e)) {
+                    if let Some(&d) = self.invariants.get(&c) {
+                        let one = self.b.ins().f32const(1.0);
+                        let r = self.b.ins().fdiv(one, d);
+                        self.invariant_reciprocals.insert(c, r);
+                    }
+                }
+            }
+        }
+        self.forget();
+    }
+
+    /// Forgets the values [`Self::hoist_invariants`] computed (they do not dominate the code
+    /// after the loop they were computed for).
+    fn drop_invariants(&mut self) {
+        self.invariants.clear();
+        self.invariant_reciprocals.clear();
     }
 
     /// The innermost loop over `lo..hi`: `UNROLL` vectors per iteration, then one vector per
@@ -570,26 +653,23 @@ impl Lowering<'_, '_, '_> {
     /// Adds a block's partial sums into the running ones (Kahan: the compensation keeps what
     /// each addition rounded away and takes it off the next block's partial sum).
     fn add_block_sums(&mut self, fold: &Fold) {
-        let pairs = fold
-            .block
-            .iter()
-            .zip(&fold.running)
-            .zip(&fold.compensation)
-            .map(|((&b, &r), &c)| (b, r, c))
-            .chain([(fold.block_scalar, fold.running_scalar, fold.compensation_scalar)]);
-        for (block, running, compensation) in pairs.collect::<Vec<_>>() {
-            let (b, r, c) = (
-                self.b.use_var(block),
-                self.b.use_var(running),
-                self.b.use_var(compensation),
-            );
+        let flags = self.flags;
+        for k in 0..=UNROLL {
+            let (block, ty) = if k == UNROLL {
+                (fold.block_scalar, types::F32)
+            } else {
+                (fold.block[k], types::F32X4)
+            };
+            let (at_r, at_c) = (Fold::offset(k, false), Fold::offset(k, true));
+            let b = self.b.use_var(block);
+            let r = self.b.ins().load(ty, flags, fold.sums, at_r);
+            let c = self.b.ins().load(ty, flags, fold.sums, at_c);
             let y = self.b.ins().fsub(b, c);
             let t = self.b.ins().fadd(r, y);
             let rounded = self.b.ins().fsub(t, r);
             let c = self.b.ins().fsub(rounded, y);
             // Past an infinity the compensation is NaN (inf - inf): drop it, so the sum stays
             // inf as an uncompensated one would.
-            let ty = self.b.func.dfg.value_type(c);
             let zero = self.f32_like(0.0, ty);
             let d = self.b.ins().fsub(c, c);
             let finite = self.b.ins().fcmp(FloatCC::Equal, d, zero);
@@ -599,8 +679,8 @@ impl Lowering<'_, '_, '_> {
             } else {
                 self.b.ins().select(finite, c, zero)
             };
-            self.b.def_var(running, t);
-            self.b.def_var(compensation, c);
+            self.b.ins().store(flags, t, fold.sums, at_r);
+            self.b.ins().store(flags, c, fold.sums, at_c);
         }
     }
 
@@ -843,6 +923,9 @@ impl Lowering<'_, '_, '_> {
         if let Some(&v) = self.memo.get(&e) {
             return v;
         }
+        if let Some(&v) = self.invariants.get(&e) {
+            return Val::Scalar(v);
+        }
         if let Some(&buffer) = self.block_values.get(&e) {
             let v = self.load_block(buffer, mode);
             self.memo.insert(e, v);
@@ -911,6 +994,9 @@ impl Lowering<'_, '_, '_> {
 
     /// `1 / c` for a uniform `c`, once per loop iteration (shared by the unrolled vectors).
     fn reciprocal(&mut self, c: ExprId) -> Value {
+        if let Some(&r) = self.invariant_reciprocals.get(&c) {
+            return r;
+        }
         if let Some(&r) = self.reciprocals.get(&c) {
             return r;
         }
@@ -1491,6 +1577,17 @@ fn use_counts(kernel: &Kernel) -> Vec<u32> {
         }
     }
     uses
+}
+
+/// For each expression of `kernel`, whether it reads no buffer through any operand.
+fn load_free(kernel: &Kernel) -> Vec<bool> {
+    let mut free = vec![true; kernel.exprs.len()];
+    // Operands precede their users (the verifier checks it), so one pass in order suffices.
+    for (i, e) in kernel.exprs.iter().enumerate() {
+        free[i] = !matches!(e, Expr::Load { .. })
+            && e.operands().iter().all(|o| free.get(o.0 as usize) == Some(&true));
+    }
+    free
 }
 
 /// The math function a unary op computes, if it is one.
