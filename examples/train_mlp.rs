@@ -39,11 +39,8 @@ fn batch(rng: &mut Rng, teacher: &[f32], rows: usize) -> (Tensor, Tensor) {
     let labels: Vec<i64> = points
         .chunks(INPUTS)
         .map(|p| {
-            let score = |c: usize| -> f32 {
-                (0..INPUTS)
-                    .map(|i| teacher[c * INPUTS + i] * p[i])
-                    .sum()
-            };
+            let score =
+                |c: usize| -> f32 { (0..INPUTS).map(|i| teacher[c * INPUTS + i] * p[i]).sum() };
             (0..CLASSES)
                 .max_by(|&a, &b| score(a).total_cmp(&score(b)))
                 .expect("at least one class") as i64
@@ -68,7 +65,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut train = TrainStep::new(
         params,
         AdamW::new(1e-2),
-        &[("x", DType::F32, &[BATCH, INPUTS]), ("y", DType::I64, &[BATCH])],
+        &[
+            ("x", DType::F32, &[BATCH, INPUTS]),
+            ("y", DType::I64, &[BATCH]),
+        ],
         |p, b| {
             let hidden = b[0].linear(&p["w1"], Some(&p["b1"])).gelu();
             hidden.linear(&p["w2"], Some(&p["b2"])).cross_entropy(&b[1])
@@ -114,7 +114,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 t.input(n, DType::F32, &shape)
             })
             .collect();
-        vec![x.linear(&p[0], Some(&p[1])).gelu().linear(&p[2], Some(&p[3]))]
+        vec![x
+            .linear(&p[0], Some(&p[1]))
+            .gelu()
+            .linear(&p[2], Some(&p[3]))]
     })?;
     let mut inputs = vec![x];
     for n in ["w1", "b1", "w2", "b2"] {

@@ -324,7 +324,12 @@ pub fn render_probe(probe: &MachineProbe) -> String {
     let fma: Vec<String> = probe
         .fma_peaks
         .iter()
-        .map(|p| format!("{}-bit {:.1} ({:.1} on one)", p.bits, p.gflops_all_threads, p.gflops))
+        .map(|p| {
+            format!(
+                "{}-bit {:.1} ({:.1} on one)",
+                p.bits, p.gflops_all_threads, p.gflops
+            )
+        })
         .collect();
     format!(
         "machine: {}\nprobe ({} threads): copy {:.1} GB/s (read+write, {} MiB buffers); \
@@ -338,7 +343,11 @@ pub fn render_probe(probe: &MachineProbe) -> String {
         probe.gemm_gflops,
         probe.gemm_gflops_all_threads,
         probe.threads,
-        if fma.is_empty() { "none".to_string() } else { fma.join(", ") },
+        if fma.is_empty() {
+            "none".to_string()
+        } else {
+            fma.join(", ")
+        },
         probe.compute_peak_gflops(),
     )
 }

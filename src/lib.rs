@@ -19,10 +19,11 @@ pub mod workloads;
 
 pub use minductor_codegen_cpu as codegen_cpu;
 pub use minductor_frontend::{
-    compile, compile_with, compile_with_options, current_stance, explain, jit, reference_executable, set_stance, trace,
-    with_stance, Artifacts, Backend, BreakReport, CompileError, CompileOptions, Compiled, CompiledFn,
-    CustomBackend, Explanation, GraphReport, Jit, JitBackend, JitError, JitOptions, JitStats,
-    Operand, Stance, StanceGuard, TraceError, Traced, TracedDim, Tracer, DEFAULT_RECOMPILE_LIMIT,
+    compile, compile_with, compile_with_options, current_stance, explain, jit,
+    reference_executable, set_stance, trace, with_stance, Artifacts, Backend, BreakReport,
+    CompileError, CompileOptions, Compiled, CompiledFn, CustomBackend, Explanation, GraphReport,
+    Jit, JitBackend, JitError, JitOptions, JitStats, Operand, Stance, StanceGuard, TraceError,
+    Traced, TracedDim, Tracer, DEFAULT_RECOMPILE_LIMIT,
 };
 pub use minductor_frontend::{dump, logging};
 pub use minductor_frontend::{

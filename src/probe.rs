@@ -352,7 +352,11 @@ mod fma {
         pub bits: u32,
     }
 
-    pub const WIDTHS: [Width; 3] = [Width { bits: 128 }, Width { bits: 256 }, Width { bits: 512 }];
+    pub const WIDTHS: [Width; 3] = [
+        Width { bits: 128 },
+        Width { bits: 256 },
+        Width { bits: 512 },
+    ];
 
     impl Width {
         pub fn is_supported(&self) -> bool {
@@ -377,7 +381,11 @@ mod fma {
 
         /// Runs the loop; the result goes through `black_box` so it is not optimized away.
         pub fn run(&self, iterations: usize) {
-            assert!(self.is_supported(), "{}-bit FMAs are not supported", self.bits);
+            assert!(
+                self.is_supported(),
+                "{}-bit FMAs are not supported",
+                self.bits
+            );
             #[cfg(target_arch = "x86_64")]
             // SAFETY: the CPU has the loop's target features (asserted above).
             let sum = unsafe {
@@ -412,7 +420,14 @@ mod fma {
             }
             let mut out = [0f32; 4];
             // SAFETY: `out` holds 4 values.
-            unsafe { _mm_storeu_ps(out.as_mut_ptr(), chains.iter().fold(_mm_setzero_ps(), |s, &x| _mm_add_ps(s, x))) };
+            unsafe {
+                _mm_storeu_ps(
+                    out.as_mut_ptr(),
+                    chains
+                        .iter()
+                        .fold(_mm_setzero_ps(), |s, &x| _mm_add_ps(s, x)),
+                )
+            };
             out.iter().sum()
         }
 
@@ -429,7 +444,14 @@ mod fma {
             }
             let mut out = [0f32; 8];
             // SAFETY: `out` holds 8 values.
-            unsafe { _mm256_storeu_ps(out.as_mut_ptr(), chains.iter().fold(_mm256_setzero_ps(), |s, &x| _mm256_add_ps(s, x))) };
+            unsafe {
+                _mm256_storeu_ps(
+                    out.as_mut_ptr(),
+                    chains
+                        .iter()
+                        .fold(_mm256_setzero_ps(), |s, &x| _mm256_add_ps(s, x)),
+                )
+            };
             out.iter().sum()
         }
 
@@ -444,7 +466,11 @@ mod fma {
                     *x = _mm512_fmadd_ps(*x, m, a);
                 }
             }
-            _mm512_reduce_add_ps(chains.iter().fold(_mm512_setzero_ps(), |s, &x| _mm512_add_ps(s, x)))
+            _mm512_reduce_add_ps(
+                chains
+                    .iter()
+                    .fold(_mm512_setzero_ps(), |s, &x| _mm512_add_ps(s, x)),
+            )
         }
     }
 }

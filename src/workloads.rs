@@ -233,7 +233,12 @@ pub fn mlp_train_step(
         let tracer = Tracer::new();
         let i: HashMap<String, Traced> = specs
             .iter()
-            .map(|s| (s.name.to_string(), tracer.input(s.name, DType::F32, &s.shape)))
+            .map(|s| {
+                (
+                    s.name.to_string(),
+                    tracer.input(s.name, DType::F32, &s.shape),
+                )
+            })
             .collect();
         let params = [&i["w1"], &i["b1"], &i["w2"], &i["b2"]];
         let loss = mlp(&i["x"], params[0], params[1], params[2], params[3]).mse_loss(&i["t"]);
@@ -318,7 +323,10 @@ pub fn resnet_block(batch: usize, channels: usize, size: usize) -> Result<Worklo
     let name = format!("resnet_block_{batch}x{channels}x{size}");
     let c = channels;
     let mut specs = vec![symmetric("x", &[batch, c, size, size], 1.0)];
-    for (w, m, v, g, b) in [("w1", "m1", "v1", "g1", "b1"), ("w2", "m2", "v2", "g2", "b2")] {
+    for (w, m, v, g, b) in [
+        ("w1", "m1", "v1", "g1", "b1"),
+        ("w2", "m2", "v2", "g2", "b2"),
+    ] {
         specs.push(symmetric(w, &[c, c, 3, 3], 0.1));
         specs.push(symmetric(m, &[c], 0.1));
         specs.push(InputSpec {

@@ -17,7 +17,10 @@ fn concurrent(c: &mut Criterion) {
     })
     .expect("well-typed");
     let compiled = compile(&graph).expect("compiles");
-    let inputs = vec![uniform(&[16, 256], -2.0, 2.0, 1), uniform(&[256], 0.5, 1.5, 2)];
+    let inputs = vec![
+        uniform(&[16, 256], -2.0, 2.0, 1),
+        uniform(&[256], 0.5, 1.5, 2),
+    ];
     let mut group = c.benchmark_group(format!("{CALLS}_calls_layer_norm_16x256"));
     group.sample_size(20);
     group.bench_function("1 thread", |b| {

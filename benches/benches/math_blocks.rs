@@ -16,7 +16,8 @@ fn math(c: &mut Criterion) {
     let mut group = c.benchmark_group(format!("math_64k_blocks_{blocks:?}"));
     group.throughput(Throughput::Elements(N as u64));
     group.sample_size(30);
-    let cases: [(&str, fn(minductor::Traced) -> minductor::Traced); 7] = [
+    type Case = (&'static str, fn(minductor::Traced) -> minductor::Traced);
+    let cases: [Case; 7] = [
         ("mul (no math: the floor)", |x| x * 2.0),
         ("exp", |x| x.exp()),
         ("log", |x| x.abs().log()),

@@ -19,7 +19,12 @@ fn median(mut f: impl FnMut()) -> f64 {
 }
 
 fn main() {
-    let shapes = [[256, 1024, 4096], [256, 4096, 1024], [128, 1024, 4096], [64, 1024, 4096]];
+    let shapes = [
+        [256, 1024, 4096],
+        [256, 4096, 1024],
+        [128, 1024, 4096],
+        [64, 1024, 4096],
+    ];
     let kernel = Kernel::detect();
     for threads in [1, 2] {
         minductor_runtime::threads::set_num_threads(threads).unwrap();

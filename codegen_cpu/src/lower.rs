@@ -341,11 +341,15 @@ impl Lowering<'_, '_, '_> {
                     let sums = self.b.ins().stack_addr(types::I64, slot, 0);
                     for k in 0..UNROLL {
                         for comp in [false, true] {
-                            self.b.ins().store(self.flags, v, sums, Fold::offset(k, comp));
+                            self.b
+                                .ins()
+                                .store(self.flags, v, sums, Fold::offset(k, comp));
                         }
                     }
                     for comp in [false, true] {
-                        self.b.ins().store(self.flags, c, sums, Fold::offset(UNROLL, comp));
+                        self.b
+                            .ins()
+                            .store(self.flags, c, sums, Fold::offset(UNROLL, comp));
                     }
                     self.fold = Some(Fold {
                         block: vector_accs.clone(),
@@ -453,8 +457,7 @@ impl Lowering<'_, '_, '_> {
                     // Every value before any store: a store may overwrite in place an element
                     // that a later value still loads (math blocks hand a function's result over
                     // without evaluating its argument, so the argument's load can come after).
-                    let values: Vec<Val> =
-                        stores.iter().map(|st| l.emit(st.value, mode)).collect();
+                    let values: Vec<Val> = stores.iter().map(|st| l.emit(st.value, mode)).collect();
                     for (st, v) in stores.iter().zip(values) {
                         l.store(st, v, mode);
                     }
@@ -686,7 +689,9 @@ impl Lowering<'_, '_, '_> {
 
     /// Address of the current element(s) in a math-block buffer.
     fn block_address(&mut self, buffer: Value) -> Value {
-        let inner = self.innermost.expect("math blocks run in an innermost loop");
+        let inner = self
+            .innermost
+            .expect("math blocks run in an innermost loop");
         let start = self.block_start.expect("inside a math block");
         let i = self.vars[&inner];
         let k = self.b.ins().isub(i, start);
@@ -808,13 +813,15 @@ impl Lowering<'_, '_, '_> {
                     .max()
                     .unwrap_or(0);
                 match (l.kernel.expr(e), l.kernel.ty(e)) {
-                    (Expr::Unary(op, a), ScalarType::F32) => match math_fn(*op).and_then(block_routine) {
-                        Some(routine) => {
-                            found.push((e, *a, routine));
-                            inner + 1
+                    (Expr::Unary(op, a), ScalarType::F32) => {
+                        match math_fn(*op).and_then(block_routine) {
+                            Some(routine) => {
+                                found.push((e, *a, routine));
+                                inner + 1
+                            }
+                            None => inner,
                         }
-                        None => inner,
-                    },
+                    }
                     _ => inner,
                 }
             };
@@ -1585,7 +1592,9 @@ fn load_free(kernel: &Kernel) -> Vec<bool> {
     // Operands precede their users (the verifier checks it), so one pass in order suffices.
     for (i, e) in kernel.exprs.iter().enumerate() {
         free[i] = !matches!(e, Expr::Load { .. })
-            && e.operands().iter().all(|o| free.get(o.0 as usize) == Some(&true));
+            && e.operands()
+                .iter()
+                .all(|o| free.get(o.0 as usize) == Some(&true));
     }
     free
 }

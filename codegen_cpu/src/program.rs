@@ -618,7 +618,8 @@ fn run_matmul(
     let batch = a_shape.len() - 2;
     let (rows, k, cols) = (a_shape[batch], a_shape[batch + 1], b_shape[batch + 1]);
     debug_assert!(program.buffer(m.out).dtype == DType::F32);
-    let numel = |id: BufferId| -> usize { symbols.sizes(&program.buffer(id).shape).iter().product() };
+    let numel =
+        |id: BufferId| -> usize { symbols.sizes(&program.buffer(id).shape).iter().product() };
     let count: usize = a_shape[..batch].iter().product();
     // SAFETY: each pointer is the start of a live buffer holding its planned number of f32s for
     // this call's sizes (`run_steps`; `fuse` only emits f32 GEMMs). The operands are only read
@@ -627,17 +628,38 @@ fn run_matmul(
     // places a GEMM's output in place of a buffer the GEMM reads, and live slots are disjoint.
     let (a_data, b_data) = unsafe {
         (
-            std::slice::from_raw_parts(pointers[m.a.buffer.0 as usize] as *const f32, numel(m.a.buffer)),
-            std::slice::from_raw_parts(pointers[m.b.buffer.0 as usize] as *const f32, numel(m.b.buffer)),
+            std::slice::from_raw_parts(
+                pointers[m.a.buffer.0 as usize] as *const f32,
+                numel(m.a.buffer),
+            ),
+            std::slice::from_raw_parts(
+                pointers[m.b.buffer.0 as usize] as *const f32,
+                numel(m.b.buffer),
+            ),
         )
     };
     let c = SendPtr(pointers[m.out.0 as usize]);
-    assert!(numel(m.out) == count * rows * cols, "a GEMM's output holds its product");
+    assert!(
+        numel(m.out) == count * rows * cols,
+        "a GEMM's output holds its product"
+    );
     let a_view = |offset: i64| {
-        gemm::MatrixRef::new(a_data, offset, [rows, k], [m.a.strides[batch], m.a.strides[batch + 1]], "a")
+        gemm::MatrixRef::new(
+            a_data,
+            offset,
+            [rows, k],
+            [m.a.strides[batch], m.a.strides[batch + 1]],
+            "a",
+        )
     };
     let b_view = |offset: i64| {
-        gemm::MatrixRef::new(b_data, offset, [k, cols], [m.b.strides[batch], m.b.strides[batch + 1]], "b")
+        gemm::MatrixRef::new(
+            b_data,
+            offset,
+            [k, cols],
+            [m.b.strides[batch], m.b.strides[batch + 1]],
+            "b",
+        )
     };
     // Output rows `start..end` of batch matrix `index`, as the unique borrow of those values.
     let c_rows = |index: usize, start: usize, end: usize| {
@@ -650,7 +672,8 @@ fn run_matmul(
         };
         gemm::MatrixMut::row_major(values, end - start, cols)
     };
-    let gemm_error = |e: gemm::GemmError| RuntimeError::Unsupported(format!("matmul {}: {e}", m.out));
+    let gemm_error =
+        |e: gemm::GemmError| RuntimeError::Unsupported(format!("matmul {}: {e}", m.out));
 
     let units = a_shape[0];
     let unit_bytes = count * rows * cols * std::mem::size_of::<f32>() / units.max(1);
@@ -683,9 +706,11 @@ fn run_matmul(
         if parallel && rows < threads * 4 * kernel.mr() {
             // Too few rows to share: every thread takes a run of columns, then the epilogue runs
             // on whole rows.
-            let mut out = c_rows(0, 0, rows).map_err(gemm_error)?;
-            gemm::multiply_parallel(&a, &packed, &mut out, threads).map_err(gemm_error)?;
-            drop(out);
+            {
+                // The tile's unique borrow ends here, before the epilogue reads its rows.
+                let mut out = c_rows(0, 0, rows).map_err(gemm_error)?;
+                gemm::multiply_parallel(&a, &packed, &mut out, threads).map_err(gemm_error)?;
+            }
             if let Some((epilogue, bound)) = &epilogue {
                 let chunks = threads.min(bound.range.max(1) as usize) as i64;
                 threads::for_each_chunk(chunks as usize, |ch| {
@@ -700,10 +725,12 @@ fn run_matmul(
             let mut s = start;
             while s < end {
                 let e = (s + tile).min(end);
-                let mut out = c_rows(0, s, e).expect("rows inside the output");
-                gemm::multiply_from(&a.rows(s, e), &packed, &mut out, first_panel)
-                    .expect("shapes agree");
-                drop(out);
+                {
+                    // The tile's unique borrow ends before its epilogue reads the rows.
+                    let mut out = c_rows(0, s, e).expect("rows inside the output");
+                    gemm::multiply_from(&a.rows(s, e), &packed, &mut out, first_panel)
+                        .expect("shapes agree");
+                }
                 if let Some((epilogue, bound)) = &epilogue {
                     call_kernel(epilogue, bound, shared, s as i64, e as i64);
                 }
@@ -713,7 +740,11 @@ fn run_matmul(
         if parallel && rows > 1 {
             let chunks = threads.min(rows);
             threads::for_each_chunk(chunks, |ch| {
-                run_rows(rows * ch / chunks, rows * (ch + 1) / chunks, panels * ch / chunks)
+                run_rows(
+                    rows * ch / chunks,
+                    rows * (ch + 1) / chunks,
+                    panels * ch / chunks,
+                )
             });
         } else {
             run_rows(0, rows, 0);
@@ -765,7 +796,9 @@ fn run_matmul(
     };
     if parallel && units > 1 {
         let chunks = threads.min(units);
-        threads::for_each_chunk(chunks, |ch| run_units(units * ch / chunks, units * (ch + 1) / chunks));
+        threads::for_each_chunk(chunks, |ch| {
+            run_units(units * ch / chunks, units * (ch + 1) / chunks)
+        });
     } else {
         run_units(0, units);
     }

@@ -73,11 +73,14 @@ pub(crate) fn scatter_add(
             }
         }
         let row = index.data[at_index as usize];
-        let row = usize::try_from(row).ok().filter(|&r| r < rows).ok_or_else(|| {
-            RuntimeError::Data(format!(
-                "scatter_add: index {row} is out of range for dim {dim} of size {rows}"
-            ))
-        })?;
+        let row = usize::try_from(row)
+            .ok()
+            .filter(|&r| r < rows)
+            .ok_or_else(|| {
+                RuntimeError::Data(format!(
+                    "scatter_add: index {row} is out of range for dim {dim} of size {rows}"
+                ))
+            })?;
         out[at_out + row * out_strides[dim]] += src.data[at_src as usize];
         for d in (0..shape.len()).rev() {
             position[d] += 1;

@@ -88,7 +88,10 @@ impl Traced {
         if !(0.0..=1.0).contains(&options.label_smoothing) {
             return self.fail_msg(
                 what,
-                format!("label_smoothing must be in [0, 1], found {}", options.label_smoothing),
+                format!(
+                    "label_smoothing must be in [0, 1], found {}",
+                    options.label_smoothing
+                ),
             );
         }
         let dims = self.ir_dims();
@@ -105,7 +108,9 @@ impl Traced {
         }
         let classes = match dims[1].as_static() {
             Some(c) => c as f64,
-            None => return self.fail_msg(what, "label smoothing over a symbolic class count".into()),
+            None => {
+                return self.fail_msg(what, "label smoothing over a symbolic class count".into())
+            }
         };
         let smooth = -(self.sum(&[1], false) * &weight).sum(&[], false) / &count;
         nll * (1.0 - options.label_smoothing) + smooth * (options.label_smoothing / classes)

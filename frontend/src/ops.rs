@@ -217,7 +217,7 @@ impl Traced {
     /// backwards; negative amounts crop.
     #[track_caller]
     pub fn pad(&self, pad: &[isize], value: f64) -> Traced {
-        if pad.len() % 2 != 0 || pad.len() / 2 > self.rank() {
+        if !pad.len().is_multiple_of(2) || pad.len() / 2 > self.rank() {
             return self.fail_msg(
                 "pad",
                 format!(
@@ -311,7 +311,7 @@ impl Traced {
         eps: f64,
     ) -> Traced {
         let shape = self.shape();
-        if shape.len() < 2 || groups == 0 || shape[1] % groups != 0 {
+        if shape.len() < 2 || groups == 0 || !shape[1].is_multiple_of(groups) {
             return self.fail_msg(
                 "group_norm",
                 format!(
@@ -380,7 +380,7 @@ impl Traced {
                 ),
             );
         }
-        if shape[2] % size.0 == 0 && shape[3] % size.1 == 0 {
+        if shape[2].is_multiple_of(size.0) && shape[3].is_multiple_of(size.1) {
             // Equal windows: one reshape and one mean.
             let (kh, kw) = (shape[2] / size.0, shape[3] / size.1);
             return self

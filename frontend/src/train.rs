@@ -95,7 +95,10 @@ impl Parameters {
         let mut tensors = crate::weights::load_safetensors(path.as_ref())?;
         let mut names: Vec<String> = tensors.keys().cloned().collect();
         names.sort();
-        let tensors = names.iter().map(|n| tensors.remove(n).expect("listed")).collect();
+        let tensors = names
+            .iter()
+            .map(|n| tensors.remove(n).expect("listed"))
+            .collect();
         Ok(Parameters { names, tensors })
     }
 
@@ -249,7 +252,13 @@ impl Optimizer {
     }
 
     /// The updated parameter and state, traced.
-    fn update(&self, p: &Traced, g: &Traced, state: &[Traced], scalars: &[Traced]) -> (Traced, Vec<Traced>) {
+    fn update(
+        &self,
+        p: &Traced,
+        g: &Traced,
+        state: &[Traced],
+        scalars: &[Traced],
+    ) -> (Traced, Vec<Traced>) {
         match self {
             Optimizer::Sgd(s) => {
                 let mut g = g.clone();
@@ -371,7 +380,8 @@ impl TrainStep {
         let mut outputs = vec![loss.clone()];
         let mut new_state = Vec::new();
         for (i, (p, g)) in traced.iter().zip(&grads).enumerate() {
-            let (updated, s) = optimizer.update(p, g, &traced_state[i * per..(i + 1) * per], &scalars);
+            let (updated, s) =
+                optimizer.update(p, g, &traced_state[i * per..(i + 1) * per], &scalars);
             outputs.push(updated.cast(p.dtype().unwrap_or(DType::F32)));
             new_state.extend(s);
         }

@@ -76,7 +76,9 @@ fn topics_select_events_and_plus_adds_detail() {
         "output_code shows Cranelift IR: {logs}"
     );
     assert!(
-        logs.contains("step 0: kernel k0_div_exp_sub_reduce_max_reduce_sum reads buf0, buf1 writes buf1"),
+        logs.contains(
+            "step 0: kernel k0_div_exp_sub_reduce_max_reduce_sum reads buf0, buf1 writes buf1"
+        ),
         "{logs}"
     );
 }

@@ -216,10 +216,7 @@ pub fn partition(graph: &Graph, tangents: &[usize], options: &PartitionOptions) 
     // backward would have to write them to memory again to recompute them.
     let mut materialized_backward = vec![false; n];
     for (index, node) in nodes.iter().enumerate() {
-        let extern_op = matches!(
-            node.op,
-            Op::Matmul | Op::Cat { .. } | Op::ScatterAdd { .. }
-        );
+        let extern_op = matches!(node.op, Op::Matmul | Op::Cat { .. } | Op::ScatterAdd { .. });
         if !extern_op || required_forward[index] {
             continue;
         }
@@ -233,9 +230,7 @@ pub fn partition(graph: &Graph, tangents: &[usize], options: &PartitionOptions) 
     }
     let mut banned: Vec<bool> = (0..n)
         .map(|i| {
-            required_forward[i]
-                && !from_tangent[i]
-                && (expensive(i) || materialized_backward[i])
+            required_forward[i] && !from_tangent[i] && (expensive(i) || materialized_backward[i])
         })
         .collect();
 

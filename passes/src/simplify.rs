@@ -181,12 +181,7 @@ fn fold(op: &Op, args: &[f64]) -> Option<f64> {
     })
 }
 
-fn rewrite(
-    out: &mut Graph,
-    seen: &mut Seen,
-    node: &Node,
-    ins: &[NodeId],
-) -> NodeId {
+fn rewrite(out: &mut Graph, seen: &mut Seen, node: &Node, ins: &[NodeId]) -> NodeId {
     // Constant folding: every operand a constant, result 0-d.
     if node.op.is_pointwise() && node.ty.rank() == 0 {
         let args: Option<Vec<f64>> = ins.iter().map(|&i| constant_value(out, i)).collect();
@@ -274,12 +269,7 @@ fn rewrite(
     intern(out, seen, node.op.clone(), ins, node)
 }
 
-fn intern_constant(
-    out: &mut Graph,
-    seen: &mut Seen,
-    value: f64,
-    dtype: DType,
-) -> NodeId {
+fn intern_constant(out: &mut Graph, seen: &mut Seen, value: f64, dtype: DType) -> NodeId {
     let key = Key {
         op: Op::Constant { value },
         inputs: SmallVec::new(),
@@ -291,13 +281,7 @@ fn intern_constant(
 }
 
 /// Adds `op(ins)` with `like`'s type unless a structurally equal node exists (CSE).
-fn intern(
-    out: &mut Graph,
-    seen: &mut Seen,
-    op: Op,
-    ins: &[NodeId],
-    like: &Node,
-) -> NodeId {
+fn intern(out: &mut Graph, seen: &mut Seen, op: Op, ins: &[NodeId], like: &Node) -> NodeId {
     if let Op::Constant { value } = op {
         return intern_constant(out, seen, value, like.ty.dtype);
     }

@@ -135,10 +135,13 @@ fn rewrite(program: &Program, kernel: &mut Kernel) {
 
 /// Whether `e` depends on loop variable `var` (through a load's index).
 fn varies(kernel: &Kernel, e: ExprId, var: Var) -> bool {
-    kernel.reachable(&[e]).into_iter().any(|r| match kernel.expr(r) {
-        Expr::Load { index, .. } => index.coefficient(var) != 0,
-        _ => false,
-    })
+    kernel
+        .reachable(&[e])
+        .into_iter()
+        .any(|r| match kernel.expr(r) {
+            Expr::Load { index, .. } => index.coefficient(var) != 0,
+            _ => false,
+        })
 }
 
 /// `root` with `from` replaced by `to`: the expressions on the way are copied (others, such as

@@ -63,7 +63,9 @@ pub fn set_block_cache_limit(bytes: usize) {
     LIMIT.store(bytes, Ordering::Relaxed);
     let mut cache = lock();
     while cache.bytes > bytes {
-        let Some((b, block)) = cache.blocks.pop() else { break };
+        let Some((b, block)) = cache.blocks.pop() else {
+            break;
+        };
         cache.bytes -= b;
         // SAFETY: cached blocks are owned by the cache alone and were allocated with `b` bytes.
         unsafe { free(b, block) };

@@ -145,7 +145,12 @@ pub(super) fn run_optimizer_case(
     let (Some(x), Some(t)) = (tensors.get("x"), tensors.get("t")) else {
         return fail(result, "x or t missing from the file".into());
     };
-    let steps = case.outputs.first().and_then(|o| o.shape.first()).copied().unwrap_or(0);
+    let steps = case
+        .outputs
+        .first()
+        .and_then(|o| o.shape.first())
+        .copied()
+        .unwrap_or(0);
     let batch = [("x", x.dtype(), x.shape()), ("t", t.dtype(), t.shape())];
     let started = std::time::Instant::now();
     let train = TrainStep::with_backend(backend, params, optimizer, &batch, |p, b| {
@@ -165,6 +170,10 @@ pub(super) fn run_optimizer_case(
         }
     }
     let mut outputs = vec![Tensor::from_vec(&[steps], losses).expect("one loss per step")];
-    outputs.extend(names.iter().map(|n| train.parameters().get(n).expect("inserted").clone()));
+    outputs.extend(
+        names
+            .iter()
+            .map(|n| train.parameters().get(n).expect("inserted").clone()),
+    );
     compare_outputs(case, &tensors, &outputs, result)
 }

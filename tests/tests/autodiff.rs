@@ -9,12 +9,12 @@
 //! `1e-5 + 1e-5·|g|`, with h = 1e-6·(1 + |x_j|) (rounding error about 1e-10, truncation about
 //! 1e-12). The same graph in f32 then runs on aot_eager and inductor against eager.
 
-use minductor_tests::Tolerance;
-use minductor::{
-    compile_with, interpret, Backend, CompileOptions, ConvOptions, CrossEntropyOptions, DType, Tensor, Traced,
-    Tracer,
-};
 use minductor::passes::PartitionOptions;
+use minductor::{
+    compile_with, interpret, Backend, CompileOptions, ConvOptions, CrossEntropyOptions, DType,
+    Tensor, Traced, Tracer,
+};
+use minductor_tests::Tolerance;
 use proptest::prelude::*;
 
 /// An input of a gradient check: name, dtype, shape and the range its values are drawn from.
@@ -212,7 +212,12 @@ fn check(name: &str, specs: &[Spec], f: impl Fn(&[Traced]) -> Traced) {
 }
 
 fn assert_close(name: &str, backend: Backend, got: &[Tensor], want: &[Tensor]) {
-    minductor_tests::assert_allclose(got, want, Tolerance::close(1e-4), &format!("{name}: {backend:?}"));
+    minductor_tests::assert_allclose(
+        got,
+        want,
+        Tolerance::close(1e-4),
+        &format!("{name}: {backend:?}"),
+    );
 }
 
 const S: &[usize] = &[3, 5];
@@ -250,14 +255,23 @@ fn binary_prims_with_broadcasting() {
         check("pow", &ab(b_shape, 0.5), |i| i[0].pow(&i[1]));
     }
     // Inputs drawn from disjoint ranges, so the comparisons have no ties within the step.
-    let apart = vec![distinct_input("a", S, -2.0, -1.0), distinct_input("b", S, 1.0, 2.0)];
-    check("maximum", &apart, |i| i[0].maximum(&i[1]) + i[1].maximum(&i[0]) * 2.0);
-    check("minimum", &apart, |i| i[0].minimum(&i[1]) + i[1].minimum(&i[0]) * 2.0);
+    let apart = vec![
+        distinct_input("a", S, -2.0, -1.0),
+        distinct_input("b", S, 1.0, 2.0),
+    ];
+    check("maximum", &apart, |i| {
+        i[0].maximum(&i[1]) + i[1].maximum(&i[0]) * 2.0
+    });
+    check("minimum", &apart, |i| {
+        i[0].minimum(&i[1]) + i[1].minimum(&i[0]) * 2.0
+    });
     let mixed = vec![f32_input("a", S, -2.0, 2.0), f32_input("b", S, -2.0, 2.0)];
     check("where", &mixed, |i| {
         i[0].gt(0.3).where_(&(&i[0] * &i[1]), &i[1].sin())
     });
-    check("pow_scalar", &[f32_input("x", S, 0.5, 2.0)], |i| i[0].pow(1.7));
+    check("pow_scalar", &[f32_input("x", S, 0.5, 2.0)], |i| {
+        i[0].pow(1.7)
+    });
 }
 
 #[test]
@@ -270,8 +284,15 @@ fn casts_pass_the_gradient_through() {
     let graph = t.finish(&g).unwrap();
     let xs = Tensor::from_vec(&[3], vec![0.1f32, 1.0 / 3.0, -7.7]).unwrap();
     for backend in [Backend::Eager, Backend::AotEager, Backend::Inductor] {
-        let out = compile_with(&graph, backend).unwrap().call(std::slice::from_ref(&xs)).unwrap();
-        assert_eq!(out[0].to_vec::<f32>().unwrap(), vec![3., 3., 3.], "{backend:?}");
+        let out = compile_with(&graph, backend)
+            .unwrap()
+            .call(std::slice::from_ref(&xs))
+            .unwrap();
+        assert_eq!(
+            out[0].to_vec::<f32>().unwrap(),
+            vec![3., 3., 3.],
+            "{backend:?}"
+        );
     }
 }
 
@@ -298,7 +319,10 @@ fn amax_splits_the_gradient_between_ties() {
     let graph = t.finish(&g).unwrap();
     let input = Tensor::from_vec(&[2, 3], vec![1f32, 3., 3., 2., 0., 1.]).unwrap();
     for backend in [Backend::Eager, Backend::AotEager, Backend::Inductor] {
-        let out = compile_with(&graph, backend).unwrap().call(std::slice::from_ref(&input)).unwrap();
+        let out = compile_with(&graph, backend)
+            .unwrap()
+            .call(std::slice::from_ref(&input))
+            .unwrap();
         assert_eq!(
             out[0].to_vec::<f32>().unwrap(),
             vec![0., 0.5, 0.5, 1., 0., 0.],
@@ -321,9 +345,14 @@ fn views() {
             i[0].slice(2, Some(start), Some(end), step).sin()
         });
     }
-    check("cat", &[f32_input("a", &[2, 3], -2.0, 2.0), f32_input("b", &[2, 2], -2.0, 2.0)], |i| {
-        Traced::cat(&[&i[0], &i[1], &i[0]], 1).sin()
-    });
+    check(
+        "cat",
+        &[
+            f32_input("a", &[2, 3], -2.0, 2.0),
+            f32_input("b", &[2, 2], -2.0, 2.0),
+        ],
+        |i| Traced::cat(&[&i[0], &i[1], &i[0]], 1).sin(),
+    );
 }
 
 #[test]
@@ -350,17 +379,26 @@ fn gathers_and_scatters() {
 fn matmuls() {
     check(
         "matmul_2d",
-        &[f32_input("a", &[3, 4], -1.0, 1.0), f32_input("b", &[4, 5], -1.0, 1.0)],
+        &[
+            f32_input("a", &[3, 4], -1.0, 1.0),
+            f32_input("b", &[4, 5], -1.0, 1.0),
+        ],
         |i| i[0].matmul(&i[1]).sin(),
     );
     check(
         "matmul_batched_broadcast",
-        &[f32_input("a", &[2, 1, 3, 4], -1.0, 1.0), f32_input("b", &[3, 4, 2], -1.0, 1.0)],
+        &[
+            f32_input("a", &[2, 1, 3, 4], -1.0, 1.0),
+            f32_input("b", &[3, 4, 2], -1.0, 1.0),
+        ],
         |i| i[0].matmul(&i[1]).tanh(),
     );
     check(
         "matmul_vector",
-        &[f32_input("a", &[3, 4], -1.0, 1.0), f32_input("v", &[4], -1.0, 1.0)],
+        &[
+            f32_input("a", &[3, 4], -1.0, 1.0),
+            f32_input("v", &[4], -1.0, 1.0),
+        ],
         |i| i[0].matmul(&i[1]).exp(),
     );
     check(
@@ -383,8 +421,14 @@ fn composites() {
     check("gelu", &x, |i| i[0].gelu());
     check("gelu_tanh", &x, |i| i[0].gelu_tanh());
     check("silu", &x, |i| i[0].silu());
-    check("relu_away_from_zero", &[f32_input("x", &[3, 6], 0.2, 2.0)], |i| i[0].relu());
-    check("reciprocal", &[f32_input("x", &[3, 6], 0.5, 2.0)], |i| i[0].reciprocal());
+    check(
+        "relu_away_from_zero",
+        &[f32_input("x", &[3, 6], 0.2, 2.0)],
+        |i| i[0].relu(),
+    );
+    check("reciprocal", &[f32_input("x", &[3, 6], 0.5, 2.0)], |i| {
+        i[0].reciprocal()
+    });
     check(
         "layer_norm",
         &[
@@ -396,11 +440,19 @@ fn composites() {
     );
     check(
         "mse_loss",
-        &[f32_input("x", &[3, 6], -2.0, 2.0), f32_input("t", &[3, 6], -2.0, 2.0)],
+        &[
+            f32_input("x", &[3, 6], -2.0, 2.0),
+            f32_input("t", &[3, 6], -2.0, 2.0),
+        ],
         |i| i[0].mse_loss(&i[1]).reshape(&[1]),
     );
-    let ce = vec![f32_input("logits", &[5, 4], -2.0, 2.0), index_input("y", &[5], 4)];
-    check("cross_entropy", &ce, |i| i[0].cross_entropy(&i[1]).reshape(&[1]));
+    let ce = vec![
+        f32_input("logits", &[5, 4], -2.0, 2.0),
+        index_input("y", &[5], 4),
+    ];
+    check("cross_entropy", &ce, |i| {
+        i[0].cross_entropy(&i[1]).reshape(&[1])
+    });
     check("cross_entropy_smoothed", &ce, |i| {
         i[0].cross_entropy_with(
             &i[1],
@@ -411,7 +463,9 @@ fn composites() {
         )
         .reshape(&[1])
     });
-    check("nll_loss", &ce, |i| i[0].log_softmax(1).nll_loss(&i[1]).reshape(&[1]));
+    check("nll_loss", &ce, |i| {
+        i[0].log_softmax(1).nll_loss(&i[1]).reshape(&[1])
+    });
 }
 
 /// Found by the random graphs: a kernel stored one value in place of the buffer that another of
@@ -438,9 +492,11 @@ fn layers_of_real_models() {
     check("triu", &x, |i| i[0].triu(1));
     check("tril", &x, |i| i[0].tril(0));
     check("repeat_interleave", &x, |i| i[0].repeat_interleave(2, 0));
-    check("max_with_indices", &[distinct_input("x", &[3, 5], -2.0, 2.0)], |i| {
-        i[0].max_dim(1, false).0
-    });
+    check(
+        "max_with_indices",
+        &[distinct_input("x", &[3, 5], -2.0, 2.0)],
+        |i| i[0].max_dim(1, false).0,
+    );
     let images = [
         f32_input("x", &[2, 4, 5, 6], -1.0, 1.0),
         f32_input("w", &[6, 2, 3, 3], -0.5, 0.5),
@@ -450,12 +506,16 @@ fn layers_of_real_models() {
         let options = ConvOptions::default().padding(1).stride(2).groups(2);
         i[0].conv2d(&i[1], Some(&i[2]), options)
     });
-    check("conv2d_depthwise", &[images[0].clone(), f32_input("w", &[4, 1, 3, 3], -0.5, 0.5)], |i| {
-        i[0].conv2d(&i[1], None, ConvOptions::default().padding(1).groups(4))
-    });
-    check("max_pool2d", &[distinct_input("x", &[1, 2, 5, 5], -1.0, 1.0)], |i| {
-        i[0].max_pool2d(3, 2, 1)
-    });
+    check(
+        "conv2d_depthwise",
+        &[images[0].clone(), f32_input("w", &[4, 1, 3, 3], -0.5, 0.5)],
+        |i| i[0].conv2d(&i[1], None, ConvOptions::default().padding(1).groups(4)),
+    );
+    check(
+        "max_pool2d",
+        &[distinct_input("x", &[1, 2, 5, 5], -1.0, 1.0)],
+        |i| i[0].max_pool2d(3, 2, 1),
+    );
     let qkv = [
         f32_input("q", &[1, 2, 4, 3], -1.0, 1.0),
         f32_input("k", &[1, 2, 4, 3], -1.0, 1.0),
@@ -486,7 +546,10 @@ fn cross_entropy_ignores_ignore_index_and_smooths_like_pytorch() {
     let xs = Tensor::from_vec(&[2, 3], vec![1f32, 2., 3., 7., -1., 0.5]).unwrap();
     let ys = Tensor::from_vec(&[2], vec![2i64, -100]).unwrap();
     for backend in [Backend::Eager, Backend::AotEager, Backend::Inductor] {
-        let out = compile_with(&graph, backend).unwrap().call(&[xs.clone(), ys.clone()]).unwrap();
+        let out = compile_with(&graph, backend)
+            .unwrap()
+            .call(&[xs.clone(), ys.clone()])
+            .unwrap();
         let got = out[0].to_f64_vec()[0];
         assert!((got - want).abs() < 1e-6, "{backend:?}: {got} vs {want}");
     }
@@ -502,8 +565,15 @@ fn second_derivative() {
     let graph = t.finish(&second).unwrap();
     let xs = Tensor::from_vec(&[4], vec![1f32, -2., 0.5, 3.]).unwrap();
     for backend in [Backend::Eager, Backend::AotEager, Backend::Inductor] {
-        let out = compile_with(&graph, backend).unwrap().call(std::slice::from_ref(&xs)).unwrap();
-        assert_eq!(out[0].to_vec::<f32>().unwrap(), vec![6., -12., 3., 18.], "{backend:?}");
+        let out = compile_with(&graph, backend)
+            .unwrap()
+            .call(std::slice::from_ref(&xs))
+            .unwrap();
+        assert_eq!(
+            out[0].to_vec::<f32>().unwrap(),
+            vec![6., -12., 3., 18.],
+            "{backend:?}"
+        );
     }
 }
 
@@ -518,9 +588,16 @@ fn detach_and_unused_values_get_zero_gradients() {
     let xs = Tensor::from_vec(&[3], vec![1f32, 2., 3.]).unwrap();
     let us = Tensor::from_vec(&[2], vec![5f32, 6.]).unwrap();
     for backend in [Backend::Eager, Backend::AotEager, Backend::Inductor] {
-        let out = compile_with(&graph, backend).unwrap().call(&[xs.clone(), us.clone()]).unwrap();
+        let out = compile_with(&graph, backend)
+            .unwrap()
+            .call(&[xs.clone(), us.clone()])
+            .unwrap();
         // The detached factor is a constant: d(x·c)/dx = c = x.
-        assert_eq!(out[0].to_vec::<f32>().unwrap(), vec![1., 2., 3.], "{backend:?}");
+        assert_eq!(
+            out[0].to_vec::<f32>().unwrap(),
+            vec![1., 2., 3.],
+            "{backend:?}"
+        );
         assert_eq!(out[1].to_vec::<f32>().unwrap(), vec![0., 0.], "{backend:?}");
     }
 }
@@ -537,8 +614,15 @@ fn explicit_output_gradients() {
     let xs = Tensor::from_vec(&[3], vec![1f32, 2., 3.]).unwrap();
     let vs = Tensor::from_vec(&[3], vec![1f32, 0.5, -1.]).unwrap();
     for backend in [Backend::Eager, Backend::AotEager, Backend::Inductor] {
-        let out = compile_with(&graph, backend).unwrap().call(&[xs.clone(), vs.clone()]).unwrap();
-        assert_eq!(out[0].to_vec::<f32>().unwrap(), vec![2., 2., -6.], "{backend:?}");
+        let out = compile_with(&graph, backend)
+            .unwrap()
+            .call(&[xs.clone(), vs.clone()])
+            .unwrap();
+        assert_eq!(
+            out[0].to_vec::<f32>().unwrap(),
+            vec![2., 2., -6.],
+            "{backend:?}"
+        );
     }
 }
 
@@ -551,7 +635,10 @@ fn bad_gradient_requests_are_trace_errors_naming_the_value() {
     })
     .unwrap_err()
     .to_string();
-    assert!(err.contains("input `idx` (i64[3])") && err.contains("floating-point"), "{err}");
+    assert!(
+        err.contains("input `idx` (i64[3])") && err.contains("floating-point"),
+        "{err}"
+    );
 
     let err = minductor::trace(|t| {
         let x = t.input("x", DType::F32, &[3]);
@@ -559,7 +646,10 @@ fn bad_gradient_requests_are_trace_errors_naming_the_value() {
     })
     .unwrap_err()
     .to_string();
-    assert!(err.contains("not a scalar") && err.contains("grad_with"), "{err}");
+    assert!(
+        err.contains("not a scalar") && err.contains("grad_with"),
+        "{err}"
+    );
 
     let err = minductor::trace(|t| {
         let x = t.input("x", DType::F32, &[3]);
@@ -577,7 +667,10 @@ fn bad_gradient_requests_are_trace_errors_naming_the_value() {
     })
     .unwrap_err()
     .to_string();
-    assert!(err.contains("cannot differentiate") && err.contains("i64"), "{err}");
+    assert!(
+        err.contains("cannot differentiate") && err.contains("i64"),
+        "{err}"
+    );
 }
 
 #[test]
@@ -600,7 +693,11 @@ fn the_partitioner_saves_gemm_outputs_and_recomputes_pointwise_chains() {
     outs.extend(loss.grad(&[&w1, &b1, &w2, &b2]));
     let graph = t.finish(&outs).unwrap();
     let compiled = compile_with(&graph, Backend::Inductor).unwrap();
-    let partition = compiled.artifacts().partition.as_ref().expect("a joint graph is partitioned");
+    let partition = compiled
+        .artifacts()
+        .partition
+        .as_ref()
+        .expect("a joint graph is partitioned");
     let saved: Vec<(&str, Vec<usize>)> = partition
         .saved
         .iter()
@@ -608,7 +705,11 @@ fn the_partitioner_saves_gemm_outputs_and_recomputes_pointwise_chains() {
         .collect();
     assert!(saved.contains(&("matmul", vec![8, 32])), "{partition}");
     assert!(saved.contains(&("matmul", vec![8, 16])), "{partition}");
-    assert_eq!(partition.saved_bytes(), (8 * 32 * 2 + 8 * 16) * 4, "{partition}");
+    assert_eq!(
+        partition.saved_bytes(),
+        (8 * 32 * 2 + 8 * 16) * 4,
+        "{partition}"
+    );
     assert!(
         partition
             .recomputed
@@ -639,9 +740,17 @@ fn the_partitioner_saves_gemm_outputs_and_recomputes_pointwise_chains() {
         .enumerate()
         .map(|(i, s)| minductor::workloads::uniform(&s, -1.0, 1.0, i as u64))
         .collect();
-    let want = compile_with(&graph, Backend::Eager).unwrap().call(&inputs).unwrap();
+    let want = compile_with(&graph, Backend::Eager)
+        .unwrap()
+        .call(&inputs)
+        .unwrap();
     for c in [&compiled, &tight] {
-        assert_close("partitioned", Backend::Inductor, &c.call(&inputs).unwrap(), &want);
+        assert_close(
+            "partitioned",
+            Backend::Inductor,
+            &c.call(&inputs).unwrap(),
+            &want,
+        );
     }
 }
 
@@ -700,10 +809,7 @@ fn apply(step: Step, v: &Traced, y: &Traced) -> Traced {
         Step::SubMean(d) => v - v.mean(&[d as isize], true),
         Step::Transpose => v.transpose(0, 1).transpose(0, 1) * 0.5,
         Step::SliceCat => Traced::cat(
-            &[
-                &v.slice(1, Some(1), None, 1),
-                &v.slice(1, None, Some(1), 1),
-            ],
+            &[&v.slice(1, Some(1), None, 1), &v.slice(1, None, Some(1), 1)],
             1,
         ),
         Step::MatmulSquare => v.matmul(&v.transpose(0, 1)).matmul(v) * 0.1,
@@ -757,7 +863,10 @@ fn jit_compiles_gradients_with_guards_and_a_dynamic_batch() {
             step(&xs)
         })
         .unwrap();
-        let want = compile_with(&graph, Backend::Eager).unwrap().call(&inputs).unwrap();
+        let want = compile_with(&graph, Backend::Eager)
+            .unwrap()
+            .call(&inputs)
+            .unwrap();
         assert_close("jit train step", Backend::Inductor, &got, &want);
     }
     let stats = f.stats();

@@ -271,12 +271,18 @@ fn new_ops_reject_bad_sizes_with_errors_naming_the_op() {
         let x = t.input("x", DType::F32, &[2, 16, 5, 5]);
         vec![x.group_norm(3, None, None, 1e-5)]
     });
-    assert!(e.contains("group_norm") && e.contains("16 channels") && e.contains("3 groups"), "{e}");
+    assert!(
+        e.contains("group_norm") && e.contains("16 channels") && e.contains("3 groups"),
+        "{e}"
+    );
     let e = err(|t| {
         let x = t.input("x", DType::F32, &[2, 3, 4, 4]);
         vec![x.avg_pool2d(5)]
     });
-    assert!(e.contains("avg_pool2d") && e.contains("5x5") && e.contains("[2, 3, 4, 4]"), "{e}");
+    assert!(
+        e.contains("avg_pool2d") && e.contains("5x5") && e.contains("[2, 3, 4, 4]"),
+        "{e}"
+    );
     let e = err(|t| {
         let x = t.input("x", DType::F32, &[2, 3]);
         vec![x.pad(&[1, 2, 3], 0.0)]
@@ -313,7 +319,10 @@ fn out_of_range_indices_of_index_select_and_gather_are_errors_on_every_backend()
                 .call(&[x.clone(), i.clone()])
                 .unwrap_err()
                 .to_string();
-            assert!(err.contains(&bad.to_string()) && err.contains("out of range"), "{backend:?}: {err}");
+            assert!(
+                err.contains(&bad.to_string()) && err.contains("out of range"),
+                "{backend:?}: {err}"
+            );
         }
     }
 }
@@ -337,7 +346,10 @@ fn embedding_indices_reaching_the_gather_through_a_view_are_range_checked() {
                 .call(&[ids.clone(), table.clone()])
                 .unwrap_err()
                 .to_string();
-            assert!(err.contains("out of range"), "{backend:?}, {rows} rows: {err}");
+            assert!(
+                err.contains("out of range"),
+                "{backend:?}, {rows} rows: {err}"
+            );
         }
     }
 }

@@ -26,7 +26,11 @@ fn inputs(seed: u64) -> Vec<Tensor> {
 fn calls_from_several_threads_give_each_callers_result() {
     let compiled = compile(&graph()).unwrap();
     let expected: Vec<Vec<f32>> = (0..8)
-        .map(|s| compiled.call(&inputs(s)).unwrap()[0].to_vec::<f32>().unwrap())
+        .map(|s| {
+            compiled.call(&inputs(s)).unwrap()[0]
+                .to_vec::<f32>()
+                .unwrap()
+        })
         .collect();
     std::thread::scope(|scope| {
         for thread in 0..4u64 {
@@ -34,7 +38,9 @@ fn calls_from_several_threads_give_each_callers_result() {
             scope.spawn(move || {
                 for round in 0..50u64 {
                     let s = (thread + round) % 8;
-                    let got = compiled.call(&inputs(s)).unwrap()[0].to_vec::<f32>().unwrap();
+                    let got = compiled.call(&inputs(s)).unwrap()[0]
+                        .to_vec::<f32>()
+                        .unwrap();
                     assert_eq!(got, expected[s as usize], "thread {thread}, round {round}");
                 }
             });
@@ -46,11 +52,19 @@ fn calls_from_several_threads_give_each_callers_result() {
 fn calls_from_inside_rayon_tasks_do_not_deadlock() {
     let compiled = compile(&graph()).unwrap();
     let lone: Vec<Vec<f32>> = (0..16)
-        .map(|s| compiled.call(&inputs(s)).unwrap()[0].to_vec::<f32>().unwrap())
+        .map(|s| {
+            compiled.call(&inputs(s)).unwrap()[0]
+                .to_vec::<f32>()
+                .unwrap()
+        })
         .collect();
     let parallel: Vec<Vec<f32>> = (0..16u64)
         .into_par_iter()
-        .map(|s| compiled.call(&inputs(s)).unwrap()[0].to_vec::<f32>().unwrap())
+        .map(|s| {
+            compiled.call(&inputs(s)).unwrap()[0]
+                .to_vec::<f32>()
+                .unwrap()
+        })
         .collect();
     assert_eq!(parallel, lone);
 }

@@ -1,9 +1,9 @@
 //! Compiled against the reference interpreter over many shapes: odd sizes exercise vector tails,
 //! reductions over every axis exercise strided loops, views exercise index arithmetic.
 
-use minductor_tests::Tolerance;
 use minductor::passes::kernel::Step;
 use minductor::{compile, interpret, trace, DType, Graph, Tensor, Traced, Tracer};
+use minductor_tests::Tolerance;
 
 fn values(shape: &[usize], seed: u32) -> Tensor {
     let n: usize = shape.iter().product();
@@ -21,7 +21,12 @@ fn check(graph: &Graph, inputs: &[Tensor], tol: f64, what: &str) {
         .unwrap_or_else(|e| panic!("{what}: {e}"))
         .call(inputs)
         .unwrap();
-    minductor_tests::assert_allclose(&got, &want, Tolerance::close(tol), &format!("{what}\n{graph}"));
+    minductor_tests::assert_allclose(
+        &got,
+        &want,
+        Tolerance::close(tol),
+        &format!("{what}\n{graph}"),
+    );
 }
 
 fn build(shapes: &[&[usize]], f: impl FnOnce(&[Traced]) -> Vec<Traced>) -> (Graph, Vec<Tensor>) {
@@ -256,7 +261,12 @@ fn recycled_output_blocks_are_fully_overwritten_and_never_shared() {
         let inputs = [values(&[n], 2 + round % 2)];
         let want = interpret(&g, &inputs).unwrap();
         let got = compiled.call(&inputs).unwrap();
-        minductor_tests::assert_allclose(&got, &want, Tolerance::close(1e-5), &format!("round {round}"));
+        minductor_tests::assert_allclose(
+            &got,
+            &want,
+            Tolerance::close(1e-5),
+            &format!("round {round}"),
+        );
     }
     // The outputs held across those calls still hold the first call's values.
     minductor_tests::assert_allclose(&held, &want_first, Tolerance::close(1e-5), "held outputs");

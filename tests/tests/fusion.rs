@@ -1,9 +1,9 @@
 //! What the compiler does, asserted from its printed artifacts: decompositions, fusion decisions.
 
-use minductor_tests::Tolerance;
 use minductor::passes::kernel::{StageAction, Step};
 use minductor::workloads::uniform;
 use minductor::{compile, interpret, passes, trace, DType, Graph, Tensor};
+use minductor_tests::Tolerance;
 
 fn program_of(graph: &Graph) -> passes::kernel::Program {
     compile(graph).unwrap().artifacts().program.clone().unwrap()
@@ -133,7 +133,10 @@ fn math_blocks_match_the_interpreter_at_block_tails() {
             vec![nested, soft, gelu]
         })
         .unwrap();
-        let inputs = vec![uniform(&[3, n], -3.0, 3.0, n as u64), uniform(&[3, 1], -1.0, 1.0, 7)];
+        let inputs = vec![
+            uniform(&[3, n], -3.0, 3.0, n as u64),
+            uniform(&[3, 1], -1.0, 1.0, 7),
+        ];
         assert_matches_interpreter(&graph, &inputs, 1e-5);
     }
 }
@@ -406,7 +409,11 @@ fn softmax_computes_each_exponential_once() {
     let program = |dtype: DType, log: bool| {
         let graph = trace(|t| {
             let x = t.input("x", dtype, &[6, 37]);
-            vec![if log { x.log_softmax(-1) } else { x.softmax(-1) }]
+            vec![if log {
+                x.log_softmax(-1)
+            } else {
+                x.softmax(-1)
+            }]
         })
         .unwrap();
         program_of(&graph)
@@ -419,7 +426,10 @@ fn softmax_computes_each_exponential_once() {
     };
     let softmax = program(DType::F32, false);
     assert_eq!(stage_stores(&softmax), vec![0, 1, 1], "{softmax}");
-    assert!(softmax.to_string().contains("reduce_sum e3, store buf1"), "{softmax}");
+    assert!(
+        softmax.to_string().contains("reduce_sum e3, store buf1"),
+        "{softmax}"
+    );
     assert_eq!(stage_stores(&program(DType::F16, false)), vec![0, 0, 1]);
     assert_eq!(stage_stores(&program(DType::F32, true)), vec![0, 0, 1]);
     for n in [1usize, 5, 256, 1031] {

@@ -162,7 +162,10 @@ fn triu_and_tril_match_the_interpreter_and_hand_values() {
     })
     .unwrap();
     let x = Tensor::from_vec(&[3, 4], (1..=12).map(|v| v as f32).collect()).unwrap();
-    let out = compile(&graph).unwrap().call(&[x.clone()]).unwrap();
+    let out = compile(&graph)
+        .unwrap()
+        .call(std::slice::from_ref(&x))
+        .unwrap();
     assert_eq!(
         out[0].to_f64_vec(),
         [0., 2., 3., 4., 0., 0., 7., 8., 0., 0., 0., 12.]
@@ -212,8 +215,11 @@ fn arg_reductions_pick_the_first_extreme_along_every_dim() {
     )
     .unwrap();
     for out in [
-        interpret(&graph, &[x.clone()]).unwrap(),
-        compile(&graph).unwrap().call(&[x.clone()]).unwrap(),
+        interpret(&graph, std::slice::from_ref(&x)).unwrap(),
+        compile(&graph)
+            .unwrap()
+            .call(std::slice::from_ref(&x))
+            .unwrap(),
     ] {
         assert_eq!(out[0].dtype(), DType::I64);
         assert_eq!(out[0].to_f64_vec(), [1., 1., 2.]);
@@ -463,7 +469,10 @@ fn avg_pool2d_with_strides_and_padding_counts_padded_zeros() {
             vec![i[0].avg_pool2d_with(2, 2, 0) - i[0].avg_pool2d(2)]
         });
         let out = compile(&g).unwrap().call(&inputs).unwrap();
-        assert!(out[0].to_f64_vec().iter().all(|v| v.abs() < 1e-6), "size {size}");
+        assert!(
+            out[0].to_f64_vec().iter().all(|v| v.abs() < 1e-6),
+            "size {size}"
+        );
         let (g, inputs) = build(&[&[2, 3, size, size + 1]], |i| {
             vec![i[0].avg_pool2d_with(3, 2, 1)]
         });
@@ -493,7 +502,10 @@ fn adaptive_avg_pool2d_at_sizes_that_do_not_divide() {
     .unwrap();
     let x = Tensor::from_vec(&[1, 1, 5, 1], vec![1f32, 2., 3., 4., 5.]).unwrap();
     for backend in [Backend::Eager, Backend::Inductor] {
-        let out = compile_with(&graph, backend).unwrap().call(&[x.clone()]).unwrap();
+        let out = compile_with(&graph, backend)
+            .unwrap()
+            .call(std::slice::from_ref(&x))
+            .unwrap();
         let v = out[0].to_f64_vec();
         assert_eq!(out[0].shape(), &[1, 1, 3, 1]);
         for (a, b) in v.iter().zip([1.5, 3.0, 4.5]) {
@@ -501,8 +513,15 @@ fn adaptive_avg_pool2d_at_sizes_that_do_not_divide() {
         }
     }
     for &(h, w, oh, ow) in &[(7, 9, 3, 4), (13, 13, 7, 7), (5, 6, 5, 6), (4, 4, 1, 1)] {
-        let (g, inputs) = build(&[&[2, 3, h, w]], |i| vec![i[0].adaptive_avg_pool2d((oh, ow))]);
-        check(&g, &inputs, 1e-6, &format!("adaptive_avg_pool2d {h}x{w} → {oh}x{ow}"));
+        let (g, inputs) = build(&[&[2, 3, h, w]], |i| {
+            vec![i[0].adaptive_avg_pool2d((oh, ow))]
+        });
+        check(
+            &g,
+            &inputs,
+            1e-6,
+            &format!("adaptive_avg_pool2d {h}x{w} → {oh}x{ow}"),
+        );
     }
 }
 

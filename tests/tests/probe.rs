@@ -35,14 +35,21 @@ fn probe_cache_round_trips_and_is_reused_until_forced() {
     {
         use std::arch::is_x86_feature_detected as has;
         let widths: Vec<u32> = first.fma_peaks.iter().map(|p| p.bits).collect();
-        let expected: Vec<u32> = [(128, has!("fma")), (256, has!("avx") && has!("fma")), (512, has!("avx512f"))]
-            .into_iter()
-            .filter_map(|(bits, present)| present.then_some(bits))
-            .collect();
+        let expected: Vec<u32> = [
+            (128, has!("fma")),
+            (256, has!("avx") && has!("fma")),
+            (512, has!("avx512f")),
+        ]
+        .into_iter()
+        .filter_map(|(bits, present)| present.then_some(bits))
+        .collect();
         assert_eq!(widths, expected);
     }
     for p in &first.fma_peaks {
-        assert!(p.gflops > 0.0 && p.gflops.is_finite() && p.gflops_all_threads > 0.0, "{p:?}");
+        assert!(
+            p.gflops > 0.0 && p.gflops.is_finite() && p.gflops_all_threads > 0.0,
+            "{p:?}"
+        );
     }
     if let Some(widest) = first.fma_peaks.last() {
         assert_eq!(first.compute_peak_gflops(), widest.gflops_all_threads);

@@ -2,8 +2,8 @@
 //! ops, views, `arange`, masks and scans, compiled with the full pipeline and compared with the reference interpreter;
 //! proptest shrinks any failure to the smallest graph and shape.
 
-use minductor_tests::{compare_outputs, Tolerance};
 use minductor::{compile, interpret, DType, Tensor, Traced, Tracer};
+use minductor_tests::{compare_outputs, Tolerance};
 use proptest::prelude::*;
 
 /// One shape-preserving step applied to the running value `v` (with a second input `y` that

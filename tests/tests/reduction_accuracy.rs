@@ -23,21 +23,39 @@ fn mean_of_8m_uniform_values_is_within_1e_7() {
     let x = uniform(&[n], 0.0, 1.0, 11);
     let exact = x.to_f64_vec().iter().sum::<f64>() / n as f64;
     let graph = trace(|t| vec![t.input("x", DType::F32, &[n]).mean(&[0], false)]).unwrap();
-    let got = compile(&graph).unwrap().call(std::slice::from_ref(&x)).unwrap()[0].to_f64_vec()[0];
+    let got = compile(&graph)
+        .unwrap()
+        .call(std::slice::from_ref(&x))
+        .unwrap()[0]
+        .to_f64_vec()[0];
     assert!(
         ((got - exact) / exact).abs() <= 1e-7,
         "mean {got} vs f64 {exact}: relative error {:e}",
         ((got - exact) / exact).abs()
     );
 
-    let rows = Tensor::from_vec(&[4, n / 4], x.to_f64_vec().iter().map(|&v| v as f32).collect::<Vec<f32>>()).unwrap();
+    let rows = Tensor::from_vec(
+        &[4, n / 4],
+        x.to_f64_vec()
+            .iter()
+            .map(|&v| v as f32)
+            .collect::<Vec<f32>>(),
+    )
+    .unwrap();
     let graph = trace(|t| vec![t.input("x", DType::F32, &[4, n / 4]).mean(&[1], false)]).unwrap();
-    let got = compile(&graph).unwrap().call(std::slice::from_ref(&rows)).unwrap()[0].to_f64_vec();
+    let got = compile(&graph)
+        .unwrap()
+        .call(std::slice::from_ref(&rows))
+        .unwrap()[0]
+        .to_f64_vec();
     let values = rows.to_f64_vec();
     for (r, g) in got.iter().enumerate() {
         let row = &values[r * n / 4..(r + 1) * n / 4];
         let exact = row.iter().sum::<f64>() / row.len() as f64;
-        assert!(((g - exact) / exact).abs() <= 1e-7, "row {r}: {g} vs {exact}");
+        assert!(
+            ((g - exact) / exact).abs() <= 1e-7,
+            "row {r}: {g} vs {exact}"
+        );
     }
 }
 
@@ -50,7 +68,10 @@ fn blocked_sums_keep_infinities_and_nan() {
     for (specials, want) in [
         (vec![(3, f32::INFINITY)], f64::INFINITY),
         (vec![(4999, f32::NEG_INFINITY)], f64::NEG_INFINITY),
-        (vec![(10, f32::INFINITY), (4000, f32::NEG_INFINITY)], f64::NAN),
+        (
+            vec![(10, f32::INFINITY), (4000, f32::NEG_INFINITY)],
+            f64::NAN,
+        ),
         (vec![(2048, f32::NAN)], f64::NAN),
     ] {
         let mut values = vec![0.5f32; n];

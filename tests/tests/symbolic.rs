@@ -1,10 +1,10 @@
 //! Symbolic (dynamic) batch dims on the inductor backend: one compiled program serves every size,
 //! tails included, and agrees with a static compile of the same function at each size.
 
-use minductor_tests::Tolerance;
 use minductor::ir::{Dim, SymId, TensorType};
 use minductor::passes::kernel::Step;
 use minductor::{compile, interpret, DType, Graph, RuntimeError, Tensor, Traced, Tracer};
+use minductor_tests::Tolerance;
 
 fn ramp(shape: &[usize], seed: f32) -> Tensor {
     let n: usize = shape.iter().product();
@@ -55,7 +55,12 @@ fn check_every_size(shapes: &[&[usize]], weights: &[&[usize]], f: &Body) -> Grap
             .collect();
         let want = interpret(&build(Some(batch), shapes, weights, f), &inputs).unwrap();
         let got = symbolic.call(&inputs).unwrap();
-        minductor_tests::assert_allclose(&got, &want, Tolerance::close(1e-4), &format!("batch {batch}"));
+        minductor_tests::assert_allclose(
+            &got,
+            &want,
+            Tolerance::close(1e-4),
+            &format!("batch {batch}"),
+        );
     }
     symbolic.artifacts().prim_graph.clone().unwrap()
 }

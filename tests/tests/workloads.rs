@@ -5,8 +5,8 @@
 use minductor::bench::{compare, run_workload, BenchOptions};
 use minductor::probe::{FmaPeak, MachineProbe};
 use minductor::workloads::{
-    attention, by_name, layer_norm, llama_block, mlp_workload, pointwise_gelu_sweep,
-    resnet_block, softmax_sweep, Bound, Workload, SUITE,
+    attention, by_name, layer_norm, llama_block, mlp_workload, pointwise_gelu_sweep, resnet_block,
+    softmax_sweep, Bound, Workload, SUITE,
 };
 use minductor::{compile_with, Backend};
 use std::time::Duration;

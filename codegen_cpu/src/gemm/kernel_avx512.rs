@@ -130,8 +130,7 @@ pub(super) unsafe fn pack_columns(
             // `panel`, which holds `k·NR`.
             unsafe {
                 let base = data.as_ptr().add(column + p);
-                let value =
-                    _mm512_mask_i32gather_ps::<4>(_mm512_setzero_ps(), mask, offsets, base);
+                let value = _mm512_mask_i32gather_ps::<4>(_mm512_setzero_ps(), mask, offsets, base);
                 _mm512_storeu_ps(panel.as_mut_ptr().add(p * NR + 16 * v), value);
             }
         }

@@ -217,7 +217,11 @@ impl<'a> MatrixRef<'a> {
 
     /// Rows `start..end` of this view.
     pub fn rows(&self, start: usize, end: usize) -> MatrixRef<'a> {
-        assert!(start <= end && end <= self.rows, "rows {start}..{end} of {}", self.rows);
+        assert!(
+            start <= end && end <= self.rows,
+            "rows {start}..{end} of {}",
+            self.rows
+        );
         MatrixRef {
             // An empty view never reads, so it keeps the old offset.
             offset: if start == end || self.cols == 0 {
@@ -263,7 +267,9 @@ impl<'a> MatrixMut<'a> {
         [rows, cols]: [usize; 2],
         row_stride: usize,
     ) -> Result<Self, GemmError> {
-        if rows > 0 && cols > 0 && (row_stride < cols || (rows - 1) * row_stride + cols > data.len())
+        if rows > 0
+            && cols > 0
+            && (row_stride < cols || (rows - 1) * row_stride + cols > data.len())
         {
             return Err(GemmError::OutOfBounds {
                 what: "output",
@@ -365,7 +371,11 @@ impl<'a> PackedB<'a> {
     }
 
     /// Packs all of `b` for `kernel` now, splitting the panels across `threads` threads.
-    pub fn pack(b: &MatrixRef<'a>, kernel: Kernel, threads: usize) -> Result<PackedB<'a>, GemmError> {
+    pub fn pack(
+        b: &MatrixRef<'a>,
+        kernel: Kernel,
+        threads: usize,
+    ) -> Result<PackedB<'a>, GemmError> {
         let packed = Self::lazy(b, kernel)?;
         let panels = packed.panels();
         let threads = threads.clamp(1, panels.max(1));
@@ -496,7 +506,16 @@ pub fn multiply_from(
     let panels = b.panels();
     // SAFETY: shapes were checked to agree; `c` is borrowed uniquely for the whole call and
     // its extent was checked by `MatrixMut::new`.
-    unsafe { multiply_panels(a, b, c.data.as_mut_ptr(), c.row_stride, 0..panels, first_panel) };
+    unsafe {
+        multiply_panels(
+            a,
+            b,
+            c.data.as_mut_ptr(),
+            c.row_stride,
+            0..panels,
+            first_panel,
+        )
+    };
     Ok(())
 }
 

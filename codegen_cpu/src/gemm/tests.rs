@@ -91,7 +91,10 @@ fn check(kernel: Kernel, [m, k, n]: [usize; 3], layouts: [Layout; 2], threads: u
 }
 
 fn supported_kernels() -> Vec<Kernel> {
-    let kernels: Vec<Kernel> = Kernel::ALL.into_iter().filter(|k| k.is_supported()).collect();
+    let kernels: Vec<Kernel> = Kernel::ALL
+        .into_iter()
+        .filter(|k| k.is_supported())
+        .collect();
     assert!(kernels.contains(&Kernel::Portable));
     kernels
 }
@@ -133,7 +136,12 @@ fn sizes_past_one_cache_block_in_every_dimension() {
     for kernel in supported_kernels() {
         check(kernel, [301, 600, 130], [Layout::RowMajor; 2], 1);
         check(kernel, [265, 129, 65], [Layout::Transposed; 2], 1);
-        check(kernel, [7, 257, 65], [Layout::Transposed, Layout::RowMajor], 1);
+        check(
+            kernel,
+            [7, 257, 65],
+            [Layout::Transposed, Layout::RowMajor],
+            1,
+        );
     }
 }
 
@@ -142,7 +150,12 @@ fn threads_split_rows_or_columns_without_changing_the_result() {
     for kernel in supported_kernels() {
         for threads in [2, 3] {
             // Enough rows: split by rows (with a ragged last part).
-            check(kernel, [203, 70, 90], [Layout::RowMajor, Layout::Transposed], threads);
+            check(
+                kernel,
+                [203, 70, 90],
+                [Layout::RowMajor, Layout::Transposed],
+                threads,
+            );
             // Few rows and many columns: split by columns.
             check(kernel, [5, 70, 700], [Layout::RowMajor; 2], threads);
             check(kernel, [1, 3, 1], [Layout::RowMajor; 2], threads);
@@ -175,7 +188,10 @@ fn a_batch_of_products_at_offsets_into_one_buffer() {
                     })
                     .sum();
                 let found = c_data[index * m * n + i * n + j] as f64;
-                assert!((found - exact).abs() <= k as f64 * 1e-6, "{kernel:?} {index} {i} {j}");
+                assert!(
+                    (found - exact).abs() <= k as f64 * 1e-6,
+                    "{kernel:?} {index} {i} {j}"
+                );
             }
         }
     }

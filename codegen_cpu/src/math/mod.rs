@@ -76,8 +76,8 @@ mod clif;
 #[cfg(test)]
 pub(crate) mod tests;
 
-pub(crate) use clif::{host_has_fma, Em};
 pub use clif::{emit_math, emit_pow};
+pub(crate) use clif::{host_has_fma, Em};
 
 use cranelift_codegen::ir::condcodes::{FloatCC, IntCC};
 
