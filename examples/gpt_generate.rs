@@ -6,9 +6,9 @@
 //!
 //! `cargo run --release --example gpt_generate [tokens] [path/to/model_gpt_tiny_t7.safetensors]`
 
-use minductor::golden::default_golden_models_dir;
-use minductor::golden::models::{gpt_forward, GPT_INPUTS};
 use minductor::{jit, load_safetensors, Tensor, Traced};
+use minductor_tools::golden::default_golden_models_dir;
+use minductor_tools::golden::models::{gpt_forward, GPT_INPUTS};
 use std::collections::HashMap;
 use std::time::Instant;
 

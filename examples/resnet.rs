@@ -5,9 +5,9 @@
 //!
 //! `cargo run --release --example resnet [path/to/model_tiny_resnet.safetensors]`
 
-use minductor::golden::models::{tiny_resnet, TINY_RESNET};
-use minductor::golden::{compare, default_golden_models_dir};
 use minductor::{compile_with, load_safetensors, Backend, Tracer};
+use minductor_tools::golden::models::{tiny_resnet, TINY_RESNET};
+use minductor_tools::golden::{compare, default_golden_models_dir};
 use std::collections::HashMap;
 use std::time::Instant;
 

@@ -11,12 +11,6 @@
 //! let out = compiled.call(&[Tensor::zeros(DType::F32, &[4, 8])]).unwrap();
 //! ```
 
-pub mod bench;
-pub mod golden;
-pub mod probe;
-pub mod report;
-pub mod workloads;
-
 pub use minductor_codegen_cpu as codegen_cpu;
 pub use minductor_frontend::{
     compile, compile_with, compile_with_options, current_stance, explain, jit,

@@ -4,8 +4,8 @@
 //! `cargo bench -p minductor-benches --bench concurrent_calls`
 
 use criterion::{criterion_group, criterion_main, Criterion};
-use minductor::workloads::uniform;
 use minductor::{compile, trace, DType};
+use minductor_tools::workloads::uniform;
 
 const CALLS: usize = 2000;
 

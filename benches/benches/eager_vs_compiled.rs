@@ -1,5 +1,5 @@
 //! Eager (reference interpreter) against compiled (full pipeline) on the benchmark suite
-//! (`minductor::workloads`). `cargo bench -p minductor-benches [-- NAME]`
+//! (`minductor_tools::workloads`). `cargo bench -p minductor-benches [-- NAME]`
 //!
 //! Kept quick: 10 samples and short warmup and measurement times for every workload, and flat
 //! sampling (the same iteration count in every sample) where an eager call takes over 10 ms, since

@@ -4,8 +4,8 @@
 //! `cargo bench -p minductor-benches --bench jit_overhead`
 
 use criterion::{criterion_group, criterion_main, Criterion};
-use minductor::workloads::uniform;
 use minductor::{compile, jit, trace, DType, Traced};
+use minductor_tools::workloads::uniform;
 
 fn values(shape: &[usize], seed: u64) -> minductor::Tensor {
     uniform(shape, -2.0, 2.0, seed)

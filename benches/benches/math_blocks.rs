@@ -5,8 +5,8 @@
 //! `MINDUCTOR_MATH_BLOCKS=0`.
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
-use minductor::workloads::uniform;
 use minductor::{compile, runtime, trace, DType};
+use minductor_tools::workloads::uniform;
 
 const N: usize = 1 << 16;
 

@@ -59,7 +59,7 @@ fn index_input(name: &'static str, shape: &[usize], classes: usize) -> Spec {
 }
 
 fn values(spec: &Spec, seed: u64) -> Tensor {
-    let t = minductor::workloads::uniform(&spec.shape, spec.low, spec.high, seed);
+    let t = minductor_tools::workloads::uniform(&spec.shape, spec.low, spec.high, seed);
     if spec.distinct {
         // Rank the random values and map rank r to low + (r + 0.5)·(high − low)/n.
         let v = t.to_vec::<f32>().unwrap();
@@ -156,7 +156,7 @@ fn check(name: &str, specs: &[Spec], f: impl Fn(&[Traced]) -> Traced) {
     let (forward, joint) = trace_in(name, specs, DType::F64, &f);
     let inputs = inputs_in(specs, DType::F64);
     let out_shape: Vec<usize> = forward.ty(forward.outputs()[0]).static_sizes().unwrap();
-    let weights32 = minductor::workloads::uniform(&out_shape, -1.0, 1.0, 99);
+    let weights32 = minductor_tools::workloads::uniform(&out_shape, -1.0, 1.0, 99);
     let weights = Tensor::from_f64(DType::F64, &out_shape, &weights32.to_f64_vec()).unwrap();
     let weight_values = floats(&weights);
     let loss_of = |inputs: &[Tensor]| -> f64 {
@@ -738,7 +738,7 @@ fn the_partitioner_saves_gemm_outputs_and_recomputes_pointwise_chains() {
         .map(|s| s.to_vec())
         .chain([vec![32, 16], vec![32], vec![16, 32], vec![16]])
         .enumerate()
-        .map(|(i, s)| minductor::workloads::uniform(&s, -1.0, 1.0, i as u64))
+        .map(|(i, s)| minductor_tools::workloads::uniform(&s, -1.0, 1.0, i as u64))
         .collect();
     let want = compile_with(&graph, Backend::Eager)
         .unwrap()
@@ -848,10 +848,10 @@ fn jit_compiles_gradients_with_guards_and_a_dynamic_batch() {
     let f = minductor::jit(step).input_names(&["x", "t", "w", "b"]);
     for batch in [2usize, 3, 5, 8, 13] {
         let inputs = vec![
-            minductor::workloads::uniform(&[batch, 6], -1.0, 1.0, batch as u64),
-            minductor::workloads::uniform(&[batch, 4], -1.0, 1.0, 100 + batch as u64),
-            minductor::workloads::uniform(&[4, 6], -1.0, 1.0, 7),
-            minductor::workloads::uniform(&[4], -1.0, 1.0, 8),
+            minductor_tools::workloads::uniform(&[batch, 6], -1.0, 1.0, batch as u64),
+            minductor_tools::workloads::uniform(&[batch, 4], -1.0, 1.0, 100 + batch as u64),
+            minductor_tools::workloads::uniform(&[4, 6], -1.0, 1.0, 7),
+            minductor_tools::workloads::uniform(&[4], -1.0, 1.0, 8),
         ];
         let got = f.call(&inputs).unwrap();
         let graph = minductor::trace(|t| {

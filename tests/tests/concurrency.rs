@@ -17,8 +17,8 @@ fn graph() -> minductor::Graph {
 
 fn inputs(seed: u64) -> Vec<Tensor> {
     vec![
-        minductor::workloads::uniform(&[32, 64], -2.0, 2.0, seed),
-        minductor::workloads::uniform(&[48, 64], -0.5, 0.5, 1000 + seed),
+        minductor_tools::workloads::uniform(&[32, 64], -2.0, 2.0, seed),
+        minductor_tools::workloads::uniform(&[48, 64], -0.5, 0.5, 1000 + seed),
     ]
 }
 

@@ -6,9 +6,9 @@
 //!
 //! The Cranelift IR is not snapshotted: it changes with every codegen detail.
 
-use minductor::golden::{build_case, TensorSpec};
 use minductor::passes::cost::program_cost;
 use minductor::{compile, dump, interpret, trace, Compiled, DType, Graph, Tensor};
+use minductor_tools::golden::{build_case, TensorSpec};
 
 /// The three texts, under headers, for one snapshot per graph.
 fn dump_text(graph: &Graph) -> String {

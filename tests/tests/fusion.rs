@@ -1,9 +1,9 @@
 //! What the compiler does, asserted from its printed artifacts: decompositions, fusion decisions.
 
 use minductor::passes::kernel::{StageAction, Step};
-use minductor::workloads::uniform;
 use minductor::{compile, interpret, passes, trace, DType, Graph, Tensor};
 use minductor_tests::Tolerance;
+use minductor_tools::workloads::uniform;
 
 fn program_of(graph: &Graph) -> passes::kernel::Program {
     compile(graph).unwrap().artifacts().program.clone().unwrap()

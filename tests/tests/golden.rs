@@ -3,8 +3,8 @@
 //!
 //! The manifest is `../shared/golden` (or `$MINDUCTOR_GOLDEN_DIR`); shapes come from its files.
 
-use minductor::golden::{default_golden_dir, run_golden, Outcome};
 use minductor::Backend;
+use minductor_tools::golden::{default_golden_dir, run_golden, Outcome};
 
 #[test]
 fn every_golden_case_matches_pytorch_on_every_backend() {

@@ -2,8 +2,8 @@
 //! backend, against PyTorch: the runner must build each one (nothing skipped), every case in
 //! `models::SUPPORTED` must run and pass, and no case may fail.
 
-use minductor::golden::{default_golden_models_dir, models, run_golden, Outcome};
 use minductor::Backend;
+use minductor_tools::golden::{default_golden_models_dir, models, run_golden, Outcome};
 
 #[test]
 fn supported_golden_model_cases_match_pytorch_on_every_backend() {
@@ -41,8 +41,8 @@ fn supported_golden_model_cases_match_pytorch_on_every_backend() {
 /// not a symbolic graph): at most one compile per length.
 #[test]
 fn one_jit_function_serves_the_gpt_sweep() {
-    use minductor::golden::{compare, load_manifest, load_tensors};
     use minductor::{jit, Traced};
+    use minductor_tools::golden::{compare, load_manifest, load_tensors};
     use std::collections::HashMap;
     let dir = default_golden_models_dir();
     let cases: Vec<_> = load_manifest(&dir)
@@ -87,9 +87,9 @@ fn one_jit_function_serves_the_gpt_sweep() {
 /// sequence lengths (random weights), the compiled models agree with the interpreter.
 #[test]
 fn model_builders_run_at_other_shapes() {
-    use minductor::golden::{build_case, load_manifest, TensorSpec};
-    use minductor::workloads::uniform;
     use minductor::{compile_with, DType, Tensor};
+    use minductor_tools::golden::{build_case, load_manifest, TensorSpec};
+    use minductor_tools::workloads::uniform;
     let cases = load_manifest(&default_golden_models_dir()).unwrap();
     // (case, input, new shape)
     let changes: [(&str, &str, &[usize]); 5] = [
@@ -144,7 +144,7 @@ fn model_builders_run_at_other_shapes() {
             .unwrap();
         for (g, w) in got.iter().zip(&want) {
             assert_eq!(g.shape(), w.shape(), "{name}");
-            let c = minductor::golden::compare(g, w, 1e-4, 1e-4);
+            let c = minductor_tools::golden::compare(g, w, 1e-4, 1e-4);
             assert!(
                 c.passed,
                 "{name} at {input} {shape:?}: max abs error {}",

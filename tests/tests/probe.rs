@@ -2,7 +2,7 @@
 //! measured, is measured again when forced or when the file is corrupt or foreign. One test, so
 //! that only it sets `MINDUCTOR_CACHE_DIR` in this test binary.
 
-use minductor::probe::{
+use minductor_tools::probe::{
     cache_dir, cache_file, load, load_or_measure_with, machine_id, measure, save, Origin,
     ProbeError, ProbeSizes,
 };

@@ -1,8 +1,8 @@
 //! Accuracy of long f32 reductions: sums accumulate in blocks (`lower.rs`, `SUM_BLOCK`), a
 //! cascade like PyTorch's, so the error grows with the number of blocks, not of elements.
 
-use minductor::workloads::uniform;
 use minductor::{compile, trace, DType, Tensor};
+use minductor_tools::workloads::uniform;
 
 /// PyTorch's f32 sum of 402,653,184 ones is exact; a single accumulator per lane stops
 /// counting at 2^24 per lane (a sum of 2^28 or more ones comes out short).

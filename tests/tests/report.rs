@@ -1,7 +1,7 @@
 //! The fusion report: one row group per compiled step, costs from the kernel IR, times measured.
 
-use minductor::report::fusion_report;
 use minductor::{trace, DType, Tensor};
+use minductor_tools::report::fusion_report;
 
 #[test]
 fn report_lists_every_step_with_its_cost_and_time() {

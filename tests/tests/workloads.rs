@@ -1,14 +1,14 @@
-//! The benchmark suite (`minductor::workloads`) and its harness (`minductor::bench`): every
+//! The benchmark suite (`minductor_tools::workloads`) and its harness (`minductor_tools::bench`): every
 //! workload builds, compiles, and agrees with eager at reduced sizes; the cost figures follow
 //! from the graphs' types.
 
-use minductor::bench::{compare, run_workload, BenchOptions};
-use minductor::probe::{FmaPeak, MachineProbe};
-use minductor::workloads::{
+use minductor::{compile_with, Backend};
+use minductor_tools::bench::{compare, run_workload, BenchOptions};
+use minductor_tools::probe::{FmaPeak, MachineProbe};
+use minductor_tools::workloads::{
     attention, by_name, layer_norm, llama_block, mlp_workload, pointwise_gelu_sweep, resnet_block,
     softmax_sweep, Bound, Workload, SUITE,
 };
-use minductor::{compile_with, Backend};
 use std::time::Duration;
 
 /// Every output's bytes plus every input's bytes, from the graph's own types.

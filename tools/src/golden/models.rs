@@ -4,7 +4,7 @@
 //! lengths), each built from the shapes in its file, like `gen_models.py` builds it.
 
 use super::Build;
-use crate::{ConvOptions, CrossEntropyOptions, DType, Traced};
+use minductor::{ConvOptions, CrossEntropyOptions, DType, Traced};
 use std::collections::HashMap;
 
 /// `F.batch_norm(x, p[k.mean], p[k.var], p[k.w], p[k.b], training=False, eps=1e-5)`.

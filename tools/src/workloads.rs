@@ -31,7 +31,7 @@
 
 use crate::golden::models::{suite_llama_block, suite_resnet_block};
 use crate::golden::{mlp, transformer_block};
-use crate::{trace, DType, Graph, Tensor, TraceError, Traced, Tracer};
+use minductor::{trace, DType, Graph, Tensor, TraceError, Traced, Tracer};
 use std::collections::HashMap;
 use thiserror::Error;
 

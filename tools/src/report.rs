@@ -8,11 +8,11 @@
 //! copy bandwidth (GEMM peak over all threads).
 
 use crate::probe::MachineProbe;
-use minductor_frontend::{compile, CompileError, Compiled};
-use minductor_ir::Graph;
-use minductor_passes::cost::{program_cost, StepCost, StepKind};
-use minductor_passes::kernel::Step;
-use minductor_runtime::{RuntimeError, Tensor};
+use minductor::ir::Graph;
+use minductor::passes::cost::{program_cost, StepCost, StepKind};
+use minductor::passes::kernel::Step;
+use minductor::runtime::{RuntimeError, Tensor};
+use minductor::{compile, CompileError, Compiled};
 use std::fmt;
 use std::time::Duration;
 use thiserror::Error;

@@ -1,9 +1,9 @@
 //! The autodiff cases of the golden suite (`train_*`): a loss, then its gradients with respect to
 //! the inputs the case's note names, in that order. The optimizer cases run through
-//! [`crate::train`] instead (see `super::run_case`).
+//! [`minductor::train`] instead (see `super::run_case`).
 
 use super::{compare_outputs, fail, load_tensors, mlp, transformer_block, Build, Case, CaseResult};
-use crate::{AdamW, Backend, Optimizer, Parameters, Sgd, Tensor, Traced, TrainStep};
+use minductor::{AdamW, Backend, Optimizer, Parameters, Sgd, Tensor, Traced, TrainStep};
 use std::collections::HashMap;
 
 /// `[loss, d loss / d each of wrt]`.

@@ -9,7 +9,7 @@
 pub mod models;
 mod train;
 
-use crate::{compile_with, Backend, DType, Graph, Tensor, Traced, Tracer};
+use minductor::{compile_with, Backend, DType, Graph, Tensor, Traced, Tracer};
 use std::collections::HashMap;
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
@@ -84,7 +84,7 @@ pub fn load_manifest(dir: &Path) -> Result<Vec<Case>, String> {
 
 /// Every tensor of a safetensors file, by name.
 pub fn load_tensors(path: &Path) -> Result<HashMap<String, Tensor>, String> {
-    crate::load_safetensors(path).map_err(|e| e.to_string())
+    minductor::load_safetensors(path).map_err(|e| e.to_string())
 }
 
 /// Traces the computation of the case `name` for inputs of the given types, with the inputs
@@ -92,7 +92,7 @@ pub fn load_tensors(path: &Path) -> Result<HashMap<String, Tensor>, String> {
 pub fn build_case(
     name: &str,
     specs: &[TensorSpec],
-) -> Option<(Vec<String>, Result<Graph, crate::TraceError>)> {
+) -> Option<(Vec<String>, Result<Graph, minductor::TraceError>)> {
     let builder = case_builder(name)?;
     let order: Vec<String> = builder.0.iter().map(|s| s.to_string()).collect();
     let tracer = Tracer::new();
@@ -439,17 +439,19 @@ pub fn run_golden(dir: &Path, backends: &[Backend]) -> Result<Report, String> {
     Ok(report)
 }
 
-/// The models' golden directory beside the repository (`../shared/golden-models`), or
+/// The models' golden directory beside the repository (`../shared/golden-models`; this crate is
+/// the repository's `tools/`), or
 /// `$MINDUCTOR_GOLDEN_MODELS_DIR`.
 pub fn default_golden_models_dir() -> PathBuf {
     std::env::var_os("MINDUCTOR_GOLDEN_MODELS_DIR")
         .map(PathBuf::from)
-        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/golden-models"))
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/golden-models"))
 }
 
-/// The golden directory beside the repository (`../shared/golden`), or `$MINDUCTOR_GOLDEN_DIR`.
+/// The golden directory beside the repository (`../shared/golden`; this crate is the
+/// repository's `tools/`), or `$MINDUCTOR_GOLDEN_DIR`.
 pub fn default_golden_dir() -> PathBuf {
     std::env::var_os("MINDUCTOR_GOLDEN_DIR")
         .map(PathBuf::from)
-        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/golden"))
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/golden"))
 }

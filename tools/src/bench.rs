@@ -11,14 +11,14 @@
 //! a [`HeapMeter`] for the peak live heap bytes during one more call, above the bytes live before
 //! it (so the inputs, already allocated, are not counted; the outputs, allocated by the call, are).
 //! For the compiled backend the intermediates it keeps between calls
-//! ([`Compiled::arena_bytes`](crate::Compiled::arena_bytes)) are allocated before the call and are
+//! ([`Compiled::arena_bytes`](minductor::Compiled::arena_bytes)) are allocated before the call and are
 //! added, so both figures mean "heap the backend needs to run this graph once".
 //!
 //! Agreement: every output element must satisfy |compiled − eager| ≤ 1e-3 · (1 + |eager|).
 
 use crate::probe::MachineProbe;
 use crate::workloads::{Bound, Workload};
-use crate::{compile_with, Backend, CompileError, Compiled, RuntimeError, Tensor};
+use minductor::{compile_with, Backend, CompileError, Compiled, RuntimeError, Tensor};
 use serde::Serialize;
 use std::fmt::Write as _;
 use std::path::Path;
@@ -202,7 +202,7 @@ pub fn run_workload(
         gemms: program.map_or(0, |p| {
             p.steps
                 .iter()
-                .filter(|s| matches!(s, crate::passes::kernel::Step::Matmul(_)))
+                .filter(|s| matches!(s, minductor::passes::kernel::Step::Matmul(_)))
                 .count()
         }),
         saved_activation_bytes,
@@ -289,7 +289,7 @@ fn time_backend(
     let peak_bytes = match meter {
         Some(meter) => {
             // Outputs recycled from the block cache would not show as new heap: empty it first.
-            minductor_runtime::release_cached_blocks();
+            minductor::runtime::release_cached_blocks();
             let baseline = meter.reset_peak();
             let outputs = call(workload, compiled)?;
             let peak = meter.peak().saturating_sub(baseline) as u64;

@@ -2,13 +2,13 @@
 //! `minductor bench` runs the benchmark suite on the eager and the compiled backend.
 
 use clap::{Parser, Subcommand};
-use minductor::bench::{
+use minductor::Backend;
+use minductor_tools::bench::{
     plot_speedup, render_probe, render_table, run_workload, BenchOptions, HeapMeter, Report,
 };
-use minductor::golden::{default_golden_dir, run_golden};
-use minductor::probe::{load_or_measure, Origin};
-use minductor::workloads::{self, Workload, WorkloadError, SUITE};
-use minductor::Backend;
+use minductor_tools::golden::{default_golden_dir, run_golden};
+use minductor_tools::probe::{load_or_measure, Origin};
+use minductor_tools::workloads::{self, Workload, WorkloadError, SUITE};
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -202,8 +202,12 @@ fn report(
     let workload = workloads::by_name(name)?;
     let threads = minductor::num_threads();
     let (probe, _) = load_or_measure(threads, false)?;
-    let report =
-        minductor::report::fusion_report(&workload.graph, &workload.inputs, runs, Some(probe))?;
+    let report = minductor_tools::report::fusion_report(
+        &workload.graph,
+        &workload.inputs,
+        runs,
+        Some(probe),
+    )?;
     println!("{}: {}", workload.name, report);
     Ok(())
 }

@@ -1,0 +1,11 @@
+//! minductor's tooling, kept out of the library so that it does not depend on clap or plotters:
+//! the workload suite (`workloads`, PyTorch's `../shared/peers/torch_suite.py` in Rust), the
+//! benchmark harness (`bench`), the machine probe (`probe`: copy bandwidth, FMA peaks, GEMM
+//! speed), the golden-case runner (`golden`, PyTorch reference data) and the fusion report
+//! (`report`). The `minductor` command line (`src/bin/minductor.rs`) drives them.
+
+pub mod bench;
+pub mod golden;
+pub mod probe;
+pub mod report;
+pub mod workloads;
