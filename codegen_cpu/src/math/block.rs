@@ -9,7 +9,7 @@
 //! routines. The operations and their order are those of the inline form, so the results
 //! agree bit for bit (tested in `tests.rs`) and one accuracy table covers both.
 //!
-//! A routine is chosen once per process by [`block_routine`]: AVX-512F, else AVX2 with FMA,
+//! A routine is chosen once per process by [`block_routine`]: AVX-512F with DQ, else AVX2 with FMA,
 //! else none (then kernels keep the inline form, which is as wide as a plain SSE routine).
 
 use super::{Lanes, MathFn};
@@ -157,7 +157,10 @@ mod x86 {
                     FloatCC::Ordered => _mm512_cmp_ps_mask::<_CMP_ORD_Q>(a, b),
                     other => unreachable!("the math algorithms do not use {other:?}"),
                 };
-                _mm512_maskz_mov_epi32(k, _mm512_set1_epi32(-1))
+                // `vpmovm2d`: no input but the mask. (A zero-masked all-ones `vpternlogd`, what
+                // `maskz_mov` of -1 compiles to, also reads its destination register, and that
+                // false dependency chained every iteration of the routine's loop to the last.)
+                _mm512_movm_epi32(k)
             }
         }
         #[inline(always)]
@@ -172,7 +175,10 @@ mod x86 {
                     IntCC::SignedGreaterThanOrEqual => _mm512_cmpge_epi32_mask(a, b),
                     other => unreachable!("the math algorithms do not use {other:?}"),
                 };
-                _mm512_maskz_mov_epi32(k, _mm512_set1_epi32(-1))
+                // `vpmovm2d`: no input but the mask. (A zero-masked all-ones `vpternlogd`, what
+                // `maskz_mov` of -1 compiles to, also reads its destination register, and that
+                // false dependency chained every iteration of the routine's loop to the last.)
+                _mm512_movm_epi32(k)
             }
         }
         #[inline(always)]
@@ -413,13 +419,13 @@ macro_rules! routines {
 
 #[cfg(target_arch = "x86_64")]
 routines! {
-    exp_avx512 => MathFn::Exp, Avx512, "avx512f,fma";
-    log_avx512 => MathFn::Log, Avx512, "avx512f,fma";
-    tanh_avx512 => MathFn::Tanh, Avx512, "avx512f,fma";
-    erf_avx512 => MathFn::Erf, Avx512, "avx512f,fma";
-    sin_avx512 => MathFn::Sin, Avx512, "avx512f,fma";
-    cos_avx512 => MathFn::Cos, Avx512, "avx512f,fma";
-    sigmoid_avx512 => MathFn::Sigmoid, Avx512, "avx512f,fma";
+    exp_avx512 => MathFn::Exp, Avx512, "avx512f,avx512dq,fma";
+    log_avx512 => MathFn::Log, Avx512, "avx512f,avx512dq,fma";
+    tanh_avx512 => MathFn::Tanh, Avx512, "avx512f,avx512dq,fma";
+    erf_avx512 => MathFn::Erf, Avx512, "avx512f,avx512dq,fma";
+    sin_avx512 => MathFn::Sin, Avx512, "avx512f,avx512dq,fma";
+    cos_avx512 => MathFn::Cos, Avx512, "avx512f,avx512dq,fma";
+    sigmoid_avx512 => MathFn::Sigmoid, Avx512, "avx512f,avx512dq,fma";
     exp_avx2 => MathFn::Exp, Avx2, "avx2,fma";
     log_avx2 => MathFn::Log, Avx2, "avx2,fma";
     tanh_avx2 => MathFn::Tanh, Avx2, "avx2,fma";
@@ -451,7 +457,7 @@ pub fn block_isa() -> Option<BlockIsa> {
 #[cfg(target_arch = "x86_64")]
 fn detect() -> Option<BlockIsa> {
     use std::arch::is_x86_feature_detected as has;
-    if has!("avx512f") && has!("fma") {
+    if has!("avx512f") && has!("avx512dq") && has!("fma") {
         Some(BlockIsa::Avx512)
     } else if has!("avx2") && has!("fma") {
         Some(BlockIsa::Avx2)
