@@ -554,6 +554,7 @@ impl Lowering<'_, '_, '_> {
             );
             if worth && self.load_free[e.0 as usize] && self.is_uniform(e) {
                 let v = self.scalar_operand(e);
+                let v = self.pin(v);
                 self.invariants.insert(e, v);
             }
         }
@@ -563,6 +564,7 @@ impl Lowering<'_, '_, '_> {
                     if let Some(&d) = self.invariants.get(&c) {
                         let one = self.b.ins().f32const(1.0);
                         let r = self.b.ins().fdiv(one, d);
+                        let r = self.pin(r);
                         self.invariant_reciprocals.insert(c, r);
                     }
                 }
@@ -740,16 +742,20 @@ impl Lowering<'_, '_, '_> {
         self.reciprocals.clear();
     }
 
-    /// `x` (an f32) passed through a stack slot, so that it is computed here, once per row.
-    /// Cranelift's elaborator otherwise places pure instructions at their uses, and it would
-    /// recompute a reduction's final combine (four branchy NaN-aware `fmax` for a max) in every
-    /// iteration of the loops that read the result.
+    /// `x` passed through a stack slot, so that it is computed here, once. Cranelift's
+    /// elaborator otherwise places pure instructions at their uses, and it would recompute a
+    /// reduction's final combine (four branchy NaN-aware `fmax` for a max), a row's `1/sum` or
+    /// `rsqrt(var)`, or a row's base address in every iteration of the (unrolled, vector and
+    /// scalar) loops that use it: a division per 16 elements.
     fn pin(&mut self, x: Value) -> Value {
-        let slot =
-            self.b
-                .create_sized_stack_slot(StackSlotData::new(StackSlotKind::ExplicitSlot, 4, 2));
+        let ty = self.b.func.dfg.value_type(x);
+        let slot = self.b.create_sized_stack_slot(StackSlotData::new(
+            StackSlotKind::ExplicitSlot,
+            ty.bytes(),
+            ty.bytes().trailing_zeros() as u8,
+        ));
         self.b.ins().stack_store(types::I64, x, slot, 0);
-        self.b.ins().stack_load(types::I64, types::F32, slot, 0)
+        self.b.ins().stack_load(types::I64, ty, slot, 0)
     }
 
     fn combine(&mut self, op: ReduceOp, a: Value, x: Value) -> Value {
@@ -1059,6 +1065,7 @@ impl Lowering<'_, '_, '_> {
             let (invariant, _) = self.split_inner(&index);
             if !self.hoisted.contains_key(&(buffer, invariant.clone())) {
                 let a = self.invariant_address(buffer, &invariant);
+                let a = self.pin(a);
                 self.hoisted.insert((buffer, invariant.clone()), a);
             }
             self.sites.push((buffer, index));

@@ -246,8 +246,10 @@ pub fn compile_program(program: &Program) -> Result<CompiledProgram, CodegenErro
     let mut ctx = module.make_context();
     let mut fctx = FunctionBuilderContext::new();
     let mut pending = Vec::new();
+    let disasm = std::env::var_os("MINDUCTOR_DISASM").is_some_and(|v| v != "0");
     for kernel in program.kernels() {
         ctx.func = kernel_function(call_conv);
+        ctx.set_disasm(disasm);
         {
             let mut b = FunctionBuilder::new(&mut ctx.func, &mut fctx);
             lower_kernel(&mut b, kernel, program);
@@ -260,6 +262,10 @@ pub fn compile_program(program: &Program) -> Result<CompiledProgram, CodegenErro
         module
             .define_function(id, &mut ctx)
             .map_err(|e| CodegenError::Cranelift(format!("{}: {e:?}\n{clif}", kernel.name)))?;
+        let clif = match ctx.compiled_code().and_then(|c| c.vcode.as_ref()) {
+            Some(machine) if disasm => format!("{clif}\n; machine code\n{machine}"),
+            _ => clif,
+        };
         module.clear_context(&mut ctx);
         pending.push((id, clif));
     }

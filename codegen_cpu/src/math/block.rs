@@ -181,6 +181,21 @@ mod x86 {
                 _mm512_movm_epi32(k)
             }
         }
+        /// `vminps c, x` is `c < x ? c : x`, the default's very definition (NaN `x` kept).
+        #[inline(always)]
+        fn minc(&mut self, x: __m512i, c: f32) -> __m512i {
+            unsafe { f512!(_mm512_min_ps, self.f(c), x) }
+        }
+        /// `vmaxps c, x` is `c > x ? c : x`, the default's `x < c ? c : x`.
+        #[inline(always)]
+        fn maxc(&mut self, x: __m512i, c: f32) -> __m512i {
+            unsafe { f512!(_mm512_max_ps, self.f(c), x) }
+        }
+        /// `vscalefps`: `p * 2^n` rounded once, subnormal and overflowing results included.
+        #[inline(always)]
+        fn scale_pow2(&mut self, p: __m512i, n: __m512i, _: __m512i, _: bool) -> __m512i {
+            unsafe { f512!(_mm512_scalef_ps, p, n) }
+        }
         #[inline(always)]
         fn sel(&mut self, m: __m512i, t: __m512i, f: __m512i) -> __m512i {
             // Bitwise `m ? t : f` (0xca: the truth table of A ? B : C).
@@ -210,6 +225,16 @@ mod x86 {
 
     impl Lanes for Avx2 {
         type V = __m256i;
+        /// `vminps c, x` is `c < x ? c : x`, the default's very definition (NaN `x` kept).
+        #[inline(always)]
+        fn minc(&mut self, x: __m256i, c: f32) -> __m256i {
+            unsafe { f256!(_mm256_min_ps, self.f(c), x) }
+        }
+        /// `vmaxps c, x` is `c > x ? c : x`, the default's `x < c ? c : x`.
+        #[inline(always)]
+        fn maxc(&mut self, x: __m256i, c: f32) -> __m256i {
+            unsafe { f256!(_mm256_max_ps, self.f(c), x) }
+        }
         #[inline(always)]
         fn f(&mut self, c: f32) -> __m256i {
             unsafe { _mm256_set1_epi32(c.to_bits() as i32) }

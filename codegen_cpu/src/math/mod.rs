@@ -259,6 +259,25 @@ pub(crate) trait Lanes {
         let t = self.shl(t, 23);
         self.float(t)
     }
+    /// `p * 2^n`, for `p` in `[0.5, 2]` and `n` integer-valued (`n_i` the same as i32 lanes),
+    /// rounded once. Without `two_factor`, `n` is in `[-116, 116]`: `2^n` is normal and the
+    /// product exact. With it, `n` is in `[-159, 128]` and `2^n` is applied as two factors (the
+    /// first product exact), so that subnormal results and `2^128` overflow come out right.
+    /// AVX-512 does either in one `vscalefps`, which rounds the exact product once too.
+    #[inline(always)]
+    fn scale_pow2(&mut self, p: Self::V, n: Self::V, n_i: Self::V, two_factor: bool) -> Self::V {
+        let _ = n;
+        if !two_factor {
+            let s = self.pow2i(n_i);
+            return self.mul(p, s);
+        }
+        let n1 = self.sshr(n_i, 1);
+        let n2 = self.isub(n_i, n1);
+        let s1 = self.pow2i(n1);
+        let s2 = self.pow2i(n2);
+        let y = self.mul(p, s1);
+        self.mul(y, s2)
+    }
     /// Round to the nearest integer for `|x| < 2^22`: returns `(float, int)`.
     #[inline(always)]
     fn round_small(&mut self, x: Self::V) -> (Self::V, Self::V) {
@@ -363,18 +382,7 @@ fn exp_unclamped<E: Lanes>(e: &mut E, x: E::V, xl: Option<E::V>, two_factor_scal
     let p = e.mul(p, r);
     let p = e.add(p, r);
     let p = e.addc(p, 1.0);
-    if !two_factor_scale {
-        // n in [-116, 116]: 2^n is normal, and p * 2^n is exact while it stays normal.
-        let s = e.pow2i(n_i);
-        return e.mul(p, s);
-    }
-    // 2^n as two factors so that n in [-159, 128] works (subnormal results, 2^128 overflow).
-    let n1 = e.sshr(n_i, 1);
-    let n2 = e.isub(n_i, n1);
-    let s1 = e.pow2i(n1);
-    let s2 = e.pow2i(n2);
-    let y = e.mul(p, s1);
-    e.mul(y, s2)
+    e.scale_pow2(p, n, n_i, two_factor_scale)
 }
 
 // ---------------------------------------------------------------------------------------------
