@@ -38,7 +38,7 @@ use crate::convert::{
     emit_bf16_to_f32, emit_f16_to_f32, emit_f32_to_bf16_bits, emit_f32_to_f16_bits,
 };
 use crate::math::block::{block_routine, BlockFn};
-use crate::math::{emit_math, emit_pow, host_has_fma, MathFn};
+use crate::math::{emit_math, emit_pow, host_has_fma, MathFn, GELU_SCALE};
 use cranelift_codegen::ir::condcodes::{FloatCC, IntCC};
 use cranelift_codegen::ir::{
     types, AbiParam, ConstantData, Function, InstBuilder, MemFlagsData, Signature, StackSlotData,
@@ -793,6 +793,49 @@ impl Lowering<'_, '_, '_> {
 
     /// The stage's functions that math blocks compute (non-uniform, with a routine on this CPU),
     /// grouped by nesting level, each with a fresh block buffer.
+    /// `e` as a composite of one argument that a math routine computes whole — `gelu` and
+    /// `silu`, in the operations `decompose` writes them in, so that the routine's result is
+    /// bit for bit the expression's — when nothing else uses its inner values:
+    /// `(argument, function)`.
+    fn composite(&self, e: ExprId) -> Option<(ExprId, MathFn)> {
+        let k = self.kernel;
+        if k.ty(e) != ScalarType::F32 {
+            return None;
+        }
+        let single = |x: ExprId| self.uses[x.0 as usize] == 1;
+        let is_const = |x: ExprId, c: f32| {
+            matches!(k.expr(x), Expr::Constant { value, .. } if *value as f32 == c)
+        };
+        // `x ∘ c` or `c ∘ x` for a binary `op` and constant `c`: `x`.
+        let with_const = |m: ExprId, op: BinaryOp, c: f32| match *k.expr(m) {
+            Expr::Binary(o, a, b) if o == op && is_const(b, c) => Some(a),
+            Expr::Binary(o, a, b) if o == op && is_const(a, c) => Some(b),
+            _ => None,
+        };
+        let Expr::Binary(BinaryOp::Mul, p, q) = *k.expr(e) else {
+            return None;
+        };
+        for (p, q) in [(p, q), (q, p)] {
+            // gelu: (x * 0.5) * (erf(x * GELU_SCALE) + 1)
+            let erf_of = with_const(q, BinaryOp::Add, 1.0).filter(|&r| single(r));
+            if let (Some(x), Some(r)) = (with_const(p, BinaryOp::Mul, 0.5), erf_of) {
+                if let Expr::Unary(UnaryOp::Erf, s) = *k.expr(r) {
+                    let scaled = with_const(s, BinaryOp::Mul, GELU_SCALE);
+                    if scaled == Some(x) && single(p) && single(q) && single(s) {
+                        return Some((x, MathFn::Gelu));
+                    }
+                }
+            }
+            // silu: x * sigmoid(x)
+            if let Expr::Unary(UnaryOp::Sigmoid, x) = *k.expr(q) {
+                if x == p && single(q) {
+                    return Some((x, MathFn::Silu));
+                }
+            }
+        }
+        None
+    }
+
     fn block_math(&mut self, stage: &Stage) -> Vec<Vec<BlockMath>> {
         let roots = stage.action.roots();
         // Nesting level of each function reached: 1 + the deepest function in its argument.
@@ -807,8 +850,16 @@ impl Lowering<'_, '_, '_> {
             if let Some(&d) = level.get(&e) {
                 return d;
             }
+            let composite = l
+                .composite(e)
+                .and_then(|(arg, f)| Some((arg, block_routine(f)?)));
             let d = if l.is_uniform(e) {
                 0
+            } else if let Some((arg, routine)) = composite {
+                // The whole expression in one routine: its inner values are never emitted.
+                let inner = depth(l, arg, level, found);
+                found.push((e, arg, routine));
+                inner + 1
             } else {
                 let inner = l
                     .kernel

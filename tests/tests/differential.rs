@@ -271,3 +271,25 @@ fn recycled_output_blocks_are_fully_overwritten_and_never_shared() {
     // The outputs held across those calls still hold the first call's values.
     minductor_tests::assert_allclose(&held, &want_first, Tolerance::close(1e-5), "held outputs");
 }
+
+/// `gelu` and `silu` go to one math routine each when nothing else uses their inner values
+/// (`codegen_cpu::lower`, composites), and stay separate operations when something does: both
+/// forms, at lengths around the block size and the routines' register widths.
+#[test]
+fn gelu_and_silu_composites_with_and_without_shared_inner_values() {
+    for &n in &[1, 15, 16, 17, 31, 33, 255, 256, 257, 1000] {
+        let (g, inputs) = build(&[&[2, n], &[n]], |i| {
+            let (x, b) = (&i[0], &i[1]);
+            let h = x * 1.7 + b;
+            vec![h.gelu(), x.silu(), (&h * 0.5).gelu() + 1.0]
+        });
+        check(&g, &inputs, 1e-5, &format!("composites alone, n = {n}"));
+        let (g, inputs) = build(&[&[2, n]], |i| {
+            let x = &i[0] * 1.3;
+            // The erf of gelu's argument and the sigmoid of silu's are also outputs.
+            let erf = (&x * std::f64::consts::FRAC_1_SQRT_2).erf();
+            vec![x.gelu(), erf, x.silu(), x.sigmoid()]
+        });
+        check(&g, &inputs, 1e-5, &format!("composites sharing inner values, n = {n}"));
+    }
+}

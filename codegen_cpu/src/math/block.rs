@@ -13,6 +13,7 @@
 //! else none (then kernels keep the inline form, which is as wide as a plain SSE routine).
 
 use super::{Lanes, MathFn};
+use cranelift_codegen::ir::condcodes::{FloatCC, IntCC};
 
 /// The signature of a block routine: `data[0..n] = f(data[0..n])` in place.
 pub type BlockFn = unsafe extern "C" fn(data: *mut f32, n: i64);
@@ -377,6 +378,98 @@ mod x86 {
     }
 }
 
+/// Methods of [`Twice`] that apply the inner method to each half of their vector operands.
+macro_rules! twice_methods {
+    ($($name:ident($($arg:ident),*);)*) => {
+        $(
+            #[inline(always)]
+            fn $name(&mut self, $($arg: Self::V),*) -> Self::V {
+                [self.0.$name($($arg[0]),*), self.0.$name($($arg[1]),*)]
+            }
+        )*
+    };
+}
+
+/// Two registers at once: every operation is applied to both, one after the other, so that
+/// the instruction stream interleaves two independent chains. One register's chain (some 40
+/// dependent operations for `erf`, with 4-cycle FMAs) is longer than the CPU's scheduler can
+/// look past, so a routine over single registers ran at its latency, not its throughput.
+/// The operations per lane are unchanged, and so are the results.
+struct Twice<L>(L);
+
+impl<L: Lanes> Lanes for Twice<L> {
+    type V = [L::V; 2];
+    #[inline(always)]
+    fn f(&mut self, c: f32) -> Self::V {
+        let v = self.0.f(c);
+        [v, v]
+    }
+    #[inline(always)]
+    fn i(&mut self, c: i32) -> Self::V {
+        let v = self.0.i(c);
+        [v, v]
+    }
+    twice_methods! {
+        add(a, b); sub(a, b); mul(a, b); div(a, b); mul_add(a, b, c); abs(a); neg(a); bits(a);
+        float(a); iadd(a, b); isub(a, b); band(a, b); bor(a, b); bxor(a, b); i2f(a);
+        sel(m, t, f);
+    }
+    #[inline(always)]
+    fn shl(&mut self, a: Self::V, n: i64) -> Self::V {
+        [self.0.shl(a[0], n), self.0.shl(a[1], n)]
+    }
+    #[inline(always)]
+    fn ushr(&mut self, a: Self::V, n: i64) -> Self::V {
+        [self.0.ushr(a[0], n), self.0.ushr(a[1], n)]
+    }
+    #[inline(always)]
+    fn sshr(&mut self, a: Self::V, n: i64) -> Self::V {
+        [self.0.sshr(a[0], n), self.0.sshr(a[1], n)]
+    }
+    #[inline(always)]
+    fn fcmp(&mut self, cc: FloatCC, a: Self::V, b: Self::V) -> Self::V {
+        [self.0.fcmp(cc, a[0], b[0]), self.0.fcmp(cc, a[1], b[1])]
+    }
+    #[inline(always)]
+    fn icmp(&mut self, cc: IntCC, a: Self::V, b: Self::V) -> Self::V {
+        [self.0.icmp(cc, a[0], b[0]), self.0.icmp(cc, a[1], b[1])]
+    }
+    // The methods an instruction set may override (one instruction where the default takes
+    // several) go to its own.
+    #[inline(always)]
+    fn minc(&mut self, x: Self::V, c: f32) -> Self::V {
+        [self.0.minc(x[0], c), self.0.minc(x[1], c)]
+    }
+    #[inline(always)]
+    fn maxc(&mut self, x: Self::V, c: f32) -> Self::V {
+        [self.0.maxc(x[0], c), self.0.maxc(x[1], c)]
+    }
+    #[inline(always)]
+    fn scale_pow2(&mut self, p: Self::V, n: Self::V, n_i: Self::V, two: bool) -> Self::V {
+        [
+            self.0.scale_pow2(p[0], n[0], n_i[0], two),
+            self.0.scale_pow2(p[1], n[1], n_i[1], two),
+        ]
+    }
+}
+
+impl<L: Wide> Wide for Twice<L> {
+    const WIDTH: usize = 2 * L::WIDTH;
+    #[inline(always)]
+    unsafe fn load(p: *const f32) -> Self::V {
+        // SAFETY: `p` points to `2 * L::WIDTH` readable f32s (this method's contract).
+        unsafe { [L::load(p), L::load(p.add(L::WIDTH))] }
+    }
+    #[inline(always)]
+    unsafe fn store(p: *mut f32, v: Self::V) {
+        // SAFETY: `p` points to `2 * L::WIDTH` writable f32s (this method's contract).
+        unsafe {
+            L::store(p, v[0]);
+            L::store(p.add(L::WIDTH), v[1]);
+        }
+    }
+}
+
 /// `f` on one register.
 #[inline(always)]
 fn apply<L: Wide>(e: &mut L, f: MathFn, x: L::V) -> L::V {
@@ -388,6 +481,8 @@ fn apply<L: Wide>(e: &mut L, f: MathFn, x: L::V) -> L::V {
         MathFn::Sin => super::sincos(e, x, false),
         MathFn::Cos => super::sincos(e, x, true),
         MathFn::Sigmoid => super::sigmoid(e, x),
+        MathFn::Gelu => super::gelu(e, x),
+        MathFn::Silu => super::silu(e, x),
     }
 }
 
@@ -396,7 +491,29 @@ fn apply<L: Wide>(e: &mut L, f: MathFn, x: L::V) -> L::V {
 /// # Safety
 /// The CPU has `L`'s instruction set.
 #[inline(always)]
-unsafe fn run<L: Wide>(mut e: L, f: MathFn, data: &mut [f32]) {
+unsafe fn run<L: Wide>(e: L, f: MathFn, data: &mut [f32]) {
+    // Two registers at a time, then the last whole register and the padded tail one at a time.
+    let pairs = data.len() / (2 * L::WIDTH) * (2 * L::WIDTH);
+    let (paired, rest) = data.split_at_mut(pairs);
+    let mut twice = Twice(e);
+    for chunk in paired.chunks_exact_mut(2 * L::WIDTH) {
+        // SAFETY: `chunk` holds exactly `2 * L::WIDTH` f32s.
+        unsafe {
+            let x = Twice::<L>::load(chunk.as_ptr());
+            let y = apply(&mut twice, f, x);
+            Twice::<L>::store(chunk.as_mut_ptr(), y);
+        }
+    }
+    // SAFETY: the caller's contract.
+    unsafe { run_single(twice.0, f, rest) }
+}
+
+/// `data = f(data)` one register at a time; the last partial register is padded with zeros.
+///
+/// # Safety
+/// The CPU has `L`'s instruction set.
+#[inline(always)]
+unsafe fn run_single<L: Wide>(mut e: L, f: MathFn, data: &mut [f32]) {
     let mut chunks = data.chunks_exact_mut(L::WIDTH);
     for chunk in &mut chunks {
         // SAFETY: `chunk` holds exactly `L::WIDTH` f32s.
@@ -451,6 +568,8 @@ routines! {
     sin_avx512 => MathFn::Sin, Avx512, "avx512f,avx512dq,fma";
     cos_avx512 => MathFn::Cos, Avx512, "avx512f,avx512dq,fma";
     sigmoid_avx512 => MathFn::Sigmoid, Avx512, "avx512f,avx512dq,fma";
+    gelu_avx512 => MathFn::Gelu, Avx512, "avx512f,avx512dq,fma";
+    silu_avx512 => MathFn::Silu, Avx512, "avx512f,avx512dq,fma";
     exp_avx2 => MathFn::Exp, Avx2, "avx2,fma";
     log_avx2 => MathFn::Log, Avx2, "avx2,fma";
     tanh_avx2 => MathFn::Tanh, Avx2, "avx2,fma";
@@ -458,6 +577,8 @@ routines! {
     sin_avx2 => MathFn::Sin, Avx2, "avx2,fma";
     cos_avx2 => MathFn::Cos, Avx2, "avx2,fma";
     sigmoid_avx2 => MathFn::Sigmoid, Avx2, "avx2,fma";
+    gelu_avx2 => MathFn::Gelu, Avx2, "avx2,fma";
+    silu_avx2 => MathFn::Silu, Avx2, "avx2,fma";
 }
 
 /// Which instruction set the block routines use on this CPU.
@@ -508,6 +629,8 @@ pub fn routine(f: MathFn, isa: BlockIsa) -> BlockFn {
         (BlockIsa::Avx512, MathFn::Sin) => sin_avx512,
         (BlockIsa::Avx512, MathFn::Cos) => cos_avx512,
         (BlockIsa::Avx512, MathFn::Sigmoid) => sigmoid_avx512,
+        (BlockIsa::Avx512, MathFn::Gelu) => gelu_avx512,
+        (BlockIsa::Avx512, MathFn::Silu) => silu_avx512,
         (BlockIsa::Avx2, MathFn::Exp) => exp_avx2,
         (BlockIsa::Avx2, MathFn::Log) => log_avx2,
         (BlockIsa::Avx2, MathFn::Tanh) => tanh_avx2,
@@ -515,6 +638,8 @@ pub fn routine(f: MathFn, isa: BlockIsa) -> BlockFn {
         (BlockIsa::Avx2, MathFn::Sin) => sin_avx2,
         (BlockIsa::Avx2, MathFn::Cos) => cos_avx2,
         (BlockIsa::Avx2, MathFn::Sigmoid) => sigmoid_avx2,
+        (BlockIsa::Avx2, MathFn::Gelu) => gelu_avx2,
+        (BlockIsa::Avx2, MathFn::Silu) => silu_avx2,
     }
 }
 

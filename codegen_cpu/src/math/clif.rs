@@ -17,6 +17,8 @@ pub fn emit_math(b: &mut FunctionBuilder, f: MathFn, x: Value) -> Value {
         MathFn::Sin => super::sincos(&mut e, x, false),
         MathFn::Cos => super::sincos(&mut e, x, true),
         MathFn::Sigmoid => super::sigmoid(&mut e, x),
+        MathFn::Gelu => super::gelu(&mut e, x),
+        MathFn::Silu => super::silu(&mut e, x),
     }
 }
 

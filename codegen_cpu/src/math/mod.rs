@@ -91,11 +91,17 @@ pub enum MathFn {
     Sin,
     Cos,
     Sigmoid,
+    /// `x/2 * (1 + erf(x/sqrt 2))`, in the operations and order of `decompose`'s `gelu`:
+    /// a kernel that computes that expression hands it to one routine (the inline form is
+    /// the expression itself).
+    Gelu,
+    /// `x * sigmoid(x)`, as `decompose` writes `silu`.
+    Silu,
 }
 
 impl MathFn {
     /// All functions, for tests and tables.
-    pub const ALL: [MathFn; 7] = [
+    pub const ALL: [MathFn; 9] = [
         MathFn::Exp,
         MathFn::Log,
         MathFn::Tanh,
@@ -103,8 +109,13 @@ impl MathFn {
         MathFn::Sin,
         MathFn::Cos,
         MathFn::Sigmoid,
+        MathFn::Gelu,
+        MathFn::Silu,
     ];
 }
+
+/// The f32 constant of `gelu`'s `x / sqrt 2` (as the kernel's f64 constant rounds to).
+pub const GELU_SCALE: f32 = std::f32::consts::FRAC_1_SQRT_2;
 
 // ---------------------------------------------------------------------------------------------
 // The operations the algorithms are written in.
@@ -543,6 +554,21 @@ fn erf<E: Lanes>(e: &mut E, x: E::V) -> E::V {
     let is_small = e.fcmpc(FloatCC::LessThan, a, 1.0);
     let r = e.sel(is_small, small, big);
     e.copysign(r, x)
+}
+
+#[inline(always)]
+fn gelu<E: Lanes>(e: &mut E, x: E::V) -> E::V {
+    let scaled = e.mulc(x, GELU_SCALE);
+    let r = erf(e, scaled);
+    let one_plus = e.addc(r, 1.0);
+    let half_x = e.mulc(x, 0.5);
+    e.mul(half_x, one_plus)
+}
+
+#[inline(always)]
+fn silu<E: Lanes>(e: &mut E, x: E::V) -> E::V {
+    let s = sigmoid(e, x);
+    e.mul(x, s)
 }
 
 // ---------------------------------------------------------------------------------------------

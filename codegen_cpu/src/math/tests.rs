@@ -195,6 +195,8 @@ mod accuracy {
             MathFn::Sin => x.sin(),
             MathFn::Cos => x.cos(),
             MathFn::Sigmoid => sigmoid64(x),
+            MathFn::Gelu => 0.5 * x * (1.0 + libm::erf(x * std::f64::consts::FRAC_1_SQRT_2)),
+            MathFn::Silu => x * sigmoid64(x),
         }
     }
 
@@ -239,7 +241,9 @@ mod accuracy {
         match f {
             MathFn::Exp => grid(&mut v, -87.0, 88.0, 1_000_000),
             MathFn::Log => grid(&mut v, 0.5, 2.0, 500_000),
-            MathFn::Tanh | MathFn::Erf | MathFn::Sigmoid => grid(&mut v, -6.0, 6.0, 1_000_000),
+            MathFn::Tanh | MathFn::Erf | MathFn::Sigmoid | MathFn::Gelu | MathFn::Silu => {
+                grid(&mut v, -6.0, 6.0, 1_000_000)
+            }
             MathFn::Sin | MathFn::Cos => grid(&mut v, -10.0, 10.0, 1_000_000),
         }
         v.extend([
@@ -389,6 +393,23 @@ mod accuracy {
         let s = k.run_f32(&[f32::INFINITY, f32::NEG_INFINITY, 0.0, -100.0], &[0.0; 4]);
         assert_eq!(&s[..3], [1.0, 0.0, 0.5]);
         assert!((s[3] as f64 - 3.720076e-44).abs() < 3e-45);
+    }
+
+    /// The composites are the expressions `decompose` writes (so their error is that of the
+    /// expression, not of a correctly rounded `gelu`): `1 + erf(x/sqrt 2)` cancels for
+    /// `x < -1`, so gelu's relative error is bounded above that only.
+    #[test]
+    fn math_gelu_silu() {
+        check(MathFn::Gelu, &inputs(MathFn::Gelu, 1031), 3.0, |x| x >= -1.0);
+        // Below -80 `x * sigmoid(x)` is subnormal, with its absolute rounding.
+        check(MathFn::Silu, &inputs(MathFn::Silu, 1031), 3.5, |x| x >= -80.0);
+        let k = kernel(MathFn::Gelu, false);
+        let g = k.run_f32(&[f32::INFINITY, f32::NEG_INFINITY, 0.0, 1.0], &[0.0; 4]);
+        assert_eq!(g[0], f32::INFINITY);
+        // `-inf * 0.5 * (1 + erf(-inf))` is `-inf * 0`, as in the decomposed expression.
+        assert!(g[1].is_nan());
+        assert_eq!(g[2], 0.0);
+        assert!((g[3] as f64 - 0.841_344_746).abs() < 1e-7);
     }
 
     #[test]
