@@ -101,6 +101,9 @@ struct Lowering<'k, 'b, 'f> {
     flags: MemFlagsData,
     /// Elements added along the innermost variable for the unrolled vector being emitted.
     lane_offset: i64,
+    /// Whether the body being emitted is the unrolled loop's (its slots come in order
+    /// `0..UNROLL` within one iteration).
+    unrolled: bool,
     /// The buffer indexes the current stage reads or writes (see `address_sites`).
     sites: Vec<(BufferId, Affine)>,
     /// `base + (index without its innermost term)` of each site, computed before the innermost
@@ -198,6 +201,7 @@ pub fn lower_kernel(b: &mut FunctionBuilder, kernel: &Kernel, program: &Program)
         memo: HashMap::new(),
         flags: MemFlagsData::new().with_notrap(),
         lane_offset: 0,
+        unrolled: false,
         sites: Vec::new(),
         hoisted: HashMap::new(),
         block_values: HashMap::new(),
@@ -357,6 +361,10 @@ impl Lowering<'_, '_, '_> {
                         sums,
                     });
                 }
+                // In the unrolled loop, one unordered compare covers two slots' vectors (it is
+                // true where either lane is NaN): even slots leave theirs here for the next.
+                const { assert!(UNROLL % 2 == 0) };
+                let mut unpaired: Option<Value> = None;
                 self.inner_loops(0, extents, vector, &mut |l, mode, slot| {
                     let x = l.emit(value, mode);
                     for st in stores {
@@ -377,10 +385,20 @@ impl Lowering<'_, '_, '_> {
                                 };
                                 let take = l.b.ins().fcmp(cc, acc, x);
                                 let take = l.bitcast(types::F32X4, take);
-                                let nan = l.b.ins().fcmp(FloatCC::Unordered, x, x);
-                                let seen = l.b.use_var(nan_lanes);
-                                let seen = l.b.ins().bor(seen, nan);
-                                l.b.def_var(nan_lanes, seen);
+                                let other = match (l.unrolled, slot % 2, unpaired.take()) {
+                                    (true, 0, _) => {
+                                        unpaired = Some(x);
+                                        None
+                                    }
+                                    (true, _, Some(prev)) => Some(prev),
+                                    _ => Some(x),
+                                };
+                                if let Some(other) = other {
+                                    let nan = l.b.ins().fcmp(FloatCC::Unordered, other, x);
+                                    let seen = l.b.use_var(nan_lanes);
+                                    let seen = l.b.ins().bor(seen, nan);
+                                    l.b.def_var(nan_lanes, seen);
+                                }
                                 l.b.ins().bitselect(take, x, acc)
                             };
                             l.b.def_var(vector_accs[slot], r);
@@ -593,12 +611,14 @@ impl Lowering<'_, '_, '_> {
         let tail_start = if vector {
             let unrolled_end = self.counted_loop(lo, hi, LANES * UNROLL as i64, |l, i| {
                 l.vars.insert(var, i);
+                l.unrolled = true;
                 for slot in 0..UNROLL {
                     // Values uniform along the innermost loop are shared by the slots.
                     l.memo.retain(|_, v| matches!(v, Val::Scalar(_)));
                     l.lane_offset = slot as i64 * LANES;
                     body(l, Mode::Vector, slot);
                 }
+                l.unrolled = false;
                 l.lane_offset = 0;
             });
             self.counted_loop(unrolled_end, hi, LANES, |l, i| {
