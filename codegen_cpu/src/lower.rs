@@ -365,7 +365,42 @@ impl Lowering<'_, '_, '_> {
                 // true where either lane is NaN): even slots leave theirs here for the next.
                 const { assert!(UNROLL % 2 == 0) };
                 let mut unpaired: Option<Value> = None;
+                // `sum(a * b)` (a variance's squares) accumulates with one FMA when the product
+                // is used only here.
+                let product = match *self.kernel.expr(value) {
+                    Expr::Binary(BinaryOp::Mul, a, c)
+                        if op == ReduceOp::Sum
+                            && self.contract
+                            && self.kernel.ty(value) == ScalarType::F32
+                            && self.uses[value.0 as usize] == 1 =>
+                    {
+                        Some((a, c))
+                    }
+                    _ => None,
+                };
                 self.inner_loops(0, extents, vector, &mut |l, mode, slot| {
+                    if let Some((a, c)) = product {
+                        let (a, c) = match mode {
+                            Mode::Vector => {
+                                let a = l.emit(a, mode);
+                                let c = l.emit(c, mode);
+                                (l.vector_of(a, ScalarType::F32), l.vector_of(c, ScalarType::F32))
+                            }
+                            Mode::Scalar => (l.scalar_operand(a), l.scalar_operand(c)),
+                        };
+                        let var = match mode {
+                            Mode::Vector => vector_accs[slot],
+                            Mode::Scalar => scalar_acc,
+                        };
+                        let acc = l.b.use_var(var);
+                        let r = l.b.ins().fma(a, c, acc);
+                        l.b.def_var(var, r);
+                        for st in stores {
+                            let v = l.emit(st.value, mode);
+                            l.store(st, v, mode);
+                        }
+                        return;
+                    }
                     let x = l.emit(value, mode);
                     for st in stores {
                         let v = l.emit(st.value, mode);
