@@ -32,7 +32,8 @@ pub fn fuse_horizontal(program: &Program) -> Program {
     let mut j = 1;
     while j < steps.len() {
         let partner = (0..j).rev().find_map(|i| {
-            if !movable(&steps, i, j) {
+            if !movable(&steps, i, j) || checks_what_earlier_writes(program, &steps, &origin, i, j)
+            {
                 return None;
             }
             if siblings(&steps, i, j) {
@@ -64,6 +65,22 @@ pub fn fuse_horizontal(program: &Program) -> Program {
     }
     drop_dead_stores(program, &mut steps);
     program.with_steps(steps, &origin)
+}
+
+/// Whether step `j` checks indices that step `i` writes: merged, the check (which runs before
+/// its step) would read them before they are computed.
+fn checks_what_earlier_writes(
+    program: &Program,
+    steps: &[Step],
+    origin: &[Vec<usize>],
+    i: usize,
+    j: usize,
+) -> bool {
+    let written = steps[i].writes();
+    program
+        .index_checks
+        .iter()
+        .any(|c| origin[j].contains(&c.step) && written.contains(&c.buffer))
 }
 
 /// Removes stores to intermediates no step reads any more (a vertical merge forwarded their only

@@ -796,6 +796,16 @@ impl Verifier<'_> {
                     format!("step {} does not exist", check.step),
                 ));
             }
+            // The check runs before its step: the indices must exist by then.
+            if p.steps[check.step].writes().contains(&check.buffer) {
+                return Err(malformed(
+                    &at,
+                    format!(
+                        "step {} checks indices it computes itself (before computing them)",
+                        check.step
+                    ),
+                ));
+            }
         }
         Ok(())
     }

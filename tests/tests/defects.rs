@@ -8,7 +8,7 @@ use minductor::passes::kernel::{Program, ScalarType, Step};
 use minductor::passes::VerifyError;
 use minductor::runtime::Executable;
 use minductor::{
-    compile, jit, trace, CompileError, CompiledFn, DType, Graph, JitBackend, JitError,
+    compile, interpret, jit, trace, CompileError, CompiledFn, DType, Graph, JitBackend, JitError,
     RuntimeError, Tensor, Traced, Tracer,
 };
 
@@ -610,4 +610,24 @@ fn an_in_place_store_never_precedes_a_later_store_reading_the_overwritten_input(
         .unwrap();
     let got = compile(&graph).unwrap().call(&inputs).unwrap();
     minductor_tests::assert_allclose(&got, &want, minductor_tests::Tolerance::close(1e-5), "grad");
+}
+
+/// Found by the random-graph campaign: indices computed in the graph are realized and checked
+/// before the step that gathers with them; horizontal fusion merged the step computing them
+/// into that step, so the check read the slot's stale bytes (here an f32 left by `cat`) and
+/// reported garbage indices out of range. Merges that would do that are refused, and the
+/// kernel-IR verifier rejects a step checking indices it computes.
+#[test]
+fn computed_indices_are_checked_after_they_are_computed() {
+    let graph = trace(|t| {
+        let x = t.input("x", DType::F32, &[1]);
+        let v = Traced::cat(&[&x, &-&x], 0).slice(0, None, None, 2);
+        let positions = t.arange(1, DType::I64);
+        vec![v.index_select(0, &(positions * -1.0 + 0.0))]
+    })
+    .unwrap();
+    let x = Tensor::from_vec(&[1], vec![1.5f32]).unwrap();
+    let got = compile(&graph).unwrap().call(std::slice::from_ref(&x)).unwrap();
+    let want = interpret(&graph, &[x]).unwrap();
+    minductor_tests::assert_allclose(&got, &want, minductor_tests::Tolerance::close(0.0), "");
 }

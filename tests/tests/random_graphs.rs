@@ -1,6 +1,11 @@
 //! Randomized differential testing (STYLE 10): random graphs of pointwise ops, reductions, row
-//! ops, views, `arange`, masks and scans, compiled with the full pipeline and compared with the reference interpreter;
-//! proptest shrinks any failure to the smallest graph and shape.
+//! ops, views, `arange`, masks, scans, matmuls, `cat` with stepped slices, `index_select`,
+//! f16/bf16 inputs and bool outputs, at sizes on both sides of the threading threshold,
+//! compiled with the full pipeline and compared with the reference interpreter (output count,
+//! shapes, dtypes and values); proptest shrinks any failure to the smallest graph and shape.
+//!
+//! CI runs 128 cases; a campaign runs more: `PROPTEST_CASES=100000 cargo test --release -p
+//! minductor-tests --test random_graphs`.
 
 use minductor::{compile, interpret, DType, Tensor, Traced, Tracer};
 use minductor_tests::{compare_outputs, Tolerance};
@@ -34,6 +39,13 @@ enum Step {
     CumSum(usize),
     /// `triu(1)` of the last two dims (identity on 1-d values).
     Triu,
+    Silu,
+    /// `v @ (w / n)` with the square weight input (last dim `n`): a GEMM step.
+    Matmul,
+    /// `cat([v, -v], d)` then every other element along `d`: a cat and a stepped slice.
+    CatStepped(usize),
+    /// `index_select` along `d` at reversed positions (an i64 index computed in the graph).
+    Reverse(usize),
 }
 
 fn step_strategy() -> impl Strategy<Value = Step> {
@@ -59,10 +71,14 @@ fn step_strategy() -> impl Strategy<Value = Step> {
         (0usize..3).prop_map(Step::AddArange),
         (0usize..3).prop_map(Step::CumSum),
         Just(Step::Triu),
+        Just(Step::Silu),
+        Just(Step::Matmul),
+        (0usize..3).prop_map(Step::CatStepped),
+        (0usize..3).prop_map(Step::Reverse),
     ]
 }
 
-fn apply(step: Step, v: &Traced, y: &Traced) -> Traced {
+fn apply(step: Step, v: &Traced, y: &Traced, w: &Traced) -> Traced {
     let rank = v.rank();
     let dim = |d: usize| (d % rank) as isize;
     match step {
@@ -97,6 +113,21 @@ fn apply(step: Step, v: &Traced, y: &Traced) -> Traced {
         Step::CumSum(d) => (v * 0.1).cumsum(dim(d)),
         Step::Triu if rank >= 2 => v.triu(1),
         Step::Triu => v.clone(),
+        Step::Silu => v.silu(),
+        Step::Matmul => {
+            let n = w.shape()[0];
+            v.matmul(&(w * (1.0 / n as f64)))
+        }
+        Step::CatStepped(d) => {
+            let d = dim(d);
+            Traced::cat(&[v, &-v], d).slice(d, None, None, 2)
+        }
+        Step::Reverse(d) => {
+            let d = dim(d);
+            let n = v.shape()[d as usize];
+            let positions = v.tracer().arange(n, DType::I64);
+            v.index_select(d, &(positions * -1.0 + (n as f64 - 1.0)))
+        }
     }
 }
 
@@ -108,33 +139,65 @@ fn data(shape: &[usize], seed: u64) -> Tensor {
     Tensor::from_vec(shape, values).unwrap()
 }
 
+/// Shapes: mostly small (every tail length), sometimes above the threading threshold (2^15
+/// elements), where kernels split their outer loop across threads.
+fn shape_strategy() -> impl Strategy<Value = Vec<usize>> {
+    prop_oneof![
+        8 => prop::collection::vec(1usize..24, 1..4),
+        1 => (1usize..4, 90usize..200, 100usize..180).prop_map(|(a, b, c)| vec![a, b, c]),
+        1 => (200usize..300, 130usize..260).prop_map(|(a, b)| vec![a, b]),
+    ]
+}
+
+/// 128 cases, or `PROPTEST_CASES` for a campaign.
+fn cases() -> u32 {
+    std::env::var("PROPTEST_CASES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(128)
+}
+
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 128, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: cases(), ..ProptestConfig::default() })]
 
     #[test]
     fn compiled_equals_reference(
-        shape in prop::collection::vec(1usize..24, 1..4),
+        shape in shape_strategy(),
         broadcast_first in any::<bool>(),
         steps in prop::collection::vec(step_strategy(), 1..7),
         reduce_at_end in any::<bool>(),
+        compare_at_end in any::<bool>(),
+        half_inputs in prop_oneof![Just(None), Just(Some(DType::F16)), Just(Some(DType::BF16))],
     ) {
         let mut y_shape = shape.clone();
         if broadcast_first {
             y_shape[0] = 1;
         }
+        let n = *shape.last().unwrap();
         let tracer = Tracer::new();
         let x = tracer.input("x", DType::F32, &shape);
         let y = tracer.input("y", DType::F32, &y_shape);
-        let mut v = x.clone();
+        let w = tracer.input("w", DType::F32, &[n, n]);
+        // Rounding the inputs (exactly as the interpreter does) exercises the conversions
+        // without amplifying last-ulp differences of later steps into half-precision ulps.
+        let mut v = match half_inputs {
+            Some(dt) => x.cast(dt).cast(DType::F32),
+            None => x.clone(),
+        };
         for &s in &steps {
-            v = apply(s, &v, &y);
+            v = apply(s, &v, &y, &w);
         }
         let mut outputs = vec![v.clone()];
         if reduce_at_end {
             outputs.push(v.sum(&[-1], false));
         }
+        if compare_at_end {
+            // Of the inputs: a comparison of computed values flips at near-ties, where the
+            // interpreter's f64 and the kernels' f32 round differently.
+            outputs.push(x.gt(&y));
+        }
         let graph = tracer.finish(&outputs).unwrap();
-        let inputs = [data(&shape, 1), data(&y_shape, 2)];
+        let inputs = [data(&shape, 1), data(&y_shape, 2), data(&[n, n], 3)];
         let want = interpret(&graph, &inputs).unwrap();
         let got = compile(&graph).unwrap().call(&inputs).unwrap();
         let compared = compare_outputs(&got, &want, Tolerance::close(2e-5), &graph.to_string());
