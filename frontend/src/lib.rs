@@ -2,6 +2,7 @@
 //! (Dynamo's part: guards, recompiles, dynamic shapes, graph breaks, stances, explain), and
 //! showing what the compiler did (`MINDUCTOR_LOGS`, `MINDUCTOR_DUMP_DIR`).
 
+pub mod artifact;
 mod autograd;
 mod backend;
 mod compile;
@@ -21,6 +22,7 @@ mod trace;
 mod train;
 mod weights;
 
+pub use artifact::{load, load_bytes, Artifact, ArtifactError};
 pub use backend::{reference_executable, CompiledFn, CustomBackend, JitBackend};
 pub use compile::{
     compile, compile_with, compile_with_options, Artifacts, Backend, CompileError, CompileOptions,
