@@ -13,7 +13,7 @@
 //! arch x86_64
 //! requires sse2
 //! compiled-with sse2 sse4.1 avx avx2 fma avx512f
-//! options CompileOptions { backend: Inductor, partition: … }
+//! options backend=inductor activation_memory_budget=1.0
 //! section graph <bytes>
 //! <the graph's text>
 //! section guards <bytes>
@@ -110,7 +110,7 @@ pub struct Artifact {
     pub required_features: Vec<String>,
     /// The saving machine's features, for information.
     pub compiled_with: Vec<String>,
-    /// The compile options, `{:?}`, one line.
+    /// The compile options as [`options_text`] writes them.
     pub options: String,
     pub graph: String,
     pub guards: String,
@@ -231,7 +231,7 @@ impl Artifact {
                 .filter(|f| host_has_feature(f))
                 .map(|f| f.to_string())
                 .collect(),
-            options: format!("{:?}", compiled.options()),
+            options: options_text(compiled.options()),
             graph,
             guards,
             program: program_text,
@@ -430,19 +430,42 @@ impl Artifact {
             program: Some(program),
             ..Artifacts::default()
         };
+        let options = parse_options(&self.options)
+            .ok_or_else(|| ArtifactError::Corrupted(format!("options `{}`", self.options)))?;
         let executable = with_tangents(Box::new(compiled), &guards.tangents);
         Ok(Compiled::from_parts(
             graph,
             executable,
             artifacts,
-            CompileOptions {
-                backend: Backend::Inductor,
-                ..CompileOptions::default()
-            },
+            options,
             guards.tangents,
             started.elapsed(),
         ))
     }
+}
+
+/// The options line: `backend=inductor activation_memory_budget=1.0` (the budget as `{:?}`
+/// prints it, so it reads back exactly).
+pub fn options_text(options: &CompileOptions) -> String {
+    format!(
+        "backend={} activation_memory_budget={:?}",
+        options.backend.name(),
+        options.partition.activation_memory_budget
+    )
+}
+
+/// Reads [`options_text`]'s line back (inductor only: artifacts hold kernel programs).
+fn parse_options(text: &str) -> Option<CompileOptions> {
+    let budget = text
+        .strip_prefix("backend=inductor activation_memory_budget=")?
+        .parse::<f64>()
+        .ok()?;
+    let mut options = CompileOptions {
+        backend: Backend::Inductor,
+        ..CompileOptions::default()
+    };
+    options.partition.activation_memory_budget = budget;
+    Some(options)
 }
 
 /// The `guards` section, parsed.

@@ -103,6 +103,8 @@ pub struct Compiled {
     /// The dtype of each tangent input (fed with ones after the caller's inputs) of a joint
     /// graph; empty otherwise.
     tangents: Vec<minductor_ir::DType>,
+    /// Loaded from the compile cache rather than compiled.
+    from_cache: bool,
     /// Shared by concurrent calls: per-call state lives in the executable's pool.
     executable: Box<dyn Executable>,
     artifacts: Artifacts,
@@ -204,8 +206,24 @@ impl Executable for WithTangents {
     }
 }
 
-/// Compiles `graph` with the given backend and options.
+/// Compiles `graph` with the given backend and options; with `MINDUCTOR_CACHE_DIR` set, an
+/// inductor compile goes through the on-disk compile cache (`cache.rs`).
 pub fn compile_with_options(
+    graph: &Graph,
+    options: CompileOptions,
+) -> Result<Compiled, CompileError> {
+    match crate::cache::CompileCache::from_env() {
+        Some(cache) if options.backend == Backend::Inductor => {
+            crate::logging::init_lazily();
+            graph.verify()?;
+            Ok(cache.compile(graph, options)?.0)
+        }
+        _ => compile_uncached(graph, options),
+    }
+}
+
+/// Compiles `graph` with the given backend and options, without the compile cache.
+pub(crate) fn compile_uncached(
     graph: &Graph,
     options: CompileOptions,
 ) -> Result<Compiled, CompileError> {
@@ -307,6 +325,7 @@ pub fn compile_with_options(
         backend,
         options,
         tangents,
+        from_cache: false,
         executable,
         artifacts,
         compile_time,
@@ -328,10 +347,21 @@ impl Compiled {
             backend: options.backend,
             options,
             tangents,
+            from_cache: false,
             executable,
             artifacts,
             compile_time,
         }
+    }
+
+    pub(crate) fn mark_from_cache(&mut self) {
+        self.from_cache = true;
+    }
+
+    /// Whether this was loaded from the compile cache (`MINDUCTOR_CACHE_DIR`) instead of
+    /// compiled; `compile_time` is then the load's.
+    pub fn from_cache(&self) -> bool {
+        self.from_cache
     }
 
     /// The options it was compiled with.

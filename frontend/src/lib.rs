@@ -5,6 +5,7 @@
 pub mod artifact;
 mod autograd;
 mod backend;
+pub mod cache;
 mod compile;
 mod conv;
 pub mod dump;
@@ -24,6 +25,7 @@ mod weights;
 
 pub use artifact::{load, load_bytes, Artifact, ArtifactError};
 pub use backend::{reference_executable, CompiledFn, CustomBackend, JitBackend};
+pub use cache::{CacheOutcome, CompileCache};
 pub use compile::{
     compile, compile_with, compile_with_options, Artifacts, Backend, CompileError, CompileOptions,
     Compiled,
