@@ -117,15 +117,13 @@ fn node(c: &mut Cursor, graph: &mut Graph) -> Result<(), ParseError> {
         }
         // Flags the text leaves to the operand count.
         Op::Linear { has_bias } => *has_bias = operands.len() == 3,
+        // `weight only`/`bias only` set one flag already; otherwise the count says.
         Op::LayerNorm {
             has_weight,
             has_bias,
             ..
-        } => {
-            // `weight only`/`bias only` set one flag already; otherwise the count says.
-            if !*has_weight && !*has_bias && operands.len() == 3 {
-                (*has_weight, *has_bias) = (true, true);
-            }
+        } if !*has_weight && !*has_bias && operands.len() == 3 => {
+            (*has_weight, *has_bias) = (true, true);
         }
         _ => {}
     }
