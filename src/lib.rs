@@ -12,6 +12,7 @@
 //! ```
 
 pub use minductor_codegen_cpu as codegen_cpu;
+pub use minductor_frontend::{artifact, cache, dump, logging};
 pub use minductor_frontend::{
     compile, compile_with, compile_with_options, current_stance, explain, jit,
     reference_executable, set_stance, trace, with_stance, Artifacts, Backend, BreakReport,
@@ -19,11 +20,12 @@ pub use minductor_frontend::{
     Jit, JitBackend, JitError, JitOptions, JitStats, Operand, Stance, StanceGuard, TraceError,
     Traced, TracedDim, Tracer, DEFAULT_RECOMPILE_LIMIT,
 };
-pub use minductor_frontend::{dump, logging};
+pub use minductor_frontend::{load, load_bytes, Artifact, ArtifactError};
 pub use minductor_frontend::{
     load_safetensors, AdamW, ConvOptions, CrossEntropyOptions, Optimizer, Parameters, Sgd,
     TracedParameters, TrainError, TrainStep,
 };
+pub use minductor_frontend::{CacheOutcome, CompileCache};
 pub use minductor_ir as ir;
 pub use minductor_ir::{DType, Graph};
 pub use minductor_passes as passes;

@@ -99,6 +99,12 @@ pub struct Artifacts {
 pub struct Compiled {
     graph: Graph,
     backend: Backend,
+    options: CompileOptions,
+    /// The dtype of each tangent input (fed with ones after the caller's inputs) of a joint
+    /// graph; empty otherwise.
+    tangents: Vec<minductor_ir::DType>,
+    /// Loaded from the compile cache rather than compiled.
+    from_cache: bool,
     /// Shared by concurrent calls: per-call state lives in the executable's pool.
     executable: Box<dyn Executable>,
     artifacts: Artifacts,
@@ -157,6 +163,21 @@ fn one(dtype: minductor_ir::DType) -> Tensor {
     Tensor::from_f64(dtype, &[], &[1.0]).expect("a 0-d tensor of one element")
 }
 
+/// `inner`, fed with a one of each of `tangents` after the caller's inputs (unchanged when there
+/// are none).
+pub(crate) fn with_tangents(
+    inner: Box<dyn Executable>,
+    tangents: &[minductor_ir::DType],
+) -> Box<dyn Executable> {
+    if tangents.is_empty() {
+        return inner;
+    }
+    Box::new(WithTangents {
+        inner,
+        tangents: tangents.iter().map(|&d| one(d)).collect(),
+    })
+}
+
 /// Runs `inner` with the tangent inputs (ones) after the caller's inputs.
 struct WithTangents {
     inner: Box<dyn Executable>,
@@ -185,8 +206,24 @@ impl Executable for WithTangents {
     }
 }
 
-/// Compiles `graph` with the given backend and options.
+/// Compiles `graph` with the given backend and options; with `MINDUCTOR_CACHE_DIR` set, an
+/// inductor compile goes through the on-disk compile cache (`cache.rs`).
 pub fn compile_with_options(
+    graph: &Graph,
+    options: CompileOptions,
+) -> Result<Compiled, CompileError> {
+    match crate::cache::CompileCache::from_env() {
+        Some(cache) if options.backend == Backend::Inductor => {
+            crate::logging::init_lazily();
+            graph.verify()?;
+            Ok(cache.compile(graph, options)?.0)
+        }
+        _ => compile_uncached(graph, options),
+    }
+}
+
+/// Compiles `graph` with the given backend and options, without the compile cache.
+pub(crate) fn compile_uncached(
     graph: &Graph,
     options: CompileOptions,
 ) -> Result<Compiled, CompileError> {
@@ -269,26 +306,26 @@ pub fn compile_with_options(
             Box::new(compiled)
         }
     };
-    let executable: Box<dyn Executable> = match &joint {
-        Some(joint) if !joint.tangents.is_empty() => {
+    let tangents: Vec<minductor_ir::DType> = match &joint {
+        Some(joint) => {
             let inputs = joint.graph.inputs();
-            let tangents = joint
+            joint
                 .tangents
                 .iter()
-                .map(|&t| one(joint.graph.ty(inputs[t]).dtype))
-                .collect();
-            Box::new(WithTangents {
-                inner: executable,
-                tangents,
-            })
+                .map(|&t| joint.graph.ty(inputs[t]).dtype)
+                .collect()
         }
-        _ => executable,
+        None => Vec::new(),
     };
+    let executable = with_tangents(executable, &tangents);
     let compile_time = started.elapsed();
     crate::dump::after_compile(graph, backend.name(), &artifacts, compile_time);
     Ok(Compiled {
         graph: graph.clone(),
         backend,
+        options,
+        tangents,
+        from_cache: false,
         executable,
         artifacts,
         compile_time,
@@ -296,6 +333,48 @@ pub fn compile_with_options(
 }
 
 impl Compiled {
+    /// A compiled graph from its parts (a loaded artifact).
+    pub(crate) fn from_parts(
+        graph: Graph,
+        executable: Box<dyn Executable>,
+        artifacts: Artifacts,
+        options: CompileOptions,
+        tangents: Vec<minductor_ir::DType>,
+        compile_time: Duration,
+    ) -> Compiled {
+        Compiled {
+            graph,
+            backend: options.backend,
+            options,
+            tangents,
+            from_cache: false,
+            executable,
+            artifacts,
+            compile_time,
+        }
+    }
+
+    pub(crate) fn mark_from_cache(&mut self) {
+        self.from_cache = true;
+    }
+
+    /// Whether this was loaded from the compile cache (`MINDUCTOR_CACHE_DIR`) instead of
+    /// compiled; `compile_time` is then the load's.
+    pub fn from_cache(&self) -> bool {
+        self.from_cache
+    }
+
+    /// The options it was compiled with.
+    pub fn options(&self) -> &CompileOptions {
+        &self.options
+    }
+
+    /// The dtype of each tangent input of a joint graph (fed with ones after the caller's
+    /// inputs); empty for a graph without gradients.
+    pub fn tangent_dtypes(&self) -> &[minductor_ir::DType] {
+        &self.tangents
+    }
+
     /// Runs the compiled graph. Inputs are checked (count, dtype, rank, shape) first; the error
     /// names the input, the expected and the found. Non-contiguous inputs are accepted.
     pub fn call(&self, inputs: &[Tensor]) -> Result<Vec<Tensor>, RuntimeError> {
@@ -330,7 +409,8 @@ impl Compiled {
         &self.artifacts
     }
 
-    /// Wall time `compile_with` took: passes plus code generation.
+    /// Wall time `compile_with` took: passes plus code generation (for a loaded artifact: the
+    /// load, code generation included).
     pub fn compile_time(&self) -> Duration {
         self.compile_time
     }

@@ -2,8 +2,10 @@
 //! (Dynamo's part: guards, recompiles, dynamic shapes, graph breaks, stances, explain), and
 //! showing what the compiler did (`MINDUCTOR_LOGS`, `MINDUCTOR_DUMP_DIR`).
 
+pub mod artifact;
 mod autograd;
 mod backend;
+pub mod cache;
 mod compile;
 mod conv;
 pub mod dump;
@@ -21,7 +23,9 @@ mod trace;
 mod train;
 mod weights;
 
+pub use artifact::{load, load_bytes, Artifact, ArtifactError};
 pub use backend::{reference_executable, CompiledFn, CustomBackend, JitBackend};
+pub use cache::{CacheOutcome, CompileCache};
 pub use compile::{
     compile, compile_with, compile_with_options, Artifacts, Backend, CompileError, CompileOptions,
     Compiled,

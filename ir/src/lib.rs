@@ -1,22 +1,26 @@
 //! minductor's tensor IR: dtypes, shapes with symbolic dims, the op set and the SSA graph.
 //!
-//! Everything here prints as text (`Display`), and `Graph::verify` checks the invariants passes
+//! Everything here prints as text (`Display`) and parses back (`Graph: FromStr`, `text`), and `Graph::verify` checks the invariants passes
 //! rely on. No other minductor crate is a dependency of this one.
 
 mod dtype;
 mod error;
 mod graph;
 mod op;
+mod parse;
 mod shape;
+pub mod text;
 
 pub use dtype::DType;
 pub use error::IrError;
 pub use graph::{Graph, Node, NodeId};
 pub use op::{infer_type, BinaryOp, CompareOp, Op, ReduceOp, UnaryOp};
+pub use parse::parse_tensor_type;
 pub use shape::{
     broadcast_shapes, check_size, checked_bytes, shape_string, static_shape, Dim, Shape, SymId,
     TensorType, MAX_TENSOR_BYTES,
 };
+pub use text::ParseError;
 
 #[cfg(test)]
 mod tests {

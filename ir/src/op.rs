@@ -318,8 +318,17 @@ impl Op {
             Op::LayerNorm {
                 normalized_rank,
                 eps,
-                ..
-            } => format!("[normalized_rank={normalized_rank}, eps={eps:e}]"),
+                has_weight,
+                has_bias,
+            } => {
+                // The operand count tells none (1) from both (3); with two, say which it is.
+                let only = match (has_weight, has_bias) {
+                    (true, false) => ", weight only",
+                    (false, true) => ", bias only",
+                    _ => "",
+                };
+                format!("[normalized_rank={normalized_rank}, eps={eps:e}{only}]")
+            }
             _ => String::new(),
         }
     }

@@ -569,6 +569,9 @@ impl fmt::Display for Kernel {
                     st.index,
                     st.value.0
                 )?,
+                StageAction::Store(stores) if stores.is_empty() => {
+                    writeln!(f, "  stage{i} over {}: no stores", dims(&s.extent))?
+                }
                 StageAction::Store(stores) => {
                     for st in stores {
                         writeln!(
@@ -643,6 +646,13 @@ impl fmt::Display for Program {
         }
         let outs: Vec<String> = self.outputs.iter().map(|o| o.to_string()).collect();
         writeln!(f, "outputs: {}", outs.join(", "))?;
+        for check in &self.index_checks {
+            writeln!(
+                f,
+                "index check: {} in 0..{} before step {}",
+                check.buffer, check.bound, check.step
+            )?;
+        }
         if let Some(plan) = &self.plan {
             write!(f, "{plan}")?;
         }
