@@ -262,9 +262,6 @@ pub fn compile_program(program: &Program) -> Result<CompiledProgram, CodegenErro
         module
             .define_function(id, &mut ctx)
             .map_err(|e| CodegenError::Cranelift(format!("{}: {e:?}\n{clif}", kernel.name)))?;
-        if let (Some(c), Ok(dir)) = (ctx.compiled_code(), std::env::var("SCRATCH_JIT_BYTES")) {
-            let _ = std::fs::write(format!("{dir}/{}.bin", kernel.name), c.code_buffer());
-        }
         let clif = match ctx.compiled_code().and_then(|c| c.vcode.as_ref()) {
             Some(machine) if disasm => format!("{clif}\n; machine code\n{machine}"),
             _ => clif,
