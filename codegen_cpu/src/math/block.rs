@@ -199,8 +199,11 @@ mod x86 {
         }
         #[inline(always)]
         fn sel(&mut self, m: __m512i, t: __m512i, f: __m512i) -> __m512i {
-            // Bitwise `m ? t : f` (0xca: the truth table of A ? B : C).
-            unsafe { _mm512_ternarylogic_epi32::<0xca>(m, t, f) }
+            // `m ? t : f` for masks of all ones / all zeros lanes, as a blend under the mask's
+            // sign bits: LLVM takes the compare's mask register directly (the `vpmovm2d` /
+            // `vpmovd2m` pair folds away), and `vpblendmd` does not overwrite an operand, as
+            // the bitwise `vpternlogd` did (a copy of a constant per select).
+            unsafe { _mm512_mask_blend_epi32(_mm512_movepi32_mask(m), f, t) }
         }
     }
 

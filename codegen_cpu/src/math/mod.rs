@@ -534,24 +534,36 @@ const ERF_Q: [f32; 7] = [
     0.025_377_74,
 ];
 
+/// Both branches share one Horner evaluation: each lane runs `P(x^2)` (small `|x|`) or `Q(1/x)`
+/// on coefficients selected per lane, the same operations its branch alone would run (so the
+/// results are those of two separate polynomials), with half the multiply-adds: they, not the
+/// selects, bound the routine's throughput.
 #[inline(always)]
 fn erf<E: Lanes>(e: &mut E, x: E::V) -> E::V {
+    const _: () = assert!(ERF_P.len() == ERF_Q.len());
     let a = e.abs(x);
+    let is_small = e.fcmpc(FloatCC::LessThan, a, 1.0);
     let z = e.mul(a, a);
-    let p = e.horner(&ERF_P, z);
-    let small = e.mul(a, p);
-    let small = e.add(a, small);
     let ac = e.minc(a, 4.0);
     let z2 = e.mul(ac, ac);
     let one = e.f(1.0);
     let t = e.div(one, ac);
+    let u = e.sel(is_small, z, t);
+    let last = ERF_P.len() - 1;
+    let (hi_p, hi_q) = (e.f(ERF_P[last]), e.f(ERF_Q[last]));
+    let mut p = e.sel(is_small, hi_p, hi_q);
+    for i in (0..last).rev() {
+        let (cp, cq) = (e.f(ERF_P[i]), e.f(ERF_Q[i]));
+        let c = e.sel(is_small, cp, cq);
+        p = e.mul_add(p, u, c);
+    }
+    let small = e.mul(a, p);
+    let small = e.add(a, small);
     let nz2 = e.neg(z2);
     // -16 <= nz2 <= 0 (or NaN).
     let ex = exp_in_normal_range(e, nz2);
-    let q = e.horner(&ERF_Q, t);
-    let c = e.mul(ex, q);
+    let c = e.mul(ex, p);
     let big = e.rsubc(1.0, c);
-    let is_small = e.fcmpc(FloatCC::LessThan, a, 1.0);
     let r = e.sel(is_small, small, big);
     e.copysign(r, x)
 }
