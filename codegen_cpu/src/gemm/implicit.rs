@@ -224,6 +224,12 @@ fn pack_im2col_panel(
         });
         column += len;
     }
+    #[cfg(target_arch = "x86_64")]
+    if window.stride[1] == 1 && nr % 16 == 0 && Kernel::Avx512.is_supported() {
+        // SAFETY: the CPU has AVX-512F (checked just above).
+        unsafe { pack_unit_stride_avx512(b, cols, nr, out, segments) };
+        return;
+    }
     let [kh, kw] = window.kernel;
     let plane_len = h * w;
     let [sh, sw] = window.stride;
@@ -247,15 +253,7 @@ fn pack_im2col_panel(
                     let source = &plane[y as usize * w..][..w];
                     let x0 = (s.first * sw + j * dw) as isize - pw as isize;
                     if sw == 1 {
-                        // Pixels `lo..hi` of the run read inside the row.
-                        let lo = (-x0).clamp(0, s.len as isize) as usize;
-                        let hi = (w as isize - x0).clamp(lo as isize, s.len as isize) as usize;
-                        dest[..lo].fill(0.0);
-                        if hi > lo {
-                            let from = (x0 + lo as isize) as usize;
-                            dest[lo..hi].copy_from_slice(&source[from..from + (hi - lo)]);
-                        }
-                        dest[hi..].fill(0.0);
+                        copy_run(dest, source, x0);
                     } else {
                         for (t, value) in dest.iter_mut().enumerate() {
                             let x = x0 + (t * sw) as isize;
@@ -269,6 +267,139 @@ fn pack_im2col_panel(
                 }
                 p += 1;
             }
+        }
+    }
+}
+
+/// `dest[t] = source[x0 + t]` where `0 ≤ x0 + t < source.len()`, else zero: a run of one
+/// input row at stride 1, padding included.
+fn copy_run(dest: &mut [f32], source: &[f32], x0: isize) {
+    #[cfg(target_arch = "x86_64")]
+    if Kernel::Avx512.is_supported() {
+        // SAFETY: the CPU has AVX-512F (checked just above).
+        unsafe { copy_run_avx512(dest, source, x0) };
+        return;
+    }
+    let w = source.len() as isize;
+    let lo = (-x0).clamp(0, dest.len() as isize) as usize;
+    let hi = (w - x0).clamp(lo as isize, dest.len() as isize) as usize;
+    dest[..lo].fill(0.0);
+    if hi > lo {
+        let from = (x0 + lo as isize) as usize;
+        dest[lo..hi].copy_from_slice(&source[from..from + (hi - lo)]);
+    }
+    dest[hi..].fill(0.0);
+}
+
+/// [`copy_run`] 16 values at a time: a load masked to the lanes inside `source` (masked lanes
+/// are neither read nor able to fault) and a store masked to the lanes inside `dest`.
+///
+/// # Safety
+/// The CPU supports AVX-512F.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn copy_run_avx512(dest: &mut [f32], source: &[f32], x0: isize) {
+    use std::arch::x86_64::*;
+    let (len, w) = (dest.len(), source.len() as isize);
+    let mut t = 0;
+    while t < len {
+        let lanes = (len - t).min(16);
+        let inside_dest: u32 = (1u32 << lanes) - 1;
+        let first = x0 + t as isize;
+        let (lo, hi) = ((-first).clamp(0, 16), (w - first).clamp(0, 16));
+        let inside_source: u32 = if hi > lo {
+            ((1u32 << hi) - 1) & !((1u32 << lo) - 1)
+        } else {
+            0
+        };
+        // SAFETY: lane `l` is loaded only if `0 ≤ first + l < w` (inside `source`) and stored
+        // only if `t + l < len` (inside `dest`); `wrapping_offset` forms the base pointer
+        // without asserting it lies inside the slice.
+        unsafe {
+            let value = _mm512_maskz_loadu_ps(
+                (inside_source & inside_dest) as __mmask16,
+                source.as_ptr().wrapping_offset(first),
+            );
+            _mm512_mask_storeu_ps(dest.as_mut_ptr().add(t), inside_dest as __mmask16, value);
+        }
+        t += 16;
+    }
+}
+
+/// [`pack_im2col_panel`] for a unit column stride, 16 values at a time. For every kernel offset
+/// and vector of the panel row, the loads that fill it are planned once per panel: one per
+/// output row the vector's pixels lie in, masked to the lanes whose input pixel is inside the
+/// image (masked lanes are neither read nor able to fault; the rest stay zero). Each channel
+/// then runs the same loads, a plane further on.
+///
+/// # Safety
+/// The CPU supports AVX-512F; `nr` is a multiple of 16; `segments` are the panel's (as
+/// [`pack_im2col_panel`] made them) and `out` holds `k · nr` values.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn pack_unit_stride_avx512(
+    b: &Im2colRef,
+    cols: usize,
+    nr: usize,
+    out: &mut [f32],
+    segments: &[Segment],
+) {
+    use std::arch::x86_64::*;
+    let [h, w] = b.size;
+    let window = &b.window;
+    let [kh, kw] = window.kernel;
+    let [dh, dw] = window.dilation;
+    let [ph, pw] = window.padding;
+    let sh = window.stride[0];
+    let vectors = nr / 16;
+    // Loads `(plane offset of the vector's lane 0, lane mask)`, grouped by (offset, vector).
+    let mut loads: Vec<(isize, __mmask16)> = Vec::new();
+    let mut ranges: Vec<(usize, usize)> = Vec::with_capacity(kh * kw * vectors);
+    for i in 0..kh {
+        for j in 0..kw {
+            for v in 0..vectors {
+                let first_load = loads.len();
+                let lanes = 16 * v..16 * v + 16;
+                for s in segments {
+                    let y = (s.row * sh + i * dh) as isize - ph as isize;
+                    if y < 0 || y >= h as isize {
+                        continue;
+                    }
+                    let x0 = (s.first + j * dw) as isize - pw as isize;
+                    // Panel columns whose input pixel is inside the row.
+                    let lo = s.column as isize + (-x0).max(0);
+                    let hi = s.column as isize + (w as isize - x0).min(s.len as isize);
+                    let (lo, hi) = (lo.max(lanes.start as isize), hi.min(lanes.end.min(cols) as isize));
+                    if lo >= hi {
+                        continue;
+                    }
+                    let (lo, hi) = (lo as usize - lanes.start, hi as usize - lanes.start);
+                    let mask = (((1u32 << hi) - 1) & !((1u32 << lo) - 1)) as __mmask16;
+                    // Column `t` of the segment reads plane element `y·w + x0 + t − column`.
+                    let base = y * w as isize + x0 - s.column as isize + lanes.start as isize;
+                    loads.push((base, mask));
+                }
+                ranges.push((first_load, loads.len()));
+            }
+        }
+    }
+    let plane_len = h * w;
+    let taps = kh * kw;
+    for channel in 0..b.channels {
+        let plane = &b.data[b.offset + channel * plane_len..][..plane_len];
+        let rows = &mut out[channel * taps * nr..][..taps * nr];
+        for (vector, &(from, to)) in rows.chunks_exact_mut(16).zip(&ranges) {
+            let mut value = _mm512_setzero_ps();
+            for &(base, mask) in &loads[from..to] {
+                // SAFETY: every lane the mask keeps reads plane element `base + lane`, which the
+                // plan above put inside the row `y` (`0 ≤ y < h`, `0 ≤ x < w`) of this plane;
+                // `wrapping_offset` forms the base pointer without asserting it is inside.
+                value = unsafe {
+                    _mm512_mask_loadu_ps(value, mask, plane.as_ptr().wrapping_offset(base))
+                };
+            }
+            // SAFETY: `vector` is a chunk of 16 values of `out`.
+            unsafe { _mm512_storeu_ps(vector.as_mut_ptr(), value) };
         }
     }
 }
