@@ -3,7 +3,12 @@ use minductor_ir::Window2d;
 use std::time::Instant;
 fn main() {
     let (m, c, h, w) = (64, 64, 56, 56);
-    let window = Window2d { kernel: [3, 3], stride: [1, 1], padding: [1, 1], dilation: [1, 1] };
+    let window = Window2d {
+        kernel: [3, 3],
+        stride: [1, 1],
+        padding: [1, 1],
+        dilation: [1, 1],
+    };
     let k = c * 9;
     let n = h * w;
     let a: Vec<f32> = (0..m * k).map(|i| (i % 7) as f32 * 0.1).collect();
@@ -22,7 +27,11 @@ fn main() {
             multiply_im2col(&packed, &xr, &mut o).unwrap();
             s = s.min(t.elapsed().as_secs_f64());
         }
-        println!("implicit: {:.3} ms/image  {:.1} GFLOP/s", s * 1e3, flops / s / 1e9);
+        println!(
+            "implicit: {:.3} ms/image  {:.1} GFLOP/s",
+            s * 1e3,
+            flops / s / 1e9
+        );
     }
     // Materialized b, the plain path.
     let b: Vec<f32> = (0..k * n).map(|i| (i % 5) as f32 * 0.1).collect();
@@ -35,6 +44,10 @@ fn main() {
             sgemm(&a_ref, &b_ref, &mut o, 1).unwrap();
             s = s.min(t.elapsed().as_secs_f64());
         }
-        println!("sgemm materialized: {:.3} ms/image  {:.1} GFLOP/s", s * 1e3, flops / s / 1e9);
+        println!(
+            "sgemm materialized: {:.3} ms/image  {:.1} GFLOP/s",
+            s * 1e3,
+            flops / s / 1e9
+        );
     }
 }

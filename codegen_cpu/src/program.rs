@@ -157,7 +157,7 @@ const PARALLEL_WORK_THRESHOLD: i64 = 1 << 15;
 enum CompiledStep {
     Kernel(CompiledKernel),
     /// A GEMM, and the kernel that runs on each block of its output rows (see `fuse_epilogues`).
-    Matmul(MatmulStep, Option<CompiledKernel>),
+    Matmul(Box<MatmulStep>, Option<CompiledKernel>),
     /// An extern scatter-add (`scatter::scatter_add`).
     ScatterAdd(Box<ScatterAddStep>),
 }
@@ -289,7 +289,7 @@ pub fn compile_program(program: &Program) -> Result<CompiledProgram, CodegenErro
         .map(|step| match step {
             Step::Kernel(kernel) => CompiledStep::Kernel(finished(kernel)),
             Step::Matmul(m) => {
-                CompiledStep::Matmul(m.clone(), m.epilogue.as_ref().map(&mut finished))
+                CompiledStep::Matmul(Box::new(m.clone()), m.epilogue.as_ref().map(&mut finished))
             }
             Step::ScatterAdd(sc) => CompiledStep::ScatterAdd(Box::new(sc.clone())),
         })
@@ -667,7 +667,10 @@ fn run_matmul(
             b_data,
             offset,
             [k, cols],
-            [b_view_of_step.strides[batch], b_view_of_step.strides[batch + 1]],
+            [
+                b_view_of_step.strides[batch],
+                b_view_of_step.strides[batch + 1],
+            ],
             "b",
         )
     };
@@ -833,7 +836,8 @@ fn run_implicit_matmul(
     let a_shape = symbols.sizes(&m.a.shape);
     let b_shape = symbols.sizes(&b.shape);
     let source_shape = symbols.sizes(&program.buffer(b.source).shape);
-    let numel = |id: BufferId| -> usize { symbols.sizes(&program.buffer(id).shape).iter().product() };
+    let numel =
+        |id: BufferId| -> usize { symbols.sizes(&program.buffer(id).shape).iter().product() };
     let gemm_error =
         |e: gemm::GemmError| RuntimeError::Unsupported(format!("matmul {}: {e}", m.out));
     let (&[images, groups, k, cols], &[_, channels, h, w]) = (&b_shape[..], &source_shape[..])
@@ -856,7 +860,10 @@ fn run_implicit_matmul(
                 pointers[m.a.buffer.0 as usize] as *const f32,
                 numel(m.a.buffer),
             ),
-            std::slice::from_raw_parts(pointers[b.source.0 as usize] as *const f32, numel(b.source)),
+            std::slice::from_raw_parts(
+                pointers[b.source.0 as usize] as *const f32,
+                numel(b.source),
+            ),
         )
     };
     let c = SendPtr(pointers[m.out.0 as usize]);
@@ -896,8 +903,14 @@ fn run_implicit_matmul(
             for image in s..e {
                 for (g, a) in packed.iter().enumerate() {
                     let plane_offset = (image * channels + g * group_channels) * h * w;
-                    let x = gemm::Im2colRef::new(x_data, plane_offset, group_channels, [h, w], b.window)
-                        .map_err(gemm_error)?;
+                    let x = gemm::Im2colRef::new(
+                        x_data,
+                        plane_offset,
+                        group_channels,
+                        [h, w],
+                        b.window,
+                    )
+                    .map_err(gemm_error)?;
                     let first = (image * groups + g) * matrix;
                     // SAFETY: `first + matrix ≤ images·groups·matrix`, the output's length
                     // (asserted above); each (image, group) matrix is borrowed by one thread
@@ -905,7 +918,8 @@ fn run_implicit_matmul(
                     let values = unsafe {
                         std::slice::from_raw_parts_mut((c.get() as *mut f32).add(first), matrix)
                     };
-                    let mut out = gemm::MatrixMut::row_major(values, rows, cols).map_err(gemm_error)?;
+                    let mut out =
+                        gemm::MatrixMut::row_major(values, rows, cols).map_err(gemm_error)?;
                     gemm::multiply_im2col(a, &x, &mut out).map_err(gemm_error)?;
                 }
             }

@@ -48,7 +48,10 @@ fn implicit_im2cols(graph: &Graph) -> Vec<bool> {
             users[i.index()].push(id);
         }
     }
-    let has_grad = graph.nodes().iter().any(|n| matches!(n.op, Op::Grad { .. }));
+    let has_grad = graph
+        .nodes()
+        .iter()
+        .any(|n| matches!(n.op, Op::Grad { .. }));
     let outputs = graph.outputs();
     let only_right_operand = |id: NodeId| {
         !outputs.contains(&id)

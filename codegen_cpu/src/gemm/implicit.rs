@@ -207,7 +207,6 @@ fn pack_im2col_panel(
     out: &mut [f32],
     segments: &mut Vec<Segment>,
 ) {
-    let [h, w] = b.size;
     let ow = b.out[1];
     let window = &b.window;
     segments.clear();
@@ -225,11 +224,18 @@ fn pack_im2col_panel(
         column += len;
     }
     #[cfg(target_arch = "x86_64")]
-    if window.stride[1] == 1 && nr % 16 == 0 && Kernel::Avx512.is_supported() {
+    if window.stride[1] == 1 && nr.is_multiple_of(16) && Kernel::Avx512.is_supported() {
         // SAFETY: the CPU has AVX-512F (checked just above).
         unsafe { pack_unit_stride_avx512(b, cols, nr, out, segments) };
         return;
     }
+    pack_scalar(b, cols, nr, out, segments);
+}
+
+/// [`pack_im2col_panel`] one run (stride 1) or one value (other strides) at a time.
+fn pack_scalar(b: &Im2colRef, cols: usize, nr: usize, out: &mut [f32], segments: &[Segment]) {
+    let [h, w] = b.size;
+    let window = &b.window;
     let [kh, kw] = window.kernel;
     let plane_len = h * w;
     let [sh, sw] = window.stride;
@@ -274,12 +280,6 @@ fn pack_im2col_panel(
 /// `dest[t] = source[x0 + t]` where `0 ≤ x0 + t < source.len()`, else zero: a run of one
 /// input row at stride 1, padding included.
 fn copy_run(dest: &mut [f32], source: &[f32], x0: isize) {
-    #[cfg(target_arch = "x86_64")]
-    if Kernel::Avx512.is_supported() {
-        // SAFETY: the CPU has AVX-512F (checked just above).
-        unsafe { copy_run_avx512(dest, source, x0) };
-        return;
-    }
     let w = source.len() as isize;
     let lo = (-x0).clamp(0, dest.len() as isize) as usize;
     let hi = (w - x0).clamp(lo as isize, dest.len() as isize) as usize;
@@ -289,41 +289,6 @@ fn copy_run(dest: &mut [f32], source: &[f32], x0: isize) {
         dest[lo..hi].copy_from_slice(&source[from..from + (hi - lo)]);
     }
     dest[hi..].fill(0.0);
-}
-
-/// [`copy_run`] 16 values at a time: a load masked to the lanes inside `source` (masked lanes
-/// are neither read nor able to fault) and a store masked to the lanes inside `dest`.
-///
-/// # Safety
-/// The CPU supports AVX-512F.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f")]
-unsafe fn copy_run_avx512(dest: &mut [f32], source: &[f32], x0: isize) {
-    use std::arch::x86_64::*;
-    let (len, w) = (dest.len(), source.len() as isize);
-    let mut t = 0;
-    while t < len {
-        let lanes = (len - t).min(16);
-        let inside_dest: u32 = (1u32 << lanes) - 1;
-        let first = x0 + t as isize;
-        let (lo, hi) = ((-first).clamp(0, 16), (w - first).clamp(0, 16));
-        let inside_source: u32 = if hi > lo {
-            ((1u32 << hi) - 1) & !((1u32 << lo) - 1)
-        } else {
-            0
-        };
-        // SAFETY: lane `l` is loaded only if `0 ≤ first + l < w` (inside `source`) and stored
-        // only if `t + l < len` (inside `dest`); `wrapping_offset` forms the base pointer
-        // without asserting it lies inside the slice.
-        unsafe {
-            let value = _mm512_maskz_loadu_ps(
-                (inside_source & inside_dest) as __mmask16,
-                source.as_ptr().wrapping_offset(first),
-            );
-            _mm512_mask_storeu_ps(dest.as_mut_ptr().add(t), inside_dest as __mmask16, value);
-        }
-        t += 16;
-    }
 }
 
 /// [`pack_im2col_panel`] for a unit column stride, 16 values at a time. For every kernel offset
@@ -369,7 +334,10 @@ unsafe fn pack_unit_stride_avx512(
                     // Panel columns whose input pixel is inside the row.
                     let lo = s.column as isize + (-x0).max(0);
                     let hi = s.column as isize + (w as isize - x0).min(s.len as isize);
-                    let (lo, hi) = (lo.max(lanes.start as isize), hi.min(lanes.end.min(cols) as isize));
+                    let (lo, hi) = (
+                        lo.max(lanes.start as isize),
+                        hi.min(lanes.end.min(cols) as isize),
+                    );
                     if lo >= hi {
                         continue;
                     }
@@ -401,5 +369,108 @@ unsafe fn pack_unit_stride_avx512(
             // SAFETY: `vector` is a chunk of 16 values of `out`.
             unsafe { _mm512_storeu_ps(vector.as_mut_ptr(), value) };
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn values(n: usize, seed: usize) -> Vec<f32> {
+        (0..n)
+            .map(|i| ((i * 7 + seed * 13) % 23) as f32 / 11.0 - 1.0)
+            .collect()
+    }
+
+    /// Every kernel this CPU has (and with it the scalar packing, for the narrower ones) against
+    /// a naive convolution summed in f64, and the AVX-512 packing against the scalar one.
+    #[test]
+    fn every_kernel_and_packing_matches_a_naive_convolution() {
+        // (channels, out channels, kernel, stride, padding, dilation, (h, w))
+        let cases = [
+            (3, 5, [3, 3], 1, 1, 1, [7, 9]),
+            (7, 13, [3, 3], 1, 1, 1, [11, 5]),
+            (17, 8, [3, 3], 2, 1, 1, [13, 19]),
+            (4, 7, [3, 3], 1, 2, 2, [9, 71]),
+            (2, 3, [5, 5], 1, 2, 1, [4, 4]),
+            (5, 6, [1, 3], 3, 0, 1, [3, 40]),
+        ];
+        for (c, o, kernel, s, p, d, [h, w]) in cases {
+            let window = Window2d {
+                kernel,
+                stride: [s, s],
+                padding: [p, p],
+                dilation: [d, d],
+            };
+            let [oh, ow] = window.output_size(h, w).unwrap();
+            let (k, n) = (c * window.taps(), oh * ow);
+            let (x, weight) = (values(c * h * w, 1), values(o * k, 2));
+            let mut want = vec![0f64; o * n];
+            for (r, row) in want.chunks_mut(n).enumerate() {
+                for (l, value) in row.iter_mut().enumerate() {
+                    let (y0, x0) = ((l / ow) * s, (l % ow) * s);
+                    for ci in 0..c {
+                        for i in 0..kernel[0] {
+                            for j in 0..kernel[1] {
+                                let (y, xx) = (y0 + i * d, x0 + j * d);
+                                if y < p || xx < p || y - p >= h || xx - p >= w {
+                                    continue;
+                                }
+                                let tap = (ci * kernel[0] + i) * kernel[1] + j;
+                                *value += weight[r * k + tap] as f64
+                                    * x[(ci * h + y - p) * w + xx - p] as f64;
+                            }
+                        }
+                    }
+                }
+            }
+            let b = Im2colRef::new(&x, 0, c, [h, w], window).unwrap();
+            for kernel in Kernel::ALL.into_iter().filter(|k| k.is_supported()) {
+                let a = MatrixRef::row_major(&weight, o, k).unwrap();
+                let packed = PackedA::pack(&a, kernel).unwrap();
+                let mut got = vec![f32::NAN; o * n];
+                multiply_im2col(
+                    &packed,
+                    &b,
+                    &mut MatrixMut::row_major(&mut got, o, n).unwrap(),
+                )
+                .unwrap();
+                for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+                    assert!(
+                        (*g as f64 - w).abs() <= 1e-4 * w.abs().max(1.0),
+                        "{kernel:?} {window}: element {i}: {g} vs {w}"
+                    );
+                }
+            }
+            // Both packings of every panel agree.
+            let nr = 64;
+            let mut segments = Vec::new();
+            for start in (0..n).step_by(nr) {
+                let cols = nr.min(n - start);
+                let (mut fast, mut plain) = (vec![f32::NAN; k * nr], vec![f32::NAN; k * nr]);
+                pack_im2col_panel(&b, start, cols, nr, &mut fast, &mut segments);
+                pack_scalar(&b, cols, nr, &mut plain, &segments);
+                assert_eq!(fast, plain, "{window}, panel at {start}");
+            }
+        }
+    }
+
+    #[test]
+    fn sources_outside_their_slice_and_windows_that_do_not_fit_are_errors() {
+        let window = Window2d {
+            kernel: [3, 3],
+            stride: [1, 1],
+            padding: [0, 0],
+            dilation: [1, 1],
+        };
+        let x = vec![0f32; 2 * 5 * 5];
+        assert!(matches!(
+            Im2colRef::new(&x, 1, 2, [5, 5], window),
+            Err(GemmError::OutOfBounds { .. })
+        ));
+        assert!(matches!(
+            Im2colRef::new(&x, 0, 2, [2, 5], window),
+            Err(GemmError::Window { .. })
+        ));
     }
 }
