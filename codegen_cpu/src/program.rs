@@ -10,7 +10,8 @@ use cranelift_jit::{JITBuilder, JITModule};
 use cranelift_module::{Linkage, Module};
 use minductor_ir::{checked_bytes, DType, Dim};
 use minductor_passes::kernel::{
-    BufferId, BufferKind, Kernel, MatmulStep, Program, ScatterAddStep, Step,
+    BufferId, BufferKind, Im2colView, Kernel, MatmulOperand, MatmulStep, Program, ScatterAddStep,
+    Step,
 };
 use minductor_passes::plan_buffers::{plan_buffers, BufferPlan};
 use minductor_passes::{verify_program, VerifyError};
@@ -156,7 +157,7 @@ const PARALLEL_WORK_THRESHOLD: i64 = 1 << 15;
 enum CompiledStep {
     Kernel(CompiledKernel),
     /// A GEMM, and the kernel that runs on each block of its output rows (see `fuse_epilogues`).
-    Matmul(MatmulStep, Option<CompiledKernel>),
+    Matmul(Box<MatmulStep>, Option<CompiledKernel>),
     /// An extern scatter-add (`scatter::scatter_add`).
     ScatterAdd(Box<ScatterAddStep>),
 }
@@ -294,7 +295,7 @@ pub fn compile_program(program: &Program) -> Result<CompiledProgram, CodegenErro
         .map(|step| match step {
             Step::Kernel(kernel) => CompiledStep::Kernel(finished(kernel)),
             Step::Matmul(m) => {
-                CompiledStep::Matmul(m.clone(), m.epilogue.as_ref().map(&mut finished))
+                CompiledStep::Matmul(Box::new(m.clone()), m.epilogue.as_ref().map(&mut finished))
             }
             Step::ScatterAdd(sc) => CompiledStep::ScatterAdd(Box::new(sc.clone())),
         })
@@ -620,7 +621,16 @@ fn run_matmul(
     symbols: &Symbols,
     pointers: &[*mut u8],
 ) -> Result<(), RuntimeError> {
-    let (a_shape, b_shape) = (symbols.sizes(&m.a.shape), symbols.sizes(&m.b.shape));
+    let b_view_of_step = match &m.b {
+        MatmulOperand::View(view) => view,
+        MatmulOperand::Im2col(view) => {
+            return run_implicit_matmul(m, view, epilogue, program, symbols, pointers)
+        }
+    };
+    let (a_shape, b_shape) = (
+        symbols.sizes(&m.a.shape),
+        symbols.sizes(&b_view_of_step.shape),
+    );
     let batch = a_shape.len() - 2;
     let (rows, k, cols) = (a_shape[batch], a_shape[batch + 1], b_shape[batch + 1]);
     debug_assert!(program.buffer(m.out).dtype == DType::F32);
@@ -639,8 +649,8 @@ fn run_matmul(
                 numel(m.a.buffer),
             ),
             std::slice::from_raw_parts(
-                pointers[m.b.buffer.0 as usize] as *const f32,
-                numel(m.b.buffer),
+                pointers[b_view_of_step.buffer.0 as usize] as *const f32,
+                numel(b_view_of_step.buffer),
             ),
         )
     };
@@ -663,7 +673,10 @@ fn run_matmul(
             b_data,
             offset,
             [k, cols],
-            [m.b.strides[batch], m.b.strides[batch + 1]],
+            [
+                b_view_of_step.strides[batch],
+                b_view_of_step.strides[batch + 1],
+            ],
             "b",
         )
     };
@@ -705,7 +718,7 @@ fn run_matmul(
 
     if batch == 0 {
         let a = a_view(m.a.offset).map_err(gemm_error)?;
-        let b = b_view(m.b.offset).map_err(gemm_error)?;
+        let b = b_view(b_view_of_step.offset).map_err(gemm_error)?;
         // Packed as the tiles need it, once, by whichever thread gets to each block first.
         let packed = gemm::PackedB::lazy(&b, kernel).map_err(gemm_error)?;
         let panels = cols.div_ceil(kernel.nr());
@@ -770,12 +783,12 @@ fn run_matmul(
             let e = (s + tile).min(end);
             for n in s * inner..e * inner {
                 // Decompose the flat batch index into per-dim offsets.
-                let (mut rest, mut a_off, mut b_off) = (n, m.a.offset, m.b.offset);
+                let (mut rest, mut a_off, mut b_off) = (n, m.a.offset, b_view_of_step.offset);
                 for d in (0..batch).rev() {
                     let i = (rest % a_shape[d]) as i64;
                     rest /= a_shape[d];
                     a_off += i * m.a.strides[d];
-                    b_off += i * m.b.strides[d];
+                    b_off += i * b_view_of_step.strides[d];
                 }
                 if packed.as_ref().is_none_or(|(at, _)| *at != b_off) {
                     // Return the old buffer to the pool before taking one.
@@ -807,6 +820,139 @@ fn run_matmul(
         });
     } else {
         run_units(0, units);
+    }
+    match failure.into_inner().unwrap_or_else(|p| p.into_inner()) {
+        Some(e) => Err(e),
+        None => Ok(()),
+    }
+}
+
+/// Runs `out = a @ im2col(x)` (a convolution, `b` an [`Im2colView`]) with the implicit GEMM
+/// (`gemm::multiply_im2col`): the output's first dim (images) is split across threads, each
+/// image's channel groups run one after the other on its thread, and the epilogue follows each
+/// tile of images. `a` (the weight) is packed once per group and call.
+fn run_implicit_matmul(
+    m: &MatmulStep,
+    b: &Im2colView,
+    epilogue: Option<&CompiledKernel>,
+    program: &Program,
+    symbols: &Symbols,
+    pointers: &[*mut u8],
+) -> Result<(), RuntimeError> {
+    let a_shape = symbols.sizes(&m.a.shape);
+    let b_shape = symbols.sizes(&b.shape);
+    let source_shape = symbols.sizes(&program.buffer(b.source).shape);
+    let numel =
+        |id: BufferId| -> usize { symbols.sizes(&program.buffer(id).shape).iter().product() };
+    let gemm_error =
+        |e: gemm::GemmError| RuntimeError::Unsupported(format!("matmul {}: {e}", m.out));
+    let (&[images, groups, k, cols], &[_, channels, h, w]) = (&b_shape[..], &source_shape[..])
+    else {
+        return Err(RuntimeError::Unsupported(format!(
+            "matmul {}: an im2col operand {b_shape:?} of a source {source_shape:?}",
+            m.out
+        )));
+    };
+    let rows = a_shape[2];
+    let group_channels = channels / groups.max(1);
+    // SAFETY: each pointer is the start of a live buffer holding its planned number of f32s for
+    // this call's sizes (`run_steps`; `fuse` only emits f32 GEMMs). The operands are only read
+    // during this step; the output is written only through the per-matrix borrows below, each
+    // on one thread, and overlaps neither operand (`plan_buffers` never places a GEMM's output
+    // in place of a buffer it reads; live slots are disjoint).
+    let (a_data, x_data) = unsafe {
+        (
+            std::slice::from_raw_parts(
+                pointers[m.a.buffer.0 as usize] as *const f32,
+                numel(m.a.buffer),
+            ),
+            std::slice::from_raw_parts(
+                pointers[b.source.0 as usize] as *const f32,
+                numel(b.source),
+            ),
+        )
+    };
+    let c = SendPtr(pointers[m.out.0 as usize]);
+    let matrix = rows * cols;
+    assert!(
+        numel(m.out) == images * groups * matrix,
+        "a GEMM's output holds its product"
+    );
+    let kernel = gemm::Kernel::detect();
+    // The weight of each group, packed once and shared by every image and thread.
+    let packed: Vec<gemm::PackedA> = (0..groups)
+        .map(|g| {
+            let offset = m.a.offset + g as i64 * m.a.strides[1];
+            let a = gemm::MatrixRef::new(
+                a_data,
+                offset,
+                [rows, k],
+                [m.a.strides[2], m.a.strides[3]],
+                "a",
+            )?;
+            gemm::PackedA::pack(&a, kernel)
+        })
+        .collect::<Result<_, _>>()
+        .map_err(gemm_error)?;
+    let mut table = Vec::new();
+    if let Some(e) = epilogue {
+        table.extend(e.buffers.iter().map(|id| pointers[id.0 as usize]));
+    }
+    let epilogue = epilogue.map(|e| (e, e.bind(symbols)));
+    let shared = SharedPointers(table.as_ptr());
+    let unit_bytes = groups * matrix * std::mem::size_of::<f32>();
+    let tile = (TILE_BYTES / unit_bytes.max(1)).clamp(1, images.max(1));
+    let run_images = |start: usize, end: usize| -> Result<(), RuntimeError> {
+        let mut s = start;
+        while s < end {
+            let e = (s + tile).min(end);
+            for image in s..e {
+                for (g, a) in packed.iter().enumerate() {
+                    let plane_offset = (image * channels + g * group_channels) * h * w;
+                    let x = gemm::Im2colRef::new(
+                        x_data,
+                        plane_offset,
+                        group_channels,
+                        [h, w],
+                        b.window,
+                    )
+                    .map_err(gemm_error)?;
+                    let first = (image * groups + g) * matrix;
+                    // SAFETY: `first + matrix ≤ images·groups·matrix`, the output's length
+                    // (asserted above); each (image, group) matrix is borrowed by one thread
+                    // only, and the borrow ends before the epilogue reads the rows.
+                    let values = unsafe {
+                        std::slice::from_raw_parts_mut((c.get() as *mut f32).add(first), matrix)
+                    };
+                    let mut out =
+                        gemm::MatrixMut::row_major(values, rows, cols).map_err(gemm_error)?;
+                    gemm::multiply_im2col(a, &x, &mut out).map_err(gemm_error)?;
+                }
+            }
+            if let Some((epilogue, bound)) = &epilogue {
+                call_kernel(epilogue, bound, shared, s as i64, e as i64);
+            }
+            s = e;
+        }
+        Ok(())
+    };
+    let failure: Mutex<Option<RuntimeError>> = Mutex::new(None);
+    let run_images = |start: usize, end: usize| {
+        if let Err(e) = run_images(start, end) {
+            *failure.lock().unwrap_or_else(|p| p.into_inner()) = Some(e);
+        }
+    };
+    let flops = [images, groups, rows, k, cols]
+        .iter()
+        .fold(2usize, |acc, &n| acc.saturating_mul(n));
+    let threads = threads::num_threads();
+    if threads > 1 && flops >= PARALLEL_FLOPS_THRESHOLD && images > 1 {
+        let chunks = threads.min(images);
+        threads::for_each_chunk(chunks, |ch| {
+            run_images(images * ch / chunks, images * (ch + 1) / chunks)
+        });
+    } else {
+        run_images(0, images);
     }
     match failure.into_inner().unwrap_or_else(|p| p.into_inner()) {
         Some(e) => Err(e),

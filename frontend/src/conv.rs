@@ -1,11 +1,12 @@
 //! Convolution and max pooling with PyTorch's names and semantics (`F.conv2d`, `F.conv1d`,
 //! `F.max_pool2d`), built from the op set so that they decompose, differentiate and fuse like it.
 //!
-//! - `conv2d` lowers to the GEMM step by im2col: the (zero-padded) input's `KH·KW` shifted,
-//!   strided windows are written side by side into one buffer `[N, C, KH·KW, OH, OW]` (a `cat`
-//!   of views: one copy kernel per kernel offset), which, seen as `[N, groups, C/groups·KH·KW,
-//!   OH·OW]`, is the right operand of one batched GEMM with the weight `[groups, O/groups,
-//!   C/groups·KH·KW]`; the bias is a pointwise consumer of the GEMM's output. A 1x1 convolution
+//! - `conv2d` is a GEMM with an `im2col` (`F.unfold`): the (zero-padded) input's `KH·KW`
+//!   shifted, strided windows side by side, `[N, C·KH·KW, OH·OW]`, which, seen as `[N, groups,
+//!   C/groups·KH·KW, OH·OW]`, is the right operand of one batched GEMM with the weight `[groups,
+//!   O/groups, C/groups·KH·KW]`; the bias is a pointwise consumer of the GEMM's output. The
+//!   compiled GEMM packs its panels from the input directly (implicit GEMM: no im2col buffer);
+//!   where that does not apply, `decompose` expands the im2col into pads, slices and a `cat`. A 1x1 convolution
 //!   with stride 1 and no padding multiplies the input in place (no copy). A depthwise
 //!   convolution (one input and one output channel per group) is instead one pointwise kernel
 //!   summing `KH·KW` products of shifted windows with the weights.
@@ -17,6 +18,7 @@
 //! weight of the wrong rank) are trace errors naming the op and the sizes.
 
 use crate::trace::Traced;
+use minductor_ir::{Op, Window2d};
 
 /// `stride`, `padding`, `dilation` (the same along every spatial dim) and `groups` of a
 /// convolution; `Default` is PyTorch's (1, 0, 1, 1).
@@ -205,12 +207,12 @@ impl Traced {
             Err(t) => return t,
         };
         let (ph, pw) = (w.padding.0 as isize, w.padding.1 as isize);
-        let padded = if ph > 0 || pw > 0 {
-            self.pad(&[pw, pw, ph, ph], 0.0)
-        } else {
-            self.clone()
-        };
         let out = if cg == 1 && o == c {
+            let padded = if ph > 0 || pw > 0 {
+                self.pad(&[pw, pw, ph, ph], 0.0)
+            } else {
+                self.clone()
+            };
             // Depthwise: Σ over kernel offsets of a window times its per-channel weight.
             let mut acc: Option<Traced> = None;
             for i in 0..kh {
@@ -233,12 +235,13 @@ impl Traced {
             let columns = if direct {
                 self.reshape(&[n as isize, groups as isize, cg as isize, (oh * ow) as isize])
             } else {
-                let windows: Vec<Traced> = (0..kh)
-                    .flat_map(|i| (0..kw).map(move |j| (i, j)))
-                    .map(|(i, j)| padded.window_at(i, j, w, (oh, ow)).unsqueeze(2))
-                    .collect();
-                let refs: Vec<&Traced> = windows.iter().collect();
-                Traced::cat(&refs, 2).reshape(&[
+                let window = Window2d {
+                    kernel: [kh, kw],
+                    stride: [w.stride.0, w.stride.1],
+                    padding: [w.padding.0, w.padding.1],
+                    dilation: [w.dilation.0, w.dilation.1],
+                };
+                self.apply(Op::Im2col { window }, &[self]).reshape(&[
                     n as isize,
                     groups as isize,
                     (cg * taps) as isize,

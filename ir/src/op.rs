@@ -51,6 +51,55 @@ pub enum ReduceOp {
     Min,
 }
 
+/// The geometry of a 2-d sliding window (convolution or pooling): per spatial dim (height,
+/// width) its kernel size, stride, zero padding on both sides and dilation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Window2d {
+    pub kernel: [usize; 2],
+    pub stride: [usize; 2],
+    pub padding: [usize; 2],
+    pub dilation: [usize; 2],
+}
+
+impl Window2d {
+    /// Kernel offsets per channel: `KH · KW`.
+    pub fn taps(&self) -> usize {
+        self.kernel[0] * self.kernel[1]
+    }
+
+    /// The output size `(OH, OW)` of the window sliding over an `h × w` input, or `None` when a
+    /// size is zero or the dilated window does not fit the padded input.
+    pub fn output_size(&self, h: usize, w: usize) -> Option<[usize; 2]> {
+        let mut out = [0; 2];
+        for (d, size) in [h, w].into_iter().enumerate() {
+            if self.kernel[d] == 0 || self.stride[d] == 0 || self.dilation[d] == 0 {
+                return None;
+            }
+            let padded = size.checked_add(self.padding[d].checked_mul(2)?)?;
+            let span = (self.kernel[d] - 1).checked_mul(self.dilation[d])? + 1;
+            if span > padded {
+                return None;
+            }
+            out[d] = (padded - span) / self.stride[d] + 1;
+        }
+        Some(out)
+    }
+}
+
+impl fmt::Display for Window2d {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let pair = |p: [usize; 2]| format!("{}x{}", p[0], p[1]);
+        write!(
+            f,
+            "kernel={}, stride={}, padding={}, dilation={}",
+            pair(self.kernel),
+            pair(self.stride),
+            pair(self.padding),
+            pair(self.dilation)
+        )
+    }
+}
+
 /// One graph operation. Attributes live in the variant; operands are the node's inputs.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Op {
@@ -131,6 +180,16 @@ pub enum Op {
     Iota {
         len: usize,
         dtype: DType,
+    },
+    /// `F.unfold(x, kernel, dilation, padding, stride)` (aten's `im2col`) on a floating-point
+    /// `x: [N, C, H, W]`: `[N, C·KH·KW, OH·OW]`, whose element `(n, c·KH·KW + i·KW + j, oh·OW +
+    /// ow)` is `x[n, c, oh·SH − PH + i·DH, ow·SW − PW + j·DW]`, or zero where that is outside `x`.
+    /// A convolution is a GEMM of the weight with it. `decompose` keeps it only where a GEMM reads
+    /// it as its right operand (`fuse` then packs the GEMM's panels from `x` directly: an
+    /// implicit GEMM, no im2col buffer) and expands it into pads, strided slices and a `cat`
+    /// everywhere else (so `autodiff` and kernels never see it).
+    Im2col {
+        window: Window2d,
     },
 
     // ---- composites (decomposed before fusion) ---------------------------------------------
@@ -240,6 +299,7 @@ impl Op {
             Op::Detach => "detach".into(),
             Op::Iota { .. } => "iota".into(),
             Op::CumSum { .. } => "cumsum".into(),
+            Op::Im2col { .. } => "im2col".into(),
             Op::Grad { .. } => "grad".into(),
             Op::Relu => "relu".into(),
             Op::Silu => "silu".into(),
@@ -299,6 +359,7 @@ impl Op {
                 format!("[dim={dim}]")
             }
             Op::ScatterAdd { dim, size } => format!("[dim={dim}, size={size}]"),
+            Op::Im2col { window } => format!("[{window}]"),
             Op::Iota { len, dtype } => format!("[len={len}, {dtype}]"),
             Op::Grad { index, seeded } => {
                 if *seeded {
@@ -714,6 +775,38 @@ fn infer_type_unchecked(op: &Op, inputs: &[&TensorType]) -> Result<TensorType, I
                 ));
             }
             Ok(first())
+        }
+        Op::Im2col { window } => {
+            expect_arity(op, inputs, 1)?;
+            expect_float(op, inputs[0])?;
+            let x = inputs[0];
+            if x.rank() != 4 {
+                return Err(IrError::ty(
+                    op.name(),
+                    format!("expected [N, C, H, W], found {x}"),
+                ));
+            }
+            let static_dim = |d: usize| x.shape.get(d).and_then(|d| d.as_static());
+            let (Some(c), Some(h), Some(w)) = (static_dim(1), static_dim(2), static_dim(3)) else {
+                return Err(IrError::ty(
+                    op.name(),
+                    format!("expected [N, C, H, W] with static C, H, W, found {x}"),
+                ));
+            };
+            let Some([oh, ow]) = window.output_size(h, w) else {
+                return Err(IrError::ty(
+                    op.name(),
+                    format!("the window ({window}) does not fit the input {x}"),
+                ));
+            };
+            Ok(TensorType::new(
+                x.dtype,
+                Shape::from_slice(&[
+                    x.shape[0],
+                    Dim::Static(c * window.taps()),
+                    Dim::Static(oh * ow),
+                ]),
+            ))
         }
         Op::Iota { len, dtype } => {
             expect_arity(op, inputs, 0)?;

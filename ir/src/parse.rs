@@ -276,6 +276,12 @@ fn attributes(c: &mut Cursor, name: &str) -> Result<Op, ParseError> {
             c.eat("]")?;
             Ok(Op::ScatterAdd { dim, size })
         }
+        "im2col" => {
+            c.eat("[")?;
+            let window = window2d(c)?;
+            c.eat("]")?;
+            Ok(Op::Im2col { window })
+        }
         "iota" => {
             c.eat("[len=")?;
             let len = c.usize()?;
@@ -336,4 +342,24 @@ pub fn parse_tensor_type(text: &str) -> Result<TensorType, ParseError> {
     let ty = c.tensor_type()?;
     c.end()?;
     Ok(ty)
+}
+
+/// A [`Window2d`] as it prints: `kernel=3x3, stride=1x1, padding=1x1, dilation=1x1`.
+pub fn window2d(c: &mut Cursor) -> Result<crate::op::Window2d, ParseError> {
+    fn pair(c: &mut Cursor, name: &str) -> Result<[usize; 2], ParseError> {
+        c.eat(name)?;
+        let a = c.usize()?;
+        c.eat("x")?;
+        Ok([a, c.usize()?])
+    }
+    let kernel = pair(c, "kernel=")?;
+    let stride = pair(c, ", stride=")?;
+    let padding = pair(c, ", padding=")?;
+    let dilation = pair(c, ", dilation=")?;
+    Ok(crate::op::Window2d {
+        kernel,
+        stride,
+        padding,
+        dilation,
+    })
 }

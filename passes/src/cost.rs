@@ -360,11 +360,28 @@ fn matmul_cost(program: &Program, step: usize, matmul: &MatmulStep) -> StepCost 
         0
     };
     let mut reads: HashMap<BufferId, HashSet<Pattern>> = HashMap::new();
-    for view in [&matmul.a, &matmul.b] {
-        reads
-            .entry(view.buffer)
-            .or_default()
-            .insert(view_pattern(view));
+    reads
+        .entry(matmul.a.buffer)
+        .or_default()
+        .insert(view_pattern(&matmul.a));
+    match &matmul.b {
+        MatmulOperand::View(view) => {
+            reads
+                .entry(view.buffer)
+                .or_default()
+                .insert(view_pattern(view));
+        }
+        // The GEMM packs the im2col from its source, reading each element of it.
+        MatmulOperand::Im2col(view) => {
+            let numel = program
+                .buffers
+                .get(view.source.0 as usize)
+                .map_or(0, |b| trip_count(&b.shape));
+            reads
+                .entry(view.source)
+                .or_default()
+                .insert(Pattern::new(0, [(1, numel)]));
+        }
     }
     let mut writes: HashMap<BufferId, HashSet<Pattern>> = HashMap::new();
     let out_numel = trip_count(&out_shape);

@@ -5,17 +5,19 @@
 //! Composites over f16/bf16 are computed in f32 and cast back once, as PyTorch's decompositions
 //! do, so reduced precision rounds at the op's result and not at every intermediate.
 
-use minductor_ir::{BinaryOp, DType, Dim, Graph, NodeId, Op, ReduceOp, Shape, UnaryOp};
+use minductor_ir::{BinaryOp, DType, Dim, Graph, NodeId, Op, ReduceOp, Shape, UnaryOp, Window2d};
 
 pub fn decompose(graph: &Graph) -> Graph {
     let mut b = Builder { g: Graph::new() };
     let mut map: Vec<NodeId> = Vec::with_capacity(graph.len());
-    for node in graph.nodes() {
+    let implicit = implicit_im2cols(graph);
+    for (n, node) in graph.nodes().iter().enumerate() {
         let ins: Vec<NodeId> = node.inputs.iter().map(|i| map[i.index()]).collect();
         let id = match &node.op {
             Op::Input { name } => b.g.input(name.clone(), node.ty.clone()),
             Op::Constant { value } => b.g.constant(*value, node.ty.dtype),
             Op::Matmul => b.matmul(ins[0], ins[1]),
+            Op::Im2col { window } if !implicit[n] => b.im2col(ins[0], window),
             // Gradients are expanded by `autodiff`, over the prims this pass produces.
             op @ Op::Grad { .. } => b.add(op.clone(), &ins),
             op if op.is_prim() => b.add(op.clone(), &ins),
@@ -34,6 +36,58 @@ pub fn decompose(graph: &Graph) -> Graph {
     }
     b.g.set_outputs(graph.outputs().iter().map(|o| map[o.index()]).collect());
     b.g
+}
+
+/// Which nodes are `im2col`s that stay prims: f32, in a graph without gradients, read only as
+/// the right operand of GEMMs through a reshape `[N, C·KH·KW, L] → [N, groups, C·KH·KW / groups,
+/// L]` (how `conv2d` traces), so that `fuse` can pack those GEMMs' panels from the input itself.
+fn implicit_im2cols(graph: &Graph) -> Vec<bool> {
+    let mut users: Vec<Vec<NodeId>> = vec![Vec::new(); graph.len()];
+    for id in graph.ids() {
+        for &i in &graph.node(id).inputs {
+            users[i.index()].push(id);
+        }
+    }
+    let has_grad = graph
+        .nodes()
+        .iter()
+        .any(|n| matches!(n.op, Op::Grad { .. }));
+    let outputs = graph.outputs();
+    let only_right_operand = |id: NodeId| {
+        !outputs.contains(&id)
+            && users[id.index()].iter().all(|&u| {
+                let n = graph.node(u);
+                matches!(n.op, Op::Matmul) && n.inputs[1] == id && n.inputs[0] != id
+            })
+    };
+    graph
+        .ids()
+        .map(|id| {
+            let node = graph.node(id);
+            let Op::Im2col { window } = &node.op else {
+                return false;
+            };
+            let taps = window.taps();
+            !has_grad
+                && node.ty.dtype == DType::F32
+                && !outputs.contains(&id)
+                && users[id.index()].iter().all(|&u| {
+                    let shape = &graph.ty(u).shape;
+                    let columns = node.ty.shape[1].as_static().unwrap_or(0);
+                    let splits = matches!(graph.node(u).op, Op::Reshape { .. })
+                        && shape.len() == 4
+                        && shape[0] == node.ty.shape[0]
+                        && shape[3] == node.ty.shape[2]
+                        && match (shape[1].as_static(), shape[2].as_static()) {
+                            (Some(groups), Some(rows)) => {
+                                groups * rows == columns && rows % taps.max(1) == 0
+                            }
+                            _ => false,
+                        };
+                    splits && only_right_operand(u)
+                })
+        })
+        .collect()
 }
 
 struct Builder {
@@ -85,6 +139,65 @@ impl Builder {
     }
     fn reshape(&mut self, x: NodeId, shape: Shape) -> NodeId {
         self.add(Op::Reshape { shape }, &[x])
+    }
+
+    /// `im2col` in prims: the input padded with zeros (a `cat` with zeros along W, then H),
+    /// each kernel offset's strided window of it, and a `cat` of those windows side by side.
+    fn im2col(&mut self, x: NodeId, window: &Window2d) -> NodeId {
+        let mut padded = x;
+        for d in [3, 2] {
+            let amount = window.padding[d - 2];
+            if amount == 0 {
+                continue;
+            }
+            let mut side = self.shape(padded);
+            side[d] = Dim::Static(amount);
+            let zero = self.scalar(0.0, x);
+            let zeros = self.add(Op::Expand { shape: side }, &[zero]);
+            padded = self.add(Op::Cat { dim: d }, &[zeros, padded, zeros]);
+        }
+        let shape = self.shape(x);
+        let (h, w) = (
+            shape[2].as_static().unwrap_or(0),
+            shape[3].as_static().unwrap_or(0),
+        );
+        let [oh, ow] = window
+            .output_size(h, w)
+            .expect("im2col's type rule checked that the window fits");
+        let mut windows = Vec::with_capacity(window.taps());
+        for i in 0..window.kernel[0] {
+            for j in 0..window.kernel[1] {
+                let mut tap = padded;
+                for (d, offset, out) in [(2, i, oh), (3, j, ow)] {
+                    let start = offset * window.dilation[d - 2];
+                    let step = window.stride[d - 2];
+                    tap = self.add(
+                        Op::Slice {
+                            dim: d,
+                            start,
+                            end: start + (out - 1) * step + 1,
+                            step,
+                        },
+                        &[tap],
+                    );
+                }
+                let mut unsqueezed = self.shape(tap);
+                unsqueezed.insert(2, Dim::Static(1));
+                windows.push(self.reshape(tap, unsqueezed));
+            }
+        }
+        let stacked = if windows.len() == 1 {
+            windows[0]
+        } else {
+            self.add(Op::Cat { dim: 2 }, &windows)
+        };
+        let c = shape[1].as_static().unwrap_or(0);
+        let flat = Shape::from_slice(&[
+            shape[0],
+            Dim::Static(c * window.taps()),
+            Dim::Static(oh * ow),
+        ]);
+        self.reshape(stacked, flat)
     }
 
     /// Number of elements over `axes` of `x`, less `minus`, as a value like `x` that broadcasts

@@ -297,14 +297,46 @@ impl<'g> Scheduler<'g> {
         };
         let k = *dims(g, a).last().unwrap();
         let a_view = view(self, a, out_shape[batch], k)?;
-        let b_view = view(self, b, k, out_shape[batch + 1])?;
+        let b_operand = match self.im2col_operand(b)? {
+            Some(im2col) => MatmulOperand::Im2col(im2col),
+            None => MatmulOperand::View(view(self, b, k, out_shape[batch + 1])?),
+        };
         Ok(MatmulStep {
             a: a_view,
-            b: b_view,
+            b: b_operand,
             out,
             node: id,
             epilogue: None,
         })
+    }
+
+    /// The implicit im2col a GEMM reads as its right operand `b`, when `b` is the reshape `[N,
+    /// groups, C/groups·KH·KW, L]` of an `im2col` (what `decompose` keeps): its source must be a
+    /// buffer (realized, so contiguous).
+    fn im2col_operand(&mut self, b: NodeId) -> Retry<Option<Im2colView>> {
+        let g = self.graph;
+        let reshape = g.node(b);
+        if !matches!(reshape.op, Op::Reshape { .. }) {
+            return Ok(None);
+        }
+        let im2col = g.node(reshape.inputs[0]);
+        let Op::Im2col { window } = im2col.op else {
+            return Ok(None);
+        };
+        let source = im2col.inputs[0];
+        if !self.realized.contains(&source) {
+            return retry(source);
+        }
+        let shape = dims(g, b);
+        let Some(groups) = shape.get(1).and_then(|d| d.as_static()) else {
+            return unsupported(format!("an im2col operand of shape {shape:?}"));
+        };
+        Ok(Some(Im2colView {
+            source: self.buffer_of[&source],
+            window,
+            groups,
+            shape,
+        }))
     }
 
     fn scatter_add(&mut self, id: NodeId, dim: usize, out: BufferId) -> Retry<ScatterAddStep> {
@@ -994,6 +1026,11 @@ impl<'g> KernelBuilder<'g> {
             | Op::ScatterAdd { .. }
             | Op::CumSum { .. } => {
                 unreachable!("{} is always realized", n.op)
+            }
+            Op::Im2col { .. } => {
+                return unsupported(
+                    "an im2col read other than as a GEMM's right operand (decompose expands those)",
+                )
             }
             composite => panic!("fuse: {composite} reached fusion; run decompose first"),
         };

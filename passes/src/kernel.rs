@@ -11,7 +11,7 @@
 //! Loop extents are [`Dim`]s that reach the compiled code as runtime arguments (`params`);
 //! index coefficients (strides) are numbers fixed at compile time.
 
-use minductor_ir::{BinaryOp, CompareOp, DType, Dim, NodeId, ReduceOp, UnaryOp};
+use minductor_ir::{BinaryOp, CompareOp, DType, Dim, NodeId, ReduceOp, UnaryOp, Window2d};
 use smallvec::SmallVec;
 use std::fmt::{self, Write};
 
@@ -325,12 +325,66 @@ impl Kernel {
 #[derive(Clone, Debug, PartialEq)]
 pub struct MatmulStep {
     pub a: StridedView,
-    pub b: StridedView,
+    pub b: MatmulOperand,
     pub out: BufferId,
     pub node: NodeId,
     /// Pointwise consumers of the output, run on each block of rows right after the GEMM wrote
     /// it (while it is in cache). Its first outer loop is the output's first dim.
     pub epilogue: Option<Kernel>,
+}
+
+/// The right operand of a GEMM: a buffer seen through a view, or the im2col of a buffer that is
+/// never written out (the GEMM packs its panels from the source itself: an implicit GEMM).
+#[derive(Clone, Debug, PartialEq)]
+pub enum MatmulOperand {
+    View(StridedView),
+    Im2col(Im2colView),
+}
+
+impl MatmulOperand {
+    /// The buffer the operand reads.
+    pub fn buffer(&self) -> BufferId {
+        match self {
+            MatmulOperand::View(v) => v.buffer,
+            MatmulOperand::Im2col(v) => v.source,
+        }
+    }
+
+    /// The operand's shape as the GEMM sees it: `[batch..., k, n]`.
+    pub fn shape(&self) -> &[Dim] {
+        match self {
+            MatmulOperand::View(v) => &v.shape,
+            MatmulOperand::Im2col(v) => &v.shape,
+        }
+    }
+}
+
+impl fmt::Display for MatmulOperand {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            MatmulOperand::View(v) => write!(
+                f,
+                "{}{:?}+{} strides {:?}",
+                v.buffer, v.shape, v.offset, v.strides
+            ),
+            MatmulOperand::Im2col(v) => write!(
+                f,
+                "im2col[{}, groups={}]({}){:?}",
+                v.window, v.groups, v.source, v.shape
+            ),
+        }
+    }
+}
+
+/// `im2col(source)` (see `Op::Im2col`) seen as `shape = [N, groups, C/groups·KH·KW, OH·OW]`:
+/// element `(n, g, r, l)` is element `(n, g·C/groups·KH·KW + r, l)` of the im2col of the
+/// contiguous `source` buffer `[N, C, H, W]`. Only a GEMM's right operand takes this form.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Im2colView {
+    pub source: BufferId,
+    pub window: Window2d,
+    pub groups: usize,
+    pub shape: Vec<Dim>,
 }
 
 /// A buffer seen through a view: element `[i...]` lives at `offset + Σ i_d · strides[d]`.
@@ -368,7 +422,7 @@ impl Step {
         match self {
             Step::Kernel(k) => k.loads(),
             Step::Matmul(m) => {
-                let mut r = vec![m.a.buffer, m.b.buffer];
+                let mut r = vec![m.a.buffer, m.b.buffer()];
                 if let Some(e) = &m.epilogue {
                     r.extend(e.loads());
                 }
@@ -608,16 +662,13 @@ impl fmt::Display for Program {
                 Step::Kernel(k) => write!(f, "{k}")?,
                 Step::Matmul(m) => writeln!(
                     f,
-                    "matmul {} = {}{:?}+{} strides {:?} @ {}{:?}+{} strides {:?} (node {})",
+                    "matmul {} = {}{:?}+{} strides {:?} @ {} (node {})",
                     m.out,
                     m.a.buffer,
                     m.a.shape,
                     m.a.offset,
                     m.a.strides,
-                    m.b.buffer,
-                    m.b.shape,
-                    m.b.offset,
-                    m.b.strides,
+                    m.b,
                     m.node
                 )?,
                 Step::ScatterAdd(sc) => writeln!(

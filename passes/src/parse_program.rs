@@ -417,7 +417,23 @@ impl<'a> Parser<'a> {
         c.eat(" = ")?;
         let a = self.view(c, true)?;
         c.eat(" @ ")?;
-        let b = self.view(c, true)?;
+        let b = if c.try_eat("im2col[") {
+            let window = minductor_ir::window2d(c)?;
+            c.eat(", groups=")?;
+            let groups = c.usize()?;
+            c.eat("](")?;
+            let source = self.buffer(c)?;
+            c.eat(")")?;
+            let shape = c.list(|c| c.dim_debug())?;
+            MatmulOperand::Im2col(Im2colView {
+                source,
+                window,
+                groups,
+                shape,
+            })
+        } else {
+            MatmulOperand::View(self.view(c, true)?)
+        };
         let node = node_suffix(c)?;
         Ok(MatmulStep {
             a,

@@ -300,7 +300,7 @@ pub(crate) fn in_place_is_safe(
 fn read_by_gemm(step: &Step, input: BufferId) -> bool {
     match step {
         Step::Kernel(_) => false,
-        Step::Matmul(m) => m.a.buffer == input || m.b.buffer == input,
+        Step::Matmul(m) => m.a.buffer == input || m.b.buffer() == input,
         Step::ScatterAdd(sc) => sc.index.buffer == input || sc.src.buffer == input,
     }
 }

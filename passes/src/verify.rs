@@ -135,7 +135,7 @@ impl Verifier<'_> {
             match step {
                 Step::Kernel(k) => used.extend(kernel_dims(k)),
                 Step::Matmul(m) => {
-                    used.extend(m.a.shape.iter().chain(&m.b.shape).copied());
+                    used.extend(m.a.shape.iter().chain(m.b.shape()).copied());
                     used.extend(m.epilogue.iter().flat_map(kernel_dims));
                 }
                 Step::ScatterAdd(sc) => {
@@ -628,6 +628,40 @@ impl Verifier<'_> {
     }
 
     /// Every element of `view` seen with `shape` lies inside its buffer.
+    /// An implicit im2col operand: a rank-4 source with static channels and spatial sizes that
+    /// the window fits, seen with the shape `[N, groups, C/groups·KH·KW, OH·OW]`.
+    fn im2col(&self, at: &str, view: &Im2colView) -> Result<(), VerifyError> {
+        let source = self.buffer(view.source, at)?;
+        let bad = |why: String| Err(malformed(at, format!("im2col operand: {why}")));
+        let statics: Option<Vec<usize>> = source.shape[1..].iter().map(|d| d.as_static()).collect();
+        let (4, Some(&[c, h, w])) = (source.shape.len(), statics.as_deref()) else {
+            return bad(format!(
+                "source {} must be [N, C, H, W] with static C, H, W",
+                minductor_ir::shape_string(&source.shape)
+            ));
+        };
+        let Some([oh, ow]) = view.window.output_size(h, w) else {
+            return bad(format!("the window ({}) does not fit {h}x{w}", view.window));
+        };
+        let g = view.groups;
+        let expected = (g > 0 && c % g == 0).then(|| {
+            vec![
+                source.shape[0],
+                Dim::Static(g),
+                Dim::Static(c / g * view.window.taps()),
+                Dim::Static(oh * ow),
+            ]
+        });
+        if expected.as_deref() != Some(&view.shape[..]) {
+            return bad(format!(
+                "shape {} is not the im2col of {} in {g} groups",
+                minductor_ir::shape_string(&view.shape),
+                minductor_ir::shape_string(&source.shape)
+            ));
+        }
+        Ok(())
+    }
+
     fn view(
         &self,
         at: &str,
@@ -682,7 +716,7 @@ impl Verifier<'_> {
 
     fn matmul(&self, n: usize, m: &MatmulStep) -> Result<(), VerifyError> {
         let at = format!("step {n} (matmul into {})", m.out);
-        for (what, id) in [("a", m.a.buffer), ("b", m.b.buffer), ("out", m.out)] {
+        for (what, id) in [("a", m.a.buffer), ("b", m.b.buffer()), ("out", m.out)] {
             if self.buffer(id, &at)?.dtype != DType::F32 {
                 return Err(malformed(&at, format!("{what} ({id}) must be f32")));
             }
@@ -691,7 +725,7 @@ impl Verifier<'_> {
         if matches!(out.kind, BufferKind::Input(_)) {
             return Err(malformed(&at, "writes an input"));
         }
-        let (a, b) = (&m.a.shape, &m.b.shape);
+        let (a, b) = (&m.a.shape, m.b.shape());
         let rank = a.len();
         let dims_agree = rank >= 2
             && b.len() == rank
@@ -712,7 +746,10 @@ impl Verifier<'_> {
             ));
         }
         self.view(&at, "operand a", &m.a, a)?;
-        self.view(&at, "operand b", &m.b, b)?;
+        match &m.b {
+            MatmulOperand::View(view) => self.view(&at, "operand b", view, b)?,
+            MatmulOperand::Im2col(view) => self.im2col(&at, view)?,
+        }
         if let Some(e) = &m.epilogue {
             let eat = format!("{at}, epilogue {}", e.name);
             // The epilogue is called on ranges of the output's first dim.

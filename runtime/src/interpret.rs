@@ -452,6 +452,7 @@ fn eval(op: &Op, dtype: DType, shape: &[usize], args: &[&Value]) -> Result<Data,
         Op::ScatterAdd { dim, .. } => scatter_add(x, args[1], *dim, shape),
         Op::Detach => Ok(x.data.clone()),
         Op::CumSum { dim } => cumsum(x, *dim),
+        Op::Im2col { window } => im2col(x, window),
         Op::Grad { .. } => Err(RuntimeError::Unsupported(
             "grad nodes must be expanded by passes::autodiff before interpretation".into(),
         )),
@@ -688,6 +689,43 @@ fn cumsum(x: &Value, dim: usize) -> Result<Data, RuntimeError> {
             let i = start + k * stride;
             acc += v[i];
             out[i] = round(x.dtype, acc);
+        }
+    }
+    Ok(Data::F(out))
+}
+
+/// `F.unfold`: see `Op::Im2col` (zeros where the window reads outside `x`).
+fn im2col(x: &Value, window: &minductor_ir::Window2d) -> Result<Data, RuntimeError> {
+    let v = x.floats()?;
+    let [n, c, h, w] = x.shape[..] else {
+        return Err(internal(format!("im2col of shape {:?}", x.shape)));
+    };
+    let [oh, ow] = window
+        .output_size(h, w)
+        .ok_or_else(|| internal(format!("im2col window {window} on {:?}", x.shape)))?;
+    let [kh, kw] = window.kernel;
+    let mut out = Vec::with_capacity(n * c * kh * kw * oh * ow);
+    for image in 0..n {
+        for channel in 0..c {
+            let plane = &v[(image * c + channel) * h * w..][..h * w];
+            for i in 0..kh {
+                for j in 0..kw {
+                    for y in 0..oh {
+                        let row = (y * window.stride[0] + i * window.dilation[0])
+                            .checked_sub(window.padding[0])
+                            .filter(|&r| r < h);
+                        for z in 0..ow {
+                            let col = (z * window.stride[1] + j * window.dilation[1])
+                                .checked_sub(window.padding[1])
+                                .filter(|&q| q < w);
+                            out.push(match (row, col) {
+                                (Some(r), Some(q)) => plane[r * w + q],
+                                _ => 0.0,
+                            });
+                        }
+                    }
+                }
+            }
         }
     }
     Ok(Data::F(out))

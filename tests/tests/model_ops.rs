@@ -389,7 +389,7 @@ fn conv2d_over_strides_paddings_dilations_and_groups() {
 }
 
 #[test]
-fn conv2d_is_an_im2col_copy_then_one_gemm_with_the_bias_and_relu_as_its_epilogue() {
+fn conv2d_is_one_implicit_gemm_with_the_bias_and_relu_as_its_epilogue() {
     let (g, _) = build(&[&[2, 3, 9, 9], &[8, 3, 3, 3], &[8]], |i| {
         vec![i[0]
             .conv2d(&i[1], Some(&i[2]), ConvOptions::default().stride(2))
@@ -406,6 +406,7 @@ fn conv2d_is_an_im2col_copy_then_one_gemm_with_the_bias_and_relu_as_its_epilogue
         })
         .collect();
     assert_eq!(gemms.len(), 1, "{program}");
+    assert_eq!(program.steps.len(), 1, "no im2col copy: {program}");
     assert!(
         gemms[0].epilogue.is_some(),
         "bias and relu run on the GEMM's tiles:\n{program}"

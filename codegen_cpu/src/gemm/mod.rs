@@ -22,6 +22,7 @@
 //! its slice, [`MatrixMut::new`] proves the output rows inside theirs, and the packed buffers are
 //! sized here from the same shapes the loops run over.
 
+mod implicit;
 mod kernel_avx2;
 mod kernel_avx512;
 mod kernel_portable;
@@ -29,6 +30,7 @@ mod pack;
 #[cfg(test)]
 mod tests;
 
+pub use implicit::{multiply_im2col, Im2colRef, PackedA};
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::{Mutex, OnceLock};
 use thiserror::Error;
@@ -60,6 +62,12 @@ pub enum GemmError {
     },
     #[error("gemm: the {0:?} kernel needs CPU features this machine lacks")]
     Unsupported(Kernel),
+    #[error("gemm: the im2col window ({window}) does not fit a {h}x{w} input")]
+    Window {
+        window: minductor_ir::Window2d,
+        h: usize,
+        w: usize,
+    },
     #[error("gemm: b was packed for the {packed:?} kernel, not {wanted:?}")]
     KernelMismatch { packed: Kernel, wanted: Kernel },
 }
@@ -754,6 +762,11 @@ impl AlignedBuffer {
             self.lines = vec![Line([0.0; 16]); lines];
         }
         self.len = len;
+    }
+
+    fn lines_as_slice(&self) -> &[f32] {
+        // SAFETY: as `as_mut_slice`, shared.
+        unsafe { std::slice::from_raw_parts(self.lines.as_ptr() as *const f32, self.len) }
     }
 
     fn as_mut_slice(&mut self) -> &mut [f32] {

@@ -1,0 +1,147 @@
+//! The implicit-GEMM convolution (`im2col` packed straight into the GEMM's panels) against the
+//! reference interpreter at sizes chosen to reach every edge of the packing and blocking: odd
+//! heights and widths, output rows shorter than a 16-lane vector (a vector spanning several
+//! output rows), panels crossing output rows, channels that are no multiple of the register
+//! tile (6 rows) or of 16, more output channels than one block of micro-panels, `C·KH·KW` above
+//! the depth block (128), stride 2, dilation, groups, padding 0 and padding wider than the
+//! kernel's reach, on one image and on several (split across threads).
+
+use minductor::passes::kernel::{MatmulOperand, Step};
+use minductor::{compile, interpret, ConvOptions, DType, Graph, Tensor, Traced, Tracer};
+
+fn values(shape: &[usize], seed: u32) -> Tensor {
+    let n: usize = shape.iter().product();
+    let data = (0..n)
+        .map(|i| ((i as f32 + 1.0) * 0.618 + seed as f32 * 1.3).sin())
+        .collect();
+    Tensor::from_vec(shape, data).unwrap()
+}
+
+fn build(shapes: &[&[usize]], f: impl FnOnce(&[Traced]) -> Vec<Traced>) -> (Graph, Vec<Tensor>) {
+    let tracer = Tracer::new();
+    let inputs: Vec<Traced> = shapes
+        .iter()
+        .enumerate()
+        .map(|(i, s)| tracer.input(&format!("in{i}"), DType::F32, s))
+        .collect();
+    let outputs = f(&inputs);
+    let tensors = shapes
+        .iter()
+        .enumerate()
+        .map(|(i, s)| values(s, i as u32))
+        .collect();
+    (tracer.finish(&outputs).unwrap(), tensors)
+}
+
+/// Compiles `graph`, checks that every GEMM reads an implicit im2col (no im2col buffer is
+/// written) and compares every output with the interpreter's within `tol` (relative to
+/// max(1, |want|)).
+fn check_implicit(graph: &Graph, inputs: &[Tensor], tol: f64, what: &str) {
+    let want = interpret(graph, inputs).unwrap();
+    let compiled = compile(graph).unwrap_or_else(|e| panic!("{what}: {e}"));
+    let program = compiled.artifacts().program.as_ref().unwrap();
+    for step in &program.steps {
+        match step {
+            Step::Matmul(m) => assert!(
+                matches!(m.b, MatmulOperand::Im2col(_)),
+                "{what}: the GEMM reads a materialized operand:\n{program}"
+            ),
+            Step::Kernel(k) => assert!(
+                !k.name.contains("copy"),
+                "{what}: a copy kernel runs besides the GEMM:\n{program}"
+            ),
+            Step::ScatterAdd(_) => panic!("{what}: unexpected scatter-add"),
+        }
+    }
+    let got = compiled
+        .call(inputs)
+        .unwrap_or_else(|e| panic!("{what}: {e}"));
+    assert_eq!(got.len(), want.len(), "{what}");
+    for (g, w) in got.iter().zip(&want) {
+        assert_eq!(g.shape(), w.shape(), "{what}");
+        for (i, (a, b)) in g.to_f64_vec().iter().zip(w.to_f64_vec()).enumerate() {
+            assert!(
+                (a - b).abs() <= tol * b.abs().max(1.0),
+                "{what}: element {i}: compiled {a} vs reference {b}"
+            );
+        }
+    }
+}
+
+/// Images, channels, out channels, kernel (h, w), stride, padding, dilation, groups, (h, w).
+type Case = (
+    usize,
+    usize,
+    usize,
+    (usize, usize),
+    usize,
+    usize,
+    usize,
+    usize,
+    (usize, usize),
+);
+
+#[test]
+fn implicit_conv2d_matches_the_interpreter_at_odd_sizes() {
+    let cases: [Case; 14] = [
+        (1, 3, 5, (3, 3), 1, 1, 1, 1, (7, 9)),
+        (2, 7, 13, (3, 3), 1, 1, 1, 1, (11, 5)), // rows of 5: a vector spans 4 rows
+        (3, 17, 70, (3, 3), 1, 1, 1, 1, (13, 19)), // 70 rows: 12 micro-panels; K = 153 > 128
+        (2, 20, 9, (3, 3), 2, 1, 1, 1, (15, 17)), // stride 2
+        (2, 6, 8, (3, 3), 1, 2, 2, 1, (9, 10)),  // dilation 2
+        (2, 8, 12, (3, 3), 1, 1, 1, 4, (9, 9)),  // groups
+        (2, 5, 7, (3, 3), 1, 0, 1, 1, (8, 71)),  // padding 0, rows longer than a panel
+        (1, 4, 6, (2, 4), 1, 3, 1, 1, (3, 5)),   // padding wider than the kernel's reach
+        (2, 3, 4, (5, 5), 1, 2, 1, 1, (4, 4)),   // kernel larger than the input
+        (2, 9, 11, (1, 3), 1, 1, 1, 1, (1, 37)), // conv1d-like
+        (2, 5, 7, (1, 1), 2, 0, 1, 1, (13, 13)), // 1x1, strided
+        (2, 4, 4, (3, 3), 2, 1, 2, 2, (10, 11)), // stride, dilation and groups at once
+        (4, 64, 64, (3, 3), 1, 1, 1, 1, (12, 12)), // the ResNet block's channels
+        (2, 10, 6, (3, 3), 3, 1, 1, 1, (16, 20)), // stride 3
+    ];
+    for (n, c, o, (kh, kw), s, p, d, g, (h, w)) in cases {
+        let options = ConvOptions::default()
+            .stride(s)
+            .padding(p)
+            .dilation(d)
+            .groups(g);
+        let what =
+            format!("conv2d n={n} c={c} o={o} k={kh}x{kw} s={s} p={p} d={d} g={g} size={h}x{w}");
+        let (graph, inputs) = build(&[&[n, c, h, w], &[o, c / g, kh, kw], &[o]], |i| {
+            vec![
+                i[0].conv2d(&i[1], Some(&i[2]), options).relu(),
+                i[0].conv2d(&i[1], None, options),
+            ]
+        });
+        check_implicit(&graph, &inputs, 1e-4, &what);
+    }
+}
+
+#[test]
+fn a_resnet_block_is_two_implicit_gemms_with_their_epilogues() {
+    let conv = ConvOptions::default().padding(1);
+    let (graph, inputs) = build(
+        &[
+            &[3, 16, 9, 11],
+            &[16, 16, 3, 3],
+            &[16],
+            &[16, 16, 3, 3],
+            &[16],
+        ],
+        |i| {
+            let y = i[0].conv2d(&i[1], Some(&i[2]), conv).relu();
+            vec![(y.conv2d(&i[3], Some(&i[4]), conv) + &i[0]).relu()]
+        },
+    );
+    check_implicit(&graph, &inputs, 1e-4, "resnet block");
+    let compiled = compile(&graph).unwrap();
+    let program = compiled.artifacts().program.as_ref().unwrap();
+    assert_eq!(program.steps.len(), 2, "{program}");
+    assert!(
+        program
+            .steps
+            .iter()
+            .all(|s| matches!(s, Step::Matmul(m) if m.epilogue.is_some())),
+        "{program}"
+    );
+}
