@@ -20,6 +20,7 @@ pub use minductor_frontend::{
     Jit, JitBackend, JitError, JitOptions, JitStats, Operand, Stance, StanceGuard, TraceError,
     Traced, TracedDim, Tracer, DEFAULT_RECOMPILE_LIMIT,
 };
+pub use minductor_frontend::{compile_frozen, compile_frozen_with_options, FreezeError};
 pub use minductor_frontend::{load, load_bytes, Artifact, ArtifactError};
 pub use minductor_frontend::{
     load_safetensors, AdamW, ConvOptions, CrossEntropyOptions, Optimizer, Parameters, Sgd,

@@ -190,6 +190,13 @@ impl Artifact {
                 compiled.backend().name()
             )));
         };
+        if !compiled.frozen_constants().is_empty() {
+            return Err(ArtifactError::Unsupported(
+                "a frozen compile's constants are tensors, which the artifact format does not \
+                 carry; save the graph compiled without freezing"
+                    .into(),
+            ));
+        }
         let graph = compiled.graph().to_string();
         let program_text = program.to_string();
         // Only what loads back is saved: both texts must parse to what they print.

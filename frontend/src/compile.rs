@@ -66,6 +66,8 @@ pub enum CompileError {
         pass: &'static str,
         error: Box<VerifyError>,
     },
+    #[error("{0}")]
+    Freeze(#[from] crate::freeze::FreezeError),
     #[error("backend {backend} does not support {what} yet")]
     Unsupported { backend: &'static str, what: String },
 }
@@ -105,6 +107,9 @@ pub struct Compiled {
     tangents: Vec<minductor_ir::DType>,
     /// Loaded from the compile cache rather than compiled.
     from_cache: bool,
+    /// A frozen compile's constants (`freeze.rs`): the graph's last inputs, fed by `call` after
+    /// the caller's; empty otherwise.
+    frozen: Vec<Tensor>,
     /// Shared by concurrent calls: per-call state lives in the executable's pool.
     executable: Box<dyn Executable>,
     artifacts: Artifacts,
@@ -326,6 +331,7 @@ pub(crate) fn compile_uncached(
         options,
         tangents,
         from_cache: false,
+        frozen: Vec::new(),
         executable,
         artifacts,
         compile_time,
@@ -348,10 +354,44 @@ impl Compiled {
             options,
             tangents,
             from_cache: false,
+            frozen: Vec::new(),
             executable,
             artifacts,
             compile_time,
         }
+    }
+
+    /// Makes the graph's last `constants.len()` inputs frozen to `constants`, which `call`
+    /// feeds after the caller's inputs; `total` is the whole compile's time.
+    pub(crate) fn set_frozen(&mut self, constants: Vec<Tensor>, total: Duration) {
+        self.frozen = constants;
+        self.compile_time = total;
+    }
+
+    /// The values a frozen compile feeds as the graph's last inputs (empty unless frozen).
+    pub fn frozen_constants(&self) -> &[Tensor] {
+        &self.frozen
+    }
+
+    /// The caller's inputs checked against the graph, followed by the frozen constants.
+    fn all_inputs<'a>(
+        &self,
+        inputs: &'a [Tensor],
+    ) -> Result<std::borrow::Cow<'a, [Tensor]>, RuntimeError> {
+        if self.frozen.is_empty() {
+            check_inputs(&self.graph, inputs)?;
+            return Ok(std::borrow::Cow::Borrowed(inputs));
+        }
+        let expected = self.graph.inputs().len() - self.frozen.len();
+        if inputs.len() != expected {
+            return Err(RuntimeError::Arity {
+                expected,
+                found: inputs.len(),
+            });
+        }
+        let all: Vec<Tensor> = inputs.iter().chain(&self.frozen).cloned().collect();
+        check_inputs(&self.graph, &all)?;
+        Ok(std::borrow::Cow::Owned(all))
     }
 
     pub(crate) fn mark_from_cache(&mut self) {
@@ -378,8 +418,8 @@ impl Compiled {
     /// Runs the compiled graph. Inputs are checked (count, dtype, rank, shape) first; the error
     /// names the input, the expected and the found. Non-contiguous inputs are accepted.
     pub fn call(&self, inputs: &[Tensor]) -> Result<Vec<Tensor>, RuntimeError> {
-        check_inputs(&self.graph, inputs)?;
-        self.executable.run(inputs)
+        let inputs = self.all_inputs(inputs)?;
+        self.executable.run(&inputs)
     }
 
     /// Runs like `call` and also returns the wall time of each step (kernel, or GEMM with its
@@ -388,8 +428,8 @@ impl Compiled {
         &self,
         inputs: &[Tensor],
     ) -> Result<(Vec<Tensor>, Vec<StepTiming>), RuntimeError> {
-        check_inputs(&self.graph, inputs)?;
-        self.executable.profile(inputs)
+        let inputs = self.all_inputs(inputs)?;
+        self.executable.profile(&inputs)
     }
 
     /// Bytes the compiled code keeps allocated between calls (the intermediate-buffer arena).

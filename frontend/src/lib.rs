@@ -11,6 +11,7 @@ mod conv;
 pub mod dump;
 mod dynamic;
 mod explain;
+mod freeze;
 mod graph_break;
 mod guards;
 mod indexing;
@@ -32,6 +33,7 @@ pub use compile::{
 };
 pub use conv::ConvOptions;
 pub use explain::{explain, BreakReport, Explanation, GraphReport};
+pub use freeze::{compile_frozen, compile_frozen_with_options, FreezeError};
 pub use jit::{jit, Jit, JitError, JitOptions, JitStats, DEFAULT_RECOMPILE_LIMIT};
 pub use losses::CrossEntropyOptions;
 pub use stance::{current_stance, set_stance, with_stance, Stance, StanceGuard};

@@ -1,0 +1,291 @@
+//! Freezing (`compile_frozen`): weights and batch-norm statistics given at compile time. The
+//! frozen compile must equal the interpreter run on the original graph with every input, fold
+//! eval batch norm into the convolution's weight (no `rsqrt` left in the compiled graph), take
+//! only the other inputs, and turn bad constants into typed errors.
+
+use minductor::ir::{BinaryOp, Op, UnaryOp};
+use minductor::{
+    compile_frozen, compile_frozen_with_options, interpret, trace, Backend, CompileError,
+    CompileOptions, ConvOptions, DType, FreezeError, Graph, RuntimeError, Tensor,
+};
+use minductor_tests::{assert_allclose, Tolerance};
+
+fn values(shape: &[usize], seed: u32, scale: f32, offset: f32) -> Tensor {
+    let n: usize = shape.iter().product();
+    let data = (0..n)
+        .map(|i| ((i as f32 + 1.0) * 0.618 + seed as f32 * 1.3).sin() * scale + offset)
+        .collect();
+    Tensor::from_vec(shape, data).unwrap()
+}
+
+/// conv → eval batch norm → relu → conv → batch norm → + x → relu, a ResNet basic block, at
+/// `channels` channels in `groups` groups on `size`x`size` images.
+fn block(batch: usize, channels: usize, size: usize, groups: usize) -> Graph {
+    trace(|t| {
+        let x = t.input("x", DType::F32, &[batch, channels, size, size]);
+        let mut v = x.clone();
+        for layer in 1..=2 {
+            let w = t.input(
+                &format!("w{layer}"),
+                DType::F32,
+                &[channels, channels / groups, 3, 3],
+            );
+            let stat = |name: &str| t.input(&format!("{name}{layer}"), DType::F32, &[channels]);
+            let (m, var, g, b) = (stat("m"), stat("v"), stat("g"), stat("b"));
+            v = v
+                .conv2d(&w, None, ConvOptions::default().padding(1).groups(groups))
+                .batch_norm(&m, &var, Some(&g), Some(&b), 1e-5);
+            v = if layer == 1 {
+                v.relu()
+            } else {
+                (v + &x).relu()
+            };
+        }
+        vec![v]
+    })
+    .unwrap()
+}
+
+/// The block's inputs: `x`, then per layer the weight and the statistics (variances positive).
+fn block_inputs(graph: &Graph) -> Vec<Tensor> {
+    graph
+        .inputs()
+        .iter()
+        .enumerate()
+        .map(|(i, &id)| {
+            let shape = graph.ty(id).static_sizes().unwrap();
+            let name = graph.input_name(i);
+            match name.chars().next().unwrap() {
+                'x' => values(&shape, 1, 1.0, 0.0),
+                'w' => values(&shape, i as u32, 0.2, 0.0),
+                'v' => values(&shape, i as u32, 0.4, 1.0),
+                'g' => values(&shape, i as u32, 0.3, 1.0),
+                _ => values(&shape, i as u32, 0.2, 0.0),
+            }
+        })
+        .collect()
+}
+
+fn frozen_pairs<'a>(graph: &'a Graph, inputs: &[Tensor]) -> Vec<(&'a str, Tensor)> {
+    (1..inputs.len())
+        .map(|i| (graph.input_name(i), inputs[i].clone()))
+        .collect()
+}
+
+fn count_unary(graph: &Graph, op: UnaryOp) -> usize {
+    graph
+        .nodes()
+        .iter()
+        .filter(|n| n.op == Op::Unary(op))
+        .count()
+}
+
+#[test]
+fn a_frozen_resnet_block_folds_batch_norm_into_the_weights_and_matches_the_interpreter() {
+    for (batch, channels, size, groups) in [(2, 8, 7, 1), (1, 6, 5, 2), (3, 4, 9, 1)] {
+        let graph = block(batch, channels, size, groups);
+        let inputs = block_inputs(&graph);
+        let want = interpret(&graph, &inputs).unwrap();
+        let compiled = compile_frozen(&graph, &frozen_pairs(&graph, &inputs)).unwrap();
+        let context = format!("block {batch}x{channels}x{size}, {groups} groups");
+        // Folding moves the batch-norm scale into the weight: another rounding order.
+        assert_allclose(
+            &compiled.call(&inputs[..1]).unwrap(),
+            &want,
+            Tolerance::close(1e-4),
+            &context,
+        );
+        let prims = compiled.artifacts().prim_graph.as_ref().unwrap();
+        assert_eq!(count_unary(prims, UnaryOp::Rsqrt), 0, "{context}:\n{prims}");
+        // No multiply over whole activations is left: the scales are in the weights, and the
+        // epilogue of each convolution is one add (then relu).
+        let image_multiplies = |g: &Graph| {
+            g.nodes()
+                .iter()
+                .filter(|n| n.op == Op::Binary(BinaryOp::Mul) && n.ty.rank() == 4)
+                .count()
+        };
+        assert_eq!(image_multiplies(prims), 0, "{context}:\n{prims}");
+        assert_eq!(
+            compiled.graph().inputs().len(),
+            1 + compiled.frozen_constants().len()
+        );
+        // The original graph compiles an rsqrt per batch norm; the frozen one computed them once.
+        let unfrozen = minductor::compile(&graph).unwrap();
+        let unfrozen_prims = unfrozen.artifacts().prim_graph.as_ref().unwrap();
+        assert_eq!(count_unary(unfrozen_prims, UnaryOp::Rsqrt), 2, "{context}");
+        assert!(image_multiplies(unfrozen_prims) >= 2, "{context}");
+    }
+}
+
+#[test]
+fn freezing_some_inputs_keeps_the_others_as_call_inputs_on_every_backend() {
+    // Freeze only the first layer's weight and the second layer's statistics.
+    let graph = block(2, 4, 6, 1);
+    let inputs = block_inputs(&graph);
+    let want = interpret(&graph, &inputs).unwrap();
+    let frozen_names = ["w1", "m2", "v2", "g2", "b2"];
+    let frozen: Vec<(&str, Tensor)> = (0..inputs.len())
+        .filter(|&i| frozen_names.contains(&graph.input_name(i)))
+        .map(|i| (graph.input_name(i), inputs[i].clone()))
+        .collect();
+    let rest: Vec<Tensor> = (0..inputs.len())
+        .filter(|&i| !frozen_names.contains(&graph.input_name(i)))
+        .map(|i| inputs[i].clone())
+        .collect();
+    for backend in [Backend::Eager, Backend::AotEager, Backend::Inductor] {
+        let options = CompileOptions {
+            backend,
+            ..CompileOptions::default()
+        };
+        let compiled = compile_frozen_with_options(&graph, &frozen, options).unwrap();
+        let names: Vec<&str> = (0..rest.len())
+            .map(|i| compiled.graph().input_name(i))
+            .collect();
+        assert_eq!(
+            names,
+            ["x", "m1", "v1", "g1", "b1", "w2"],
+            "{}",
+            backend.name()
+        );
+        let got = compiled.call(&rest).unwrap();
+        assert_allclose(&got, &want, Tolerance::close(1e-4), backend.name());
+    }
+}
+
+#[test]
+fn a_frozen_mlp_computes_its_constant_subgraphs_once() {
+    // `w.t() * 2` and `b + 1` depend on frozen inputs only: computed at compile time.
+    let graph = trace(|t| {
+        let x = t.input("x", DType::F32, &[5, 12]);
+        let w = t.input("w", DType::F32, &[7, 12]);
+        let b = t.input("b", DType::F32, &[7]);
+        vec![(x.matmul(&(w.transpose(0, 1) * 2.0)) + (b + 1.0)).gelu()]
+    })
+    .unwrap();
+    let inputs = [
+        values(&[5, 12], 1, 1.0, 0.0),
+        values(&[7, 12], 2, 0.5, 0.0),
+        values(&[7], 3, 0.5, 0.0),
+    ];
+    let want = interpret(&graph, &inputs).unwrap();
+    let compiled = compile_frozen(
+        &graph,
+        &[("w", inputs[1].clone()), ("b", inputs[2].clone())],
+    )
+    .unwrap();
+    assert_allclose(
+        &compiled.call(&inputs[..1]).unwrap(),
+        &want,
+        Tolerance::close(1e-5),
+        "frozen mlp",
+    );
+    let prims = compiled.artifacts().prim_graph.as_ref().unwrap();
+    let adds_of_constants = prims
+        .nodes()
+        .iter()
+        .filter(|n| matches!(n.op, Op::Binary(_)) && n.ty.rank() == 1)
+        .count();
+    assert_eq!(adds_of_constants, 0, "b + 1 is folded:\n{prims}");
+    assert_eq!(compiled.frozen_constants().len(), 2, "{prims}");
+}
+
+#[test]
+fn bad_constants_and_bad_calls_are_typed_errors() {
+    let graph = block(1, 4, 5, 1);
+    let inputs = block_inputs(&graph);
+    let pairs = frozen_pairs(&graph, &inputs);
+    let unknown = compile_frozen(&graph, &[("nope", inputs[1].clone())]);
+    assert!(matches!(
+        unknown,
+        Err(CompileError::Freeze(FreezeError::UnknownInput { .. }))
+    ));
+    let twice = compile_frozen(&graph, &[pairs[0].clone(), pairs[0].clone()]);
+    assert!(matches!(
+        twice,
+        Err(CompileError::Freeze(FreezeError::Duplicate { .. }))
+    ));
+    let wrong_shape = compile_frozen(&graph, &[("w1", values(&[4, 4, 3, 2], 1, 1.0, 0.0))]);
+    assert!(matches!(
+        wrong_shape,
+        Err(CompileError::Freeze(FreezeError::Mismatch { .. }))
+    ));
+    let wrong_dtype = compile_frozen(&graph, &[("m1", Tensor::zeros(DType::F16, &[4]))]);
+    assert!(matches!(
+        wrong_dtype,
+        Err(CompileError::Freeze(FreezeError::Mismatch { .. }))
+    ));
+    let compiled = compile_frozen(&graph, &pairs).unwrap();
+    assert!(matches!(
+        compiled.call(&inputs),
+        Err(RuntimeError::Arity {
+            expected: 1,
+            found: 11
+        })
+    ));
+    assert!(matches!(
+        compiled.call(&[inputs[1].clone()]),
+        Err(RuntimeError::Rank { .. } | RuntimeError::Shape { .. })
+    ));
+    let path = std::env::temp_dir().join(format!("minductor-frozen-{}.mind", std::process::id()));
+    assert!(matches!(
+        compiled.save(&path),
+        Err(minductor::ArtifactError::Unsupported(_))
+    ));
+    let with_grad = trace(|t| {
+        let x = t.input("x", DType::F32, &[3]);
+        let w = t.input("w", DType::F32, &[3]);
+        let loss = (&x * &w).sum(&[0], false);
+        loss.grad(&[&w])
+    })
+    .unwrap();
+    assert!(matches!(
+        compile_frozen(&with_grad, &[("w", values(&[3], 1, 1.0, 0.0))]),
+        Err(CompileError::Freeze(FreezeError::Gradients))
+    ));
+}
+
+#[test]
+fn frozen_golden_models_match_pytorch() {
+    // Every model case of ../shared/golden-models with its weights frozen: the first input (the
+    // images or the token ids) stays a call input. Shapes come from the files.
+    use minductor_tools::golden::{
+        build_case, compare, default_golden_models_dir, load_manifest, load_tensors,
+    };
+    let dir = default_golden_models_dir();
+    let cases = load_manifest(&dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
+    let mut checked = Vec::new();
+    for case in cases.iter().filter(|c| {
+        c.name.starts_with("model_")
+            || c.name.starts_with("op_conv")
+            || c.name.contains("batch_norm")
+    }) {
+        let (order, graph) = build_case(&case.name, &case.inputs)
+            .unwrap_or_else(|| panic!("{}: no builder", case.name));
+        let graph = graph.unwrap();
+        let tensors = load_tensors(&case.file).unwrap();
+        let frozen: Vec<(&str, Tensor)> = order[1..]
+            .iter()
+            .map(|n| (n.as_str(), tensors[n].clone()))
+            .collect();
+        let compiled =
+            compile_frozen(&graph, &frozen).unwrap_or_else(|e| panic!("{}: {e}", case.name));
+        let outputs = compiled.call(&[tensors[&order[0]].clone()]).unwrap();
+        assert_eq!(outputs.len(), case.outputs.len(), "{}", case.name);
+        for (got, spec) in outputs.iter().zip(&case.outputs) {
+            // Folding batch norm into the weights rounds in another order than PyTorch: the
+            // case's tolerance, doubled.
+            let c = compare(got, &tensors[&spec.name], case.rtol * 2.0, case.atol * 2.0);
+            assert!(
+                c.passed,
+                "{} {}: max abs error {}",
+                case.name, spec.name, c.max_abs_error
+            );
+        }
+        checked.push(case.name.clone());
+    }
+    assert!(
+        checked.iter().any(|n| n == "model_tiny_resnet") && checked.len() >= 8,
+        "{checked:?}"
+    );
+}
