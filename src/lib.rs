@@ -23,8 +23,8 @@ pub use minductor_frontend::{
 pub use minductor_frontend::{compile_frozen, compile_frozen_with_options, FreezeError};
 pub use minductor_frontend::{load, load_bytes, Artifact, ArtifactError};
 pub use minductor_frontend::{
-    load_safetensors, AdamW, ConvOptions, CrossEntropyOptions, Optimizer, Parameters, Sgd,
-    TracedParameters, TrainError, TrainStep,
+    load_safetensors, AdamW, ConvOptions, CrossEntropyOptions, Optimizer, Parameters, PoolOptions,
+    Sgd, TracedParameters, TrainError, TrainStep,
 };
 pub use minductor_frontend::{CacheOutcome, CompileCache};
 pub use minductor_ir as ir;

@@ -56,6 +56,69 @@ impl ConvOptions {
     }
 }
 
+/// `stride` (default: the kernel size), `padding`, `dilation` and `ceil_mode` of a max pooling,
+/// as `F.max_pool2d`'s arguments: `PoolOptions::new(3).stride(2).padding(1).ceil_mode()`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PoolOptions {
+    pub kernel: usize,
+    pub stride: usize,
+    pub padding: usize,
+    pub dilation: usize,
+    /// The output size rounds up (a last, partial window), as PyTorch's `ceil_mode=True`.
+    pub ceil_mode: bool,
+}
+
+impl PoolOptions {
+    /// A `kernel`x`kernel` window at stride `kernel`, no padding, dilation 1, floor mode.
+    pub fn new(kernel: usize) -> Self {
+        PoolOptions {
+            kernel,
+            stride: kernel,
+            padding: 0,
+            dilation: 1,
+            ceil_mode: false,
+        }
+    }
+    pub fn stride(self, stride: usize) -> Self {
+        PoolOptions { stride, ..self }
+    }
+    pub fn padding(self, padding: usize) -> Self {
+        PoolOptions { padding, ..self }
+    }
+    pub fn dilation(self, dilation: usize) -> Self {
+        PoolOptions { dilation, ..self }
+    }
+    pub fn ceil_mode(self) -> Self {
+        PoolOptions {
+            ceil_mode: true,
+            ..self
+        }
+    }
+}
+
+/// PyTorch's `pooling_output_shape` for one dim: `None` when no window fits.
+fn pooled_size(size: usize, options: PoolOptions) -> Option<usize> {
+    let PoolOptions {
+        kernel,
+        stride,
+        padding,
+        dilation,
+        ceil_mode,
+    } = options;
+    let span = (kernel.checked_sub(1)?).checked_mul(dilation)? + 1;
+    let room = (size + 2 * padding).checked_sub(span)?;
+    let mut out = if ceil_mode {
+        room.div_ceil(stride) + 1
+    } else {
+        room / stride + 1
+    };
+    // The last window must start inside the input or its left padding.
+    if ceil_mode && (out - 1) * stride >= size + padding {
+        out -= 1;
+    }
+    Some(out)
+}
+
 /// Per spatial dim (height, width) sizes of a convolution or pooling window.
 #[derive(Clone, Copy)]
 struct Window {
@@ -325,6 +388,84 @@ impl Traced {
             self.clone()
         };
         Ok((padded, w, out))
+    }
+
+    /// `F.max_pool2d(x, kernel, stride, padding, dilation, ceil_mode)` on `[N, C, H, W]`: the
+    /// `maximum` of the `kernel²` dilated, strided windows of the input padded with −inf (on
+    /// the right and bottom also as far as a ceil-mode window reaches), so padding never wins.
+    #[track_caller]
+    pub fn max_pool2d_with(&self, options: PoolOptions) -> Traced {
+        let PoolOptions {
+            kernel,
+            stride,
+            padding,
+            dilation,
+            ..
+        } = options;
+        let op = "max_pool2d";
+        if self.rank() != 4 || !self.dtype().is_some_and(|d| d.is_float()) {
+            return self.fail_msg(
+                op,
+                format!(
+                    "expected a floating-point [N, C, H, W], found {}",
+                    self.describe()
+                ),
+            );
+        }
+        if kernel == 0 || stride == 0 || dilation == 0 || 2 * padding > kernel {
+            return self.fail_msg(
+                op,
+                format!(
+                    "kernel {kernel}, stride {stride} and dilation {dilation} must be positive \
+                     and padding {padding} at most half of the kernel"
+                ),
+            );
+        }
+        let shape = self.shape();
+        let (h, w) = (shape[2], shape[3]);
+        let (Some(oh), Some(ow)) = (pooled_size(h, options), pooled_size(w, options)) else {
+            return self.fail_msg(
+                op,
+                format!(
+                    "a {kernel}x{kernel} window (dilation {dilation}) is larger than the \
+                     padded input {}x{} of {}",
+                    h + 2 * padding,
+                    w + 2 * padding,
+                    self.describe()
+                ),
+            );
+        };
+        // Past the right padding as far as the last (ceil-mode) window reaches.
+        let span = (kernel - 1) * dilation + 1;
+        let extra = |size: usize, out: usize| {
+            ((out - 1) * stride + span).saturating_sub(size + 2 * padding)
+        };
+        let (p, eh, ew) = (
+            padding as isize,
+            extra(h, oh) as isize,
+            extra(w, ow) as isize,
+        );
+        let padded = if p > 0 || eh > 0 || ew > 0 {
+            self.pad(&[p, p + ew, p, p + eh], f64::NEG_INFINITY)
+        } else {
+            self.clone()
+        };
+        let window = Window {
+            stride: (stride, stride),
+            padding: (padding, padding),
+            dilation: (dilation, dilation),
+        };
+        let mut out: Option<Traced> = None;
+        for i in 0..kernel {
+            for j in 0..kernel {
+                let taps = padded.window_at(i, j, window, (oh, ow));
+                out = Some(match out {
+                    None => taps,
+                    Some(m) => m.maximum(&taps),
+                });
+            }
+        }
+        out.expect("a kernel has at least one offset")
     }
 
     /// `F.max_pool2d(x, kernel, stride, padding)` on `[N, C, H, W]` (dilation 1, floor mode);

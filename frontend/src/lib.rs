@@ -31,7 +31,7 @@ pub use compile::{
     compile, compile_with, compile_with_options, Artifacts, Backend, CompileError, CompileOptions,
     Compiled,
 };
-pub use conv::ConvOptions;
+pub use conv::{ConvOptions, PoolOptions};
 pub use explain::{explain, BreakReport, Explanation, GraphReport};
 pub use freeze::{compile_frozen, compile_frozen_with_options, FreezeError};
 pub use jit::{jit, Jit, JitError, JitOptions, JitStats, DEFAULT_RECOMPILE_LIMIT};

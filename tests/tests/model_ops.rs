@@ -721,3 +721,90 @@ fn new_ops_on_half_precision_values() {
         }
     }
 }
+
+/// PyTorch's max pooling, written out: each output takes the maximum over the input positions
+/// its dilated window covers (−inf where it covers none).
+fn naive_max_pool(x: &Tensor, o: minductor::PoolOptions, out: (usize, usize)) -> Vec<f32> {
+    let s = x.shape().to_vec();
+    let data = x.to_vec::<f32>().unwrap();
+    let mut result = Vec::new();
+    for n in 0..s[0] * s[1] {
+        for oy in 0..out.0 {
+            for ox in 0..out.1 {
+                let mut best = f32::NEG_INFINITY;
+                for i in 0..o.kernel {
+                    for j in 0..o.kernel {
+                        let y = (oy * o.stride + i * o.dilation) as isize - o.padding as isize;
+                        let x_ = (ox * o.stride + j * o.dilation) as isize - o.padding as isize;
+                        if y >= 0 && x_ >= 0 && (y as usize) < s[2] && (x_ as usize) < s[3] {
+                            best = best.max(data[(n * s[2] + y as usize) * s[3] + x_ as usize]);
+                        }
+                    }
+                }
+                result.push(best);
+            }
+        }
+    }
+    result
+}
+
+#[test]
+fn max_pool2d_with_dilation_and_ceil_mode_matches_pytorch_semantics() {
+    use minductor::PoolOptions;
+    // (h, w, options, PyTorch's output size)
+    let cases = [
+        (7, 7, PoolOptions::new(3).stride(2).padding(1), (4, 4)),
+        (7, 8, PoolOptions::new(3).stride(2).ceil_mode(), (3, 4)),
+        (6, 6, PoolOptions::new(2).stride(2).ceil_mode(), (3, 3)),
+        (5, 6, PoolOptions::new(2).stride(2).ceil_mode(), (3, 3)),
+        (
+            9,
+            10,
+            PoolOptions::new(3).stride(2).padding(1).dilation(2),
+            (4, 4),
+        ),
+        (
+            9,
+            11,
+            PoolOptions::new(3)
+                .stride(3)
+                .padding(1)
+                .dilation(2)
+                .ceil_mode(),
+            (3, 4),
+        ),
+        (4, 5, PoolOptions::new(2).stride(1), (3, 4)),
+    ];
+    for (h, w, options, (oh, ow)) in cases {
+        let graph = trace(|t| {
+            let x = t.input("x", DType::F32, &[2, 3, h, w]);
+            vec![x.max_pool2d_with(options)]
+        })
+        .unwrap_or_else(|e| panic!("{options:?} on {h}x{w}: {e}"));
+        let x = values(&[2, 3, h, w], 7);
+        let got = compile(&graph)
+            .unwrap()
+            .call(std::slice::from_ref(&x))
+            .unwrap();
+        assert_eq!(got[0].shape(), [2, 3, oh, ow], "{options:?} on {h}x{w}");
+        assert_eq!(
+            got[0].to_vec::<f32>().unwrap(),
+            naive_max_pool(&x, options, (oh, ow)),
+            "{options:?} on {h}x{w}"
+        );
+    }
+    // A window larger than the padded input, and zero sizes, are trace errors.
+    for options in [
+        PoolOptions::new(5).dilation(2),
+        PoolOptions::new(2).stride(0),
+    ] {
+        let traced = trace(|t| {
+            let x = t.input("x", DType::F32, &[1, 1, 4, 4]);
+            vec![x.max_pool2d_with(options)]
+        });
+        let error = traced
+            .expect_err("a bad pooling must not trace")
+            .to_string();
+        assert!(error.contains("max_pool2d"), "{error}");
+    }
+}
