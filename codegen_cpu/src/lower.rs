@@ -496,16 +496,20 @@ impl Lowering<'_, '_, '_> {
                 self.stage_results[n] = Some(self.pin(result));
             }
             StageAction::Scan(store) => {
-                // One element at a time, in order: the running sum lives in a variable.
-                let acc = self.b.declare_var(types::F32);
-                let zero = self.b.ins().f32const(0.0);
+                // One element at a time, in order: the running sum lives in a variable, in f64
+                // (as PyTorch's CPU cumsum accumulates floats in `acc_type`, double), each
+                // stored element rounded once from it.
+                let acc = self.b.declare_var(types::F64);
+                let zero = self.b.ins().f64const(0.0);
                 self.b.def_var(acc, zero);
                 self.inner_loops(0, extents, false, &mut |l, _, _| {
                     let x = l.scalar_operand(store.value);
+                    let x = l.b.ins().fpromote(types::F64, x);
                     let sum = l.b.use_var(acc);
                     let sum = l.b.ins().fadd(sum, x);
                     l.b.def_var(acc, sum);
-                    l.store(store, Val::Scalar(sum), Mode::Scalar);
+                    let rounded = l.b.ins().fdemote(types::F32, sum);
+                    l.store(store, Val::Scalar(rounded), Mode::Scalar);
                 });
             }
             StageAction::Store(stores) => {
