@@ -136,3 +136,84 @@ pub(super) unsafe fn pack_columns(
         }
     }
 }
+
+/// Transposes the 16 × 16 block `r` in registers: on entry `r[j]` holds column `j` (element
+/// `i` of it is row `i`), on return `r[i]` holds row `i`. Four rounds of 16 shuffles: 32-bit
+/// and 64-bit interleaves within 128-bit lanes, then two rounds of 128-bit lane shuffles.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+#[inline]
+fn transpose16(r: &mut [__m512; 16]) {
+    let mut t = [_mm512_setzero_ps(); 16];
+    for q in 0..8 {
+        t[2 * q] = _mm512_unpacklo_ps(r[2 * q], r[2 * q + 1]);
+        t[2 * q + 1] = _mm512_unpackhi_ps(r[2 * q], r[2 * q + 1]);
+    }
+    // u[4g + m], 128-bit lane L: column 4L + m of columns 4g..4g+3 (as rows of the result).
+    let mut u = [_mm512_setzero_ps(); 16];
+    for g in 0..4 {
+        let (a, b, c, d) = (
+            _mm512_castps_pd(t[4 * g]),
+            _mm512_castps_pd(t[4 * g + 1]),
+            _mm512_castps_pd(t[4 * g + 2]),
+            _mm512_castps_pd(t[4 * g + 3]),
+        );
+        u[4 * g] = _mm512_castpd_ps(_mm512_unpacklo_pd(a, c));
+        u[4 * g + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(a, c));
+        u[4 * g + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(b, d));
+        u[4 * g + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(b, d));
+    }
+    for m in 0..4 {
+        let x = _mm512_shuffle_f32x4::<0x44>(u[m], u[4 + m]);
+        let y = _mm512_shuffle_f32x4::<0xEE>(u[m], u[4 + m]);
+        let x2 = _mm512_shuffle_f32x4::<0x44>(u[8 + m], u[12 + m]);
+        let y2 = _mm512_shuffle_f32x4::<0xEE>(u[8 + m], u[12 + m]);
+        r[m] = _mm512_shuffle_f32x4::<0x88>(x, x2);
+        r[4 + m] = _mm512_shuffle_f32x4::<0xDD>(x, x2);
+        r[8 + m] = _mm512_shuffle_f32x4::<0x88>(y, y2);
+        r[12 + m] = _mm512_shuffle_f32x4::<0xDD>(y, y2);
+    }
+}
+
+/// Packs a column-contiguous `b` like [`pack_columns`], 16 × 16 blocks at a time: 16 columns'
+/// runs of 16 values are loaded (masked past `k`), transposed in registers and stored as 16
+/// rows of the panel. Every cache line of `b` is read whole, with one load per 16 values
+/// (gathers cost one load per value).
+///
+/// # Safety
+/// As [`pack_columns`], except that `column_stride` may be any size.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+pub(super) unsafe fn pack_columns_transposed(
+    data: &[f32],
+    start: usize,
+    column_stride: usize,
+    k: usize,
+    width: usize,
+    panel: &mut [f32],
+) {
+    debug_assert!(panel.len() == k * NR && width <= NR);
+    for v in 0..NR / 16 {
+        let lanes = width.saturating_sub(16 * v).min(16);
+        let column = start + 16 * v * column_stride;
+        for p0 in (0..k).step_by(16) {
+            let rows = (k - p0).min(16);
+            let mask: __mmask16 = if rows == 16 { !0 } else { (1u16 << rows) - 1 };
+            let mut r = [_mm512_setzero_ps(); 16];
+            for (j, column_run) in r.iter_mut().enumerate().take(lanes) {
+                // SAFETY: the unmasked lanes read elements `column + j·column_stride + p0 + i`,
+                // `j < lanes ≤ width`, `i < rows ≤ k − p0`: inside `data` by the caller's
+                // guarantee; masked lanes read nothing.
+                *column_run = unsafe {
+                    _mm512_maskz_loadu_ps(mask, data.as_ptr().add(column + j * column_stride + p0))
+                };
+            }
+            transpose16(&mut r);
+            for (i, row) in r.iter().enumerate().take(rows) {
+                // SAFETY: writes values `(p0 + i)·NR + 16v .. + 16` of `panel`, which holds
+                // `k·NR` values, `p0 + i < k`.
+                unsafe { _mm512_storeu_ps(panel.as_mut_ptr().add((p0 + i) * NR + 16 * v), *row) };
+            }
+        }
+    }
+}

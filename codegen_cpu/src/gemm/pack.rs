@@ -35,7 +35,8 @@ pub(super) fn pack_b(b: &MatrixRef, nr: usize, first_panel: usize, out: &mut [f3
                 row[width..].fill(0.0);
             }
         } else if b.row_stride == 1 && gather_columns(b, nr) {
-            // Columns are contiguous (a transposed operand), and AVX-512 gathers whole rows.
+            // Columns are contiguous (a transposed operand): AVX-512 transposes 16 × 16 blocks
+            // in registers (`MINDUCTOR_PACK_GATHER=1`: gathers whole rows instead).
             let column_stride = b.col_stride as usize;
             // SAFETY: AVX-512F is present and `15 · column_stride` fits in i32
             // (`gather_columns`); the panel holds `k · nr` values with `nr` the kernel's 64; and
@@ -43,7 +44,19 @@ pub(super) fn pack_b(b: &MatrixRef, nr: usize, first_panel: usize, out: &mut [f3
             // `MatrixRef::new` checked lies inside `data`.
             #[cfg(target_arch = "x86_64")]
             unsafe {
-                kernel_avx512::pack_columns(b.data, b.at(0, first), column_stride, k, width, panel)
+                let start = b.at(0, first);
+                if gather_packing() {
+                    kernel_avx512::pack_columns(b.data, start, column_stride, k, width, panel)
+                } else {
+                    kernel_avx512::pack_columns_transposed(
+                        b.data,
+                        start,
+                        column_stride,
+                        k,
+                        width,
+                        panel,
+                    )
+                }
             };
         } else if b.row_stride == 1 {
             // Columns are contiguous (a transposed operand): read runs of each column, 64 rows
@@ -125,4 +138,11 @@ fn gather_columns(b: &MatrixRef, nr: usize) -> bool {
         && Kernel::Avx512.is_supported()
         && b.col_stride > 0
         && (b.col_stride as i64) * 15 <= i32::MAX as i64
+}
+
+/// Whether column-contiguous panels are packed with gathers (`MINDUCTOR_PACK_GATHER=1`, for
+/// comparisons) rather than 16 × 16 register transposes.
+fn gather_packing() -> bool {
+    static GATHER: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *GATHER.get_or_init(|| std::env::var("MINDUCTOR_PACK_GATHER").is_ok_and(|v| v == "1"))
 }
