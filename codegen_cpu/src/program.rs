@@ -1,5 +1,6 @@
 //! `compile_program`: JIT-compiles every kernel of a `Program` and returns an [`Executable`]
-//! that runs the steps in order: Cranelift kernels and extern GEMM calls.
+//! that runs the steps in order: Cranelift kernels, extern GEMM and scatter-add calls, and
+//! fallback steps (one graph node run by the reference interpreter on the step's buffers).
 
 use crate::gemm;
 use crate::lower::{kernel_function, lower_kernel};
@@ -10,8 +11,8 @@ use cranelift_jit::{JITBuilder, JITModule};
 use cranelift_module::{Linkage, Module};
 use minductor_ir::{checked_bytes, DType, Dim};
 use minductor_passes::kernel::{
-    BufferId, BufferKind, Im2colView, Kernel, MatmulOperand, MatmulStep, Program, ScatterAddStep,
-    Step,
+    BufferId, BufferKind, FallbackStep, Im2colView, Kernel, MatmulOperand, MatmulStep, Program,
+    ScatterAddStep, Step,
 };
 use minductor_passes::plan_buffers::{plan_buffers, BufferPlan};
 use minductor_passes::{verify_program, VerifyError};
@@ -160,6 +161,8 @@ enum CompiledStep {
     Matmul(Box<MatmulStep>, Option<CompiledKernel>),
     /// An extern scatter-add (`scatter::scatter_add`).
     ScatterAdd(Box<ScatterAddStep>),
+    /// A node the reference interpreter runs (`run_fallback`).
+    Fallback(Box<FallbackStep>),
 }
 
 /// The owner of the machine code: frees it when dropped. Never used after finalisation.
@@ -298,6 +301,7 @@ pub fn compile_program(program: &Program) -> Result<CompiledProgram, CodegenErro
                 CompiledStep::Matmul(Box::new(m.clone()), m.epilogue.as_ref().map(&mut finished))
             }
             Step::ScatterAdd(sc) => CompiledStep::ScatterAdd(Box::new(sc.clone())),
+            Step::Fallback(fb) => CompiledStep::Fallback(Box::new(fb.clone())),
         })
         .collect();
     let plan = program.plan.clone().expect("planned above");
@@ -316,7 +320,7 @@ impl CompiledProgram {
         self.steps.iter().filter_map(|s| match s {
             CompiledStep::Kernel(k) => Some(k),
             CompiledStep::Matmul(_, epilogue) => epilogue.as_ref(),
-            CompiledStep::ScatterAdd(_) => None,
+            CompiledStep::ScatterAdd(_) | CompiledStep::Fallback(_) => None,
         })
     }
 }
@@ -456,6 +460,7 @@ impl CompiledProgram {
                     run_matmul(m, epilogue.as_ref(), program, &symbols, &pointers)?
                 }
                 CompiledStep::ScatterAdd(sc) => run_scatter_add(sc, program, &symbols, &pointers)?,
+                CompiledStep::Fallback(fb) => run_fallback(fb, program, &symbols, &pointers)?,
             }
             if let (Some(timings), Some(started)) = (timings.as_deref_mut(), started) {
                 timings.push(StepTiming {
@@ -464,6 +469,9 @@ impl CompiledProgram {
                         CompiledStep::Matmul(m, None) => format!("matmul_{}", m.out),
                         CompiledStep::Matmul(m, Some(e)) => format!("matmul_{}+{}", m.out, e.name),
                         CompiledStep::ScatterAdd(sc) => format!("scatter_add_{}", sc.out),
+                        CompiledStep::Fallback(fb) => {
+                            format!("fallback_{}_{}", fb.op.name(), fb.out)
+                        }
                     },
                     time: started.elapsed(),
                 });
@@ -479,6 +487,73 @@ impl CompiledProgram {
             })
             .collect())
     }
+}
+
+/// Runs a fallback step: copies each operand out of its buffer into a tensor, runs the step's op
+/// with the reference interpreter on a one-node graph typed with this call's sizes, and copies
+/// the result into the output buffer. Runs on the calling thread.
+fn run_fallback(
+    fb: &FallbackStep,
+    program: &Program,
+    symbols: &Symbols,
+    pointers: &[*mut u8],
+) -> Result<(), RuntimeError> {
+    let at = || format!("fallback {} ({})", fb.node, fb.op);
+    let bytes_of = |id: BufferId| -> Result<(Vec<usize>, usize), RuntimeError> {
+        let buffer = program.buffer(id);
+        let shape = symbols.sizes(&buffer.shape);
+        let bytes = checked_bytes(shape.clone(), buffer.dtype.size_bytes()).ok_or_else(|| {
+            RuntimeError::SizeOverflow(format!("{}: {id} of shape {shape:?}", at()))
+        })?;
+        Ok((shape, bytes))
+    };
+    let mut graph = minductor_ir::Graph::new();
+    let mut operands = Vec::with_capacity(fb.inputs.len());
+    let mut ids = Vec::with_capacity(fb.inputs.len());
+    for &id in &fb.inputs {
+        let dtype = program.buffer(id).dtype;
+        let (shape, bytes) = bytes_of(id)?;
+        // SAFETY: the pointer is the start of a live buffer holding `bytes` bytes (its planned
+        // size for this call's sizes, `run_steps`), written by an earlier step or given as an
+        // input (`verify_program` checks the order), and no other step runs meanwhile.
+        let data = unsafe { std::slice::from_raw_parts(pointers[id.0 as usize], bytes) };
+        operands.push(Tensor::from_bytes(dtype, &shape, data)?);
+        let ty = minductor_ir::TensorType::new(dtype, shape.iter().map(|&n| Dim::Static(n)).collect());
+        ids.push(graph.input(id.to_string(), ty));
+    }
+    let node = graph
+        .add(fb.op.clone(), &ids)
+        .map_err(|e| RuntimeError::InvalidProgram(format!("{}: {e}", at())))?;
+    graph.set_outputs(vec![node]);
+    let result = minductor_runtime::interpret(&graph, &operands).map_err(|e| match e {
+        RuntimeError::Data(message) => RuntimeError::Data(format!("{}: {message}", at())),
+        other => other,
+    })?;
+    let out = program.buffer(fb.out);
+    let (shape, bytes) = bytes_of(fb.out)?;
+    let value = result
+        .first()
+        .filter(|t| t.dtype() == out.dtype && t.shape() == shape.as_slice())
+        .ok_or_else(|| {
+            RuntimeError::InvalidProgram(format!(
+                "{}: the interpreter's result is not {}{shape:?}",
+                at(),
+                out.dtype
+            ))
+        })?;
+    let data = value.to_bytes();
+    if data.len() != bytes {
+        return Err(RuntimeError::InvalidProgram(format!(
+            "{}: {} bytes for a buffer of {bytes}",
+            at(),
+            data.len()
+        )));
+    }
+    // SAFETY: the output pointer is the start of a live buffer of `bytes` bytes (its planned size
+    // for this call's sizes), written by this step alone while it runs; `data` is a fresh vector
+    // of exactly `bytes` bytes, so the ranges do not overlap.
+    unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), pointers[fb.out.0 as usize], bytes) };
+    Ok(())
 }
 
 /// Runs a scatter-add step on its buffers.

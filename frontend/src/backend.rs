@@ -97,11 +97,21 @@ impl fmt::Debug for JitBackend {
 /// A compiled graph segment as the jit cache holds it.
 pub(crate) trait SegmentExec: Send + Sync {
     fn run(&self, inputs: &[Tensor]) -> Result<Vec<Tensor>, RuntimeError>;
+
+    /// The nodes this segment runs with the reference interpreter inside compiled code (for
+    /// `explain`), as `%node op because reason`.
+    fn fallbacks(&self) -> Vec<String> {
+        Vec::new()
+    }
 }
 
 impl SegmentExec for Compiled {
     fn run(&self, inputs: &[Tensor]) -> Result<Vec<Tensor>, RuntimeError> {
         self.call(inputs)
+    }
+
+    fn fallbacks(&self) -> Vec<String> {
+        self.fallbacks()
     }
 }
 

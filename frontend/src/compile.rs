@@ -265,16 +265,6 @@ pub(crate) fn compile_uncached(
         }
         Backend::Inductor => {
             let prims = prim_graph(graph, joint.as_ref(), &options, &mut artifacts);
-            let integer_reduction = prims.nodes().iter().find(|n| {
-                matches!(n.op, minductor_ir::Op::Reduce { .. }) && !n.ty.dtype.is_float()
-            });
-            if let Some(node) = integer_reduction {
-                let what = format!("reductions over {} tensors ({})", node.ty.dtype, node.op);
-                return Err(CompileError::Unsupported {
-                    backend: backend.name(),
-                    what,
-                });
-            }
             let fused = fuse(&prims).map_err(|e| CompileError::Unsupported {
                 backend: backend.name(),
                 what: e.to_string(),
@@ -399,6 +389,18 @@ impl Compiled {
 
     pub fn graph(&self) -> &Graph {
         &self.graph
+    }
+
+    /// The nodes the compiled code runs with the reference interpreter (fallback steps), each as
+    /// `%node op because reason`, in execution order; empty when every node is compiled (and
+    /// for the eager backends, which compile nothing).
+    pub fn fallbacks(&self) -> Vec<String> {
+        self.artifacts
+            .program
+            .iter()
+            .flat_map(|p| p.fallbacks())
+            .map(|fb| format!("{} {} because {}", fb.node, fb.op, fb.reason))
+            .collect()
     }
 
     pub fn backend(&self) -> Backend {

@@ -727,8 +727,12 @@ where
         for built in &run.chain {
             let seg = &built.segment;
             if let Some(graph) = &seg.graph {
-                if seg.exec.is_some() {
-                    graphs.push(crate::explain::GraphReport::new(graph, seg.compile_time));
+                if let Some(exec) = &seg.exec {
+                    graphs.push(crate::explain::GraphReport::new(
+                        graph,
+                        seg.compile_time,
+                        exec.fallbacks(),
+                    ));
                 }
             }
             if let (SegmentEnd::Break { what, location, .. }, Some(key)) =

@@ -141,6 +141,8 @@ impl Verifier<'_> {
                 Step::ScatterAdd(sc) => {
                     used.extend(sc.index.shape.iter().chain(&sc.src.shape).copied())
                 }
+                // A fallback's sizes are its buffers', counted above.
+                Step::Fallback(_) => {}
             }
         }
         match used
@@ -175,6 +177,7 @@ impl Verifier<'_> {
             Step::Kernel(k) => self.kernel(&format!("step {n} (kernel {})", k.name), n, k),
             Step::Matmul(m) => self.matmul(n, m),
             Step::ScatterAdd(sc) => self.scatter_add(n, sc),
+            Step::Fallback(fb) => self.fallback(n, fb),
         }
     }
 
@@ -788,6 +791,53 @@ impl Verifier<'_> {
         }
         self.view(&at, "index", &sc.index, &sc.src.shape)?;
         self.view(&at, "src", &sc.src, &sc.src.shape)
+    }
+
+    /// A fallback step: its buffers exist, it writes no input and none of its operands, and its
+    /// op's type rule over the operands' buffer types gives exactly its output buffer's type (so
+    /// the interpreter's result fills the buffer exactly, whatever sizes a call binds).
+    fn fallback(&self, n: usize, fb: &FallbackStep) -> Result<(), VerifyError> {
+        let at = format!("step {n} (fallback {} into {})", fb.op, fb.out);
+        let out = self.buffer(fb.out, &at)?;
+        if matches!(out.kind, BufferKind::Input(_)) {
+            return Err(malformed(&at, format!("writes input {}", fb.out)));
+        }
+        if fb.inputs.contains(&fb.out) {
+            return Err(malformed(&at, format!("reads its own output {}", fb.out)));
+        }
+        use minductor_ir::Op;
+        if matches!(
+            fb.op,
+            Op::Input { .. } | Op::Constant { .. } | Op::Iota { .. } | Op::Grad { .. }
+        ) {
+            return Err(malformed(&at, format!("{} cannot run as a fallback", fb.op)));
+        }
+        if fb.reason.contains('\n') || fb.reason.is_empty() {
+            return Err(malformed(&at, "the reason must be one non-empty line"));
+        }
+        let mut types = Vec::with_capacity(fb.inputs.len());
+        for &id in &fb.inputs {
+            let b = self.buffer(id, &at)?;
+            types.push(minductor_ir::TensorType::new(
+                b.dtype,
+                b.shape.iter().copied().collect(),
+            ));
+        }
+        let refs: Vec<&minductor_ir::TensorType> = types.iter().collect();
+        let ty = minductor_ir::infer_type(&fb.op, &refs)
+            .map_err(|e| malformed(&at, format!("the op does not apply to its operands: {e}")))?;
+        if ty.dtype != out.dtype || ty.shape.as_slice() != out.shape.as_slice() {
+            return Err(malformed(
+                &at,
+                format!(
+                    "the op gives {ty}, but {} is {}{}",
+                    fb.out,
+                    out.dtype,
+                    minductor_ir::shape_string(&out.shape)
+                ),
+            ));
+        }
+        Ok(())
     }
 
     /// A step reads an intermediate or output only if it or an earlier step writes it.
