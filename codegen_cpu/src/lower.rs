@@ -384,7 +384,10 @@ impl Lowering<'_, '_, '_> {
                             Mode::Vector => {
                                 let a = l.emit(a, mode);
                                 let c = l.emit(c, mode);
-                                (l.vector_of(a, ScalarType::F32), l.vector_of(c, ScalarType::F32))
+                                (
+                                    l.vector_of(a, ScalarType::F32),
+                                    l.vector_of(c, ScalarType::F32),
+                                )
                             }
                             Mode::Scalar => (l.scalar_operand(a), l.scalar_operand(c)),
                         };
@@ -858,9 +861,7 @@ impl Lowering<'_, '_, '_> {
             return None;
         }
         let single = |x: ExprId| self.uses[x.0 as usize] == 1;
-        let is_const = |x: ExprId, c: f32| {
-            matches!(k.expr(x), Expr::Constant { value, .. } if *value as f32 == c)
-        };
+        let is_const = |x: ExprId, c: f32| matches!(k.expr(x), Expr::Constant { value, .. } if *value as f32 == c);
         // `x ∘ c` or `c ∘ x` for a binary `op` and constant `c`: `x`.
         let with_const = |m: ExprId, op: BinaryOp, c: f32| match *k.expr(m) {
             Expr::Binary(o, a, b) if o == op && is_const(b, c) => Some(a),

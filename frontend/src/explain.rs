@@ -32,7 +32,11 @@ pub struct GraphReport {
 }
 
 impl GraphReport {
-    pub(crate) fn new(graph: &Graph, compile_time: Duration, fallbacks: Vec<String>) -> GraphReport {
+    pub(crate) fn new(
+        graph: &Graph,
+        compile_time: Duration,
+        fallbacks: Vec<String>,
+    ) -> GraphReport {
         let mut op_counts = BTreeMap::new();
         for node in graph.nodes() {
             if !matches!(node.op, Op::Input { .. } | Op::Constant { .. }) {

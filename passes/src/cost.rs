@@ -338,7 +338,10 @@ fn fallback_cost(program: &Program, step: usize, fallback: &FallbackStep) -> Ste
         reads.entry(input).or_default().insert(whole(input));
     }
     let mut writes: HashMap<BufferId, HashSet<Pattern>> = HashMap::new();
-    writes.entry(fallback.out).or_default().insert(whole(fallback.out));
+    writes
+        .entry(fallback.out)
+        .or_default()
+        .insert(whole(fallback.out));
     let flops = fallback
         .inputs
         .iter()

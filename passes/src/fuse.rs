@@ -1022,7 +1022,10 @@ impl<'g> KernelBuilder<'g> {
                 let strides = contiguous(&table_shape);
                 let index = linear(&idx[index_rank..], &strides[1..])?;
                 let (Some(rows), Some(stride)) = (table_shape[0].as_static(), strides[0]) else {
-                    return fallback(node, "embedding tables with symbolic sizes are not compiled");
+                    return fallback(
+                        node,
+                        "embedding tables with symbolic sizes are not compiled",
+                    );
                 };
                 let bound = rows as i64;
                 self.check_indices(s, indices, bound)?;

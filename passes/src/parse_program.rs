@@ -109,9 +109,7 @@ impl<'a> Parser<'a> {
                     .steps
                     .push(Step::ScatterAdd(self.scatter_add(&mut c)?));
             } else if c.try_eat("fallback ") {
-                program
-                    .steps
-                    .push(Step::Fallback(self.fallback(&mut c)?));
+                program.steps.push(Step::Fallback(self.fallback(&mut c)?));
             } else if c.try_eat("outputs:") {
                 if c.try_eat(" ") && !c.is_empty() {
                     loop {

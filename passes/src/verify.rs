@@ -810,7 +810,10 @@ impl Verifier<'_> {
             fb.op,
             Op::Input { .. } | Op::Constant { .. } | Op::Iota { .. } | Op::Grad { .. }
         ) {
-            return Err(malformed(&at, format!("{} cannot run as a fallback", fb.op)));
+            return Err(malformed(
+                &at,
+                format!("{} cannot run as a fallback", fb.op),
+            ));
         }
         if fb.reason.contains('\n') || fb.reason.is_empty() {
             return Err(malformed(&at, "the reason must be one non-empty line"));

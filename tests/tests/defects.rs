@@ -627,7 +627,10 @@ fn computed_indices_are_checked_after_they_are_computed() {
     })
     .unwrap();
     let x = Tensor::from_vec(&[1], vec![1.5f32]).unwrap();
-    let got = compile(&graph).unwrap().call(std::slice::from_ref(&x)).unwrap();
+    let got = compile(&graph)
+        .unwrap()
+        .call(std::slice::from_ref(&x))
+        .unwrap();
     let want = interpret(&graph, &[x]).unwrap();
     minductor_tests::assert_allclose(&got, &want, minductor_tests::Tolerance::close(0.0), "");
 }

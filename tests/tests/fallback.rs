@@ -48,9 +48,7 @@ fn fallback_ops(program: &Program) -> (Vec<String>, bool, bool) {
         .collect();
     let ops = program.fallbacks().map(|f| f.op.name()).collect();
     let kernel_at = |i: usize| matches!(program.steps[i], Step::Kernel(_) | Step::Matmul(_));
-    let before = positions
-        .first()
-        .is_some_and(|&p| (0..p).any(kernel_at));
+    let before = positions.first().is_some_and(|&p| (0..p).any(kernel_at));
     let after = positions
         .last()
         .is_some_and(|&p| (p + 1..program.steps.len()).any(kernel_at));
@@ -146,9 +144,7 @@ fn argmax_over_a_dim_longer_than_2_pow_24_falls_back_for_its_i64_minimum() {
     let n = (1usize << 24) + 5;
     let t = Tracer::new();
     let x = t.input("x", DType::F32, &[n]);
-    let graph = t
-        .finish(&[x.argmax(0, false), x.argmin(0, true)])
-        .unwrap();
+    let graph = t.finish(&[x.argmax(0, false), x.argmin(0, true)]).unwrap();
     let mut data: Vec<f32> = (0..n).map(|i| ((i % 1000) as f32) * 0.001).collect();
     // The maximum sits beyond 2^24, where f32 positions would round; two minima, the first wins.
     data[n - 1] = 7.0;
@@ -191,7 +187,12 @@ fn fallbacks_bind_symbolic_sizes_at_each_call() {
         let x = ramp(&[batch, 12], batch as f32);
         let got = compiled.call(std::slice::from_ref(&x)).unwrap();
         let want = reference(&[x]).unwrap();
-        assert_allclose(&got, &want, Tolerance::close(1e-5), &format!("batch {batch}"));
+        assert_allclose(
+            &got,
+            &want,
+            Tolerance::close(1e-5),
+            &format!("batch {batch}"),
+        );
     }
 }
 
@@ -284,10 +285,12 @@ fn the_verifier_checks_fallback_steps() {
             .expect_err("a malformed fallback step")
             .to_string()
     };
-    let e = edit(&|fb| fb.op = Op::Reduce {
-        op: ReduceOp::Sum,
-        axes: vec![0],
-        keepdim: false,
+    let e = edit(&|fb| {
+        fb.op = Op::Reduce {
+            op: ReduceOp::Sum,
+            axes: vec![0],
+            keepdim: false,
+        }
     });
     assert!(e.contains("the op gives"), "{e}");
     let e = edit(&|fb| fb.inputs.push(BufferId(0)));
