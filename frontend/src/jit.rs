@@ -99,6 +99,10 @@ pub struct JitOptions {
     pub input_names: Vec<String>,
     /// Never compile: every call runs eagerly (`torch.compiler.disable`; see [`Jit::disable`]).
     pub disabled: bool,
+    /// The compile mode of every graph (`torch.compile(mode=...)`; see [`crate::Mode`]). With
+    /// `reduce-overhead`, a cache hit's compiled code skips the graph-level input check the
+    /// guards have just proved.
+    pub mode: crate::compile::Mode,
     /// The function's name in logs.
     pub name: String,
 }
@@ -112,6 +116,7 @@ impl Default for JitOptions {
             recompile_limit: DEFAULT_RECOMPILE_LIMIT,
             input_names: Vec::new(),
             disabled: false,
+            mode: crate::compile::Mode::Default,
             name: "jit_fn".to_string(),
         }
     }
@@ -226,6 +231,11 @@ where
     /// Names of the inputs, used in guards, graphs and messages.
     pub fn input_names<S: AsRef<str>>(mut self, names: &[S]) -> Self {
         self.options.input_names = names.iter().map(|s| s.as_ref().to_string()).collect();
+        self
+    }
+    /// The compile mode of every graph it compiles (`"reduce-overhead".parse()?`, …).
+    pub fn mode(mut self, mode: crate::compile::Mode) -> Self {
+        self.options.mode = mode;
         self
     }
     /// The function's name in logs.
@@ -603,6 +613,7 @@ where
             .collect();
         let recorder = Rc::new(Recorder {
             backend: backend.clone(),
+            mode: self.options.mode,
             fullgraph,
             hints: typing.hints.clone(),
             specialized: RefCell::new(Vec::new()),

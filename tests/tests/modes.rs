@@ -272,3 +272,23 @@ fn max_autotune_keeps_a_split_for_every_kernel_step() {
         "symbolic softmax",
     );
 }
+
+#[test]
+fn jit_functions_compile_in_their_mode() {
+    let body = |x: &[minductor::Traced]| vec![x[0].linear(&x[1], None).relu().softmax(-1)];
+    let default = minductor::jit(body);
+    let reduced = minductor::jit(body).mode("reduce-overhead".parse().unwrap());
+    assert_eq!(reduced.options().mode, Mode::ReduceOverhead);
+    for seed in [0.2, 0.4, 0.2] {
+        let want = default.call(&inputs(seed)).unwrap();
+        let got = reduced.call(&inputs(seed)).unwrap();
+        assert_allclose(&got, &want, Tolerance::EXACT, "jit reduce-overhead");
+    }
+    let stats = reduced.stats();
+    assert_eq!((stats.compiles, stats.cache_hits), (1, 2));
+    // The guards still reject what does not match, before any compiled code runs.
+    let err = reduced
+        .call(&[ramp(&[64, 48], 0.0), ramp(&[32, 47], 0.0)])
+        .unwrap_err();
+    assert!(err.to_string().contains("47"), "{err}");
+}
