@@ -1,12 +1,16 @@
 //! Randomized differential testing (STYLE 10): random graphs of pointwise ops, reductions, row
 //! ops, views, `arange`, masks, scans, matmuls, `cat` with stepped slices, `index_select`,
-//! f16/bf16 inputs and bool outputs, at sizes on both sides of the threading threshold,
-//! compiled with the full pipeline and compared with the reference interpreter (output count,
-//! shapes, dtypes and values); proptest shrinks any failure to the smallest graph and shape.
+//! integer scans and reductions (fallback steps), f16/bf16 inputs and bool outputs, at sizes on
+//! both sides of the threading threshold, compiled with the full pipeline and compared with the
+//! reference interpreter (output count, shapes, dtypes and values); proptest shrinks any failure
+//! to the smallest graph and shape. A second property compiles each graph once with a symbolic
+//! batch dim (`Dim::Sym`) and calls it at two sizes, each compared with the interpreter on a
+//! static trace at that size.
 //!
 //! CI runs 128 cases; a campaign runs more: `PROPTEST_CASES=100000 cargo test --release -p
 //! minductor-tests --test random_graphs`.
 
+use minductor::ir::{Dim, SymId, TensorType};
 use minductor::{compile, interpret, DType, Tensor, Traced, Tracer};
 use minductor_tests::{compare_outputs, Tolerance};
 use proptest::prelude::*;
@@ -46,6 +50,12 @@ enum Step {
     CatStepped(usize),
     /// `index_select` along `d` at reversed positions (an i64 index computed in the graph).
     Reverse(usize),
+    /// `+ 0.01 · cumsum(x > y)` along `d` in i64: an integer scan, a fallback step.
+    CountGreater(usize),
+    /// `+ 0.1 · amax(trunc(3x))` along `d` in i64: an integer reduction, a fallback step.
+    IntegerRowMax(usize),
+    /// `+ 0.01 · sum(x > y)` along `d` in i64: an integer reduction, a fallback step.
+    IntegerRowSum(usize),
 }
 
 fn step_strategy() -> impl Strategy<Value = Step> {
@@ -75,6 +85,9 @@ fn step_strategy() -> impl Strategy<Value = Step> {
         Just(Step::Matmul),
         (0usize..3).prop_map(Step::CatStepped),
         (0usize..3).prop_map(Step::Reverse),
+        (0usize..3).prop_map(Step::CountGreater),
+        (0usize..3).prop_map(Step::IntegerRowMax),
+        (0usize..3).prop_map(Step::IntegerRowSum),
     ]
 }
 
@@ -134,6 +147,40 @@ fn apply(step: Step, v: &Traced, x: &Traced, y: &Traced, w: &Traced) -> Traced {
             let positions = v.tracer().arange(n, DType::I64);
             v.index_select(d, &(positions * -1.0 + (n as f64 - 1.0)))
         }
+        // The integer values come from the inputs (a comparison or truncation of computed values
+        // flips at near-ties, where the interpreter's f64 and the kernels' f32 round
+        // differently); `3x` is one f32 multiply, rounded alike by both.
+        Step::CountGreater(d) => {
+            v + x.gt(y).cast(DType::I64).cumsum(dim(d)).cast(DType::F32) * 0.01
+        }
+        Step::IntegerRowMax(d) => {
+            v + (x * 3.0)
+                .cast(DType::I64)
+                .amax(&[dim(d)], true)
+                .cast(DType::F32)
+                * 0.1
+        }
+        Step::IntegerRowSum(d) => {
+            v + x
+                .gt(y)
+                .cast(DType::I64)
+                .sum(&[dim(d)], true)
+                .cast(DType::F32)
+                * 0.01
+        }
+    }
+}
+
+/// Whether `step` can be traced when dim 0 of a rank-`rank` value is symbolic: it must not read
+/// that dim's size as a number (`shape()`), which a plain trace cannot answer.
+fn symbolic_safe(step: Step, rank: usize) -> bool {
+    let along_first = |d: usize| d % rank == 0;
+    match step {
+        // These read `v.shape()`, every dim of it.
+        Step::ReshapeRoundTrip | Step::AddArange(_) | Step::Reverse(_) => false,
+        Step::Triu => rank != 2,
+        Step::CatStepped(d) => !along_first(d),
+        _ => true,
     }
 }
 
@@ -229,5 +276,80 @@ proptest! {
         }
         let compared = compare_outputs(&got, &want, Tolerance::close(2e-5), &graph.to_string());
         prop_assert!(compared.is_ok(), "{}", compared.unwrap_err());
+    }
+}
+
+/// The graph of `steps` over `x: [batch, rest…]`, `y` (dim 0 of size 1 if `broadcast_first`)
+/// and `w: [n, n]`; `batch` is a symbol when `None`.
+fn batch_graph(
+    batch: Option<usize>,
+    rest: &[usize],
+    broadcast_first: bool,
+    steps: &[Step],
+) -> minductor::Graph {
+    let first = match batch {
+        Some(b) => Dim::Static(b),
+        None => Dim::Sym(SymId(0)),
+    };
+    let typed = |first: Dim| {
+        let shape = std::iter::once(first)
+            .chain(rest.iter().map(|&d| Dim::Static(d)))
+            .collect();
+        TensorType::new(DType::F32, shape)
+    };
+    let n = *rest.last().unwrap();
+    let tracer = Tracer::new();
+    let x = tracer.input_typed("x", typed(first));
+    let y_first = if broadcast_first { Dim::Static(1) } else { first };
+    let y = tracer.input_typed("y", typed(y_first));
+    let w = tracer.input("w", DType::F32, &[n, n]);
+    let mut v = x.clone();
+    for &s in steps {
+        v = apply(s, &v, &x, &y, &w);
+    }
+    let outputs = [v.clone(), v.sum(&[-1], false)];
+    tracer.finish(&outputs).unwrap()
+}
+
+/// 32 cases, or `PROPTEST_CASES / 4` for a campaign.
+fn symbolic_cases() -> u32 {
+    (cases() / 4).max(1)
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: symbolic_cases(), ..ProptestConfig::default() })]
+
+    #[test]
+    fn symbolic_batch_compiled_once_equals_reference_at_two_sizes(
+        rest in prop::collection::vec(1usize..20, 1..3),
+        sizes in (1usize..40, 1usize..40),
+        broadcast_first in any::<bool>(),
+        steps in prop::collection::vec(step_strategy(), 1..6),
+    ) {
+        let rank = rest.len() + 1;
+        let steps: Vec<Step> = steps
+            .into_iter()
+            .map(|s| if symbolic_safe(s, rank) { s } else { Step::Tanh })
+            .collect();
+        let symbolic = batch_graph(None, &rest, broadcast_first, &steps);
+        let compiled = compile(&symbolic).unwrap();
+        let n = *rest.last().unwrap();
+        for batch in [sizes.0, sizes.1] {
+            let mut shape = vec![batch];
+            shape.extend(&rest);
+            let mut y_shape = shape.clone();
+            if broadcast_first {
+                y_shape[0] = 1;
+            }
+            let inputs = [data(&shape, 1), data(&y_shape, 2), data(&[n, n], 3)];
+            let graph = batch_graph(Some(batch), &rest, broadcast_first, &steps);
+            let mut want = interpret(&graph, &inputs).unwrap();
+            let got = compiled.call(&inputs).unwrap();
+            // The row sum against the sum of the compiled values, as above.
+            want[1] = row_sum(&got[0]);
+            let context = format!("batch {batch}\n{symbolic}");
+            let compared = compare_outputs(&got, &want, Tolerance::close(2e-5), &context);
+            prop_assert!(compared.is_ok(), "{}", compared.unwrap_err());
+        }
     }
 }
