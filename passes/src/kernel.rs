@@ -1,7 +1,9 @@
 //! The kernel (loop-level) IR that `fuse` produces and `codegen_cpu` lowers: Inductor's loop
 //! body, in small.
 //!
-//! A [`Program`] is a list of [`Step`]s over numbered [`Buffer`]s. A [`Kernel`] is a loop nest:
+//! A [`Program`] is a list of [`Step`]s over numbered [`Buffer`]s: loop kernels, extern GEMMs
+//! and scatter-adds, and fallback steps (one graph node the reference interpreter runs on its
+//! buffers, [`FallbackStep`]). A [`Kernel`] is a loop nest:
 //! `outer` loops (the kernel's iteration domain, the first of which the runtime may split across
 //! threads), and inside them a sequence of [`Stage`]s, each a loop nest of its own (`extent`)
 //! whose innermost loop is the one vectorised. A stage either reduces a scalar expression to one

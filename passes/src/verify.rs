@@ -22,6 +22,10 @@
 //!   splits across threads) never store the same element (each store index is a mixed-radix
 //!   number over its loops; several stores to one buffer are apart or within one row), and a
 //!   buffer a kernel stores is loaded only at the element the same iteration stores.
+//! - **Fallback steps.** The op is not a source (input, constant, iota) nor `grad`; its type
+//!   rule applied to the operand buffers' types gives exactly the output buffer's type (so the
+//!   interpreter's result fills it at any bound sizes); it writes no input, does not read its own
+//!   output, and its reason is one non-empty line (so the program text parses back).
 //! - **Outputs.** Some step writes every output buffer (they are allocated without zeroing).
 //! - **Plan.** Every intermediate a step touches has a slot and only intermediates do; slot
 //!   membership is consistent and each slot is at least as large as its members (at the plan's

@@ -177,9 +177,12 @@ fn symbolic_safe(step: Step, rank: usize) -> bool {
     let along_first = |d: usize| d % rank == 0;
     match step {
         // These read `v.shape()`, every dim of it.
-        Step::ReshapeRoundTrip | Step::AddArange(_) | Step::Reverse(_) => false,
-        Step::Triu => rank != 2,
+        Step::ReshapeRoundTrip | Step::AddArange(_) | Step::Reverse(_) | Step::Triu => false,
         Step::CatStepped(d) => !along_first(d),
+        // A transposed value puts the symbol inside a buffer if it is realized (before a GEMM,
+        // say), which `fuse` refuses (strides are numbers); `jit` falls back to static shapes
+        // for such graphs.
+        Step::TransposeRoundTrip => false,
         _ => true,
     }
 }
@@ -300,7 +303,11 @@ fn batch_graph(
     let n = *rest.last().unwrap();
     let tracer = Tracer::new();
     let x = tracer.input_typed("x", typed(first));
-    let y_first = if broadcast_first { Dim::Static(1) } else { first };
+    let y_first = if broadcast_first {
+        Dim::Static(1)
+    } else {
+        first
+    };
     let y = tracer.input_typed("y", typed(y_first));
     let w = tracer.input("w", DType::F32, &[n, n]);
     let mut v = x.clone();
