@@ -480,13 +480,13 @@ impl CompiledProgram {
         arena: &mut Arena,
         inputs: &[Tensor],
         mut timings: Option<&mut Vec<StepTiming>>,
-        mut destinations: Option<&mut [Tensor]>,
+        destinations: Option<&mut [Tensor]>,
     ) -> Result<Vec<Tensor>, RuntimeError> {
         let symbols = Symbols::bind(&self.program, inputs)?;
         // The caller's tensors, checked before anything runs: a pointer to each one's first
         // element (they stay borrowed, so no one else can reach their storage meanwhile).
         let mut destination_pointers: Vec<*mut u8> = Vec::new();
-        if let Some(outs) = destinations.as_deref_mut() {
+        if let Some(outs) = destinations {
             if outs.len() != self.program.outputs.len() {
                 return Err(RuntimeError::OutputBufferCount {
                     expected: self.program.outputs.len(),

@@ -27,7 +27,8 @@ pub struct GraphReport {
     /// Whether any dim in the graph is symbolic.
     pub symbolic: bool,
     /// The nodes the compiled code runs with the reference interpreter (fallback steps), each
-    /// as `%node op because reason`; empty when everything is compiled.
+    /// as `%node op because reason` (`%node` numbers the prim graph the backend compiled, which
+    /// `Compiled::artifacts().prim_graph` holds, not `graph`); empty when everything is compiled.
     pub fallbacks: Vec<String>,
 }
 

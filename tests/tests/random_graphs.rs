@@ -174,7 +174,7 @@ fn apply(step: Step, v: &Traced, x: &Traced, y: &Traced, w: &Traced) -> Traced {
 /// Whether `step` can be traced when dim 0 of a rank-`rank` value is symbolic: it must not read
 /// that dim's size as a number (`shape()`), which a plain trace cannot answer.
 fn symbolic_safe(step: Step, rank: usize) -> bool {
-    let along_first = |d: usize| d % rank == 0;
+    let along_first = |d: usize| d.is_multiple_of(rank);
     match step {
         // These read `v.shape()`, every dim of it.
         Step::ReshapeRoundTrip | Step::AddArange(_) | Step::Reverse(_) | Step::Triu => false,
