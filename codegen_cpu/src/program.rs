@@ -673,9 +673,13 @@ fn run_fallback(
             minductor_ir::TensorType::new(dtype, shape.iter().map(|&n| Dim::Static(n)).collect());
         ids.push(graph.input(id.to_string(), ty));
     }
-    let node = graph
-        .add(fb.op.clone(), &ids)
-        .map_err(|e| RuntimeError::InvalidProgram(format!("{}: {e}", at())))?;
+    let node = match fb.op {
+        // A constant's dtype is its output's (`verify_program` checked it has no operands).
+        minductor_ir::Op::Constant { value } => graph.constant(value, program.buffer(fb.out).dtype),
+        _ => graph
+            .add(fb.op.clone(), &ids)
+            .map_err(|e| RuntimeError::InvalidProgram(format!("{}: {e}", at())))?,
+    };
     graph.set_outputs(vec![node]);
     let result = minductor_runtime::interpret(&graph, &operands).map_err(|e| match e {
         RuntimeError::Data(message) => RuntimeError::Data(format!("{}: {message}", at())),

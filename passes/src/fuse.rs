@@ -20,7 +20,8 @@
 //! reshape, a reduction read in an incompatible loop, a value needed by two kernels), realizes
 //! that node and starts again.
 //!
-//! A node no kernel can compute (an integer reduction or scan, a scatter-add of a non-f32 value,
+//! A node no kernel can compute (one making or reading f64 values, an integer reduction or scan, a
+//! scatter-add of a non-f32 value,
 //! a cat along a symbolic dim, a gather from a table of symbolic size, an im2col read other than
 //! by a GEMM) becomes a `Step::Fallback`, which the runtime runs with the reference interpreter:
 //! the node and its operands are realized, the step reads the operands' buffers and writes the
@@ -39,12 +40,6 @@ pub enum FuseError {
 }
 
 pub fn fuse(graph: &Graph) -> Result<Program, FuseError> {
-    if let Some(node) = graph.nodes().iter().find(|n| n.ty.dtype == DType::F64) {
-        return Err(FuseError::Unsupported(format!(
-            "f64 values ({} : {}): compiled kernels compute in f32 (eager and aot_eager run f64)",
-            node.op, node.ty
-        )));
-    }
     // Nodes no kernel computes run as fallback steps; more are found while scheduling.
     let mut fallbacks: HashMap<NodeId, String> = graph
         .ids()
@@ -90,11 +85,19 @@ pub fn fuse(graph: &Graph) -> Result<Program, FuseError> {
 }
 
 /// Why no kernel computes `node`, when none can: it then runs as a fallback step (the reference
-/// interpreter on its operands' buffers). Kernels reduce and scan in f32, and the extern
+/// interpreter on its operands' buffers). Kernels compute floats in f32 (so every node making or
+/// reading an f64 value falls back, constants included), reduce and scan in f32, and the extern
 /// scatter-add handles f32 only.
 fn fallback_reason(graph: &Graph, id: NodeId) -> Option<String> {
     let node = graph.node(id);
     let dtype = node.ty.dtype;
+    if matches!(node.op, Op::Input { .. }) {
+        return None;
+    }
+    let reads_f64 = node.inputs.iter().any(|&i| graph.ty(i).dtype == DType::F64);
+    if dtype == DType::F64 || reads_f64 {
+        return Some("f64 values are not compiled (kernels compute in f32)".to_string());
+    }
     match &node.op {
         Op::Reduce { .. } if !dtype.is_float() => Some(format!(
             "reductions over {dtype} values are not compiled (kernels reduce in f32)"

@@ -22,8 +22,8 @@
 //!   splits across threads) never store the same element (each store index is a mixed-radix
 //!   number over its loops; several stores to one buffer are apart or within one row), and a
 //!   buffer a kernel stores is loaded only at the element the same iteration stores.
-//! - **Fallback steps.** The op is not a source (input, constant, iota) nor `grad`; its type
-//!   rule applied to the operand buffers' types gives exactly the output buffer's type (so the
+//! - **Fallback steps.** The op is not an input nor `grad`; its type rule applied to the operand
+//!   buffers' types (for a constant: no operands, 0-d) gives exactly the output buffer's type (so the
 //!   interpreter's result fills it at any bound sizes); it writes no input, does not read its own
 //!   output, and its reason is one non-empty line (so the program text parses back).
 //! - **Outputs.** Some step writes every output buffer (they are allocated without zeroing).
@@ -810,10 +810,7 @@ impl Verifier<'_> {
             return Err(malformed(&at, format!("reads its own output {}", fb.out)));
         }
         use minductor_ir::Op;
-        if matches!(
-            fb.op,
-            Op::Input { .. } | Op::Constant { .. } | Op::Iota { .. } | Op::Grad { .. }
-        ) {
+        if matches!(fb.op, Op::Input { .. } | Op::Grad { .. }) {
             return Err(malformed(
                 &at,
                 format!("{} cannot run as a fallback", fb.op),
@@ -831,8 +828,17 @@ impl Verifier<'_> {
             ));
         }
         let refs: Vec<&minductor_ir::TensorType> = types.iter().collect();
-        let ty = minductor_ir::infer_type(&fb.op, &refs)
-            .map_err(|e| malformed(&at, format!("the op does not apply to its operands: {e}")))?;
+        let ty = if let Op::Constant { .. } = fb.op {
+            // A constant takes its output's dtype; it is 0-d and has no operands.
+            if !fb.inputs.is_empty() {
+                return Err(malformed(&at, "a constant has no operands"));
+            }
+            minductor_ir::TensorType::new(out.dtype, Default::default())
+        } else {
+            minductor_ir::infer_type(&fb.op, &refs).map_err(|e| {
+                malformed(&at, format!("the op does not apply to its operands: {e}"))
+            })?
+        };
         if ty.dtype != out.dtype || ty.shape.as_slice() != out.shape.as_slice() {
             return Err(malformed(
                 &at,

@@ -309,3 +309,50 @@ fn the_verifier_checks_fallback_steps() {
     let e = verify_program(&p, &[]).unwrap_err().to_string();
     assert!(e.contains("before any step writes it"), "{e}");
 }
+
+#[test]
+fn f64_values_run_as_fallbacks_and_f32_work_around_them_stays_compiled() {
+    let t = Tracer::new();
+    let x = t.input("x", DType::F64, &[6, 10]);
+    let w = t.input("w", DType::F32, &[8, 10]);
+    // f64 work (constants and an arange included), a cast into f32, compiled f32 work, and an
+    // f32 value cast back to f64 as an output.
+    let ramp64 = t.arange(10, DType::F64) * 0.5;
+    let y = ((&x * 1.5 + &ramp64).softmax(-1) + 1e-3).log();
+    let z = y.cast(DType::F32).linear(&w, None).gelu().softmax(-1);
+    let back = z.sum(&[1], false).cast(DType::F64) + x.amax(&[1], false);
+    let graph = t.finish(&[y, z, back]).unwrap();
+    let x = Tensor::from_vec(
+        &[6, 10],
+        (0..60).map(|i| ((i as f64) * 0.731).sin() * 4.0).collect::<Vec<f64>>(),
+    )
+    .unwrap();
+    let inputs = [x, ramp(&[8, 10], 0.9)];
+    let program = check(&graph, &inputs, "f64 graph");
+    assert!(program.fallbacks().count() >= 5, "{program}");
+    assert!(
+        program
+            .fallbacks()
+            .all(|f| f.reason.contains("f64 values are not compiled")),
+        "{program}"
+    );
+    assert!(
+        program
+            .steps
+            .iter()
+            .any(|s| matches!(s, Step::Matmul(_) | Step::Kernel(_))),
+        "the f32 part is compiled\n{program}"
+    );
+    let ops: Vec<String> = program.fallbacks().map(|f| f.op.name()).collect();
+    assert!(
+        ops.iter().any(|o| o == "constant") && ops.iter().any(|o| o == "iota"),
+        "{ops:?}"
+    );
+    // The f64 outputs are the interpreter's to the bit: it computed them.
+    let got = compile(&graph).unwrap().call(&inputs).unwrap();
+    let want = interpret(&graph, &inputs).unwrap();
+    assert_allclose(&got[..1], &want[..1], Tolerance::EXACT, "f64 output");
+    // The program (constants and an f64 arange as fallback steps) prints and parses back.
+    let parsed: Program = program.to_string().parse().unwrap();
+    assert_eq!(parsed, program);
+}
