@@ -324,7 +324,9 @@ fn f64_values_run_as_fallbacks_and_f32_work_around_them_stays_compiled() {
     let graph = t.finish(&[y, z, back]).unwrap();
     let x = Tensor::from_vec(
         &[6, 10],
-        (0..60).map(|i| ((i as f64) * 0.731).sin() * 4.0).collect::<Vec<f64>>(),
+        (0..60)
+            .map(|i| ((i as f64) * 0.731).sin() * 4.0)
+            .collect::<Vec<f64>>(),
     )
     .unwrap();
     let inputs = [x, ramp(&[8, 10], 0.9)];
@@ -355,4 +357,39 @@ fn f64_values_run_as_fallbacks_and_f32_work_around_them_stays_compiled() {
     // The program (constants and an f64 arange as fallback steps) prints and parses back.
     let parsed: Program = program.to_string().parse().unwrap();
     assert_eq!(parsed, program);
+}
+
+#[test]
+fn a_jit_function_with_a_fallback_compiles_a_symbolic_batch() {
+    let f = jit(|x: &[minductor::Traced]| {
+        let counts = x[0].gt(0.0).cast(DType::I64).sum(&[1], true);
+        vec![counts.cast(DType::F32) + x[0].softmax(-1), counts.cumsum(0)]
+    })
+    .input_names(&["x"]);
+    // Automatic dynamic shapes: static at 5, symbolic batch at 9 (a recompile), a hit at 2.
+    for batch in [5, 9, 2] {
+        let x = ramp(&[batch, 12], batch as f32);
+        let got = f.call(std::slice::from_ref(&x)).unwrap();
+        let static_graph = {
+            let t = Tracer::new();
+            let xt = t.input("x", DType::F32, &[batch, 12]);
+            let counts = xt.gt(0.0).cast(DType::I64).sum(&[1], true);
+            t.finish(&[counts.cast(DType::F32) + xt.softmax(-1), counts.cumsum(0)])
+                .unwrap()
+        };
+        let want = interpret(&static_graph, &[x]).unwrap();
+        assert_allclose(
+            &got,
+            &want,
+            Tolerance::close(1e-5),
+            &format!("batch {batch}"),
+        );
+    }
+    let stats = f.stats();
+    assert_eq!(
+        (stats.compiles, stats.symbolic_compiles, stats.cache_hits),
+        (2, 1, 1),
+        "{stats:?}"
+    );
+    assert!(stats.dynamic_fallbacks.is_empty(), "{stats:?}");
 }
