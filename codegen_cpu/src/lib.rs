@@ -11,4 +11,4 @@ pub mod math;
 mod program;
 mod scatter;
 
-pub use program::{compile_program, CodegenError, CompiledKernel, CompiledProgram};
+pub use program::{compile_program, CodegenError, CompiledKernel, CompiledProgram, Split};

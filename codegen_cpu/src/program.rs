@@ -1,5 +1,6 @@
 //! `compile_program`: JIT-compiles every kernel of a `Program` and returns an [`Executable`]
-//! that runs the steps in order: Cranelift kernels and extern GEMM calls.
+//! that runs the steps in order: Cranelift kernels, extern GEMM and scatter-add calls, and
+//! fallback steps (one graph node run by the reference interpreter on the step's buffers).
 
 use crate::gemm;
 use crate::lower::{kernel_function, lower_kernel};
@@ -10,8 +11,8 @@ use cranelift_jit::{JITBuilder, JITModule};
 use cranelift_module::{Linkage, Module};
 use minductor_ir::{checked_bytes, DType, Dim};
 use minductor_passes::kernel::{
-    BufferId, BufferKind, Im2colView, Kernel, MatmulOperand, MatmulStep, Program, ScatterAddStep,
-    Step,
+    BufferId, BufferKind, FallbackStep, Im2colView, Kernel, MatmulOperand, MatmulStep, Program,
+    ScatterAddStep, Step,
 };
 use minductor_passes::plan_buffers::{plan_buffers, BufferPlan};
 use minductor_passes::{verify_program, VerifyError};
@@ -45,6 +46,34 @@ pub struct CompiledKernel {
     /// How many of `extents` are outer loops, and how many belong to each stage after them.
     outer_loops: usize,
     stage_loops: Vec<usize>,
+    /// How the first outer loop is split across threads (`CompiledProgram::autotune` may pick
+    /// another than the default).
+    pub split: Split,
+}
+
+/// How a kernel's first outer loop is split across threads. Every choice gives bitwise the same
+/// results: each row is computed within one call, whatever the chunks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Split {
+    /// One chunk per thread, when the kernel visits at least 2^15 elements (the default).
+    PerThread,
+    /// Always on the calling thread.
+    Serial,
+    /// Four chunks per thread whatever the work (finer load balance for uneven rows).
+    Fine,
+}
+
+impl Split {
+    /// Every split, the default first.
+    pub const ALL: [Split; 3] = [Split::PerThread, Split::Serial, Split::Fine];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Split::PerThread => "per_thread",
+            Split::Serial => "serial",
+            Split::Fine => "fine",
+        }
+    }
 }
 
 /// A kernel's loop extents for one call.
@@ -160,6 +189,8 @@ enum CompiledStep {
     Matmul(Box<MatmulStep>, Option<CompiledKernel>),
     /// An extern scatter-add (`scatter::scatter_add`).
     ScatterAdd(Box<ScatterAddStep>),
+    /// A node the reference interpreter runs (`run_fallback`).
+    Fallback(Box<FallbackStep>),
 }
 
 /// The owner of the machine code: frees it when dropped. Never used after finalisation.
@@ -287,6 +318,7 @@ pub fn compile_program(program: &Program) -> Result<CompiledProgram, CodegenErro
             extents: kernel.params(),
             outer_loops: kernel.outer.len(),
             stage_loops: kernel.stages.iter().map(|s| s.extent.len()).collect(),
+            split: Split::PerThread,
         }
     };
     let steps = program
@@ -298,6 +330,7 @@ pub fn compile_program(program: &Program) -> Result<CompiledProgram, CodegenErro
                 CompiledStep::Matmul(Box::new(m.clone()), m.epilogue.as_ref().map(&mut finished))
             }
             Step::ScatterAdd(sc) => CompiledStep::ScatterAdd(Box::new(sc.clone())),
+            Step::Fallback(fb) => CompiledStep::Fallback(Box::new(fb.clone())),
         })
         .collect();
     let plan = program.plan.clone().expect("planned above");
@@ -312,24 +345,93 @@ pub fn compile_program(program: &Program) -> Result<CompiledProgram, CodegenErro
 }
 
 impl CompiledProgram {
+    /// Max-autotune: times every kernel step under each [`Split`] on zero-filled inputs (each
+    /// split over `runs` calls, keeping each step's fastest time) and keeps, per kernel step, the
+    /// split that was fastest (the default on a tie). Results do not depend on the choice (see
+    /// [`Split`]). Programs with symbolic sizes are left as they are (there are no sizes to
+    /// time). Returns each kernel step's name and chosen split.
+    pub fn autotune(&mut self, runs: usize) -> Result<Vec<(String, Split)>, RuntimeError> {
+        let mut inputs = Vec::new();
+        for b in &self.program.buffers {
+            if let BufferKind::Input(n) = b.kind {
+                let Some(shape) = b
+                    .shape
+                    .iter()
+                    .map(|d| d.as_static())
+                    .collect::<Option<Vec<_>>>()
+                else {
+                    return Ok(Vec::new());
+                };
+                if inputs.len() <= n {
+                    inputs.resize(n + 1, None);
+                }
+                inputs[n] = Some(Tensor::try_zeros(b.dtype, &shape)?);
+            }
+        }
+        let Some(inputs) = inputs.into_iter().collect::<Option<Vec<Tensor>>>() else {
+            return Ok(Vec::new());
+        };
+        let kernel_steps: Vec<usize> = (0..self.steps.len())
+            .filter(|&i| matches!(self.steps[i], CompiledStep::Kernel(_)))
+            .collect();
+        // best[i]: the fastest (time, split) of kernel step i so far.
+        let mut best: Vec<Option<(Duration, Split)>> = vec![None; self.steps.len()];
+        for split in Split::ALL {
+            for &i in &kernel_steps {
+                if let CompiledStep::Kernel(k) = &mut self.steps[i] {
+                    k.split = split;
+                }
+            }
+            let mut fastest: Vec<Option<Duration>> = vec![None; self.steps.len()];
+            for _ in 0..runs.max(1) {
+                let (_, timings) = self.profile(&inputs)?;
+                for (slot, t) in fastest.iter_mut().zip(&timings) {
+                    *slot = Some(slot.map_or(t.time, |s| s.min(t.time)));
+                }
+            }
+            for &i in &kernel_steps {
+                if let Some(time) = fastest[i] {
+                    if best[i].is_none_or(|(b, _)| time < b) {
+                        best[i] = Some((time, split));
+                    }
+                }
+            }
+        }
+        let mut chosen = Vec::new();
+        for &i in &kernel_steps {
+            if let CompiledStep::Kernel(k) = &mut self.steps[i] {
+                k.split = best[i].map_or(Split::PerThread, |(_, s)| s);
+                chosen.push((k.name.clone(), k.split));
+            }
+        }
+        Ok(chosen)
+    }
+
     pub fn kernels(&self) -> impl Iterator<Item = &CompiledKernel> {
         self.steps.iter().filter_map(|s| match s {
             CompiledStep::Kernel(k) => Some(k),
             CompiledStep::Matmul(_, epilogue) => epilogue.as_ref(),
-            CompiledStep::ScatterAdd(_) => None,
+            CompiledStep::ScatterAdd(_) | CompiledStep::Fallback(_) => None,
         })
     }
 }
 
 impl Executable for CompiledProgram {
     fn run(&self, inputs: &[Tensor]) -> Result<Vec<Tensor>, RuntimeError> {
-        self.run_in_pooled_arena(inputs, None)
+        self.run_in_pooled_arena(inputs, None, None)
     }
 
     fn profile(&self, inputs: &[Tensor]) -> Result<(Vec<Tensor>, Vec<StepTiming>), RuntimeError> {
         let mut timings = Vec::new();
-        let outputs = self.run_in_pooled_arena(inputs, Some(&mut timings))?;
+        let outputs = self.run_in_pooled_arena(inputs, Some(&mut timings), None)?;
         Ok((outputs, timings))
+    }
+
+    /// Writes every output straight into the caller's tensor: kernels store into it, no output
+    /// is allocated. Each tensor is checked (`output_destination`) before any step runs.
+    fn run_into(&self, inputs: &[Tensor], outputs: &mut [Tensor]) -> Result<(), RuntimeError> {
+        self.run_in_pooled_arena(inputs, None, Some(outputs))
+            .map(|_| ())
     }
 
     /// The largest pooled arena (what one call keeps), or the plan's estimate before any call.
@@ -357,6 +459,7 @@ impl CompiledProgram {
         &self,
         inputs: &[Tensor],
         timings: Option<&mut Vec<StepTiming>>,
+        destinations: Option<&mut [Tensor]>,
     ) -> Result<Vec<Tensor>, RuntimeError> {
         let lock = || self.arenas.lock().unwrap_or_else(|p| p.into_inner());
         let taken = lock().pop();
@@ -364,20 +467,43 @@ impl CompiledProgram {
             storage: Storage::zeroed(0),
             layout: None,
         });
-        let result = self.run_steps(&mut arena, inputs, timings);
+        let result = self.run_steps(&mut arena, inputs, timings, destinations);
         lock().push(arena);
         result
     }
 
-    /// Binds every buffer to memory (inputs: the caller's, contiguous; outputs: fresh;
-    /// intermediates: their slots in `arena`) and runs the steps, timing each if asked.
+    /// Binds every buffer to memory (inputs: the caller's, contiguous; outputs: fresh, or the
+    /// caller's `destinations`; intermediates: their slots in `arena`) and runs the steps, timing
+    /// each if asked. Returns the outputs (none when they were written into `destinations`).
     fn run_steps(
         &self,
         arena: &mut Arena,
         inputs: &[Tensor],
         mut timings: Option<&mut Vec<StepTiming>>,
+        destinations: Option<&mut [Tensor]>,
     ) -> Result<Vec<Tensor>, RuntimeError> {
         let symbols = Symbols::bind(&self.program, inputs)?;
+        // The caller's tensors, checked before anything runs: a pointer to each one's first
+        // element (they stay borrowed, so no one else can reach their storage meanwhile).
+        let mut destination_pointers: Vec<*mut u8> = Vec::new();
+        if let Some(outs) = destinations {
+            if outs.len() != self.program.outputs.len() {
+                return Err(RuntimeError::OutputBufferCount {
+                    expected: self.program.outputs.len(),
+                    found: outs.len(),
+                });
+            }
+            for (index, (out, &id)) in outs.iter_mut().zip(&self.program.outputs).enumerate() {
+                let buffer = self.program.buffer(id);
+                let shape = symbols.sizes(&buffer.shape);
+                destination_pointers.push(minductor_runtime::output_destination(
+                    index,
+                    buffer.dtype,
+                    &shape,
+                    out,
+                )?);
+            }
+        }
         if arena.layout.as_ref().map(|l| &l.0) != Some(&symbols) {
             let program = &self.program;
             if !symbols.0.is_empty() {
@@ -424,6 +550,15 @@ impl CompiledProgram {
                     pointers[index] = t.data_ptr() as *mut u8;
                     held[index] = Some(t);
                 }
+                BufferKind::Output if !destination_pointers.is_empty() => {
+                    // The first caller tensor receiving this buffer; others get a copy below.
+                    let first = program
+                        .outputs
+                        .iter()
+                        .position(|o| o.0 as usize == index)
+                        .expect("an output buffer is one of the outputs");
+                    pointers[index] = destination_pointers[first];
+                }
                 BufferKind::Output => {
                     // Kernels write every element of an output, so a recycled block will do.
                     let mut t = Tensor::for_overwrite(b.dtype, &symbols.sizes(&b.shape))?;
@@ -456,6 +591,7 @@ impl CompiledProgram {
                     run_matmul(m, epilogue.as_ref(), program, &symbols, &pointers)?
                 }
                 CompiledStep::ScatterAdd(sc) => run_scatter_add(sc, program, &symbols, &pointers)?,
+                CompiledStep::Fallback(fb) => run_fallback(fb, program, &symbols, &pointers)?,
             }
             if let (Some(timings), Some(started)) = (timings.as_deref_mut(), started) {
                 timings.push(StepTiming {
@@ -464,10 +600,33 @@ impl CompiledProgram {
                         CompiledStep::Matmul(m, None) => format!("matmul_{}", m.out),
                         CompiledStep::Matmul(m, Some(e)) => format!("matmul_{}+{}", m.out, e.name),
                         CompiledStep::ScatterAdd(sc) => format!("scatter_add_{}", sc.out),
+                        CompiledStep::Fallback(fb) => {
+                            format!("fallback_{}_{}", fb.op.name(), fb.out)
+                        }
                     },
                     time: started.elapsed(),
                 });
             }
+        }
+        if !destination_pointers.is_empty() {
+            // Outputs that are inputs, or a buffer already written into an earlier output's
+            // tensor, are copied into their own.
+            for (j, &id) in program.outputs.iter().enumerate() {
+                let source = pointers[id.0 as usize];
+                if source == destination_pointers[j] {
+                    continue;
+                }
+                let buffer = program.buffer(id);
+                let bytes = checked_bytes(symbols.sizes(&buffer.shape), buffer.dtype.size_bytes())
+                    .ok_or_else(|| RuntimeError::SizeOverflow(format!("output {j}")))?;
+                // SAFETY: the source is a live input or output buffer of `bytes` bytes for this
+                // call's sizes; the destination is the caller's uniquely owned, contiguous tensor
+                // of the same dtype and shape (`output_destination`), which no step wrote and
+                // which cannot overlap the source (its storage is shared with no tensor, and
+                // distinct output tensors never share storage).
+                unsafe { std::ptr::copy_nonoverlapping(source, destination_pointers[j], bytes) };
+            }
+            return Ok(Vec::new());
         }
         Ok(program
             .outputs
@@ -479,6 +638,78 @@ impl CompiledProgram {
             })
             .collect())
     }
+}
+
+/// Runs a fallback step: copies each operand out of its buffer into a tensor, runs the step's op
+/// with the reference interpreter on a one-node graph typed with this call's sizes, and copies
+/// the result into the output buffer. Runs on the calling thread.
+fn run_fallback(
+    fb: &FallbackStep,
+    program: &Program,
+    symbols: &Symbols,
+    pointers: &[*mut u8],
+) -> Result<(), RuntimeError> {
+    let at = || format!("fallback {} ({})", fb.node, fb.op);
+    let bytes_of = |id: BufferId| -> Result<(Vec<usize>, usize), RuntimeError> {
+        let buffer = program.buffer(id);
+        let shape = symbols.sizes(&buffer.shape);
+        let bytes = checked_bytes(shape.clone(), buffer.dtype.size_bytes()).ok_or_else(|| {
+            RuntimeError::SizeOverflow(format!("{}: {id} of shape {shape:?}", at()))
+        })?;
+        Ok((shape, bytes))
+    };
+    let mut graph = minductor_ir::Graph::new();
+    let mut operands = Vec::with_capacity(fb.inputs.len());
+    let mut ids = Vec::with_capacity(fb.inputs.len());
+    for &id in &fb.inputs {
+        let dtype = program.buffer(id).dtype;
+        let (shape, bytes) = bytes_of(id)?;
+        // SAFETY: the pointer is the start of a live buffer holding `bytes` bytes (its planned
+        // size for this call's sizes, `run_steps`), written by an earlier step or given as an
+        // input (`verify_program` checks the order), and no other step runs meanwhile.
+        let data = unsafe { std::slice::from_raw_parts(pointers[id.0 as usize], bytes) };
+        operands.push(Tensor::from_bytes(dtype, &shape, data)?);
+        let ty =
+            minductor_ir::TensorType::new(dtype, shape.iter().map(|&n| Dim::Static(n)).collect());
+        ids.push(graph.input(id.to_string(), ty));
+    }
+    let node = match fb.op {
+        // A constant's dtype is its output's (`verify_program` checked it has no operands).
+        minductor_ir::Op::Constant { value } => graph.constant(value, program.buffer(fb.out).dtype),
+        _ => graph
+            .add(fb.op.clone(), &ids)
+            .map_err(|e| RuntimeError::InvalidProgram(format!("{}: {e}", at())))?,
+    };
+    graph.set_outputs(vec![node]);
+    let result = minductor_runtime::interpret(&graph, &operands).map_err(|e| match e {
+        RuntimeError::Data(message) => RuntimeError::Data(format!("{}: {message}", at())),
+        other => other,
+    })?;
+    let out = program.buffer(fb.out);
+    let (shape, bytes) = bytes_of(fb.out)?;
+    let value = result
+        .first()
+        .filter(|t| t.dtype() == out.dtype && t.shape() == shape.as_slice())
+        .ok_or_else(|| {
+            RuntimeError::InvalidProgram(format!(
+                "{}: the interpreter's result is not {}{shape:?}",
+                at(),
+                out.dtype
+            ))
+        })?;
+    let data = value.to_bytes();
+    if data.len() != bytes {
+        return Err(RuntimeError::InvalidProgram(format!(
+            "{}: {} bytes for a buffer of {bytes}",
+            at(),
+            data.len()
+        )));
+    }
+    // SAFETY: the output pointer is the start of a live buffer of `bytes` bytes (its planned size
+    // for this call's sizes), written by this step alone while it runs; `data` is a fresh vector
+    // of exactly `bytes` bytes, so the ranges do not overlap.
+    unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), pointers[fb.out.0 as usize], bytes) };
+    Ok(())
 }
 
 /// Runs a scatter-add step on its buffers.
@@ -564,8 +795,13 @@ fn run_kernel(
     let bound = k.bind(symbols);
     let (range, bound) = (bound.range, &bound);
     let threads = threads::num_threads() as i64;
-    if threads > 1 && range > 1 && bound.work >= PARALLEL_WORK_THRESHOLD {
-        let chunks = threads.min(range);
+    let chunks = match k.split {
+        Split::PerThread if bound.work >= PARALLEL_WORK_THRESHOLD => threads,
+        Split::PerThread | Split::Serial => 1,
+        Split::Fine => 4 * threads,
+    };
+    if threads > 1 && range > 1 && chunks > 1 {
+        let chunks = chunks.min(range);
         threads::for_each_chunk(chunks as usize, |c| {
             let c = c as i64;
             call_kernel(

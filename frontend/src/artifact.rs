@@ -13,7 +13,7 @@
 //! arch x86_64
 //! requires sse2
 //! compiled-with sse2 sse4.1 avx avx2 fma avx512f
-//! options backend=inductor activation_memory_budget=1.0
+//! options backend=inductor activation_memory_budget=1.0 mode=default
 //! section graph <bytes>
 //! <the graph's text>
 //! section guards <bytes>
@@ -41,7 +41,7 @@
 //!   program with its buffer plan (`Program`'s text). Section lengths are in bytes; each
 //!   section is followed by a newline.
 
-use crate::compile::{with_tangents, Artifacts, Backend, CompileOptions, Compiled};
+use crate::compile::{with_tangents, Artifacts, Backend, CompileOptions, Compiled, Mode};
 use minductor_codegen_cpu::{compile_program, CodegenError};
 use minductor_ir::text::{Cursor, ParseError};
 use minductor_ir::{DType, Graph, TensorType};
@@ -428,8 +428,17 @@ impl Artifact {
             ));
         }
         verify_program(&program, &[]).map_err(|e| ArtifactError::Verify(Box::new(e)))?;
-        let compiled = compile_program(&program)?;
+        let options = parse_options(&self.options)
+            .ok_or_else(|| ArtifactError::Corrupted(format!("options `{}`", self.options)))?;
+        let mut compiled = compile_program(&program)?;
+        // Tuning is about the loading machine: it runs again here.
+        let autotune = if options.mode == Mode::MaxAutotune {
+            crate::compile::autotune(&mut compiled)
+        } else {
+            Vec::new()
+        };
         let artifacts = Artifacts {
+            autotune,
             cranelift_ir: compiled
                 .kernels()
                 .map(|k| (k.name.clone(), k.clif.clone()))
@@ -437,8 +446,6 @@ impl Artifact {
             program: Some(program),
             ..Artifacts::default()
         };
-        let options = parse_options(&self.options)
-            .ok_or_else(|| ArtifactError::Corrupted(format!("options `{}`", self.options)))?;
         let executable = with_tangents(Box::new(compiled), &guards.tangents);
         Ok(Compiled::from_parts(
             graph,
@@ -451,27 +458,31 @@ impl Artifact {
     }
 }
 
-/// The options line: `backend=inductor activation_memory_budget=1.0` (the budget as `{:?}`
-/// prints it, so it reads back exactly).
+/// The options line: `backend=inductor activation_memory_budget=1.0 mode=default` (the budget
+/// as `{:?}` prints it, so it reads back exactly).
 pub fn options_text(options: &CompileOptions) -> String {
     format!(
-        "backend={} activation_memory_budget={:?}",
+        "backend={} activation_memory_budget={:?} mode={}",
         options.backend.name(),
-        options.partition.activation_memory_budget
+        options.partition.activation_memory_budget,
+        options.mode
     )
 }
 
-/// Reads [`options_text`]'s line back (inductor only: artifacts hold kernel programs).
+/// Reads [`options_text`]'s line back (inductor only: artifacts hold kernel programs). A line
+/// without `mode=` (written before modes existed) means the default mode.
 fn parse_options(text: &str) -> Option<CompileOptions> {
-    let budget = text
-        .strip_prefix("backend=inductor activation_memory_budget=")?
-        .parse::<f64>()
-        .ok()?;
+    let rest = text.strip_prefix("backend=inductor activation_memory_budget=")?;
+    let (budget, mode) = match rest.split_once(" mode=") {
+        Some((budget, mode)) => (budget, mode.parse::<Mode>().ok()?),
+        None => (rest, Mode::Default),
+    };
     let mut options = CompileOptions {
         backend: Backend::Inductor,
+        mode,
         ..CompileOptions::default()
     };
-    options.partition.activation_memory_budget = budget;
+    options.partition.activation_memory_budget = budget.parse::<f64>().ok()?;
     Some(options)
 }
 

@@ -9,7 +9,7 @@
 //! inputs' sizes, rebuilds the graph with those sizes (`specialize`) and interprets it. The
 //! reference interpreter itself needs static shapes, so this binding happens here.
 
-use crate::compile::{compile_with, Backend, CompileError, Compiled};
+use crate::compile::{Backend, CompileError, Compiled};
 use minductor_ir::{Dim, Graph, NodeId, Op, Shape, TensorType};
 use minductor_runtime::{check_inputs, interpret, RuntimeError, Tensor};
 use std::collections::HashMap;
@@ -97,11 +97,21 @@ impl fmt::Debug for JitBackend {
 /// A compiled graph segment as the jit cache holds it.
 pub(crate) trait SegmentExec: Send + Sync {
     fn run(&self, inputs: &[Tensor]) -> Result<Vec<Tensor>, RuntimeError>;
+
+    /// The nodes this segment runs with the reference interpreter inside compiled code (for
+    /// `explain`), as `%node op because reason`.
+    fn fallbacks(&self) -> Vec<String> {
+        Vec::new()
+    }
 }
 
 impl SegmentExec for Compiled {
     fn run(&self, inputs: &[Tensor]) -> Result<Vec<Tensor>, RuntimeError> {
         self.call(inputs)
+    }
+
+    fn fallbacks(&self) -> Vec<String> {
+        self.fallbacks()
     }
 }
 
@@ -261,6 +271,7 @@ fn specialize(graph: &Graph, inputs: &[Tensor]) -> Result<Graph, RuntimeError> {
 /// Compiles one captured graph with `backend`.
 pub(crate) fn compile_segment(
     backend: &JitBackend,
+    mode: crate::compile::Mode,
     graph: &Graph,
 ) -> Result<Arc<dyn SegmentExec>, CompileError> {
     match backend {
@@ -268,7 +279,14 @@ pub(crate) fn compile_segment(
             graph.verify()?;
             Ok(Arc::new(SymbolicEager(graph.clone())))
         }
-        JitBackend::Named(named) => Ok(Arc::new(compile_with(graph, *named)?)),
+        JitBackend::Named(named) => Ok(Arc::new(crate::compile::compile_with_options(
+            graph,
+            crate::compile::CompileOptions {
+                backend: *named,
+                mode,
+                ..Default::default()
+            },
+        )?)),
         JitBackend::Custom(custom) => {
             graph.verify()?;
             let types: Vec<TensorType> = graph

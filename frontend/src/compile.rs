@@ -55,6 +55,8 @@ impl FromStr for Backend {
 pub enum CompileError {
     #[error("unknown backend `{0}` (expected eager, aot_eager or inductor)")]
     UnknownBackend(String),
+    #[error("unknown mode `{0}` (expected default, reduce-overhead or max-autotune)")]
+    UnknownMode(String),
     #[error("invalid graph: {0}")]
     InvalidGraph(#[from] IrError),
     #[error("code generation failed: {0}")]
@@ -72,12 +74,66 @@ pub enum CompileError {
     Unsupported { backend: &'static str, what: String },
 }
 
+/// How much compile-time and per-call work to trade, like `torch.compile(mode=...)`. Parsed
+/// from `"default"`, `"reduce-overhead"` and `"max-autotune"`. Every mode computes bitwise the
+/// same outputs.
+///
+/// - `Default`: every call checks its inputs against the graph (names in errors) and allocates
+///   its outputs.
+/// - `ReduceOverhead`: less work per call. [`Compiled::call`] and [`Compiled::call_into`] skip
+///   the graph-level input check on the inductor backend: the compiled program binds its sizes
+///   from the inputs and checks each one's dtype and shape there anyway (that check is what keeps
+///   compiled code inside its buffers, so it always runs; a `jit` function's guards have already
+///   proved the same), so a bad input is still a typed error, naming the input by position. Pair
+///   it with `call_into`, which writes into output tensors the caller hands back instead of
+///   allocating new ones (PyTorch's CUDA graphs reuse static output buffers likewise).
+/// - `MaxAutotune`: at compile time, time every kernel under each way of splitting its outer loop
+///   across threads (`codegen_cpu::Split`) on zero inputs and keep the fastest per kernel
+///   (`Artifacts::autotune` lists the choices). Graphs with symbolic sizes are not tuned.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum Mode {
+    #[default]
+    Default,
+    ReduceOverhead,
+    MaxAutotune,
+}
+
+impl Mode {
+    pub fn name(self) -> &'static str {
+        match self {
+            Mode::Default => "default",
+            Mode::ReduceOverhead => "reduce-overhead",
+            Mode::MaxAutotune => "max-autotune",
+        }
+    }
+}
+
+impl std::fmt::Display for Mode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl FromStr for Mode {
+    type Err = CompileError;
+    fn from_str(s: &str) -> Result<Self, CompileError> {
+        match s {
+            "default" => Ok(Mode::Default),
+            "reduce-overhead" => Ok(Mode::ReduceOverhead),
+            "max-autotune" => Ok(Mode::MaxAutotune),
+            other => Err(CompileError::UnknownMode(other.to_string())),
+        }
+    }
+}
+
 /// What `compile_with_options` does besides picking a backend.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct CompileOptions {
     pub backend: Backend,
     /// How joint graphs trade saved memory for recomputation (`passes::partition`).
     pub partition: PartitionOptions,
+    /// Per-call overhead and compile-time tuning (see [`Mode`]).
+    pub mode: Mode,
 }
 
 /// Every stage's output, kept for inspection.
@@ -95,6 +151,9 @@ pub struct Artifacts {
     pub program: Option<Program>,
     /// Each kernel's name and its Cranelift IR as compiled (inductor only).
     pub cranelift_ir: Vec<(String, String)>,
+    /// With `Mode::MaxAutotune`: each kernel step's name and the thread split autotuning kept
+    /// (empty otherwise, and for graphs with symbolic sizes).
+    pub autotune: Vec<(String, minductor_codegen_cpu::Split)>,
 }
 
 /// A compiled graph. `call` checks the inputs against the graph and runs the backend's code.
@@ -201,6 +260,11 @@ impl Executable for WithTangents {
         self.inner.run(&all)
     }
 
+    fn run_into(&self, inputs: &[Tensor], outputs: &mut [Tensor]) -> Result<(), RuntimeError> {
+        let all = self.inputs(inputs);
+        self.inner.run_into(&all, outputs)
+    }
+
     fn profile(&self, inputs: &[Tensor]) -> Result<(Vec<Tensor>, Vec<StepTiming>), RuntimeError> {
         let all = self.inputs(inputs);
         self.inner.profile(&all)
@@ -270,16 +334,6 @@ pub(crate) fn compile_uncached(
         }
         Backend::Inductor => {
             let prims = prim_graph(graph, joint.as_ref(), &options, &mut artifacts);
-            let integer_reduction = prims.nodes().iter().find(|n| {
-                matches!(n.op, minductor_ir::Op::Reduce { .. }) && !n.ty.dtype.is_float()
-            });
-            if let Some(node) = integer_reduction {
-                let what = format!("reductions over {} tensors ({})", node.ty.dtype, node.op);
-                return Err(CompileError::Unsupported {
-                    backend: backend.name(),
-                    what,
-                });
-            }
             let fused = fuse(&prims).map_err(|e| CompileError::Unsupported {
                 backend: backend.name(),
                 what: e.to_string(),
@@ -301,7 +355,10 @@ pub(crate) fn compile_uncached(
             let mut program = verified("store_once", store_once(&epilogues))?;
             program.plan = Some(plan_buffers(&program));
             let program = verified("plan_buffers", program)?;
-            let compiled: CompiledProgram = compile_program(&program)?;
+            let mut compiled: CompiledProgram = compile_program(&program)?;
+            if options.mode == Mode::MaxAutotune {
+                artifacts.autotune = autotune(&mut compiled);
+            }
             artifacts.cranelift_ir = compiled
                 .kernels()
                 .map(|k| (k.name.clone(), k.clif.clone()))
@@ -336,6 +393,31 @@ pub(crate) fn compile_uncached(
         artifacts,
         compile_time,
     })
+}
+
+/// Calls of each split per kernel step when autotuning (the fastest call counts).
+const AUTOTUNE_RUNS: usize = 2;
+
+/// `Mode::MaxAutotune`'s tuning of `compiled`, logged under `minductor::perf`. A program that
+/// fails to run on zero inputs keeps its default splits (its real inputs will say why).
+pub(crate) fn autotune(
+    compiled: &mut CompiledProgram,
+) -> Vec<(String, minductor_codegen_cpu::Split)> {
+    match compiled.autotune(AUTOTUNE_RUNS) {
+        Ok(chosen) => {
+            for (kernel, split) in &chosen {
+                tracing::info!(target: "minductor::perf", "max-autotune: {kernel}: {}", split.name());
+            }
+            chosen
+        }
+        Err(e) => {
+            tracing::warn!(
+                target: "minductor::perf",
+                "max-autotune: not tuned ({e}); the default thread splits stay"
+            );
+            Vec::new()
+        }
+    }
 }
 
 impl Compiled {
@@ -379,7 +461,7 @@ impl Compiled {
         inputs: &'a [Tensor],
     ) -> Result<std::borrow::Cow<'a, [Tensor]>, RuntimeError> {
         if self.frozen.is_empty() {
-            check_inputs(&self.graph, inputs)?;
+            self.check_call_inputs(inputs)?;
             return Ok(std::borrow::Cow::Borrowed(inputs));
         }
         let expected = self.graph.inputs().len() - self.frozen.len();
@@ -390,7 +472,7 @@ impl Compiled {
             });
         }
         let all: Vec<Tensor> = inputs.iter().chain(&self.frozen).cloned().collect();
-        check_inputs(&self.graph, &all)?;
+        self.check_call_inputs(&all)?;
         Ok(std::borrow::Cow::Owned(all))
     }
 
@@ -416,10 +498,48 @@ impl Compiled {
     }
 
     /// Runs the compiled graph. Inputs are checked (count, dtype, rank, shape) first; the error
-    /// names the input, the expected and the found. Non-contiguous inputs are accepted.
+    /// names the input, the expected and the found. Non-contiguous inputs are accepted. In
+    /// `Mode::ReduceOverhead` the inductor backend leaves the check to its program (see
+    /// [`Mode`]).
     pub fn call(&self, inputs: &[Tensor]) -> Result<Vec<Tensor>, RuntimeError> {
         let inputs = self.all_inputs(inputs)?;
         self.executable.run(&inputs)
+    }
+
+    /// Runs the compiled graph writing output `i` into `outputs[i]` instead of allocating it:
+    /// hand back the tensors an earlier call returned (or any of the right dtypes and shapes)
+    /// and no output is allocated; the inductor backend's kernels store straight into them.
+    /// Each must have its output's dtype and shape (for this call's sizes), be contiguous and
+    /// share its storage with no other tensor (so no input, nor another output, can alias it;
+    /// a value the graph returns twice comes back from `call` as two handles on one storage, so
+    /// give one of them a tensor of its own):
+    /// anything else is a typed error (`RuntimeError::OutputBuffer`, or
+    /// `OutputBufferCount` for the wrong number) before any step runs, on the inductor backend
+    /// (the others run first and check before copying in). Inputs are checked as by `call`.
+    pub fn call_into(&self, inputs: &[Tensor], outputs: &mut [Tensor]) -> Result<(), RuntimeError> {
+        let inputs = self.all_inputs(inputs)?;
+        if outputs.len() != self.graph.outputs().len() {
+            return Err(RuntimeError::OutputBufferCount {
+                expected: self.graph.outputs().len(),
+                found: outputs.len(),
+            });
+        }
+        self.executable.run_into(&inputs, outputs)
+    }
+
+    /// The graph-level input check, which `Mode::ReduceOverhead` leaves to the inductor
+    /// program's own binding of sizes (it checks count, dtype, rank and every size).
+    fn check_call_inputs(&self, inputs: &[Tensor]) -> Result<(), RuntimeError> {
+        if self.options.mode == Mode::ReduceOverhead && self.backend == Backend::Inductor {
+            if inputs.len() != self.graph.inputs().len() {
+                return Err(RuntimeError::Arity {
+                    expected: self.graph.inputs().len(),
+                    found: inputs.len(),
+                });
+            }
+            return Ok(());
+        }
+        check_inputs(&self.graph, inputs)
     }
 
     /// Runs like `call` and also returns the wall time of each step (kernel, or GEMM with its
@@ -439,6 +559,18 @@ impl Compiled {
 
     pub fn graph(&self) -> &Graph {
         &self.graph
+    }
+
+    /// The nodes the compiled code runs with the reference interpreter (fallback steps), each as
+    /// `%node op because reason`, in execution order; empty when every node is compiled (and
+    /// for the eager backends, which compile nothing).
+    pub fn fallbacks(&self) -> Vec<String> {
+        self.artifacts
+            .program
+            .iter()
+            .flat_map(|p| p.fallbacks())
+            .map(|fb| format!("{} {} because {}", fb.node, fb.op, fb.reason))
+            .collect()
     }
 
     pub fn backend(&self) -> Backend {

@@ -10,7 +10,7 @@
 //! | `0_captured.txt` | the traced graph | all |
 //! | `1_decompose.txt`, `2_simplify.txt` | the graph after each pass | aot_eager, inductor |
 //! | `3_fuse_program.txt` | the kernel program `fuse` made | inductor |
-//! | `kernels.txt` | per step: kind, iteration domain, bytes read/written, FLOPs, fused nodes | inductor |
+//! | `kernels.txt` | per step: kind, iteration domain, bytes read/written, FLOPs, fused nodes; each fallback step with its op and reason | inductor |
 //! | `buffer_plan.txt` | every buffer: kind, dtype, shape, bytes, the steps it is live across | inductor |
 //! | `output_code/<kernel>.clif` | each kernel's Cranelift IR as compiled | inductor |
 //! | `graph.dot` | the prim graph in Graphviz, each kernel (and GEMM) a cluster | aot_eager, inductor |
@@ -101,10 +101,11 @@ fn log_artifacts(
     if let (Some(prims), Some(program)) = (&artifacts.prim_graph, &artifacts.program) {
         if enabled!(target: "minductor::fusion", Level::INFO) {
             let kernels = program.kernels().count();
-            let matmuls = program.steps.len() - kernels;
+            let fallbacks = program.fallbacks().count();
+            let matmuls = program.steps.len() - kernels - fallbacks;
             info!(
                 target: "minductor::fusion",
-                "{name}: {kernels} kernels, {matmuls} extern matmuls\n{}",
+                "{name}: {kernels} kernels, {matmuls} extern matmuls, {fallbacks} fallbacks\n{}",
                 kernel_table(prims, program)
             );
         }
@@ -220,6 +221,28 @@ pub fn kernel_table(prims: &Graph, program: &Program) -> String {
         };
         let _ = writeln!(text, "  {}: {nodes}", cost.name);
     }
+    let fallbacks: Vec<(usize, &minductor_passes::kernel::FallbackStep)> = program
+        .steps
+        .iter()
+        .enumerate()
+        .filter_map(|(i, s)| match s {
+            Step::Fallback(fb) => Some((i, fb)),
+            _ => None,
+        })
+        .collect();
+    if !fallbacks.is_empty() {
+        text.push_str("\nfallbacks (run by the reference interpreter):\n");
+        for (i, fb) in fallbacks {
+            let _ = writeln!(
+                text,
+                "  k{i}_fallback_{}: {} {} because {}",
+                fb.op.name(),
+                fb.node,
+                fb.op,
+                fb.reason
+            );
+        }
+    }
     text
 }
 
@@ -233,6 +256,7 @@ fn step_name(index: usize, step: &Step) -> String {
         Step::Kernel(k) => k.name.clone(),
         Step::Matmul(_) => format!("k{index}_matmul"),
         Step::ScatterAdd(_) => format!("k{index}_scatter_add"),
+        Step::Fallback(fb) => format!("k{index}_fallback_{}", fb.op.name()),
     }
 }
 
@@ -254,6 +278,7 @@ fn schedule_text(program: &Program) -> String {
             Step::Kernel(_) => "kernel",
             Step::Matmul(_) => "matmul",
             Step::ScatterAdd(_) => "scatter_add",
+            Step::Fallback(_) => "fallback",
         };
         let _ = writeln!(
             text,
@@ -372,6 +397,9 @@ pub fn graph_dot(prims: &Graph, program: Option<&Program>) -> String {
                 Step::ScatterAdd(sc) => {
                     vec![(step_name(i, step), StepKind::ScatterAdd, vec![sc.node])]
                 }
+                Step::Fallback(fb) => {
+                    vec![(step_name(i, step), StepKind::Fallback, vec![fb.node])]
+                }
             };
             if let Step::Matmul(m) = step {
                 if let Some(e) = &m.epilogue {
@@ -411,6 +439,7 @@ pub fn graph_dot(prims: &Graph, program: Option<&Program>) -> String {
             StepKind::Kernel => "style=rounded; color=blue;",
             StepKind::Matmul => "style=filled; fillcolor=lightyellow; color=orange;",
             StepKind::ScatterAdd => "style=filled; fillcolor=lightgrey; color=black;",
+            StepKind::Fallback => "style=filled; fillcolor=mistyrose; color=red;",
         };
         let _ = writeln!(
             text,

@@ -3,7 +3,9 @@
 //! The report counts graphs and graph breaks (with reason and source location), lists each
 //! graph's ops and compile time, the guards a cache entry would install, what the dynamic-shape
 //! policy decided (symbolic dims, sizes 0/1 specialized, static fallbacks) and the function's
-//! recompile reasons so far. It prints as a readable report (`Display`).
+//! recompile reasons so far. It prints as a readable report (`Display`). Each graph also lists its
+//! fallbacks: prim-graph nodes the compiled code runs with the reference interpreter (op and
+//! reason).
 
 use crate::jit::{jit, JitError};
 use crate::trace::Traced;
@@ -24,10 +26,18 @@ pub struct GraphReport {
     pub compile_time: Duration,
     /// Whether any dim in the graph is symbolic.
     pub symbolic: bool,
+    /// The nodes the compiled code runs with the reference interpreter (fallback steps), each
+    /// as `%node op because reason` (`%node` numbers the prim graph the backend compiled, which
+    /// `Compiled::artifacts().prim_graph` holds, not `graph`); empty when everything is compiled.
+    pub fallbacks: Vec<String>,
 }
 
 impl GraphReport {
-    pub(crate) fn new(graph: &Graph, compile_time: Duration) -> GraphReport {
+    pub(crate) fn new(
+        graph: &Graph,
+        compile_time: Duration,
+        fallbacks: Vec<String>,
+    ) -> GraphReport {
         let mut op_counts = BTreeMap::new();
         for node in graph.nodes() {
             if !matches!(node.op, Op::Input { .. } | Op::Constant { .. }) {
@@ -40,6 +50,7 @@ impl GraphReport {
             graph: graph.clone(),
             compile_time,
             symbolic: graph.nodes().iter().any(|n| n.ty.static_sizes().is_none()),
+            fallbacks,
         }
     }
 }
@@ -113,6 +124,16 @@ impl fmt::Display for Explanation {
             )?;
             for line in g.graph.to_string().lines() {
                 writeln!(f, "    {line}")?;
+            }
+            if !g.fallbacks.is_empty() {
+                writeln!(
+                    f,
+                    "  Fallbacks ({}, run by the reference interpreter):",
+                    g.fallbacks.len()
+                )?;
+                for fallback in &g.fallbacks {
+                    writeln!(f, "    {fallback}")?;
+                }
             }
         }
         writeln!(f, "Guards:")?;

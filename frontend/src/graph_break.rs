@@ -92,6 +92,7 @@ pub(crate) struct TraceRun {
 /// The hooks a tracer calls under `jit`: runs segments at graph breaks.
 pub(crate) struct Recorder {
     pub(crate) backend: JitBackend,
+    pub(crate) mode: crate::compile::Mode,
     pub(crate) fullgraph: bool,
     pub(crate) hints: HashMap<u32, usize>,
     pub(crate) specialized: RefCell<Vec<(u32, String)>>,
@@ -162,7 +163,7 @@ impl Recorder {
                     .nodes()
                     .iter()
                     .any(|n| n.ty.static_sizes().is_none());
-                match compile_segment(&self.backend, &seg_graph) {
+                match compile_segment(&self.backend, self.mode, &seg_graph) {
                     Ok(exec) => {
                         let elapsed = started.elapsed();
                         tracing::info!(

@@ -8,8 +8,10 @@
 //!   kernel that reads the mask; no mask buffer).
 //! - `argmax(x, d)` is `amin(where(x == amax(x, d), arange, n), d)` (NaN positions count as the
 //!   maximum, as in PyTorch): two reduction stages of one kernel over each row, the first index
-//!   of the extreme value winning, as PyTorch's. Indices are computed in f32 (exact below 2^24).
-//! - `cumsum(x, d)` is the `cumsum` prim: a kernel whose scan stage walks `d` one element at a
+//!   of the extreme value winning, as PyTorch's. Indices are computed in f32 (exact up to 2^24);
+//!   over a longer dim they are i64, and the i64 minimum runs as a fallback step (the reference
+//!   interpreter inside the compiled program), the rest staying compiled.
+//! - `cumsum(x, d)` is the `cumsum` prim (an i64 one runs as a fallback step): a kernel whose scan stage walks `d` one element at a
 //!   time with the running sum in a register (its operand's pointwise producers inlined), the
 //!   other dims being its outer loops (split across threads). Its derivative is the reverse
 //!   running sum, `Σ g − cumsum(g) + g`.
@@ -20,6 +22,10 @@
 
 use crate::trace::{Traced, Tracer};
 use minductor_ir::{DType, Op};
+
+/// The longest dim whose positions an arg-reduction computes in f32 (every integer up to 2^24 is
+/// exact in f32).
+const ARG_REDUCTION_F32_LIMIT: usize = 1 << 24;
 
 fn normalize(dim: isize, rank: usize) -> Option<usize> {
     let d = if dim < 0 { dim + rank as isize } else { dim };
@@ -113,15 +119,6 @@ impl Traced {
                 format!("cannot take {op} over empty dim {d} of {}", self.describe()),
             );
         }
-        if n > 1 << 24 {
-            return self.fail_msg(
-                op,
-                format!(
-                    "dim {d} of {} is longer than 2^24 (indices are computed in f32)",
-                    self.describe()
-                ),
-            );
-        }
         let x = match self.dtype() {
             Some(t) if t.is_float() => self.clone(),
             Some(DType::Bool) => return self.fail_msg(op, format!("{op} of a bool tensor")),
@@ -135,11 +132,20 @@ impl Traced {
         .detach();
         let mut column = vec![1isize; rank];
         column[d] = n as isize;
-        let positions = self.tracer().arange(n, DType::F32).reshape(&column);
+        // f32 positions are exact up to 2^24 and keep the whole arg-reduction in one compiled
+        // kernel; longer dims take i64 positions, whose minimum runs as a fallback step.
+        let exact_in_f32 = n <= ARG_REDUCTION_F32_LIMIT;
+        let position_dtype = if exact_in_f32 { DType::F32 } else { DType::I64 };
+        let positions = self.tracer().arange(n, position_dtype).reshape(&column);
         let candidates = x.eq(&extreme).where_(&positions, n as f64);
         // A NaN is the extreme (PyTorch's arg-reductions propagate NaN).
         let candidates = x.ne(&x).where_(&positions, &candidates);
-        candidates.amin(&[d as isize], keepdim).cast(DType::I64)
+        let first = candidates.amin(&[d as isize], keepdim);
+        if exact_in_f32 {
+            first.cast(DType::I64)
+        } else {
+            first
+        }
     }
 
     /// `x.argmax(dim, keepdim)`: the index of the first maximum along `dim` (i64).
@@ -166,7 +172,8 @@ impl Traced {
         (self.amin(&[dim], keepdim), self.argmin(dim, keepdim))
     }
 
-    /// `x.cumsum(dim)`: running sums along `dim` (floating-point `x`).
+    /// `x.cumsum(dim)`: running sums along `dim` (floating-point or i64 `x`; an i64 scan runs as
+    /// a fallback step of compiled code).
     #[track_caller]
     pub fn cumsum(&self, dim: isize) -> Traced {
         let rank = self.rank();
@@ -174,11 +181,11 @@ impl Traced {
             return self.fail_msg("cumsum", format!("dim {dim} out of range for rank {rank}"));
         };
         let dtype = self.dtype().unwrap_or(DType::F32);
-        if !dtype.is_float() {
+        if dtype == DType::Bool {
             return self.fail_msg(
                 "cumsum",
                 format!(
-                    "needs a floating-point tensor, found {} (integer scans are not supported yet)",
+                    "needs a numeric tensor, found {} (cast it to i64 first)",
                     self.describe()
                 ),
             );

@@ -37,6 +37,9 @@
 //!
 //! **Stances** are per thread and scoped (`stance.rs`). `force_eager` and the eager fallbacks
 //! trace `f` with static shapes and interpret it op by op (our eager mode), breaks included.
+//! `eager_then_compile` runs the first miss of each input signature eagerly and compiles on the
+//! second. [`Jit::disable`] marks one function never to be compiled (`torch.compiler.disable`):
+//! it always runs in that eager mode.
 //!
 //! **What differs from Dynamo.** Guards see only the inputs' metadata: a closure that reads
 //! captured state (a `Cell`, a global) is not guarded, as Dynamo would guard a global. A break
@@ -94,6 +97,12 @@ pub struct JitOptions {
     pub recompile_limit: usize,
     /// Names of the inputs in guards and graphs (`arg0`, `arg1`, ... when not given).
     pub input_names: Vec<String>,
+    /// Never compile: every call runs eagerly (`torch.compiler.disable`; see [`Jit::disable`]).
+    pub disabled: bool,
+    /// The compile mode of every graph (`torch.compile(mode=...)`; see [`crate::Mode`]). With
+    /// `reduce-overhead`, a cache hit's compiled code skips the graph-level input check the
+    /// guards have just proved.
+    pub mode: crate::compile::Mode,
     /// The function's name in logs.
     pub name: String,
 }
@@ -106,6 +115,8 @@ impl Default for JitOptions {
             fullgraph: false,
             recompile_limit: DEFAULT_RECOMPILE_LIMIT,
             input_names: Vec::new(),
+            disabled: false,
+            mode: crate::compile::Mode::Default,
             name: "jit_fn".to_string(),
         }
     }
@@ -128,8 +139,11 @@ pub struct JitStats {
     pub graph_breaks: u64,
     /// Calls run eagerly because the recompile limit was reached.
     pub limit_fallbacks: u64,
-    /// Calls run eagerly because of the stance (`force_eager`, `eager_on_recompile`).
+    /// Calls run eagerly because of the stance (`force_eager`, `eager_on_recompile`,
+    /// `eager_then_compile`).
     pub stance_eager_calls: u64,
+    /// Calls run eagerly because the function is disabled ([`Jit::disable`]).
+    pub disabled_calls: u64,
     /// New break values whose path re-traced `f` but compiled nothing (every graph on it was
     /// already compiled for another value).
     pub break_retraces: u64,
@@ -140,7 +154,7 @@ pub struct JitStats {
 impl JitStats {
     /// Calls run eagerly for any reason.
     pub fn eager_fallbacks(&self) -> u64 {
-        self.limit_fallbacks + self.stance_eager_calls
+        self.limit_fallbacks + self.stance_eager_calls + self.disabled_calls
     }
 }
 
@@ -169,6 +183,9 @@ struct JitState {
     frame: FrameState,
     stats: JitStats,
     warned_limit: bool,
+    /// Input signatures (each input's dtype and shape) a cache miss already ran eagerly under
+    /// `eager_then_compile`: the next miss with one of them compiles.
+    eager_signatures: std::collections::HashSet<Vec<(minductor_ir::DType, Vec<usize>)>>,
 }
 
 struct CacheEntry {
@@ -216,9 +233,25 @@ where
         self.options.input_names = names.iter().map(|s| s.as_ref().to_string()).collect();
         self
     }
+    /// The compile mode of every graph it compiles (`"reduce-overhead".parse()?`, …).
+    pub fn mode(mut self, mode: crate::compile::Mode) -> Self {
+        self.options.mode = mode;
+        self
+    }
     /// The function's name in logs.
     pub fn name(mut self, name: &str) -> Self {
         self.options.name = name.to_string();
+        self
+    }
+    /// Never compiles this function, like `torch.compiler.disable`: every call traces `f` with
+    /// static shapes and runs it eagerly (op by op, with the reference interpreter), whatever
+    /// the stance; no cache entry, guard or compile is ever made. Counted in
+    /// [`JitStats::disabled_calls`]. (A region inside a jitted function cannot be disabled on
+    /// its own: a closure over traced values has no boundary the tracer could break at other
+    /// than `item()`/`to_vec()`; make the region a separate disabled function and call it on the
+    /// values the first one returns.)
+    pub fn disable(mut self) -> Self {
+        self.options.disabled = true;
         self
     }
 
@@ -265,6 +298,11 @@ where
         let stance = current_stance();
         let mut state = self.lock();
         state.stats.calls += 1;
+        if self.options.disabled {
+            state.stats.disabled_calls += 1;
+            drop(state);
+            return self.run_eager(inputs);
+        }
         if stance == Stance::ForceEager {
             state.stats.stance_eager_calls += 1;
             drop(state);
@@ -292,6 +330,27 @@ where
 
         // No guard set holds.
         let names = self.names(inputs.len());
+        if stance == Stance::EagerThenCompile {
+            let signature: Vec<(minductor_ir::DType, Vec<usize>)> = inputs
+                .iter()
+                .map(|t| (t.dtype(), t.shape().to_vec()))
+                .collect();
+            if state.eager_signatures.insert(signature) {
+                // Seen once, eagerly: its sizes count for the dynamic-shape policy as a
+                // compile's would, so the compile that follows knows which dims vary.
+                for change in state.frame.update(&names, inputs) {
+                    tracing::info!(target: "minductor::dynamic", "{}: {change}", self.options.name);
+                }
+                tracing::debug!(
+                    target: "minductor::recompiles",
+                    "{}: eager_then_compile: first call with these input types runs eagerly",
+                    self.options.name
+                );
+                state.stats.stance_eager_calls += 1;
+                drop(state);
+                return self.run_eager(inputs);
+            }
+        }
         if !state.entries.is_empty() {
             let reasons: Vec<String> = state
                 .entries
@@ -379,7 +438,8 @@ where
         let resume = Resume {
             candidates: vec![entry.root.clone()],
             prefilled: env,
-            allow_compile: stance == Stance::Default && under_limit,
+            allow_compile: matches!(stance, Stance::Default | Stance::EagerThenCompile)
+                && under_limit,
         };
         let typing = entry.typing.clone();
         let run = self.trace_run(
@@ -553,6 +613,7 @@ where
             .collect();
         let recorder = Rc::new(Recorder {
             backend: backend.clone(),
+            mode: self.options.mode,
             fullgraph,
             hints: typing.hints.clone(),
             specialized: RefCell::new(Vec::new()),
@@ -727,8 +788,12 @@ where
         for built in &run.chain {
             let seg = &built.segment;
             if let Some(graph) = &seg.graph {
-                if seg.exec.is_some() {
-                    graphs.push(crate::explain::GraphReport::new(graph, seg.compile_time));
+                if let Some(exec) = &seg.exec {
+                    graphs.push(crate::explain::GraphReport::new(
+                        graph,
+                        seg.compile_time,
+                        exec.fallbacks(),
+                    ));
                 }
             }
             if let (SegmentEnd::Break { what, location, .. }, Some(key)) =

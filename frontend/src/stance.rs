@@ -3,7 +3,16 @@
 //! - `Default`: compile on a cache miss, up to the recompile limit;
 //! - `ForceEager`: ignore the cache and run the function eagerly (traced and interpreted op by op);
 //! - `EagerOnRecompile`: use cached code when a guard set passes, run eagerly instead of recompiling;
-//! - `FailOnRecompile`: a recompile is an error ([`crate::JitError::RecompileForbidden`]).
+//! - `FailOnRecompile`: a recompile is an error ([`crate::JitError::RecompileForbidden`]);
+//! - `EagerThenCompile`: the first call of each new input signature (the inputs' dtypes and
+//!   shapes) that no cache entry's guards accept runs eagerly; the next call with that signature
+//!   compiles. The eager call records its sizes in the function's dynamic-shape state as a compile
+//!   would, so a dim seen at two sizes is compiled symbolic at once (no static compile wasted, the
+//!   point of PyTorch's `eager_then_compile`). A call that a cache entry's guards accept runs the
+//!   cached code whatever its signature.
+//!
+//! Apart from stances, a single function can be excluded from compilation altogether with
+//! [`crate::Jit::disable`] (`torch.compiler.disable`): its calls always run eagerly.
 //!
 //! A first compile (no cache entry yet) is not a recompile, as in PyTorch. The stance is per
 //! thread and scoped: [`set_stance`] returns a guard that restores the previous stance when
@@ -20,6 +29,7 @@ pub enum Stance {
     ForceEager,
     EagerOnRecompile,
     FailOnRecompile,
+    EagerThenCompile,
 }
 
 impl Stance {
@@ -29,6 +39,7 @@ impl Stance {
             Stance::ForceEager => "force_eager",
             Stance::EagerOnRecompile => "eager_on_recompile",
             Stance::FailOnRecompile => "fail_on_recompile",
+            Stance::EagerThenCompile => "eager_then_compile",
         }
     }
 }
@@ -47,9 +58,10 @@ impl FromStr for Stance {
             "force_eager" => Ok(Stance::ForceEager),
             "eager_on_recompile" => Ok(Stance::EagerOnRecompile),
             "fail_on_recompile" => Ok(Stance::FailOnRecompile),
+            "eager_then_compile" => Ok(Stance::EagerThenCompile),
             other => Err(format!(
-                "unknown stance `{other}` (expected default, force_eager, eager_on_recompile or \
-                 fail_on_recompile)"
+                "unknown stance `{other}` (expected default, force_eager, eager_on_recompile, \
+                 fail_on_recompile or eager_then_compile)"
             )),
         }
     }

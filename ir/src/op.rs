@@ -170,7 +170,8 @@ pub enum Op {
     },
     /// The identity whose derivative is zero (`x.detach()`, stop-gradient).
     Detach,
-    /// `x.cumsum(dim)`: running sums along `dim` (floating-point `x`), a scan.
+    /// `x.cumsum(dim)`: running sums along `dim` (floating-point or i64 `x`; i64 sums wrap), a
+    /// scan.
     CumSum {
         dim: usize,
     },
@@ -767,7 +768,12 @@ fn infer_type_unchecked(op: &Op, inputs: &[&TensorType]) -> Result<TensorType, I
         }
         Op::CumSum { dim } => {
             expect_arity(op, inputs, 1)?;
-            expect_float(op, inputs[0])?;
+            if inputs[0].dtype == DType::Bool {
+                return Err(IrError::ty(
+                    op.name(),
+                    format!("expected a numeric tensor, found {}", inputs[0]),
+                ));
+            }
             if *dim >= inputs[0].rank() {
                 return Err(IrError::ty(
                     op.name(),

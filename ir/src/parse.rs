@@ -139,6 +139,14 @@ fn node(c: &mut Cursor, graph: &mut Graph) -> Result<(), ParseError> {
     Ok(())
 }
 
+/// An op as `Op`'s `Display` writes it: its name and its attributes (`reduce_sum[axes=[1],
+/// keepdim=false]`). Flags the graph text leaves to the operand count (`linear`'s bias,
+/// `layer_norm`'s weight and bias) are left unset: the kernel-program text names only prims.
+pub fn parse_op(c: &mut Cursor) -> Result<Op, ParseError> {
+    let name = c.word()?;
+    attributes(c, name)
+}
+
 /// The op named `name` with the attributes that follow it (`[…]`, when it has any).
 fn attributes(c: &mut Cursor, name: &str) -> Result<Op, ParseError> {
     let unary = |u| Ok(Op::Unary(u));

@@ -34,6 +34,8 @@ pub enum StepKind {
     Matmul,
     /// An extern scatter-add (the derivative of a gather).
     ScatterAdd,
+    /// A node the reference interpreter runs (`Step::Fallback`).
+    Fallback,
 }
 
 /// The static cost of one step of a program.
@@ -68,6 +70,7 @@ pub fn program_cost(program: &Program) -> Vec<StepCost> {
                 rows
             }
             Step::ScatterAdd(scatter) => vec![scatter_add_cost(program, index, scatter)],
+            Step::Fallback(fallback) => vec![fallback_cost(program, index, fallback)],
         })
         .collect()
 }
@@ -319,6 +322,44 @@ fn view_pattern(view: &StridedView) -> Pattern {
     )
 }
 
+/// A fallback step reads each operand buffer whole and writes its output whole; its FLOPs are
+/// counted as one per element of its largest operand (every fallback op is a reduction, scan or
+/// scatter visiting each element once).
+fn fallback_cost(program: &Program, step: usize, fallback: &FallbackStep) -> StepCost {
+    let shape = |id: BufferId| -> Vec<Dim> {
+        program
+            .buffers
+            .get(id.0 as usize)
+            .map_or_else(Vec::new, |b| b.shape.clone())
+    };
+    let whole = |id: BufferId| Pattern::new(0, [(1, trip_count(&shape(id)))]);
+    let mut reads: HashMap<BufferId, HashSet<Pattern>> = HashMap::new();
+    for &input in &fallback.inputs {
+        reads.entry(input).or_default().insert(whole(input));
+    }
+    let mut writes: HashMap<BufferId, HashSet<Pattern>> = HashMap::new();
+    writes
+        .entry(fallback.out)
+        .or_default()
+        .insert(whole(fallback.out));
+    let flops = fallback
+        .inputs
+        .iter()
+        .map(|&b| trip_count(&shape(b)))
+        .max()
+        .unwrap_or(0);
+    StepCost {
+        name: format!("k{step}_fallback_{}", fallback.op.name()),
+        kind: StepKind::Fallback,
+        nodes: vec![fallback.node],
+        outer: shape(fallback.out),
+        inner: Vec::new(),
+        bytes_read: bytes(program, &reads),
+        bytes_written: bytes(program, &writes),
+        flops,
+    }
+}
+
 fn scatter_add_cost(program: &Program, step: usize, scatter: &ScatterAddStep) -> StepCost {
     let out_shape: Vec<Dim> = program
         .buffers
@@ -444,6 +485,7 @@ impl fmt::Display for CostTable<'_> {
                         StepKind::Kernel => "kernel".to_string(),
                         StepKind::Matmul => "matmul".to_string(),
                         StepKind::ScatterAdd => "scatter_add".to_string(),
+                        StepKind::Fallback => "fallback".to_string(),
                     },
                     c.domain_text(),
                     c.bytes_read.to_string(),

@@ -19,6 +19,14 @@
 //! builds the program and, whenever a node cannot be inlined where it is read (a non-affine
 //! reshape, a reduction read in an incompatible loop, a value needed by two kernels), realizes
 //! that node and starts again.
+//!
+//! A node no kernel can compute (one making or reading f64 values, an integer reduction or scan, a
+//! scatter-add of a non-f32 value,
+//! a cat along a symbolic dim, a gather from a table of symbolic size, an im2col read other than
+//! by a GEMM) becomes a `Step::Fallback`, which the runtime runs with the reference interpreter:
+//! the node and its operands are realized, the step reads the operands' buffers and writes the
+//! node's, and the kernels around it stay compiled (Inductor's fallback to ATen kernels). The
+//! reason is kept in the step for `explain` and the dumps.
 
 use crate::kernel::*;
 use minductor_ir::{DType, Dim, Graph, NodeId, Op};
@@ -32,12 +40,11 @@ pub enum FuseError {
 }
 
 pub fn fuse(graph: &Graph) -> Result<Program, FuseError> {
-    if let Some(node) = graph.nodes().iter().find(|n| n.ty.dtype == DType::F64) {
-        return Err(FuseError::Unsupported(format!(
-            "f64 values ({} : {}): compiled kernels compute in f32 (eager and aot_eager run f64)",
-            node.op, node.ty
-        )));
-    }
+    // Nodes no kernel computes run as fallback steps; more are found while scheduling.
+    let mut fallbacks: HashMap<NodeId, String> = graph
+        .ids()
+        .filter_map(|id| fallback_reason(graph, id).map(|why| (id, why)))
+        .collect();
     let mut realized: HashSet<NodeId> = HashSet::new();
     for id in graph.ids() {
         if matches!(
@@ -53,9 +60,18 @@ pub fn fuse(graph: &Graph) -> Result<Program, FuseError> {
     }
     realized.extend(graph.outputs().iter().copied());
     loop {
-        match Scheduler::new(graph, &realized).run() {
+        // A fallback step reads its operands from buffers and writes its own.
+        for &id in fallbacks.keys() {
+            realized.insert(id);
+            realized.extend(graph.node(id).inputs.iter().copied());
+        }
+        match Scheduler::new(graph, &realized, &fallbacks).run() {
             Ok(program) => return Ok(program),
             Err(Reject::Unsupported(what)) => return Err(FuseError::Unsupported(what)),
+            Err(Reject::Fallback(node, why)) => {
+                let fresh = fallbacks.insert(node, why).is_none();
+                assert!(fresh, "fuse: a node falls back once");
+            }
             Err(Reject::Realize(nodes)) => {
                 let before = realized.len();
                 realized.extend(nodes);
@@ -68,9 +84,40 @@ pub fn fuse(graph: &Graph) -> Result<Program, FuseError> {
     }
 }
 
+/// Why no kernel computes `node`, when none can: it then runs as a fallback step (the reference
+/// interpreter on its operands' buffers). Kernels compute floats in f32 (so every node making or
+/// reading an f64 value falls back, constants included), reduce and scan in f32, and the extern
+/// scatter-add handles f32 only.
+fn fallback_reason(graph: &Graph, id: NodeId) -> Option<String> {
+    let node = graph.node(id);
+    let dtype = node.ty.dtype;
+    if matches!(node.op, Op::Input { .. }) {
+        return None;
+    }
+    let reads_f64 = node.inputs.iter().any(|&i| graph.ty(i).dtype == DType::F64);
+    if dtype == DType::F64 || reads_f64 {
+        return Some("f64 values are not compiled (kernels compute in f32)".to_string());
+    }
+    match &node.op {
+        Op::Reduce { .. } if !dtype.is_float() => Some(format!(
+            "reductions over {dtype} values are not compiled (kernels reduce in f32)"
+        )),
+        Op::CumSum { .. } if !dtype.is_float() => Some(format!(
+            "scans of {dtype} values are not compiled (kernels scan in f32)"
+        )),
+        Op::ScatterAdd { .. } if dtype != DType::F32 => Some(format!(
+            "the extern scatter-add adds f32 values, not {dtype}"
+        )),
+        _ => None,
+    }
+}
+
 enum Reject {
     /// "These nodes must be realized; schedule again."
     Realize(Vec<NodeId>),
+    /// "No kernel can compute this node (the reason says why): run it as a fallback step and
+    /// schedule again."
+    Fallback(NodeId, String),
     /// No schedule exists for this graph (e.g. a stride that depends on a symbolic size).
     Unsupported(String),
 }
@@ -83,6 +130,10 @@ fn retry<T>(node: NodeId) -> Retry<T> {
 
 fn unsupported<T>(what: impl Into<String>) -> Retry<T> {
     Err(Reject::Unsupported(what.into()))
+}
+
+fn fallback<T>(node: NodeId, why: impl Into<String>) -> Retry<T> {
+    Err(Reject::Fallback(node, why.into()))
 }
 
 fn dims(graph: &Graph, id: NodeId) -> Vec<Dim> {
@@ -170,6 +221,8 @@ impl RowLoop {
 struct Scheduler<'g> {
     graph: &'g Graph,
     realized: &'g HashSet<NodeId>,
+    /// Nodes run as fallback steps (all realized, as are their operands), with the reason.
+    fallbacks: &'g HashMap<NodeId, String>,
     buffers: Vec<Buffer>,
     buffer_of: HashMap<NodeId, BufferId>,
     /// For each inlined computing node, the steps that recompute it.
@@ -178,10 +231,15 @@ struct Scheduler<'g> {
 }
 
 impl<'g> Scheduler<'g> {
-    fn new(graph: &'g Graph, realized: &'g HashSet<NodeId>) -> Self {
+    fn new(
+        graph: &'g Graph,
+        realized: &'g HashSet<NodeId>,
+        fallbacks: &'g HashMap<NodeId, String>,
+    ) -> Self {
         Scheduler {
             graph,
             realized,
+            fallbacks,
             buffers: Vec::new(),
             buffer_of: HashMap::new(),
             inlined_in: HashMap::new(),
@@ -206,6 +264,17 @@ impl<'g> Scheduler<'g> {
                 BufferKind::Intermediate
             };
             let buffer = self.new_buffer(id, kind);
+            if let Some(reason) = self.fallbacks.get(&id) {
+                let node = g.node(id);
+                steps.push(Step::Fallback(FallbackStep {
+                    op: node.op.clone(),
+                    inputs: node.inputs.iter().map(|i| self.buffer_of[i]).collect(),
+                    out: buffer,
+                    node: id,
+                    reason: reason.clone(),
+                }));
+                continue;
+            }
             match &g.node(id).op {
                 Op::Matmul => steps.push(Step::Matmul(self.matmul(id, buffer)?)),
                 Op::ScatterAdd { dim, .. } => {
@@ -222,7 +291,9 @@ impl<'g> Scheduler<'g> {
                             self.kernel(id, operand, buffer, Some((*dim, offset)), steps.len())?;
                         match dims(g, operand)[*dim] {
                             Dim::Static(n) => offset += n,
-                            Dim::Sym(_) => return unsupported("cat along a symbolic dim"),
+                            Dim::Sym(_) => {
+                                return fallback(id, "cat along a symbolic dim is not compiled")
+                            }
                         }
                         steps.push(Step::Kernel(kernel));
                     }
@@ -323,6 +394,10 @@ impl<'g> Scheduler<'g> {
         let Op::Im2col { window } = im2col.op else {
             return Ok(None);
         };
+        if self.realized.contains(&reshape.inputs[0]) {
+            // Written out (a fallback step computes it): an ordinary strided operand.
+            return Ok(None);
+        }
         let source = im2col.inputs[0];
         if !self.realized.contains(&source) {
             return retry(source);
@@ -950,7 +1025,10 @@ impl<'g> KernelBuilder<'g> {
                 let strides = contiguous(&table_shape);
                 let index = linear(&idx[index_rank..], &strides[1..])?;
                 let (Some(rows), Some(stride)) = (table_shape[0].as_static(), strides[0]) else {
-                    return unsupported("an embedding table with symbolic sizes");
+                    return fallback(
+                        node,
+                        "embedding tables with symbolic sizes are not compiled",
+                    );
                 };
                 let bound = rows as i64;
                 self.check_indices(s, indices, bound)?;
@@ -1002,7 +1080,7 @@ impl<'g> KernelBuilder<'g> {
                 let index = linear(&rest, &strides)?;
                 let (Some(bound), Some(stride)) = (source_shape[*dim].as_static(), strides[*dim])
                 else {
-                    return unsupported("take_along over a symbolic dim");
+                    return fallback(node, "take_along over a symbolic dim is not compiled");
                 };
                 let bound = bound as i64;
                 self.check_indices(s, indices, bound)?;
@@ -1028,8 +1106,9 @@ impl<'g> KernelBuilder<'g> {
                 unreachable!("{} is always realized", n.op)
             }
             Op::Im2col { .. } => {
-                return unsupported(
-                    "an im2col read other than as a GEMM's right operand (decompose expands those)",
+                return fallback(
+                    node,
+                    "im2col is compiled only as a GEMM's right operand (an implicit GEMM)",
                 )
             }
             composite => panic!("fuse: {composite} reached fusion; run decompose first"),

@@ -1,7 +1,9 @@
 //! The kernel (loop-level) IR that `fuse` produces and `codegen_cpu` lowers: Inductor's loop
 //! body, in small.
 //!
-//! A [`Program`] is a list of [`Step`]s over numbered [`Buffer`]s. A [`Kernel`] is a loop nest:
+//! A [`Program`] is a list of [`Step`]s over numbered [`Buffer`]s: loop kernels, extern GEMMs
+//! and scatter-adds, and fallback steps (one graph node the reference interpreter runs on its
+//! buffers, [`FallbackStep`]). A [`Kernel`] is a loop nest:
 //! `outer` loops (the kernel's iteration domain, the first of which the runtime may split across
 //! threads), and inside them a sequence of [`Stage`]s, each a loop nest of its own (`extent`)
 //! whose innermost loop is the one vectorised. A stage either reduces a scalar expression to one
@@ -11,7 +13,7 @@
 //! Loop extents are [`Dim`]s that reach the compiled code as runtime arguments (`params`);
 //! index coefficients (strides) are numbers fixed at compile time.
 
-use minductor_ir::{BinaryOp, CompareOp, DType, Dim, NodeId, ReduceOp, UnaryOp, Window2d};
+use minductor_ir::{BinaryOp, CompareOp, DType, Dim, NodeId, Op, ReduceOp, UnaryOp, Window2d};
 use smallvec::SmallVec;
 use std::fmt::{self, Write};
 
@@ -409,11 +411,31 @@ pub struct ScatterAddStep {
     pub node: NodeId,
 }
 
+/// A graph node the code generator cannot compile (an integer reduction, an integer scan, a
+/// scatter-add of a non-f32 value), run by the reference interpreter on its operands' buffers,
+/// like Inductor falling back to an ATen kernel. Compiled steps before and after it still run
+/// compiled; this one runs on the calling thread.
+///
+/// Invariants (checked by `verify_program`): `op` is a prim whose type rule, applied to the
+/// types of the `inputs` buffers in order, gives exactly the type of `out`; `out` is not an input
+/// and is none of `inputs`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct FallbackStep {
+    pub op: Op,
+    /// The operands' buffers, in the op's operand order (a buffer may appear more than once).
+    pub inputs: Vec<BufferId>,
+    pub out: BufferId,
+    pub node: NodeId,
+    /// Why the node is not compiled, in words (for `explain`, the dumps and logs); one line.
+    pub reason: String,
+}
+
 #[derive(Clone, Debug, PartialEq)]
 pub enum Step {
     Kernel(Kernel),
     Matmul(MatmulStep),
     ScatterAdd(ScatterAddStep),
+    Fallback(FallbackStep),
 }
 
 impl Step {
@@ -429,6 +451,7 @@ impl Step {
                 r
             }
             Step::ScatterAdd(sc) => vec![sc.index.buffer, sc.src.buffer],
+            Step::Fallback(fb) => fb.inputs.clone(),
         }
     }
 
@@ -444,6 +467,7 @@ impl Step {
                 w
             }
             Step::ScatterAdd(sc) => vec![sc.out],
+            Step::Fallback(fb) => vec![fb.out],
         }
     }
 }
@@ -495,12 +519,36 @@ impl Program {
         self.steps.iter().filter_map(|s| match s {
             Step::Kernel(k) => Some(k),
             Step::Matmul(m) => m.epilogue.as_ref(),
-            Step::ScatterAdd(_) => None,
+            Step::ScatterAdd(_) | Step::Fallback(_) => None,
+        })
+    }
+
+    /// Every fallback step (a node run by the interpreter), in execution order.
+    pub fn fallbacks(&self) -> impl Iterator<Item = &FallbackStep> {
+        self.steps.iter().filter_map(|s| match s {
+            Step::Fallback(fb) => Some(fb),
+            _ => None,
         })
     }
 }
 
 // ---- text format -----------------------------------------------------------------------------
+
+impl fmt::Display for FallbackStep {
+    /// `fallback buf4 = reduce_sum[axes=[1], keepdim=false](buf2) (node %5) because REASON`.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let inputs: Vec<String> = self.inputs.iter().map(|b| b.to_string()).collect();
+        write!(
+            f,
+            "fallback {} = {}({}) (node {}) because {}",
+            self.out,
+            self.op,
+            inputs.join(", "),
+            self.node,
+            self.reason
+        )
+    }
+}
 
 impl fmt::Display for Var {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -685,6 +733,7 @@ impl fmt::Display for Program {
                     sc.index.strides,
                     sc.node
                 )?,
+                Step::Fallback(fb) => writeln!(f, "{fb}")?,
             }
             if let Step::Matmul(MatmulStep {
                 out,

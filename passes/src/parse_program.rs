@@ -108,6 +108,8 @@ impl<'a> Parser<'a> {
                 program
                     .steps
                     .push(Step::ScatterAdd(self.scatter_add(&mut c)?));
+            } else if c.try_eat("fallback ") {
+                program.steps.push(Step::Fallback(self.fallback(&mut c)?));
             } else if c.try_eat("outputs:") {
                 if c.try_eat(" ") && !c.is_empty() {
                     loop {
@@ -120,7 +122,7 @@ impl<'a> Parser<'a> {
                 c.end()?;
                 break;
             } else {
-                return Err(c.error("`kernel`, `matmul`, `scatter_add` or `outputs:`"));
+                return Err(c.error("`kernel`, `matmul`, `scatter_add`, `fallback` or `outputs:`"));
             }
         }
         while let Some((n, line)) = self.peek() {
@@ -462,6 +464,38 @@ impl<'a> Parser<'a> {
             out,
             dim,
             node,
+        })
+    }
+
+    /// The rest of `fallback bufO = OP[attributes](bufI, …) (node %n) because REASON`.
+    fn fallback(&self, c: &mut Cursor) -> Result<FallbackStep, ParseError> {
+        let out = self.buffer(c)?;
+        c.eat(" = ")?;
+        let op = minductor_ir::parse_op(c)?;
+        c.eat("(")?;
+        let mut inputs = Vec::new();
+        if !c.try_eat(")") {
+            loop {
+                inputs.push(self.buffer(c)?);
+                if c.try_eat(")") {
+                    break;
+                }
+                c.eat(", ")?;
+            }
+        }
+        c.eat(" (node %")?;
+        let node = NodeId(c.u32()?);
+        c.eat(") because ")?;
+        let reason = c.rest().to_string();
+        if reason.is_empty() {
+            return Err(c.error("the reason the node falls back"));
+        }
+        Ok(FallbackStep {
+            op,
+            inputs,
+            out,
+            node,
+            reason,
         })
     }
 

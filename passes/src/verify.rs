@@ -22,6 +22,10 @@
 //!   splits across threads) never store the same element (each store index is a mixed-radix
 //!   number over its loops; several stores to one buffer are apart or within one row), and a
 //!   buffer a kernel stores is loaded only at the element the same iteration stores.
+//! - **Fallback steps.** The op is not an input nor `grad`; its type rule applied to the operand
+//!   buffers' types (for a constant: no operands, 0-d) gives exactly the output buffer's type (so the
+//!   interpreter's result fills it at any bound sizes); it writes no input, does not read its own
+//!   output, and its reason is one non-empty line (so the program text parses back).
 //! - **Outputs.** Some step writes every output buffer (they are allocated without zeroing).
 //! - **Plan.** Every intermediate a step touches has a slot and only intermediates do; slot
 //!   membership is consistent and each slot is at least as large as its members (at the plan's
@@ -141,6 +145,8 @@ impl Verifier<'_> {
                 Step::ScatterAdd(sc) => {
                     used.extend(sc.index.shape.iter().chain(&sc.src.shape).copied())
                 }
+                // A fallback's sizes are its buffers', counted above.
+                Step::Fallback(_) => {}
             }
         }
         match used
@@ -175,6 +181,7 @@ impl Verifier<'_> {
             Step::Kernel(k) => self.kernel(&format!("step {n} (kernel {})", k.name), n, k),
             Step::Matmul(m) => self.matmul(n, m),
             Step::ScatterAdd(sc) => self.scatter_add(n, sc),
+            Step::Fallback(fb) => self.fallback(n, fb),
         }
     }
 
@@ -788,6 +795,62 @@ impl Verifier<'_> {
         }
         self.view(&at, "index", &sc.index, &sc.src.shape)?;
         self.view(&at, "src", &sc.src, &sc.src.shape)
+    }
+
+    /// A fallback step: its buffers exist, it writes no input and none of its operands, and its
+    /// op's type rule over the operands' buffer types gives exactly its output buffer's type (so
+    /// the interpreter's result fills the buffer exactly, whatever sizes a call binds).
+    fn fallback(&self, n: usize, fb: &FallbackStep) -> Result<(), VerifyError> {
+        let at = format!("step {n} (fallback {} into {})", fb.op, fb.out);
+        let out = self.buffer(fb.out, &at)?;
+        if matches!(out.kind, BufferKind::Input(_)) {
+            return Err(malformed(&at, format!("writes input {}", fb.out)));
+        }
+        if fb.inputs.contains(&fb.out) {
+            return Err(malformed(&at, format!("reads its own output {}", fb.out)));
+        }
+        use minductor_ir::Op;
+        if matches!(fb.op, Op::Input { .. } | Op::Grad { .. }) {
+            return Err(malformed(
+                &at,
+                format!("{} cannot run as a fallback", fb.op),
+            ));
+        }
+        if fb.reason.contains('\n') || fb.reason.is_empty() {
+            return Err(malformed(&at, "the reason must be one non-empty line"));
+        }
+        let mut types = Vec::with_capacity(fb.inputs.len());
+        for &id in &fb.inputs {
+            let b = self.buffer(id, &at)?;
+            types.push(minductor_ir::TensorType::new(
+                b.dtype,
+                b.shape.iter().copied().collect(),
+            ));
+        }
+        let refs: Vec<&minductor_ir::TensorType> = types.iter().collect();
+        let ty = if let Op::Constant { .. } = fb.op {
+            // A constant takes its output's dtype; it is 0-d and has no operands.
+            if !fb.inputs.is_empty() {
+                return Err(malformed(&at, "a constant has no operands"));
+            }
+            minductor_ir::TensorType::new(out.dtype, Default::default())
+        } else {
+            minductor_ir::infer_type(&fb.op, &refs).map_err(|e| {
+                malformed(&at, format!("the op does not apply to its operands: {e}"))
+            })?
+        };
+        if ty.dtype != out.dtype || ty.shape.as_slice() != out.shape.as_slice() {
+            return Err(malformed(
+                &at,
+                format!(
+                    "the op gives {ty}, but {} is {}{}",
+                    fb.out,
+                    out.dtype,
+                    minductor_ir::shape_string(&out.shape)
+                ),
+            ));
+        }
+        Ok(())
     }
 
     /// A step reads an intermediate or output only if it or an earlier step writes it.

@@ -39,6 +39,16 @@ pub enum RuntimeError {
         expected: String,
         found: String,
     },
+    #[error("{found} output tensors handed in to receive {expected} outputs")]
+    OutputBufferCount { expected: usize, found: usize },
+    #[error(
+        "output {index}: the tensor handed in to receive it must be {expected}, found {found}"
+    )]
+    OutputBuffer {
+        index: usize,
+        expected: String,
+        found: String,
+    },
     #[error("size overflow: {0}")]
     SizeOverflow(String),
     #[error("invalid program: {0}")]

@@ -1,7 +1,7 @@
 //! What every backend's compiled artifact implements, and the input checks all of them share.
 
 use crate::{RuntimeError, Tensor};
-use minductor_ir::{shape_string, Dim, Graph};
+use minductor_ir::{shape_string, DType, Dim, Graph};
 
 /// A compiled graph ready to run. `run` takes the graph inputs in order and returns its outputs.
 /// Calls may come from several threads at once: an executable keeps per-call state (arenas) in
@@ -25,6 +25,66 @@ pub trait Executable: Send + Sync {
     fn arena_bytes(&self) -> usize {
         0
     }
+
+    /// Runs like `run`, writing output `i` into `outputs[i]`: a tensor the caller hands in (from
+    /// an earlier call, say) with the output's dtype and shape, contiguous and not sharing its
+    /// storage with any other tensor ([`output_destination`]). On an error the outputs may
+    /// hold partial results. This default runs `run` and copies each result in; executables
+    /// that can write the caller's memory directly (compiled programs) override it.
+    fn run_into(&self, inputs: &[Tensor], outputs: &mut [Tensor]) -> Result<(), RuntimeError> {
+        let results = self.run(inputs)?;
+        if results.len() != outputs.len() {
+            return Err(RuntimeError::OutputBufferCount {
+                expected: results.len(),
+                found: outputs.len(),
+            });
+        }
+        let mut destinations = Vec::with_capacity(results.len());
+        for (index, (result, out)) in results.iter().zip(outputs.iter_mut()).enumerate() {
+            destinations.push(output_destination(
+                index,
+                result.dtype(),
+                result.shape(),
+                out,
+            )?);
+        }
+        for (result, destination) in results.iter().zip(destinations) {
+            let bytes = result.contiguous().to_bytes();
+            // SAFETY: `output_destination` checked that the destination is the first element
+            // of a contiguous, uniquely owned tensor of the result's dtype and shape, so it holds
+            // exactly `bytes.len()` bytes; `bytes` is a fresh vector, so the ranges are disjoint.
+            unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), destination, bytes.len()) };
+        }
+        Ok(())
+    }
+}
+
+/// Checks that `out` can receive output `index`, of `dtype` and `shape`, in place: the same
+/// dtype and shape, contiguous, and its storage shared with no other tensor (so writing it
+/// changes no other tensor, the call's inputs included). Returns a pointer to its first element,
+/// valid for `shape`'s elements of `dtype` while `out` is borrowed.
+pub fn output_destination(
+    index: usize,
+    dtype: DType,
+    shape: &[usize],
+    out: &mut Tensor,
+) -> Result<*mut u8, RuntimeError> {
+    let fail = |found: String| RuntimeError::OutputBuffer {
+        index,
+        expected: format!("a contiguous, unshared {dtype}{shape:?}"),
+        found,
+    };
+    if out.dtype() != dtype || out.shape() != shape {
+        return Err(fail(format!("{}{:?}", out.dtype(), out.shape())));
+    }
+    if !out.is_contiguous() {
+        return Err(fail(format!(
+            "a non-contiguous view (strides {:?})",
+            out.strides()
+        )));
+    }
+    out.data_mut_ptr()
+        .ok_or_else(|| fail("a tensor sharing its storage with another tensor".to_string()))
 }
 
 /// Wall time of one step of a call (a kernel, or a GEMM with its epilogue).

@@ -673,8 +673,25 @@ fn lanes(shape: &[usize], axes: &[usize]) -> (Offsets, usize, usize) {
     (Offsets::new(&sizes, &strides, 0), outer, count)
 }
 
-/// Running sums along `dim`, accumulated in f64, each rounded to the dtype.
+/// Running sums along `dim`: floats accumulated in f64, each rounded to the dtype; i64 wrapping.
 fn cumsum(x: &Value, dim: usize) -> Result<Data, RuntimeError> {
+    if let Data::I(v) = &x.data {
+        let strides = contiguous_strides(&x.shape);
+        let (n, stride) = (x.shape[dim], strides[dim]);
+        let mut out = v.clone();
+        for start in 0..v.len() {
+            if n == 0 || (start / stride) % n != 0 {
+                continue;
+            }
+            let mut acc = 0i64;
+            for k in 0..n {
+                let i = start + k * stride;
+                acc = acc.wrapping_add(v[i]);
+                out[i] = acc;
+            }
+        }
+        return Ok(Data::I(out));
+    }
     let v = x.floats()?;
     let strides = contiguous_strides(&x.shape);
     let (n, stride) = (x.shape[dim], strides[dim]);

@@ -725,6 +725,7 @@ fn the_partitioner_saves_gemm_outputs_and_recomputes_pointwise_chains() {
             partition: PartitionOptions {
                 activation_memory_budget: 0.0,
             },
+            ..CompileOptions::default()
         },
     )
     .unwrap();

@@ -1,12 +1,16 @@
 //! Randomized differential testing (STYLE 10): random graphs of pointwise ops, reductions, row
 //! ops, views, `arange`, masks, scans, matmuls, `cat` with stepped slices, `index_select`,
-//! f16/bf16 inputs and bool outputs, at sizes on both sides of the threading threshold,
-//! compiled with the full pipeline and compared with the reference interpreter (output count,
-//! shapes, dtypes and values); proptest shrinks any failure to the smallest graph and shape.
+//! integer scans and reductions (fallback steps), f16/bf16 inputs and bool outputs, at sizes on
+//! both sides of the threading threshold, compiled with the full pipeline and compared with the
+//! reference interpreter (output count, shapes, dtypes and values); proptest shrinks any failure
+//! to the smallest graph and shape. A second property compiles each graph once with a symbolic
+//! batch dim (`Dim::Sym`) and calls it at two sizes, each compared with the interpreter on a
+//! static trace at that size.
 //!
 //! CI runs 128 cases; a campaign runs more: `PROPTEST_CASES=100000 cargo test --release -p
 //! minductor-tests --test random_graphs`.
 
+use minductor::ir::{Dim, SymId, TensorType};
 use minductor::{compile, interpret, DType, Tensor, Traced, Tracer};
 use minductor_tests::{compare_outputs, Tolerance};
 use proptest::prelude::*;
@@ -46,6 +50,12 @@ enum Step {
     CatStepped(usize),
     /// `index_select` along `d` at reversed positions (an i64 index computed in the graph).
     Reverse(usize),
+    /// `+ 0.01 · cumsum(x > y)` along `d` in i64: an integer scan, a fallback step.
+    CountGreater(usize),
+    /// `+ 0.1 · amax(trunc(3x))` along `d` in i64: an integer reduction, a fallback step.
+    IntegerRowMax(usize),
+    /// `+ 0.01 · sum(x > y)` along `d` in i64: an integer reduction, a fallback step.
+    IntegerRowSum(usize),
 }
 
 fn step_strategy() -> impl Strategy<Value = Step> {
@@ -75,6 +85,9 @@ fn step_strategy() -> impl Strategy<Value = Step> {
         Just(Step::Matmul),
         (0usize..3).prop_map(Step::CatStepped),
         (0usize..3).prop_map(Step::Reverse),
+        (0usize..3).prop_map(Step::CountGreater),
+        (0usize..3).prop_map(Step::IntegerRowMax),
+        (0usize..3).prop_map(Step::IntegerRowSum),
     ]
 }
 
@@ -146,6 +159,43 @@ fn apply(step: Step, v: &Traced, x: &Traced, y: &Traced, w: &Traced) -> Traced {
             let positions = v.tracer().arange(n, DType::I64);
             v.index_select(d, &(positions * -1.0 + (n as f64 - 1.0)))
         }
+        // The integer values come from the inputs (a comparison or truncation of computed values
+        // flips at near-ties, where the interpreter's f64 and the kernels' f32 round
+        // differently); `3x` is one f32 multiply, rounded alike by both.
+        Step::CountGreater(d) => {
+            v + x.gt(y).cast(DType::I64).cumsum(dim(d)).cast(DType::F32) * 0.01
+        }
+        Step::IntegerRowMax(d) => {
+            v + (x * 3.0)
+                .cast(DType::I64)
+                .amax(&[dim(d)], true)
+                .cast(DType::F32)
+                * 0.1
+        }
+        Step::IntegerRowSum(d) => {
+            v + x
+                .gt(y)
+                .cast(DType::I64)
+                .sum(&[dim(d)], true)
+                .cast(DType::F32)
+                * 0.01
+        }
+    }
+}
+
+/// Whether `step` can be traced when dim 0 of a rank-`rank` value is symbolic: it must not read
+/// that dim's size as a number (`shape()`), which a plain trace cannot answer.
+fn symbolic_safe(step: Step, rank: usize) -> bool {
+    let along_first = |d: usize| d.is_multiple_of(rank);
+    match step {
+        // These read `v.shape()`, every dim of it.
+        Step::ReshapeRoundTrip | Step::AddArange(_) | Step::Reverse(_) | Step::Triu => false,
+        Step::CatStepped(d) => !along_first(d),
+        // A transposed value puts the symbol inside a buffer if it is realized (before a GEMM,
+        // say), which `fuse` refuses (strides are numbers); `jit` falls back to static shapes
+        // for such graphs.
+        Step::TransposeRoundTrip => false,
+        _ => true,
     }
 }
 
@@ -166,6 +216,45 @@ fn row_sums(v: &Tensor) -> (Vec<f64>, Vec<f64>) {
     let graph = tracer.finish(&sums).unwrap();
     let out = interpret(&graph, std::slice::from_ref(v)).unwrap();
     (out[0].to_f64_vec(), out[1].to_f64_vec())
+}
+
+/// Compares `got` with `want` (counts, shapes, dtypes, values within 2e-5), except output
+/// `sum` (the row sum of output 0), which is checked against the exact (f64) sum of the values
+/// the compiled graph returned, not of the reference's, with a tolerance that grows with the
+/// sum of their magnitudes: where a row cancels (a row minus its maximum, a row of mixed signs),
+/// last-ulp differences of `v` that pass their own comparison, and an f32 sum's own rounding
+/// (about u·Σ|v|, as PyTorch's), exceed any fixed tolerance of a near-zero result. `v` itself
+/// is compared with the reference, so the two comparisons still check every step.
+fn compare_with_row_sum(
+    got: &[Tensor],
+    mut want: Vec<Tensor>,
+    sum: Option<usize>,
+    context: &str,
+) -> Result<(), String> {
+    if let Some(i) = sum.filter(|&i| i < got.len() && i < want.len()) {
+        if got[i].shape() != want[i].shape() || got[i].dtype() != want[i].dtype() {
+            return Err(format!(
+                "{context}\noutput {i}: {:?} {:?}, expected {:?} {:?}",
+                got[i].dtype(),
+                got[i].shape(),
+                want[i].dtype(),
+                want[i].shape()
+            ));
+        }
+        let (exact, magnitude) = row_sums(&got[0]);
+        let found = got[i].to_f64_vec();
+        for (k, ((&g, &s), &m)) in found.iter().zip(&exact).zip(&magnitude).enumerate() {
+            let tolerance = 2e-5 * (1.0 + s.abs()) + 1e-6 * m;
+            if !((g - s).abs() <= tolerance || (g.is_nan() && s.is_nan())) {
+                return Err(format!(
+                    "{context}\nrow sum {k}: {g}, exact sum of the compiled values {s} \
+                     (±{tolerance})"
+                ));
+            }
+        }
+        want[i] = got[i].clone();
+    }
+    compare_outputs(got, &want, Tolerance::close(2e-5), context)
 }
 
 /// Shapes: mostly small (every tail length), sometimes above the threading threshold (2^15
@@ -229,28 +318,85 @@ proptest! {
         let inputs = [data(&shape, 1), data(&y_shape, 2), data(&[n, n], 3)];
         let want = interpret(&graph, &inputs).unwrap();
         let got = compile(&graph).unwrap().call(&inputs).unwrap();
-        // The row sum is checked against the exact (f64) sum of the values the compiled graph
-        // returned, not of the reference's, with a tolerance that grows with the sum of their
-        // magnitudes: where a row cancels (a row minus its maximum, a row of mixed signs), last-ulp
-        // differences of `v` that pass their own comparison, and an f32 sum's own rounding
-        // (about u·Σ|v|, as PyTorch's), exceed any fixed tolerance of a near-zero result. `v`
-        // itself is compared with the reference, so the two comparisons still check every step.
-        let mut want = want;
-        if reduce_at_end {
-            let (exact, magnitude) = row_sums(&got[0]);
-            prop_assert_eq!(got[1].shape(), want[1].shape());
-            prop_assert_eq!(got[1].dtype(), want[1].dtype());
-            let found = got[1].to_f64_vec();
-            for (i, ((&g, &s), &m)) in found.iter().zip(&exact).zip(&magnitude).enumerate() {
-                let tolerance = 2e-5 * (1.0 + s.abs()) + 1e-6 * m;
-                prop_assert!(
-                    (g - s).abs() <= tolerance || (g.is_nan() && s.is_nan()),
-                    "{graph}\nrow sum {i}: {g}, exact sum of the compiled values {s} (±{tolerance})"
-                );
-            }
-            want[1] = got[1].clone();
-        }
-        let compared = compare_outputs(&got, &want, Tolerance::close(2e-5), &graph.to_string());
+        let sum = reduce_at_end.then_some(1);
+        let compared = compare_with_row_sum(&got, want, sum, &graph.to_string());
         prop_assert!(compared.is_ok(), "{}", compared.unwrap_err());
+    }
+}
+
+/// The graph of `steps` over `x: [batch, rest…]`, `y` (dim 0 of size 1 if `broadcast_first`)
+/// and `w: [n, n]`; `batch` is a symbol when `None`.
+fn batch_graph(
+    batch: Option<usize>,
+    rest: &[usize],
+    broadcast_first: bool,
+    steps: &[Step],
+) -> minductor::Graph {
+    let first = match batch {
+        Some(b) => Dim::Static(b),
+        None => Dim::Sym(SymId(0)),
+    };
+    let typed = |first: Dim| {
+        let shape = std::iter::once(first)
+            .chain(rest.iter().map(|&d| Dim::Static(d)))
+            .collect();
+        TensorType::new(DType::F32, shape)
+    };
+    let n = *rest.last().unwrap();
+    let tracer = Tracer::new();
+    let x = tracer.input_typed("x", typed(first));
+    let y_first = if broadcast_first {
+        Dim::Static(1)
+    } else {
+        first
+    };
+    let y = tracer.input_typed("y", typed(y_first));
+    let w = tracer.input("w", DType::F32, &[n, n]);
+    let mut v = x.clone();
+    for &s in steps {
+        v = apply(s, &v, &x, &y, &w);
+    }
+    let outputs = [v.clone(), v.sum(&[-1], false)];
+    tracer.finish(&outputs).unwrap()
+}
+
+/// 32 cases, or `PROPTEST_CASES / 4` for a campaign.
+fn symbolic_cases() -> u32 {
+    (cases() / 4).max(1)
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: symbolic_cases(), ..ProptestConfig::default() })]
+
+    #[test]
+    fn symbolic_batch_compiled_once_equals_reference_at_two_sizes(
+        rest in prop::collection::vec(1usize..20, 1..3),
+        sizes in (1usize..40, 1usize..40),
+        broadcast_first in any::<bool>(),
+        steps in prop::collection::vec(step_strategy(), 1..6),
+    ) {
+        let rank = rest.len() + 1;
+        let steps: Vec<Step> = steps
+            .into_iter()
+            .map(|s| if symbolic_safe(s, rank) { s } else { Step::Tanh })
+            .collect();
+        let symbolic = batch_graph(None, &rest, broadcast_first, &steps);
+        let compiled = compile(&symbolic).unwrap();
+        let n = *rest.last().unwrap();
+        for batch in [sizes.0, sizes.1] {
+            let mut shape = vec![batch];
+            shape.extend(&rest);
+            let mut y_shape = shape.clone();
+            if broadcast_first {
+                y_shape[0] = 1;
+            }
+            let inputs = [data(&shape, 1), data(&y_shape, 2), data(&[n, n], 3)];
+            let graph = batch_graph(Some(batch), &rest, broadcast_first, &steps);
+            let want = interpret(&graph, &inputs).unwrap();
+            let got = compiled.call(&inputs).unwrap();
+            let context = format!("batch {batch}\n{symbolic}");
+            let compared = compare_with_row_sum(&got, want, Some(1), &context);
+            prop_assert!(compared.is_ok(), "{}", compared.unwrap_err());
+        }
     }
 }

@@ -140,6 +140,7 @@ impl fmt::Display for FusionReport {
                 let kind = match c.kind {
                     StepKind::Matmul => "gemm",
                     StepKind::ScatterAdd => "scatter",
+                    StepKind::Fallback => "fallbk",
                     StepKind::Kernel if i > 0 => "epilog",
                     StepKind::Kernel => "kernel",
                 };

@@ -1,0 +1,294 @@
+//! Compile modes (`CompileOptions::mode`, like `torch.compile(mode=...)`): they parse from
+//! strings, are part of the compile-cache key and the artifact, and compute bitwise what the
+//! default mode computes. `call_into` writes into the caller's tensors (the same memory, checked
+//! by pointer) and rejects unusable ones with typed errors; max-autotune records its choices.
+
+use minductor::ir::{Dim, SymId, TensorType};
+use minductor::{
+    compile_with_options, load_bytes, Artifact, Backend, CompileCache, CompileError,
+    CompileOptions, Compiled, DType, Graph, Mode, RuntimeError, Tensor, Tracer,
+};
+use minductor_tests::{assert_allclose, Tolerance};
+
+fn ramp(shape: &[usize], seed: f32) -> Tensor {
+    let n: usize = shape.iter().product();
+    let data = (0..n).map(|i| ((i as f32) * 0.37 + seed).sin()).collect();
+    Tensor::from_vec(shape, data).unwrap()
+}
+
+/// A GEMM with an epilogue, a softmax, an integer reduction (a fallback step), an output that is
+/// an input and one value returned twice.
+fn graph() -> Graph {
+    let t = Tracer::new();
+    let x = t.input("x", DType::F32, &[64, 48]);
+    let w = t.input("w", DType::F32, &[32, 48]);
+    let y = x.linear(&w, None).gelu().softmax(-1);
+    let counts = x.gt(0.0).cast(DType::I64).sum(&[1], false);
+    t.finish(&[y.clone(), counts, x, y]).unwrap()
+}
+
+fn inputs(seed: f32) -> Vec<Tensor> {
+    vec![ramp(&[64, 48], seed), ramp(&[32, 48], seed + 1.0)]
+}
+
+fn compiled(mode: Mode) -> Compiled {
+    compile_with_options(
+        &graph(),
+        CompileOptions {
+            mode,
+            ..CompileOptions::default()
+        },
+    )
+    .unwrap()
+}
+
+#[test]
+fn modes_parse_from_their_names() {
+    for mode in [Mode::Default, Mode::ReduceOverhead, Mode::MaxAutotune] {
+        assert_eq!(mode.name().parse::<Mode>().unwrap(), mode);
+        assert_eq!(mode.to_string(), mode.name());
+    }
+    assert_eq!(
+        "reduce-overhead".parse::<Mode>().unwrap(),
+        Mode::ReduceOverhead
+    );
+    let err = "max_autotune".parse::<Mode>().unwrap_err();
+    assert!(matches!(err, CompileError::UnknownMode(_)));
+    assert!(err.to_string().contains("reduce-overhead"), "{err}");
+}
+
+#[test]
+fn every_mode_computes_bitwise_what_the_default_computes() {
+    let default = compiled(Mode::Default);
+    for mode in [Mode::ReduceOverhead, Mode::MaxAutotune] {
+        let other = compiled(mode);
+        assert_eq!(other.options().mode, mode);
+        for seed in [0.1, 2.5] {
+            let want = default.call(&inputs(seed)).unwrap();
+            let got = other.call(&inputs(seed)).unwrap();
+            assert_allclose(&got, &want, Tolerance::EXACT, mode.name());
+        }
+    }
+}
+
+#[test]
+fn call_into_writes_into_the_callers_tensors() {
+    for mode in [Mode::Default, Mode::ReduceOverhead] {
+        let c = compiled(mode);
+        let mut outputs = c.call(&inputs(0.3)).unwrap();
+        // `call` returns one value returned twice as two handles on one storage; each output
+        // handed back must own its storage, so the second gets a tensor of its own.
+        outputs[3] = Tensor::zeros(DType::F32, &[64, 32]);
+        let pointers: Vec<*const u8> = outputs.iter().map(|t| t.data_ptr()).collect();
+        for seed in [1.0, 2.0] {
+            c.call_into(&inputs(seed), &mut outputs).unwrap();
+            let after: Vec<*const u8> = outputs.iter().map(|t| t.data_ptr()).collect();
+            assert_eq!(
+                after,
+                pointers,
+                "{}: the same memory is reused",
+                mode.name()
+            );
+            let want = c.call(&inputs(seed)).unwrap();
+            assert_allclose(&outputs, &want, Tolerance::EXACT, mode.name());
+        }
+    }
+    // The eager backend takes the same call (it copies its results in).
+    let graph = graph();
+    let eager = compile_with_options(
+        &graph,
+        CompileOptions {
+            backend: Backend::Eager,
+            ..CompileOptions::default()
+        },
+    )
+    .unwrap();
+    let mut outputs = eager.call(&inputs(0.0)).unwrap();
+    let pointer = outputs[0].data_ptr();
+    eager.call_into(&inputs(4.0), &mut outputs).unwrap();
+    assert_eq!(outputs[0].data_ptr(), pointer);
+    assert_allclose(
+        &outputs,
+        &eager.call(&inputs(4.0)).unwrap(),
+        Tolerance::EXACT,
+        "eager call_into",
+    );
+}
+
+#[test]
+fn unusable_output_tensors_are_typed_errors() {
+    let c = compiled(Mode::ReduceOverhead);
+    let fresh = || {
+        let mut outputs = c.call(&inputs(0.5)).unwrap();
+        outputs[3] = Tensor::zeros(DType::F32, &[64, 32]);
+        outputs
+    };
+    let expect_buffer_error = |outputs: &mut Vec<Tensor>, index: usize, found: &str| {
+        let before: Vec<Vec<f64>> = outputs.iter().map(|t| t.to_f64_vec()).collect();
+        let err = c.call_into(&inputs(1.5), outputs).unwrap_err();
+        match &err {
+            RuntimeError::OutputBuffer {
+                index: i, found: f, ..
+            } => {
+                assert_eq!(*i, index, "{err}");
+                assert!(f.contains(found), "{err}");
+            }
+            other => panic!("expected an output-buffer error, got {other}"),
+        }
+        // Nothing ran: the tensors are untouched.
+        let after: Vec<Vec<f64>> = outputs.iter().map(|t| t.to_f64_vec()).collect();
+        assert_eq!(before, after);
+    };
+    let mut outputs = fresh();
+    outputs[0] = Tensor::zeros(DType::F32, &[64, 31]);
+    expect_buffer_error(&mut outputs, 0, "f32[64, 31]");
+    let mut outputs = fresh();
+    outputs[1] = Tensor::zeros(DType::F32, &[64]);
+    expect_buffer_error(&mut outputs, 1, "f32[64]");
+    let mut outputs = fresh();
+    outputs[2] = ramp(&[48, 64], 0.0).permute(&[1, 0]).unwrap();
+    expect_buffer_error(&mut outputs, 2, "non-contiguous");
+    let mut outputs = fresh();
+    let _kept = outputs[3].clone();
+    expect_buffer_error(&mut outputs, 3, "sharing its storage");
+    // As returned by `call`, the value returned twice is one storage behind two handles.
+    let mut outputs = c.call(&inputs(0.5)).unwrap();
+    expect_buffer_error(&mut outputs, 0, "sharing its storage");
+    // An input handed in as an output shares its storage with the input.
+    let ins = inputs(1.5);
+    let mut outputs = fresh();
+    outputs[2] = ins[0].clone();
+    let err = c.call_into(&ins, &mut outputs).unwrap_err();
+    assert!(
+        matches!(err, RuntimeError::OutputBuffer { index: 2, .. }),
+        "{err}"
+    );
+    let mut outputs = fresh();
+    outputs.pop();
+    let err = c.call_into(&inputs(1.5), &mut outputs).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            RuntimeError::OutputBufferCount {
+                expected: 4,
+                found: 3
+            }
+        ),
+        "{err}"
+    );
+    // Bad inputs stay typed errors in reduce-overhead mode (checked by the program's binding).
+    let err = c
+        .call(&[ramp(&[64, 47], 0.0), ramp(&[32, 48], 0.0)])
+        .unwrap_err();
+    assert!(matches!(err, RuntimeError::Shape { .. }), "{err}");
+    let err = c.call(&[ramp(&[64, 48], 0.0)]).unwrap_err();
+    assert!(matches!(err, RuntimeError::Arity { .. }), "{err}");
+}
+
+#[test]
+fn the_mode_is_part_of_the_cache_key_and_the_artifact() {
+    let graph = graph();
+    let keys: Vec<String> = [Mode::Default, Mode::ReduceOverhead, Mode::MaxAutotune]
+        .into_iter()
+        .map(|mode| {
+            CompileCache::key(
+                &graph,
+                &CompileOptions {
+                    mode,
+                    ..CompileOptions::default()
+                },
+            )
+        })
+        .collect();
+    assert!(
+        keys[0] != keys[1] && keys[1] != keys[2] && keys[0] != keys[2],
+        "{keys:?}"
+    );
+    for mode in [Mode::ReduceOverhead, Mode::MaxAutotune] {
+        let c = compiled(mode);
+        let artifact = Artifact::of(&c).unwrap();
+        assert!(
+            artifact.options.ends_with(&format!("mode={}", mode.name())),
+            "{}",
+            artifact.options
+        );
+        let loaded = load_bytes(&artifact.to_bytes()).unwrap();
+        assert_eq!(loaded.options().mode, mode);
+        assert_eq!(
+            loaded.artifacts().autotune.is_empty(),
+            mode != Mode::MaxAutotune
+        );
+        assert_allclose(
+            &loaded.call(&inputs(0.9)).unwrap(),
+            &c.call(&inputs(0.9)).unwrap(),
+            Tolerance::EXACT,
+            mode.name(),
+        );
+    }
+}
+
+#[test]
+fn max_autotune_keeps_a_split_for_every_kernel_step() {
+    let c = compiled(Mode::MaxAutotune);
+    let program = c.artifacts().program.as_ref().unwrap();
+    let kernel_steps: Vec<String> = program
+        .steps
+        .iter()
+        .filter_map(|s| match s {
+            minductor::passes::kernel::Step::Kernel(k) => Some(k.name.clone()),
+            _ => None,
+        })
+        .collect();
+    let tuned: Vec<String> = c
+        .artifacts()
+        .autotune
+        .iter()
+        .map(|(name, _)| name.clone())
+        .collect();
+    assert!(!tuned.is_empty());
+    assert_eq!(tuned, kernel_steps);
+    // Symbolic sizes: nothing to time, nothing tuned, still correct.
+    let t = Tracer::new();
+    let x = t.input_typed(
+        "x",
+        TensorType::new(
+            DType::F32,
+            [Dim::Sym(SymId(0)), Dim::Static(40)].into_iter().collect(),
+        ),
+    );
+    let g = t.finish(&[x.softmax(-1)]).unwrap();
+    let options = CompileOptions {
+        mode: Mode::MaxAutotune,
+        ..CompileOptions::default()
+    };
+    let symbolic = compile_with_options(&g, options).unwrap();
+    assert!(symbolic.artifacts().autotune.is_empty());
+    let x = ramp(&[5, 40], 0.2);
+    let want = minductor::reference_executable(&g)(std::slice::from_ref(&x)).unwrap();
+    assert_allclose(
+        &symbolic.call(&[x]).unwrap(),
+        &want,
+        Tolerance::close(1e-5),
+        "symbolic softmax",
+    );
+}
+
+#[test]
+fn jit_functions_compile_in_their_mode() {
+    let body = |x: &[minductor::Traced]| vec![x[0].linear(&x[1], None).relu().softmax(-1)];
+    let default = minductor::jit(body);
+    let reduced = minductor::jit(body).mode("reduce-overhead".parse().unwrap());
+    assert_eq!(reduced.options().mode, Mode::ReduceOverhead);
+    for seed in [0.2, 0.4, 0.2] {
+        let want = default.call(&inputs(seed)).unwrap();
+        let got = reduced.call(&inputs(seed)).unwrap();
+        assert_allclose(&got, &want, Tolerance::EXACT, "jit reduce-overhead");
+    }
+    let stats = reduced.stats();
+    assert_eq!((stats.compiles, stats.cache_hits), (1, 2));
+    // The guards still reject what does not match, before any compiled code runs.
+    let err = reduced
+        .call(&[ramp(&[64, 48], 0.0), ramp(&[32, 47], 0.0)])
+        .unwrap_err();
+    assert!(err.to_string().contains("47"), "{err}");
+}
