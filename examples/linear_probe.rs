@@ -23,12 +23,18 @@ fn median_ms(f: &dyn Fn()) -> f64 {
 }
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let threads = std::env::args().nth(1).map(|s| s.parse()).transpose()?.unwrap_or(2);
+    let threads = std::env::args()
+        .nth(1)
+        .map(|s| s.parse())
+        .transpose()?
+        .unwrap_or(2);
     minductor::set_num_threads(threads)?;
     let (m, k, n) = (256usize, 1024usize, 4096usize);
     let fill = |shape: &[usize]| {
         let count: usize = shape.iter().product();
-        let values = (0..count).map(|i| ((i * 7919) % 1000) as f32 / 1000.0 - 0.5).collect();
+        let values = (0..count)
+            .map(|i| ((i * 7919) % 1000) as f32 / 1000.0 - 0.5)
+            .collect();
         Tensor::from_vec(shape, values)
     };
     let row_major = trace(|t| {
