@@ -93,15 +93,22 @@ fn row_local(k: &Kernel, out: BufferId, out_shape: &[Dim]) -> bool {
             index,
             indirect,
         } if *buffer == out => {
-            if indirect.is_some() || index.coefficient(Var::Outer(0)) != row_stride as i64 {
+            if indirect.is_some()
+                || index.coefficient(Var::Outer(0)).as_const() != Some(row_stride as i64)
+            {
                 return false;
             }
-            let (mut low, mut high) = (index.offset, index.offset);
-            for &(v, c) in &index.terms {
-                if v == Var::Outer(0) {
+            let Some(offset) = index.offset.as_const() else {
+                return false;
+            };
+            let (mut low, mut high) = (offset, offset);
+            for (v, c) in &index.terms {
+                if *v == Var::Outer(0) {
                     continue;
                 }
-                let Some(n) = extent(v) else { return false };
+                let (Some(n), Some(c)) = (extent(*v), c.as_const()) else {
+                    return false;
+                };
                 let span = c * (n - 1).max(0);
                 if span < 0 {
                     low += span;

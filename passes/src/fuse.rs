@@ -11,9 +11,10 @@
 //! - Matmul is an extern GEMM reading strided views of realized buffers; cat writes each operand
 //!   into its slice of the output.
 //!
-//! Symbolic dims are loop extents that reach kernels at run time; strides must stay numbers, so a
-//! symbolic dim may only be the outermost dim of any buffer it sizes (a batch dim), else `fuse`
-//! reports the graph unsupported. Assumes a verified prim graph. Guarantees a `Program` that computes every
+//! Symbolic dims may sit anywhere: they are loop extents that reach kernels at run time, and the
+//! strides and offsets they imply are size expressions (`64*s0`, `s0*s0`) that kernels compute
+//! from their size arguments. A reshape that regroups symbolic dims, a cat along one and an
+//! embedding table or `take_along` source with a symbolic size are reported unsupported. Assumes a verified prim graph. Guarantees a `Program` that computes every
 //! graph output into its own buffer and in which every load and store index stays within its
 //! buffer. Starting from a minimal set of realized nodes (inputs, outputs, matmuls, cats), it
 //! builds the program and, whenever a node cannot be inlined where it is read (a non-affine
@@ -21,7 +22,7 @@
 //! that node and starts again.
 
 use crate::kernel::*;
-use minductor_ir::{DType, Dim, Graph, NodeId, Op};
+use minductor_ir::{DType, Dim, Graph, NodeId, Op, SizeExpr};
 use std::collections::{HashMap, HashSet};
 
 /// Why `fuse` cannot schedule a graph.
@@ -71,7 +72,7 @@ pub fn fuse(graph: &Graph) -> Result<Program, FuseError> {
 enum Reject {
     /// "These nodes must be realized; schedule again."
     Realize(Vec<NodeId>),
-    /// No schedule exists for this graph (e.g. a stride that depends on a symbolic size).
+    /// No schedule exists for this graph (e.g. a reshape that regroups symbolic dims).
     Unsupported(String),
 }
 
@@ -89,15 +90,16 @@ fn dims(graph: &Graph, id: NodeId) -> Vec<Dim> {
     graph.ty(id).shape.to_vec()
 }
 
-/// Row-major strides of a contiguous buffer of `shape`: `None` where a stride depends on a
-/// symbolic size (strides are compile-time numbers; only extents reach kernels at run time).
-fn contiguous(shape: &[Dim]) -> Vec<Option<i64>> {
-    let mut strides = vec![Some(1i64); shape.len()];
+/// Row-major strides of a contiguous buffer of `shape`, as size expressions (a stride in front
+/// of a symbolic dim is a product with its symbol: `[s0, s1, 64]` has `[64*s1, 64, 1]`).
+fn contiguous(shape: &[Dim]) -> Vec<SizeExpr> {
+    let mut strides = vec![SizeExpr::Const(1); shape.len()];
     for d in (0..shape.len().saturating_sub(1)).rev() {
-        strides[d] = match (strides[d + 1], shape[d + 1]) {
-            (Some(s), Dim::Static(n)) => Some(s * n.max(1) as i64),
-            _ => None,
+        let next = match shape[d + 1] {
+            Dim::Static(n) => SizeExpr::Const(n.max(1) as i64),
+            Dim::Sym(s) => SizeExpr::symbol(s),
         };
+        strides[d] = strides[d + 1].times(&next);
     }
     strides
 }
@@ -111,21 +113,13 @@ fn static_strides(shape: &[usize]) -> Vec<i64> {
 }
 
 /// `Σ idx[d] · strides[d]`.
-fn linear(idx: &[Affine], strides: &[Option<i64>]) -> Retry<Affine> {
+fn linear(idx: &[Affine], strides: &[SizeExpr]) -> Retry<Affine> {
     let mut acc = Affine::constant(0);
     for (a, s) in idx.iter().zip(strides) {
         if *a == Affine::constant(0) {
             continue;
         }
-        match s {
-            Some(s) => acc = acc.plus(&a.scale(*s)),
-            None => {
-                return unsupported(
-                    "an index stride that depends on a symbolic size (a symbolic dim inside a \
-                     buffer rather than its outermost)",
-                )
-            }
-        }
+        acc = acc.plus(&a.scale_by(s));
     }
     Ok(acc)
 }
@@ -290,7 +284,7 @@ impl<'g> Scheduler<'g> {
                 .collect();
             Ok(StridedView {
                 buffer,
-                offset: index.offset,
+                offset: index.offset.clone(),
                 shape: view_shape,
                 strides,
             })
@@ -361,7 +355,7 @@ impl<'g> Scheduler<'g> {
             let (buffer, index) = s.address(operand, idx)?;
             Ok(StridedView {
                 buffer,
-                offset: index.offset,
+                offset: index.offset.clone(),
                 shape: src_shape.clone(),
                 strides: (0..shape.len())
                     .map(|d| index.coefficient(Var::Outer(d as u32)))
@@ -841,199 +835,201 @@ impl<'g> KernelBuilder<'g> {
             self.inlined.push(node);
             self.names.push(n.op.name());
         }
-        let e = match &n.op {
-            Op::Constant { value } => self.push(Expr::Constant { value: *value, ty }, ty),
-            // Recomputed from the loop index wherever it is read (never worth a buffer).
-            Op::Iota { .. } => self.push(Expr::Index(idx[0].clone()), ty),
-            Op::Unary(u) => {
-                let a = self.emit(s, n.inputs[0], &operand_idx(n.inputs[0]))?;
-                let a = self.convert(a, ty);
-                self.push(Expr::Unary(*u, a), ty)
-            }
-            Op::Binary(b) => {
-                let x = self.emit(s, n.inputs[0], &operand_idx(n.inputs[0]))?;
-                let y = self.emit(s, n.inputs[1], &operand_idx(n.inputs[1]))?;
-                let (x, y) = (self.convert(x, ty), self.convert(y, ty));
-                self.push(Expr::Binary(*b, x, y), ty)
-            }
-            Op::Compare(c) => {
-                let common = ScalarType::of(DType::promote(
-                    g.ty(n.inputs[0]).dtype,
-                    g.ty(n.inputs[1]).dtype,
-                ));
-                let x = self.emit(s, n.inputs[0], &operand_idx(n.inputs[0]))?;
-                let y = self.emit(s, n.inputs[1], &operand_idx(n.inputs[1]))?;
-                let (x, y) = (self.convert(x, common), self.convert(y, common));
-                self.push(Expr::Compare(*c, x, y), ScalarType::Bool)
-            }
-            Op::Where => {
-                let c = self.emit(s, n.inputs[0], &operand_idx(n.inputs[0]))?;
-                let x = self.emit(s, n.inputs[1], &operand_idx(n.inputs[1]))?;
-                let y = self.emit(s, n.inputs[2], &operand_idx(n.inputs[2]))?;
-                let (x, y) = (self.convert(x, ty), self.convert(y, ty));
-                self.push(Expr::Where(c, x, y), ty)
-            }
-            Op::Cast { dtype }
-                if *dtype == DType::F32
-                    && matches!(g.node(n.inputs[0]).op, Op::Iota { .. })
-                    && !s.realized.contains(&n.inputs[0]) =>
-            {
-                // An integer arange read as floats is the float arange (vectorizable); exact
-                // below 2^24, far beyond any length a kernel indexes.
-                self.push(Expr::Index(idx[0].clone()), ScalarType::F32)
-            }
-            Op::Cast { dtype } => {
-                let a = self.emit(s, n.inputs[0], idx)?;
-                let from = g.ty(n.inputs[0]).dtype;
-                let narrowing = matches!(dtype, DType::F16 | DType::BF16) && from != *dtype;
-                if ScalarType::of(from) == ty && !narrowing {
-                    a
-                } else {
-                    self.push(Expr::Cast(*dtype, a), ty)
+        let e =
+            match &n.op {
+                Op::Constant { value } => self.push(Expr::Constant { value: *value, ty }, ty),
+                // Recomputed from the loop index wherever it is read (never worth a buffer).
+                Op::Iota { .. } => self.push(Expr::Index(idx[0].clone()), ty),
+                Op::Unary(u) => {
+                    let a = self.emit(s, n.inputs[0], &operand_idx(n.inputs[0]))?;
+                    let a = self.convert(a, ty);
+                    self.push(Expr::Unary(*u, a), ty)
                 }
-            }
-            Op::Reduce { op, keepdim, .. } => {
-                let row = match &self.row {
-                    Some(r) if *r == s.row_loop(node) => r.clone(),
-                    _ => return retry(node),
-                };
-                // The reduction's value is per outer iteration: the index must be exactly the outer loops.
-                let kept_idx: Vec<&Affine> = if *keepdim {
-                    idx.iter()
-                        .enumerate()
-                        .filter(|(d, _)| !row.axes.contains(d))
-                        .map(|(_, a)| a)
-                        .collect()
-                } else {
-                    idx.iter().collect()
-                };
-                let sizes_kept: Vec<Dim> = row.kept().iter().map(|&d| row.shape[d]).collect();
-                let in_order = kept_idx.iter().enumerate().all(|(p, a)| {
-                    a.as_var() == Some(Var::Outer(p as u32))
-                        || (sizes_kept[p] == Dim::Static(1) && **a == Affine::constant(0))
-                });
-                if !in_order {
-                    return retry(node);
+                Op::Binary(b) => {
+                    let x = self.emit(s, n.inputs[0], &operand_idx(n.inputs[0]))?;
+                    let y = self.emit(s, n.inputs[1], &operand_idx(n.inputs[1]))?;
+                    let (x, y) = (self.convert(x, ty), self.convert(y, ty));
+                    self.push(Expr::Binary(*b, x, y), ty)
                 }
-                let stage = match self.stage_of.get(&node) {
-                    Some(&st) => st,
-                    None => {
-                        let value = self.emit(s, n.inputs[0], &row.full_index())?;
-                        let value = self.convert(value, ScalarType::F32);
-                        if ty != ScalarType::F32 {
-                            return retry(node);
-                        }
-                        let extent = row.axes.iter().map(|&d| row.shape[d]).collect();
-                        self.stages.push(Stage {
-                            extent,
-                            action: StageAction::Reduce {
-                                op: *op,
-                                value,
-                                stores: Vec::new(),
-                            },
-                        });
-                        let st = self.stages.len() as u32 - 1;
-                        self.stage_of.insert(node, st);
-                        st
+                Op::Compare(c) => {
+                    let common = ScalarType::of(DType::promote(
+                        g.ty(n.inputs[0]).dtype,
+                        g.ty(n.inputs[1]).dtype,
+                    ));
+                    let x = self.emit(s, n.inputs[0], &operand_idx(n.inputs[0]))?;
+                    let y = self.emit(s, n.inputs[1], &operand_idx(n.inputs[1]))?;
+                    let (x, y) = (self.convert(x, common), self.convert(y, common));
+                    self.push(Expr::Compare(*c, x, y), ScalarType::Bool)
+                }
+                Op::Where => {
+                    let c = self.emit(s, n.inputs[0], &operand_idx(n.inputs[0]))?;
+                    let x = self.emit(s, n.inputs[1], &operand_idx(n.inputs[1]))?;
+                    let y = self.emit(s, n.inputs[2], &operand_idx(n.inputs[2]))?;
+                    let (x, y) = (self.convert(x, ty), self.convert(y, ty));
+                    self.push(Expr::Where(c, x, y), ty)
+                }
+                Op::Cast { dtype }
+                    if *dtype == DType::F32
+                        && matches!(g.node(n.inputs[0]).op, Op::Iota { .. })
+                        && !s.realized.contains(&n.inputs[0]) =>
+                {
+                    // An integer arange read as floats is the float arange (vectorizable); exact
+                    // below 2^24, far beyond any length a kernel indexes.
+                    self.push(Expr::Index(idx[0].clone()), ScalarType::F32)
+                }
+                Op::Cast { dtype } => {
+                    let a = self.emit(s, n.inputs[0], idx)?;
+                    let from = g.ty(n.inputs[0]).dtype;
+                    let narrowing = matches!(dtype, DType::F16 | DType::BF16) && from != *dtype;
+                    if ScalarType::of(from) == ty && !narrowing {
+                        a
+                    } else {
+                        self.push(Expr::Cast(*dtype, a), ty)
                     }
-                };
-                self.push(Expr::StageResult(stage), ScalarType::F32)
-            }
-            Op::Gather => {
-                let (table, indices) = (n.inputs[0], n.inputs[1]);
-                let index_rank = g.ty(indices).rank();
-                let i = self.emit(s, indices, &idx[..index_rank])?;
-                let table_shape = dims(g, table);
-                if !s.realized.contains(&table) {
-                    return retry(table);
                 }
-                let strides = contiguous(&table_shape);
-                let index = linear(&idx[index_rank..], &strides[1..])?;
-                let (Some(rows), Some(stride)) = (table_shape[0].as_static(), strides[0]) else {
-                    return unsupported("an embedding table with symbolic sizes");
-                };
-                let bound = rows as i64;
-                self.check_indices(s, indices, bound)?;
-                let indirect = Indirect {
-                    value: i,
-                    stride,
-                    bound,
-                };
-                let buffer = s.buffer_of[&table];
-                self.push(
-                    Expr::Load {
-                        buffer,
-                        index,
-                        indirect: Some(indirect),
-                    },
-                    ty,
-                )
-            }
-            Op::Reshape { .. } | Op::Permute { .. } | Op::Expand { .. } | Op::Slice { .. } => {
-                let operand = n.inputs[0];
-                if let (Op::Reshape { .. }, true) = (&n.op, s.realized.contains(&operand)) {
-                    let buffer = s.buffer_of[&operand];
-                    let index = linear(idx, &contiguous(&out_shape))?;
-                    let ty = ScalarType::of(g.ty(operand).dtype);
+                Op::Reduce { op, keepdim, .. } => {
+                    let row = match &self.row {
+                        Some(r) if *r == s.row_loop(node) => r.clone(),
+                        _ => return retry(node),
+                    };
+                    // The reduction's value is per outer iteration: the index must be exactly the outer loops.
+                    let kept_idx: Vec<&Affine> = if *keepdim {
+                        idx.iter()
+                            .enumerate()
+                            .filter(|(d, _)| !row.axes.contains(d))
+                            .map(|(_, a)| a)
+                            .collect()
+                    } else {
+                        idx.iter().collect()
+                    };
+                    let sizes_kept: Vec<Dim> = row.kept().iter().map(|&d| row.shape[d]).collect();
+                    let in_order = kept_idx.iter().enumerate().all(|(p, a)| {
+                        a.as_var() == Some(Var::Outer(p as u32))
+                            || (sizes_kept[p] == Dim::Static(1) && **a == Affine::constant(0))
+                    });
+                    if !in_order {
+                        return retry(node);
+                    }
+                    let stage = match self.stage_of.get(&node) {
+                        Some(&st) => st,
+                        None => {
+                            let value = self.emit(s, n.inputs[0], &row.full_index())?;
+                            let value = self.convert(value, ScalarType::F32);
+                            if ty != ScalarType::F32 {
+                                return retry(node);
+                            }
+                            let extent = row.axes.iter().map(|&d| row.shape[d]).collect();
+                            self.stages.push(Stage {
+                                extent,
+                                action: StageAction::Reduce {
+                                    op: *op,
+                                    value,
+                                    stores: Vec::new(),
+                                },
+                            });
+                            let st = self.stages.len() as u32 - 1;
+                            self.stage_of.insert(node, st);
+                            st
+                        }
+                    };
+                    self.push(Expr::StageResult(stage), ScalarType::F32)
+                }
+                Op::Gather => {
+                    let (table, indices) = (n.inputs[0], n.inputs[1]);
+                    let index_rank = g.ty(indices).rank();
+                    let i = self.emit(s, indices, &idx[..index_rank])?;
+                    let table_shape = dims(g, table);
+                    if !s.realized.contains(&table) {
+                        return retry(table);
+                    }
+                    let strides = contiguous(&table_shape);
+                    let index = linear(&idx[index_rank..], &strides[1..])?;
+                    let (Some(rows), Some(stride)) =
+                        (table_shape[0].as_static(), strides[0].as_const())
+                    else {
+                        return unsupported("an embedding table with symbolic sizes");
+                    };
+                    let bound = rows as i64;
+                    self.check_indices(s, indices, bound)?;
+                    let indirect = Indirect {
+                        value: i,
+                        stride,
+                        bound,
+                    };
+                    let buffer = s.buffer_of[&table];
                     self.push(
                         Expr::Load {
                             buffer,
                             index,
-                            indirect: None,
+                            indirect: Some(indirect),
                         },
                         ty,
                     )
-                } else {
-                    let inner = view_index(g, node, idx)?;
-                    self.emit(s, operand, &inner)?
                 }
-            }
-            Op::Detach => self.emit(s, n.inputs[0], idx)?,
-            Op::TakeAlong { dim } => {
-                let (source, indices) = (n.inputs[0], n.inputs[1]);
-                let i = self.emit(s, indices, idx)?;
-                if !s.realized.contains(&source) {
-                    return retry(source);
+                Op::Reshape { .. } | Op::Permute { .. } | Op::Expand { .. } | Op::Slice { .. } => {
+                    let operand = n.inputs[0];
+                    if let (Op::Reshape { .. }, true) = (&n.op, s.realized.contains(&operand)) {
+                        let buffer = s.buffer_of[&operand];
+                        let index = linear(idx, &contiguous(&out_shape))?;
+                        let ty = ScalarType::of(g.ty(operand).dtype);
+                        self.push(
+                            Expr::Load {
+                                buffer,
+                                index,
+                                indirect: None,
+                            },
+                            ty,
+                        )
+                    } else {
+                        let inner = view_index(g, node, idx)?;
+                        self.emit(s, operand, &inner)?
+                    }
                 }
-                let source_shape = dims(g, source);
-                let strides = contiguous(&source_shape);
-                let mut rest = idx.to_vec();
-                rest[*dim] = Affine::constant(0);
-                let index = linear(&rest, &strides)?;
-                let (Some(bound), Some(stride)) = (source_shape[*dim].as_static(), strides[*dim])
-                else {
-                    return unsupported("take_along over a symbolic dim");
-                };
-                let bound = bound as i64;
-                self.check_indices(s, indices, bound)?;
-                let buffer = s.buffer_of[&source];
-                self.push(
-                    Expr::Load {
-                        buffer,
-                        index,
-                        indirect: Some(Indirect {
-                            value: i,
-                            stride,
-                            bound,
-                        }),
-                    },
-                    ty,
-                )
-            }
-            Op::Input { .. }
-            | Op::Matmul
-            | Op::Cat { .. }
-            | Op::ScatterAdd { .. }
-            | Op::CumSum { .. } => {
-                unreachable!("{} is always realized", n.op)
-            }
-            Op::Im2col { .. } => {
-                return unsupported(
+                Op::Detach => self.emit(s, n.inputs[0], idx)?,
+                Op::TakeAlong { dim } => {
+                    let (source, indices) = (n.inputs[0], n.inputs[1]);
+                    let i = self.emit(s, indices, idx)?;
+                    if !s.realized.contains(&source) {
+                        return retry(source);
+                    }
+                    let source_shape = dims(g, source);
+                    let strides = contiguous(&source_shape);
+                    let mut rest = idx.to_vec();
+                    rest[*dim] = Affine::constant(0);
+                    let index = linear(&rest, &strides)?;
+                    let (Some(bound), Some(stride)) =
+                        (source_shape[*dim].as_static(), strides[*dim].as_const())
+                    else {
+                        return unsupported("take_along over a symbolic dim");
+                    };
+                    let bound = bound as i64;
+                    self.check_indices(s, indices, bound)?;
+                    let buffer = s.buffer_of[&source];
+                    self.push(
+                        Expr::Load {
+                            buffer,
+                            index,
+                            indirect: Some(Indirect {
+                                value: i,
+                                stride,
+                                bound,
+                            }),
+                        },
+                        ty,
+                    )
+                }
+                Op::Input { .. }
+                | Op::Matmul
+                | Op::Cat { .. }
+                | Op::ScatterAdd { .. }
+                | Op::CumSum { .. } => {
+                    unreachable!("{} is always realized", n.op)
+                }
+                Op::Im2col { .. } => return unsupported(
                     "an im2col read other than as a GEMM's right operand (decompose expands those)",
-                )
-            }
-            composite => panic!("fuse: {composite} reached fusion; run decompose first"),
-        };
+                ),
+                composite => panic!("fuse: {composite} reached fusion; run decompose first"),
+            };
         self.memo.insert(key, e);
         Ok(e)
     }

@@ -290,6 +290,11 @@ fn gelu_and_silu_composites_with_and_without_shared_inner_values() {
             let erf = (&x * std::f64::consts::FRAC_1_SQRT_2).erf();
             vec![x.gelu(), erf, x.silu(), x.sigmoid()]
         });
-        check(&g, &inputs, 1e-5, &format!("composites sharing inner values, n = {n}"));
+        check(
+            &g,
+            &inputs,
+            1e-5,
+            &format!("composites sharing inner values, n = {n}"),
+        );
     }
 }

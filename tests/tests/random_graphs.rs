@@ -150,7 +150,9 @@ fn row_sum(v: &Tensor) -> Tensor {
     let tracer = Tracer::new();
     let input = tracer.input("v", v.dtype(), v.shape());
     let graph = tracer.finish(&[input.sum(&[-1], false)]).unwrap();
-    interpret(&graph, std::slice::from_ref(v)).unwrap().remove(0)
+    interpret(&graph, std::slice::from_ref(v))
+        .unwrap()
+        .remove(0)
 }
 
 /// Shapes: mostly small (every tail length), sometimes above the threading threshold (2^15

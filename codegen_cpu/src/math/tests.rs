@@ -400,9 +400,13 @@ mod accuracy {
     /// `x < -1`, so gelu's relative error is bounded above that only.
     #[test]
     fn math_gelu_silu() {
-        check(MathFn::Gelu, &inputs(MathFn::Gelu, 1031), 3.0, |x| x >= -1.0);
+        check(MathFn::Gelu, &inputs(MathFn::Gelu, 1031), 3.0, |x| {
+            x >= -1.0
+        });
         // Below -80 `x * sigmoid(x)` is subnormal, with its absolute rounding.
-        check(MathFn::Silu, &inputs(MathFn::Silu, 1031), 3.5, |x| x >= -80.0);
+        check(MathFn::Silu, &inputs(MathFn::Silu, 1031), 3.5, |x| {
+            x >= -80.0
+        });
         let k = kernel(MathFn::Gelu, false);
         let g = k.run_f32(&[f32::INFINITY, f32::NEG_INFINITY, 0.0, 1.0], &[0.0; 4]);
         assert_eq!(g[0], f32::INFINITY);
