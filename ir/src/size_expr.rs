@@ -50,6 +50,13 @@ impl SizeExpr {
         }
     }
 
+    /// The product of the sizes of `dims` (a buffer's element count).
+    pub fn product(dims: &[crate::Dim]) -> SizeExpr {
+        dims.iter().fold(SizeExpr::Const(1), |acc, &d| {
+            acc.times(&SizeExpr::of_dim(d))
+        })
+    }
+
     /// Builds the canonical form of `Σ terms`.
     fn normalize(mut terms: Vec<(Monomial, i64)>) -> SizeExpr {
         for (m, _) in &mut terms {

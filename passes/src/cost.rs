@@ -573,6 +573,7 @@ mod tests {
                     start,
                     end: start + 6,
                     step: 1,
+                    from_end: false,
                 },
                 &[x],
             )

@@ -615,12 +615,23 @@ fn view_index(g: &Graph, node: NodeId, idx: &[Affine]) -> Retry<Vec<Affine>> {
         }
         Op::Expand { .. } => broadcast_index(idx, &in_shape, &dims(g, node)),
         Op::Slice {
-            dim, start, step, ..
+            dim,
+            start,
+            step,
+            from_end,
+            ..
         } => {
+            // From the end, the first element is `size - start` (a size expression).
+            let first = if *from_end {
+                SizeExpr::of_dim(in_shape[*dim]).plus(&SizeExpr::Const(-(*start as i64)))
+            } else {
+                SizeExpr::Const(*start as i64)
+            };
             let mut out = idx.to_vec();
-            out[*dim] = idx[*dim]
-                .scale(*step as i64)
-                .plus(&Affine::constant(*start as i64));
+            out[*dim] = idx[*dim].scale(*step as i64).plus(&Affine {
+                offset: first,
+                terms: Default::default(),
+            });
             out
         }
         Op::Reshape { .. } => {
