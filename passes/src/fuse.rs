@@ -762,7 +762,10 @@ impl<'g> KernelBuilder<'g> {
     }
 
     fn push(&mut self, expr: Expr, ty: ScalarType) -> ExprId {
-        if let Some(i) = self.exprs.iter().position(|e| *e == expr) {
+        // The same expression of another type (an f32 and an i64 `index`) is another value.
+        if let Some(i) =
+            (0..self.exprs.len()).find(|&i| self.exprs[i] == expr && self.types[i] == ty)
+        {
             return ExprId(i as u32);
         }
         self.exprs.push(expr);

@@ -146,6 +146,66 @@ fn gemm_with_a_symbolic_batch_stride_and_two_symbols() {
 }
 
 #[test]
+fn causal_attention_over_a_symbolic_sequence() {
+    // Scores [2, 3, s0, s0], the causal mask compared from two aranges of s0 inside the softmax.
+    let text = check_sizes(
+        &[
+            &[N(2), N(3), S0, N(8)],
+            &[N(2), N(3), S0, N(8)],
+            &[N(2), N(3), S0, N(8)],
+        ],
+        SIZES,
+        &|i| vec![i[0].scaled_dot_product_attention(&i[1], &i[2], None, true)],
+    );
+    assert!(text.contains("index"), "{text}");
+}
+
+#[test]
+fn masks_and_aranges_of_symbolic_dims() {
+    check_sizes(&[&[S0, S1], &[S1]], SIZES, &|i| {
+        let x = &i[0];
+        let t = x.tracer();
+        let dims = x.dims();
+        let rows = t.arange_of(dims[0].clone(), DType::F32).reshape(&[-1, 1]);
+        let cols = t.arange_of(dims[1].clone(), DType::I64);
+        vec![
+            x.triu(0),
+            x.tril(-1),
+            x * &rows + &i[1],
+            (&cols + &cols).cast(DType::F32) - x,
+        ]
+    });
+}
+
+#[test]
+fn slices_counted_from_the_end_of_a_symbolic_dim() {
+    // x[:, -1:], x[:, -2:-1] of [3, s0, 5]: static sizes, offsets `5*s0 - 5` and `5*s0 - 10`
+    // (printed constant term first).
+    let text = check_sizes(&[&[N(3), S0, N(5)]], SIZES, &|i| {
+        let x = &i[0];
+        vec![
+            x.slice(1, Some(-1), None, 1).squeeze(1) * 2.0,
+            x.slice(1, Some(-2), Some(-1), 1) + x.slice(1, Some(-1), None, 1),
+            x.slice(1, Some(-2), None, 1).softmax(1),
+        ]
+    });
+    assert!(text.contains("-5 + 5*s0"), "{text}");
+}
+
+#[test]
+fn a_symbol_too_small_for_a_slice_from_its_end_is_a_typed_error() {
+    // `compile` has no guards: a call binding s0 = 1 to `x[:, -2:]` is refused by the kernel-IR
+    // verifier at bind time (the slice would start at element -1), before any kernel runs.
+    let compiled = compile(&build(&[&[N(3), S0, N(5)]], None, &|i| {
+        vec![i[0].slice(1, Some(-2), None, 1) * 2.0]
+    }))
+    .unwrap();
+    compiled.call(&[ramp(&[3, 2, 5], 0.0)]).unwrap();
+    let err = compiled.call(&[ramp(&[3, 1, 5], 0.0)]).unwrap_err();
+    assert!(matches!(err, RuntimeError::InvalidProgram(_)), "{err}");
+}
+
+#[test]
 fn a_symbol_bound_to_two_sizes_is_a_typed_error() {
     // Two inputs share s0 (in a middle dim): a call that binds it to two sizes is refused
     // before any kernel runs.
