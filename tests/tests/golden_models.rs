@@ -258,3 +258,17 @@ fn gpt_lengths_outside_the_symbolic_graph_recompile_or_fail_typed() {
     assert!(err.to_string().contains("out of range"), "{err}");
     assert_eq!(gpt.stats().compiles, 3, "{:?}", gpt.stats());
 }
+
+/// `explain` on the GPT function once its sequence length is symbolic shows the symbolic shapes
+/// and the guards that keep them valid.
+#[test]
+fn explain_shows_the_symbolic_gpt_shapes_and_guards() {
+    let gpt = gpt_jit();
+    gpt.call(&gpt_inputs(7)).unwrap();
+    gpt.call(&gpt_inputs(11)).unwrap();
+    let report = gpt.explain(&gpt_inputs(12)).unwrap();
+    let text = report.to_string();
+    assert!(text.contains("symbolic shapes: idx: i64[2, s0]"), "{text}");
+    assert!(text.contains("input idx, dim 1: s0 >= 2"), "{text}");
+    assert!(text.contains(", symbolic"), "{text}");
+}
