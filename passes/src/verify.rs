@@ -30,8 +30,10 @@
 //!   pair at the one step where one ends and the other begins and the kernel's access pattern
 //!   makes it safe (the same check `plan_buffers` applies).
 //!
-//! Ranges depend on loop extents, which may be symbolic: `symbols[s]` is the size of symbol `s`
-//! when known. An access whose extents involve an unknown symbol is not range-checked; callers
+//! Ranges depend on loop extents, index coefficients and offsets, which may be symbolic (extents
+//! are dims; coefficients and offsets are size expressions such as `7*s0` or `-1 + s0`, evaluated
+//! exactly in `i128`): `symbols[s]` is the size of symbol `s` when known. An access whose extents,
+//! coefficients or offset involve an unknown symbol is not range-checked; callers
 //! run the verifier again once the sizes are bound (the runtime does so whenever a call brings
 //! new sizes), which then checks every access. An access inside a loop of extent 0 never runs
 //! and is not checked. Cost: linear in the program, plus one reachability walk per stage.

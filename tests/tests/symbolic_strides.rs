@@ -246,3 +246,27 @@ fn a_program_with_symbolic_strides_saves_and_loads() {
         );
     }
 }
+
+#[test]
+fn a_wrong_symbolic_stride_is_caught_by_the_verifier_at_bind_time() {
+    // A hand-edited program whose load stride is `8*s0` where the buffer's is `7*s0`: at compile
+    // time the range depends on s0 and cannot be checked; the first call binds s0 and the
+    // verifier refuses the program before any kernel runs (the load would pass the end).
+    use minductor::codegen_cpu::compile_program;
+    use minductor::passes::kernel::Program;
+    use minductor::runtime::Executable;
+    let compiled = compile(&build(&[&[N(3), S0, N(7)]], None, &|i| {
+        vec![(&i[0] * 2.0).exp()]
+    }))
+    .unwrap();
+    let text = compiled.artifacts().program.as_ref().unwrap().to_string();
+    assert!(text.contains("load buf0[7*s0*o0"), "{text}");
+    let bad: Program = text
+        .replace("load buf0[7*s0*o0", "load buf0[8*s0*o0")
+        .parse()
+        .unwrap();
+    let program = compile_program(&bad).unwrap();
+    let err = program.run(&[ramp(&[3, 5, 7], 0.0)]).unwrap_err();
+    assert!(matches!(err, RuntimeError::InvalidProgram(_)), "{err}");
+    assert!(err.to_string().contains("outside"), "{err}");
+}
