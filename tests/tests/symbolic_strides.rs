@@ -132,6 +132,9 @@ fn gemm_with_symbolic_m_n_and_k() {
         vec![scores.clone(), scores.softmax(-1).matmul(k)]
     });
     assert!(text.contains("s0*s0"), "{text}");
+    // The softmax over the score rows [s0, s0] runs as the first GEMM's epilogue: a symbolic row
+    // stride `s0*s0` is proven row-local for every size.
+    assert!(text.contains("epilogue of buf2: kernel"), "{text}");
 }
 
 #[test]
