@@ -13,8 +13,9 @@
 //!
 //! Symbolic dims may sit anywhere: they are loop extents that reach kernels at run time, and the
 //! strides and offsets they imply are size expressions (`64*s0`, `s0*s0`) that kernels compute
-//! from their size arguments. A reshape that regroups symbolic dims, a cat along one and an
-//! embedding table or `take_along` source with a symbolic size are reported unsupported. Assumes a verified prim graph. Guarantees a `Program` that computes every
+//! from their size arguments. A reshape may insert or drop size-1 dims and regroup the static
+//! dims between symbolic ones; one that regroups symbolic dims, a cat along one and an embedding
+//! table or `take_along` source with a symbolic size are reported unsupported. Assumes a verified prim graph. Guarantees a `Program` that computes every
 //! graph output into its own buffer and in which every load and store index stays within its
 //! buffer. Starting from a minimal set of realized nodes (inputs, outputs, matmuls, cats), it
 //! builds the program and, whenever a node cannot be inlined where it is read (a non-affine
@@ -649,11 +650,15 @@ fn view_index(g: &Graph, node: NodeId, idx: &[Affine]) -> Retry<Vec<Affine>> {
             let (Some(in_rest), Some(out_rest)) =
                 (statics(&in_shape[prefix..]), statics(&out_shape[prefix..]))
             else {
-                return unsupported(format!(
-                    "a reshape that regroups symbolic dims ({} to {})",
-                    minductor_ir::shape_string(&in_shape),
-                    minductor_ir::shape_string(&out_shape)
-                ));
+                return match symbolic_reshape_index(idx, &in_shape, &out_shape) {
+                    Some(Ok(inner)) => Ok(inner),
+                    Some(Err(())) => retry(operand),
+                    None => unsupported(format!(
+                        "a reshape that regroups symbolic dims ({} to {})",
+                        minductor_ir::shape_string(&in_shape),
+                        minductor_ir::shape_string(&out_shape)
+                    )),
+                };
             };
             let mut out = idx[..prefix].to_vec();
             match reshape_index(&idx[prefix..], &in_rest, &out_rest) {
@@ -664,6 +669,61 @@ fn view_index(g: &Graph, node: NodeId, idx: &[Affine]) -> Retry<Vec<Affine>> {
         }
         _ => unreachable!("view_index of a non-view"),
     })
+}
+
+/// The operand index of a reshape with symbolic dims, read at `idx`: size-1 dims carry no index,
+/// every symbolic dim must map to itself, in order, and the static runs between them regroup
+/// among themselves (equal products; [`reshape_index`] on each run). `None` if the dims do not
+/// line up so (unsupported), `Some(Err)` if a run's regrouping is not affine (realize the
+/// operand).
+fn symbolic_reshape_index(
+    idx: &[Affine],
+    in_shape: &[Dim],
+    out_shape: &[Dim],
+) -> Option<Result<Vec<Affine>, ()>> {
+    let kept = |shape: &[Dim]| -> Vec<usize> {
+        (0..shape.len())
+            .filter(|&d| shape[d] != Dim::Static(1))
+            .collect()
+    };
+    let (ins, outs) = (kept(in_shape), kept(out_shape));
+    let mut out = vec![Affine::constant(0); in_shape.len()];
+    let (mut i, mut j) = (0, 0);
+    loop {
+        // A run of static dims on each side, up to the next symbolic dim or the end.
+        let run = |dims: &[usize], shape: &[Dim], from: usize| -> (usize, Vec<usize>) {
+            let mut to = from;
+            let mut sizes = Vec::new();
+            while let Some(Dim::Static(n)) = dims.get(to).map(|&d| shape[d]) {
+                sizes.push(n);
+                to += 1;
+            }
+            (to, sizes)
+        };
+        let (i_end, in_sizes) = run(&ins, in_shape, i);
+        let (j_end, out_sizes) = run(&outs, out_shape, j);
+        if in_sizes.iter().product::<usize>() != out_sizes.iter().product::<usize>() {
+            return None;
+        }
+        let run_idx: Vec<Affine> = outs[j..j_end].iter().map(|&d| idx[d].clone()).collect();
+        match reshape_index(&run_idx, &in_sizes, &out_sizes) {
+            Some(mapped) => {
+                for (k, a) in mapped.into_iter().enumerate() {
+                    out[ins[i + k]] = a;
+                }
+            }
+            None => return Some(Err(())),
+        }
+        match (ins.get(i_end), outs.get(j_end)) {
+            (None, None) => return Some(Ok(out)),
+            (Some(&a), Some(&b)) if in_shape[a] == out_shape[b] => {
+                out[a] = idx[b].clone();
+                i = i_end + 1;
+                j = j_end + 1;
+            }
+            _ => return None,
+        }
+    }
 }
 
 /// The operand index of a reshape from `in_shape` to `out_shape` read at `idx`, when it is affine
