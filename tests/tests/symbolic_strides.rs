@@ -90,7 +90,17 @@ fn check_sizes(shapes: &[&[D]], sizes: &[(usize, usize)], f: &Body) -> String {
     text
 }
 
-const SIZES: &[(usize, usize)] = &[(2, 3), (5, 7), (13, 2), (31, 17), (3, 64), (129, 5)];
+/// Odd sizes, and one large enough (above 2^15 elements) that kernels split their first outer
+/// loop across threads and GEMMs tile their rows.
+const SIZES: &[(usize, usize)] = &[
+    (2, 3),
+    (5, 7),
+    (13, 2),
+    (31, 17),
+    (3, 64),
+    (129, 5),
+    (1500, 41),
+];
 
 #[test]
 fn pointwise_over_a_symbolic_inner_dim() {
