@@ -283,3 +283,52 @@ fn a_wrong_symbolic_stride_is_caught_by_the_verifier_at_bind_time() {
     assert!(matches!(err, RuntimeError::InvalidProgram(_)), "{err}");
     assert!(err.to_string().contains("outside"), "{err}");
 }
+
+#[test]
+fn jit_guards_tie_the_dims_a_symbolic_graph_relates() {
+    // `q @ kᵀ` then a softmax over the scores: the trace relies on q and k having the same
+    // length (the scores are [2, s0, s0]) and the same head size. Once the length is symbolic,
+    // equal lengths hit the cache; lengths that differ fail the guard tying them (a recompile
+    // for a new, still valid, graph), and head sizes that differ are a typed error.
+    use minductor::{jit, DType};
+    let f = jit(|x: &[Traced]| vec![x[0].matmul(&x[1].transpose(1, 2)).softmax(-1)]);
+    let check = |lq: usize, lk: usize| {
+        let inputs = [ramp(&[2, lq, 8], 0.0), ramp(&[2, lk, 8], 1.0)];
+        let tracer = Tracer::new();
+        let (q, k) = (
+            tracer.input("q", DType::F32, &[2, lq, 8]),
+            tracer.input("k", DType::F32, &[2, lk, 8]),
+        );
+        let graph = tracer
+            .finish(&[q.matmul(&k.transpose(1, 2)).softmax(-1)])
+            .unwrap();
+        let want = interpret(&graph, &inputs).unwrap();
+        let got = f.call(&inputs).unwrap();
+        minductor_tests::assert_allclose(
+            &got,
+            &want,
+            Tolerance::close(1e-4),
+            &format!("lengths {lq}, {lk}"),
+        );
+    };
+    check(7, 7);
+    check(9, 9);
+    assert_eq!((f.stats().compiles, f.stats().symbolic_compiles), (2, 1));
+    check(23, 23);
+    assert_eq!(
+        f.stats().compiles,
+        2,
+        "equal lengths reuse the symbolic graph"
+    );
+    check(11, 12);
+    assert_eq!(f.stats().compiles, 3, "{:?}", f.stats());
+    assert!(
+        f.stats().recompiles.last().unwrap().contains("dim 1"),
+        "{:?}",
+        f.stats()
+    );
+    let err = f
+        .call(&[ramp(&[2, 5, 8], 0.0), ramp(&[2, 5, 9], 1.0)])
+        .unwrap_err();
+    assert!(err.to_string().contains("matmul"), "{err}");
+}
