@@ -1,9 +1,13 @@
 //! `lower_kernel`: one kernel of the kernel IR → one Cranelift function.
 //!
 //! The function's signature is `fn(buffers: *const *mut u8, params: *const i64, start: i64, end: i64)`:
-//! `buffers` holds one pointer per entry of `Kernel::buffers()`, `params` the loop extents in the
-//! order of `Kernel::params()`, and `start..end` the range of the first outer loop (so the runtime
-//! can split it across threads; a kernel without outer loops runs once for any non-empty range).
+//! `buffers` holds one pointer per entry of `Kernel::buffers()`, `params` the loop extents and
+//! then the symbols the indices read, in the order of `Kernel::params()`, and `start..end` the
+//! range of the first outer loop (so the runtime can split it across threads; a kernel without
+//! outer loops runs once for any non-empty range). Symbolic index coefficients and offsets (size
+//! expressions such as `48*s0`) are computed from those symbols once, in the entry block; the
+//! kernel-IR verifier proved, for the call's sizes, that every address they form lies inside its
+//! buffer (their products, evaluated exactly there, fit in the buffer's extent).
 //!
 //! Each stage's innermost loop runs four lanes at a time (`f32x4`): `UNROLL` vectors per
 //! iteration (independent chains, one accumulator each in a reduction, combined in a fixed

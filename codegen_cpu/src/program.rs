@@ -40,7 +40,8 @@ pub struct CompiledKernel {
     pub clif: String,
     function: KernelFn,
     buffers: Vec<BufferId>,
-    /// Loop extents in `Kernel::params()` order; symbolic ones are bound at each call.
+    /// Loop extents, then the symbols indices read, in `Kernel::params()` order; symbolic ones
+    /// are bound at each call.
     extents: Vec<Dim>,
     /// How many of `extents` are outer loops, and how many belong to each stage after them.
     outer_loops: usize,
