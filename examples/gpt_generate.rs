@@ -1,8 +1,8 @@
 //! Greedy decoding with a GPT-2-style decoder (the weights of the golden cases
 //! `model_gpt_tiny_t*`): one `jit` function is called on a growing sequence, each call's argmax
-//! next token appended to the input. Prints the tokens, the compiles (each new length is a new
-//! static specialization today: the sequence length is read as a number by `arange`, `reshape`
-//! and `slice`) and tokens per second.
+//! next token appended to the input. Prints the tokens, the compiles (the first length compiles
+//! static; the second, whose length differs, makes the sequence dim symbolic, and that one graph
+//! serves every later length: 2 compiles, 1 symbolic) and tokens per second.
 //!
 //! `cargo run --release --example gpt_generate [tokens] [path/to/model_gpt_tiny_t7.safetensors]`
 

@@ -1,9 +1,13 @@
 //! `lower_kernel`: one kernel of the kernel IR → one Cranelift function.
 //!
 //! The function's signature is `fn(buffers: *const *mut u8, params: *const i64, start: i64, end: i64)`:
-//! `buffers` holds one pointer per entry of `Kernel::buffers()`, `params` the loop extents in the
-//! order of `Kernel::params()`, and `start..end` the range of the first outer loop (so the runtime
-//! can split it across threads; a kernel without outer loops runs once for any non-empty range).
+//! `buffers` holds one pointer per entry of `Kernel::buffers()`, `params` the loop extents and
+//! then the symbols the indices read, in the order of `Kernel::params()`, and `start..end` the
+//! range of the first outer loop (so the runtime can split it across threads; a kernel without
+//! outer loops runs once for any non-empty range). Symbolic index coefficients and offsets (size
+//! expressions such as `48*s0`) are computed from those symbols once, in the entry block; the
+//! kernel-IR verifier proved, for the call's sizes, that every address they form lies inside its
+//! buffer (their products, evaluated exactly there, fit in the buffer's extent).
 //!
 //! Each stage's innermost loop runs four lanes at a time (`f32x4`): `UNROLL` vectors per
 //! iteration (independent chains, one accumulator each in a reduction, combined in a fixed
@@ -45,7 +49,7 @@ use cranelift_codegen::ir::{
     StackSlotKind, Type, Value,
 };
 use cranelift_frontend::{FunctionBuilder, Variable};
-use minductor_ir::{BinaryOp, CompareOp, DType, ReduceOp, UnaryOp};
+use minductor_ir::{BinaryOp, CompareOp, DType, ReduceOp, SizeExpr, SymId, UnaryOp};
 use minductor_passes::kernel::*;
 use std::collections::HashMap;
 
@@ -132,6 +136,9 @@ struct Lowering<'k, 'b, 'f> {
     invariants: HashMap<ExprId, Value>,
     /// `1 / c` for the invariant divisors `c`, computed with them.
     invariant_reciprocals: HashMap<ExprId, Value>,
+    /// The value of every symbolic index coefficient and offset, computed in the entry block
+    /// from the symbol sizes in `params` (so once per call, dominating every use).
+    sizes: HashMap<SizeExpr, Value>,
 }
 
 /// A sum's accumulators: the block ones the loop body adds into, reset at each block, and the
@@ -190,6 +197,23 @@ pub fn lower_kernel(b: &mut FunctionBuilder, kernel: &Kernel, program: &Program)
     let extents: Vec<Value> = (0..kernel.params().len())
         .map(|k| b.ins().load(types::I64, flags, params_ptr, (k * 8) as i32))
         .collect();
+    // The symbols come last in `params`, after every loop extent.
+    let symbols = kernel.index_symbols();
+    let first_symbol = extents.len() - symbols.len();
+    let symbol_values: HashMap<SymId, Value> = symbols
+        .iter()
+        .enumerate()
+        .map(|(i, &s)| (s, extents[first_symbol + i]))
+        .collect();
+    let mut sizes = HashMap::new();
+    for index in kernel.indices() {
+        for e in index.size_exprs() {
+            if e.as_const().is_none() && !sizes.contains_key(e) {
+                let v = emit_size_expr(b, e, &symbol_values);
+                sizes.insert(e.clone(), v);
+            }
+        }
+    }
     let mut l = Lowering {
         b,
         kernel,
@@ -215,6 +239,7 @@ pub fn lower_kernel(b: &mut FunctionBuilder, kernel: &Kernel, program: &Program)
         load_free: load_free(kernel),
         invariants: HashMap::new(),
         invariant_reciprocals: HashMap::new(),
+        sizes,
     };
     let outer = kernel.outer.len();
     if outer == 0 {
@@ -837,12 +862,9 @@ impl Lowering<'_, '_, '_> {
         match self.kernel.expr(e) {
             Expr::Load {
                 index, indirect, ..
-            } => {
-                index.coefficient(inner) == 0
-                    && indirect.as_ref().is_none_or(|i| self.is_uniform(i.value))
-            }
+            } => !index.uses(inner) && indirect.as_ref().is_none_or(|i| self.is_uniform(i.value)),
             Expr::Constant { .. } | Expr::StageResult(_) => true,
-            Expr::Index(index) => index.coefficient(inner) == 0,
+            Expr::Index(index) => !index.uses(inner),
             Expr::Unary(_, a) | Expr::Cast(_, a) => self.is_uniform(*a),
             Expr::Binary(_, a, c) | Expr::Compare(_, a, c) => {
                 self.is_uniform(*a) && self.is_uniform(*c)
@@ -1035,6 +1057,15 @@ impl Lowering<'_, '_, '_> {
                     }
                     stack.push(*a);
                 }
+                // The lane steps of an index are constants in the code: a symbolic innermost
+                // coefficient runs scalar.
+                Expr::Index(index)
+                    if self
+                        .innermost
+                        .is_some_and(|v| index.coefficient(v).as_const().is_none()) =>
+                {
+                    return false;
+                }
                 other => stack.extend(other.operands()),
             }
         }
@@ -1139,14 +1170,47 @@ impl Lowering<'_, '_, '_> {
     }
 
     /// `index` without its innermost-variable term, and that term's coefficient.
-    fn split_inner(&self, index: &Affine) -> (Affine, i64) {
+    fn split_inner(&self, index: &Affine) -> (Affine, SizeExpr) {
         match self.innermost {
-            Some(inner) if index.coefficient(inner) != 0 => {
+            Some(inner) if index.uses(inner) => {
                 let mut invariant = index.clone();
                 invariant.terms.retain(|(v, _)| *v != inner);
                 (invariant, index.coefficient(inner))
             }
-            _ => (index.clone(), 0),
+            _ => (index.clone(), SizeExpr::Const(0)),
+        }
+    }
+
+    /// `v · c · k`, for a size expression `c` (a number, or computed in the entry block).
+    fn scaled(&mut self, v: Value, c: &SizeExpr, k: i64) -> Value {
+        match c.as_const() {
+            Some(c) => self.b.ins().imul_imm_s(v, c * k),
+            None => {
+                let c = self.sizes[c];
+                let ck = if k == 1 {
+                    c
+                } else {
+                    self.b.ins().imul_imm_s(c, k)
+                };
+                self.b.ins().imul(v, ck)
+            }
+        }
+    }
+
+    /// `x + c · k` for a size expression `c`.
+    fn add_scaled(&mut self, x: Value, c: &SizeExpr, k: i64) -> Value {
+        match c.as_const() {
+            Some(0) => x,
+            Some(c) => self.b.ins().iadd_imm_s(x, c * k),
+            None => {
+                let c = self.sizes[c];
+                let ck = if k == 1 {
+                    c
+                } else {
+                    self.b.ins().imul_imm_s(c, k)
+                };
+                self.b.ins().iadd(x, ck)
+            }
         }
     }
 
@@ -1157,15 +1221,12 @@ impl Lowering<'_, '_, '_> {
         }
         let size = self.program.buffer(buffer).dtype.size_bytes() as i64;
         let mut address = self.bases[&buffer];
-        for &(var, coef) in &index.terms {
-            let v = self.vars[&var];
-            let scaled = self.b.ins().imul_imm_s(v, coef * size);
+        for (var, coef) in &index.terms {
+            let v = self.vars[var];
+            let scaled = self.scaled(v, coef, size);
             address = self.b.ins().iadd(address, scaled);
         }
-        if index.offset != 0 {
-            address = self.b.ins().iadd_imm_s(address, index.offset * size);
-        }
-        address
+        self.add_scaled(address, &index.offset, size)
     }
 
     /// Computes the loop-invariant part of every address of the current stage, here (before
@@ -1195,16 +1256,16 @@ impl Lowering<'_, '_, '_> {
         let size = self.program.buffer(buffer).dtype.size_bytes() as i64;
         let (invariant, coef) = self.split_inner(index);
         let mut address = self.invariant_address(buffer, &invariant);
-        if coef != 0 {
+        if !coef.is_zero() {
             let inner = self
                 .innermost
                 .expect("a coefficient implies an innermost var");
             let v = self.vars[&inner];
-            let scaled = self.b.ins().imul_imm_s(v, coef * size);
+            let scaled = self.scaled(v, &coef, size);
             address = self.b.ins().iadd(address, scaled);
             let lane = lane + self.lane_offset;
             if lane != 0 {
-                address = self.b.ins().iadd_imm_s(address, lane * coef * size);
+                address = self.add_scaled(address, &coef, lane * size);
             }
         }
         if let Some(ind) = indirect {
@@ -1542,7 +1603,10 @@ impl Lowering<'_, '_, '_> {
             Expr::Index(index) => {
                 // Lane 0's value, splat, plus [0, c, 2c, 3c] for the innermost coefficient c.
                 let inner = self.innermost.expect("vector mode has an innermost loop");
-                let c = index.coefficient(inner);
+                let c = index
+                    .coefficient(inner)
+                    .as_const()
+                    .expect("vectorizable() keeps symbolic innermost index coefficients scalar");
                 let i = self.index_value(&index);
                 let f = self.b.ins().fcvt_from_sint(types::F32, i);
                 let base = self.b.ins().splat(types::F32X4, f);
@@ -1561,13 +1625,14 @@ impl Lowering<'_, '_, '_> {
 
     /// The i64 value of `index` at the current loop variables (lane 0 of the unroll slot).
     fn index_value(&mut self, index: &Affine) -> Value {
-        let mut acc = self.b.ins().iconst(types::I64, index.offset);
-        for &(var, coef) in &index.terms {
-            let v = self.vars[&var];
-            let scaled = self.b.ins().imul_imm_s(v, coef);
+        let zero = self.b.ins().iconst(types::I64, 0);
+        let mut acc = self.add_scaled(zero, &index.offset, 1);
+        for (var, coef) in &index.terms {
+            let v = self.vars[var];
+            let scaled = self.scaled(v, coef, 1);
             acc = self.b.ins().iadd(acc, scaled);
-            if Some(var) == self.innermost && self.lane_offset != 0 {
-                acc = self.b.ins().iadd_imm_s(acc, self.lane_offset * coef);
+            if Some(*var) == self.innermost && self.lane_offset != 0 {
+                acc = self.add_scaled(acc, coef, self.lane_offset);
             }
         }
         acc
@@ -1590,7 +1655,7 @@ impl Lowering<'_, '_, '_> {
         let inner = self.innermost.expect("vector mode has an innermost loop");
         let dtype = self.program.buffer(buffer).dtype;
         let addr = self.address(buffer, index, indirect, 0);
-        if index.coefficient(inner) == 1 {
+        if index.coefficient(inner).is(1) {
             let f = self.flags;
             match dtype {
                 DType::F32 => return self.b.ins().load(types::F32X4, f, addr, 0),
@@ -1633,7 +1698,7 @@ impl Lowering<'_, '_, '_> {
         }
         let inner = self.innermost.expect("vector mode has an innermost loop");
         let x = self.vector_of(v, ScalarType::F32);
-        if st.index.coefficient(inner) == 1 {
+        if st.index.coefficient(inner).is(1) {
             let addr = self.address(st.buffer, &st.index, None, 0);
             match dtype {
                 DType::F32 => {
@@ -1736,4 +1801,29 @@ pub fn kernel_function(call_conv: cranelift_codegen::isa::CallConv) -> Function 
     let mut sig = Signature::new(call_conv);
     kernel_signature(&mut sig);
     Function::with_name_signature(Default::default(), sig)
+}
+
+/// Emits `e` (a polynomial in the symbols) from the symbols' values.
+fn emit_size_expr(b: &mut FunctionBuilder, e: &SizeExpr, symbols: &HashMap<SymId, Value>) -> Value {
+    let mut acc: Option<Value> = None;
+    for (monomial, coefficient) in e.terms() {
+        let mut term: Option<Value> = None;
+        for s in &monomial {
+            let v = symbols[s];
+            term = Some(match term {
+                None => v,
+                Some(t) => b.ins().imul(t, v),
+            });
+        }
+        let term = match term {
+            None => b.ins().iconst(types::I64, coefficient),
+            Some(t) if coefficient == 1 => t,
+            Some(t) => b.ins().imul_imm_s(t, coefficient),
+        };
+        acc = Some(match acc {
+            None => term,
+            Some(a) => b.ins().iadd(a, term),
+        });
+    }
+    acc.unwrap_or_else(|| b.ins().iconst(types::I64, 0))
 }

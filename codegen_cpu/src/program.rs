@@ -12,7 +12,7 @@ use cranelift_module::{Linkage, Module};
 use minductor_ir::{checked_bytes, DType, Dim};
 use minductor_passes::kernel::{
     BufferId, BufferKind, FallbackStep, Im2colView, Kernel, MatmulOperand, MatmulStep, Program,
-    ScatterAddStep, Step,
+    ScatterAddStep, Step, StridedView,
 };
 use minductor_passes::plan_buffers::{plan_buffers, BufferPlan};
 use minductor_passes::{verify_program, VerifyError};
@@ -41,7 +41,8 @@ pub struct CompiledKernel {
     pub clif: String,
     function: KernelFn,
     buffers: Vec<BufferId>,
-    /// Loop extents in `Kernel::params()` order; symbolic ones are bound at each call.
+    /// Loop extents, then the symbols indices read, in `Kernel::params()` order; symbolic ones
+    /// are bound at each call.
     extents: Vec<Dim>,
     /// How many of `extents` are outer loops, and how many belong to each stage after them.
     outer_loops: usize,
@@ -127,6 +128,24 @@ impl Symbols {
 
     fn sizes(&self, shape: &[Dim]) -> Vec<usize> {
         shape.iter().map(|&d| self.size(d)).collect()
+    }
+
+    /// A view's offset and strides for these sizes (they may be size expressions). The
+    /// verifier, run for these sizes, evaluated the same expressions, so an overflow here is a
+    /// size it rejected too; it is still an error, not a panic.
+    fn view(&self, view: &StridedView, step: BufferId) -> Result<(i64, Vec<i64>), RuntimeError> {
+        view.bind(|s| {
+            self.0
+                .get(s.0 as usize)
+                .copied()
+                .flatten()
+                .map(|n| n as i128)
+        })
+        .ok_or_else(|| {
+            RuntimeError::Unsupported(format!(
+                "step writing {step}: a view's strides overflow i64 for these sizes"
+            ))
+        })
     }
 
     /// Binds the symbols from the inputs, checking every static size and that a symbol has one
@@ -740,16 +759,18 @@ fn run_scatter_add(
     };
     let shape = symbols.sizes(&sc.src.shape);
     let out_shape = symbols.sizes(&program.buffer(sc.out).shape);
+    let (index_offset, index_strides) = symbols.view(&sc.index, sc.out)?;
+    let (src_offset, src_strides) = symbols.view(&sc.src, sc.out)?;
     scatter_add(
         View {
             data: index,
-            offset: sc.index.offset,
-            strides: &sc.index.strides,
+            offset: index_offset,
+            strides: &index_strides,
         },
         View {
             data: src,
-            offset: sc.src.offset,
-            strides: &sc.src.strides,
+            offset: src_offset,
+            strides: &src_strides,
         },
         &shape,
         out,
@@ -869,6 +890,8 @@ fn run_matmul(
     );
     let batch = a_shape.len() - 2;
     let (rows, k, cols) = (a_shape[batch], a_shape[batch + 1], b_shape[batch + 1]);
+    let (a_offset, a_strides) = symbols.view(&m.a, m.out)?;
+    let (b_offset, b_strides) = symbols.view(b_view_of_step, m.out)?;
     debug_assert!(program.buffer(m.out).dtype == DType::F32);
     let numel =
         |id: BufferId| -> usize { symbols.sizes(&program.buffer(id).shape).iter().product() };
@@ -900,7 +923,7 @@ fn run_matmul(
             a_data,
             offset,
             [rows, k],
-            [m.a.strides[batch], m.a.strides[batch + 1]],
+            [a_strides[batch], a_strides[batch + 1]],
             "a",
         )
     };
@@ -909,10 +932,7 @@ fn run_matmul(
             b_data,
             offset,
             [k, cols],
-            [
-                b_view_of_step.strides[batch],
-                b_view_of_step.strides[batch + 1],
-            ],
+            [b_strides[batch], b_strides[batch + 1]],
             "b",
         )
     };
@@ -953,8 +973,8 @@ fn run_matmul(
     let kernel = gemm::Kernel::detect();
 
     if batch == 0 {
-        let a = a_view(m.a.offset).map_err(gemm_error)?;
-        let b = b_view(b_view_of_step.offset).map_err(gemm_error)?;
+        let a = a_view(a_offset).map_err(gemm_error)?;
+        let b = b_view(b_offset).map_err(gemm_error)?;
         // Packed as the tiles need it, once, by whichever thread gets to each block first.
         let packed = gemm::PackedB::lazy(&b, kernel).map_err(gemm_error)?;
         let panels = cols.div_ceil(kernel.nr());
@@ -1019,12 +1039,12 @@ fn run_matmul(
             let e = (s + tile).min(end);
             for n in s * inner..e * inner {
                 // Decompose the flat batch index into per-dim offsets.
-                let (mut rest, mut a_off, mut b_off) = (n, m.a.offset, b_view_of_step.offset);
+                let (mut rest, mut a_off, mut b_off) = (n, a_offset, b_offset);
                 for d in (0..batch).rev() {
                     let i = (rest % a_shape[d]) as i64;
                     rest /= a_shape[d];
-                    a_off += i * m.a.strides[d];
-                    b_off += i * b_view_of_step.strides[d];
+                    a_off += i * a_strides[d];
+                    b_off += i * b_strides[d];
                 }
                 if packed.as_ref().is_none_or(|(at, _)| *at != b_off) {
                     // Return the old buffer to the pool before taking one.
@@ -1091,6 +1111,7 @@ fn run_implicit_matmul(
     };
     let rows = a_shape[2];
     let group_channels = channels / groups.max(1);
+    let (a_offset, a_strides) = symbols.view(&m.a, m.out)?;
     // SAFETY: each pointer is the start of a live buffer holding its planned number of f32s for
     // this call's sizes (`run_steps`; `fuse` only emits f32 GEMMs). The operands are only read
     // during this step; the output is written only through the per-matrix borrows below, each
@@ -1118,14 +1139,9 @@ fn run_implicit_matmul(
     // The weight of each group, packed once and shared by every image and thread.
     let packed: Vec<gemm::PackedA> = (0..groups)
         .map(|g| {
-            let offset = m.a.offset + g as i64 * m.a.strides[1];
-            let a = gemm::MatrixRef::new(
-                a_data,
-                offset,
-                [rows, k],
-                [m.a.strides[2], m.a.strides[3]],
-                "a",
-            )?;
+            let offset = a_offset + g as i64 * a_strides[1];
+            let a =
+                gemm::MatrixRef::new(a_data, offset, [rows, k], [a_strides[2], a_strides[3]], "a")?;
             gemm::PackedA::pack(&a, kernel)
         })
         .collect::<Result<_, _>>()

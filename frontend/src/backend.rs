@@ -256,6 +256,10 @@ fn specialize(graph: &Graph, inputs: &[Tensor]) -> Result<Graph, RuntimeError> {
                     Op::Expand { shape } => Op::Expand {
                         shape: bind(shape)?,
                     },
+                    Op::Iota { len, dtype } => Op::Iota {
+                        len: bind(&Shape::from_slice(&[*len]))?[0],
+                        dtype: *dtype,
+                    },
                     other => other.clone(),
                 };
                 let operands: Vec<NodeId> = node.inputs.iter().map(|i| map[i.index()]).collect();

@@ -122,6 +122,18 @@ impl fmt::Display for Explanation {
                 g.compile_time.as_secs_f64() * 1e3,
                 if g.symbolic { ", symbolic" } else { "" }
             )?;
+            if g.symbolic {
+                // The symbolic shapes of the inputs, e.g. `idx: i64[2, s0]`.
+                let shapes: Vec<String> = g
+                    .graph
+                    .inputs()
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, &id)| g.graph.ty(id).static_sizes().is_none())
+                    .map(|(n, &id)| format!("{}: {}", g.graph.input_name(n), g.graph.ty(id)))
+                    .collect();
+                writeln!(f, "  symbolic shapes: {}", shapes.join(", "))?;
+            }
             for line in g.graph.to_string().lines() {
                 writeln!(f, "    {line}")?;
             }

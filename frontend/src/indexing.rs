@@ -72,11 +72,12 @@ impl Traced {
                 format!("needs at least 2 dims, found {}", self.describe()),
             ));
         }
-        let shape = self.shape();
-        let (rows, cols) = (shape[shape.len() - 2], shape[shape.len() - 1]);
+        // Symbolic rows or columns stay symbolic (the aranges have their dims' lengths).
+        let dims = self.dims();
+        let (rows, cols) = (dims[dims.len() - 2].clone(), dims[dims.len() - 1].clone());
         let t = self.tracer();
-        let row = t.arange(rows, DType::F32).reshape(&[rows as isize, 1]);
-        let col = t.arange(cols, DType::F32);
+        let row = t.arange_of(rows, DType::F32).reshape(&[-1, 1]);
+        let col = t.arange_of(cols, DType::F32);
         Ok(col - row)
     }
 

@@ -9,7 +9,7 @@
 //! they split or pool is specialized. Bad arguments are trace errors naming the op and the sizes.
 
 use crate::trace::{Traced, Tracer};
-use minductor_ir::{broadcast_shapes, shape_string, DType, Op};
+use minductor_ir::{broadcast_shapes, shape_string, DType, Dim, Op};
 
 fn normalize(dim: isize, rank: usize) -> Option<usize> {
     let d = if dim < 0 { dim + rank as isize } else { dim };
@@ -443,7 +443,12 @@ impl Traced {
                 ),
             );
         }
-        let d = *self.shape().last().unwrap_or(&1) as f64;
+        // The head size scales the scores; only it is read as a number (L and S may stay
+        // symbolic).
+        let d = match q.last() {
+            Some(Dim::Static(n)) => *n,
+            _ => *self.shape().last().unwrap_or(&1),
+        } as f64;
         let mut scores = self.matmul(&key.transpose(-1, -2)) * (1.0 / d.sqrt());
         if let Some(m) = mask {
             let target = scores.ir_dims();

@@ -247,7 +247,19 @@ impl Tracer {
     /// `torch.arange(end, dtype=dtype)`: `[0, 1, .., end - 1]` (the `iota` prim).
     #[track_caller]
     pub fn arange(&self, end: usize, dtype: DType) -> Traced {
-        Traced::handle(&self.state, None).apply(Op::Iota { len: end, dtype }, &[])
+        self.arange_dim(Dim::Static(end), dtype)
+    }
+
+    /// `torch.arange(n, dtype)` of a dim that may be symbolic (what [`Traced::dims`] returns):
+    /// a symbolic length stays symbolic, so the graph serves every size of it.
+    #[track_caller]
+    pub fn arange_of(&self, n: TracedDim, dtype: DType) -> Traced {
+        self.arange_dim(n.dim, dtype)
+    }
+
+    #[track_caller]
+    fn arange_dim(&self, len: Dim, dtype: DType) -> Traced {
+        Traced::handle(&self.state, None).apply(Op::Iota { len, dtype }, &[])
     }
 
     /// Declares an input of any type (dims may be symbolic). A type too large for memory is a
@@ -1054,6 +1066,24 @@ impl Traced {
         if step == 0 {
             return self.fail_msg("slice", "step must be positive".into());
         }
+        // A slice of a symbolic dim whose bounds both count from its end, within the 2 elements
+        // every symbolic dim has (`jit` guards sizes >= 2), keeps the dim symbolic: `x[:, -1:]`
+        // has a static size and the offset `s0 - 1`.
+        if let (Dim::Sym(_), Some(s)) = (dims[dim], start) {
+            let e = end.unwrap_or(0);
+            if (-2..0).contains(&s) && (s..=0).contains(&e) && (end.is_none() || e < 0) {
+                return self.apply(
+                    Op::Slice {
+                        dim,
+                        start: s.unsigned_abs(),
+                        end: e.unsigned_abs(),
+                        step,
+                        from_end: true,
+                    },
+                    &[self],
+                );
+            }
+        }
         // Only the sliced dim is read as a number (a symbolic one is specialized).
         let size = match dims[dim] {
             Dim::Static(n) => n,
@@ -1068,6 +1098,7 @@ impl Traced {
                 start,
                 end,
                 step,
+                from_end: false,
             },
             &[self],
         )

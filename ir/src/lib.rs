@@ -9,6 +9,7 @@ mod graph;
 mod op;
 mod parse;
 mod shape;
+mod size_expr;
 pub mod text;
 
 pub use dtype::DType;
@@ -20,6 +21,7 @@ pub use shape::{
     broadcast_shapes, check_size, checked_bytes, shape_string, static_shape, Dim, Shape, SymId,
     TensorType, MAX_TENSOR_BYTES,
 };
+pub use size_expr::{Monomial, SizeExpr};
 pub use text::ParseError;
 
 #[cfg(test)]

@@ -142,11 +142,15 @@ pub enum Op {
         shape: Shape,
     },
     /// Elements `start, start+step, ... < end` of `dim`; bounds are normalised (0 <= start <= end <= size).
+    /// With `from_end`, both bounds count back from the end of the dim (elements `size - start,
+    /// .. < size - end`, so `start >= end`): how a slice of a symbolic dim such as `x[:, -1:]`
+    /// keeps a static size and a symbolic offset.
     Slice {
         dim: usize,
         start: usize,
         end: usize,
         step: usize,
+        from_end: bool,
     },
     Cat {
         dim: usize,
@@ -179,7 +183,7 @@ pub enum Op {
     /// Other starts and steps, masks (`triu`/`tril`, causal attention) and arg-reductions are
     /// built from it by the tracer.
     Iota {
-        len: usize,
+        len: Dim,
         dtype: DType,
     },
     /// `F.unfold(x, kernel, dilation, padding, stride)` (aten's `im2col`) on a floating-point
@@ -351,7 +355,15 @@ impl Op {
                 start,
                 end,
                 step,
+                from_end: false,
             } => format!("[dim={dim}, {start}:{end}:{step}]"),
+            Op::Slice {
+                dim,
+                start,
+                end,
+                step,
+                from_end: true,
+            } => format!("[dim={dim}, end-{start}:end-{end}:{step}]"),
             Op::Cat { dim }
             | Op::Softmax { dim }
             | Op::LogSoftmax { dim }
@@ -589,10 +601,17 @@ fn infer_type_unchecked(op: &Op, inputs: &[&TensorType]) -> Result<TensorType, I
                     ))
                 }
                 _ if inputs[0].shape == *shape => {}
+                // Symbolic counts: the products of the dims must be the same polynomial.
+                _ if crate::SizeExpr::product(&inputs[0].shape)
+                    == crate::SizeExpr::product(shape) => {}
                 _ => {
                     return Err(IrError::ty(
                         op.name(),
-                        "reshape of symbolic shapes is not supported yet",
+                        format!(
+                            "cannot reshape {} to {}: element counts differ",
+                            inputs[0],
+                            shape_string(shape)
+                        ),
                     ))
                 }
             }
@@ -642,6 +661,7 @@ fn infer_type_unchecked(op: &Op, inputs: &[&TensorType]) -> Result<TensorType, I
             start,
             end,
             step,
+            from_end,
         } => {
             expect_arity(op, inputs, 1)?;
             let rank = inputs[0].rank();
@@ -651,8 +671,31 @@ fn infer_type_unchecked(op: &Op, inputs: &[&TensorType]) -> Result<TensorType, I
                     format!("dim {dim} out of range for rank {rank}"),
                 ));
             }
+            if *from_end {
+                // Counted from the end: a static dim must hold `start` elements; a symbolic one
+                // is checked when a call binds it (the kernel-IR verifier proves the offset
+                // `size - start` inside the buffer).
+                let fits = inputs[0].shape[*dim]
+                    .as_static()
+                    .is_none_or(|n| *start <= n);
+                if *step == 0 || start < end || !fits {
+                    return Err(IrError::ty(
+                        op.name(),
+                        format!(
+                            "bounds end-{start}:end-{end}:{step} invalid for dim {dim} of {}",
+                            inputs[0]
+                        ),
+                    ));
+                }
+                let mut shape = inputs[0].shape.clone();
+                shape[*dim] = Dim::Static((start - end).div_ceil(*step));
+                return Ok(TensorType::new(inputs[0].dtype, shape));
+            }
             let size = inputs[0].shape[*dim].as_static().ok_or_else(|| {
-                IrError::ty(op.name(), "slicing a symbolic dim is not supported yet")
+                IrError::ty(
+                    op.name(),
+                    "a slice of a symbolic dim counts both bounds from its end",
+                )
             })?;
             if *step == 0 || start > end || *end > size {
                 return Err(IrError::ty(
@@ -819,10 +862,7 @@ fn infer_type_unchecked(op: &Op, inputs: &[&TensorType]) -> Result<TensorType, I
             if *dtype == DType::Bool {
                 return Err(IrError::ty(op.name(), "a bool arange is not supported"));
             }
-            Ok(TensorType::new(
-                *dtype,
-                Shape::from_slice(&[Dim::Static(*len)]),
-            ))
+            Ok(TensorType::new(*dtype, Shape::from_slice(&[*len])))
         }
         Op::Grad { index, seeded } => {
             let fixed = 1 + *seeded as usize;

@@ -255,8 +255,12 @@ fn attributes(c: &mut Cursor, name: &str) -> Result<Op, ParseError> {
             c.eat("[dim=")?;
             let dim = c.usize()?;
             c.eat(", ")?;
+            let from_end = c.try_eat("end-");
             let start = c.usize()?;
             c.eat(":")?;
+            if from_end {
+                c.eat("end-")?;
+            }
             let end = c.usize()?;
             c.eat(":")?;
             let step = c.usize()?;
@@ -266,6 +270,7 @@ fn attributes(c: &mut Cursor, name: &str) -> Result<Op, ParseError> {
                 start,
                 end,
                 step,
+                from_end,
             })
         }
         "cat" => Ok(Op::Cat { dim: dim_attr(c)? }),
@@ -292,7 +297,7 @@ fn attributes(c: &mut Cursor, name: &str) -> Result<Op, ParseError> {
         }
         "iota" => {
             c.eat("[len=")?;
-            let len = c.usize()?;
+            let len = c.dim()?;
             c.eat(", ")?;
             let dtype: DType = c.dtype()?;
             c.eat("]")?;

@@ -505,7 +505,14 @@ impl Backward<'_> {
                 start,
                 end,
                 step,
+                from_end: false,
             } => self.unslice(x, g, *dim, *start, *end, *step)?,
+            Op::Slice { from_end: true, .. } => {
+                return Err(AutodiffError::Unsupported(format!(
+                    "the gradient of a slice counted from the end of a dim of {}",
+                    self.g.ty(x)
+                )))
+            }
             Op::Cat { dim } => {
                 let mut offset = 0;
                 for &i in &node.inputs[..k] {
@@ -518,6 +525,7 @@ impl Backward<'_> {
                         start: offset,
                         end: offset + len,
                         step: 1,
+                        from_end: false,
                     },
                     &[g],
                 )?
@@ -627,6 +635,7 @@ impl Backward<'_> {
                     start: 0,
                     end: end - start,
                     step: 1,
+                    from_end: false,
                 },
                 &[flat],
             )?;

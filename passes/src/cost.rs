@@ -79,6 +79,13 @@ fn extent(d: &Dim) -> u64 {
     d.as_static().unwrap_or(1) as u64
 }
 
+/// A stride or offset with each symbol counted as 1, as [`extent`] counts symbolic dims.
+fn nominal(e: &minductor_ir::SizeExpr) -> i64 {
+    e.eval(|_| Some(1))
+        .and_then(|v| i64::try_from(v).ok())
+        .unwrap_or(i64::MAX)
+}
+
 /// Saturating products and sums throughout: this is an estimate, and a program with sizes near
 /// the limits must not make it overflow.
 fn trip_count(dims: &[Dim]) -> u64 {
@@ -199,11 +206,11 @@ fn var_extent(kernel: &Kernel, stage: &Stage, var: Var) -> u64 {
 
 fn affine_pattern(kernel: &Kernel, stage: &Stage, index: &Affine) -> Pattern {
     Pattern::new(
-        index.offset,
+        nominal(&index.offset),
         index
             .terms
             .iter()
-            .map(|&(v, c)| (c, var_extent(kernel, stage, v))),
+            .map(|(v, c)| (nominal(c), var_extent(kernel, stage, *v))),
     )
 }
 
@@ -289,7 +296,7 @@ fn inner_dependence(kernel: &Kernel) -> Vec<bool> {
                     index
                         .terms
                         .iter()
-                        .any(|&(var, c)| c != 0 && matches!(var, Var::Inner(_)))
+                        .any(|(var, _)| matches!(var, Var::Inner(_)))
                         || indirect.as_ref().is_some_and(|ind| get(&ind.value))
                 }
                 Expr::Unary(_, a) | Expr::Cast(_, a) => get(a),
@@ -299,7 +306,7 @@ fn inner_dependence(kernel: &Kernel) -> Vec<bool> {
                 Expr::Index(index) => index
                     .terms
                     .iter()
-                    .any(|&(var, c)| c != 0 && matches!(var, Var::Inner(_))),
+                    .any(|(var, _)| matches!(var, Var::Inner(_))),
             };
             if v && !varies[i] {
                 varies[i] = true;
@@ -314,11 +321,11 @@ fn inner_dependence(kernel: &Kernel) -> Vec<bool> {
 
 fn view_pattern(view: &StridedView) -> Pattern {
     Pattern::new(
-        view.offset,
+        nominal(&view.offset),
         view.strides
             .iter()
             .zip(&view.shape)
-            .map(|(&s, n)| (s, extent(n))),
+            .map(|(s, n)| (nominal(s), extent(n))),
     )
 }
 
@@ -608,6 +615,7 @@ mod tests {
                     start,
                     end: start + 6,
                     step: 1,
+                    from_end: false,
                 },
                 &[x],
             )

@@ -177,6 +177,7 @@ impl Builder {
                             start,
                             end: start + (out - 1) * step + 1,
                             step,
+                            from_end: false,
                         },
                         &[tap],
                     );

@@ -15,7 +15,7 @@
 //! results: the epilogue reads only output rows that the GEMM has finished.
 
 use crate::kernel::*;
-use minductor_ir::Dim;
+use minductor_ir::{Dim, SizeExpr};
 
 pub fn fuse_epilogues(program: &Program) -> Program {
     let mut steps = program.steps.clone();
@@ -64,13 +64,14 @@ fn row_local(k: &Kernel, out: BufferId, out_shape: &[Dim]) -> bool {
     let Some(first) = k.outer.first() else {
         return false;
     };
-    // Rows may be symbolic (a dynamic batch); the row stride must be a number.
+    // Rows may be symbolic (a dynamic batch). A symbolic row stride (a symbolic dim inside a
+    // row) is checked structurally, for every size at once.
     let Some(row_stride) = out_shape[1..]
         .iter()
         .map(|d| d.as_static())
         .product::<Option<usize>>()
     else {
-        return false;
+        return out_shape.first() == Some(first) && row_local_symbolic(k, out, out_shape);
     };
     if out_shape.first() != Some(first) || row_stride == 0 {
         return false;
@@ -93,15 +94,22 @@ fn row_local(k: &Kernel, out: BufferId, out_shape: &[Dim]) -> bool {
             index,
             indirect,
         } if *buffer == out => {
-            if indirect.is_some() || index.coefficient(Var::Outer(0)) != row_stride as i64 {
+            if indirect.is_some()
+                || index.coefficient(Var::Outer(0)).as_const() != Some(row_stride as i64)
+            {
                 return false;
             }
-            let (mut low, mut high) = (index.offset, index.offset);
-            for &(v, c) in &index.terms {
-                if v == Var::Outer(0) {
+            let Some(offset) = index.offset.as_const() else {
+                return false;
+            };
+            let (mut low, mut high) = (offset, offset);
+            for (v, c) in &index.terms {
+                if *v == Var::Outer(0) {
                     continue;
                 }
-                let Some(n) = extent(v) else { return false };
+                let (Some(n), Some(c)) = (extent(*v), c.as_const()) else {
+                    return false;
+                };
                 let span = c * (n - 1).max(0);
                 if span < 0 {
                     low += span;
@@ -110,6 +118,63 @@ fn row_local(k: &Kernel, out: BufferId, out_shape: &[Dim]) -> bool {
                 }
             }
             low >= 0 && high < row_stride as i64
+        }
+        _ => true,
+    })
+}
+
+/// Row-locality for an output whose rows have symbolic sizes: every load of `out` is
+/// `row_stride·o0 + Σ stride_d·v_d` over distinct dims `d >= 1` of the output, each `v_d` a loop
+/// whose extent is that dim (in every stage that has the loop), with the output's contiguous
+/// strides and no offset. Its largest value within a row is then `Σ stride_d·(size_d − 1) <
+/// row_stride` for every size, and its smallest is 0.
+fn row_local_symbolic(k: &Kernel, out: BufferId, out_shape: &[Dim]) -> bool {
+    let mut strides = vec![SizeExpr::Const(1); out_shape.len()];
+    for d in (0..out_shape.len().saturating_sub(1)).rev() {
+        strides[d] = strides[d + 1].times(&SizeExpr::of_dim(out_shape[d + 1]));
+    }
+    // The extent of loop `v`, if every stage that has it agrees.
+    let extent = |v: Var| -> Option<Dim> {
+        match v {
+            Var::Outer(n) => k.outer.get(n as usize).copied(),
+            Var::Inner(n) => {
+                let mut found = k.stages.iter().filter_map(|s| s.extent.get(n as usize));
+                let first = *found.next()?;
+                found.all(|&e| e == first).then_some(first)
+            }
+        }
+    };
+    k.exprs.iter().all(|e| match e {
+        Expr::Load {
+            buffer,
+            index,
+            indirect,
+        } if *buffer == out => {
+            if indirect.is_some()
+                || !index.offset.is_zero()
+                || index.coefficient(Var::Outer(0)) != strides[0]
+            {
+                return false;
+            }
+            let mut used = vec![false; out_shape.len()];
+            index
+                .terms
+                .iter()
+                .filter(|(v, _)| *v != Var::Outer(0))
+                .all(|(v, c)| {
+                    let Some(n) = extent(*v) else {
+                        return false;
+                    };
+                    match (1..out_shape.len())
+                        .find(|&d| !used[d] && strides[d] == *c && out_shape[d] == n)
+                    {
+                        Some(d) => {
+                            used[d] = true;
+                            true
+                        }
+                        None => false,
+                    }
+                })
         }
         _ => true,
     })

@@ -11,9 +11,11 @@
 //! - Matmul is an extern GEMM reading strided views of realized buffers; cat writes each operand
 //!   into its slice of the output.
 //!
-//! Symbolic dims are loop extents that reach kernels at run time; strides must stay numbers, so a
-//! symbolic dim may only be the outermost dim of any buffer it sizes (a batch dim), else `fuse`
-//! reports the graph unsupported. Assumes a verified prim graph. Guarantees a `Program` that computes every
+//! Symbolic dims may sit anywhere: they are loop extents that reach kernels at run time, and the
+//! strides and offsets they imply are size expressions (`64*s0`, `s0*s0`) that kernels compute
+//! from their size arguments. A reshape may insert or drop size-1 dims and regroup the static
+//! dims between symbolic ones; one that regroups symbolic dims, a cat along one and an embedding
+//! table or `take_along` source with a symbolic size are reported unsupported. Assumes a verified prim graph. Guarantees a `Program` that computes every
 //! graph output into its own buffer and in which every load and store index stays within its
 //! buffer. Starting from a minimal set of realized nodes (inputs, outputs, matmuls, cats), it
 //! builds the program and, whenever a node cannot be inlined where it is read (a non-affine
@@ -29,7 +31,7 @@
 //! reason is kept in the step for `explain` and the dumps.
 
 use crate::kernel::*;
-use minductor_ir::{DType, Dim, Graph, NodeId, Op};
+use minductor_ir::{DType, Dim, Graph, NodeId, Op, SizeExpr};
 use std::collections::{HashMap, HashSet};
 
 /// Why `fuse` cannot schedule a graph.
@@ -118,7 +120,7 @@ enum Reject {
     /// "No kernel can compute this node (the reason says why): run it as a fallback step and
     /// schedule again."
     Fallback(NodeId, String),
-    /// No schedule exists for this graph (e.g. a stride that depends on a symbolic size).
+    /// No schedule exists for this graph (e.g. a reshape that regroups symbolic dims).
     Unsupported(String),
 }
 
@@ -140,15 +142,16 @@ fn dims(graph: &Graph, id: NodeId) -> Vec<Dim> {
     graph.ty(id).shape.to_vec()
 }
 
-/// Row-major strides of a contiguous buffer of `shape`: `None` where a stride depends on a
-/// symbolic size (strides are compile-time numbers; only extents reach kernels at run time).
-fn contiguous(shape: &[Dim]) -> Vec<Option<i64>> {
-    let mut strides = vec![Some(1i64); shape.len()];
+/// Row-major strides of a contiguous buffer of `shape`, as size expressions (a stride in front
+/// of a symbolic dim is a product with its symbol: `[s0, s1, 64]` has `[64*s1, 64, 1]`).
+fn contiguous(shape: &[Dim]) -> Vec<SizeExpr> {
+    let mut strides = vec![SizeExpr::Const(1); shape.len()];
     for d in (0..shape.len().saturating_sub(1)).rev() {
-        strides[d] = match (strides[d + 1], shape[d + 1]) {
-            (Some(s), Dim::Static(n)) => Some(s * n.max(1) as i64),
-            _ => None,
+        let next = match shape[d + 1] {
+            Dim::Static(n) => SizeExpr::Const(n.max(1) as i64),
+            Dim::Sym(s) => SizeExpr::symbol(s),
         };
+        strides[d] = strides[d + 1].times(&next);
     }
     strides
 }
@@ -162,21 +165,13 @@ fn static_strides(shape: &[usize]) -> Vec<i64> {
 }
 
 /// `Σ idx[d] · strides[d]`.
-fn linear(idx: &[Affine], strides: &[Option<i64>]) -> Retry<Affine> {
+fn linear(idx: &[Affine], strides: &[SizeExpr]) -> Retry<Affine> {
     let mut acc = Affine::constant(0);
     for (a, s) in idx.iter().zip(strides) {
         if *a == Affine::constant(0) {
             continue;
         }
-        match s {
-            Some(s) => acc = acc.plus(&a.scale(*s)),
-            None => {
-                return unsupported(
-                    "an index stride that depends on a symbolic size (a symbolic dim inside a \
-                     buffer rather than its outermost)",
-                )
-            }
-        }
+        acc = acc.plus(&a.scale_by(s));
     }
     Ok(acc)
 }
@@ -361,7 +356,7 @@ impl<'g> Scheduler<'g> {
                 .collect();
             Ok(StridedView {
                 buffer,
-                offset: index.offset,
+                offset: index.offset.clone(),
                 shape: view_shape,
                 strides,
             })
@@ -436,7 +431,7 @@ impl<'g> Scheduler<'g> {
             let (buffer, index) = s.address(operand, idx)?;
             Ok(StridedView {
                 buffer,
-                offset: index.offset,
+                offset: index.offset.clone(),
                 shape: src_shape.clone(),
                 strides: (0..shape.len())
                     .map(|d| index.coefficient(Var::Outer(d as u32)))
@@ -696,12 +691,23 @@ fn view_index(g: &Graph, node: NodeId, idx: &[Affine]) -> Retry<Vec<Affine>> {
         }
         Op::Expand { .. } => broadcast_index(idx, &in_shape, &dims(g, node)),
         Op::Slice {
-            dim, start, step, ..
+            dim,
+            start,
+            step,
+            from_end,
+            ..
         } => {
+            // From the end, the first element is `size - start` (a size expression).
+            let first = if *from_end {
+                SizeExpr::of_dim(in_shape[*dim]).plus(&SizeExpr::Const(-(*start as i64)))
+            } else {
+                SizeExpr::Const(*start as i64)
+            };
             let mut out = idx.to_vec();
-            out[*dim] = idx[*dim]
-                .scale(*step as i64)
-                .plus(&Affine::constant(*start as i64));
+            out[*dim] = idx[*dim].scale(*step as i64).plus(&Affine {
+                offset: first,
+                terms: Default::default(),
+            });
             out
         }
         Op::Reshape { .. } => {
@@ -719,11 +725,15 @@ fn view_index(g: &Graph, node: NodeId, idx: &[Affine]) -> Retry<Vec<Affine>> {
             let (Some(in_rest), Some(out_rest)) =
                 (statics(&in_shape[prefix..]), statics(&out_shape[prefix..]))
             else {
-                return unsupported(format!(
-                    "a reshape that regroups symbolic dims ({} to {})",
-                    minductor_ir::shape_string(&in_shape),
-                    minductor_ir::shape_string(&out_shape)
-                ));
+                return match symbolic_reshape_index(idx, &in_shape, &out_shape) {
+                    Some(Ok(inner)) => Ok(inner),
+                    Some(Err(())) => retry(operand),
+                    None => unsupported(format!(
+                        "a reshape that regroups symbolic dims ({} to {})",
+                        minductor_ir::shape_string(&in_shape),
+                        minductor_ir::shape_string(&out_shape)
+                    )),
+                };
             };
             let mut out = idx[..prefix].to_vec();
             match reshape_index(&idx[prefix..], &in_rest, &out_rest) {
@@ -734,6 +744,61 @@ fn view_index(g: &Graph, node: NodeId, idx: &[Affine]) -> Retry<Vec<Affine>> {
         }
         _ => unreachable!("view_index of a non-view"),
     })
+}
+
+/// The operand index of a reshape with symbolic dims, read at `idx`: size-1 dims carry no index,
+/// every symbolic dim must map to itself, in order, and the static runs between them regroup
+/// among themselves (equal products; [`reshape_index`] on each run). `None` if the dims do not
+/// line up so (unsupported), `Some(Err)` if a run's regrouping is not affine (realize the
+/// operand).
+fn symbolic_reshape_index(
+    idx: &[Affine],
+    in_shape: &[Dim],
+    out_shape: &[Dim],
+) -> Option<Result<Vec<Affine>, ()>> {
+    let kept = |shape: &[Dim]| -> Vec<usize> {
+        (0..shape.len())
+            .filter(|&d| shape[d] != Dim::Static(1))
+            .collect()
+    };
+    let (ins, outs) = (kept(in_shape), kept(out_shape));
+    let mut out = vec![Affine::constant(0); in_shape.len()];
+    let (mut i, mut j) = (0, 0);
+    loop {
+        // A run of static dims on each side, up to the next symbolic dim or the end.
+        let run = |dims: &[usize], shape: &[Dim], from: usize| -> (usize, Vec<usize>) {
+            let mut to = from;
+            let mut sizes = Vec::new();
+            while let Some(Dim::Static(n)) = dims.get(to).map(|&d| shape[d]) {
+                sizes.push(n);
+                to += 1;
+            }
+            (to, sizes)
+        };
+        let (i_end, in_sizes) = run(&ins, in_shape, i);
+        let (j_end, out_sizes) = run(&outs, out_shape, j);
+        if in_sizes.iter().product::<usize>() != out_sizes.iter().product::<usize>() {
+            return None;
+        }
+        let run_idx: Vec<Affine> = outs[j..j_end].iter().map(|&d| idx[d].clone()).collect();
+        match reshape_index(&run_idx, &in_sizes, &out_sizes) {
+            Some(mapped) => {
+                for (k, a) in mapped.into_iter().enumerate() {
+                    out[ins[i + k]] = a;
+                }
+            }
+            None => return Some(Err(())),
+        }
+        match (ins.get(i_end), outs.get(j_end)) {
+            (None, None) => return Some(Ok(out)),
+            (Some(&a), Some(&b)) if in_shape[a] == out_shape[b] => {
+                out[a] = idx[b].clone();
+                i = i_end + 1;
+                j = j_end + 1;
+            }
+            _ => return None,
+        }
+    }
 }
 
 /// The operand index of a reshape from `in_shape` to `out_shape` read at `idx`, when it is affine
@@ -832,7 +897,10 @@ impl<'g> KernelBuilder<'g> {
     }
 
     fn push(&mut self, expr: Expr, ty: ScalarType) -> ExprId {
-        if let Some(i) = self.exprs.iter().position(|e| *e == expr) {
+        // The same expression of another type (an f32 and an i64 `index`) is another value.
+        if let Some(i) =
+            (0..self.exprs.len()).find(|&i| self.exprs[i] == expr && self.types[i] == ty)
+        {
             return ExprId(i as u32);
         }
         self.exprs.push(expr);
@@ -1024,7 +1092,9 @@ impl<'g> KernelBuilder<'g> {
                 }
                 let strides = contiguous(&table_shape);
                 let index = linear(&idx[index_rank..], &strides[1..])?;
-                let (Some(rows), Some(stride)) = (table_shape[0].as_static(), strides[0]) else {
+                let (Some(rows), Some(stride)) =
+                    (table_shape[0].as_static(), strides[0].as_const())
+                else {
                     return fallback(
                         node,
                         "embedding tables with symbolic sizes are not compiled",
@@ -1078,7 +1148,8 @@ impl<'g> KernelBuilder<'g> {
                 let mut rest = idx.to_vec();
                 rest[*dim] = Affine::constant(0);
                 let index = linear(&rest, &strides)?;
-                let (Some(bound), Some(stride)) = (source_shape[*dim].as_static(), strides[*dim])
+                let (Some(bound), Some(stride)) =
+                    (source_shape[*dim].as_static(), strides[*dim].as_const())
                 else {
                     return fallback(node, "take_along over a symbolic dim is not compiled");
                 };

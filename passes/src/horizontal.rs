@@ -223,7 +223,10 @@ fn merge(a: &Kernel, b: &Kernel, forward: &[(BufferId, ExprId)]) -> Kernel {
             Expr::Where(c, x, y) => Expr::Where(m(c), m(x), m(y)),
             Expr::Cast(d, x) => Expr::Cast(*d, m(x)),
         };
-        let id = match merged.exprs.iter().position(|x| *x == expr) {
+        // The same expression of another type (an f32 and an i64 `index`) is another value.
+        let id = match (0..merged.exprs.len())
+            .find(|&x| merged.exprs[x] == expr && merged.types[x] == ty)
+        {
             Some(existing) => ExprId(existing as u32),
             None => {
                 merged.exprs.push(expr);

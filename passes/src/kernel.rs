@@ -11,9 +11,13 @@
 //! expressions to buffers. Expressions form a DAG of scalar ops over `load(buffer, affine index)`.
 //!
 //! Loop extents are [`Dim`]s that reach the compiled code as runtime arguments (`params`);
-//! index coefficients (strides) are numbers fixed at compile time.
+//! index coefficients (strides) and offsets are [`SizeExpr`]s: numbers, or polynomials in the
+//! symbolic sizes, whose symbols also reach the compiled code as arguments (after the extents)
+//! and which it computes once per call, before any loop.
 
-use minductor_ir::{BinaryOp, CompareOp, DType, Dim, NodeId, Op, ReduceOp, UnaryOp, Window2d};
+use minductor_ir::{
+    BinaryOp, CompareOp, DType, Dim, NodeId, Op, ReduceOp, SizeExpr, SymId, UnaryOp, Window2d,
+};
 use smallvec::SmallVec;
 use std::fmt::{self, Write};
 
@@ -59,67 +63,99 @@ pub enum Var {
     Inner(u32),
 }
 
-/// `offset + Σ coefficient · var`, in elements.
+/// `offset + Σ coefficient · var`, in elements. Coefficients and the offset are size
+/// expressions: numbers, or polynomials in the symbolic sizes (`64*s0·o1`, the stride of a dim
+/// in front of a symbolic one), which the compiled code computes once per call from its size
+/// arguments.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, Default)]
 pub struct Affine {
-    pub offset: i64,
-    pub terms: SmallVec<[(Var, i64); 4]>,
+    pub offset: SizeExpr,
+    /// Sorted by var, no two with the same var, no zero coefficient.
+    pub terms: SmallVec<[(Var, SizeExpr); 4]>,
 }
 
 impl Affine {
     pub fn constant(offset: i64) -> Self {
         Affine {
-            offset,
+            offset: SizeExpr::Const(offset),
             terms: SmallVec::new(),
         }
     }
 
     pub fn var(v: Var) -> Self {
         Affine {
-            offset: 0,
-            terms: SmallVec::from_slice(&[(v, 1)]),
+            offset: SizeExpr::Const(0),
+            terms: smallvec::smallvec![(v, SizeExpr::Const(1))],
         }
     }
 
     /// `self * k`.
     pub fn scale(&self, k: i64) -> Affine {
-        if k == 0 {
+        self.scale_by(&SizeExpr::Const(k))
+    }
+
+    /// `self * k` for a size expression `k`.
+    pub fn scale_by(&self, k: &SizeExpr) -> Affine {
+        if k.is_zero() {
             return Affine::constant(0);
         }
         Affine {
-            offset: self.offset * k,
-            terms: self.terms.iter().map(|&(v, c)| (v, c * k)).collect(),
+            offset: self.offset.times(k),
+            terms: self
+                .terms
+                .iter()
+                .map(|(v, c)| (*v, c.times(k)))
+                .filter(|t| !t.1.is_zero())
+                .collect(),
         }
     }
 
     /// `self + other`, with like terms combined and zero terms dropped (kept sorted by var).
     pub fn plus(&self, other: &Affine) -> Affine {
         let mut terms = self.terms.clone();
-        for &(v, c) in &other.terms {
-            match terms.iter_mut().find(|(w, _)| *w == v) {
-                Some(t) => t.1 += c,
-                None => terms.push((v, c)),
+        for (v, c) in &other.terms {
+            match terms.iter_mut().find(|(w, _)| w == v) {
+                Some(t) => t.1 = t.1.plus(c),
+                None => terms.push((*v, c.clone())),
             }
         }
-        terms.retain(|t| t.1 != 0);
+        terms.retain(|t| !t.1.is_zero());
         terms.sort_by_key(|t| t.0);
         Affine {
-            offset: self.offset + other.offset,
+            offset: self.offset.plus(&other.offset),
             terms,
         }
     }
 
     /// Coefficient of `v` (0 if absent).
-    pub fn coefficient(&self, v: Var) -> i64 {
-        self.terms.iter().find(|t| t.0 == v).map_or(0, |t| t.1)
+    pub fn coefficient(&self, v: Var) -> SizeExpr {
+        self.terms
+            .iter()
+            .find(|t| t.0 == v)
+            .map_or(SizeExpr::Const(0), |t| t.1.clone())
+    }
+
+    /// Whether `v` moves the index (its coefficient is not 0).
+    pub fn uses(&self, v: Var) -> bool {
+        self.terms.iter().any(|t| t.0 == v)
     }
 
     /// If this is exactly one variable with coefficient 1 and no offset, that variable.
     pub fn as_var(&self) -> Option<Var> {
         match self.terms.as_slice() {
-            [(v, 1)] if self.offset == 0 => Some(*v),
+            [(v, c)] if c.is(1) && self.offset.is_zero() => Some(*v),
             _ => None,
         }
+    }
+
+    /// Whether every coefficient and the offset are numbers.
+    pub fn is_static(&self) -> bool {
+        self.offset.as_const().is_some() && self.terms.iter().all(|t| t.1.as_const().is_some())
+    }
+
+    /// Every size expression of the index (the offset, then the coefficients).
+    pub fn size_exprs(&self) -> impl Iterator<Item = &SizeExpr> {
+        std::iter::once(&self.offset).chain(self.terms.iter().map(|t| &t.1))
     }
 }
 
@@ -259,14 +295,41 @@ impl Kernel {
         self.types[id.0 as usize]
     }
 
-    /// Every loop extent in the order the compiled function reads them from `params`:
+    /// Every size in the order the compiled function reads them from `params`: loop extents of
     /// outer loops, then each stage's loops.
+    /// outer loops, then each stage's loops, then each symbol an index's coefficients or offset
+    /// read ([`Kernel::index_symbols`]).
     pub fn params(&self) -> Vec<Dim> {
         let mut p = self.outer.clone();
         for s in &self.stages {
             p.extend_from_slice(&s.extent);
         }
+        p.extend(self.index_symbols().into_iter().map(Dim::Sym));
         p
+    }
+
+    /// Every index of the kernel: loads, `index` values and stores.
+    pub fn indices(&self) -> impl Iterator<Item = &Affine> {
+        let exprs = self.exprs.iter().filter_map(|e| match e {
+            Expr::Load { index, .. } | Expr::Index(index) => Some(index),
+            _ => None,
+        });
+        let stores = self
+            .stages
+            .iter()
+            .flat_map(|s| s.action.stores().iter().map(|st| &st.index));
+        exprs.chain(stores)
+    }
+
+    /// The symbols the kernel's index coefficients and offsets read, sorted and unique.
+    pub fn index_symbols(&self) -> Vec<SymId> {
+        let mut out: Vec<SymId> = self
+            .indices()
+            .flat_map(|i| i.size_exprs().flat_map(|e| e.symbols()).collect::<Vec<_>>())
+            .collect();
+        out.sort();
+        out.dedup();
+        out
     }
 
     /// Expressions reachable from `roots` through [`Expr::operands`], each once.
@@ -366,8 +429,11 @@ impl fmt::Display for MatmulOperand {
         match self {
             MatmulOperand::View(v) => write!(
                 f,
-                "{}{:?}+{} strides {:?}",
-                v.buffer, v.shape, v.offset, v.strides
+                "{}{:?}+{} strides {}",
+                v.buffer,
+                v.shape,
+                v.offset,
+                size_list(&v.strides)
             ),
             MatmulOperand::Im2col(v) => write!(
                 f,
@@ -393,9 +459,23 @@ pub struct Im2colView {
 #[derive(Clone, Debug, PartialEq)]
 pub struct StridedView {
     pub buffer: BufferId,
-    pub offset: i64,
+    pub offset: SizeExpr,
     pub shape: Vec<Dim>,
-    pub strides: Vec<i64>,
+    pub strides: Vec<SizeExpr>,
+}
+
+impl StridedView {
+    /// The offset and strides for the symbol sizes `size` gives (`None` if one is unknown or
+    /// a value does not fit an `i64`).
+    pub fn bind(&self, size: impl Fn(SymId) -> Option<i128> + Copy) -> Option<(i64, Vec<i64>)> {
+        let offset = self.offset.eval_i64(size)?;
+        let strides = self
+            .strides
+            .iter()
+            .map(|s| s.eval_i64(size))
+            .collect::<Option<Vec<i64>>>()?;
+        Some((offset, strides))
+    }
 }
 
 /// `out = zeros; out[p with p[dim] = index[p]] += src[p]` for every position `p` of `src` in
@@ -564,19 +644,23 @@ impl fmt::Display for Affine {
         let mut parts: Vec<String> = self
             .terms
             .iter()
-            .map(|&(v, c)| {
-                if c == 1 {
-                    v.to_string()
-                } else {
-                    format!("{c}*{v}")
-                }
+            .map(|(v, c)| match c {
+                c if c.is(1) => v.to_string(),
+                c if c.is_monomial() => format!("{c}*{v}"),
+                c => format!("({c})*{v}"),
             })
             .collect();
-        if self.offset != 0 || parts.is_empty() {
+        if !self.offset.is_zero() || parts.is_empty() {
             parts.push(self.offset.to_string());
         }
         f.write_str(&parts.join(" + "))
     }
+}
+
+/// `[a, b, …]` of size expressions (a view's strides).
+pub fn size_list(v: &[SizeExpr]) -> String {
+    let items: Vec<String> = v.iter().map(|e| e.to_string()).collect();
+    format!("[{}]", items.join(", "))
 }
 
 impl fmt::Display for BufferId {
@@ -710,27 +794,27 @@ impl fmt::Display for Program {
                 Step::Kernel(k) => write!(f, "{k}")?,
                 Step::Matmul(m) => writeln!(
                     f,
-                    "matmul {} = {}{:?}+{} strides {:?} @ {} (node {})",
+                    "matmul {} = {}{:?}+{} strides {} @ {} (node {})",
                     m.out,
                     m.a.buffer,
                     m.a.shape,
                     m.a.offset,
-                    m.a.strides,
+                    size_list(&m.a.strides),
                     m.b,
                     m.node
                 )?,
                 Step::ScatterAdd(sc) => writeln!(
                     f,
-                    "scatter_add {}[dim {}] += {}{:?}+{} strides {:?} at indices {}+{} strides {:?} (node {})",
+                    "scatter_add {}[dim {}] += {}{:?}+{} strides {} at indices {}+{} strides {} (node {})",
                     sc.out,
                     sc.dim,
                     sc.src.buffer,
                     sc.src.shape,
                     sc.src.offset,
-                    sc.src.strides,
+                    size_list(&sc.src.strides),
                     sc.index.buffer,
                     sc.index.offset,
-                    sc.index.strides,
+                    size_list(&sc.index.strides),
                     sc.node
                 )?,
                 Step::Fallback(fb) => writeln!(f, "{fb}")?,

@@ -11,7 +11,7 @@
 use crate::kernel::*;
 use crate::plan_buffers::{live_ranges, BufferPlan, Slot};
 use minductor_ir::text::{Cursor, ParseError};
-use minductor_ir::{BinaryOp, CompareOp, NodeId, ReduceOp, UnaryOp};
+use minductor_ir::{BinaryOp, CompareOp, NodeId, ReduceOp, SizeExpr, UnaryOp};
 use std::str::FromStr;
 
 impl FromStr for Program {
@@ -402,9 +402,9 @@ impl<'a> Parser<'a> {
             Vec::new()
         };
         c.eat("+")?;
-        let offset = c.i64()?;
+        let offset = SizeExpr::parse(c)?;
         c.eat(" strides ")?;
-        let strides = c.list(|c| c.i64())?;
+        let strides = c.list(SizeExpr::parse)?;
         Ok(StridedView {
             buffer,
             offset,
@@ -660,46 +660,58 @@ fn var(c: &mut Cursor) -> Result<Option<Var>, ParseError> {
     }
 }
 
-/// An affine index as printed (`o0 + 8*i0 + -3`: terms, then the offset when it is not 0), and
-/// when `indirect` is allowed, an optional `+ stride*clamp(eN, 0, bound)` after it.
+/// An affine index as printed (`o0 + 8*i0 + 64*s0*o1 + (s0 + -1)*i1 + 97*s0 + -97`: terms joined
+/// by ` + `, each a product of factors — integers, symbols `sN`, a parenthesized size
+/// expression, and at most one loop variable), and when `indirect` is allowed, an optional
+/// `+ stride*clamp(eN, 0, bound)` after it.
 fn affine(c: &mut Cursor, indirect: bool) -> Result<(Affine, Option<Indirect>), ParseError> {
     let mut out = Affine::default();
-    let mut offset_seen = false;
     loop {
         let at = c.clone();
-        if let Some(v) = var(c)? {
-            if offset_seen {
-                return Err(at.error("the offset last"));
-            }
-            out.terms.push((v, 1));
-        } else {
-            let k = c.i64()?;
-            if c.try_eat("*") {
-                if indirect && c.try_eat("clamp(") {
-                    let value = expr_id(c)?;
-                    c.eat(", 0, ")?;
-                    let bound = c.i64()?;
-                    c.eat(")")?;
-                    let data = Indirect {
-                        value,
-                        stride: k,
-                        bound,
-                    };
-                    return Ok((out, Some(data)));
+        let mut coefficient = SizeExpr::Const(1);
+        let mut variable: Option<Var> = None;
+        loop {
+            if let Some(v) = var(c)? {
+                if variable.is_some() {
+                    return Err(at.error("one loop variable per term"));
                 }
-                if offset_seen {
-                    return Err(at.error("the offset last"));
-                }
-                let v = var(c)?.ok_or_else(|| c.error("a loop variable (`o0`, `i1`)"))?;
-                out.terms.push((v, k));
+                variable = Some(v);
+            } else if c.try_eat("(") {
+                coefficient = coefficient.times(&SizeExpr::parse(c)?);
+                c.eat(")")?;
+            } else if c.rest().starts_with('s') {
+                c.eat("s")?;
+                let s = SizeExpr::symbol(minductor_ir::SymId(c.u32()?));
+                coefficient = coefficient.times(&s);
+            } else if indirect && variable.is_none() && c.try_eat("clamp(") {
+                let Some(stride) = coefficient.as_const() else {
+                    return Err(at.error("a numeric stride before `clamp(`"));
+                };
+                let value = expr_id(c)?;
+                c.eat(", 0, ")?;
+                let bound = c.i64()?;
+                c.eat(")")?;
+                let data = Indirect {
+                    value,
+                    stride,
+                    bound,
+                };
+                return Ok((out, Some(data)));
             } else {
-                if offset_seen {
-                    return Err(at.error("one offset"));
-                }
-                out.offset = k;
-                offset_seen = true;
+                coefficient = coefficient.scale(c.i64()?);
+            }
+            if !c.try_eat("*") {
+                break;
             }
         }
+        let term = match variable {
+            Some(v) => Affine::var(v).scale_by(&coefficient),
+            None => Affine {
+                offset: coefficient,
+                terms: Default::default(),
+            },
+        };
+        out = out.plus(&term);
         if !c.try_eat(" + ") {
             return Ok((out, None));
         }

@@ -221,6 +221,7 @@ fn rewrite(out: &mut Graph, seen: &mut Seen, node: &Node, ins: &[NodeId]) -> Nod
             start: 0,
             end,
             step: 1,
+            from_end: false,
         } if Some(*end) == out.ty(ins[0]).shape[*dim].as_static() => return ins[0],
         Op::Binary(b) => {
             let rhs = constant_value(out, ins[1]);

@@ -90,7 +90,7 @@ fn rewrite(program: &Program, kernel: &mut Kernel) {
             };
             let Some(target) = stores.iter().find(|st| {
                 program.buffer(st.buffer).dtype == DType::F32
-                    && st.index.coefficient(inner) != 0
+                    && st.index.uses(inner)
                     && st.index.terms.iter().all(|(var, _)| match var {
                         Var::Inner(i) => *i == 0,
                         Var::Outer(_) => true,
@@ -139,7 +139,7 @@ fn varies(kernel: &Kernel, e: ExprId, var: Var) -> bool {
         .reachable(&[e])
         .into_iter()
         .any(|r| match kernel.expr(r) {
-            Expr::Load { index, .. } => index.coefficient(var) != 0,
+            Expr::Load { index, .. } => index.uses(var),
             _ => false,
         })
 }

@@ -34,15 +34,17 @@
 //!   pair at the one step where one ends and the other begins and the kernel's access pattern
 //!   makes it safe (the same check `plan_buffers` applies).
 //!
-//! Ranges depend on loop extents, which may be symbolic: `symbols[s]` is the size of symbol `s`
-//! when known. An access whose extents involve an unknown symbol is not range-checked; callers
+//! Ranges depend on loop extents, index coefficients and offsets, which may be symbolic (extents
+//! are dims; coefficients and offsets are size expressions such as `7*s0` or `-1 + s0`, evaluated
+//! exactly in `i128`): `symbols[s]` is the size of symbol `s` when known. An access whose extents,
+//! coefficients or offset involve an unknown symbol is not range-checked; callers
 //! run the verifier again once the sizes are bound (the runtime does so whenever a call brings
 //! new sizes), which then checks every access. An access inside a loop of extent 0 never runs
 //! and is not checked. Cost: linear in the program, plus one reachability walk per stage.
 
 use crate::kernel::*;
 use crate::plan_buffers::{buffer_bytes, in_place_is_safe, live_ranges};
-use minductor_ir::{checked_bytes, DType, Dim};
+use minductor_ir::{checked_bytes, DType, Dim, SizeExpr};
 use std::collections::HashSet;
 use thiserror::Error;
 
@@ -106,6 +108,17 @@ impl Verifier<'_> {
             Dim::Static(n) => Some(n),
             Dim::Sym(s) => self.symbols.get(s.0 as usize).copied().flatten(),
         }
+    }
+
+    /// The value of a size expression (a stride or offset), if its symbols are known.
+    fn value(&self, e: &SizeExpr) -> Option<i128> {
+        e.eval(|s| {
+            self.symbols
+                .get(s.0 as usize)
+                .copied()
+                .flatten()
+                .map(|n| n as i128)
+        })
     }
 
     fn buffer(&self, id: BufferId, at: &str) -> Result<&Buffer, VerifyError> {
@@ -313,23 +326,26 @@ impl Verifier<'_> {
             // Each store: mixed radix over the variables that move its index.
             let mut deferred = false;
             for (t, st) in &mine {
-                if st.index.coefficient(row) == 0 {
+                if !st.index.uses(row) {
                     return Err(overlap(buffer));
                 }
-                let mut terms: Vec<(i128, Option<usize>)> = st
+                let terms: Vec<(Option<i128>, Option<usize>)> = st
                     .index
                     .terms
                     .iter()
-                    .filter(|(_, c)| *c != 0)
-                    .map(|&(v, c)| ((c as i128).abs(), extent(*t, v)))
+                    .map(|(v, c)| (self.value(c).map(i128::abs), extent(*t, *v)))
                     .collect();
                 if terms.iter().any(|t| t.1 == Some(0)) {
                     continue; // Never runs.
                 }
-                if terms.iter().any(|t| t.1.is_none()) {
+                if terms.iter().any(|t| t.0.is_none() || t.1.is_none()) {
                     deferred = true; // Checked again once the symbols are bound.
                     continue;
                 }
+                let mut terms: Vec<(i128, Option<usize>)> = terms
+                    .into_iter()
+                    .map(|(c, n)| (c.expect("known above"), n))
+                    .collect();
                 terms.sort();
                 let mut span: i128 = 0;
                 for (c, n) in terms {
@@ -348,14 +364,16 @@ impl Verifier<'_> {
                 // write the same element at all (disjoint ranges over every row: a cat along the
                 // first dim), or each row's elements of both lie within one stride of the row's
                 // base (a cat along a later dim).
-                let stride = first_store.index.coefficient(row);
+                let Some(stride) = self.value(&first_store.index.coefficient(row)) else {
+                    return Ok(()); // Checked again once the symbols are bound.
+                };
                 let rows = self.size(first).map(|n| n as i128);
                 let mut windows = Vec::new();
                 // Stores at one index over the same loop extents write the same elements (a
                 // value `store_once` stores in a reduction and a later stage overwrites): the
                 // mixed-radix check above covers them as one store.
                 let extents_of = |t: usize, st: &Store| -> Vec<Option<usize>> {
-                    st.index.terms.iter().map(|&(v, _)| extent(t, v)).collect()
+                    st.index.terms.iter().map(|(v, _)| extent(t, *v)).collect()
                 };
                 let mut seen: Vec<(&Affine, Vec<Option<usize>>)> = Vec::new();
                 for (t, st) in &mine {
@@ -364,15 +382,18 @@ impl Verifier<'_> {
                         continue;
                     }
                     seen.push(key);
-                    if st.index.coefficient(row) != stride {
+                    if self.value(&st.index.coefficient(row)) != Some(stride) {
                         return Err(overlap(buffer));
                     }
-                    let (mut min, mut max) = (st.index.offset as i128, st.index.offset as i128);
-                    for &(v, c) in st.index.terms.iter().filter(|t| t.0 != row) {
-                        let Some(n) = extent(*t, v) else {
+                    let Some(offset) = self.value(&st.index.offset) else {
+                        return Ok(()); // Checked again once the symbols are bound.
+                    };
+                    let (mut min, mut max) = (offset, offset);
+                    for (v, c) in st.index.terms.iter().filter(|t| t.0 != row) {
+                        let (Some(n), Some(c)) = (extent(*t, *v), self.value(c)) else {
                             return Ok(()); // Checked again once the symbols are bound.
                         };
-                        let span = c as i128 * (n as i128 - 1).max(0);
+                        let span = c * (n as i128 - 1).max(0);
                         if span < 0 {
                             min += span;
                         } else {
@@ -384,14 +405,14 @@ impl Verifier<'_> {
                 let Some(rows) = rows else {
                     return Ok(()); // Checked again once the symbols are bound.
                 };
-                let all_rows = stride as i128 * (rows - 1);
+                let all_rows = stride * (rows - 1);
                 let whole =
                     |(min, max): (i128, i128)| (min + all_rows.min(0), max + all_rows.max(0));
                 for (x, &a) in windows.iter().enumerate() {
                     for &b in &windows[x + 1..] {
                         let (wa, wb) = (whole(a), whole(b));
                         let apart = wa.1 < wb.0 || wb.1 < wa.0;
-                        let one_row = a.1.max(b.1) - a.0.min(b.0) < (stride as i128).abs();
+                        let one_row = a.1.max(b.1) - a.0.min(b.0) < stride.abs();
                         if !apart && !one_row {
                             return Err(overlap(buffer));
                         }
@@ -598,9 +619,15 @@ impl Verifier<'_> {
         let Some(len) = self.numel(buffer) else {
             return Ok(());
         };
-        let (mut min, mut max) = (index.offset as i128, index.offset as i128);
-        for &(v, c) in &index.terms {
-            let span = c as i128 * (extent(v).expect("known above") as i128 - 1);
+        let Some(offset) = self.value(&index.offset) else {
+            return Ok(()); // Checked again once the symbols are bound.
+        };
+        let (mut min, mut max) = (offset, offset);
+        for (v, c) in &index.terms {
+            let Some(c) = self.value(c) else {
+                return Ok(()); // Checked again once the symbols are bound.
+            };
+            let span = c * (extent(*v).expect("known above") as i128 - 1);
             if span < 0 {
                 min += span;
             } else {
@@ -694,9 +721,15 @@ impl Verifier<'_> {
         if sizes.contains(&0) {
             return Ok(());
         }
-        let (mut min, mut max) = (view.offset as i128, view.offset as i128);
-        for (&n, &stride) in sizes.iter().zip(&view.strides) {
-            let span = stride as i128 * (n as i128 - 1);
+        let Some(offset) = self.value(&view.offset) else {
+            return Ok(()); // Checked again once the symbols are bound.
+        };
+        let (mut min, mut max) = (offset, offset);
+        for (&n, stride) in sizes.iter().zip(&view.strides) {
+            let Some(stride) = self.value(stride) else {
+                return Ok(()); // Checked again once the symbols are bound.
+            };
+            let span = stride * (n as i128 - 1);
             if span < 0 {
                 min += span;
             } else {

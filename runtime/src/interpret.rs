@@ -41,11 +41,19 @@ pub fn interpret(graph: &Graph, inputs: &[Tensor]) -> Result<Vec<Tensor>, Runtim
                 shape: vec![],
                 data: constant(dtype, *value),
             },
-            Op::Iota { len, .. } => Value {
-                dtype,
-                shape: vec![*len],
-                data: iota(dtype, *len),
-            },
+            Op::Iota { len, .. } => {
+                let len = len.as_static().ok_or_else(|| {
+                    RuntimeError::Unsupported(format!(
+                        "%{index}: an arange of symbolic length {len}; the interpreter needs \
+                         static shapes"
+                    ))
+                })?;
+                Value {
+                    dtype,
+                    shape: vec![len],
+                    data: iota(dtype, len),
+                }
+            }
             op => {
                 let args = node
                     .inputs
@@ -439,10 +447,20 @@ fn eval(op: &Op, dtype: DType, shape: &[usize], args: &[&Value]) -> Result<Data,
         }
         Op::Expand { .. } => Ok(relayout(x, Offsets::broadcast(&x.shape, shape))),
         Op::Slice {
-            dim, start, step, ..
+            dim,
+            start,
+            step,
+            from_end,
+            ..
         } => {
             let mut strides = contiguous_strides(&x.shape);
-            let base = start * strides[*dim];
+            // The type rule checked `start <= size` for a slice from the end of a static dim.
+            let first = if *from_end {
+                x.shape[*dim] - start
+            } else {
+                *start
+            };
+            let base = first * strides[*dim];
             strides[*dim] *= step;
             Ok(relayout(x, Offsets::new(shape, &strides, base)))
         }
@@ -1470,6 +1488,7 @@ mod tests {
                     start: 0,
                     end: 3,
                     step: 2,
+                    from_end: false,
                 },
                 &[p],
             )

@@ -229,20 +229,35 @@ fn symbolic_dims_are_a_typed_error_not_a_panic() {
         .err()
         .expect("the prim interpreter needs static shapes");
     assert!(err.to_string().contains("symbolic dims"), "{err}");
-    // A symbolic dim inside a buffer (not its outermost) would make strides symbolic.
+    // An embedding table with a symbolic row count runs as a fallback step: right rows for
+    // indices in range, a typed error for one past the table.
     let tracer = Tracer::new();
-    let x = tracer.input_typed(
-        "x",
+    let table = tracer.input_typed(
+        "table",
         TensorType::new(
             DType::F32,
-            [Dim::Static(4), Dim::Sym(SymId(0))].into_iter().collect(),
+            [Dim::Sym(SymId(0)), Dim::Static(4)].into_iter().collect(),
         ),
     );
-    let inner = tracer.finish(&[x.softmax(-1)]).unwrap();
-    let err = compile_with(&inner, Backend::Inductor)
-        .err()
-        .expect("symbolic strides are not compiled");
-    assert!(err.to_string().contains("symbolic"), "{err}");
+    let ids = tracer.input("ids", DType::I64, &[3]);
+    let lookup = tracer.finish(&[ids.embedding(&table)]).unwrap();
+    let compiled = compile_with(&lookup, Backend::Inductor).unwrap();
+    assert_eq!(
+        compiled.fallbacks().len(),
+        1,
+        "the gather is a fallback step"
+    );
+    let table_values = ramp(&[5, 4]);
+    let ids = Tensor::from_vec(&[3], vec![4i64, 0, 2]).unwrap();
+    let got = compiled.call(&[table_values.clone(), ids]).unwrap();
+    let rows = table_values.to_vec::<f32>().unwrap();
+    let want: Vec<f32> = [4, 0, 2]
+        .iter()
+        .flat_map(|&r| rows[r * 4..r * 4 + 4].to_vec())
+        .collect();
+    assert_eq!(got[0].to_vec::<f32>().unwrap(), want);
+    let past_the_end = Tensor::from_vec(&[3], vec![0i64, 5, 1]).unwrap();
+    assert!(compiled.call(&[table_values, past_the_end]).is_err());
     let eager = compile_with(&graph, Backend::Eager).unwrap();
     let err = eager.call(&[ramp(&[3, 4])]).unwrap_err();
     assert!(matches!(err, RuntimeError::Unsupported(_)), "{err}");

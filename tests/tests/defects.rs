@@ -284,7 +284,7 @@ fn the_verifier_rejects_an_out_of_range_store() {
     let minductor::passes::kernel::StageAction::Store(stores) = &mut k.stages[0].action else {
         panic!("stage 0 stores")
     };
-    stores[0].index.offset = 1;
+    stores[0].index.offset = 1.into();
     match compile_program(&bad) {
         Err(CodegenError::Verify(e))
             if matches!(
@@ -320,7 +320,7 @@ fn the_verifier_rejects_an_out_of_range_load_with_symbolic_sizes_at_call_time() 
             _ => None,
         })
         .unwrap();
-    load.offset = -1;
+    load.offset = (-1).into();
     // The range depends on s0: compile_program cannot prove it wrong, the call must refuse it.
     let compiled = compile_program(&bad).unwrap();
     match compiled.run(&[ramp(&[5])]) {
@@ -431,7 +431,7 @@ fn the_verifier_rejects_a_gemm_view_outside_its_buffer() {
     let Step::Matmul(m) = &mut bad.steps[0] else {
         panic!("the first step is a GEMM")
     };
-    m.a.offset = 1;
+    m.a.offset = 1.into();
     match compile_program(&bad) {
         Err(CodegenError::Verify(e)) => {
             assert!(matches!(*e, VerifyError::OutOfRange { .. }), "{e}")

@@ -3,9 +3,9 @@
 //! integer scans and reductions (fallback steps), f16/bf16 inputs and bool outputs, at sizes on
 //! both sides of the threading threshold, compiled with the full pipeline and compared with the
 //! reference interpreter (output count, shapes, dtypes and values); proptest shrinks any failure
-//! to the smallest graph and shape. A second property compiles each graph once with a symbolic
-//! batch dim (`Dim::Sym`) and calls it at two sizes, each compared with the interpreter on a
-//! static trace at that size.
+//! to the smallest graph and shape. Two more properties compile each graph once with a symbolic
+//! dim (`Dim::Sym`) and call it at two sizes, each compared with the interpreter on a static
+//! trace at that size: the batch dim, and one dim at any position.
 //!
 //! CI runs 128 cases; a campaign runs more: `PROPTEST_CASES=100000 cargo test --release -p
 //! minductor-tests --test random_graphs`.
@@ -397,6 +397,98 @@ proptest! {
             let context = format!("batch {batch}\n{symbolic}");
             let compared = compare_with_row_sum(&got, want, Some(1), &context);
             prop_assert!(compared.is_ok(), "{}", compared.unwrap_err());
+        }
+    }
+}
+
+/// `apply` for a value with a symbolic dim: steps that read sizes as numbers are written with
+/// `dims()` (an arange of the dim, reshapes with `-1`, a fixed GEMM scale) or replaced by `tanh`
+/// (a reshape round trip, `index_select` at reversed positions, and a `cat` along the symbolic
+/// dim, which the IR does not type).
+fn apply_symbolic(
+    step: Step,
+    v: &Traced,
+    x: &Traced,
+    y: &Traced,
+    w: &Traced,
+    symbolic: usize,
+) -> Traced {
+    let rank = v.rank();
+    match step {
+        Step::ReshapeRoundTrip | Step::Reverse(_) => v.tanh(),
+        Step::CatStepped(d) if d % rank == symbolic => v.tanh(),
+        Step::AddArange(d) => {
+            let d = d % rank;
+            let mut column = vec![1isize; rank];
+            column[d] = -1;
+            let positions = v.tracer().arange_of(v.dims()[d].clone(), DType::F32);
+            v + positions.reshape(&column) * 0.1
+        }
+        Step::Matmul => v.matmul(&(w * (1.0 / 24.0))),
+        other => apply(other, v, x, y, w),
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: cases() / 4, ..ProptestConfig::default() })]
+
+    /// One dim (any position) symbolic: one compile, called at two sizes of it, each compared
+    /// with the interpreter on a static trace of the same steps at that size.
+    #[test]
+    fn compiled_with_a_symbolic_dim_equals_reference(
+        shape in prop::collection::vec(1usize..24, 1..4),
+        symbolic_at in 0usize..3,
+        sizes in (2usize..40, 2usize..40),
+        broadcast_first in any::<bool>(),
+        steps in prop::collection::vec(step_strategy(), 1..7),
+        reduce_at_end in any::<bool>(),
+    ) {
+        use minductor::ir::{Dim, SymId, TensorType};
+        let symbolic = symbolic_at % shape.len();
+        // The graph's types with the symbolic dim as `s0`, or as the number `size`.
+        let build = |size: Option<usize>| {
+            let dim = |d: usize, n: usize| match (d == symbolic, size) {
+                (false, _) => Dim::Static(n),
+                (true, Some(s)) => Dim::Static(s),
+                (true, None) => Dim::Sym(SymId(0)),
+            };
+            let x_shape: Vec<Dim> = shape.iter().enumerate().map(|(d, &n)| dim(d, n)).collect();
+            let mut y_shape = x_shape.clone();
+            if broadcast_first {
+                y_shape[0] = Dim::Static(1);
+            }
+            let last = *x_shape.last().unwrap();
+            let tracer = Tracer::new();
+            let typed = |dims: Vec<Dim>| TensorType::new(DType::F32, dims.into_iter().collect());
+            let x = tracer.input_typed("x", typed(x_shape));
+            let y = tracer.input_typed("y", typed(y_shape));
+            let w = tracer.input_typed("w", typed(vec![last, last]));
+            let mut v = x.clone();
+            for &s in &steps {
+                v = apply_symbolic(s, &v, &x, &y, &w, symbolic);
+            }
+            let mut outputs = vec![v.clone()];
+            if reduce_at_end {
+                outputs.push(v.sum(&[-1], false));
+            }
+            tracer.finish(&outputs).unwrap()
+        };
+        let compiled = compile(&build(None)).unwrap();
+        for size in [sizes.0, sizes.1] {
+            let mut x_shape = shape.clone();
+            x_shape[symbolic] = size;
+            let mut y_shape = x_shape.clone();
+            if broadcast_first {
+                y_shape[0] = 1;
+            }
+            let n = *x_shape.last().unwrap();
+            let inputs = [data(&x_shape, 1), data(&y_shape, 2), data(&[n, n], 3)];
+            let graph = build(Some(size));
+            let want = interpret(&graph, &inputs).unwrap();
+            let got = compiled.call(&inputs).unwrap();
+            let sum = reduce_at_end.then_some(1);
+            let compared = compare_with_row_sum(&got, want, sum, &graph.to_string());
+            prop_assert!(compared.is_ok(), "s0 = {size}: {}", compared.unwrap_err());
         }
     }
 }

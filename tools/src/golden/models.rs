@@ -163,13 +163,19 @@ pub fn gpt_forward(i: &HashMap<String, Traced>) -> Vec<Traced> {
         .take_while(|l| i.contains_key(&format!("h{l}.ln1.g")))
         .count();
     let heads = 4isize;
-    // Sizes read as numbers (0 if an earlier error poisoned a value: tracing then fails).
-    let size = |x: &Traced, d: usize| x.shape().get(d).copied().unwrap_or(0);
-    let (b, t) = (size(idx, 0) as isize, size(idx, 1));
+    // Sizes read as numbers (0 if an earlier error poisoned a value: tracing then fails). The
+    // sequence length is never read: under `jit` it may be symbolic, so reshapes name it `-1`
+    // and the positions are an arange of its dim.
+    let size = |x: &Traced, d: usize| x.dims().get(d).map_or(0, |d| d.size());
+    let b = size(idx, 0) as isize;
     let width = size(&i["wte"], 1);
-    let (ti, di) = (t as isize, width as isize);
+    let di = width as isize;
     let hd = di / heads;
-    let positions = idx.tracer().arange(t, DType::I64);
+    let Some(t) = idx.dims().get(1).cloned() else {
+        // A poisoned or wrongly ranked input: the embedding below reports it.
+        return vec![idx.embedding(&i["wte"]); 2];
+    };
+    let positions = idx.tracer().arange_of(t, DType::I64);
     let mut x = idx.embedding(&i["wte"]) + positions.embedding(&i["wpe"]);
     let p = |l: usize, name: &str| &i[&format!("h{l}.{name}")];
     for l in 0..layers {
@@ -178,14 +184,14 @@ pub fn gpt_forward(i: &HashMap<String, Traced>) -> Vec<Traced> {
         let qkv = h.linear(p(l, "qkv.w"), Some(p(l, "qkv.b")));
         let heads_of = |n: isize| {
             qkv.slice(-1, Some(n * di), Some((n + 1) * di), 1)
-                .reshape(&[b, ti, heads, hd])
+                .reshape(&[b, -1, heads, hd])
                 .transpose(1, 2)
         };
         let (q, k, v) = (heads_of(0), heads_of(1), heads_of(2));
         let a = q
             .scaled_dot_product_attention(&k, &v, None, true)
             .transpose(1, 2)
-            .reshape(&[b, ti, di]);
+            .reshape(&[b, -1, di]);
         x = &x + a.linear(p(l, "proj.w"), Some(p(l, "proj.b")));
         let h = x.layer_norm(&[width], Some(p(l, "ln2.g")), Some(p(l, "ln2.b")), 1e-5);
         let mlp = h
