@@ -75,6 +75,11 @@ impl Split {
             Split::Fine => "fine",
         }
     }
+
+    /// The split named `name` (as [`Split::name`] spells it).
+    pub fn from_name(name: &str) -> Option<Split> {
+        Split::ALL.into_iter().find(|s| s.name() == name)
+    }
 }
 
 /// A kernel's loop extents for one call.
@@ -424,6 +429,32 @@ impl CompiledProgram {
             }
         }
         Ok(chosen)
+    }
+
+    /// Applies splits an earlier [`CompiledProgram::autotune`] chose (kernel names and splits);
+    /// `false`, changing nothing, unless they name exactly this program's kernel steps.
+    pub fn set_splits(&mut self, splits: &[(String, Split)]) -> bool {
+        let names: Vec<&str> = self
+            .steps
+            .iter()
+            .filter_map(|s| match s {
+                CompiledStep::Kernel(k) => Some(k.name.as_str()),
+                _ => None,
+            })
+            .collect();
+        let same = names.len() == splits.len()
+            && names.iter().zip(splits).all(|(n, (m, _))| *n == m.as_str());
+        if !same {
+            return false;
+        }
+        let kernels = self.steps.iter_mut().filter_map(|s| match s {
+            CompiledStep::Kernel(k) => Some(k),
+            _ => None,
+        });
+        for (k, (_, split)) in kernels.zip(splits) {
+            k.split = *split;
+        }
+        true
     }
 
     pub fn kernels(&self) -> impl Iterator<Item = &CompiledKernel> {

@@ -20,6 +20,8 @@
 //! <one line per input, tangent and output>
 //! section program <bytes>
 //! <the kernel program's text, buffer plan included>
+//! section autotune <bytes>          (max-autotune only)
+//! <`threads N`, then one `KERNEL SPLIT` line per kernel step>
 //! checksum fnv1a64 <16 hex digits>
 //! ```
 //!
@@ -40,6 +42,10 @@
 //!   fed with ones (`tangent f32`) and what it returns (`output TYPE`), and `program` the kernel
 //!   program with its buffer plan (`Program`'s text). Section lengths are in bytes; each
 //!   section is followed by a newline.
+//! - `autotune` (written only in `max-autotune` mode) caches the thread split max-autotune chose
+//!   for each kernel step, with the thread count it was timed on. A load reuses the choices when
+//!   it runs on the same thread count and CPU features as the saving machine (the compile cache's
+//!   case) and tunes again otherwise.
 
 use crate::compile::{with_tangents, Artifacts, Backend, CompileOptions, Compiled, Mode};
 use minductor_codegen_cpu::{compile_program, CodegenError};
@@ -115,6 +121,8 @@ pub struct Artifact {
     pub graph: String,
     pub guards: String,
     pub program: String,
+    /// Max-autotune's choices (`threads N`, then `KERNEL SPLIT` lines); empty when not tuned.
+    pub autotune: String,
 }
 
 /// 64-bit FNV-1a over `bytes` (the checksum, and the compile cache's key hash).
@@ -242,6 +250,7 @@ impl Artifact {
             graph,
             guards,
             program: program_text,
+            autotune: autotune_text(&compiled.artifacts().autotune),
         })
     }
 
@@ -262,12 +271,16 @@ impl Artifact {
         out.into_bytes()
     }
 
-    fn sections(&self) -> [(&'static str, &str); 3] {
-        [
-            ("graph", &self.graph),
-            ("guards", &self.guards),
-            ("program", &self.program),
-        ]
+    fn sections(&self) -> Vec<(&'static str, &str)> {
+        let mut sections = vec![
+            ("graph", self.graph.as_str()),
+            ("guards", self.guards.as_str()),
+            ("program", self.program.as_str()),
+        ];
+        if !self.autotune.is_empty() {
+            sections.push(("autotune", self.autotune.as_str()));
+        }
+        sections
     }
 
     /// Decodes a file's bytes, checking magic, format, checksum and version (not the CPU nor
@@ -373,6 +386,20 @@ impl Artifact {
             sections.push(text.to_string());
             body = &body[len + 1..];
         }
+        // The optional last section.
+        let mut autotune = String::new();
+        if let Some(rest) = body.strip_prefix("section autotune ") {
+            let (len, rest) = rest
+                .split_once('\n')
+                .and_then(|(len, rest)| Some((len.parse::<usize>().ok()?, rest)))
+                .ok_or_else(|| corrupted("expected `section autotune <bytes>`"))?;
+            let text = rest
+                .get(..len)
+                .filter(|_| rest.as_bytes().get(len) == Some(&b'\n'))
+                .ok_or_else(|| corrupted(&format!("section autotune is not {len} bytes long")))?;
+            autotune = text.to_string();
+            body = &rest[len + 1..];
+        }
         if !body.is_empty() {
             return Err(corrupted("bytes after the last section"));
         }
@@ -388,6 +415,7 @@ impl Artifact {
             graph,
             guards,
             program,
+            autotune,
         })
     }
 
@@ -431,14 +459,23 @@ impl Artifact {
         let options = parse_options(&self.options)
             .ok_or_else(|| ArtifactError::Corrupted(format!("options `{}`", self.options)))?;
         let mut compiled = compile_program(&program)?;
-        // Tuning is about the loading machine: it runs again here.
-        let autotune = if options.mode == Mode::MaxAutotune {
-            crate::compile::autotune(&mut compiled)
-        } else {
+        // Tuning is about the machine: the saved choices hold on the same thread count and
+        // CPU features; anywhere else it runs again.
+        let mut autotune_reused = false;
+        let autotune = if options.mode != Mode::MaxAutotune {
             Vec::new()
+        } else {
+            match self.reusable_autotune() {
+                Some(splits) if compiled.set_splits(&splits) => {
+                    autotune_reused = true;
+                    splits
+                }
+                _ => crate::compile::autotune(&mut compiled),
+            }
         };
         let artifacts = Artifacts {
             autotune,
+            autotune_reused,
             cranelift_ir: compiled
                 .kernels()
                 .map(|k| (k.name.clone(), k.clif.clone()))
@@ -456,6 +493,42 @@ impl Artifact {
             started.elapsed(),
         ))
     }
+}
+
+impl Artifact {
+    /// The saved max-autotune choices, if they were timed on this machine's thread count and
+    /// CPU features (`None` if absent, from elsewhere, or not parsable).
+    fn reusable_autotune(&self) -> Option<Vec<(String, minductor_codegen_cpu::Split)>> {
+        let mut lines = self.autotune.lines();
+        let threads: usize = lines.next()?.strip_prefix("threads ")?.parse().ok()?;
+        let same_features = KNOWN_FEATURES
+            .iter()
+            .all(|f| host_has_feature(f) == self.compiled_with.iter().any(|c| c == f));
+        if threads != minductor_runtime::num_threads() || !same_features {
+            return None;
+        }
+        lines
+            .map(|line| {
+                let (kernel, split) = line.split_once(' ')?;
+                Some((
+                    kernel.to_string(),
+                    minductor_codegen_cpu::Split::from_name(split)?,
+                ))
+            })
+            .collect()
+    }
+}
+
+/// The autotune section's text for `choices` (empty when there are none).
+fn autotune_text(choices: &[(String, minductor_codegen_cpu::Split)]) -> String {
+    if choices.is_empty() {
+        return String::new();
+    }
+    let mut text = format!("threads {}", minductor_runtime::num_threads());
+    for (kernel, split) in choices {
+        text.push_str(&format!("\n{kernel} {}", split.name()));
+    }
+    text
 }
 
 /// The options line: `backend=inductor activation_memory_budget=1.0 mode=default` (the budget

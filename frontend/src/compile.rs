@@ -154,6 +154,9 @@ pub struct Artifacts {
     /// With `Mode::MaxAutotune`: each kernel step's name and the thread split autotuning kept
     /// (empty otherwise, and for graphs with symbolic sizes).
     pub autotune: Vec<(String, minductor_codegen_cpu::Split)>,
+    /// Whether `autotune` was read from a saved artifact (timed on this thread count and CPU)
+    /// instead of timed by this compile or load.
+    pub autotune_reused: bool,
 }
 
 /// A compiled graph. `call` checks the inputs against the graph and runs the backend's code.

@@ -292,3 +292,58 @@ fn jit_functions_compile_in_their_mode() {
         .unwrap_err();
     assert!(err.to_string().contains("47"), "{err}");
 }
+
+#[test]
+fn max_autotune_choices_are_saved_and_reused_on_the_same_machine() {
+    let c = compiled(Mode::MaxAutotune);
+    let mut artifact = Artifact::of(&c).unwrap();
+    let threads = minductor::num_threads();
+    assert!(
+        artifact
+            .autotune
+            .starts_with(&format!("threads {threads}\n")),
+        "{}",
+        artifact.autotune
+    );
+    // Loaded on the machine that saved it: the choices are reused, not timed again.
+    let loaded = load_bytes(&artifact.to_bytes()).unwrap();
+    assert!(loaded.artifacts().autotune_reused);
+    assert_eq!(loaded.artifacts().autotune, c.artifacts().autotune);
+    // Choices edited to all-serial load as they are, with the same results.
+    let kernels: Vec<String> = c
+        .artifacts()
+        .autotune
+        .iter()
+        .map(|(k, _)| k.clone())
+        .collect();
+    artifact.autotune = std::iter::once(format!("threads {threads}"))
+        .chain(kernels.iter().map(|k| format!("{k} serial")))
+        .collect::<Vec<_>>()
+        .join("\n");
+    let loaded = load_bytes(&artifact.to_bytes()).unwrap();
+    let splits: Vec<&str> = loaded
+        .artifacts()
+        .autotune
+        .iter()
+        .map(|(_, s)| s.name())
+        .collect();
+    assert!(loaded.artifacts().autotune_reused);
+    assert_eq!(splits, vec!["serial"; kernels.len()]);
+    assert_allclose(
+        &loaded.call(&inputs(0.4)).unwrap(),
+        &c.call(&inputs(0.4)).unwrap(),
+        Tolerance::EXACT,
+        "saved splits",
+    );
+    // Timed on another thread count, or naming other kernels: tuned again.
+    for stale in [
+        format!("threads {}\n{} serial", threads + 7, kernels[0]),
+        format!("threads {threads}\nno_such_kernel serial"),
+    ] {
+        artifact.autotune = stale;
+        let loaded = load_bytes(&artifact.to_bytes()).unwrap();
+        let tuned: Vec<&String> = loaded.artifacts().autotune.iter().map(|(k, _)| k).collect();
+        assert!(!loaded.artifacts().autotune_reused);
+        assert_eq!(tuned, kernels.iter().collect::<Vec<_>>());
+    }
+}
