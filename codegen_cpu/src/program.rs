@@ -2,6 +2,7 @@
 //! that runs the steps in order: Cranelift kernels, extern GEMM and scatter-add calls, and
 //! fallback steps (one graph node run by the reference interpreter on the step's buffers).
 
+use crate::attention::{attention, AttentionShape};
 use crate::gemm;
 use crate::lower::{kernel_function, lower_kernel};
 use crate::scatter::{scatter_add, View};
@@ -11,8 +12,8 @@ use cranelift_jit::{JITBuilder, JITModule};
 use cranelift_module::{Linkage, Module};
 use minductor_ir::{checked_bytes, DType, Dim};
 use minductor_passes::kernel::{
-    BufferId, BufferKind, FallbackStep, Im2colView, Kernel, MatmulOperand, MatmulStep, Program,
-    ScatterAddStep, Step, StridedView,
+    AttentionStep, BufferId, BufferKind, FallbackStep, Im2colView, Kernel, MatmulOperand,
+    MatmulStep, Program, ScatterAddStep, Step, StridedView,
 };
 use minductor_passes::plan_buffers::{plan_buffers, BufferPlan};
 use minductor_passes::{verify_program, VerifyError};
@@ -213,6 +214,8 @@ enum CompiledStep {
     Matmul(Box<MatmulStep>, Option<CompiledKernel>),
     /// An extern scatter-add (`scatter::scatter_add`).
     ScatterAdd(Box<ScatterAddStep>),
+    /// A fused attention (`attention::attention`).
+    Attention(Box<AttentionStep>),
     /// A node the reference interpreter runs (`run_fallback`).
     Fallback(Box<FallbackStep>),
 }
@@ -354,6 +357,7 @@ pub fn compile_program(program: &Program) -> Result<CompiledProgram, CodegenErro
                 CompiledStep::Matmul(Box::new(m.clone()), m.epilogue.as_ref().map(&mut finished))
             }
             Step::ScatterAdd(sc) => CompiledStep::ScatterAdd(Box::new(sc.clone())),
+            Step::Attention(a) => CompiledStep::Attention(Box::new(a.clone())),
             Step::Fallback(fb) => CompiledStep::Fallback(Box::new(fb.clone())),
         })
         .collect();
@@ -461,7 +465,9 @@ impl CompiledProgram {
         self.steps.iter().filter_map(|s| match s {
             CompiledStep::Kernel(k) => Some(k),
             CompiledStep::Matmul(_, epilogue) => epilogue.as_ref(),
-            CompiledStep::ScatterAdd(_) | CompiledStep::Fallback(_) => None,
+            CompiledStep::ScatterAdd(_)
+            | CompiledStep::Attention(_)
+            | CompiledStep::Fallback(_) => None,
         })
     }
 }
@@ -641,6 +647,7 @@ impl CompiledProgram {
                     run_matmul(m, epilogue.as_ref(), program, &symbols, &pointers)?
                 }
                 CompiledStep::ScatterAdd(sc) => run_scatter_add(sc, program, &symbols, &pointers)?,
+                CompiledStep::Attention(a) => run_attention(a, program, &symbols, &pointers)?,
                 CompiledStep::Fallback(fb) => run_fallback(fb, program, &symbols, &pointers)?,
             }
             if let (Some(timings), Some(started)) = (timings.as_deref_mut(), started) {
@@ -650,6 +657,7 @@ impl CompiledProgram {
                         CompiledStep::Matmul(m, None) => format!("matmul_{}", m.out),
                         CompiledStep::Matmul(m, Some(e)) => format!("matmul_{}+{}", m.out, e.name),
                         CompiledStep::ScatterAdd(sc) => format!("scatter_add_{}", sc.out),
+                        CompiledStep::Attention(a) => format!("attention_{}", a.out),
                         CompiledStep::Fallback(fb) => {
                             format!("fallback_{}_{}", fb.op.name(), fb.out)
                         }
@@ -763,6 +771,91 @@ fn run_fallback(
 }
 
 /// Runs a scatter-add step on its buffers.
+fn run_attention(
+    a: &AttentionStep,
+    program: &Program,
+    symbols: &Symbols,
+    pointers: &[*mut u8],
+) -> Result<(), RuntimeError> {
+    let numel =
+        |id: BufferId| -> usize { symbols.sizes(&program.buffer(id).shape).iter().product() };
+    // SAFETY: each pointer is the start of a live buffer holding its planned number of f32
+    // elements for this call's sizes (`run_steps`; `verify_program` checked that all four are
+    // f32 buffers). The output is written by this step alone and overlaps no operand: the
+    // verifier rejects an attention reading its own output, `plan_buffers` never places an
+    // attention's output in place of a buffer it reads, and live buffers' slots are disjoint.
+    // Every index the routine reads is checked against these slices.
+    let mask = match &a.mask {
+        None => None,
+        Some(m) => {
+            let (offset, strides) = symbols.view(m, a.out)?;
+            // SAFETY: as for q, k and v below (an f32 buffer the step only reads).
+            let data = unsafe {
+                std::slice::from_raw_parts(
+                    pointers[m.buffer.0 as usize] as *const f32,
+                    numel(m.buffer),
+                )
+            };
+            Some((data, offset, strides))
+        }
+    };
+    let (q, k, v, out) = unsafe {
+        let read = |id: BufferId| {
+            std::slice::from_raw_parts(pointers[id.0 as usize] as *const f32, numel(id))
+        };
+        (
+            read(a.q.buffer),
+            read(a.k.buffer),
+            read(a.v.buffer),
+            std::slice::from_raw_parts_mut(pointers[a.out.0 as usize] as *mut f32, numel(a.out)),
+        )
+    };
+    let (q_offset, q_strides) = symbols.view(&a.q, a.out)?;
+    let (k_offset, k_strides) = symbols.view(&a.k, a.out)?;
+    let (v_offset, v_strides) = symbols.view(&a.v, a.out)?;
+    let q_shape = symbols.sizes(&a.q.shape);
+    let k_shape = symbols.sizes(&a.k.shape);
+    let v_shape = symbols.sizes(&a.v.shape);
+    let rank = q_shape.len();
+    if rank < 2 || k_shape.len() != rank || v_shape.len() != rank {
+        return Err(RuntimeError::Unsupported(format!(
+            "attention into {}: operands of ranks {}, {}, {}",
+            a.out,
+            rank,
+            k_shape.len(),
+            v_shape.len()
+        )));
+    }
+    let shape = AttentionShape {
+        batch: &q_shape[..rank - 2],
+        t: q_shape[rank - 2],
+        s: k_shape[rank - 2],
+        e: q_shape[rank - 1],
+        ev: v_shape[rank - 1],
+        group: a.group,
+        scale: a.scale,
+        causal: a.causal,
+    };
+    let mask = mask.as_ref().map(|(data, offset, strides)| View {
+        data,
+        offset: *offset,
+        strides,
+    });
+    let view = |data, offset, strides| View {
+        data,
+        offset,
+        strides,
+    };
+    attention(
+        view(q, q_offset, &q_strides),
+        view(k, k_offset, &k_strides),
+        view(v, v_offset, &v_strides),
+        mask,
+        &shape,
+        out,
+    )
+}
+
 fn run_scatter_add(
     sc: &ScatterAddStep,
     program: &Program,

@@ -13,7 +13,7 @@ pub(crate) struct View<'a, T> {
 
 impl<T: Copy> View<'_, T> {
     /// Checks that every position of `shape` addresses an element of `data`.
-    fn check(&self, shape: &[usize], what: &str) -> Result<(), RuntimeError> {
+    pub(crate) fn check(&self, shape: &[usize], what: &str) -> Result<(), RuntimeError> {
         let (mut low, mut high) = (self.offset, self.offset);
         for (&n, &s) in shape.iter().zip(self.strides) {
             let span = (n.saturating_sub(1)) as i64 * s;
@@ -25,7 +25,7 @@ impl<T: Copy> View<'_, T> {
         }
         if low < 0 || high >= self.data.len() as i64 {
             return Err(RuntimeError::Unsupported(format!(
-                "scatter_add: the {what} view reaches outside its buffer \
+                "{what}: the view reaches outside its buffer \
                  (elements {low}..={high} of {})",
                 self.data.len()
             )));

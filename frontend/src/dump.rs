@@ -256,6 +256,7 @@ fn step_name(index: usize, step: &Step) -> String {
         Step::Kernel(k) => k.name.clone(),
         Step::Matmul(_) => format!("k{index}_matmul"),
         Step::ScatterAdd(_) => format!("k{index}_scatter_add"),
+        Step::Attention(_) => format!("k{index}_attention"),
         Step::Fallback(fb) => format!("k{index}_fallback_{}", fb.op.name()),
     }
 }
@@ -278,6 +279,7 @@ fn schedule_text(program: &Program) -> String {
             Step::Kernel(_) => "kernel",
             Step::Matmul(_) => "matmul",
             Step::ScatterAdd(_) => "scatter_add",
+            Step::Attention(_) => "attention",
             Step::Fallback(_) => "fallback",
         };
         let _ = writeln!(
@@ -397,6 +399,9 @@ pub fn graph_dot(prims: &Graph, program: Option<&Program>) -> String {
                 Step::ScatterAdd(sc) => {
                     vec![(step_name(i, step), StepKind::ScatterAdd, vec![sc.node])]
                 }
+                Step::Attention(a) => {
+                    vec![(step_name(i, step), StepKind::Attention, a.nodes.clone())]
+                }
                 Step::Fallback(fb) => {
                     vec![(step_name(i, step), StepKind::Fallback, vec![fb.node])]
                 }
@@ -440,6 +445,7 @@ pub fn graph_dot(prims: &Graph, program: Option<&Program>) -> String {
             StepKind::Matmul => "style=filled; fillcolor=lightyellow; color=orange;",
             StepKind::ScatterAdd => "style=filled; fillcolor=lightgrey; color=black;",
             StepKind::Fallback => "style=filled; fillcolor=mistyrose; color=red;",
+            StepKind::Attention => "style=filled; fillcolor=lightcyan; color=darkgreen;",
         };
         let _ = writeln!(
             text,

@@ -34,6 +34,8 @@ pub enum StepKind {
     Matmul,
     /// An extern scatter-add (the derivative of a gather).
     ScatterAdd,
+    /// A fused attention (`Step::Attention`): both GEMMs and the softmax in one kernel.
+    Attention,
     /// A node the reference interpreter runs (`Step::Fallback`).
     Fallback,
 }
@@ -70,6 +72,7 @@ pub fn program_cost(program: &Program) -> Vec<StepCost> {
                 rows
             }
             Step::ScatterAdd(scatter) => vec![scatter_add_cost(program, index, scatter)],
+            Step::Attention(attention) => vec![attention_cost(program, index, attention)],
             Step::Fallback(fallback) => vec![fallback_cost(program, index, fallback)],
         })
         .collect()
@@ -396,6 +399,61 @@ fn scatter_add_cost(program: &Program, step: usize, scatter: &ScatterAddStep) ->
     }
 }
 
+/// Each operand read once, the output written once; two GEMMs' FLOPs (`q·kᵀ` and `p·v`), half of
+/// them under a causal mask (the key blocks above the diagonal are skipped).
+fn attention_cost(program: &Program, step: usize, attention: &AttentionStep) -> StepCost {
+    let out_shape: Vec<Dim> = program
+        .buffers
+        .get(attention.out.0 as usize)
+        .map_or_else(Vec::new, |b| b.shape.clone());
+    let mut reads: HashMap<BufferId, HashSet<Pattern>> = HashMap::new();
+    for view in [&attention.q, &attention.k, &attention.v]
+        .into_iter()
+        .chain(attention.mask.as_ref())
+    {
+        reads
+            .entry(view.buffer)
+            .or_default()
+            .insert(view_pattern(view));
+    }
+    let mut writes: HashMap<BufferId, HashSet<Pattern>> = HashMap::new();
+    writes
+        .entry(attention.out)
+        .or_default()
+        .insert(Pattern::new(0, [(1, trip_count(&out_shape))]));
+    let rank = attention.q.shape.len();
+    let (keys, head, value_head) = if rank >= 2 {
+        (
+            extent(&attention.k.shape[rank - 2]),
+            extent(&attention.q.shape[rank - 1]),
+            extent(&attention.v.shape[rank - 1]),
+        )
+    } else {
+        (0, 0, 0)
+    };
+    let rows = trip_count(
+        attention
+            .q
+            .shape
+            .get(..rank.saturating_sub(1))
+            .unwrap_or(&[]),
+    );
+    let full = rows
+        .saturating_mul(keys)
+        .saturating_mul(head.saturating_add(value_head))
+        .saturating_mul(2);
+    StepCost {
+        name: format!("k{step}_attention"),
+        kind: StepKind::Attention,
+        nodes: attention.nodes.clone(),
+        outer: out_shape[..out_shape.len().saturating_sub(1)].to_vec(),
+        inner: vec![vec![attention.k.shape[rank.saturating_sub(2)]]],
+        bytes_read: bytes(program, &reads),
+        bytes_written: bytes(program, &writes),
+        flops: if attention.causal { full / 2 } else { full },
+    }
+}
+
 fn matmul_cost(program: &Program, step: usize, matmul: &MatmulStep) -> StepCost {
     let out_shape: Vec<Dim> = program
         .buffers
@@ -492,6 +550,7 @@ impl fmt::Display for CostTable<'_> {
                         StepKind::Kernel => "kernel".to_string(),
                         StepKind::Matmul => "matmul".to_string(),
                         StepKind::ScatterAdd => "scatter_add".to_string(),
+                        StepKind::Attention => "attention".to_string(),
                         StepKind::Fallback => "fallback".to_string(),
                     },
                     c.domain_text(),

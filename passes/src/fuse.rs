@@ -29,7 +29,13 @@
 //! the node and its operands are realized, the step reads the operands' buffers and writes the
 //! node's, and the kernels around it stay compiled (Inductor's fallback to ATen kernels). The
 //! reason is kept in the step for `explain` and the dumps.
+//!
+//! The prim expansion of `scaled_dot_product_attention` (found by `attention::find_attention`:
+//! scores GEMM, scale, optional causal mask, row softmax, `p·v` GEMM, nothing else reading the
+//! scores) becomes one `Step::Attention` reading q, k and v through strided views: none of its
+//! interior values is realized, so no `[.., T, S]` buffer exists.
 
+use crate::attention::{find_attention, AttentionPattern};
 use crate::kernel::*;
 use minductor_ir::{DType, Dim, Graph, NodeId, Op, SizeExpr};
 use std::collections::{HashMap, HashSet};
@@ -61,13 +67,20 @@ pub fn fuse(graph: &Graph) -> Result<Program, FuseError> {
         }
     }
     realized.extend(graph.outputs().iter().copied());
+    // A fused attention computes its interior values (the scores GEMM among them) itself.
+    let attention = find_attention(graph);
+    for pattern in attention.values() {
+        for node in &pattern.nodes[..pattern.nodes.len() - 1] {
+            realized.remove(node);
+        }
+    }
     loop {
         // A fallback step reads its operands from buffers and writes its own.
         for &id in fallbacks.keys() {
             realized.insert(id);
             realized.extend(graph.node(id).inputs.iter().copied());
         }
-        match Scheduler::new(graph, &realized, &fallbacks).run() {
+        match Scheduler::new(graph, &realized, &fallbacks, &attention).run() {
             Ok(program) => return Ok(program),
             Err(Reject::Unsupported(what)) => return Err(FuseError::Unsupported(what)),
             Err(Reject::Fallback(node, why)) => {
@@ -218,6 +231,8 @@ struct Scheduler<'g> {
     realized: &'g HashSet<NodeId>,
     /// Nodes run as fallback steps (all realized, as are their operands), with the reason.
     fallbacks: &'g HashMap<NodeId, String>,
+    /// Fused attentions, keyed by their final GEMM (realized, the others not).
+    attention: &'g HashMap<NodeId, AttentionPattern>,
     buffers: Vec<Buffer>,
     buffer_of: HashMap<NodeId, BufferId>,
     /// For each inlined computing node, the steps that recompute it.
@@ -230,11 +245,13 @@ impl<'g> Scheduler<'g> {
         graph: &'g Graph,
         realized: &'g HashSet<NodeId>,
         fallbacks: &'g HashMap<NodeId, String>,
+        attention: &'g HashMap<NodeId, AttentionPattern>,
     ) -> Self {
         Scheduler {
             graph,
             realized,
             fallbacks,
+            attention,
             buffers: Vec::new(),
             buffer_of: HashMap::new(),
             inlined_in: HashMap::new(),
@@ -271,7 +288,12 @@ impl<'g> Scheduler<'g> {
                 continue;
             }
             match &g.node(id).op {
-                Op::Matmul => steps.push(Step::Matmul(self.matmul(id, buffer)?)),
+                Op::Matmul => match self.attention.get(&id) {
+                    Some(pattern) => {
+                        steps.push(Step::Attention(self.attention_step(id, buffer, pattern)?))
+                    }
+                    None => steps.push(Step::Matmul(self.matmul(id, buffer)?)),
+                },
                 Op::ScatterAdd { dim, .. } => {
                     steps.push(Step::ScatterAdd(self.scatter_add(id, *dim, buffer)?))
                 }
@@ -373,6 +395,72 @@ impl<'g> Scheduler<'g> {
             out,
             node: id,
             epilogue: None,
+        })
+    }
+
+    /// The fused attention computing `id` (the final GEMM of `pattern`) into `out`.
+    fn attention_step(
+        &mut self,
+        id: NodeId,
+        out: BufferId,
+        pattern: &AttentionPattern,
+    ) -> Retry<AttentionStep> {
+        let g = self.graph;
+        let view = |s: &mut Self, operand: NodeId| -> Retry<StridedView> {
+            let shape = dims(g, operand);
+            let idx: Vec<Affine> = (0..shape.len())
+                .map(|d| Affine::var(Var::Outer(d as u32)))
+                .collect();
+            let (buffer, index) = s.address(operand, idx)?;
+            let strides = (0..shape.len())
+                .map(|d| index.coefficient(Var::Outer(d as u32)))
+                .collect();
+            Ok(StridedView {
+                buffer,
+                offset: index.offset.clone(),
+                shape,
+                strides,
+            })
+        };
+        let mut k = view(self, pattern.k)?;
+        if pattern.k_transposed {
+            // `kt` is `[batch.., E, S]`: the same elements seen as `[batch.., S, E]`.
+            let rank = k.shape.len();
+            k.shape.swap(rank - 2, rank - 1);
+            k.strides.swap(rank - 2, rank - 1);
+        }
+        let mask = match pattern.mask {
+            None => None,
+            Some(mask) => {
+                // Seen with the scores' shape: stride 0 along the dims it broadcasts over.
+                let scores = dims(g, pattern.nodes[0]);
+                let idx: Vec<Affine> = (0..scores.len())
+                    .map(|d| Affine::var(Var::Outer(d as u32)))
+                    .collect();
+                let idx = broadcast_index(&idx, &dims(g, mask), &scores);
+                let (buffer, index) = self.address(mask, idx)?;
+                let strides = (0..scores.len())
+                    .map(|d| index.coefficient(Var::Outer(d as u32)))
+                    .collect();
+                Some(StridedView {
+                    buffer,
+                    offset: index.offset.clone(),
+                    shape: scores,
+                    strides,
+                })
+            }
+        };
+        Ok(AttentionStep {
+            q: view(self, pattern.q)?,
+            k,
+            v: view(self, pattern.v)?,
+            out,
+            scale: pattern.scale,
+            causal: pattern.causal,
+            mask,
+            group: pattern.group,
+            node: id,
+            nodes: pattern.nodes.clone(),
         })
     }
 

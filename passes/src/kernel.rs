@@ -491,6 +491,37 @@ pub struct ScatterAddStep {
     pub node: NodeId,
 }
 
+/// Fused scaled dot-product attention (flash attention): `out = softmax(q·kᵀ·scale [causal])·v`
+/// computed per block of query rows with an online softmax over blocks of keys, so the `[.., T,
+/// S]` scores never exist in memory. `fuse` makes it from the prim expansion of
+/// `scaled_dot_product_attention` (two GEMMs around a row softmax) when nothing else reads the
+/// scores.
+///
+/// Invariants (checked by `verify_program`): `q` is `[batch.., T, E]`, `k` `[batch_kv.., S, E]`,
+/// `v` `[batch_kv.., S, Ev]` and `out` (a contiguous f32 buffer, not an input, none of the
+/// operands) `[batch.., T, Ev]`, all f32; `batch_kv` equals `batch` except its last dim, which is
+/// `batch`'s divided by `group` (grouped-query attention: q head `h` reads k/v head `h / group`);
+/// every view stays inside its buffer for the bound sizes. With `causal`, key `s` takes part in
+/// query row `t` only when `s <= t` (PyTorch's `is_causal`, the mask `ones(T, S).tril()`).
+#[derive(Clone, Debug, PartialEq)]
+pub struct AttentionStep {
+    pub q: StridedView,
+    pub k: StridedView,
+    pub v: StridedView,
+    pub out: BufferId,
+    pub scale: f32,
+    pub causal: bool,
+    /// An additive f32 mask seen with the scores' shape `[batch.., T, S]` (stride 0 where it
+    /// broadcasts), added after the scale.
+    pub mask: Option<StridedView>,
+    /// How many q heads share one k/v head (1 without grouped-query attention).
+    pub group: usize,
+    /// The final GEMM `p·v` the step computes.
+    pub node: NodeId,
+    /// Every graph node the step computes (the scores GEMM, scale, mask, softmax, `p·v`).
+    pub nodes: Vec<NodeId>,
+}
+
 /// A graph node the code generator cannot compile (an integer reduction, an integer scan, a
 /// scatter-add of a non-f32 value), run by the reference interpreter on its operands' buffers,
 /// like Inductor falling back to an ATen kernel. Compiled steps before and after it still run
@@ -515,6 +546,7 @@ pub enum Step {
     Kernel(Kernel),
     Matmul(MatmulStep),
     ScatterAdd(ScatterAddStep),
+    Attention(AttentionStep),
     Fallback(FallbackStep),
 }
 
@@ -531,6 +563,11 @@ impl Step {
                 r
             }
             Step::ScatterAdd(sc) => vec![sc.index.buffer, sc.src.buffer],
+            Step::Attention(a) => {
+                let mut r = vec![a.q.buffer, a.k.buffer, a.v.buffer];
+                r.extend(a.mask.iter().map(|m| m.buffer));
+                r
+            }
             Step::Fallback(fb) => fb.inputs.clone(),
         }
     }
@@ -547,6 +584,7 @@ impl Step {
                 w
             }
             Step::ScatterAdd(sc) => vec![sc.out],
+            Step::Attention(a) => vec![a.out],
             Step::Fallback(fb) => vec![fb.out],
         }
     }
@@ -599,7 +637,7 @@ impl Program {
         self.steps.iter().filter_map(|s| match s {
             Step::Kernel(k) => Some(k),
             Step::Matmul(m) => m.epilogue.as_ref(),
-            Step::ScatterAdd(_) | Step::Fallback(_) => None,
+            Step::ScatterAdd(_) | Step::Attention(_) | Step::Fallback(_) => None,
         })
     }
 
@@ -817,6 +855,34 @@ impl fmt::Display for Program {
                     size_list(&sc.index.strides),
                     sc.node
                 )?,
+                Step::Attention(a) => {
+                    let view = |v: &StridedView| {
+                        format!(
+                            "{}{:?}+{} strides {}",
+                            v.buffer,
+                            v.shape,
+                            v.offset,
+                            size_list(&v.strides)
+                        )
+                    };
+                    let nodes: Vec<String> = a.nodes.iter().map(|n| n.to_string()).collect();
+                    writeln!(
+                        f,
+                        "attention {} = q {} k {} v {}{} scale {:?}{} group {} nodes [{}] (node {})",
+                        a.out,
+                        view(&a.q),
+                        view(&a.k),
+                        view(&a.v),
+                        a.mask
+                            .as_ref()
+                            .map_or(String::new(), |m| format!(" mask {}", view(m))),
+                        a.scale,
+                        if a.causal { " causal" } else { "" },
+                        a.group,
+                        nodes.join(", "),
+                        a.node
+                    )?
+                }
                 Step::Fallback(fb) => writeln!(f, "{fb}")?,
             }
             if let Step::Matmul(MatmulStep {

@@ -7,6 +7,7 @@
 //! Each pass is one file with one entry function from one data structure to the next; each data
 //! structure prints as text.
 
+mod attention;
 mod autodiff;
 pub mod cost;
 mod decompose;

@@ -108,6 +108,8 @@ impl<'a> Parser<'a> {
                 program
                     .steps
                     .push(Step::ScatterAdd(self.scatter_add(&mut c)?));
+            } else if c.try_eat("attention ") {
+                program.steps.push(Step::Attention(self.attention(&mut c)?));
             } else if c.try_eat("fallback ") {
                 program.steps.push(Step::Fallback(self.fallback(&mut c)?));
             } else if c.try_eat("outputs:") {
@@ -122,7 +124,9 @@ impl<'a> Parser<'a> {
                 c.end()?;
                 break;
             } else {
-                return Err(c.error("`kernel`, `matmul`, `scatter_add`, `fallback` or `outputs:`"));
+                return Err(c.error(
+                    "`kernel`, `matmul`, `scatter_add`, `attention`, `fallback` or `outputs:`",
+                ));
             }
         }
         while let Some((n, line)) = self.peek() {
@@ -464,6 +468,53 @@ impl<'a> Parser<'a> {
             out,
             dim,
             node,
+        })
+    }
+
+    /// The rest of `attention bufO = q Q k K v V[ mask M] scale X[ causal] group G nodes [%a, …] (node
+    /// %n)`.
+    fn attention(&self, c: &mut Cursor) -> Result<AttentionStep, ParseError> {
+        let out = self.buffer(c)?;
+        c.eat(" = q ")?;
+        let q = self.view(c, true)?;
+        c.eat(" k ")?;
+        let k = self.view(c, true)?;
+        c.eat(" v ")?;
+        let v = self.view(c, true)?;
+        let mask = if c.try_eat(" mask ") {
+            Some(self.view(c, true)?)
+        } else {
+            None
+        };
+        c.eat(" scale ")?;
+        let at = c.clone();
+        let scale: f32 = c
+            .take_while(|ch| ch != ' ')
+            .parse()
+            .map_err(|_| at.error("an f32 scale"))?;
+        let causal = c.try_eat(" causal");
+        c.eat(" group ")?;
+        let group = c.usize()?;
+        if group == 0 {
+            return Err(c.error("a group of at least 1"));
+        }
+        c.eat(" nodes ")?;
+        let nodes = c.list(|c| {
+            c.eat("%")?;
+            Ok(NodeId(c.u32()?))
+        })?;
+        let node = node_suffix(c)?;
+        Ok(AttentionStep {
+            q,
+            k,
+            v,
+            out,
+            scale,
+            causal,
+            mask,
+            group,
+            node,
+            nodes,
         })
     }
 

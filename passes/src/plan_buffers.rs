@@ -212,7 +212,7 @@ fn in_place_candidate(
     let kernel = match step {
         Step::Kernel(k) => k,
         Step::Matmul(m) => m.epilogue.as_ref()?,
-        Step::ScatterAdd(_) | Step::Fallback(_) => return None,
+        Step::ScatterAdd(_) | Step::Attention(_) | Step::Fallback(_) => return None,
     };
     kernel.loads().into_iter().find(|&input| {
         // Not already overwritten by another buffer this kernel writes.
@@ -240,7 +240,8 @@ pub(crate) fn in_place_is_safe(
             Some(e) => e,
             None => return false,
         },
-        Step::ScatterAdd(_) | Step::Fallback(_) => return false,
+        // An attention reads q, k and v whole while it writes: never in place.
+        Step::ScatterAdd(_) | Step::Attention(_) | Step::Fallback(_) => return false,
     };
     let out = program.buffer(written);
     let stores: Vec<(usize, &Store)> = kernel
@@ -302,6 +303,10 @@ fn read_by_gemm(step: &Step, input: BufferId) -> bool {
         Step::Kernel(_) => false,
         Step::Matmul(m) => m.a.buffer == input || m.b.buffer() == input,
         Step::ScatterAdd(sc) => sc.index.buffer == input || sc.src.buffer == input,
+        Step::Attention(a) => {
+            [a.q.buffer, a.k.buffer, a.v.buffer].contains(&input)
+                || a.mask.as_ref().is_some_and(|m| m.buffer == input)
+        }
         Step::Fallback(fb) => fb.inputs.contains(&input),
     }
 }

@@ -158,6 +158,10 @@ impl Verifier<'_> {
                 Step::ScatterAdd(sc) => {
                     used.extend(sc.index.shape.iter().chain(&sc.src.shape).copied())
                 }
+                Step::Attention(a) => {
+                    used.extend([&a.q, &a.k, &a.v].iter().flat_map(|v| v.shape.clone()));
+                    used.extend(a.mask.iter().flat_map(|m| m.shape.clone()));
+                }
                 // A fallback's sizes are its buffers', counted above.
                 Step::Fallback(_) => {}
             }
@@ -194,6 +198,7 @@ impl Verifier<'_> {
             Step::Kernel(k) => self.kernel(&format!("step {n} (kernel {})", k.name), n, k),
             Step::Matmul(m) => self.matmul(n, m),
             Step::ScatterAdd(sc) => self.scatter_add(n, sc),
+            Step::Attention(a) => self.attention(n, a),
             Step::Fallback(fb) => self.fallback(n, fb),
         }
     }
@@ -828,6 +833,92 @@ impl Verifier<'_> {
         }
         self.view(&at, "index", &sc.index, &sc.src.shape)?;
         self.view(&at, "src", &sc.src, &sc.src.shape)
+    }
+
+    /// A fused attention: f32 buffers, an output that is a non-input buffer distinct from the
+    /// operands, shapes `q [batch.., T, E]`, `k [batch_kv.., S, E]`, `v [batch_kv.., S, Ev]`,
+    /// `out [batch.., T, Ev]` (`batch_kv` is `batch` with its last dim divided by `group`), and
+    /// every view inside its buffer. The kernel's unsafe reads and writes rest on exactly this.
+    fn attention(&self, n: usize, a: &AttentionStep) -> Result<(), VerifyError> {
+        let at = format!("step {n} (attention into {})", a.out);
+        for (what, id) in [
+            ("q", a.q.buffer),
+            ("k", a.k.buffer),
+            ("v", a.v.buffer),
+            ("out", a.out),
+        ]
+        .into_iter()
+        .chain(a.mask.as_ref().map(|m| ("mask", m.buffer)))
+        {
+            if self.buffer(id, &at)?.dtype != DType::F32 {
+                return Err(malformed(&at, format!("{what} ({id}) must be f32")));
+            }
+        }
+        let out = self.program.buffer(a.out);
+        if matches!(out.kind, BufferKind::Input(_)) {
+            return Err(malformed(&at, "writes an input"));
+        }
+        if [a.q.buffer, a.k.buffer, a.v.buffer].contains(&a.out)
+            || a.mask.as_ref().is_some_and(|m| m.buffer == a.out)
+        {
+            return Err(malformed(&at, "reads its own output"));
+        }
+        let (q, k, v, o) = (&a.q.shape, &a.k.shape, &a.v.shape, &out.shape);
+        let rank = q.len();
+        let batch = rank.saturating_sub(2);
+        let kv_batch_agrees = |d: usize| {
+            if d + 1 < batch {
+                return self.same(q[d], k[d]) && self.same(q[d], v[d]);
+            }
+            // The heads: q's count is `group` times k's and v's.
+            match (self.size(q[d]), self.size(k[d]), self.size(v[d])) {
+                (Some(h), Some(hk), Some(hv)) => hk == hv && hk * a.group == h,
+                _ => a.group == 1 && self.same(q[d], k[d]) && self.same(q[d], v[d]),
+            }
+        };
+        let dims_agree = rank >= 3
+            && a.group >= 1
+            && [k.len(), v.len(), o.len()].iter().all(|&r| r == rank)
+            && (0..batch).all(|d| self.same(q[d], o[d]) && kv_batch_agrees(d))
+            && self.same(q[rank - 2], o[rank - 2])
+            && self.same(q[rank - 1], k[rank - 1])
+            && self.same(k[rank - 2], v[rank - 2])
+            && self.same(v[rank - 1], o[rank - 1]);
+        if !dims_agree || !a.scale.is_finite() {
+            return Err(malformed(
+                &at,
+                format!(
+                    "q {}, k {}, v {} (group {}, scale {}) do not give {}",
+                    minductor_ir::shape_string(q),
+                    minductor_ir::shape_string(k),
+                    minductor_ir::shape_string(v),
+                    a.group,
+                    a.scale,
+                    minductor_ir::shape_string(o)
+                ),
+            ));
+        }
+        if let Some(mask) = &a.mask {
+            // The scores' shape: q's batch dims, T, S.
+            let m = &mask.shape;
+            let agrees = m.len() == rank
+                && (0..batch).all(|d| self.same(m[d], q[d]))
+                && self.same(m[rank - 2], q[rank - 2])
+                && self.same(m[rank - 1], k[rank - 2]);
+            if !agrees {
+                return Err(malformed(
+                    &at,
+                    format!(
+                        "mask {} is not the scores' shape",
+                        minductor_ir::shape_string(m)
+                    ),
+                ));
+            }
+            self.view(&at, "mask", mask, m)?;
+        }
+        self.view(&at, "q", &a.q, q)?;
+        self.view(&at, "k", &a.k, k)?;
+        self.view(&at, "v", &a.v, v)
     }
 
     /// A fallback step: its buffers exist, it writes no input and none of its operands, and its

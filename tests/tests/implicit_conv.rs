@@ -51,6 +51,7 @@ fn check_implicit(graph: &Graph, inputs: &[Tensor], tol: f64, what: &str) {
                 "{what}: a copy kernel runs besides the GEMM:\n{program}"
             ),
             Step::ScatterAdd(_) => panic!("{what}: unexpected scatter-add"),
+            Step::Attention(_) => panic!("{what}: unexpected attention"),
             Step::Fallback(fb) => panic!("{what}: unexpected fallback {fb}"),
         }
     }

@@ -202,7 +202,10 @@ pub fn run_workload(
         gemms: program.map_or(0, |p| {
             p.steps
                 .iter()
-                .filter(|s| matches!(s, minductor::passes::kernel::Step::Matmul(_)))
+                .filter(|s| {
+                    use minductor::passes::kernel::Step;
+                    matches!(s, Step::Matmul(_) | Step::Attention(_))
+                })
                 .count()
         }),
         saved_activation_bytes,

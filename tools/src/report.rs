@@ -126,7 +126,10 @@ impl fmt::Display for FusionReport {
                 .map(|c| c.bytes_read + c.bytes_written)
                 .sum();
             let flops: u64 = step.costs.iter().map(|c| c.flops).sum();
-            let gemm = step.costs.iter().any(|c| c.kind == StepKind::Matmul);
+            let gemm = step
+                .costs
+                .iter()
+                .any(|c| matches!(c.kind, StepKind::Matmul | StepKind::Attention));
             let (achieved, fraction) = if gemm {
                 let g = flops as f64 / seconds / 1e9;
                 let peak = self.probe.as_ref().map(|p| g / p.compute_peak_gflops());
@@ -141,6 +144,7 @@ impl fmt::Display for FusionReport {
                     StepKind::Matmul => "gemm",
                     StepKind::ScatterAdd => "scatter",
                     StepKind::Fallback => "fallbk",
+                    StepKind::Attention => "attn",
                     StepKind::Kernel if i > 0 => "epilog",
                     StepKind::Kernel => "kernel",
                 };

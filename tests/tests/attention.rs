@@ -1,0 +1,308 @@
+//! The fused attention step (`Step::Attention`, flash attention): it replaces the scores GEMM,
+//! the softmax kernel and the `p·v` GEMM, no `[.., T, S]` buffer exists, and its results match
+//! the interpreter's (the prim expansion) at odd sizes, causal or not, with grouped-query heads
+//! and with a symbolic sequence length under one compile.
+
+use minductor::codegen_cpu::{compile_program, CodegenError};
+use minductor::ir::{Dim, SymId, TensorType};
+use minductor::passes::kernel::{BufferKind, Program, Step};
+use minductor::passes::VerifyError;
+use minductor::runtime::Executable;
+use minductor::{compile, compile_with, interpret, Backend, DType, Graph, Tensor, Traced, Tracer};
+use minductor_tests::Tolerance;
+
+fn ramp(shape: &[usize], seed: f32) -> Tensor {
+    let n: usize = shape.iter().product();
+    let data = (0..n)
+        .map(|i| ((i as f32 + 1.0) * 0.37 + seed * 1.7).sin() * 2.0)
+        .collect();
+    Tensor::from_vec(shape, data).unwrap()
+}
+
+/// `sdpa(q, k, v)` with q `[b, h, t, e]`, k `[b, h / group, s, e]`, v `[b, h / group, s, ev]`
+/// (k and v repeated along the heads when `group > 1`, as the llama block does); dims given as
+/// `Dim`s so the sequence lengths may be symbolic.
+fn sdpa_graph(q: &[Dim], k: &[Dim], v: &[Dim], group: usize, causal: bool) -> Graph {
+    let tracer = Tracer::new();
+    let input = |name: &str, dims: &[Dim]| {
+        tracer.input_typed(
+            name,
+            TensorType::new(DType::F32, dims.iter().copied().collect()),
+        )
+    };
+    let (q, k, v) = (input("q", q), input("k", k), input("v", v));
+    let (k, v): (Traced, Traced) = if group > 1 {
+        (k.repeat_interleave(group, 1), v.repeat_interleave(group, 1))
+    } else {
+        (k, v)
+    };
+    let out = q.scaled_dot_product_attention(&k, &v, None, causal);
+    tracer.finish(&[out]).unwrap()
+}
+
+fn dims(shape: &[usize]) -> Vec<Dim> {
+    shape.iter().map(|&n| Dim::Static(n)).collect()
+}
+
+fn program_of(compiled: &minductor::Compiled) -> Program {
+    compiled.artifacts().program.clone().unwrap()
+}
+
+/// One attention step, no GEMM, and no buffer of `[.., t, s]` (the scores).
+fn assert_fused(program: &Program, t: Dim, s: Dim, what: &str) {
+    let attention = program
+        .steps
+        .iter()
+        .filter(|s| matches!(s, Step::Attention(_)))
+        .count();
+    let gemms = program
+        .steps
+        .iter()
+        .filter(|s| matches!(s, Step::Matmul(_)))
+        .count();
+    assert_eq!((attention, gemms), (1, 0), "{what}:\n{program}");
+    for b in program
+        .buffers
+        .iter()
+        .filter(|b| b.kind == BufferKind::Intermediate)
+    {
+        let n = b.shape.len();
+        assert!(
+            !(n >= 2 && b.shape[n - 2] == t && b.shape[n - 1] == s),
+            "{what}: a scores buffer exists:\n{program}"
+        );
+    }
+}
+
+/// Compiles a static sdpa of q `[b, h, t, e]`, k `[b, h / group, s, e]` and v `[b, h / group,
+/// s, ev]` and checks it against the interpreter.
+fn check([b, h, t, s, e, ev, group]: [usize; 7], causal: bool) {
+    let what = format!("b {b} h {h} t {t} s {s} e {e} ev {ev} group {group} causal {causal}");
+    let kv = h / group;
+    let graph = sdpa_graph(
+        &dims(&[b, h, t, e]),
+        &dims(&[b, kv, s, e]),
+        &dims(&[b, kv, s, ev]),
+        group,
+        causal,
+    );
+    let inputs = [
+        ramp(&[b, h, t, e], 0.0),
+        ramp(&[b, kv, s, e], 1.0),
+        ramp(&[b, kv, s, ev], 2.0),
+    ];
+    let compiled = compile(&graph).unwrap();
+    assert_fused(
+        &program_of(&compiled),
+        Dim::Static(t),
+        Dim::Static(s),
+        &what,
+    );
+    let want = interpret(&graph, &inputs).unwrap();
+    let got = compiled.call(&inputs).unwrap();
+    minductor_tests::assert_allclose(&got, &want, Tolerance::close(1e-5), &what);
+}
+
+#[test]
+fn fused_attention_matches_the_interpreter_at_odd_sizes() {
+    for &(t, s) in &[
+        (1, 1),
+        (5, 5),
+        (33, 33),
+        (70, 70),
+        (64, 64),
+        (3, 70),
+        (70, 1),
+    ] {
+        for &e in &[8, 17, 64] {
+            for causal in [false, true] {
+                if causal && t != s {
+                    continue;
+                }
+                check([2, 3, t, s, e, e, 1], causal);
+            }
+        }
+    }
+}
+
+#[test]
+fn fused_attention_handles_wide_heads_and_a_different_value_width() {
+    check([1, 2, 45, 45, 128, 128, 1], true);
+    check([1, 2, 45, 77, 128, 24, 1], false);
+}
+
+#[test]
+fn grouped_query_attention_reads_shared_kv_heads_without_copies() {
+    for causal in [false, true] {
+        check([2, 4, 37, 37, 16, 16, 2], causal);
+        check([1, 6, 9, 9, 8, 8, 3], causal);
+    }
+    // The k/v operands are views of the kv-head inputs: no repeated copy is written.
+    let graph = sdpa_graph(
+        &dims(&[1, 4, 8, 16]),
+        &dims(&[1, 2, 8, 16]),
+        &dims(&[1, 2, 8, 16]),
+        2,
+        true,
+    );
+    let program = program_of(&compile(&graph).unwrap());
+    assert_eq!(program.steps.len(), 1, "{program}");
+    let Step::Attention(a) = &program.steps[0] else {
+        panic!("{program}")
+    };
+    assert_eq!(a.group, 2, "{program}");
+}
+
+#[test]
+fn a_symbolic_sequence_length_runs_every_length_with_one_compile() {
+    let t = Dim::Sym(SymId(0));
+    for causal in [false, true] {
+        let symbolic = compile(&sdpa_graph(
+            &[Dim::Static(2), Dim::Static(2), t, Dim::Static(16)],
+            &[Dim::Static(2), Dim::Static(2), t, Dim::Static(16)],
+            &[Dim::Static(2), Dim::Static(2), t, Dim::Static(16)],
+            1,
+            causal,
+        ))
+        .unwrap();
+        assert_fused(&program_of(&symbolic), t, t, "symbolic");
+        for n in [2, 3, 7, 32, 33, 65, 130] {
+            let shape = [2, 2, n, 16];
+            let inputs = [ramp(&shape, 0.0), ramp(&shape, 1.0), ramp(&shape, 2.0)];
+            let graph = sdpa_graph(&dims(&shape), &dims(&shape), &dims(&shape), 1, causal);
+            let want = interpret(&graph, &inputs).unwrap();
+            let got = symbolic.call(&inputs).unwrap();
+            minductor_tests::assert_allclose(
+                &got,
+                &want,
+                Tolerance::close(1e-5),
+                &format!("t {n} causal {causal}"),
+            );
+        }
+    }
+}
+
+#[test]
+fn the_attention_step_prints_and_parses_back() {
+    // Symbolic lengths (offsets and strides as size expressions), and grouped heads.
+    let t = Dim::Sym(SymId(0));
+    let symbolic = [Dim::Static(2), Dim::Static(4), t, Dim::Static(8)];
+    let cases = [
+        (symbolic.to_vec(), symbolic.to_vec(), 1, false),
+        (symbolic.to_vec(), symbolic.to_vec(), 1, true),
+        (dims(&[2, 4, 5, 8]), dims(&[2, 2, 5, 8]), 2, true),
+    ];
+    for (q, kv, group, causal) in cases {
+        let graph = sdpa_graph(&q, &kv, &kv, group, causal);
+        let program = program_of(&compile(&graph).unwrap());
+        let text = program.to_string();
+        assert!(text.contains("attention buf"), "{text}");
+        let parsed: Program = text.parse().unwrap_or_else(|e| panic!("{e}\n{text}"));
+        assert_eq!(parsed, program, "{text}");
+        assert_eq!(parsed.to_string(), text);
+    }
+}
+
+#[test]
+fn the_verifier_rejects_an_attention_view_outside_its_buffer() {
+    let graph = sdpa_graph(
+        &dims(&[1, 2, 8, 8]),
+        &dims(&[1, 2, 8, 8]),
+        &dims(&[1, 2, 8, 8]),
+        1,
+        false,
+    );
+    let good = program_of(&compile(&graph).unwrap());
+    let inputs = [
+        ramp(&[1, 2, 8, 8], 0.0),
+        ramp(&[1, 2, 8, 8], 1.0),
+        ramp(&[1, 2, 8, 8], 2.0),
+    ];
+    let out = compile_program(&good).unwrap().run(&inputs).unwrap();
+    let want = interpret(&graph, &inputs).unwrap();
+    minductor_tests::assert_allclose(&out, &want, Tolerance::close(1e-5), "hand-compiled");
+    let mut bad = good.clone();
+    let Step::Attention(a) = &mut bad.steps[0] else {
+        panic!("{good}")
+    };
+    a.v.offset = 1.into();
+    match compile_program(&bad) {
+        Err(CodegenError::Verify(e)) => {
+            assert!(matches!(*e, VerifyError::OutOfRange { .. }), "{e}")
+        }
+        Err(other) => panic!("expected an out-of-range error, got {other}"),
+        Ok(_) => panic!("an attention view outside its buffer compiled"),
+    }
+}
+
+#[test]
+fn attention_with_gradients_keeps_the_unfused_form() {
+    // The backward reads the probabilities: the pattern must not swallow them.
+    let tracer = Tracer::new();
+    let q = tracer.input("q", DType::F32, &[1, 2, 6, 8]);
+    let k = tracer.input("k", DType::F32, &[1, 2, 6, 8]);
+    let v = tracer.input("v", DType::F32, &[1, 2, 6, 8]);
+    let out = q.scaled_dot_product_attention(&k, &v, None, true);
+    let loss = out.sum(&[], false);
+    let mut outs = vec![loss.clone()];
+    outs.extend(loss.grad(&[&q, &k, &v]));
+    let graph = tracer.finish(&outs).unwrap();
+    let inputs = [
+        ramp(&[1, 2, 6, 8], 0.0),
+        ramp(&[1, 2, 6, 8], 1.0),
+        ramp(&[1, 2, 6, 8], 2.0),
+    ];
+    let compiled = compile(&graph).unwrap();
+    let want = compile_with(&graph, Backend::Eager)
+        .unwrap()
+        .call(&inputs)
+        .unwrap();
+    let got = compiled.call(&inputs).unwrap();
+    minductor_tests::assert_allclose(&got, &want, Tolerance::close(1e-4), "with gradients");
+    let program = program_of(&compiled);
+    assert!(
+        !program
+            .steps
+            .iter()
+            .any(|s| matches!(s, Step::Attention(_))),
+        "{program}"
+    );
+}
+
+#[test]
+fn an_additive_mask_broadcast_to_the_scores_is_fused() {
+    for (mask_shape, t, causal) in [
+        (vec![9usize, 13], 9, false),
+        (vec![2, 1, 9, 13], 9, false),
+        (vec![13], 9, false),
+        (vec![2, 3, 13, 13], 13, true),
+    ] {
+        let s = 13;
+        let tracer = Tracer::new();
+        let q = tracer.input("q", DType::F32, &[2, 3, t, 16]);
+        let k = tracer.input("k", DType::F32, &[2, 3, s, 16]);
+        let v = tracer.input("v", DType::F32, &[2, 3, s, 8]);
+        let m = tracer.input("m", DType::F32, &mask_shape);
+        let out = q.scaled_dot_product_attention(&k, &v, Some(&m), causal);
+        let graph = tracer.finish(&[out]).unwrap();
+        let inputs = [
+            ramp(&[2, 3, t, 16], 0.0),
+            ramp(&[2, 3, s, 16], 1.0),
+            ramp(&[2, 3, s, 8], 2.0),
+            ramp(&mask_shape, 3.0),
+        ];
+        let what = format!("mask {mask_shape:?} causal {causal}");
+        let compiled = compile(&graph).unwrap();
+        let program = program_of(&compiled);
+        assert_fused(&program, Dim::Static(t), Dim::Static(s), &what);
+        let Some(Step::Attention(a)) = program.steps.last() else {
+            panic!("{what}:\n{program}")
+        };
+        assert!(a.mask.is_some(), "{what}:\n{program}");
+        let text = program.to_string();
+        assert_eq!(text.parse::<Program>().unwrap(), program, "{text}");
+        let want = interpret(&graph, &inputs).unwrap();
+        let got = compiled.call(&inputs).unwrap();
+        minductor_tests::assert_allclose(&got, &want, Tolerance::close(1e-5), &what);
+    }
+}
