@@ -975,16 +975,27 @@ fn run_matmul(
     if batch == 0 {
         let a = a_view(a_offset).map_err(gemm_error)?;
         let b = b_view(b_offset).map_err(gemm_error)?;
-        // Packed as the tiles need it, once, by whichever thread gets to each block first.
-        let packed = gemm::PackedB::lazy(&b, kernel).map_err(gemm_error)?;
+        let gemm_threads = if parallel { threads } else { 1 };
+        let streaming = gemm::prefers_streaming(kernel, rows, cols, gemm_threads);
+        // Packed as the tiles need it, once, by whichever thread gets to each block first
+        // (unless streamed: then each block is packed into L1 right before its use).
+        let packed = if streaming {
+            None
+        } else {
+            Some(gemm::PackedB::lazy(&b, kernel).map_err(gemm_error)?)
+        };
         let panels = cols.div_ceil(kernel.nr());
-        if parallel && rows < threads * 4 * kernel.mr() {
-            // Too few rows to share: every thread takes a run of columns, then the epilogue runs
-            // on whole rows.
+        if streaming || (parallel && rows < threads * 4 * kernel.mr()) {
+            // Few rows: every thread takes a run of columns, then the epilogue runs on whole
+            // rows.
             {
                 // The tile's unique borrow ends here, before the epilogue reads its rows.
                 let mut out = c_rows(0, 0, rows).map_err(gemm_error)?;
-                gemm::multiply_parallel(&a, &packed, &mut out, threads).map_err(gemm_error)?;
+                match &packed {
+                    None => gemm::multiply_streaming(kernel, &a, &b, &mut out, gemm_threads),
+                    Some(packed) => gemm::multiply_parallel(&a, packed, &mut out, threads),
+                }
+                .map_err(gemm_error)?;
             }
             if let Some((epilogue, bound)) = &epilogue {
                 let chunks = threads.min(bound.range.max(1) as usize) as i64;
@@ -996,6 +1007,7 @@ fn run_matmul(
             }
             return Ok(());
         }
+        let packed = packed.expect("packed unless streamed");
         let run_rows = |start: usize, end: usize, first_panel: usize| {
             let mut s = start;
             while s < end {
