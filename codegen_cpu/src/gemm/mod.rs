@@ -639,8 +639,11 @@ pub fn prefers_streaming(kernel: Kernel, m: usize, n: usize, threads: usize) -> 
     m <= STREAMING_ROWS && n >= threads.max(1) * 4 * kernel.nr()
 }
 
-/// Most rows of `a` for which [`prefers_streaming`] holds.
-const STREAMING_ROWS: usize = 512;
+/// Most rows of `a` for which [`prefers_streaming`] holds. Measured (Zen 4, 2 threads, CPU
+/// time): at 1024 rows streaming is as fast as the packed path or faster ([1024x512]x[512x512]ᵀ
+/// 2.9-3.2 ms both, [1024x512]x[512x1408]ᵀ 7.1-8.0 vs 7.9-8.3, 1024³ 10.5-10.9 vs 11.5-12.1);
+/// taller `a`s were not measured, and all of `a` packed stops fitting the L3.
+const STREAMING_ROWS: usize = 1024;
 
 /// `MINDUCTOR_GEMM_STREAM=0` or `=1` forces [`prefers_streaming`]'s answer (for comparisons).
 fn streaming_override() -> Option<bool> {
