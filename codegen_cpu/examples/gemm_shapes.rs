@@ -1,6 +1,8 @@
 //! GFLOP/s of our GEMM (detected kernel) on the suite's linear-layer shapes (`x · wᵀ`, `b`
-//! column-contiguous unless `--row-major-b`), on 2 threads split by rows as compiled programs
-//! split them, and the packing of `b` alone:
+//! column-contiguous unless `--row-major-b`) on `THREADS` threads (default 2): `b` packed
+//! alone, the multiply with `b` packed beforehand, lazily packed `b` and the multiply together
+//! (`multiply_parallel`), and `multiply_streaming`. Times are medians of CPU time per thread
+//! (wall time with `WALL=1`):
 //! `cargo run --release -p minductor-codegen-cpu --example gemm_shapes [-- rounds]`.
 
 use minductor_codegen_cpu::gemm::{
@@ -64,7 +66,10 @@ fn main() {
         ("llama down", [1024, 1408, 512]),
         ("square", [1024, 1024, 1024]),
     ];
-    let threads: usize = std::env::var("THREADS").ok().and_then(|s| s.parse().ok()).unwrap_or(2);
+    let threads: usize = std::env::var("THREADS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(2);
     let row_major_b = std::env::args().any(|a| a == "--row-major-b");
     let rounds: usize = std::env::args()
         .nth(1)
