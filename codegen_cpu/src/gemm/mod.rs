@@ -12,6 +12,10 @@
 //!   micro-panel of the block) and each micro-panel of `a`, the micro-kernel computes an
 //!   `mr × nr` tile of `c` in registers and writes (first `KC` block) or adds (later blocks) it.
 //!
+//! A short `a` (few rows for all of `b`) is streamed instead ([`multiply_streaming`]): all of
+//! `a` is packed, the threads split the panels of `b`, and each block of a panel is packed into
+//! L1 right before every micro-panel of `a` uses it, so packed `b` never round-trips to memory.
+//!
 //! Micro-kernels ([`Kernel`]): AVX-512 (6 × 64: 24 zmm accumulators, 4 loads of `b` and 6
 //! broadcasts of `a` per step of `k`), AVX2 + FMA (6 × 16: 12 ymm accumulators), and a portable
 //! one (4 × 16 on plain arrays, which the compiler vectorizes for the baseline target). The best
