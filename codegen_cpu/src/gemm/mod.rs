@@ -708,8 +708,10 @@ pub fn multiply_streaming(
             .collect();
         let chunks = threads.min(blocks.len());
         let pack_blocks = |t: usize| {
-            for d in blocks.len() * t / chunks..blocks.len() * (t + 1) / chunks {
-                let mut block = blocks[d].lock().unwrap_or_else(|p| p.into_inner());
+            let first = blocks.len() * t / chunks;
+            let end = blocks.len() * (t + 1) / chunks;
+            for (d, block) in blocks.iter().enumerate().take(end).skip(first) {
+                let mut block = block.lock().unwrap_or_else(|p| p.into_inner());
                 let depth = d * KC;
                 pack::pack_a(a, 0..m, depth..(depth + KC).min(k), mr, &mut block);
             }
