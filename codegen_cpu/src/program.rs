@@ -1095,31 +1095,78 @@ fn run_matmul(
     let threads = threads::num_threads();
     let parallel = threads > 1 && flops >= PARALLEL_FLOPS_THRESHOLD;
     let kernel = gemm::Kernel::detect();
+    let gemm_threads = if parallel { threads } else { 1 };
+    // The epilogue over every row at once, split across the threads (after a product whose
+    // threads split columns).
+    let epilogue_on_all_rows = || {
+        if let Some((epilogue, bound)) = &epilogue {
+            let chunks = threads.min(bound.range.max(1) as usize) as i64;
+            threads::for_each_chunk(chunks as usize, |ch| {
+                let ch = ch as i64;
+                let (s, e) = (bound.range * ch / chunks, bound.range * (ch + 1) / chunks);
+                call_kernel(epilogue, bound, shared, s, e);
+            });
+        }
+    };
+
+    // A batch of products sharing one `b` (a linear layer over a batch of sequences) whose `a`
+    // matrices follow one another at the same row stride is one product of `count · rows`
+    // rows: streamed, each block of `b` is packed once for all of them (the batched path below
+    // packs all of `b` once per thread) and the threads split its columns.
+    let row_stride = a_strides[batch];
+    let stacked = batch > 0
+        && (0..batch).all(|d| {
+            let below = a_shape[d + 1..batch].iter().product::<usize>() * rows;
+            (b_strides[d] == 0 || b_shape[d] == 1)
+                && (a_shape[d] == 1 || a_strides[d] == row_stride * below as i64)
+        });
+    if stacked && gemm::prefers_streaming(kernel, count * rows, cols, gemm_threads) {
+        let a = gemm::MatrixRef::new(
+            a_data,
+            a_offset,
+            [count * rows, k],
+            [row_stride, a_strides[batch + 1]],
+            "a",
+        )
+        .map_err(gemm_error)?;
+        let b = b_view(b_offset).map_err(gemm_error)?;
+        {
+            // The output's unique borrow ends here, before the epilogue reads its rows.
+            let mut out = c_rows(0, 0, count * rows).map_err(gemm_error)?;
+            gemm::multiply_streaming(kernel, &a, &b, &mut out, gemm_threads).map_err(gemm_error)?;
+        }
+        epilogue_on_all_rows();
+        return Ok(());
+    }
 
     if batch == 0 {
         let a = a_view(a_offset).map_err(gemm_error)?;
         let b = b_view(b_offset).map_err(gemm_error)?;
-        // Packed as the tiles need it, once, by whichever thread gets to each block first.
-        let packed = gemm::PackedB::lazy(&b, kernel).map_err(gemm_error)?;
+        let streaming = gemm::prefers_streaming(kernel, rows, cols, gemm_threads);
+        // Packed as the tiles need it, once, by whichever thread gets to each block first
+        // (unless streamed: then each block is packed into L1 right before its use).
+        let packed = if streaming {
+            None
+        } else {
+            Some(gemm::PackedB::lazy(&b, kernel).map_err(gemm_error)?)
+        };
         let panels = cols.div_ceil(kernel.nr());
-        if parallel && rows < threads * 4 * kernel.mr() {
-            // Too few rows to share: every thread takes a run of columns, then the epilogue runs
-            // on whole rows.
+        if streaming || (parallel && rows < threads * 4 * kernel.mr()) {
+            // Few rows: every thread takes a run of columns, then the epilogue runs on whole
+            // rows.
             {
                 // The tile's unique borrow ends here, before the epilogue reads its rows.
                 let mut out = c_rows(0, 0, rows).map_err(gemm_error)?;
-                gemm::multiply_parallel(&a, &packed, &mut out, threads).map_err(gemm_error)?;
+                match &packed {
+                    None => gemm::multiply_streaming(kernel, &a, &b, &mut out, gemm_threads),
+                    Some(packed) => gemm::multiply_parallel(&a, packed, &mut out, threads),
+                }
+                .map_err(gemm_error)?;
             }
-            if let Some((epilogue, bound)) = &epilogue {
-                let chunks = threads.min(bound.range.max(1) as usize) as i64;
-                threads::for_each_chunk(chunks as usize, |ch| {
-                    let ch = ch as i64;
-                    let (s, e) = (bound.range * ch / chunks, bound.range * (ch + 1) / chunks);
-                    call_kernel(epilogue, bound, shared, s, e);
-                });
-            }
+            epilogue_on_all_rows();
             return Ok(());
         }
+        let packed = packed.expect("packed unless streamed");
         let run_rows = |start: usize, end: usize, first_panel: usize| {
             let mut s = start;
             while s < end {

@@ -298,3 +298,37 @@ fn gelu_and_silu_composites_with_and_without_shared_inner_values() {
         );
     }
 }
+
+#[test]
+fn short_and_stacked_linear_layers_stream_with_the_same_bits_on_any_thread_count() {
+    // Products short enough to be streamed (`gemm::prefers_streaming`: at most 1024 rows, at
+    // least 4 panels of 64 columns per thread for up to 3 threads): a 2-D linear layer with a
+    // fused epilogue, and the same weight over a batch of sequences (one stacked product), with
+    // tails in every dimension (70 rows, 33 inputs, 800 outputs).
+    let (g, inputs) = build(&[&[3, 70, 33], &[800, 33], &[800]], |i| {
+        let (x, w, b) = (&i[0], &i[1], &i[2]);
+        vec![
+            x.reshape(&[210, 33]).linear(w, Some(b)).gelu(),
+            x.linear(w, None) * 0.5,
+        ]
+    });
+    let compiled = compile(&g).unwrap();
+    let run = |threads: usize| {
+        minductor::set_num_threads(threads).unwrap();
+        let out = compiled.call(&inputs).unwrap();
+        minductor::set_num_threads(0).unwrap();
+        out
+    };
+    let one = run(1);
+    for threads in [2, 3] {
+        let many = run(threads);
+        for (a, b) in one.iter().zip(&many) {
+            assert_eq!(
+                a.to_vec::<f32>().unwrap(),
+                b.to_vec::<f32>().unwrap(),
+                "{threads} threads"
+            );
+        }
+    }
+    check(&g, &inputs, 1e-4, "streamed linear layers");
+}

@@ -12,6 +12,10 @@
 //!   micro-panel of the block) and each micro-panel of `a`, the micro-kernel computes an
 //!   `mr × nr` tile of `c` in registers and writes (first `KC` block) or adds (later blocks) it.
 //!
+//! A short `a` (few rows for all of `b`) is streamed instead ([`multiply_streaming`]): all of
+//! `a` is packed, the threads split the panels of `b`, and each block of a panel is packed into
+//! L1 right before every micro-panel of `a` uses it, so packed `b` never round-trips to memory.
+//!
 //! Micro-kernels ([`Kernel`]): AVX-512 (6 × 64: 24 zmm accumulators, 4 loads of `b` and 6
 //! broadcasts of `a` per step of `k`), AVX2 + FMA (6 × 16: 12 ymm accumulators), and a portable
 //! one (4 × 16 on plain arrays, which the compiler vectorizes for the baseline target). The best
@@ -462,21 +466,44 @@ impl<'a> PackedB<'a> {
         unsafe { std::slice::from_raw_parts(self.base.add(at), len) }
     }
 
-    /// Asks the caches for the rows `part` (of `parts`) of block `(panel, depth)`'s source, if it
-    /// is still to be packed and its rows are contiguous in memory.
+    /// Asks the caches for part `part` (of `parts`) of block `(panel, depth)`'s source, if it is
+    /// still to be packed (see [`prefetch_source`]).
     fn prefetch(&self, panel: usize, depth: usize, part: usize, parts: usize) {
-        let source = &self.source;
-        if source.col_stride != 1 || !self.is_empty(panel, depth) {
-            return;
+        if self.is_empty(panel, depth) {
+            let rows = self.block_rows(depth);
+            prefetch_source(&self.source, self.kernel.nr(), panel, rows, part, parts);
         }
-        let rows = self.block_rows(depth);
-        let nr = self.kernel.nr();
-        let first = panel * nr;
-        let width = nr.min(self.n - first);
+    }
+}
+
+/// Asks the caches for part `part` (of `parts`) of the values of `b` that panel `panel` (of
+/// width `nr`) packs from rows `rows`, if its rows or its columns are contiguous in memory.
+fn prefetch_source(
+    source: &MatrixRef,
+    nr: usize,
+    panel: usize,
+    rows: std::ops::Range<usize>,
+    part: usize,
+    parts: usize,
+) {
+    let first = panel * nr;
+    let width = nr.min(source.cols - first);
+    if source.col_stride == 1 {
+        // Rows are contiguous: this part's share of the block's rows.
         let (from, to) = (rows.len() * part / parts, rows.len() * (part + 1) / parts);
         for p in rows.start + from..rows.start + to {
             let row = &source.data[source.at(p, first)..][..width];
             for line in row.chunks(16) {
+                prefetch_line(line.as_ptr());
+            }
+        }
+    } else if source.row_stride == 1 {
+        // Columns are contiguous (a linear layer's transposed weight): this part's share of
+        // the block's columns, each a run of `rows.len()` values.
+        let (from, to) = (width * part / parts, width * (part + 1) / parts);
+        for j in first + from..first + to {
+            let column = &source.data[source.at(rows.start, j)..][..rows.len()];
+            for line in column.chunks(16) {
                 prefetch_line(line.as_ptr());
             }
         }
@@ -595,8 +622,204 @@ pub fn sgemm_with(
     c: &mut MatrixMut,
     threads: usize,
 ) -> Result<(), GemmError> {
+    if prefers_streaming(kernel, a.rows, b.cols, threads) {
+        return multiply_streaming(kernel, a, b, c, threads);
+    }
     let packed = PackedB::lazy(b, kernel)?;
     multiply_parallel(a, &packed, c, threads)
+}
+
+/// Whether [`multiply_streaming`] should compute a product of `m` rows, `n` columns on
+/// `threads` threads (rather than [`PackedB`] and [`multiply_parallel`]): when `a` is short,
+/// every packed block of `b` serves few rows, so writing all of packed `b` to memory and
+/// reading it back costs as much as a large part of the multiply (measured on the MLP's
+/// `[256, 1024] · [1024, 4096]`, Zen 4, 2 threads: packing alone took ~14% of the multiply's
+/// time); streaming packs each block of `b` into L1 right before all rows use it. It needs
+/// enough panels of `b` for every thread to get a few.
+pub fn prefers_streaming(kernel: Kernel, m: usize, n: usize, threads: usize) -> bool {
+    if let Some(forced) = streaming_override() {
+        return forced;
+    }
+    m <= STREAMING_ROWS && n >= threads.max(1) * 4 * kernel.nr()
+}
+
+/// Most rows of `a` for which [`prefers_streaming`] holds. Measured (Zen 4, 2 threads, CPU
+/// time): at 1024 rows streaming is as fast as the packed path or faster ([1024x512]x[512x512]ᵀ
+/// 2.9-3.2 ms both, [1024x512]x[512x1408]ᵀ 7.1-8.0 vs 7.9-8.3, 1024³ 10.5-10.9 vs 11.5-12.1);
+/// taller `a`s were not measured, and all of `a` packed stops fitting the L3.
+const STREAMING_ROWS: usize = 1024;
+
+/// `MINDUCTOR_GEMM_STREAM=0` or `=1` forces [`prefers_streaming`]'s answer (for comparisons).
+fn streaming_override() -> Option<bool> {
+    static FORCED: OnceLock<Option<bool>> = OnceLock::new();
+    *FORCED.get_or_init(|| match std::env::var("MINDUCTOR_GEMM_STREAM").as_deref() {
+        Ok("1") => Some(true),
+        Ok("0") => Some(false),
+        _ => None,
+    })
+}
+
+/// `c = a · b` on `threads` threads for a short `a`: all of `a` is packed first (its blocks of
+/// `KC` columns split across the threads), then each thread takes a run of panels of `b` and,
+/// for each block of `KC` rows of a panel, packs the block into a buffer of its own (L1-sized)
+/// and runs every micro-panel of `a` over it, prefetching the source of the next block as it
+/// goes. The output tile of a panel (`m × nr`) stays in L2 across the blocks.
+///
+/// Every tile sums the same products in the same order as [`multiply_parallel`] does (same
+/// packed values, same blocks of `KC`), so the result is the same bits, for any thread count.
+pub fn multiply_streaming(
+    kernel: Kernel,
+    a: &MatrixRef,
+    b: &MatrixRef,
+    c: &mut MatrixMut,
+    threads: usize,
+) -> Result<(), GemmError> {
+    if !kernel.is_supported() {
+        return Err(GemmError::Unsupported(kernel));
+    }
+    let ([m, k], [k_b, n]) = (a.shape(), b.shape());
+    if k != k_b || c.rows != m || c.cols != n {
+        return Err(GemmError::Shape {
+            a: a.shape(),
+            b: b.shape(),
+            c: c.shape(),
+        });
+    }
+    let (mr, nr) = (kernel.mr(), kernel.nr());
+    if m == 0 || n == 0 {
+        return Ok(());
+    }
+    if k == 0 {
+        for i in 0..m {
+            c.data[i * c.row_stride..][..n].fill(0.0);
+        }
+        return Ok(());
+    }
+    let threads = threads.max(1);
+    let padded_m = m.div_ceil(mr) * mr;
+    // Block `d` (columns `d·KC ..`) of packed `a` holds `padded_m · kc` values from
+    // `d · KC · padded_m` on: the layout of `implicit::PackedA`.
+    let mut packed_a = AlignedBuffer::take(padded_m * k);
+    {
+        let blocks: Vec<Mutex<&mut [f32]>> = packed_a
+            .as_mut_slice()
+            .chunks_mut(padded_m * KC)
+            .map(Mutex::new)
+            .collect();
+        let chunks = threads.min(blocks.len());
+        let pack_blocks = |t: usize| {
+            let first = blocks.len() * t / chunks;
+            let end = blocks.len() * (t + 1) / chunks;
+            for (d, block) in blocks.iter().enumerate().take(end).skip(first) {
+                let mut block = block.lock().unwrap_or_else(|p| p.into_inner());
+                let depth = d * KC;
+                pack::pack_a(a, 0..m, depth..(depth + KC).min(k), mr, &mut block);
+            }
+        };
+        if chunks == 1 {
+            pack_blocks(0);
+        } else {
+            minductor_runtime::threads::for_each_chunk(chunks, pack_blocks);
+        }
+    }
+    let panels = n.div_ceil(nr);
+    let chunks = threads.min(panels);
+    let c_pointer = SharedOutput(c.data.as_mut_ptr());
+    let ldc = c.row_stride;
+    let packed = packed_a.lines_as_slice();
+    let run = |t: usize| {
+        // SAFETY: `kernel` is supported (checked above); shapes agree (checked above); `c`
+        // (borrowed uniquely for this whole call, its extent checked by `MatrixMut::new`)
+        // holds every output element, and each thread writes only its own panels' columns.
+        unsafe {
+            stream_panels(
+                kernel,
+                packed,
+                b,
+                c_pointer.get(),
+                ldc,
+                m,
+                panels * t / chunks..panels * (t + 1) / chunks,
+            )
+        }
+    };
+    if chunks == 1 {
+        run(0);
+    } else {
+        minductor_runtime::threads::for_each_chunk(chunks, run);
+    }
+    give_back(packed_a);
+    Ok(())
+}
+
+thread_local! {
+    /// Each thread's buffer for one packed block of `b` (`KC · nr` values) in
+    /// [`multiply_streaming`], kept between calls.
+    static B_BLOCK: std::cell::Cell<AlignedBuffer> = const { std::cell::Cell::new(AlignedBuffer::new()) };
+}
+
+/// `c[:, columns of panels] = a · b[:, columns of panels]`, `a` packed whole (see
+/// [`multiply_streaming`]), each block of `b` packed here just before it is used.
+///
+/// # Safety
+/// `kernel` is supported; `packed_a` holds `a` (`m` rows, `b.rows` columns) packed for it in
+/// the layout [`multiply_streaming`] describes; `c + i · ldc + j` is writable for every
+/// `i < m` and every `j < b.cols` in the given panels' columns, and no other thread touches
+/// those elements during the call.
+unsafe fn stream_panels(
+    kernel: Kernel,
+    packed_a: &[f32],
+    b: &MatrixRef,
+    c: *mut f32,
+    ldc: usize,
+    m: usize,
+    panels: std::ops::Range<usize>,
+) {
+    let ([k, n], mr, nr) = (b.shape(), kernel.mr(), kernel.nr());
+    let padded_m = m.div_ceil(mr) * mr;
+    let micro_panels = padded_m / mr;
+    B_BLOCK.with(|cell| {
+        let mut block = cell.take();
+        block.reserve(KC * nr);
+        let values = block.as_mut_slice();
+        for panel in panels.clone() {
+            let cols = nr.min(n - panel * nr);
+            for depth in (0..k).step_by(KC) {
+                let kc = KC.min(k - depth);
+                let b_block = &mut values[..kc * nr];
+                pack::pack_b(&b.rows(depth, depth + kc), nr, panel, b_block);
+                // The block after this one: the next depth, or the next panel's first.
+                let next = if depth + kc < k {
+                    Some((panel, depth + kc))
+                } else {
+                    (panel + 1 < panels.end).then_some((panel + 1, 0))
+                };
+                let a_block = &packed_a[depth * padded_m..][..padded_m * kc];
+                for (r, a_panel) in a_block.chunks_exact(mr * kc).enumerate() {
+                    if let Some((next_panel, next_depth)) = next {
+                        let rows = next_depth..(next_depth + KC).min(k);
+                        prefetch_source(b, nr, next_panel, rows, r, micro_panels);
+                    }
+                    let args = TileArgs {
+                        kc,
+                        a: a_panel.as_ptr(),
+                        b: b_block.as_ptr(),
+                        // SAFETY: row `r·mr < m`, column `panel·nr < n`: the caller's.
+                        c: unsafe { c.add(r * mr * ldc + panel * nr) },
+                        ldc,
+                        rows: mr.min(m - r * mr),
+                        cols,
+                        accumulate: depth > 0,
+                    };
+                    // SAFETY: the kernel is supported; the panels are slices of `kc·mr` and
+                    // `kc·nr` values; `rows ≤ mr`, `cols ≤ nr` stay inside `m × n`, whose
+                    // elements in these panels' columns the caller gave to this call alone.
+                    unsafe { kernel.tile(&args) };
+                }
+            }
+        }
+        cell.set(block);
+    });
 }
 
 /// The output pointer handed to the column-splitting threads.
@@ -779,14 +1002,18 @@ impl AlignedBuffer {
 
 impl Drop for PackedB<'_> {
     fn drop(&mut self) {
-        let buffer = std::mem::take(&mut self.buffer);
-        let mut pool = POOL.lock().unwrap_or_else(|p| p.into_inner());
-        if pool.len() < POOL_BUFFERS {
-            pool.push(buffer);
-        } else if let Some(smallest) = (0..pool.len()).min_by_key(|&i| pool[i].lines.len()) {
-            if pool[smallest].lines.len() < buffer.lines.len() {
-                pool[smallest] = buffer;
-            }
+        give_back(std::mem::take(&mut self.buffer));
+    }
+}
+
+/// Returns a buffer to the pool (if it has room, or the buffer is larger than its smallest).
+fn give_back(buffer: AlignedBuffer) {
+    let mut pool = POOL.lock().unwrap_or_else(|p| p.into_inner());
+    if pool.len() < POOL_BUFFERS {
+        pool.push(buffer);
+    } else if let Some(smallest) = (0..pool.len()).min_by_key(|&i| pool[i].lines.len()) {
+        if pool[smallest].lines.len() < buffer.lines.len() {
+            pool[smallest] = buffer;
         }
     }
 }

@@ -235,3 +235,56 @@ fn mismatched_shapes_are_an_error() {
         }
     );
 }
+
+/// `c = a · b` through [`multiply_streaming`] and through [`PackedB`] and [`multiply_parallel`],
+/// into NaN-filled outputs: the same bits, and both within the tolerance of [`check`] (which
+/// goes through `sgemm_with`, whichever path it picks).
+fn check_streaming(kernel: Kernel, [m, k, n]: [usize; 3], layouts: [Layout; 2], threads: usize) {
+    check(kernel, [m, k, n], layouts, threads);
+    let (a_data, a_offset, a_strides) = operand(m, k, layouts[0], (m * 1000 + k) as u64);
+    let (b_data, b_offset, b_strides) = operand(k, n, layouts[1], (k * 1000 + n + 7) as u64);
+    let a = MatrixRef::new(&a_data, a_offset, [m, k], a_strides, "a").unwrap();
+    let b = MatrixRef::new(&b_data, b_offset, [k, n], b_strides, "b").unwrap();
+    let mut streamed = vec![f32::NAN; m * n];
+    let mut c = MatrixMut::row_major(&mut streamed, m, n).unwrap();
+    multiply_streaming(kernel, &a, &b, &mut c, threads).unwrap();
+    let mut packed = vec![f32::NAN; m * n];
+    let mut c = MatrixMut::row_major(&mut packed, m, n).unwrap();
+    multiply_parallel(&a, &PackedB::lazy(&b, kernel).unwrap(), &mut c, threads).unwrap();
+    let bits = |values: &[f32]| values.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+    assert!(
+        bits(&streamed) == bits(&packed),
+        "{kernel:?} {m}x{k}x{n} {layouts:?} on {threads} threads: streamed and packed differ"
+    );
+}
+
+#[test]
+fn streaming_matches_the_packed_path_bit_for_bit_at_tail_sizes_and_odd_strides() {
+    // Sizes around the register tile (6 or 4 rows, 16 or 64 columns) and `KC` = 128, every
+    // layout of either operand, 1 to 3 threads (fewer panels than threads included).
+    for kernel in supported_kernels() {
+        for a_layout in LAYOUTS {
+            for b_layout in LAYOUTS {
+                for [m, k, n] in [
+                    [0, 5, 70],
+                    [3, 0, 70],
+                    [1, 1, 1],
+                    [5, 17, 65],
+                    [7, 129, 130],
+                    [13, 257, 200],
+                ] {
+                    for threads in [1, 2, 3] {
+                        check_streaming(kernel, [m, k, n], [a_layout, b_layout], threads);
+                    }
+                }
+            }
+        }
+        // The MLP's short `a` against a wide transposed `b`, with tails in every dimension.
+        check_streaming(
+            kernel,
+            [61, 300, 333],
+            [Layout::RowMajor, Layout::Transposed],
+            2,
+        );
+    }
+}

@@ -1,0 +1,119 @@
+//! GFLOP/s of our GEMM (detected kernel) on the suite's linear-layer shapes (`x · wᵀ`, `b`
+//! column-contiguous unless `--row-major-b`) on `THREADS` threads (default 2): `b` packed
+//! alone, the multiply with `b` packed beforehand, lazily packed `b` and the multiply together
+//! (`multiply_parallel`), and `multiply_streaming`. Times are medians of CPU time per thread
+//! (wall time with `WALL=1`):
+//! `cargo run --release -p minductor-codegen-cpu --example gemm_shapes [-- rounds]`.
+
+use minductor_codegen_cpu::gemm::{
+    multiply_parallel, multiply_streaming, Kernel, MatrixMut, MatrixRef, PackedB,
+};
+use std::time::Instant;
+
+/// `struct timespec` of 64-bit Linux.
+#[repr(C)]
+struct Timespec {
+    seconds: i64,
+    nanoseconds: i64,
+}
+
+extern "C" {
+    fn clock_gettime(clock: i32, time: *mut Timespec) -> i32;
+}
+
+/// CPU seconds used by every thread of this process so far: on a shared, busy host this counts
+/// only our own work (spinning waits included), not the time other processes ran.
+fn process_cpu_seconds() -> f64 {
+    const CLOCK_PROCESS_CPUTIME_ID: i32 = 2;
+    let mut time = Timespec {
+        seconds: 0,
+        nanoseconds: 0,
+    };
+    // SAFETY: `time` is a valid, writable `struct timespec` for the call.
+    let status = unsafe { clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &mut time) };
+    assert_eq!(status, 0, "clock_gettime");
+    time.seconds as f64 + time.nanoseconds as f64 * 1e-9
+}
+
+/// Median wall seconds and median process CPU seconds per thread (CPU seconds / threads) of
+/// 15 calls after one warm-up call.
+fn median(mut f: impl FnMut()) -> f64 {
+    f();
+    let threads = minductor_runtime::threads::num_threads() as f64;
+    let mut times: Vec<f64> = (0..15)
+        .map(|_| {
+            let (t, cpu) = (Instant::now(), process_cpu_seconds());
+            f();
+            let (wall, cpu) = (t.elapsed().as_secs_f64(), process_cpu_seconds() - cpu);
+            if std::env::var("WALL").is_ok() {
+                wall
+            } else {
+                cpu / threads
+            }
+        })
+        .collect();
+    times.sort_by(f64::total_cmp);
+    times[times.len() / 2]
+}
+
+fn main() {
+    let shapes = [
+        ("mlp up", [256, 1024, 4096]),
+        ("mlp down", [256, 4096, 1024]),
+        ("llama qkvo", [1024, 512, 512]),
+        ("llama kv", [1024, 512, 256]),
+        ("llama gate/up", [1024, 512, 1408]),
+        ("llama down", [1024, 1408, 512]),
+        ("square", [1024, 1024, 1024]),
+    ];
+    let threads: usize = std::env::var("THREADS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(2);
+    let row_major_b = std::env::args().any(|a| a == "--row-major-b");
+    let rounds: usize = std::env::args()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(1);
+    minductor_runtime::threads::set_num_threads(threads).unwrap();
+    let kernel = Kernel::detect();
+    for _ in 0..rounds {
+        for (name, [m, k, n]) in shapes {
+            let a: Vec<f32> = (0..m * k).map(|i| (i % 17) as f32 * 0.01).collect();
+            let b: Vec<f32> = (0..k * n).map(|i| (i % 13) as f32 * 0.01).collect();
+            let mut c = vec![0f32; m * n];
+            let a = MatrixRef::row_major(&a, m, k).unwrap();
+            let b = if row_major_b {
+                MatrixRef::row_major(&b, k, n).unwrap()
+            } else {
+                MatrixRef::new(&b, 0, [k, n], [1, k as i64], "b").unwrap()
+            };
+            let pack = median(|| drop(PackedB::pack(&b, kernel, threads).unwrap()));
+            let packed = PackedB::pack(&b, kernel, threads).unwrap();
+            let multiply = median(|| {
+                let mut out = MatrixMut::row_major(&mut c, m, n).unwrap();
+                multiply_parallel(&a, &packed, &mut out, threads).unwrap();
+            });
+            let together = median(|| {
+                let packed = PackedB::lazy(&b, kernel).unwrap();
+                let mut out = MatrixMut::row_major(&mut c, m, n).unwrap();
+                multiply_parallel(&a, &packed, &mut out, threads).unwrap();
+            });
+            let streaming = median(|| {
+                let mut out = MatrixMut::row_major(&mut c, m, n).unwrap();
+                multiply_streaming(kernel, &a, &b, &mut out, threads).unwrap();
+            });
+            let flop = 2.0 * (m * k * n) as f64;
+            println!(
+                "{name:>14} {m}x{k}x{n}: pack {:.3} ms, multiply {:.3} ms ({:.0} GFLOP/s), lazy together {:.3} ms ({:.0} GFLOP/s), streaming {:.3} ms ({:.0} GFLOP/s)",
+                pack * 1e3,
+                multiply * 1e3,
+                flop / multiply / 1e9,
+                together * 1e3,
+                flop / together / 1e9,
+                streaming * 1e3,
+                flop / streaming / 1e9
+            );
+        }
+    }
+}
