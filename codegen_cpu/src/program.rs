@@ -120,6 +120,16 @@ impl CompiledKernel {
     }
 }
 
+/// The f32 elements `0..len` of buffer `id`, read-only.
+///
+/// # Safety
+/// `pointers[id]` is the start of a live buffer holding at least `len` f32s for this call's
+/// sizes, which nothing writes while the slice lives.
+unsafe fn read_f32<'a>(pointers: &[*mut u8], id: BufferId, len: usize) -> &'a [f32] {
+    // SAFETY: the caller's guarantee.
+    unsafe { std::slice::from_raw_parts(pointers[id.0 as usize] as *const f32, len) }
+}
+
 /// The size of every symbolic dim for one call, read off the inputs' shapes.
 #[derive(Clone, Debug, Default, PartialEq)]
 struct Symbols(Vec<Option<usize>>);
@@ -134,6 +144,11 @@ impl Symbols {
 
     fn sizes(&self, shape: &[Dim]) -> Vec<usize> {
         shape.iter().map(|&d| self.size(d)).collect()
+    }
+
+    /// The number of elements of `program`'s buffer `id` for these sizes.
+    fn elements(&self, program: &Program, id: BufferId) -> usize {
+        self.sizes(&program.buffer(id).shape).iter().product()
     }
 
     /// A view's offset and strides for these sizes (they may be size expressions). The
@@ -777,8 +792,7 @@ fn run_attention(
     symbols: &Symbols,
     pointers: &[*mut u8],
 ) -> Result<(), RuntimeError> {
-    let numel =
-        |id: BufferId| -> usize { symbols.sizes(&program.buffer(id).shape).iter().product() };
+    let numel = |id: BufferId| symbols.elements(program, id);
     // SAFETY: each pointer is the start of a live buffer holding its planned number of f32
     // elements for this call's sizes (`run_steps`; `verify_program` checked that all four are
     // f32 buffers). The output is written by this step alone and overlaps no operand: the
@@ -790,19 +804,12 @@ fn run_attention(
         Some(m) => {
             let (offset, strides) = symbols.view(m, a.out)?;
             // SAFETY: as for q, k and v below (an f32 buffer the step only reads).
-            let data = unsafe {
-                std::slice::from_raw_parts(
-                    pointers[m.buffer.0 as usize] as *const f32,
-                    numel(m.buffer),
-                )
-            };
+            let data = unsafe { read_f32(pointers, m.buffer, numel(m.buffer)) };
             Some((data, offset, strides))
         }
     };
     let (q, k, v, out) = unsafe {
-        let read = |id: BufferId| {
-            std::slice::from_raw_parts(pointers[id.0 as usize] as *const f32, numel(id))
-        };
+        let read = |id: BufferId| read_f32(pointers, id, numel(id));
         (
             read(a.q.buffer),
             read(a.k.buffer),
@@ -862,8 +869,7 @@ fn run_scatter_add(
     symbols: &Symbols,
     pointers: &[*mut u8],
 ) -> Result<(), RuntimeError> {
-    let numel =
-        |id: BufferId| -> usize { symbols.sizes(&program.buffer(id).shape).iter().product() };
+    let numel = |id: BufferId| symbols.elements(program, id);
     let (index_len, src_len, out_len) =
         (numel(sc.index.buffer), numel(sc.src.buffer), numel(sc.out));
     // SAFETY: each pointer is the start of a live buffer holding its planned number of elements
@@ -877,7 +883,7 @@ fn run_scatter_add(
                 pointers[sc.index.buffer.0 as usize] as *const i64,
                 index_len,
             ),
-            std::slice::from_raw_parts(pointers[sc.src.buffer.0 as usize] as *const f32, src_len),
+            read_f32(pointers, sc.src.buffer, src_len),
             std::slice::from_raw_parts_mut(pointers[sc.out.0 as usize] as *mut f32, out_len),
         )
     };
@@ -1017,8 +1023,7 @@ fn run_matmul(
     let (a_offset, a_strides) = symbols.view(&m.a, m.out)?;
     let (b_offset, b_strides) = symbols.view(b_view_of_step, m.out)?;
     debug_assert!(program.buffer(m.out).dtype == DType::F32);
-    let numel =
-        |id: BufferId| -> usize { symbols.sizes(&program.buffer(id).shape).iter().product() };
+    let numel = |id: BufferId| symbols.elements(program, id);
     let count: usize = a_shape[..batch].iter().product();
     // SAFETY: each pointer is the start of a live buffer holding its planned number of f32s for
     // this call's sizes (`run_steps`; `fuse` only emits f32 GEMMs). The operands are only read
@@ -1027,12 +1032,10 @@ fn run_matmul(
     // places a GEMM's output in place of a buffer the GEMM reads, and live slots are disjoint.
     let (a_data, b_data) = unsafe {
         (
-            std::slice::from_raw_parts(
-                pointers[m.a.buffer.0 as usize] as *const f32,
-                numel(m.a.buffer),
-            ),
-            std::slice::from_raw_parts(
-                pointers[b_view_of_step.buffer.0 as usize] as *const f32,
+            read_f32(pointers, m.a.buffer, numel(m.a.buffer)),
+            read_f32(
+                pointers,
+                b_view_of_step.buffer,
                 numel(b_view_of_step.buffer),
             ),
         )
@@ -1269,8 +1272,7 @@ fn run_implicit_matmul(
     let a_shape = symbols.sizes(&m.a.shape);
     let b_shape = symbols.sizes(&b.shape);
     let source_shape = symbols.sizes(&program.buffer(b.source).shape);
-    let numel =
-        |id: BufferId| -> usize { symbols.sizes(&program.buffer(id).shape).iter().product() };
+    let numel = |id: BufferId| symbols.elements(program, id);
     let gemm_error =
         |e: gemm::GemmError| RuntimeError::Unsupported(format!("matmul {}: {e}", m.out));
     let (&[images, groups, k, cols], &[_, channels, h, w]) = (&b_shape[..], &source_shape[..])
@@ -1290,14 +1292,8 @@ fn run_implicit_matmul(
     // in place of a buffer it reads; live slots are disjoint).
     let (a_data, x_data) = unsafe {
         (
-            std::slice::from_raw_parts(
-                pointers[m.a.buffer.0 as usize] as *const f32,
-                numel(m.a.buffer),
-            ),
-            std::slice::from_raw_parts(
-                pointers[b.source.0 as usize] as *const f32,
-                numel(b.source),
-            ),
+            read_f32(pointers, m.a.buffer, numel(m.a.buffer)),
+            read_f32(pointers, b.source, numel(b.source)),
         )
     };
     let c = SendPtr(pointers[m.out.0 as usize]);

@@ -385,17 +385,14 @@ pub(crate) fn compile_uncached(
     let executable = with_tangents(executable, &tangents);
     let compile_time = started.elapsed();
     crate::dump::after_compile(graph, backend.name(), &artifacts, compile_time);
-    Ok(Compiled {
-        graph: graph.clone(),
-        backend,
-        options,
-        tangents,
-        from_cache: false,
-        frozen: Vec::new(),
+    Ok(Compiled::from_parts(
+        graph.clone(),
         executable,
         artifacts,
+        options,
+        tangents,
         compile_time,
-    })
+    ))
 }
 
 /// Calls of each split per kernel step when autotuning (the fastest call counts).
@@ -424,7 +421,7 @@ pub(crate) fn autotune(
 }
 
 impl Compiled {
-    /// A compiled graph from its parts (a loaded artifact).
+    /// A compiled graph from its parts (a compile's, or a loaded artifact's).
     pub(crate) fn from_parts(
         graph: Graph,
         executable: Box<dyn Executable>,
