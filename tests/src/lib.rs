@@ -1,7 +1,7 @@
 //! End-to-end tests live in `tests/`. This library holds what they share: one comparison of
 //! outputs, used by every test that checks results against a reference.
 
-use minductor::Tensor;
+use minductor::{DType, Graph, Tensor, Traced, Tracer};
 
 /// How close a result must be to the reference: `|got - want| <= atol + rtol · |want|` for each
 /// element.
@@ -113,4 +113,35 @@ mod tests {
             .unwrap_err()
             .contains("output 0, element 0: 1.100000023841858, expected 1"));
     }
+}
+
+/// Smooth, seeded test data: element `i` is `amplitude · sin((i + 1)·0.618 + 1.3·seed)`.
+pub fn sine_values(shape: &[usize], seed: u32, amplitude: f32) -> Tensor {
+    let n: usize = shape.iter().product();
+    let data = (0..n)
+        .map(|i| ((i as f32 + 1.0) * 0.618 + seed as f32 * 1.3).sin() * amplitude)
+        .collect();
+    Tensor::from_vec(shape, data).unwrap()
+}
+
+/// The graph of `f` over f32 inputs `in0, in1, …` of `shapes`, and inputs for it: input `i`
+/// is `values(shapes[i], i)`.
+pub fn build_graph(
+    shapes: &[&[usize]],
+    values: impl Fn(&[usize], u32) -> Tensor,
+    f: impl FnOnce(&[Traced]) -> Vec<Traced>,
+) -> (Graph, Vec<Tensor>) {
+    let tracer = Tracer::new();
+    let inputs: Vec<Traced> = shapes
+        .iter()
+        .enumerate()
+        .map(|(i, s)| tracer.input(&format!("in{i}"), DType::F32, s))
+        .collect();
+    let outputs = f(&inputs);
+    let tensors = shapes
+        .iter()
+        .enumerate()
+        .map(|(i, s)| values(s, i as u32))
+        .collect();
+    (tracer.finish(&outputs).unwrap(), tensors)
 }

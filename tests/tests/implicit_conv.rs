@@ -7,30 +7,14 @@
 //! kernel's reach, on one image and on several (split across threads).
 
 use minductor::passes::kernel::{MatmulOperand, Step};
-use minductor::{compile, interpret, ConvOptions, DType, Graph, Tensor, Traced, Tracer};
+use minductor::{compile, interpret, ConvOptions, Graph, Tensor, Traced};
 
 fn values(shape: &[usize], seed: u32) -> Tensor {
-    let n: usize = shape.iter().product();
-    let data = (0..n)
-        .map(|i| ((i as f32 + 1.0) * 0.618 + seed as f32 * 1.3).sin())
-        .collect();
-    Tensor::from_vec(shape, data).unwrap()
+    minductor_tests::sine_values(shape, seed, 1.0)
 }
 
 fn build(shapes: &[&[usize]], f: impl FnOnce(&[Traced]) -> Vec<Traced>) -> (Graph, Vec<Tensor>) {
-    let tracer = Tracer::new();
-    let inputs: Vec<Traced> = shapes
-        .iter()
-        .enumerate()
-        .map(|(i, s)| tracer.input(&format!("in{i}"), DType::F32, s))
-        .collect();
-    let outputs = f(&inputs);
-    let tensors = shapes
-        .iter()
-        .enumerate()
-        .map(|(i, s)| values(s, i as u32))
-        .collect();
-    (tracer.finish(&outputs).unwrap(), tensors)
+    minductor_tests::build_graph(shapes, values, f)
 }
 
 /// Compiles `graph`, checks that every GEMM reads an implicit im2col (no im2col buffer is

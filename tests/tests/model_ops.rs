@@ -10,11 +10,7 @@ use minductor::{
 };
 
 fn values(shape: &[usize], seed: u32) -> Tensor {
-    let n: usize = shape.iter().product();
-    let data = (0..n)
-        .map(|i| ((i as f32 + 1.0) * 0.618 + seed as f32 * 1.3).sin() * 3.0)
-        .collect();
-    Tensor::from_vec(shape, data).unwrap()
+    minductor_tests::sine_values(shape, seed, 3.0)
 }
 
 /// Compiles `graph` and compares each output with the interpreter's within `tol` (relative to
@@ -49,19 +45,7 @@ fn check(graph: &Graph, inputs: &[Tensor], tol: f64, what: &str) {
 }
 
 fn build(shapes: &[&[usize]], f: impl FnOnce(&[Traced]) -> Vec<Traced>) -> (Graph, Vec<Tensor>) {
-    let tracer = Tracer::new();
-    let inputs: Vec<Traced> = shapes
-        .iter()
-        .enumerate()
-        .map(|(i, s)| tracer.input(&format!("in{i}"), DType::F32, s))
-        .collect();
-    let outputs = f(&inputs);
-    let tensors = shapes
-        .iter()
-        .enumerate()
-        .map(|(i, s)| values(s, i as u32))
-        .collect();
-    (tracer.finish(&outputs).unwrap(), tensors)
+    minductor_tests::build_graph(shapes, values, f)
 }
 
 const SIZES: [usize; 6] = [1, 3, 4, 5, 17, 66];
