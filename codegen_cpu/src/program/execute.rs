@@ -1,0 +1,542 @@
+//! Running a compiled program: binding every symbolic size and buffer for one call, the pool of
+//! arenas the intermediates live in, the steps in order with the index checks before them, JIT
+//! kernels split across threads, and fallback steps.
+
+use super::extern_steps::{run_attention, run_matmul, run_scatter_add};
+use super::{CompiledKernel, CompiledProgram, CompiledStep, Split};
+use minductor_ir::{checked_bytes, Dim};
+use minductor_passes::kernel::{BufferId, BufferKind, FallbackStep, Program, StridedView};
+use minductor_passes::verify_program;
+use minductor_runtime::{threads, Executable, RuntimeError, StepTiming, Storage, Tensor};
+use std::time::Instant;
+
+/// A kernel's loop extents for one call.
+pub(super) struct BoundKernel {
+    params: Vec<i64>,
+    /// Extent of the first outer loop, the range the function is called with (1 if none).
+    pub(super) range: i64,
+    /// Elements the kernel visits (all loop trip counts), to decide on threading.
+    work: i64,
+}
+
+impl CompiledKernel {
+    pub(super) fn bind(&self, symbols: &Symbols) -> BoundKernel {
+        let params: Vec<i64> = self
+            .extents
+            .iter()
+            .map(|&d| symbols.size(d) as i64)
+            .collect();
+        // Saturating: these only decide whether to split the work across threads.
+        let outer: i64 = params[..self.outer_loops]
+            .iter()
+            .fold(1i64, |acc, &n| acc.saturating_mul(n));
+        let mut at = self.outer_loops;
+        let mut inner: i64 = 0;
+        for &n in &self.stage_loops {
+            let trips = params[at..at + n]
+                .iter()
+                .fold(1i64, |acc, &n| acc.saturating_mul(n));
+            inner = inner.saturating_add(trips);
+            at += n;
+        }
+        BoundKernel {
+            range: if self.outer_loops > 0 { params[0] } else { 1 },
+            work: outer.saturating_mul(inner),
+            params,
+        }
+    }
+}
+
+/// The f32 elements `0..len` of buffer `id`, read-only.
+///
+/// # Safety
+/// `pointers[id]` is the start of a live buffer holding at least `len` f32s for this call's
+/// sizes, which nothing writes while the slice lives.
+pub(super) unsafe fn read_f32<'a>(pointers: &[*mut u8], id: BufferId, len: usize) -> &'a [f32] {
+    // SAFETY: the caller's guarantee.
+    unsafe { std::slice::from_raw_parts(pointers[id.0 as usize] as *const f32, len) }
+}
+
+/// The size of every symbolic dim for one call, read off the inputs' shapes.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub(super) struct Symbols(Vec<Option<usize>>);
+
+impl Symbols {
+    pub(super) fn size(&self, d: Dim) -> usize {
+        match d {
+            Dim::Static(n) => n,
+            Dim::Sym(s) => self.0[s.0 as usize].expect("every symbol is bound by an input"),
+        }
+    }
+
+    pub(super) fn sizes(&self, shape: &[Dim]) -> Vec<usize> {
+        shape.iter().map(|&d| self.size(d)).collect()
+    }
+
+    /// The number of elements of `program`'s buffer `id` for these sizes.
+    pub(super) fn elements(&self, program: &Program, id: BufferId) -> usize {
+        self.sizes(&program.buffer(id).shape).iter().product()
+    }
+
+    /// A view's offset and strides for these sizes (they may be size expressions). The
+    /// verifier, run for these sizes, evaluated the same expressions, so an overflow here is a
+    /// size it rejected too; it is still an error, not a panic.
+    pub(super) fn view(
+        &self,
+        view: &StridedView,
+        step: BufferId,
+    ) -> Result<(i64, Vec<i64>), RuntimeError> {
+        view.bind(|s| {
+            self.0
+                .get(s.0 as usize)
+                .copied()
+                .flatten()
+                .map(|n| n as i128)
+        })
+        .ok_or_else(|| {
+            RuntimeError::Unsupported(format!(
+                "step writing {step}: a view's strides overflow i64 for these sizes"
+            ))
+        })
+    }
+
+    /// Binds the symbols from the inputs, checking every static size and that a symbol has one
+    /// size across all the dims it names.
+    fn bind(program: &Program, inputs: &[Tensor]) -> Result<Symbols, RuntimeError> {
+        let mut symbols = Symbols(Vec::new());
+        for b in &program.buffers {
+            let BufferKind::Input(n) = b.kind else {
+                continue;
+            };
+            let t = inputs.get(n).ok_or(RuntimeError::Arity {
+                expected: n + 1,
+                found: inputs.len(),
+            })?;
+            let mismatch = || RuntimeError::Shape {
+                name: format!("#{n}"),
+                expected: format!("{}{}", b.dtype, minductor_ir::shape_string(&b.shape)),
+                found: t.shape().to_vec(),
+            };
+            if t.dtype() != b.dtype || t.rank() != b.shape.len() {
+                return Err(mismatch());
+            }
+            for (&d, &size) in b.shape.iter().zip(t.shape()) {
+                match d {
+                    Dim::Static(n) if n != size => return Err(mismatch()),
+                    Dim::Static(_) => {}
+                    Dim::Sym(s) => {
+                        let slot = s.0 as usize;
+                        if symbols.0.len() <= slot {
+                            symbols.0.resize(slot + 1, None);
+                        }
+                        match symbols.0[slot] {
+                            Some(bound) if bound != size => {
+                                return Err(RuntimeError::Shape {
+                                    name: format!("#{n}"),
+                                    expected: format!(
+                                        "{}{} with {d} = {bound} (bound by an earlier input)",
+                                        b.dtype,
+                                        minductor_ir::shape_string(&b.shape)
+                                    ),
+                                    found: t.shape().to_vec(),
+                                })
+                            }
+                            _ => symbols.0[slot] = Some(size),
+                        }
+                    }
+                }
+            }
+        }
+        Ok(symbols)
+    }
+}
+
+/// Kernels visiting fewer elements than this run on the calling thread.
+const PARALLEL_WORK_THRESHOLD: i64 = 1 << 15;
+
+/// One call's memory for the intermediates: an allocation laid out by the plan for some symbol
+/// sizes. Calls take an arena from the program's pool and give it back, so calls from several
+/// threads run at once, each in its own arena.
+pub(super) struct Arena {
+    storage: Storage,
+    /// The symbol sizes the arena is laid out for, each slot's offset for them, and the total.
+    layout: Option<(Symbols, Vec<usize>, usize)>,
+}
+
+impl Executable for CompiledProgram {
+    fn run(&self, inputs: &[Tensor]) -> Result<Vec<Tensor>, RuntimeError> {
+        self.run_in_pooled_arena(inputs, None, None)
+    }
+
+    fn profile(&self, inputs: &[Tensor]) -> Result<(Vec<Tensor>, Vec<StepTiming>), RuntimeError> {
+        let mut timings = Vec::new();
+        let outputs = self.run_in_pooled_arena(inputs, Some(&mut timings), None)?;
+        Ok((outputs, timings))
+    }
+
+    /// Writes every output straight into the caller's tensor: kernels store into it, no output
+    /// is allocated. Each tensor is checked (`output_destination`) before any step runs.
+    fn run_into(&self, inputs: &[Tensor], outputs: &mut [Tensor]) -> Result<(), RuntimeError> {
+        self.run_in_pooled_arena(inputs, None, Some(outputs))
+            .map(|_| ())
+    }
+
+    /// The largest pooled arena (what one call keeps), or the plan's estimate before any call.
+    fn arena_bytes(&self) -> usize {
+        let pool = self.arenas.lock().unwrap_or_else(|p| p.into_inner());
+        pool.iter()
+            .filter_map(|a| a.layout.as_ref().map(|l| l.2))
+            .max()
+            .unwrap_or(self.plan.arena_bytes)
+    }
+}
+
+/// The pointer table, shared read-only by the threads running one step.
+#[derive(Clone, Copy)]
+pub(super) struct SharedPointers(pub(super) *const *mut u8);
+// SAFETY: the table and the buffers behind it outlive the parallel loop (it joins before the
+// step returns), and the chunks of the first outer loop write disjoint elements (see `run_steps`).
+unsafe impl Send for SharedPointers {}
+unsafe impl Sync for SharedPointers {}
+
+impl CompiledProgram {
+    /// Runs the steps in an arena taken from the pool (a new one if every arena is in use) and
+    /// returns it to the pool afterwards.
+    fn run_in_pooled_arena(
+        &self,
+        inputs: &[Tensor],
+        timings: Option<&mut Vec<StepTiming>>,
+        destinations: Option<&mut [Tensor]>,
+    ) -> Result<Vec<Tensor>, RuntimeError> {
+        let lock = || self.arenas.lock().unwrap_or_else(|p| p.into_inner());
+        let taken = lock().pop();
+        let mut arena = taken.unwrap_or_else(|| Arena {
+            storage: Storage::zeroed(0),
+            layout: None,
+        });
+        let result = self.run_steps(&mut arena, inputs, timings, destinations);
+        lock().push(arena);
+        result
+    }
+
+    /// Binds every buffer to memory (inputs: the caller's, contiguous; outputs: fresh, or the
+    /// caller's `destinations`; intermediates: their slots in `arena`) and runs the steps, timing
+    /// each if asked. Returns the outputs (none when they were written into `destinations`).
+    fn run_steps(
+        &self,
+        arena: &mut Arena,
+        inputs: &[Tensor],
+        mut timings: Option<&mut Vec<StepTiming>>,
+        destinations: Option<&mut [Tensor]>,
+    ) -> Result<Vec<Tensor>, RuntimeError> {
+        let symbols = Symbols::bind(&self.program, inputs)?;
+        // The caller's tensors, checked before anything runs: a pointer to each one's first
+        // element (they stay borrowed, so no one else can reach their storage meanwhile).
+        let mut destination_pointers: Vec<*mut u8> = Vec::new();
+        if let Some(outs) = destinations {
+            if outs.len() != self.program.outputs.len() {
+                return Err(RuntimeError::OutputBufferCount {
+                    expected: self.program.outputs.len(),
+                    found: outs.len(),
+                });
+            }
+            for (index, (out, &id)) in outs.iter_mut().zip(&self.program.outputs).enumerate() {
+                let buffer = self.program.buffer(id);
+                let shape = symbols.sizes(&buffer.shape);
+                destination_pointers.push(minductor_runtime::output_destination(
+                    index,
+                    buffer.dtype,
+                    &shape,
+                    out,
+                )?);
+            }
+        }
+        if arena.layout.as_ref().map(|l| &l.0) != Some(&symbols) {
+            let program = &self.program;
+            if !symbols.0.is_empty() {
+                // Ranges over symbolic extents could not be checked at compile time: check them
+                // for these sizes before any kernel runs with them.
+                verify_program(program, &symbols.0)
+                    .map_err(|e| RuntimeError::InvalidProgram(e.to_string()))?;
+            }
+            let overflow = || {
+                RuntimeError::SizeOverflow(format!(
+                    "the intermediates for sizes {:?} exceed isize::MAX bytes",
+                    symbols.0
+                ))
+            };
+            let (offsets, total) = self
+                .plan
+                .layout(|b| {
+                    let buffer = program.buffer(b);
+                    checked_bytes(symbols.sizes(&buffer.shape), buffer.dtype.size_bytes())
+                })
+                .ok_or_else(overflow)?;
+            if total > arena.storage.len() {
+                arena.storage = Storage::try_zeroed(total)?;
+            }
+            arena.layout = Some((symbols.clone(), offsets, total));
+        }
+        let program = &self.program;
+        let slot_offsets = &arena.layout.as_ref().expect("laid out above").1;
+        let mut held: Vec<Option<Tensor>> = vec![None; program.buffers.len()];
+        let mut pointers: Vec<*mut u8> = vec![std::ptr::null_mut(); program.buffers.len()];
+        // Every buffer the compiled code touches, checked against the plan: this is the fence
+        // that keeps JIT code inside its buffers.
+        for (index, b) in program.buffers.iter().enumerate() {
+            match b.kind {
+                BufferKind::Input(n) => {
+                    let t = inputs.get(n).ok_or(RuntimeError::Arity {
+                        expected: n + 1,
+                        found: inputs.len(),
+                    })?;
+                    // Dtype and sizes were checked by `Symbols::bind`.
+                    let t = t.contiguous();
+                    // Kernels only ever read inputs (fuse never stores to an input buffer), so
+                    // this pointer to storage the caller may share is never written through.
+                    pointers[index] = t.data_ptr() as *mut u8;
+                    held[index] = Some(t);
+                }
+                BufferKind::Output if !destination_pointers.is_empty() => {
+                    // The first caller tensor receiving this buffer; others get a copy below.
+                    let first = program
+                        .outputs
+                        .iter()
+                        .position(|o| o.0 as usize == index)
+                        .expect("an output buffer is one of the outputs");
+                    pointers[index] = destination_pointers[first];
+                }
+                BufferKind::Output => {
+                    // Kernels write every element of an output, so a recycled block will do.
+                    let mut t = Tensor::for_overwrite(b.dtype, &symbols.sizes(&b.shape))?;
+                    pointers[index] = t.data_mut_ptr().expect("a fresh tensor is uniquely owned");
+                    held[index] = Some(t);
+                }
+                BufferKind::Intermediate => {
+                    // An intermediate no step touches (its stores were fused away) has no slot.
+                    let Some(slot) = self.plan.slot_of[index] else {
+                        continue;
+                    };
+                    let offset = slot_offsets[slot];
+                    // SAFETY: `layout` placed the slot, as large as its largest member for this
+                    // call's sizes, inside `total` bytes, and the arena holds at least that
+                    // many; the arena was taken out of the pool (`&mut Arena`), so this call is
+                    // its only user.
+                    pointers[index] = unsafe { arena.storage.as_mut_ptr().add(offset) };
+                }
+            }
+        }
+        let mut table: Vec<*mut u8> = Vec::with_capacity(8);
+        for (n, step) in self.steps.iter().enumerate() {
+            for check in program.index_checks.iter().filter(|c| c.step == n) {
+                check_indices(&pointers, program, &symbols, check.buffer, check.bound)?;
+            }
+            let started = timings.is_some().then(Instant::now);
+            match step {
+                CompiledStep::Kernel(k) => run_kernel(k, &symbols, &pointers, &mut table),
+                CompiledStep::Matmul(m, epilogue) => {
+                    run_matmul(m, epilogue.as_ref(), program, &symbols, &pointers)?
+                }
+                CompiledStep::ScatterAdd(sc) => run_scatter_add(sc, program, &symbols, &pointers)?,
+                CompiledStep::Attention(a) => run_attention(a, program, &symbols, &pointers)?,
+                CompiledStep::Fallback(fb) => run_fallback(fb, program, &symbols, &pointers)?,
+            }
+            if let (Some(timings), Some(started)) = (timings.as_deref_mut(), started) {
+                timings.push(StepTiming {
+                    name: match step {
+                        CompiledStep::Kernel(k) => k.name.clone(),
+                        CompiledStep::Matmul(m, None) => format!("matmul_{}", m.out),
+                        CompiledStep::Matmul(m, Some(e)) => format!("matmul_{}+{}", m.out, e.name),
+                        CompiledStep::ScatterAdd(sc) => format!("scatter_add_{}", sc.out),
+                        CompiledStep::Attention(a) => format!("attention_{}", a.out),
+                        CompiledStep::Fallback(fb) => {
+                            format!("fallback_{}_{}", fb.op.name(), fb.out)
+                        }
+                    },
+                    time: started.elapsed(),
+                });
+            }
+        }
+        if !destination_pointers.is_empty() {
+            // Outputs that are inputs, or a buffer already written into an earlier output's
+            // tensor, are copied into their own.
+            for (j, &id) in program.outputs.iter().enumerate() {
+                let source = pointers[id.0 as usize];
+                if source == destination_pointers[j] {
+                    continue;
+                }
+                let buffer = program.buffer(id);
+                let bytes = checked_bytes(symbols.sizes(&buffer.shape), buffer.dtype.size_bytes())
+                    .ok_or_else(|| RuntimeError::SizeOverflow(format!("output {j}")))?;
+                // SAFETY: the source is a live input or output buffer of `bytes` bytes for this
+                // call's sizes; the destination is the caller's uniquely owned, contiguous tensor
+                // of the same dtype and shape (`output_destination`), which no step wrote and
+                // which cannot overlap the source (its storage is shared with no tensor, and
+                // distinct output tensors never share storage).
+                unsafe { std::ptr::copy_nonoverlapping(source, destination_pointers[j], bytes) };
+            }
+            return Ok(Vec::new());
+        }
+        Ok(program
+            .outputs
+            .iter()
+            .map(|id| {
+                held[id.0 as usize]
+                    .clone()
+                    .expect("output buffers are allocated")
+            })
+            .collect())
+    }
+}
+
+/// Runs a fallback step: copies each operand out of its buffer into a tensor, runs the step's op
+/// with the reference interpreter on a one-node graph typed with this call's sizes, and copies
+/// the result into the output buffer. Runs on the calling thread.
+fn run_fallback(
+    fb: &FallbackStep,
+    program: &Program,
+    symbols: &Symbols,
+    pointers: &[*mut u8],
+) -> Result<(), RuntimeError> {
+    let at = || format!("fallback {} ({})", fb.node, fb.op);
+    let bytes_of = |id: BufferId| -> Result<(Vec<usize>, usize), RuntimeError> {
+        let buffer = program.buffer(id);
+        let shape = symbols.sizes(&buffer.shape);
+        let bytes = checked_bytes(shape.clone(), buffer.dtype.size_bytes()).ok_or_else(|| {
+            RuntimeError::SizeOverflow(format!("{}: {id} of shape {shape:?}", at()))
+        })?;
+        Ok((shape, bytes))
+    };
+    let mut graph = minductor_ir::Graph::new();
+    let mut operands = Vec::with_capacity(fb.inputs.len());
+    let mut ids = Vec::with_capacity(fb.inputs.len());
+    for &id in &fb.inputs {
+        let dtype = program.buffer(id).dtype;
+        let (shape, bytes) = bytes_of(id)?;
+        // SAFETY: the pointer is the start of a live buffer holding `bytes` bytes (its planned
+        // size for this call's sizes, `run_steps`), written by an earlier step or given as an
+        // input (`verify_program` checks the order), and no other step runs meanwhile.
+        let data = unsafe { std::slice::from_raw_parts(pointers[id.0 as usize], bytes) };
+        operands.push(Tensor::from_bytes(dtype, &shape, data)?);
+        let ty =
+            minductor_ir::TensorType::new(dtype, shape.iter().map(|&n| Dim::Static(n)).collect());
+        ids.push(graph.input(id.to_string(), ty));
+    }
+    let node = match fb.op {
+        // A constant's dtype is its output's (`verify_program` checked it has no operands).
+        minductor_ir::Op::Constant { value } => graph.constant(value, program.buffer(fb.out).dtype),
+        _ => graph
+            .add(fb.op.clone(), &ids)
+            .map_err(|e| RuntimeError::InvalidProgram(format!("{}: {e}", at())))?,
+    };
+    graph.set_outputs(vec![node]);
+    let result = minductor_runtime::interpret(&graph, &operands).map_err(|e| match e {
+        RuntimeError::Data(message) => RuntimeError::Data(format!("{}: {message}", at())),
+        other => other,
+    })?;
+    let out = program.buffer(fb.out);
+    let (shape, bytes) = bytes_of(fb.out)?;
+    let value = result
+        .first()
+        .filter(|t| t.dtype() == out.dtype && t.shape() == shape.as_slice())
+        .ok_or_else(|| {
+            RuntimeError::InvalidProgram(format!(
+                "{}: the interpreter's result is not {}{shape:?}",
+                at(),
+                out.dtype
+            ))
+        })?;
+    let data = value.to_bytes();
+    if data.len() != bytes {
+        return Err(RuntimeError::InvalidProgram(format!(
+            "{}: {} bytes for a buffer of {bytes}",
+            at(),
+            data.len()
+        )));
+    }
+    // SAFETY: the output pointer is the start of a live buffer of `bytes` bytes (its planned size
+    // for this call's sizes), written by this step alone while it runs; `data` is a fresh vector
+    // of exactly `bytes` bytes, so the ranges do not overlap.
+    unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), pointers[fb.out.0 as usize], bytes) };
+    Ok(())
+}
+
+/// Every i64 in `buffer` must lie in `0..bound` (embedding indices read from memory).
+fn check_indices(
+    pointers: &[*mut u8],
+    program: &Program,
+    symbols: &Symbols,
+    buffer: BufferId,
+    bound: i64,
+) -> Result<(), RuntimeError> {
+    let n: usize = symbols
+        .sizes(&program.buffer(buffer).shape)
+        .iter()
+        .product();
+    // SAFETY: the buffer holds `n` i64s (its planned size), written by earlier steps or given
+    // as an input, and no step runs meanwhile.
+    let values =
+        unsafe { std::slice::from_raw_parts(pointers[buffer.0 as usize] as *const i64, n) };
+    match values.iter().find(|&&i| i < 0 || i >= bound) {
+        Some(bad) => Err(RuntimeError::Data(format!(
+            "index {bad} is out of range for a dim of size {bound} (a gather's indices)"
+        ))),
+        None => Ok(()),
+    }
+}
+
+/// Runs kernel `k` over outer rows `start..end`, split across threads when worth it.
+fn run_kernel(
+    k: &CompiledKernel,
+    symbols: &Symbols,
+    pointers: &[*mut u8],
+    table: &mut Vec<*mut u8>,
+) {
+    table.clear();
+    table.extend(k.buffers.iter().map(|id| pointers[id.0 as usize]));
+    let shared = SharedPointers(table.as_ptr());
+    let bound = k.bind(symbols);
+    let (range, bound) = (bound.range, &bound);
+    let threads = threads::num_threads() as i64;
+    let chunks = match k.split {
+        Split::PerThread if bound.work >= PARALLEL_WORK_THRESHOLD => threads,
+        Split::PerThread | Split::Serial => 1,
+        Split::Fine => 4 * threads,
+    };
+    if threads > 1 && range > 1 && chunks > 1 {
+        let chunks = chunks.min(range);
+        threads::for_each_chunk(chunks as usize, |c| {
+            let c = c as i64;
+            call_kernel(
+                k,
+                bound,
+                shared,
+                range * c / chunks,
+                range * (c + 1) / chunks,
+            );
+        });
+    } else {
+        call_kernel(k, bound, shared, 0, range);
+    }
+}
+
+/// Calls the compiled function of `k` on outer rows `start..end`.
+pub(super) fn call_kernel(
+    k: &CompiledKernel,
+    bound: &BoundKernel,
+    table: SharedPointers,
+    start: i64,
+    end: i64,
+) {
+    // SAFETY: every pointer in the table is the start of a live, contiguous buffer whose size is
+    // the one `fuse` planned (checked for inputs in `run_steps`, allocated from the plan
+    // otherwise, arena slots never overlapping while live); `fuse` guarantees each index stays
+    // inside its buffer for loop extents equal to `params` (the buffers were sized for the same
+    // symbol values `bound` was made from), and `start..end` lies within the
+    // first outer loop. Threads get disjoint row ranges: a kernel's store index is the row-major
+    // index of its own iteration domain, so disjoint rows write disjoint elements, and a kernel
+    // reads no buffer it writes except in place at the very element it writes (`plan_buffers`).
+    // Each element's value, reductions included, is computed within one call, so results do not
+    // depend on the thread count.
+    unsafe { (k.function)(table.0, bound.params.as_ptr(), start, end) };
+}

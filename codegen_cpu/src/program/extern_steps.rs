@@ -1,0 +1,544 @@
+//! The steps that call ahead-of-time code instead of a JIT kernel: GEMMs (with their epilogue
+//! kernels run tile by tile), implicit-GEMM convolutions, fused attention and scatter-add.
+
+use super::execute::{call_kernel, read_f32, SharedPointers, Symbols};
+use super::CompiledKernel;
+use crate::attention::{attention, AttentionShape};
+use crate::gemm;
+use crate::scatter::{scatter_add, View};
+use minductor_ir::DType;
+use minductor_passes::kernel::{
+    AttentionStep, BufferId, Im2colView, MatmulOperand, MatmulStep, Program, ScatterAddStep,
+};
+use minductor_runtime::{threads, RuntimeError};
+use std::sync::Mutex;
+
+/// Runs a fused attention step on its buffers.
+pub(super) fn run_attention(
+    a: &AttentionStep,
+    program: &Program,
+    symbols: &Symbols,
+    pointers: &[*mut u8],
+) -> Result<(), RuntimeError> {
+    let numel = |id: BufferId| symbols.elements(program, id);
+    // SAFETY: each pointer is the start of a live buffer holding its planned number of f32
+    // elements for this call's sizes (`run_steps`; `verify_program` checked that all four are
+    // f32 buffers). The output is written by this step alone and overlaps no operand: the
+    // verifier rejects an attention reading its own output, `plan_buffers` never places an
+    // attention's output in place of a buffer it reads, and live buffers' slots are disjoint.
+    // Every index the routine reads is checked against these slices.
+    let mask = match &a.mask {
+        None => None,
+        Some(m) => {
+            let (offset, strides) = symbols.view(m, a.out)?;
+            // SAFETY: as for q, k and v below (an f32 buffer the step only reads).
+            let data = unsafe { read_f32(pointers, m.buffer, numel(m.buffer)) };
+            Some((data, offset, strides))
+        }
+    };
+    let (q, k, v, out) = unsafe {
+        let read = |id: BufferId| read_f32(pointers, id, numel(id));
+        (
+            read(a.q.buffer),
+            read(a.k.buffer),
+            read(a.v.buffer),
+            std::slice::from_raw_parts_mut(pointers[a.out.0 as usize] as *mut f32, numel(a.out)),
+        )
+    };
+    let (q_offset, q_strides) = symbols.view(&a.q, a.out)?;
+    let (k_offset, k_strides) = symbols.view(&a.k, a.out)?;
+    let (v_offset, v_strides) = symbols.view(&a.v, a.out)?;
+    let q_shape = symbols.sizes(&a.q.shape);
+    let k_shape = symbols.sizes(&a.k.shape);
+    let v_shape = symbols.sizes(&a.v.shape);
+    let rank = q_shape.len();
+    if rank < 2 || k_shape.len() != rank || v_shape.len() != rank {
+        return Err(RuntimeError::Unsupported(format!(
+            "attention into {}: operands of ranks {}, {}, {}",
+            a.out,
+            rank,
+            k_shape.len(),
+            v_shape.len()
+        )));
+    }
+    let shape = AttentionShape {
+        batch: &q_shape[..rank - 2],
+        t: q_shape[rank - 2],
+        s: k_shape[rank - 2],
+        e: q_shape[rank - 1],
+        ev: v_shape[rank - 1],
+        group: a.group,
+        scale: a.scale,
+        causal: a.causal,
+    };
+    let mask = mask.as_ref().map(|(data, offset, strides)| View {
+        data,
+        offset: *offset,
+        strides,
+    });
+    let view = |data, offset, strides| View {
+        data,
+        offset,
+        strides,
+    };
+    attention(
+        view(q, q_offset, &q_strides),
+        view(k, k_offset, &k_strides),
+        view(v, v_offset, &v_strides),
+        mask,
+        &shape,
+        out,
+    )
+}
+
+/// Runs a scatter-add step on its buffers.
+pub(super) fn run_scatter_add(
+    sc: &ScatterAddStep,
+    program: &Program,
+    symbols: &Symbols,
+    pointers: &[*mut u8],
+) -> Result<(), RuntimeError> {
+    let numel = |id: BufferId| symbols.elements(program, id);
+    let (index_len, src_len, out_len) =
+        (numel(sc.index.buffer), numel(sc.src.buffer), numel(sc.out));
+    // SAFETY: each pointer is the start of a live buffer holding its planned number of elements
+    // of its dtype for this call's sizes (`run_steps`): i64 indices, f32 source and output
+    // (`fuse` only emits f32 scatter-adds). The output is written by this step alone and does
+    // not overlap either operand: `plan_buffers` never places a scatter-add's output in place of
+    // a buffer it reads, and live buffers' slots are disjoint.
+    let (index, src, out) = unsafe {
+        (
+            std::slice::from_raw_parts(
+                pointers[sc.index.buffer.0 as usize] as *const i64,
+                index_len,
+            ),
+            read_f32(pointers, sc.src.buffer, src_len),
+            std::slice::from_raw_parts_mut(pointers[sc.out.0 as usize] as *mut f32, out_len),
+        )
+    };
+    let shape = symbols.sizes(&sc.src.shape);
+    let out_shape = symbols.sizes(&program.buffer(sc.out).shape);
+    let (index_offset, index_strides) = symbols.view(&sc.index, sc.out)?;
+    let (src_offset, src_strides) = symbols.view(&sc.src, sc.out)?;
+    scatter_add(
+        View {
+            data: index,
+            offset: index_offset,
+            strides: &index_strides,
+        },
+        View {
+            data: src,
+            offset: src_offset,
+            strides: &src_strides,
+        },
+        &shape,
+        out,
+        &out_shape,
+        sc.dim,
+    )
+}
+
+/// Output units (rows, or indices of the first batch dim) per tile: one tile's GEMM output and
+/// its epilogue stay in cache together.
+const TILE_BYTES: usize = 256 << 10;
+/// GEMMs with fewer flops run on the calling thread.
+const PARALLEL_FLOPS_THRESHOLD: usize = 1 << 22;
+
+/// Runs `out = a @ b` with our GEMM (`crate::gemm`) tile by tile over the output's first dim,
+/// each tile followed by the epilogue on the same rows; tiles are split across threads. `b` is
+/// packed once per product, block by block as the first tile to need each block gets to it,
+/// and shared by every tile and thread (each thread starts at its own panels). A 2-D product
+/// with too few rows for every thread splits its columns instead, and runs the epilogue after
+/// all of them.
+pub(super) fn run_matmul(
+    m: &MatmulStep,
+    epilogue: Option<&CompiledKernel>,
+    program: &Program,
+    symbols: &Symbols,
+    pointers: &[*mut u8],
+) -> Result<(), RuntimeError> {
+    let b_view_of_step = match &m.b {
+        MatmulOperand::View(view) => view,
+        MatmulOperand::Im2col(view) => {
+            return run_implicit_matmul(m, view, epilogue, program, symbols, pointers)
+        }
+    };
+    let (a_shape, b_shape) = (
+        symbols.sizes(&m.a.shape),
+        symbols.sizes(&b_view_of_step.shape),
+    );
+    let batch = a_shape.len() - 2;
+    let (rows, k, cols) = (a_shape[batch], a_shape[batch + 1], b_shape[batch + 1]);
+    let (a_offset, a_strides) = symbols.view(&m.a, m.out)?;
+    let (b_offset, b_strides) = symbols.view(b_view_of_step, m.out)?;
+    debug_assert!(program.buffer(m.out).dtype == DType::F32);
+    let numel = |id: BufferId| symbols.elements(program, id);
+    let count: usize = a_shape[..batch].iter().product();
+    // SAFETY: each pointer is the start of a live buffer holding its planned number of f32s for
+    // this call's sizes (`run_steps`; `fuse` only emits f32 GEMMs). The operands are only read
+    // during this step. The output is written only through the tiles below, each made from
+    // `c` for rows no other thread touches, and overlaps neither operand: `plan_buffers` never
+    // places a GEMM's output in place of a buffer the GEMM reads, and live slots are disjoint.
+    let (a_data, b_data) = unsafe {
+        (
+            read_f32(pointers, m.a.buffer, numel(m.a.buffer)),
+            read_f32(
+                pointers,
+                b_view_of_step.buffer,
+                numel(b_view_of_step.buffer),
+            ),
+        )
+    };
+    let c = SendPtr(pointers[m.out.0 as usize]);
+    assert!(
+        numel(m.out) == count * rows * cols,
+        "a GEMM's output holds its product"
+    );
+    let a_view = |offset: i64| {
+        gemm::MatrixRef::new(
+            a_data,
+            offset,
+            [rows, k],
+            [a_strides[batch], a_strides[batch + 1]],
+            "a",
+        )
+    };
+    let b_view = |offset: i64| {
+        gemm::MatrixRef::new(
+            b_data,
+            offset,
+            [k, cols],
+            [b_strides[batch], b_strides[batch + 1]],
+            "b",
+        )
+    };
+    // Output rows `start..end` of batch matrix `index`, as the unique borrow of those values.
+    let c_rows = |index: usize, start: usize, end: usize| {
+        let first = index * rows * cols + start * cols;
+        // SAFETY: `first + (end - start)·cols ≤ count·rows·cols`, the output's length (asserted
+        // above); callers ask for disjoint rows on different threads and drop each tile before
+        // its epilogue runs.
+        let values = unsafe {
+            std::slice::from_raw_parts_mut((c.get() as *mut f32).add(first), (end - start) * cols)
+        };
+        gemm::MatrixMut::row_major(values, end - start, cols)
+    };
+    let gemm_error =
+        |e: gemm::GemmError| RuntimeError::Unsupported(format!("matmul {}: {e}", m.out));
+
+    let units = a_shape[0];
+    let unit_bytes = count * rows * cols * std::mem::size_of::<f32>() / units.max(1);
+    // Saturating: only decides whether to split the GEMM across threads.
+    let flops = [count, rows, k, cols]
+        .iter()
+        .fold(2usize, |acc, &n| acc.saturating_mul(n));
+    // At least 128 rows of a 2-D product: every tile streams all of packed `b` once, which costs
+    // more than keeping the tile's output in L2 for the epilogue saves (measured on the MLP).
+    let min_tile = if batch == 0 { 128 } else { 1 };
+    let tile = (TILE_BYTES / unit_bytes.max(1))
+        .max(min_tile)
+        .min(units.max(1));
+    let mut table = Vec::new();
+    if let Some(e) = epilogue {
+        table.extend(e.buffers.iter().map(|id| pointers[id.0 as usize]));
+    }
+    let epilogue = epilogue.map(|e| (e, e.bind(symbols)));
+    let shared = SharedPointers(table.as_ptr());
+    let threads = threads::num_threads();
+    let parallel = threads > 1 && flops >= PARALLEL_FLOPS_THRESHOLD;
+    let kernel = gemm::Kernel::detect();
+    let gemm_threads = if parallel { threads } else { 1 };
+    // The epilogue over every row at once, split across the threads (after a product whose
+    // threads split columns).
+    let epilogue_on_all_rows = || {
+        if let Some((epilogue, bound)) = &epilogue {
+            let chunks = threads.min(bound.range.max(1) as usize) as i64;
+            threads::for_each_chunk(chunks as usize, |ch| {
+                let ch = ch as i64;
+                let (s, e) = (bound.range * ch / chunks, bound.range * (ch + 1) / chunks);
+                call_kernel(epilogue, bound, shared, s, e);
+            });
+        }
+    };
+
+    // A batch of products sharing one `b` (a linear layer over a batch of sequences) whose `a`
+    // matrices follow one another at the same row stride is one product of `count · rows`
+    // rows: streamed, each block of `b` is packed once for all of them (the batched path below
+    // packs all of `b` once per thread) and the threads split its columns.
+    let row_stride = a_strides[batch];
+    let stacked = batch > 0
+        && (0..batch).all(|d| {
+            let below = a_shape[d + 1..batch].iter().product::<usize>() * rows;
+            (b_strides[d] == 0 || b_shape[d] == 1)
+                && (a_shape[d] == 1 || a_strides[d] == row_stride * below as i64)
+        });
+    if stacked && gemm::prefers_streaming(kernel, count * rows, cols, gemm_threads) {
+        let a = gemm::MatrixRef::new(
+            a_data,
+            a_offset,
+            [count * rows, k],
+            [row_stride, a_strides[batch + 1]],
+            "a",
+        )
+        .map_err(gemm_error)?;
+        let b = b_view(b_offset).map_err(gemm_error)?;
+        {
+            // The output's unique borrow ends here, before the epilogue reads its rows.
+            let mut out = c_rows(0, 0, count * rows).map_err(gemm_error)?;
+            gemm::multiply_streaming(kernel, &a, &b, &mut out, gemm_threads).map_err(gemm_error)?;
+        }
+        epilogue_on_all_rows();
+        return Ok(());
+    }
+
+    if batch == 0 {
+        let a = a_view(a_offset).map_err(gemm_error)?;
+        let b = b_view(b_offset).map_err(gemm_error)?;
+        let streaming = gemm::prefers_streaming(kernel, rows, cols, gemm_threads);
+        // Packed as the tiles need it, once, by whichever thread gets to each block first
+        // (unless streamed: then each block is packed into L1 right before its use).
+        let packed = if streaming {
+            None
+        } else {
+            Some(gemm::PackedB::lazy(&b, kernel).map_err(gemm_error)?)
+        };
+        let panels = cols.div_ceil(kernel.nr());
+        if streaming || (parallel && rows < threads * 4 * kernel.mr()) {
+            // Few rows: every thread takes a run of columns, then the epilogue runs on whole
+            // rows.
+            {
+                // The tile's unique borrow ends here, before the epilogue reads its rows.
+                let mut out = c_rows(0, 0, rows).map_err(gemm_error)?;
+                match &packed {
+                    None => gemm::multiply_streaming(kernel, &a, &b, &mut out, gemm_threads),
+                    Some(packed) => gemm::multiply_parallel(&a, packed, &mut out, threads),
+                }
+                .map_err(gemm_error)?;
+            }
+            epilogue_on_all_rows();
+            return Ok(());
+        }
+        let packed = packed.expect("packed unless streamed");
+        let run_rows = |start: usize, end: usize, first_panel: usize| {
+            let mut s = start;
+            while s < end {
+                let e = (s + tile).min(end);
+                {
+                    // The tile's unique borrow ends before its epilogue reads the rows.
+                    let mut out = c_rows(0, s, e).expect("rows inside the output");
+                    gemm::multiply_from(&a.rows(s, e), &packed, &mut out, first_panel)
+                        .expect("shapes agree");
+                }
+                if let Some((epilogue, bound)) = &epilogue {
+                    call_kernel(epilogue, bound, shared, s as i64, e as i64);
+                }
+                s = e;
+            }
+        };
+        if parallel && rows > 1 {
+            let chunks = threads.min(rows);
+            threads::for_each_chunk(chunks, |ch| {
+                run_rows(
+                    rows * ch / chunks,
+                    rows * (ch + 1) / chunks,
+                    panels * ch / chunks,
+                )
+            });
+        } else {
+            run_rows(0, rows, 0);
+        }
+        return Ok(());
+    }
+
+    // Batched: each unit of the first batch dim holds `inner` matrices; each is packed and
+    // multiplied on one thread (`b` is packed once and reused while consecutive matrices share
+    // it, as a broadcast operand does).
+    let inner: usize = a_shape[1..batch].iter().product();
+    let failure: Mutex<Option<RuntimeError>> = Mutex::new(None);
+    let run_units = |start: usize, end: usize| -> Result<(), RuntimeError> {
+        let mut packed: Option<(i64, gemm::PackedB)> = None;
+        let mut s = start;
+        while s < end {
+            let e = (s + tile).min(end);
+            for n in s * inner..e * inner {
+                // Decompose the flat batch index into per-dim offsets.
+                let (mut rest, mut a_off, mut b_off) = (n, a_offset, b_offset);
+                for d in (0..batch).rev() {
+                    let i = (rest % a_shape[d]) as i64;
+                    rest /= a_shape[d];
+                    a_off += i * a_strides[d];
+                    b_off += i * b_strides[d];
+                }
+                if packed.as_ref().is_none_or(|(at, _)| *at != b_off) {
+                    // Return the old buffer to the pool before taking one.
+                    drop(packed.take());
+                    let b = b_view(b_off).map_err(gemm_error)?;
+                    packed = Some((b_off, gemm::PackedB::lazy(&b, kernel).map_err(gemm_error)?));
+                }
+                let (_, b) = packed.as_ref().expect("packed above");
+                let mut out = c_rows(n, 0, rows).map_err(gemm_error)?;
+                gemm::multiply(&a_view(a_off).map_err(gemm_error)?, b, &mut out)
+                    .map_err(gemm_error)?;
+            }
+            if let Some((epilogue, bound)) = &epilogue {
+                call_kernel(epilogue, bound, shared, s as i64, e as i64);
+            }
+            s = e;
+        }
+        Ok(())
+    };
+    let run_units = |start: usize, end: usize| {
+        if let Err(e) = run_units(start, end) {
+            *failure.lock().unwrap_or_else(|p| p.into_inner()) = Some(e);
+        }
+    };
+    if parallel && units > 1 {
+        let chunks = threads.min(units);
+        threads::for_each_chunk(chunks, |ch| {
+            run_units(units * ch / chunks, units * (ch + 1) / chunks)
+        });
+    } else {
+        run_units(0, units);
+    }
+    match failure.into_inner().unwrap_or_else(|p| p.into_inner()) {
+        Some(e) => Err(e),
+        None => Ok(()),
+    }
+}
+
+/// Runs `out = a @ im2col(x)` (a convolution, `b` an [`Im2colView`]) with the implicit GEMM
+/// (`gemm::multiply_im2col`): the output's first dim (images) is split across threads, each
+/// image's channel groups run one after the other on its thread, and the epilogue follows each
+/// tile of images. `a` (the weight) is packed once per group and call.
+fn run_implicit_matmul(
+    m: &MatmulStep,
+    b: &Im2colView,
+    epilogue: Option<&CompiledKernel>,
+    program: &Program,
+    symbols: &Symbols,
+    pointers: &[*mut u8],
+) -> Result<(), RuntimeError> {
+    let a_shape = symbols.sizes(&m.a.shape);
+    let b_shape = symbols.sizes(&b.shape);
+    let source_shape = symbols.sizes(&program.buffer(b.source).shape);
+    let numel = |id: BufferId| symbols.elements(program, id);
+    let gemm_error =
+        |e: gemm::GemmError| RuntimeError::Unsupported(format!("matmul {}: {e}", m.out));
+    let (&[images, groups, k, cols], &[_, channels, h, w]) = (&b_shape[..], &source_shape[..])
+    else {
+        return Err(RuntimeError::Unsupported(format!(
+            "matmul {}: an im2col operand {b_shape:?} of a source {source_shape:?}",
+            m.out
+        )));
+    };
+    let rows = a_shape[2];
+    let group_channels = channels / groups.max(1);
+    let (a_offset, a_strides) = symbols.view(&m.a, m.out)?;
+    // SAFETY: each pointer is the start of a live buffer holding its planned number of f32s for
+    // this call's sizes (`run_steps`; `fuse` only emits f32 GEMMs). The operands are only read
+    // during this step; the output is written only through the per-matrix borrows below, each
+    // on one thread, and overlaps neither operand (`plan_buffers` never places a GEMM's output
+    // in place of a buffer it reads; live slots are disjoint).
+    let (a_data, x_data) = unsafe {
+        (
+            read_f32(pointers, m.a.buffer, numel(m.a.buffer)),
+            read_f32(pointers, b.source, numel(b.source)),
+        )
+    };
+    let c = SendPtr(pointers[m.out.0 as usize]);
+    let matrix = rows * cols;
+    assert!(
+        numel(m.out) == images * groups * matrix,
+        "a GEMM's output holds its product"
+    );
+    let kernel = gemm::Kernel::detect();
+    // The weight of each group, packed once and shared by every image and thread.
+    let packed: Vec<gemm::PackedA> = (0..groups)
+        .map(|g| {
+            let offset = a_offset + g as i64 * a_strides[1];
+            let a =
+                gemm::MatrixRef::new(a_data, offset, [rows, k], [a_strides[2], a_strides[3]], "a")?;
+            gemm::PackedA::pack(&a, kernel)
+        })
+        .collect::<Result<_, _>>()
+        .map_err(gemm_error)?;
+    let mut table = Vec::new();
+    if let Some(e) = epilogue {
+        table.extend(e.buffers.iter().map(|id| pointers[id.0 as usize]));
+    }
+    let epilogue = epilogue.map(|e| (e, e.bind(symbols)));
+    let shared = SharedPointers(table.as_ptr());
+    let unit_bytes = groups * matrix * std::mem::size_of::<f32>();
+    let tile = (TILE_BYTES / unit_bytes.max(1)).clamp(1, images.max(1));
+    let run_images = |start: usize, end: usize| -> Result<(), RuntimeError> {
+        let mut s = start;
+        while s < end {
+            let e = (s + tile).min(end);
+            for image in s..e {
+                for (g, a) in packed.iter().enumerate() {
+                    let plane_offset = (image * channels + g * group_channels) * h * w;
+                    let x = gemm::Im2colRef::new(
+                        x_data,
+                        plane_offset,
+                        group_channels,
+                        [h, w],
+                        b.window,
+                    )
+                    .map_err(gemm_error)?;
+                    let first = (image * groups + g) * matrix;
+                    // SAFETY: `first + matrix ≤ images·groups·matrix`, the output's length
+                    // (asserted above); each (image, group) matrix is borrowed by one thread
+                    // only, and the borrow ends before the epilogue reads the rows.
+                    let values = unsafe {
+                        std::slice::from_raw_parts_mut((c.get() as *mut f32).add(first), matrix)
+                    };
+                    let mut out =
+                        gemm::MatrixMut::row_major(values, rows, cols).map_err(gemm_error)?;
+                    gemm::multiply_im2col(a, &x, &mut out).map_err(gemm_error)?;
+                }
+            }
+            if let Some((epilogue, bound)) = &epilogue {
+                call_kernel(epilogue, bound, shared, s as i64, e as i64);
+            }
+            s = e;
+        }
+        Ok(())
+    };
+    let failure: Mutex<Option<RuntimeError>> = Mutex::new(None);
+    let run_images = |start: usize, end: usize| {
+        if let Err(e) = run_images(start, end) {
+            *failure.lock().unwrap_or_else(|p| p.into_inner()) = Some(e);
+        }
+    };
+    let flops = [images, groups, rows, k, cols]
+        .iter()
+        .fold(2usize, |acc, &n| acc.saturating_mul(n));
+    let threads = threads::num_threads();
+    if threads > 1 && flops >= PARALLEL_FLOPS_THRESHOLD && images > 1 {
+        let chunks = threads.min(images);
+        threads::for_each_chunk(chunks, |ch| {
+            run_images(images * ch / chunks, images * (ch + 1) / chunks)
+        });
+    } else {
+        run_images(0, images);
+    }
+    match failure.into_inner().unwrap_or_else(|p| p.into_inner()) {
+        Some(e) => Err(e),
+        None => Ok(()),
+    }
+}
+
+/// The output pointer handed to the GEMM threads.
+#[derive(Clone, Copy)]
+struct SendPtr(*mut u8);
+// SAFETY: the buffers outlive the step; threads write disjoint rows of the output (see
+// `run_matmul`) and only read the operands.
+unsafe impl Send for SendPtr {}
+unsafe impl Sync for SendPtr {}
+
+impl SendPtr {
+    /// A method, so closures capture the whole `Send + Sync` wrapper rather than its field.
+    fn get(self) -> *mut u8 {
+        self.0
+    }
+}

@@ -1,0 +1,346 @@
+//! `compile_program`: JIT-compiles every kernel of a `Program` and returns a
+//! [`CompiledProgram`], an [`Executable`](minductor_runtime::Executable) that runs the steps in
+//! order: Cranelift kernels, extern GEMM, attention and scatter-add calls, and fallback steps
+//! (one graph node run by the reference interpreter on the step's buffers).
+//!
+//! This file compiles; a call runs in [`execute`] (binding sizes and buffers, arenas, kernel
+//! dispatch over threads, fallbacks) and, for the steps that call ahead-of-time code rather than
+//! JIT kernels, in [`extern_steps`].
+
+mod execute;
+mod extern_steps;
+
+use execute::Arena;
+
+use crate::lower::{kernel_function, lower_kernel};
+use cranelift_codegen::settings::{self, Configurable};
+use cranelift_frontend::{FunctionBuilder, FunctionBuilderContext};
+use cranelift_jit::{JITBuilder, JITModule};
+use cranelift_module::{Linkage, Module};
+use minductor_ir::Dim;
+use minductor_passes::kernel::{
+    AttentionStep, BufferId, BufferKind, FallbackStep, Kernel, MatmulStep, Program, ScatterAddStep,
+    Step,
+};
+use minductor_passes::plan_buffers::{plan_buffers, BufferPlan};
+use minductor_passes::{verify_program, VerifyError};
+use minductor_runtime::{Executable, RuntimeError, Tensor};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+use thiserror::Error;
+
+#[derive(Debug, Error)]
+pub enum CodegenError {
+    #[error("cranelift: {0}")]
+    Cranelift(String),
+    #[error("unsupported: {0}")]
+    Unsupported(String),
+    /// Boxed: a verifier error is large and rare.
+    #[error("the program fails verification: {0}")]
+    Verify(Box<VerifyError>),
+}
+
+/// The signature of every compiled kernel (see `lower`).
+type KernelFn = unsafe extern "C" fn(*const *mut u8, *const i64, i64, i64);
+
+pub struct CompiledKernel {
+    pub name: String,
+    /// Cranelift IR text of the kernel, as compiled (before machine lowering).
+    pub clif: String,
+    function: KernelFn,
+    buffers: Vec<BufferId>,
+    /// Loop extents, then the symbols indices read, in `Kernel::params()` order; symbolic ones
+    /// are bound at each call.
+    extents: Vec<Dim>,
+    /// How many of `extents` are outer loops, and how many belong to each stage after them.
+    outer_loops: usize,
+    stage_loops: Vec<usize>,
+    /// How the first outer loop is split across threads (`CompiledProgram::autotune` may pick
+    /// another than the default).
+    pub split: Split,
+}
+
+/// How a kernel's first outer loop is split across threads. Every choice gives bitwise the same
+/// results: each row is computed within one call, whatever the chunks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Split {
+    /// One chunk per thread, when the kernel visits at least 2^15 elements (the default).
+    PerThread,
+    /// Always on the calling thread.
+    Serial,
+    /// Four chunks per thread whatever the work (finer load balance for uneven rows).
+    Fine,
+}
+
+impl Split {
+    /// Every split, the default first.
+    pub const ALL: [Split; 3] = [Split::PerThread, Split::Serial, Split::Fine];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Split::PerThread => "per_thread",
+            Split::Serial => "serial",
+            Split::Fine => "fine",
+        }
+    }
+
+    /// The split named `name` (as [`Split::name`] spells it).
+    pub fn from_name(name: &str) -> Option<Split> {
+        Split::ALL.into_iter().find(|s| s.name() == name)
+    }
+}
+
+enum CompiledStep {
+    Kernel(CompiledKernel),
+    /// A GEMM, and the kernel that runs on each block of its output rows (see `fuse_epilogues`).
+    Matmul(Box<MatmulStep>, Option<CompiledKernel>),
+    /// An extern scatter-add (`scatter::scatter_add`).
+    ScatterAdd(Box<ScatterAddStep>),
+    /// A fused attention (`attention::attention`).
+    Attention(Box<AttentionStep>),
+    /// A node the reference interpreter runs (`run_fallback`).
+    Fallback(Box<FallbackStep>),
+}
+
+/// The owner of the machine code: frees it when dropped. Never used after finalisation.
+///
+/// cranelift-jit keeps a module's code mapped until `JITModule::free_memory` is called (dropping
+/// the module leaks it), so this calls it. The code is reachable only through the function
+/// pointers in the `CompiledKernel`s of the same `CompiledProgram`, which are private and never
+/// copied out; a `CompiledProgram` is only called through `&self`, so no call can be running
+/// when it (and with it this owner, its last field) is dropped.
+struct CodeOwner(Option<JITModule>);
+// SAFETY: after `finalize_definitions` the module's memory is immutable code; moving its owner to
+// another thread, or sharing it, changes nothing about it. The module is never used again
+// except by Drop.
+unsafe impl Send for CodeOwner {}
+unsafe impl Sync for CodeOwner {}
+
+impl Drop for CodeOwner {
+    fn drop(&mut self) {
+        if let Some(module) = self.0.take() {
+            // SAFETY: no function pointer into this module outlives it: they live only in the
+            // `CompiledKernel`s of the `CompiledProgram` that owns this `CodeOwner`, which is
+            // being dropped, and no call is in progress (calls borrow the program).
+            unsafe { module.free_memory() };
+        }
+    }
+}
+
+pub struct CompiledProgram {
+    pub program: Program,
+    /// Where each intermediate lives in the arena.
+    pub plan: BufferPlan,
+    steps: Vec<CompiledStep>,
+    /// Arenas of finished calls, kept for the next ones (grown when a call's symbolic sizes need
+    /// more); as many as calls ran at once.
+    arenas: Mutex<Vec<Arena>>,
+    pub compile_time: Duration,
+    _code: CodeOwner,
+}
+
+fn isa() -> Result<std::sync::Arc<dyn cranelift_codegen::isa::TargetIsa>, CodegenError> {
+    let mut flags = settings::builder();
+    let set = |f: &mut settings::Builder, k: &str, v: &str| {
+        f.set(k, v)
+            .map_err(|e| CodegenError::Cranelift(e.to_string()))
+    };
+    set(&mut flags, "opt_level", "speed")?;
+    set(&mut flags, "use_colocated_libcalls", "false")?;
+    set(&mut flags, "is_pic", "false")?;
+    let isa_builder =
+        cranelift_native::builder().map_err(|e| CodegenError::Cranelift(e.to_string()))?;
+    isa_builder
+        .finish(settings::Flags::new(flags))
+        .map_err(|e| CodegenError::Cranelift(e.to_string()))
+}
+
+/// Compiles every kernel of `program` to machine code. The program (with its plan, or the one
+/// `plan_buffers` makes when it has none) must pass `verify_program` first: whatever built it,
+/// compiled code then stays inside its buffers. Ranges that depend on symbolic sizes are
+/// verified again at each call that brings new sizes.
+pub fn compile_program(program: &Program) -> Result<CompiledProgram, CodegenError> {
+    let started = Instant::now();
+    let mut program = program.clone();
+    if program.plan.is_none() {
+        program.plan = Some(plan_buffers(&program));
+    }
+    verify_program(&program, &[]).map_err(|e| CodegenError::Verify(Box::new(e)))?;
+    let program = &program;
+    let isa = isa()?;
+    let call_conv = isa.default_call_conv();
+    // Owned from the start, so an error below frees whatever was compiled before it.
+    let mut code = CodeOwner(Some(JITModule::new(JITBuilder::with_isa(
+        isa,
+        cranelift_module::default_libcall_names(),
+    ))));
+    let module = code.0.as_mut().expect("just created");
+    let mut ctx = module.make_context();
+    let mut fctx = FunctionBuilderContext::new();
+    let mut pending = Vec::new();
+    let disasm = std::env::var_os("MINDUCTOR_DISASM").is_some_and(|v| v != "0");
+    for kernel in program.kernels() {
+        ctx.func = kernel_function(call_conv);
+        ctx.set_disasm(disasm);
+        {
+            let mut b = FunctionBuilder::new(&mut ctx.func, &mut fctx);
+            lower_kernel(&mut b, kernel, program);
+            b.finalize(module.isa().frontend_config());
+        }
+        let clif = ctx.func.display().to_string();
+        let id = module
+            .declare_function(&kernel.name, Linkage::Local, &ctx.func.signature)
+            .map_err(|e| CodegenError::Cranelift(e.to_string()))?;
+        module
+            .define_function(id, &mut ctx)
+            .map_err(|e| CodegenError::Cranelift(format!("{}: {e:?}\n{clif}", kernel.name)))?;
+        let clif = match ctx.compiled_code().and_then(|c| c.vcode.as_ref()) {
+            Some(machine) if disasm => format!("{clif}\n; machine code\n{machine}"),
+            _ => clif,
+        };
+        module.clear_context(&mut ctx);
+        pending.push((id, clif));
+    }
+    module
+        .finalize_definitions()
+        .map_err(|e| CodegenError::Cranelift(e.to_string()))?;
+    let mut pending = pending.into_iter();
+    let mut finished = |kernel: &Kernel| -> CompiledKernel {
+        let (id, clif) = pending.next().expect("one function per kernel");
+        let address = module.get_finalized_function(id);
+        // SAFETY: `address` was compiled from `kernel_function`'s signature, which is KernelFn's.
+        let function = unsafe { std::mem::transmute::<*const u8, KernelFn>(address) };
+        CompiledKernel {
+            name: kernel.name.clone(),
+            clif,
+            function,
+            buffers: kernel.buffers(),
+            extents: kernel.params(),
+            outer_loops: kernel.outer.len(),
+            stage_loops: kernel.stages.iter().map(|s| s.extent.len()).collect(),
+            split: Split::PerThread,
+        }
+    };
+    let steps = program
+        .steps
+        .iter()
+        .map(|step| match step {
+            Step::Kernel(kernel) => CompiledStep::Kernel(finished(kernel)),
+            Step::Matmul(m) => {
+                CompiledStep::Matmul(Box::new(m.clone()), m.epilogue.as_ref().map(&mut finished))
+            }
+            Step::ScatterAdd(sc) => CompiledStep::ScatterAdd(Box::new(sc.clone())),
+            Step::Attention(a) => CompiledStep::Attention(Box::new(a.clone())),
+            Step::Fallback(fb) => CompiledStep::Fallback(Box::new(fb.clone())),
+        })
+        .collect();
+    let plan = program.plan.clone().expect("planned above");
+    Ok(CompiledProgram {
+        program: program.clone(),
+        arenas: Mutex::new(Vec::new()),
+        plan,
+        steps,
+        compile_time: started.elapsed(),
+        _code: code,
+    })
+}
+
+impl CompiledProgram {
+    /// Max-autotune: times every kernel step under each [`Split`] on zero-filled inputs (each
+    /// split over `runs` calls, keeping each step's fastest time) and keeps, per kernel step, the
+    /// split that was fastest (the default on a tie). Results do not depend on the choice (see
+    /// [`Split`]). Programs with symbolic sizes are left as they are (there are no sizes to
+    /// time). Returns each kernel step's name and chosen split.
+    pub fn autotune(&mut self, runs: usize) -> Result<Vec<(String, Split)>, RuntimeError> {
+        let mut inputs = Vec::new();
+        for b in &self.program.buffers {
+            if let BufferKind::Input(n) = b.kind {
+                let Some(shape) = b
+                    .shape
+                    .iter()
+                    .map(|d| d.as_static())
+                    .collect::<Option<Vec<_>>>()
+                else {
+                    return Ok(Vec::new());
+                };
+                if inputs.len() <= n {
+                    inputs.resize(n + 1, None);
+                }
+                inputs[n] = Some(Tensor::try_zeros(b.dtype, &shape)?);
+            }
+        }
+        let Some(inputs) = inputs.into_iter().collect::<Option<Vec<Tensor>>>() else {
+            return Ok(Vec::new());
+        };
+        let kernel_steps: Vec<usize> = (0..self.steps.len())
+            .filter(|&i| matches!(self.steps[i], CompiledStep::Kernel(_)))
+            .collect();
+        // best[i]: the fastest (time, split) of kernel step i so far.
+        let mut best: Vec<Option<(Duration, Split)>> = vec![None; self.steps.len()];
+        for split in Split::ALL {
+            for &i in &kernel_steps {
+                if let CompiledStep::Kernel(k) = &mut self.steps[i] {
+                    k.split = split;
+                }
+            }
+            let mut fastest: Vec<Option<Duration>> = vec![None; self.steps.len()];
+            for _ in 0..runs.max(1) {
+                let (_, timings) = self.profile(&inputs)?;
+                for (slot, t) in fastest.iter_mut().zip(&timings) {
+                    *slot = Some(slot.map_or(t.time, |s| s.min(t.time)));
+                }
+            }
+            for &i in &kernel_steps {
+                if let Some(time) = fastest[i] {
+                    if best[i].is_none_or(|(b, _)| time < b) {
+                        best[i] = Some((time, split));
+                    }
+                }
+            }
+        }
+        let mut chosen = Vec::new();
+        for &i in &kernel_steps {
+            if let CompiledStep::Kernel(k) = &mut self.steps[i] {
+                k.split = best[i].map_or(Split::PerThread, |(_, s)| s);
+                chosen.push((k.name.clone(), k.split));
+            }
+        }
+        Ok(chosen)
+    }
+
+    /// Applies splits an earlier [`CompiledProgram::autotune`] chose (kernel names and splits);
+    /// `false`, changing nothing, unless they name exactly this program's kernel steps.
+    pub fn set_splits(&mut self, splits: &[(String, Split)]) -> bool {
+        let names: Vec<&str> = self
+            .steps
+            .iter()
+            .filter_map(|s| match s {
+                CompiledStep::Kernel(k) => Some(k.name.as_str()),
+                _ => None,
+            })
+            .collect();
+        let same = names.len() == splits.len()
+            && names.iter().zip(splits).all(|(n, (m, _))| *n == m.as_str());
+        if !same {
+            return false;
+        }
+        let kernels = self.steps.iter_mut().filter_map(|s| match s {
+            CompiledStep::Kernel(k) => Some(k),
+            _ => None,
+        });
+        for (k, (_, split)) in kernels.zip(splits) {
+            k.split = *split;
+        }
+        true
+    }
+
+    pub fn kernels(&self) -> impl Iterator<Item = &CompiledKernel> {
+        self.steps.iter().filter_map(|s| match s {
+            CompiledStep::Kernel(k) => Some(k),
+            CompiledStep::Matmul(_, epilogue) => epilogue.as_ref(),
+            CompiledStep::ScatterAdd(_)
+            | CompiledStep::Attention(_)
+            | CompiledStep::Fallback(_) => None,
+        })
+    }
+}
