@@ -172,6 +172,8 @@ pub struct Compiled {
     /// A frozen compile's constants (`freeze.rs`): the graph's last inputs, fed by `call` after
     /// the caller's; empty otherwise.
     frozen: Vec<Tensor>,
+    /// GEMM operands the executable packed once from `frozen` (`Executable::prepare_constants`).
+    prepacked: usize,
     /// Shared by concurrent calls: per-call state lives in the executable's pool.
     executable: Box<dyn Executable>,
     artifacts: Artifacts,
@@ -437,6 +439,7 @@ impl Compiled {
             tangents,
             from_cache: false,
             frozen: Vec::new(),
+            prepacked: 0,
             executable,
             artifacts,
             compile_time,
@@ -445,9 +448,20 @@ impl Compiled {
 
     /// Makes the graph's last `constants.len()` inputs frozen to `constants`, which `call`
     /// feeds after the caller's inputs; `total` is the whole compile's time.
+    /// The executable prepares what depends only on them once (it packs the GEMM operands they
+    /// are); they are kept contiguous, so each call binds the storage it prepared from.
     pub(crate) fn set_frozen(&mut self, constants: Vec<Tensor>, total: Duration) {
+        let constants: Vec<Tensor> = constants.iter().map(Tensor::contiguous).collect();
+        let first = self.graph.inputs().len() - constants.len();
+        self.prepacked = self.executable.prepare_constants(first, &constants);
         self.frozen = constants;
         self.compile_time = total;
+    }
+
+    /// How many GEMM operands a frozen compile packed once at compile time (frozen linear
+    /// layers' weights), rather than at every call.
+    pub fn prepacked_operands(&self) -> usize {
+        self.prepacked
     }
 
     /// The values a frozen compile feeds as the graph's last inputs (empty unless frozen).

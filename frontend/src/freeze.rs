@@ -107,5 +107,10 @@ pub fn compile_frozen_with_options(
     );
     let mut compiled = compile_uncached(&split.run, options)?;
     compiled.set_frozen(roots, started.elapsed());
+    info!(
+        target: "minductor::graph",
+        "frozen: {} GEMM operands packed once at compile time",
+        compiled.prepacked_operands()
+    );
     Ok(compiled)
 }

@@ -26,6 +26,17 @@ pub trait Executable: Send + Sync {
         0
     }
 
+    /// Told that every call will feed `constants` as inputs `first..first + constants.len()`
+    /// (a frozen compile's constants, contiguous), the executable may prepare work that depends
+    /// only on them once, now (the compiled program packs the GEMM operands they are). Returns
+    /// how many such preparations it made; this default makes none. Calls stay correct whatever
+    /// inputs they are given: prepared work is used only when a call's input is the very tensor
+    /// it was prepared from.
+    fn prepare_constants(&mut self, first: usize, constants: &[Tensor]) -> usize {
+        let _ = (first, constants);
+        0
+    }
+
     /// Runs like `run`, writing output `i` into `outputs[i]`: a tensor the caller hands in (from
     /// an earlier call, say) with the output's dtype and shape, contiguous and not sharing its
     /// storage with any other tensor ([`output_destination`]). On an error the outputs may

@@ -289,3 +289,79 @@ fn frozen_golden_models_match_pytorch() {
         "{checked:?}"
     );
 }
+
+/// Two linear layers whose weights are frozen: `x` of `x_shape` (2-D, or 3-D as a batch of
+/// sequences), `features` wide, through `hidden` and `outputs` features.
+fn frozen_linears(x_shape: &[usize], hidden: usize, outputs: usize) -> (Graph, Vec<Tensor>) {
+    let features = *x_shape.last().unwrap();
+    let graph = trace(|t| {
+        let x = t.input("x", DType::F32, x_shape);
+        let w1 = t.input("w1", DType::F32, &[hidden, features]);
+        let b1 = t.input("b1", DType::F32, &[hidden]);
+        let w2 = t.input("w2", DType::F32, &[outputs, hidden]);
+        vec![x.linear(&w1, Some(&b1)).gelu().linear(&w2, None)]
+    })
+    .unwrap();
+    let inputs = vec![
+        values(x_shape, 1, 1.0, 0.0),
+        values(&[hidden, features], 2, 0.2, 0.0),
+        values(&[hidden], 3, 0.5, 0.0),
+        values(&[outputs, hidden], 4, 0.2, 0.0),
+    ];
+    (graph, inputs)
+}
+
+#[test]
+fn frozen_linear_weights_are_packed_once_and_give_the_interpreters_results() {
+    // Few rows (threads split columns), many rows (row tiles), a stacked batch of sequences,
+    // odd widths (panel and register-tile tails), and a K longer than one packed block.
+    for (x_shape, hidden, outputs) in [
+        (vec![5, 37], 70, 19),
+        (vec![300, 37], 70, 19),
+        (vec![3, 7, 41], 130, 33),
+        (vec![64, 300], 96, 17),
+    ] {
+        let (graph, inputs) = frozen_linears(&x_shape, hidden, outputs);
+        let want = interpret(&graph, &inputs).unwrap();
+        let names = ["w1", "b1", "w2"];
+        let pairs: Vec<(&str, Tensor)> = names.iter().copied().zip(inputs[1..].to_vec()).collect();
+        let compiled = compile_frozen(&graph, &pairs).unwrap();
+        let context = format!("x {x_shape:?}, hidden {hidden}, outputs {outputs}");
+        assert_eq!(compiled.prepacked_operands(), 2, "{context}");
+        let got = compiled.call(&inputs[..1]).unwrap();
+        assert_allclose(&got, &want, Tolerance::close(1e-5), &context);
+        // Packed once, used by every call, on any thread count: bitwise the same.
+        for threads in [1, 2, 3] {
+            minductor::set_num_threads(threads).unwrap();
+            let again = compiled.call(&inputs[..1]).unwrap();
+            minductor::set_num_threads(0).unwrap();
+            assert_eq!(
+                again[0].to_vec::<f32>().unwrap(),
+                got[0].to_vec::<f32>().unwrap(),
+                "{context}, {threads} threads"
+            );
+        }
+    }
+}
+
+#[test]
+fn only_the_gemm_operands_that_are_frozen_are_prepacked() {
+    let graph = trace(|t| {
+        let x = t.input("x", DType::F32, &[9, 12]);
+        let w = t.input("w", DType::F32, &[12, 7]);
+        let v = t.input("v", DType::F32, &[7, 5]);
+        vec![x.matmul(&w).matmul(&v)]
+    })
+    .unwrap();
+    let inputs = [
+        values(&[9, 12], 1, 1.0, 0.0),
+        values(&[12, 7], 2, 0.5, 0.0),
+        values(&[7, 5], 3, 0.5, 0.0),
+    ];
+    let want = interpret(&graph, &inputs).unwrap();
+    // Only `v` frozen: the first GEMM's `b` is a call input, the second's a constant.
+    let compiled = compile_frozen(&graph, &[("v", inputs[2].clone())]).unwrap();
+    assert_eq!(compiled.prepacked_operands(), 1);
+    let got = compiled.call(&inputs[..2]).unwrap();
+    assert_allclose(&got, &want, Tolerance::close(1e-5), "one frozen operand");
+}

@@ -2,7 +2,7 @@
 //! arenas the intermediates live in, the steps in order with the index checks before them, JIT
 //! kernels split across threads, and fallback steps.
 
-use super::extern_steps::{run_attention, run_matmul, run_scatter_add};
+use super::extern_steps::{run_attention, run_matmul, run_scatter_add, PrepackedB};
 use super::{CompiledKernel, CompiledProgram, CompiledStep, Split};
 use minductor_ir::{checked_bytes, Dim};
 use minductor_passes::kernel::{BufferId, BufferKind, FallbackStep, Program, StridedView};
@@ -181,6 +181,20 @@ impl Executable for CompiledProgram {
             .map(|_| ())
     }
 
+    /// Packs, once, the `b` operand of every GEMM that a constant feeds directly (a frozen
+    /// linear layer's weight; see [`PrepackedB`]).
+    fn prepare_constants(&mut self, first: usize, constants: &[Tensor]) -> usize {
+        let program = &self.program;
+        let mut packed = 0;
+        for step in &mut self.steps {
+            if let CompiledStep::Matmul { step, packed_b, .. } = step {
+                *packed_b = PrepackedB::new(step, program, first, constants).map(Box::new);
+                packed += usize::from(packed_b.is_some());
+            }
+        }
+        packed
+    }
+
     /// The largest pooled arena (what one call keeps), or the plan's estimate before any call.
     fn arena_bytes(&self) -> usize {
         let pool = self.arenas.lock().unwrap_or_else(|p| p.into_inner());
@@ -334,9 +348,18 @@ impl CompiledProgram {
             let started = timings.is_some().then(Instant::now);
             match step {
                 CompiledStep::Kernel(k) => run_kernel(k, &symbols, &pointers, &mut table),
-                CompiledStep::Matmul(m, epilogue) => {
-                    run_matmul(m, epilogue.as_ref(), program, &symbols, &pointers)?
-                }
+                CompiledStep::Matmul {
+                    step,
+                    epilogue,
+                    packed_b,
+                } => run_matmul(
+                    step,
+                    epilogue.as_ref(),
+                    packed_b.as_deref(),
+                    program,
+                    &symbols,
+                    &pointers,
+                )?,
                 CompiledStep::ScatterAdd(sc) => run_scatter_add(sc, program, &symbols, &pointers)?,
                 CompiledStep::Attention(a) => run_attention(a, program, &symbols, &pointers)?,
                 CompiledStep::Fallback(fb) => run_fallback(fb, program, &symbols, &pointers)?,
@@ -345,8 +368,16 @@ impl CompiledProgram {
                 timings.push(StepTiming {
                     name: match step {
                         CompiledStep::Kernel(k) => k.name.clone(),
-                        CompiledStep::Matmul(m, None) => format!("matmul_{}", m.out),
-                        CompiledStep::Matmul(m, Some(e)) => format!("matmul_{}+{}", m.out, e.name),
+                        CompiledStep::Matmul {
+                            step,
+                            epilogue: None,
+                            ..
+                        } => format!("matmul_{}", step.out),
+                        CompiledStep::Matmul {
+                            step,
+                            epilogue: Some(e),
+                            ..
+                        } => format!("matmul_{}+{}", step.out, e.name),
                         CompiledStep::ScatterAdd(sc) => format!("scatter_add_{}", sc.out),
                         CompiledStep::Attention(a) => format!("attention_{}", a.out),
                         CompiledStep::Fallback(fb) => {

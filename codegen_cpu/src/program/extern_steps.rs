@@ -8,9 +8,10 @@ use crate::gemm;
 use crate::scatter::{scatter_add, View};
 use minductor_ir::DType;
 use minductor_passes::kernel::{
-    AttentionStep, BufferId, Im2colView, MatmulOperand, MatmulStep, Program, ScatterAddStep,
+    AttentionStep, BufferId, BufferKind, Im2colView, MatmulOperand, MatmulStep, Program,
+    ScatterAddStep,
 };
-use minductor_runtime::{threads, RuntimeError};
+use minductor_runtime::{threads, RuntimeError, Tensor};
 use std::sync::Mutex;
 
 /// Runs a fused attention step on its buffers.
@@ -144,6 +145,83 @@ const TILE_BYTES: usize = 256 << 10;
 /// GEMMs with fewer flops run on the calling thread.
 const PARALLEL_FLOPS_THRESHOLD: usize = 1 << 22;
 
+/// A GEMM's `b` operand packed once, when the program learned its value (a frozen linear
+/// layer's weight, [`prepare_constants`](minductor_runtime::Executable::prepare_constants)), so calls skip packing it. A call uses it
+/// only when its `b` buffer is bound to the very storage it was packed from.
+pub(in crate::program) struct PrepackedB {
+    /// Reads `_source`'s storage; declared first, so it is dropped before it.
+    packed: gemm::PackedB<'static>,
+    /// The address of the constant's first element, which a call binds to the `b` buffer.
+    address: usize,
+    /// Keeps the constant's storage alive for `packed`. Shared with the frozen compile's own
+    /// copy (and `Tensor` writes only storage it owns alone), so no one writes it meanwhile.
+    _source: Tensor,
+}
+
+impl PrepackedB {
+    /// Packs `m`'s `b` if it is a constant: program input `first + i`, given as `constants[i]`
+    /// (f32, contiguous), read through a view of static strides whose batch dims broadcast.
+    pub(in crate::program) fn new(
+        m: &MatmulStep,
+        program: &Program,
+        first: usize,
+        constants: &[Tensor],
+    ) -> Option<PrepackedB> {
+        let MatmulOperand::View(view) = &m.b else {
+            return None;
+        };
+        let BufferKind::Input(n) = program.buffer(view.buffer).kind else {
+            return None;
+        };
+        let source = constants.get(n.checked_sub(first)?)?.clone();
+        let expected = program.buffer(view.buffer);
+        let same_type = source.dtype() == DType::F32
+            && expected.dtype == DType::F32
+            && expected
+                .shape
+                .iter()
+                .map(|d| d.as_static())
+                .collect::<Option<Vec<_>>>()?
+                == source.shape();
+        if !same_type || !source.is_contiguous() || source.numel() == 0 {
+            return None;
+        }
+        let shape: Vec<usize> = view
+            .shape
+            .iter()
+            .map(|d| d.as_static())
+            .collect::<Option<_>>()?;
+        let (offset, strides) = view.bind(|_| None)?;
+        let batch = shape.len().checked_sub(2)?;
+        if !(0..batch).all(|d| strides[d] == 0 || shape[d] == 1) {
+            return None;
+        }
+        // SAFETY: `source` is a contiguous f32 tensor of `numel` elements, so its first
+        // element's address starts that many f32s of live storage. The storage stays alive and
+        // unwritten for as long as the slice is used: the slice is used only by `packed` (whose
+        // `MatrixRef` range `MatrixRef::new` checks against it), `packed` is dropped before
+        // `_source`, which holds the storage, and a tensor's storage is written only through a
+        // tensor owning it alone, which `_source`'s share rules out.
+        let data: &'static [f32] =
+            unsafe { std::slice::from_raw_parts(source.data_ptr() as *const f32, source.numel()) };
+        let b = gemm::MatrixRef::new(
+            data,
+            offset,
+            [shape[batch], shape[batch + 1]],
+            [strides[batch], strides[batch + 1]],
+            "b",
+        )
+        .ok()?;
+        let packed =
+            gemm::PackedB::pack(&b, gemm::Kernel::detect(), threads::num_threads()).ok()?;
+        Some(PrepackedB {
+            packed,
+            address: source.data_ptr() as usize,
+            _source: source,
+        })
+    }
+}
+
 /// Runs `out = a @ b` with our GEMM (`crate::gemm`) tile by tile over the output's first dim,
 /// each tile followed by the epilogue on the same rows; tiles are split across threads. `b` is
 /// packed once per product, block by block as the first tile to need each block gets to it,
@@ -153,6 +231,7 @@ const PARALLEL_FLOPS_THRESHOLD: usize = 1 << 22;
 pub(super) fn run_matmul(
     m: &MatmulStep,
     epilogue: Option<&CompiledKernel>,
+    packed_b: Option<&PrepackedB>,
     program: &Program,
     symbols: &Symbols,
     pointers: &[*mut u8],
@@ -272,7 +351,22 @@ pub(super) fn run_matmul(
             (b_strides[d] == 0 || b_shape[d] == 1)
                 && (a_shape[d] == 1 || a_strides[d] == row_stride * below as i64)
         });
-    if stacked && gemm::prefers_streaming(kernel, count * rows, cols, gemm_threads) {
+    // The rows of the one 2-D product this step is (all of a stacked batch's).
+    let product_rows = if stacked { count * rows } else { rows };
+    let streams = gemm::prefers_streaming(kernel, product_rows, cols, gemm_threads);
+    // `b` packed at compile time, if this call's `b` is the constant it was packed from and
+    // reading it back beats streaming: a streamed product packs each block of `b` into L1 right
+    // before all its rows use it, which wins once there are a few register tiles of rows per
+    // thread (`examples/frozen_linear.rs`, Zen 4, 2 threads, [m, 1024]·[1024, 4096]: packed
+    // once 1.3-1.5x faster at 1-16 rows, 0.9x at 64-1024 rows).
+    let prepacked = packed_b
+        .filter(|p| {
+            p.address == pointers[b_view_of_step.buffer.0 as usize] as usize
+                && p.packed.shape() == [k, cols]
+                && (!streams || product_rows < threads * 4 * kernel.mr())
+        })
+        .map(|p| &p.packed);
+    if stacked && (prepacked.is_some() || streams) {
         let a = gemm::MatrixRef::new(
             a_data,
             a_offset,
@@ -285,7 +379,11 @@ pub(super) fn run_matmul(
         {
             // The output's unique borrow ends here, before the epilogue reads its rows.
             let mut out = c_rows(0, 0, count * rows).map_err(gemm_error)?;
-            gemm::multiply_streaming(kernel, &a, &b, &mut out, gemm_threads).map_err(gemm_error)?;
+            match prepacked {
+                Some(packed) => gemm::multiply_parallel(&a, packed, &mut out, gemm_threads),
+                None => gemm::multiply_streaming(kernel, &a, &b, &mut out, gemm_threads),
+            }
+            .map_err(gemm_error)?;
         }
         epilogue_on_all_rows();
         return Ok(());
@@ -294,14 +392,16 @@ pub(super) fn run_matmul(
     if batch == 0 {
         let a = a_view(a_offset).map_err(gemm_error)?;
         let b = b_view(b_offset).map_err(gemm_error)?;
-        let streaming = gemm::prefers_streaming(kernel, rows, cols, gemm_threads);
-        // Packed as the tiles need it, once, by whichever thread gets to each block first
-        // (unless streamed: then each block is packed into L1 right before its use).
-        let packed = if streaming {
+        let streaming = prepacked.is_none() && streams;
+        // Packed at compile time, or as the tiles need it, once, by whichever thread gets to
+        // each block first (unless streamed: then each block is packed into L1 right before
+        // its use).
+        let packed_here = if streaming || prepacked.is_some() {
             None
         } else {
             Some(gemm::PackedB::lazy(&b, kernel).map_err(gemm_error)?)
         };
+        let packed = prepacked.or(packed_here.as_ref());
         let panels = cols.div_ceil(kernel.nr());
         if streaming || (parallel && rows < threads * 4 * kernel.mr()) {
             // Few rows: every thread takes a run of columns, then the epilogue runs on whole
@@ -309,7 +409,7 @@ pub(super) fn run_matmul(
             {
                 // The tile's unique borrow ends here, before the epilogue reads its rows.
                 let mut out = c_rows(0, 0, rows).map_err(gemm_error)?;
-                match &packed {
+                match packed {
                     None => gemm::multiply_streaming(kernel, &a, &b, &mut out, gemm_threads),
                     Some(packed) => gemm::multiply_parallel(&a, packed, &mut out, threads),
                 }
@@ -326,7 +426,7 @@ pub(super) fn run_matmul(
                 {
                     // The tile's unique borrow ends before its epilogue reads the rows.
                     let mut out = c_rows(0, s, e).expect("rows inside the output");
-                    gemm::multiply_from(&a.rows(s, e), &packed, &mut out, first_panel)
+                    gemm::multiply_from(&a.rows(s, e), packed, &mut out, first_panel)
                         .expect("shapes agree");
                 }
                 if let Some((epilogue, bound)) = &epilogue {

@@ -11,6 +11,7 @@ mod execute;
 mod extern_steps;
 
 use execute::Arena;
+use extern_steps::PrepackedB;
 
 use crate::lower::{kernel_function, lower_kernel};
 use cranelift_codegen::settings::{self, Configurable};
@@ -92,8 +93,13 @@ impl Split {
 
 enum CompiledStep {
     Kernel(CompiledKernel),
-    /// A GEMM, and the kernel that runs on each block of its output rows (see `fuse_epilogues`).
-    Matmul(Box<MatmulStep>, Option<CompiledKernel>),
+    /// A GEMM, the kernel that runs on each block of its output rows (see `fuse_epilogues`),
+    /// and its `b` packed once if a frozen constant feeds it (`prepare_constants`).
+    Matmul {
+        step: Box<MatmulStep>,
+        epilogue: Option<CompiledKernel>,
+        packed_b: Option<Box<PrepackedB>>,
+    },
     /// An extern scatter-add (`scatter::scatter_add`).
     ScatterAdd(Box<ScatterAddStep>),
     /// A fused attention (`attention::attention`).
@@ -226,9 +232,11 @@ pub fn compile_program(program: &Program) -> Result<CompiledProgram, CodegenErro
         .iter()
         .map(|step| match step {
             Step::Kernel(kernel) => CompiledStep::Kernel(finished(kernel)),
-            Step::Matmul(m) => {
-                CompiledStep::Matmul(Box::new(m.clone()), m.epilogue.as_ref().map(&mut finished))
-            }
+            Step::Matmul(m) => CompiledStep::Matmul {
+                step: Box::new(m.clone()),
+                epilogue: m.epilogue.as_ref().map(&mut finished),
+                packed_b: None,
+            },
             Step::ScatterAdd(sc) => CompiledStep::ScatterAdd(Box::new(sc.clone())),
             Step::Attention(a) => CompiledStep::Attention(Box::new(a.clone())),
             Step::Fallback(fb) => CompiledStep::Fallback(Box::new(fb.clone())),
@@ -337,7 +345,7 @@ impl CompiledProgram {
     pub fn kernels(&self) -> impl Iterator<Item = &CompiledKernel> {
         self.steps.iter().filter_map(|s| match s {
             CompiledStep::Kernel(k) => Some(k),
-            CompiledStep::Matmul(_, epilogue) => epilogue.as_ref(),
+            CompiledStep::Matmul { epilogue, .. } => epilogue.as_ref(),
             CompiledStep::ScatterAdd(_)
             | CompiledStep::Attention(_)
             | CompiledStep::Fallback(_) => None,
