@@ -43,16 +43,22 @@ pub fn freeze(graph: &Graph, frozen: &[bool]) -> Frozen {
     split(&graph, &constant, &is_frozen, folded_chains)
 }
 
+/// Each node's position among `graph.inputs()` (the index `frozen` masks), if it is an input.
+fn input_positions(graph: &Graph) -> Vec<Option<usize>> {
+    let mut position = vec![None; graph.len()];
+    for (k, id) in graph.inputs().iter().enumerate() {
+        position[id.index()] = Some(k);
+    }
+    position
+}
+
 /// Which nodes depend on frozen inputs and 0-d constants only.
 fn constant_nodes(graph: &Graph, is_frozen: &dyn Fn(usize) -> bool) -> Vec<bool> {
     let mut constant = vec![false; graph.len()];
-    let mut input_index = 0;
+    let position = input_positions(graph);
     for (index, node) in graph.nodes().iter().enumerate() {
         constant[index] = match node.op {
-            Op::Input { .. } => {
-                input_index += 1;
-                is_frozen(input_index - 1)
-            }
+            Op::Input { .. } => position[index].is_some_and(is_frozen),
             Op::Constant { .. } => true,
             Op::Iota { .. } => false,
             _ => !node.inputs.is_empty() && node.inputs.iter().all(|i| constant[i.index()]),
@@ -77,10 +83,7 @@ fn split(
     is_frozen: &dyn Fn(usize) -> bool,
     folded_chains: usize,
 ) -> Frozen {
-    let mut input_of = vec![None; graph.len()];
-    for (k, id) in graph.inputs().iter().enumerate() {
-        input_of[id.index()] = Some(k);
-    }
+    let input_of = input_positions(graph);
     // Users come after their operands: walking backwards, a constant view is known to be read
     // by `run` (or returned) before its own operands are decided.
     let mut in_run = vec![false; graph.len()];

@@ -60,7 +60,8 @@ pub enum BenchError {
     Compile {
         workload: String,
         backend: &'static str,
-        source: CompileError,
+        /// Boxed: a compile error is large and rare.
+        source: Box<CompileError>,
     },
     #[error("workload {workload}: {backend} failed to run: {source}")]
     Run {
@@ -163,7 +164,7 @@ pub fn run_workload(
         compile_with(&workload.graph, backend).map_err(|source| BenchError::Compile {
             workload: workload.name.clone(),
             backend: backend.name(),
-            source,
+            source: Box::new(source),
         })
     };
     let eager = compile(Backend::Eager)?;
