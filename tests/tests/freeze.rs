@@ -95,6 +95,8 @@ fn a_frozen_resnet_block_folds_batch_norm_into_the_weights_and_matches_the_inter
             Tolerance::close(1e-4),
             &context,
         );
+        // Both convolutions' folded weights are packed once, at compile time.
+        assert_eq!(compiled.prepacked_operands(), 2, "{context}");
         let prims = compiled.artifacts().prim_graph.as_ref().unwrap();
         assert_eq!(count_unary(prims, UnaryOp::Rsqrt), 0, "{context}:\n{prims}");
         // No multiply over whole activations is left: the scales are in the weights, and the

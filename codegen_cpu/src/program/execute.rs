@@ -2,7 +2,7 @@
 //! arenas the intermediates live in, the steps in order with the index checks before them, JIT
 //! kernels split across threads, and fallback steps.
 
-use super::extern_steps::{run_attention, run_matmul, run_scatter_add, PrepackedB};
+use super::extern_steps::{run_attention, run_matmul, run_scatter_add, Prepacked};
 use super::{CompiledKernel, CompiledProgram, CompiledStep, Split};
 use minductor_ir::{checked_bytes, Dim};
 use minductor_passes::kernel::{BufferId, BufferKind, FallbackStep, Program, StridedView};
@@ -181,15 +181,18 @@ impl Executable for CompiledProgram {
             .map(|_| ())
     }
 
-    /// Packs, once, the `b` operand of every GEMM that a constant feeds directly (a frozen
-    /// linear layer's weight; see [`PrepackedB`]).
+    /// Packs, once, the weight operand of every GEMM that a constant feeds directly (a frozen
+    /// linear layer's `b`, a frozen convolution's `a`; see [`Prepacked`]).
     fn prepare_constants(&mut self, first: usize, constants: &[Tensor]) -> usize {
         let program = &self.program;
         let mut packed = 0;
         for step in &mut self.steps {
-            if let CompiledStep::Matmul { step, packed_b, .. } = step {
-                *packed_b = PrepackedB::new(step, program, first, constants).map(Box::new);
-                packed += usize::from(packed_b.is_some());
+            if let CompiledStep::Matmul {
+                step, prepacked, ..
+            } = step
+            {
+                *prepacked = Prepacked::new(step, program, first, constants).map(Box::new);
+                packed += usize::from(prepacked.is_some());
             }
         }
         packed
@@ -351,11 +354,11 @@ impl CompiledProgram {
                 CompiledStep::Matmul {
                     step,
                     epilogue,
-                    packed_b,
+                    prepacked,
                 } => run_matmul(
                     step,
                     epilogue.as_ref(),
-                    packed_b.as_deref(),
+                    prepacked.as_deref(),
                     program,
                     &symbols,
                     &pointers,

@@ -145,36 +145,48 @@ const TILE_BYTES: usize = 256 << 10;
 /// GEMMs with fewer flops run on the calling thread.
 const PARALLEL_FLOPS_THRESHOLD: usize = 1 << 22;
 
-/// A GEMM's `b` operand packed once, when the program learned its value (a frozen linear
-/// layer's weight, [`prepare_constants`](minductor_runtime::Executable::prepare_constants)), so calls skip packing it. A call uses it
-/// only when its `b` buffer is bound to the very storage it was packed from.
-pub(in crate::program) struct PrepackedB {
-    /// Reads `_source`'s storage; declared first, so it is dropped before it.
-    packed: gemm::PackedB<'static>,
-    /// The address of the constant's first element, which a call binds to the `b` buffer.
+/// A GEMM operand packed once, when the program learned its value (a frozen weight,
+/// [`prepare_constants`](minductor_runtime::Executable::prepare_constants)), so calls skip
+/// packing it: a linear layer's `b`, or a convolution's weight (the implicit GEMM's `a`, packed
+/// per group). A call uses it only when the operand's buffer is bound to the very storage it was
+/// packed from.
+pub(in crate::program) struct Prepacked {
+    /// May read `_source`'s storage; declared first, so it is dropped before it.
+    packed: Packed,
+    /// The address of the constant's first element, which a call binds to the operand's buffer.
     address: usize,
-    /// Keeps the constant's storage alive for `packed`. Shared with the frozen compile's own
-    /// copy (and `Tensor` writes only storage it owns alone), so no one writes it meanwhile.
+    /// Keeps the constant's storage alive for `packed` (and its address unique to it). Shared
+    /// with the frozen compile's own copy (and `Tensor` writes only storage it owns alone), so
+    /// no one writes it meanwhile.
     _source: Tensor,
 }
 
-impl PrepackedB {
-    /// Packs `m`'s `b` if it is a constant: program input `first + i`, given as `constants[i]`
-    /// (f32, contiguous), read through a view of static strides whose batch dims broadcast.
+enum Packed {
+    /// A linear layer's weight, `b` of a 2-D product (batch dims broadcast).
+    B(gemm::PackedB<'static>),
+    /// A convolution's weight, `a` of an implicit GEMM: one packing per channel group.
+    ConvWeight(Vec<gemm::PackedA>),
+}
+
+impl Prepacked {
+    /// Packs `m`'s weight operand if it is a constant: program input `first + i`, given as
+    /// `constants[i]` (f32, contiguous), read through a view of static strides (whose batch dims
+    /// broadcast, for a `b`).
     pub(in crate::program) fn new(
         m: &MatmulStep,
         program: &Program,
         first: usize,
         constants: &[Tensor],
-    ) -> Option<PrepackedB> {
-        let MatmulOperand::View(view) = &m.b else {
-            return None;
+    ) -> Option<Prepacked> {
+        let buffer = match &m.b {
+            MatmulOperand::View(view) => view.buffer,
+            MatmulOperand::Im2col(_) => m.a.buffer,
         };
-        let BufferKind::Input(n) = program.buffer(view.buffer).kind else {
+        let BufferKind::Input(n) = program.buffer(buffer).kind else {
             return None;
         };
         let source = constants.get(n.checked_sub(first)?)?.clone();
-        let expected = program.buffer(view.buffer);
+        let expected = program.buffer(buffer);
         let same_type = source.dtype() == DType::F32
             && expected.dtype == DType::F32
             && expected
@@ -186,39 +198,76 @@ impl PrepackedB {
         if !same_type || !source.is_contiguous() || source.numel() == 0 {
             return None;
         }
-        let shape: Vec<usize> = view
-            .shape
-            .iter()
-            .map(|d| d.as_static())
-            .collect::<Option<_>>()?;
-        let (offset, strides) = view.bind(|_| None)?;
-        let batch = shape.len().checked_sub(2)?;
-        if !(0..batch).all(|d| strides[d] == 0 || shape[d] == 1) {
-            return None;
-        }
         // SAFETY: `source` is a contiguous f32 tensor of `numel` elements, so its first
         // element's address starts that many f32s of live storage. The storage stays alive and
-        // unwritten for as long as the slice is used: the slice is used only by `packed` (whose
-        // `MatrixRef` range `MatrixRef::new` checks against it), `packed` is dropped before
-        // `_source`, which holds the storage, and a tensor's storage is written only through a
-        // tensor owning it alone, which `_source`'s share rules out.
+        // unwritten for as long as the slice is used: the slice is used only while packing and
+        // by a packed `b` (whose `MatrixRef` range `MatrixRef::new` checks against it), which
+        // `packed` holds and drops before `_source`, which holds the storage; and a tensor's
+        // storage is written only through a tensor owning it alone, which `_source`'s share
+        // rules out.
         let data: &'static [f32] =
             unsafe { std::slice::from_raw_parts(source.data_ptr() as *const f32, source.numel()) };
-        let b = gemm::MatrixRef::new(
-            data,
-            offset,
-            [shape[batch], shape[batch + 1]],
-            [strides[batch], strides[batch + 1]],
-            "b",
-        )
-        .ok()?;
-        let packed =
-            gemm::PackedB::pack(&b, gemm::Kernel::detect(), threads::num_threads()).ok()?;
-        Some(PrepackedB {
+        let kernel = gemm::Kernel::detect();
+        let packed = match &m.b {
+            MatmulOperand::View(view) => {
+                let shape: Vec<usize> = view
+                    .shape
+                    .iter()
+                    .map(|d| d.as_static())
+                    .collect::<Option<_>>()?;
+                let (offset, strides) = view.bind(|_| None)?;
+                let batch = shape.len().checked_sub(2)?;
+                if !(0..batch).all(|d| strides[d] == 0 || shape[d] == 1) {
+                    return None;
+                }
+                let b = gemm::MatrixRef::new(
+                    data,
+                    offset,
+                    [shape[batch], shape[batch + 1]],
+                    [strides[batch], strides[batch + 1]],
+                    "b",
+                )
+                .ok()?;
+                Packed::B(gemm::PackedB::pack(&b, kernel, threads::num_threads()).ok()?)
+            }
+            MatmulOperand::Im2col(_) => {
+                // `a` is [1, groups, rows, k] (see `run_implicit_matmul`).
+                let shape: Vec<usize> =
+                    m.a.shape
+                        .iter()
+                        .map(|d| d.as_static())
+                        .collect::<Option<_>>()?;
+                let (offset, strides) = m.a.bind(|_| None)?;
+                let &[_, groups, rows, k] = &shape[..] else {
+                    return None;
+                };
+                let groups = (0..groups)
+                    .map(|g| {
+                        let a = gemm::MatrixRef::new(
+                            data,
+                            offset + g as i64 * strides[1],
+                            [rows, k],
+                            [strides[2], strides[3]],
+                            "a",
+                        )
+                        .ok()?;
+                        gemm::PackedA::pack(&a, kernel).ok()
+                    })
+                    .collect::<Option<Vec<_>>>()?;
+                Packed::ConvWeight(groups)
+            }
+        };
+        Some(Prepacked {
             packed,
             address: source.data_ptr() as usize,
             _source: source,
         })
+    }
+
+    /// The packing, if `pointer` (what this call bound to the operand's buffer) is the
+    /// constant's storage.
+    fn for_pointer(&self, pointer: *mut u8) -> Option<&Packed> {
+        (pointer as usize == self.address).then_some(&self.packed)
     }
 }
 
@@ -231,7 +280,7 @@ impl PrepackedB {
 pub(super) fn run_matmul(
     m: &MatmulStep,
     epilogue: Option<&CompiledKernel>,
-    packed_b: Option<&PrepackedB>,
+    prepacked: Option<&Prepacked>,
     program: &Program,
     symbols: &Symbols,
     pointers: &[*mut u8],
@@ -239,7 +288,7 @@ pub(super) fn run_matmul(
     let b_view_of_step = match &m.b {
         MatmulOperand::View(view) => view,
         MatmulOperand::Im2col(view) => {
-            return run_implicit_matmul(m, view, epilogue, program, symbols, pointers)
+            return run_implicit_matmul(m, view, epilogue, prepacked, program, symbols, pointers)
         }
     };
     let (a_shape, b_shape) = (
@@ -359,13 +408,16 @@ pub(super) fn run_matmul(
     // before all its rows use it, which wins once there are a few register tiles of rows per
     // thread (`examples/frozen_linear.rs`, Zen 4, 2 threads, [m, 1024]·[1024, 4096]: packed
     // once 1.3-1.5x faster at 1-16 rows, 0.9x at 64-1024 rows).
-    let prepacked = packed_b
-        .filter(|p| {
-            p.address == pointers[b_view_of_step.buffer.0 as usize] as usize
-                && p.packed.shape() == [k, cols]
-                && (!streams || product_rows < threads * 4 * kernel.mr())
-        })
-        .map(|p| &p.packed);
+    let prepacked =
+        match prepacked.and_then(|p| p.for_pointer(pointers[b_view_of_step.buffer.0 as usize])) {
+            Some(Packed::B(packed))
+                if packed.shape() == [k, cols]
+                    && (!streams || product_rows < threads * 4 * kernel.mr()) =>
+            {
+                Some(packed)
+            }
+            _ => None,
+        };
     if stacked && (prepacked.is_some() || streams) {
         let a = gemm::MatrixRef::new(
             a_data,
@@ -509,11 +561,13 @@ pub(super) fn run_matmul(
 /// Runs `out = a @ im2col(x)` (a convolution, `b` an [`Im2colView`]) with the implicit GEMM
 /// (`gemm::multiply_im2col`): the output's first dim (images) is split across threads, each
 /// image's channel groups run one after the other on its thread, and the epilogue follows each
-/// tile of images. `a` (the weight) is packed once per group and call.
+/// tile of images. `a` (the weight) is packed once per group and call, unless it was packed
+/// once for all calls (a frozen weight, `prepacked`).
 fn run_implicit_matmul(
     m: &MatmulStep,
     b: &Im2colView,
     epilogue: Option<&CompiledKernel>,
+    prepacked: Option<&Prepacked>,
     program: &Program,
     symbols: &Symbols,
     pointers: &[*mut u8],
@@ -552,8 +606,17 @@ fn run_implicit_matmul(
         "a GEMM's output holds its product"
     );
     let kernel = gemm::Kernel::detect();
-    // The weight of each group, packed once and shared by every image and thread.
-    let packed: Vec<gemm::PackedA> = (0..groups)
+    // The weight of each group, packed once (for all calls, or here) and shared by every image
+    // and thread.
+    let prepacked = match prepacked.and_then(|p| p.for_pointer(pointers[m.a.buffer.0 as usize])) {
+        Some(Packed::ConvWeight(packed))
+            if packed.len() == groups && packed.iter().all(|p| p.shape() == [rows, k]) =>
+        {
+            Some(packed)
+        }
+        _ => None,
+    };
+    let packed_here: Vec<gemm::PackedA> = (0..if prepacked.is_some() { 0 } else { groups })
         .map(|g| {
             let offset = a_offset + g as i64 * a_strides[1];
             let a =
@@ -562,6 +625,7 @@ fn run_implicit_matmul(
         })
         .collect::<Result<_, _>>()
         .map_err(gemm_error)?;
+    let packed: &[gemm::PackedA] = prepacked.map_or(&packed_here, |p| p);
     let mut table = Vec::new();
     if let Some(e) = epilogue {
         table.extend(e.buffers.iter().map(|id| pointers[id.0 as usize]));

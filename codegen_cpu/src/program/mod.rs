@@ -11,7 +11,7 @@ mod execute;
 mod extern_steps;
 
 use execute::Arena;
-use extern_steps::PrepackedB;
+use extern_steps::Prepacked;
 
 use crate::lower::{kernel_function, lower_kernel};
 use cranelift_codegen::settings::{self, Configurable};
@@ -94,11 +94,11 @@ impl Split {
 enum CompiledStep {
     Kernel(CompiledKernel),
     /// A GEMM, the kernel that runs on each block of its output rows (see `fuse_epilogues`),
-    /// and its `b` packed once if a frozen constant feeds it (`prepare_constants`).
+    /// and its weight operand packed once if a frozen constant feeds it (`prepare_constants`).
     Matmul {
         step: Box<MatmulStep>,
         epilogue: Option<CompiledKernel>,
-        packed_b: Option<Box<PrepackedB>>,
+        prepacked: Option<Box<Prepacked>>,
     },
     /// An extern scatter-add (`scatter::scatter_add`).
     ScatterAdd(Box<ScatterAddStep>),
@@ -235,7 +235,7 @@ pub fn compile_program(program: &Program) -> Result<CompiledProgram, CodegenErro
             Step::Matmul(m) => CompiledStep::Matmul {
                 step: Box::new(m.clone()),
                 epilogue: m.epilogue.as_ref().map(&mut finished),
-                packed_b: None,
+                prepacked: None,
             },
             Step::ScatterAdd(sc) => CompiledStep::ScatterAdd(Box::new(sc.clone())),
             Step::Attention(a) => CompiledStep::Attention(Box::new(a.clone())),
