@@ -11,7 +11,7 @@
 //! minductor-tests --test random_graphs`.
 
 use minductor::ir::{Dim, SymId, TensorType};
-use minductor::{compile, interpret, DType, Tensor, Traced, Tracer};
+use minductor::{compile, compile_frozen, interpret, DType, Tensor, Traced, Tracer};
 use minductor_tests::{compare_outputs, Tolerance};
 use proptest::prelude::*;
 
@@ -286,6 +286,7 @@ proptest! {
         reduce_at_end in any::<bool>(),
         compare_at_end in any::<bool>(),
         half_inputs in prop_oneof![Just(None), Just(Some(DType::F16)), Just(Some(DType::BF16))],
+        freeze_y_and_w in any::<bool>(),
     ) {
         let mut y_shape = shape.clone();
         if broadcast_first {
@@ -317,7 +318,14 @@ proptest! {
         let graph = tracer.finish(&outputs).unwrap();
         let inputs = [data(&shape, 1), data(&y_shape, 2), data(&[n, n], 3)];
         let want = interpret(&graph, &inputs).unwrap();
-        let got = compile(&graph).unwrap().call(&inputs).unwrap();
+        // Frozen, `y` and `w` are constants: what depends on them only is computed at compile
+        // time, and a GEMM reading `w` reads it packed once.
+        let got = if freeze_y_and_w {
+            let constants = [("y", inputs[1].clone()), ("w", inputs[2].clone())];
+            compile_frozen(&graph, &constants).unwrap().call(&inputs[..1]).unwrap()
+        } else {
+            compile(&graph).unwrap().call(&inputs).unwrap()
+        };
         let sum = reduce_at_end.then_some(1);
         let compared = compare_with_row_sum(&got, want, sum, &graph.to_string());
         prop_assert!(compared.is_ok(), "{}", compared.unwrap_err());
