@@ -19,7 +19,7 @@
 //! the slice), [`PackedA`]'s size (from the same shapes the loops run over) and
 //! [`MatrixMut::new`] (the output rows lie inside theirs).
 
-use super::{pack, AlignedBuffer, GemmError, Kernel, MatrixMut, MatrixRef, TileArgs, KC};
+use super::{pack, AlignedBuffer, GemmError, Kernel, MatrixMut, MatrixRef, TileArgs};
 use minductor_ir::Window2d;
 
 /// The im2col of `channels` consecutive `h × w` planes starting at `offset` in `data`, seen as a
@@ -102,8 +102,9 @@ impl PackedA {
         let mut values = AlignedBuffer::new();
         values.reserve(padded_m * k);
         let all = values.as_mut_slice();
-        for depth in (0..k).step_by(KC) {
-            let kc = KC.min(k - depth);
+        let kc_block = kernel.kc(k);
+        for depth in (0..k).step_by(kc_block) {
+            let kc = kc_block.min(k - depth);
             let block = &mut all[depth * padded_m..][..padded_m * kc];
             pack::pack_a(a, 0..m, depth..depth + kc, mr, block);
         }
@@ -159,8 +160,9 @@ pub fn multiply_im2col(a: &PackedA, b: &Im2colRef, c: &mut MatrixMut) -> Result<
         for q in 0..n.div_ceil(nr) {
             let cols = nr.min(n - q * nr);
             pack_im2col_panel(b, q * nr, cols, nr, values, &mut segments);
-            for depth in (0..k).step_by(KC) {
-                let kc = KC.min(k - depth);
+            let kc_block = kernel.kc(k);
+            for depth in (0..k).step_by(kc_block) {
+                let kc = kc_block.min(k - depth);
                 let b_block = &values[depth * nr..][..kc * nr];
                 let a_block = &packed_a[depth * padded_m..][..padded_m * kc];
                 for (r, a_panel) in a_block.chunks_exact(mr * kc).enumerate() {

@@ -26,6 +26,7 @@
 //! its slice, [`MatrixMut::new`] proves the output rows inside theirs, and the packed buffers are
 //! sized here from the same shapes the loops run over.
 
+mod cache;
 mod implicit;
 mod kernel_avx2;
 mod kernel_avx512;
@@ -39,15 +40,45 @@ use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::{Mutex, OnceLock};
 use thiserror::Error;
 
-/// Columns of `a` (rows of `b`) per packed block: the `b` micro-panel of one block
-/// (`KC · nr` values, 32 KiB for the AVX-512 kernel) stays in L1 (48 KiB on Zen 5) while every
-/// micro-panel of `a` (`KC · mr` values, 3 KiB) passes by. Measured on the MLP's GEMMs on 2
-/// threads: 128 gives ~460 GFLOP/s, 192 ~445, 256 ~425, 384 ~440.
+/// Columns of `a` (rows of `b`) per packed block for the AVX2 and portable kernels (their `b`
+/// micro-panel, `KC · 16` values, 8 KiB, stays in L1 while the micro-panels of `a` pass by).
 const KC: usize = 128;
-/// Most rows of `a` per packed block: `MC · KC` values (132 KiB) stay in L2 (1 MiB per core
-/// on Zen 5) while every panel of `b` passes by. The rows are split into blocks of equal size
-/// (whole micro-panels), so no small last block streams all of `b` for little work.
+/// Most rows of `a` per packed block: `MC · KC` values stay in L2 while every panel of `b`
+/// passes by. The rows are split into blocks of equal size (whole micro-panels), so no small
+/// last block streams all of `b` for little work.
 const MC: usize = 264;
+
+/// The most columns of `a` per packed block for the AVX-512 kernel, from the size of the L2
+/// cache: the block of `a` (`MC · kc` values) and one panel of `b` (`kc · nr` values) take at
+/// most two thirds of it, in multiples of 64, between 128 and 512.
+///
+/// Every block's tile of `c` is read and written once per block of `k`, so the deeper the
+/// block the less `c` traffic; the `b` panel need not fit in L1 (it streams from L2 at one
+/// line per 6 FMAs). Measured on Zen 4 (L1d 32 KiB, L2 1 MiB: 512 here), one thread,
+/// `gemm_shapes` multiply: KC 128 → 512 raised [256x1024]·[1024x4096] from 94 to 106 GFLOP/s,
+/// [2048x512]·[512x1536] from 101 to 107, 1024³ from 96 to 102; [2048x2048]·[2048x512] stayed
+/// at 95-98.
+fn avx512_kc_max() -> usize {
+    static KC_MAX: OnceLock<usize> = OnceLock::new();
+    *KC_MAX.get_or_init(|| match cache::l2_bytes() {
+        Some(l2) => {
+            let values = l2 * 2 / 3 / std::mem::size_of::<f32>();
+            (values / (MC + kernel_avx512::NR) / 64 * 64).clamp(128, 512)
+        }
+        None => 256,
+    })
+}
+
+/// `MINDUCTOR_GEMM_KC=n` overrides the most columns of `a` per packed block (measurements).
+fn kc_override() -> Option<usize> {
+    static FORCED: OnceLock<Option<usize>> = OnceLock::new();
+    *FORCED.get_or_init(|| {
+        std::env::var("MINDUCTOR_GEMM_KC")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .filter(|&v| v > 0)
+    })
+}
 
 #[derive(Debug, Error, PartialEq)]
 pub enum GemmError {
@@ -125,6 +156,19 @@ impl Kernel {
             Kernel::Avx2 => kernel_avx2::MR,
             Kernel::Portable => kernel_portable::MR,
         }
+    }
+
+    /// Columns of `a` (rows of `b`) per packed block of a product of depth `k`: `k` split into
+    /// the fewest blocks of at most the kernel's maximum (see [`avx512_kc_max`]), of equal
+    /// size rounded up to a multiple of 16 (the last one shorter). Every path of every thread
+    /// count blocks a product the same way, so the order of its sums never changes.
+    pub fn kc(self, k: usize) -> usize {
+        let most = kc_override().unwrap_or(match self {
+            Kernel::Avx512 => avx512_kc_max(),
+            Kernel::Avx2 | Kernel::Portable => KC,
+        });
+        let blocks = k.div_ceil(most).max(1);
+        k.div_ceil(blocks).next_multiple_of(16).min(most).max(1)
     }
 
     /// Columns of the register tile (the width of a packed panel of `b`).
@@ -367,7 +411,7 @@ impl<'a> PackedB<'a> {
         }
         let [k, n] = b.shape();
         let panels = n.div_ceil(kernel.nr());
-        let blocks = k.div_ceil(KC);
+        let blocks = k.div_ceil(kernel.kc(k));
         let mut buffer = AlignedBuffer::take(panels * k * kernel.nr());
         let base = buffer.as_mut_slice().as_mut_ptr();
         Ok(PackedB {
@@ -422,7 +466,8 @@ impl<'a> PackedB<'a> {
 
     /// The rows of block `depth` (a multiple of `KC`, up to `k`).
     fn block_rows(&self, depth: usize) -> std::ops::Range<usize> {
-        depth * KC..(depth * KC + KC).min(self.k)
+        let kc = self.kernel.kc(self.k);
+        depth * kc..(depth * kc + kc).min(self.k)
     }
 
     /// Whether block `(panel, depth)` is still to be packed by someone.
@@ -696,6 +741,7 @@ pub fn multiply_streaming(
         return Ok(());
     }
     let threads = threads.max(1);
+    let kc_block = kernel.kc(k);
     let padded_m = m.div_ceil(mr) * mr;
     // Block `d` (columns `d·KC ..`) of packed `a` holds `padded_m · kc` values from
     // `d · KC · padded_m` on: the layout of `implicit::PackedA`.
@@ -703,7 +749,7 @@ pub fn multiply_streaming(
     {
         let blocks: Vec<Mutex<&mut [f32]>> = packed_a
             .as_mut_slice()
-            .chunks_mut(padded_m * KC)
+            .chunks_mut(padded_m * kc_block)
             .map(Mutex::new)
             .collect();
         let chunks = threads.min(blocks.len());
@@ -712,8 +758,8 @@ pub fn multiply_streaming(
             let end = blocks.len() * (t + 1) / chunks;
             for (d, block) in blocks.iter().enumerate().take(end).skip(first) {
                 let mut block = block.lock().unwrap_or_else(|p| p.into_inner());
-                let depth = d * KC;
-                pack::pack_a(a, 0..m, depth..(depth + KC).min(k), mr, &mut block);
+                let depth = d * kc_block;
+                pack::pack_a(a, 0..m, depth..(depth + kc_block).min(k), mr, &mut block);
             }
         };
         if chunks == 1 {
@@ -778,14 +824,15 @@ unsafe fn stream_panels(
     let ([k, n], mr, nr) = (b.shape(), kernel.mr(), kernel.nr());
     let padded_m = m.div_ceil(mr) * mr;
     let micro_panels = padded_m / mr;
+    let kc_block = kernel.kc(k);
     B_BLOCK.with(|cell| {
         let mut block = cell.take();
-        block.reserve(KC * nr);
+        block.reserve(kc_block * nr);
         let values = block.as_mut_slice();
         for panel in panels.clone() {
             let cols = nr.min(n - panel * nr);
-            for depth in (0..k).step_by(KC) {
-                let kc = KC.min(k - depth);
+            for depth in (0..k).step_by(kc_block) {
+                let kc = kc_block.min(k - depth);
                 let b_block = &mut values[..kc * nr];
                 pack::pack_b(&b.rows(depth, depth + kc), nr, panel, b_block);
                 // The block after this one: the next depth, or the next panel's first.
@@ -797,7 +844,7 @@ unsafe fn stream_panels(
                 let a_block = &packed_a[depth * padded_m..][..padded_m * kc];
                 for (r, a_panel) in a_block.chunks_exact(mr * kc).enumerate() {
                     if let Some((next_panel, next_depth)) = next {
-                        let rows = next_depth..(next_depth + KC).min(k);
+                        let rows = next_depth..(next_depth + kc_block).min(k);
                         prefetch_source(b, nr, next_panel, rows, r, micro_panels);
                     }
                     let args = TileArgs {
@@ -884,17 +931,18 @@ unsafe fn multiply_panels(
         .collect();
     // Equal blocks of whole micro-panels, at most MC rows each.
     let mc_block = m.div_ceil(m.div_ceil(MC)).div_ceil(mr) * mr;
+    let kc_block = kernel.kc(k);
     PACKED_A.with(|cell| {
         let mut packed_a = cell.take();
         for row in (0..m).step_by(mc_block) {
             let mc = mc_block.min(m - row);
             let micro_panels = mc.div_ceil(mr);
-            for depth in (0..k).step_by(KC) {
-                let kc = KC.min(k - depth);
+            for depth in (0..k).step_by(kc_block) {
+                let kc = kc_block.min(k - depth);
                 packed_a.reserve(micro_panels * mr * kc);
                 let a_block = &mut packed_a.as_mut_slice()[..micro_panels * mr * kc];
                 pack::pack_a(a, row..row + mc, depth..depth + kc, mr, a_block);
-                let block = depth / KC;
+                let block = depth / kc_block;
                 for (i, &panel) in order.iter().enumerate() {
                     let cols = nr.min(n - panel * nr);
                     let b_panel = b.block(panel, block);
@@ -1016,4 +1064,56 @@ fn give_back(buffer: AlignedBuffer) {
             pool[smallest] = buffer;
         }
     }
+}
+
+/// Runs the macro-kernel's loops `reps` times on packed operands of the given sizes (values
+/// arbitrary): for every panel of `b` (`kc · nr` values), every micro-panel of `a` (`mr · kc`)
+/// adds its tile into a `micro_panels · mr × panels · nr` output. For measuring the
+/// micro-kernel and the blocking apart from packing (examples only).
+#[doc(hidden)]
+pub fn bench_macro_kernel(
+    kernel: Kernel,
+    kc: usize,
+    micro_panels: usize,
+    panels: usize,
+    reps: usize,
+) -> Result<(), GemmError> {
+    if !kernel.is_supported() {
+        return Err(GemmError::Unsupported(kernel));
+    }
+    let (mr, nr) = (kernel.mr(), kernel.nr());
+    let mut a = AlignedBuffer::new();
+    a.reserve(micro_panels * mr * kc);
+    let mut b = AlignedBuffer::new();
+    b.reserve(panels * kc * nr);
+    let (m, n) = (micro_panels * mr, panels * nr);
+    let mut c = vec![0f32; m * n];
+    for (i, v) in a.as_mut_slice().iter_mut().enumerate() {
+        *v = (i % 7) as f32 * 0.125;
+    }
+    for (i, v) in b.as_mut_slice().iter_mut().enumerate() {
+        *v = (i % 5) as f32 * 0.125;
+    }
+    let (a, b) = (a.lines_as_slice(), b.lines_as_slice());
+    for _ in 0..reps {
+        for (q, b_panel) in b.chunks_exact(kc * nr).enumerate() {
+            for (r, a_panel) in a.chunks_exact(kc * mr).enumerate() {
+                let args = TileArgs {
+                    kc,
+                    a: a_panel.as_ptr(),
+                    b: b_panel.as_ptr(),
+                    c: c[r * mr * n + q * nr..].as_mut_ptr(),
+                    ldc: n,
+                    rows: mr,
+                    cols: nr,
+                    accumulate: true,
+                };
+                // SAFETY: the kernel is supported; the panels hold `kc·mr` and `kc·nr`
+                // values; the tile (rows `r·mr ..+ mr`, columns `q·nr ..+ nr`) is inside `c`.
+                unsafe { kernel.tile(&args) };
+            }
+        }
+    }
+    std::hint::black_box(&c);
+    Ok(())
 }

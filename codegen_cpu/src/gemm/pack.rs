@@ -38,15 +38,15 @@ pub(super) fn pack_b(b: &MatrixRef, nr: usize, first_panel: usize, out: &mut [f3
             // Columns are contiguous (a transposed operand): AVX-512 transposes 16 × 16 blocks
             // in registers (`MINDUCTOR_PACK_GATHER=1`: gathers whole rows instead).
             let column_stride = b.col_stride as usize;
-            // SAFETY: AVX-512F is present and `15 · column_stride` fits in i32
-            // (`gather_columns`); the panel holds `k · nr` values with `nr` the kernel's 64; and
+            // SAFETY: AVX-512F is present, `nr` is a multiple of 16 and `15 · column_stride`
+            // fits in i32 (`gather_columns`); the panel holds `k · nr` values; and
             // every element `(p, first + j)`, `p < k`, `j < width`, is inside the view, which
             // `MatrixRef::new` checked lies inside `data`.
             #[cfg(target_arch = "x86_64")]
             unsafe {
                 let start = b.at(0, first);
                 if gather_packing() {
-                    kernel_avx512::pack_columns(b.data, start, column_stride, k, width, panel)
+                    kernel_avx512::pack_columns(b.data, start, column_stride, k, width, nr, panel)
                 } else {
                     kernel_avx512::pack_columns_transposed(
                         b.data,
@@ -54,6 +54,7 @@ pub(super) fn pack_b(b: &MatrixRef, nr: usize, first_panel: usize, out: &mut [f3
                         column_stride,
                         k,
                         width,
+                        nr,
                         panel,
                     )
                 }
@@ -130,11 +131,11 @@ pub(super) fn pack_a(
     }
 }
 
-/// Whether a column-contiguous `b` is packed with AVX-512 gathers: panels 64 wide, AVX-512F
-/// present, and the offsets of 16 columns within an `i32`.
+/// Whether a column-contiguous `b` is packed with AVX-512 gathers or transposes: panels a
+/// multiple of 16 wide, AVX-512F present, and the offsets of 16 columns within an `i32`.
 fn gather_columns(b: &MatrixRef, nr: usize) -> bool {
     cfg!(target_arch = "x86_64")
-        && nr == kernel_avx512::NR
+        && nr.is_multiple_of(16)
         && Kernel::Avx512.is_supported()
         && b.col_stride > 0
         && (b.col_stride as i64) * 15 <= i32::MAX as i64
