@@ -239,3 +239,57 @@ pub(super) unsafe fn pack_columns_transposed(
         }
     }
 }
+
+/// Packs `MR` (6) rows of `a`, each a contiguous run of `kc` values, into one micro-panel
+/// (value `(i, p)` at `p · MR + i`), 16 columns at a time: the 6 runs of 16 are interleaved in
+/// registers (three two-source permutes and two blends per 16 values written), the columns
+/// past the last multiple of 16 one by one.
+///
+/// # Safety
+/// The CPU supports AVX-512F; `panel.len() == kc · MR`; `starts[i] + kc ≤ data.len()` for
+/// every row `i`.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+pub(super) unsafe fn pack_rows6(data: &[f32], starts: [usize; MR], kc: usize, panel: &mut [f32]) {
+    debug_assert!(panel.len() == kc * MR && starts.iter().all(|&s| s + kc <= data.len()));
+    // Output vector `v`, lane `e` is value `t = 16v + e` of a block of 96: row `t % 6`, column
+    // `t / 6`. Rows come in pairs (0-1, 2-3, 4-5), each pair one two-source permute: index
+    // `column + 16 · (row % 2)`; the blends pick the pair of each lane.
+    let mut index = [[0i32; 16]; MR];
+    let mut masks = [[0u16; 2]; MR];
+    for (v, (index, masks)) in index.iter_mut().zip(&mut masks).enumerate() {
+        for (e, slot) in index.iter_mut().enumerate() {
+            let t = 16 * v + e;
+            let (row, column) = (t % MR, t / MR);
+            *slot = (column + 16 * (row % 2)) as i32;
+            if row / 2 == 1 {
+                masks[0] |= 1 << e;
+            } else if row / 2 == 2 {
+                masks[1] |= 1 << e;
+            }
+        }
+    }
+    let index = index.map(|lanes| {
+        // SAFETY: `lanes` holds 16 i32 values.
+        unsafe { _mm512_loadu_si512(lanes.as_ptr() as *const _) }
+    });
+    let full = kc / 16 * 16;
+    for p0 in (0..full).step_by(16) {
+        // SAFETY: `starts[i] + p0 + 16 ≤ starts[i] + kc ≤ data.len()` (the caller's).
+        let rows = starts.map(|s| unsafe { _mm512_loadu_ps(data.as_ptr().add(s + p0)) });
+        for v in 0..MR {
+            let pair01 = _mm512_permutex2var_ps(rows[0], index[v], rows[1]);
+            let pair23 = _mm512_permutex2var_ps(rows[2], index[v], rows[3]);
+            let pair45 = _mm512_permutex2var_ps(rows[4], index[v], rows[5]);
+            let value = _mm512_mask_mov_ps(pair01, masks[v][0], pair23);
+            let value = _mm512_mask_mov_ps(value, masks[v][1], pair45);
+            // SAFETY: writes values `p0·6 + 16v .. + 16` of `panel`, `< (p0 + 16)·6 ≤ kc·6`.
+            unsafe { _mm512_storeu_ps(panel.as_mut_ptr().add(p0 * MR + 16 * v), value) };
+        }
+    }
+    for p in full..kc {
+        for (i, &s) in starts.iter().enumerate() {
+            panel[p * MR + i] = data[s + p];
+        }
+    }
+}

@@ -100,6 +100,18 @@ pub(super) fn pack_a(
     for (r, panel) in out.chunks_exact_mut(mr * kc).enumerate() {
         let first = rows.start + r * mr;
         let height = mr.min(rows.end - first);
+        #[cfg(target_arch = "x86_64")]
+        if a.col_stride == 1 && height == mr && mr == kernel_avx512::MR && kc > 0 && avx512() {
+            // Rows of `a` are contiguous and the micro-panel full: interleave them 16 columns
+            // at a time in registers.
+            let starts: [usize; kernel_avx512::MR] =
+                std::array::from_fn(|i| a.at(first + i, depth.start));
+            // SAFETY: AVX-512F is present (`avx512`); the panel holds `kc · 6` values; row
+            // `first + i`'s run of `kc` values from `starts[i]` is inside the view, which
+            // `MatrixRef::new` checked lies inside `a.data`.
+            unsafe { kernel_avx512::pack_rows6(a.data, starts, kc, panel) };
+            continue;
+        }
         if a.col_stride == 1 {
             // Rows of `a` are contiguous: read each row's run once.
             for i in 0..height {
@@ -146,4 +158,10 @@ fn gather_columns(b: &MatrixRef, nr: usize) -> bool {
 fn gather_packing() -> bool {
     static GATHER: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *GATHER.get_or_init(|| std::env::var("MINDUCTOR_PACK_GATHER").is_ok_and(|v| v == "1"))
+}
+
+/// Whether AVX-512F is present (detected once).
+fn avx512() -> bool {
+    static PRESENT: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *PRESENT.get_or_init(|| Kernel::Avx512.is_supported())
 }

@@ -350,3 +350,36 @@ fn streaming_matches_the_packed_path_bit_for_bit_at_tail_sizes_and_odd_strides()
         );
     }
 }
+
+#[test]
+fn packed_micro_panels_of_a_hold_every_value_in_place() {
+    // Rows of 6 (the AVX-512 interleave when the CPU has it) and of 4, at depths around 16,
+    // from a wider row-major matrix at an offset, with a short last micro-panel.
+    let (rows, cols) = (13, 75);
+    let data = values(rows * cols + 3, 9);
+    let a = MatrixRef::new(&data, 3, [rows, cols], [cols as i64, 1], "a").unwrap();
+    for mr in [6, 4] {
+        for depth in [0..1, 0..15, 1..17, 2..34, 5..75, 0..64] {
+            let kc = depth.len();
+            let mut out = vec![f32::NAN; rows.div_ceil(mr) * mr * kc];
+            pack::pack_a(&a, 0..rows, depth.clone(), mr, &mut out);
+            for (r, panel) in out.chunks_exact(mr * kc).enumerate() {
+                for p in 0..kc {
+                    for i in 0..mr {
+                        let row = r * mr + i;
+                        let want = if row < rows {
+                            data[3 + row * cols + depth.start + p]
+                        } else {
+                            0.0
+                        };
+                        assert_eq!(
+                            panel[p * mr + i].to_bits(),
+                            want.to_bits(),
+                            "mr {mr} depth {depth:?}: row {row}, column {p}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
