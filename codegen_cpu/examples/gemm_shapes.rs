@@ -1,8 +1,10 @@
 //! GFLOP/s of our GEMM (detected kernel) on the suite's linear-layer shapes (`x · wᵀ`, `b`
-//! column-contiguous unless `--row-major-b`) on `THREADS` threads (default 2): `b` packed
+//! column-contiguous unless `--row-major-b`; `a` row-major unless `--transposed-a`) on
+//! `THREADS` threads (default 2): `b` packed
 //! alone, the multiply with `b` packed beforehand, lazily packed `b` and the multiply together
 //! (`multiply_parallel`), and `multiply_streaming`. Times are medians of CPU time per thread
-//! (wall time with `WALL=1`):
+//! (wall time with `WALL=1`). `SHAPES=name,name` keeps the shapes whose names contain one of
+//! them, `MODES=multiply,streaming` (for example) the given measurements:
 //! `cargo run --release -p minductor-codegen-cpu --example gemm_shapes [-- rounds]`.
 
 use minductor_codegen_cpu::gemm::{
@@ -73,6 +75,7 @@ fn main() {
         // mlp_train_step_256's backward products (dX = dY · W, dW = dYᵀ · X).
         ("train dx", [256, 4096, 1024]),
         ("train dw", [4096, 256, 1024]),
+        ("train dw2", [1024, 256, 4096]),
     ];
     // `SHAPES=name,name` keeps the shapes whose names contain one of them; `MODES=` picks among
     // pack, multiply, together, streaming (all by default).
@@ -87,8 +90,8 @@ fn main() {
         .unwrap_or(2);
     let row_major_b = std::env::args().any(|a| a == "--row-major-b");
     let rounds: usize = std::env::args()
-        .nth(1)
-        .and_then(|s| s.parse().ok())
+        .skip(1)
+        .find_map(|s| s.parse().ok())
         .unwrap_or(1);
     minductor_runtime::threads::set_num_threads(threads).unwrap();
     let kernel = Kernel::detect();
@@ -100,7 +103,12 @@ fn main() {
             let a: Vec<f32> = (0..m * k).map(|i| (i % 17) as f32 * 0.01).collect();
             let b: Vec<f32> = (0..k * n).map(|i| (i % 13) as f32 * 0.01).collect();
             let mut c = vec![0f32; m * n];
-            let a = MatrixRef::row_major(&a, m, k).unwrap();
+            // `--transposed-a`: `a` column-contiguous (a backward pass's `dYᵀ`).
+            let a = if std::env::args().any(|a| a == "--transposed-a") {
+                MatrixRef::new(&a, 0, [m, k], [1, m as i64], "a").unwrap()
+            } else {
+                MatrixRef::row_major(&a, m, k).unwrap()
+            };
             let b = if row_major_b {
                 MatrixRef::row_major(&b, k, n).unwrap()
             } else {
