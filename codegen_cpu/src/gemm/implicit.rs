@@ -11,9 +11,9 @@
 //! image, as the weight is) and stays in L2; every panel of `b` is packed into a per-thread
 //! buffer of `k · nr` values (L2-sized for `k` in the low thousands), used at once by every
 //! micro-panel of `a` and then overwritten by the next one, so the packed operand never goes
-//! to memory. Per panel, `k` is walked in blocks of `KC` rows (a block of the panel, `KC · nr`
-//! values, stays in L1 while the micro-panels of `a` pass by), and the `m × nr` output tile
-//! they accumulate stays in L1 across the blocks.
+//! to memory. Per panel, `k` is walked in depth blocks of `kc` rows ([`Kernel::kc`]; a block
+//! of the panel, `kc · nr` values, stays in L2 while the micro-panels of `a` pass by), and the
+//! `m × nr` output tile they accumulate stays in L1 across the blocks.
 //!
 //! Safety: the micro-kernel calls rest on [`Im2colRef::new`] (the image's planes lie inside
 //! the slice), [`PackedA`]'s size (from the same shapes the loops run over) and
@@ -79,7 +79,7 @@ impl<'a> Im2colRef<'a> {
     }
 }
 
-/// `a` (`m × k`) packed for one kernel: for every block of `KC` columns starting at `depth`,
+/// `a` (`m × k`) packed for one kernel: for every depth block of `kc` columns starting at `depth`,
 /// `ceil(m / mr)` micro-panels of `mr · kc` values (value `(i, p)` of micro-panel `r` at
 /// `depth · padded_m + r · mr · kc + (p − depth) · mr + i`, `padded_m = ceil(m / mr) · mr`),
 /// rows past `m` zero.

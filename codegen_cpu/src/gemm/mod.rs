@@ -6,15 +6,19 @@
 //!   holding all `k` rows, `nr` values per row, the last panel padded with zeros. One packing is
 //!   shared by every row tile and thread of the call (the caller packs, then hands `&PackedB`
 //!   to each thread).
-//! - `a` is packed per block of at most `MC` rows and `KC` columns into micro-panels of `mr` rows, `mr`
-//!   values per column, the last micro-panel padded with zeros. The block stays in L2.
-//! - For each block, each panel of `b` (`KC × nr` values, streamed through L1 and reused by every
+//! - `a` is packed per block of at most `MC` rows and `kc` columns into micro-panels of `mr`
+//!   rows, `mr` values per column, the last micro-panel padded with zeros. The block stays in
+//!   L2. The depth `kc` of the blocks is [`Kernel::kc`]: `k` split into equal blocks no deeper
+//!   than the kernel's maximum (for AVX-512, derived from the L2 size read at run time).
+//! - For each block, each panel of `b` (`kc × nr` values, streamed from L2 and reused by every
 //!   micro-panel of the block) and each micro-panel of `a`, the micro-kernel computes an
-//!   `mr × nr` tile of `c` in registers and writes (first `KC` block) or adds (later blocks) it.
+//!   `mr × nr` tile of `c` in registers and writes (first depth block) or adds (later blocks)
+//!   it.
 //!
 //! A short `a` (few rows for all of `b`) is streamed instead ([`multiply_streaming`]): all of
 //! `a` is packed, the threads split the panels of `b`, and each block of a panel is packed into
-//! L1 right before every micro-panel of `a` uses it, so packed `b` never round-trips to memory.
+//! a per-thread buffer (L2) right before every micro-panel of `a` uses it, so packed `b` never
+//! round-trips to memory.
 //!
 //! Micro-kernels ([`Kernel`]): AVX-512 (6 × 64: 24 zmm accumulators, 4 loads of `b` and 6
 //! broadcasts of `a` per step of `k`), AVX2 + FMA (6 × 16: 12 ymm accumulators), and a portable
@@ -371,7 +375,7 @@ impl<'a> MatrixMut<'a> {
 /// `b` packed for one kernel: `ceil(n / nr)` panels, panel `q` holding values
 /// `(p, q · nr + j)` at `q · k · nr + p · nr + j` for `p < k`, `j < nr` (zeros past column `n`).
 ///
-/// Packing is lazy, one block of `KC` rows of one panel at a time, by the first thread that needs
+/// Packing is lazy, one depth block ([`Kernel::kc`] rows) of one panel at a time, by the first thread that needs
 /// it (the others wait for it); so the packing of a large `b` is spread over the whole product,
 /// and the reads of `b` it needs are prefetched while the micro-kernels run on the block before
 /// (`multiply_panels`). Every block is packed exactly once per `PackedB`, shared by every tile
@@ -390,7 +394,7 @@ pub struct PackedB<'a> {
     /// block's values are written only by the thread that moved it from `EMPTY` to `PACKING`,
     /// and read only after its state was seen `READY` (release/acquire).
     states: Vec<AtomicU8>,
-    /// Blocks of `KC` rows per panel: `ceil(k / KC)`.
+    /// Depth blocks per panel: `ceil(k / kc)`, `kc` = [`Kernel::kc`].
     blocks: usize,
 }
 
@@ -464,7 +468,7 @@ impl<'a> PackedB<'a> {
         self.n.div_ceil(self.kernel.nr())
     }
 
-    /// The rows of block `depth` (a multiple of `KC`, up to `k`).
+    /// The rows of depth block number `depth`.
     fn block_rows(&self, depth: usize) -> std::ops::Range<usize> {
         let kc = self.kernel.kc(self.k);
         depth * kc..(depth * kc + kc).min(self.k)
@@ -679,7 +683,7 @@ pub fn sgemm_with(
 /// every packed block of `b` serves few rows, so writing all of packed `b` to memory and
 /// reading it back costs as much as a large part of the multiply (measured on the MLP's
 /// `[256, 1024] · [1024, 4096]`, Zen 4, 2 threads: packing alone took ~14% of the multiply's
-/// time); streaming packs each block of `b` into L1 right before all rows use it. It needs
+/// time); streaming packs each block of `b` into a per-thread buffer (L2) right before all rows use it. It needs
 /// enough panels of `b` for every thread to get a few.
 pub fn prefers_streaming(kernel: Kernel, m: usize, n: usize, threads: usize) -> bool {
     if let Some(forced) = streaming_override() {
@@ -704,14 +708,14 @@ fn streaming_override() -> Option<bool> {
     })
 }
 
-/// `c = a · b` on `threads` threads for a short `a`: all of `a` is packed first (its blocks of
-/// `KC` columns split across the threads), then each thread takes a run of panels of `b` and,
-/// for each block of `KC` rows of a panel, packs the block into a buffer of its own (L1-sized)
+/// `c = a · b` on `threads` threads for a short `a`: all of `a` is packed first (its depth
+/// blocks split across the threads), then each thread takes a run of panels of `b` and,
+/// for each depth block of a panel, packs the block into a buffer of its own (in L2)
 /// and runs every micro-panel of `a` over it, prefetching the source of the next block as it
 /// goes. The output tile of a panel (`m × nr`) stays in L2 across the blocks.
 ///
 /// Every tile sums the same products in the same order as [`multiply_parallel`] does (same
-/// packed values, same blocks of `KC`), so the result is the same bits, for any thread count.
+/// packed values, same depth blocks), so the result is the same bits, for any thread count.
 pub fn multiply_streaming(
     kernel: Kernel,
     a: &MatrixRef,
@@ -743,8 +747,8 @@ pub fn multiply_streaming(
     let threads = threads.max(1);
     let kc_block = kernel.kc(k);
     let padded_m = m.div_ceil(mr) * mr;
-    // Block `d` (columns `d·KC ..`) of packed `a` holds `padded_m · kc` values from
-    // `d · KC · padded_m` on: the layout of `implicit::PackedA`.
+    // Block `d` (columns `d·kc ..`) of packed `a` holds `padded_m · kc` values from
+    // `d · kc · padded_m` on: the layout of `implicit::PackedA`.
     let mut packed_a = AlignedBuffer::take(padded_m * k);
     {
         let blocks: Vec<Mutex<&mut [f32]>> = packed_a
@@ -799,7 +803,7 @@ pub fn multiply_streaming(
 }
 
 thread_local! {
-    /// Each thread's buffer for one packed block of `b` (`KC · nr` values) in
+    /// Each thread's buffer for one packed depth block of `b` (`kc · nr` values) in
     /// [`multiply_streaming`], kept between calls.
     static B_BLOCK: std::cell::Cell<AlignedBuffer> = const { std::cell::Cell::new(AlignedBuffer::new()) };
 }
