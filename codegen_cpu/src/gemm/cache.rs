@@ -1,16 +1,23 @@
-//! The size of this CPU's L2 cache, read once at run time (it chooses the GEMM's blocking):
-//! from Linux's sysfs, else from CPUID (leaf 4 on Intel, 0x8000001D on AMD).
+//! The sizes of this CPU's L1 data and L2 caches, read at run time (they choose the GEMM's
+//! blocking): from Linux's sysfs, else from CPUID (leaf 4 on Intel, 0x8000001D on AMD).
 
 /// Bytes of the L2 (unified) cache of one core, if the system says.
 pub(super) fn l2_bytes() -> Option<usize> {
-    sysfs_l2()
-        .or_else(cpuid_l2)
+    sysfs_size(2)
+        .or_else(|| cpuid_size(2))
         .filter(|&bytes| bytes >= 64 * 1024)
 }
 
-/// `/sys/devices/system/cpu/cpu0/cache/index*/`: the level-2 data or unified cache's `size`
-/// ("1024K").
-fn sysfs_l2() -> Option<usize> {
+/// Bytes of the L1 data cache of one core, if the system says.
+pub(super) fn l1d_bytes() -> Option<usize> {
+    sysfs_size(1)
+        .or_else(|| cpuid_size(1))
+        .filter(|&bytes| bytes >= 4 * 1024)
+}
+
+/// `/sys/devices/system/cpu/cpu0/cache/index*/`: the `size` ("1024K") of the data or unified
+/// cache of level `wanted`.
+fn sysfs_size(wanted: u32) -> Option<usize> {
     let dir = std::fs::read_dir("/sys/devices/system/cpu/cpu0/cache").ok()?;
     for entry in dir.flatten() {
         let read = |name: &str| std::fs::read_to_string(entry.path().join(name)).ok();
@@ -18,7 +25,7 @@ fn sysfs_l2() -> Option<usize> {
         else {
             continue;
         };
-        if level.trim() != "2" || kind.trim() == "Instruction" {
+        if level.trim() != wanted.to_string() || kind.trim() == "Instruction" {
             continue;
         }
         return parse_size(size.trim());
@@ -42,11 +49,12 @@ fn parse_size(text: &str) -> Option<usize> {
     value.checked_mul(scale)
 }
 
-/// The L2 size from CPUID's deterministic cache parameters: leaf 4 (Intel) or 0x8000001D
+/// The size of the data or unified cache of level `wanted` from CPUID's deterministic cache
+/// parameters: leaf 4 (Intel) or 0x8000001D
 /// (AMD), whose sub-leaves each describe one cache (type in EAX[4:0], 0 for none; level in
 /// EAX[7:5]; ways, partitions, line size and sets in EBX and ECX).
 #[cfg(target_arch = "x86_64")]
-fn cpuid_l2() -> Option<usize> {
+fn cpuid_size(wanted: u32) -> Option<usize> {
     use std::arch::x86_64::__cpuid_count;
     // A leaf above the maximum the CPU reports returns unspecified values: read the maxima.
     let max_basic = __cpuid_count(0, 0).eax;
@@ -66,7 +74,7 @@ fn cpuid_l2() -> Option<usize> {
                 break;
             }
             let level = (r.eax >> 5) & 0x7;
-            if level == 2 && kind != 2 {
+            if level == wanted && kind != 2 {
                 let ways = ((r.ebx >> 22) & 0x3FF) as usize + 1;
                 let partitions = ((r.ebx >> 12) & 0x3FF) as usize + 1;
                 let line = (r.ebx & 0xFFF) as usize + 1;
@@ -79,7 +87,7 @@ fn cpuid_l2() -> Option<usize> {
 }
 
 #[cfg(not(target_arch = "x86_64"))]
-fn cpuid_l2() -> Option<usize> {
+fn cpuid_size(_: u32) -> Option<usize> {
     None
 }
 
@@ -99,8 +107,10 @@ mod tests {
     #[cfg(target_arch = "x86_64")]
     #[test]
     fn cpuid_and_sysfs_agree_when_both_answer() {
-        if let (Some(sysfs), Some(cpuid)) = (sysfs_l2(), cpuid_l2()) {
-            assert_eq!(sysfs, cpuid);
+        for level in [1, 2] {
+            if let (Some(sysfs), Some(cpuid)) = (sysfs_size(level), cpuid_size(level)) {
+                assert_eq!(sysfs, cpuid, "L{level}");
+            }
         }
     }
 }

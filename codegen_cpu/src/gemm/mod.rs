@@ -45,31 +45,41 @@ use std::sync::{Mutex, OnceLock};
 use thiserror::Error;
 
 /// Columns of `a` (rows of `b`) per packed block for the AVX2 and portable kernels (their `b`
-/// micro-panel, `KC · 16` values, 8 KiB, stays in L1 while the micro-panels of `a` pass by).
+/// micro-panel, `KC · 16` values, 8 KiB, stays in L1 while the micro-panels of `a` pass by),
+/// and for the AVX-512 kernel when its `b` panel fits in L1 (see [`avx512_kc_max`]).
 const KC: usize = 128;
 /// Most rows of `a` per packed block: `MC · KC` values stay in L2 while every panel of `b`
 /// passes by. The rows are split into blocks of equal size (whole micro-panels), so no small
 /// last block streams all of `b` for little work.
 const MC: usize = 264;
 
-/// The most columns of `a` per packed block for the AVX-512 kernel, from the size of the L2
-/// cache: the block of `a` (`MC · kc` values) and one panel of `b` (`kc · nr` values) take at
-/// most two thirds of it, in multiples of 64, between 128 and 512.
-///
-/// Every block's tile of `c` is read and written once per block of `k`, so the deeper the
-/// block the less `c` traffic; the `b` panel need not fit in L1 (it streams from L2 at one
-/// line per 6 FMAs). Measured on Zen 4 (L1d 32 KiB, L2 1 MiB: 512 here), one thread,
-/// `gemm_shapes` multiply: KC 128 → 512 raised [256x1024]·[1024x4096] from 94 to 106 GFLOP/s,
-/// [2048x512]·[512x1536] from 101 to 107, 1024³ from 96 to 102; [2048x2048]·[2048x512] stayed
-/// at 95-98.
+/// The most columns of `a` per packed block for the AVX-512 kernel, from the cache sizes:
+/// - if the L1 data cache holds a 128-deep `b` panel (`128 · nr` values, 32 KiB) in two thirds
+///   of itself (48 KiB or more, Zen 5), 128: the panel stays in L1 while the micro-panels of
+///   `a` pass by (measured on Zen 5, MLP GEMMs on 2 threads: 128 gave ~460 GFLOP/s, 192 ~445,
+///   256 ~425, 384 ~440);
+/// - else (the panel streams from L2 whatever its depth, as on Zen 4's 32 KiB L1) the deepest
+///   block for which the block of `a` (`MC · kc` values) and one panel of `b` (`kc · nr`) take
+///   at most two thirds of L2, in multiples of 64, between 128 and 512: every block's tile of
+///   `c` is read and written once per block of `k`, so the deeper the block the less `c`
+///   traffic. Measured on Zen 4 (L1d 32 KiB, L2 1 MiB: 512 here), one thread, `gemm_shapes`
+///   multiply: 128 → 512 raised [256x1024]·[1024x4096] from 94 to 106 GFLOP/s,
+///   [2048x512]·[512x1536] from 101 to 107, 1024³ from 96 to 102; [2048x2048]·[2048x512]
+///   stayed at 95-98.
 fn avx512_kc_max() -> usize {
     static KC_MAX: OnceLock<usize> = OnceLock::new();
-    *KC_MAX.get_or_init(|| match cache::l2_bytes() {
-        Some(l2) => {
-            let values = l2 * 2 / 3 / std::mem::size_of::<f32>();
-            (values / (MC + kernel_avx512::NR) / 64 * 64).clamp(128, 512)
+    *KC_MAX.get_or_init(|| {
+        let panel_bytes = KC * kernel_avx512::NR * std::mem::size_of::<f32>();
+        if cache::l1d_bytes().is_some_and(|l1| l1 * 2 / 3 >= panel_bytes) {
+            return KC;
         }
-        None => 256,
+        match cache::l2_bytes() {
+            Some(l2) => {
+                let values = l2 * 2 / 3 / std::mem::size_of::<f32>();
+                (values / (MC + kernel_avx512::NR) / 64 * 64).clamp(128, 512)
+            }
+            None => 256,
+        }
     })
 }
 
