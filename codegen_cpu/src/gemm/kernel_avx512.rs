@@ -26,12 +26,12 @@ pub(super) unsafe fn tile(args: &TileArgs) {
     // SAFETY: forwarded from the caller; `rows` selects the instance reading that many rows.
     unsafe {
         match args.rows {
-            6 => tile_rows::<6, 4, MR>(args),
-            5 => tile_rows::<5, 4, MR>(args),
-            4 => tile_rows::<4, 4, MR>(args),
-            3 => tile_rows::<3, 4, MR>(args),
-            2 => tile_rows::<2, 4, MR>(args),
-            1 => tile_rows::<1, 4, MR>(args),
+            6 => tile_rows::<6>(args),
+            5 => tile_rows::<5>(args),
+            4 => tile_rows::<4>(args),
+            3 => tile_rows::<3>(args),
+            2 => tile_rows::<2>(args),
+            1 => tile_rows::<1>(args),
             rows => unreachable!("an AVX-512 tile of {rows} rows"),
         }
     }
@@ -42,16 +42,15 @@ pub(super) unsafe fn tile(_: &TileArgs) {
     unreachable!("the AVX-512 kernel is never selected off x86-64")
 }
 
-/// The tile for `ROWS ≤ STEP` rows of a kernel `STEP` rows by `16 · V` columns.
+/// The tile for `ROWS ≤ MR` rows.
 ///
 /// # Safety
-/// As [`tile`], with `args.rows == ROWS`, `a` a micro-panel of `STEP` rows and `b` one of
-/// `16 · V` columns.
+/// As [`tile`], with `args.rows == ROWS`.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
 #[inline]
-unsafe fn tile_rows<const ROWS: usize, const V: usize, const STEP: usize>(args: &TileArgs) {
-    let mut acc = [[_mm512_setzero_ps(); V]; ROWS];
+unsafe fn tile_rows<const ROWS: usize>(args: &TileArgs) {
+    let mut acc = [[_mm512_setzero_ps(); 4]; ROWS];
     let (mut a, mut b) = (args.a, args.b);
     {
         // The tile of `c` this call adds to (or overwrites) was last touched a whole sweep of
@@ -68,24 +67,25 @@ unsafe fn tile_rows<const ROWS: usize, const V: usize, const STEP: usize>(args: 
     }
     for _ in 0..args.kc {
         // SAFETY: `a` and `b` walk the panels one step of `k` at a time, `kc` steps in all:
-        // `b` reads values `p·16V .. p·16V + 16V` and `a` values `p·STEP .. p·STEP + ROWS` of
-        // panels holding `kc·16V` and `kc·STEP` values.
+        // `b` reads values `p·NR .. p·NR + 64` and `a` values `p·MR .. p·MR + ROWS` of panels
+        // holding `kc·NR` and `kc·MR` values.
         unsafe {
-            let mut bv = [_mm512_setzero_ps(); V];
-            for (v, value) in bv.iter_mut().enumerate() {
-                *value = _mm512_loadu_ps(b.add(16 * v));
-            }
+            let b0 = _mm512_loadu_ps(b);
+            let b1 = _mm512_loadu_ps(b.add(16));
+            let b2 = _mm512_loadu_ps(b.add(32));
+            let b3 = _mm512_loadu_ps(b.add(48));
             for (i, row) in acc.iter_mut().enumerate() {
                 let value = _mm512_set1_ps(*a.add(i));
-                for (r, &x) in row.iter_mut().zip(&bv) {
-                    *r = _mm512_fmadd_ps(value, x, *r);
-                }
+                row[0] = _mm512_fmadd_ps(value, b0, row[0]);
+                row[1] = _mm512_fmadd_ps(value, b1, row[1]);
+                row[2] = _mm512_fmadd_ps(value, b2, row[2]);
+                row[3] = _mm512_fmadd_ps(value, b3, row[3]);
             }
-            a = a.add(STEP);
-            b = b.add(16 * V);
+            a = a.add(MR);
+            b = b.add(NR);
         }
     }
-    for (v, column) in (0..16 * V).step_by(16).enumerate() {
+    for (v, column) in (0..NR).step_by(16).enumerate() {
         if column >= args.cols {
             break;
         }
@@ -110,13 +110,12 @@ unsafe fn tile_rows<const ROWS: usize, const V: usize, const STEP: usize>(args: 
 /// Packs one panel of a `b` whose columns are contiguous (a transposed operand): row `p` of the
 /// panel (`nr` values, a multiple of 16) is `nr / 16` gathers of 16 values, one from each of 16
 /// columns, at element `start + j · column_stride + p` of `data` for column `j` of the panel;
-/// columns `width..nr`
-/// are zeros.
+/// columns `width..nr` are zeros.
 ///
 /// # Safety
 /// The CPU supports AVX-512F; `nr` is a multiple of 16; `panel.len() == k · nr`; `width ≤ nr`;
-/// `15 · column_stride` fits
-/// in an `i32`; and `start + j · column_stride + p < data.len()` for every `j < width`, `p < k`.
+/// `15 · column_stride` fits in an `i32`; and `start + j · column_stride + p < data.len()` for
+/// every `j < width`, `p < k`.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
 pub(super) unsafe fn pack_columns(
