@@ -355,8 +355,9 @@ unsafe fn pack_unit_stride_avx512(
     }
     // Every vector runs the same number of loads (the most any needs, padded with empty masks
     // at offset 0, which read nothing), so the loop below has no branch that depends on the
-    // panel's geometry: measured on Zen 4, the variable count mispredicted often enough to make
-    // this packing ~11% of a 3x3 convolution's time.
+    // panel's geometry. Measured on Zen 4 (64 channels of 56x56, 3x3, one thread): the packing
+    // took 0.256 ms of 2.26 ms per image with a variable count, 0.236 ms with this; the rest of
+    // its cost is the traffic of the panel (147 KiB) between L1 and L2.
     let most = ranges
         .iter()
         .map(|&(from, to)| to - from)
