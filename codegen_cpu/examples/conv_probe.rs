@@ -12,19 +12,28 @@ fn main() {
     let k = c * 9;
     let n = h * w;
     let a: Vec<f32> = (0..m * k).map(|i| (i % 7) as f32 * 0.1).collect();
-    let x: Vec<f32> = (0..c * h * w).map(|i| (i % 5) as f32 * 0.1).collect();
+    // `IMAGES=n`: cycle through n images and outputs (as a batch does: inputs not in cache).
+    let images: usize = std::env::var("IMAGES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1);
+    let x: Vec<f32> = (0..images * c * h * w)
+        .map(|i| (i % 5) as f32 * 0.1)
+        .collect();
+    let mut outs = vec![vec![0f32; m * n]; images];
     let mut out = vec![0f32; m * n];
     let kernel = Kernel::detect();
     let a_ref = MatrixRef::row_major(&a, m, k).unwrap();
     let packed = PackedA::pack(&a_ref, kernel).unwrap();
-    let xr = Im2colRef::new(&x, 0, c, [h, w], window).unwrap();
     let flops = 2.0 * (m * k * n) as f64;
     for _ in 0..3 {
         let mut s = f64::MAX;
-        for _ in 0..50 {
+        for round in 0..50 {
+            let image = round % images;
+            let xi = Im2colRef::new(&x, image * c * h * w, c, [h, w], window).unwrap();
             let t = Instant::now();
-            let mut o = MatrixMut::row_major(&mut out, m, n).unwrap();
-            multiply_im2col(&packed, &xr, &mut o).unwrap();
+            let mut o = MatrixMut::row_major(&mut outs[image], m, n).unwrap();
+            multiply_im2col(&packed, &xi, &mut o).unwrap();
             s = s.min(t.elapsed().as_secs_f64());
         }
         println!(

@@ -1,8 +1,10 @@
 //! GFLOP/s of our GEMM (detected kernel) on the suite's linear-layer shapes (`x · wᵀ`, `b`
-//! column-contiguous unless `--row-major-b`) on `THREADS` threads (default 2): `b` packed
+//! column-contiguous unless `--row-major-b`; `a` row-major unless `--transposed-a`) on
+//! `THREADS` threads (default 2): `b` packed
 //! alone, the multiply with `b` packed beforehand, lazily packed `b` and the multiply together
 //! (`multiply_parallel`), and `multiply_streaming`. Times are medians of CPU time per thread
-//! (wall time with `WALL=1`):
+//! (wall time with `WALL=1`). `SHAPES=name,name` keeps the shapes whose names contain one of
+//! them, `MODES=multiply,streaming` (for example) the given measurements:
 //! `cargo run --release -p minductor-codegen-cpu --example gemm_shapes [-- rounds]`.
 
 use minductor_codegen_cpu::gemm::{
@@ -37,7 +39,7 @@ fn process_cpu_seconds() -> f64 {
 
 /// Median wall seconds and median process CPU seconds per thread (CPU seconds / threads) of
 /// 15 calls after one warm-up call.
-fn median(mut f: impl FnMut()) -> f64 {
+fn median(f: &mut dyn FnMut()) -> f64 {
     f();
     let threads = minductor_runtime::threads::num_threads() as f64;
     let mut times: Vec<f64> = (0..15)
@@ -65,41 +67,68 @@ fn main() {
         ("llama gate/up", [1024, 512, 1408]),
         ("llama down", [1024, 1408, 512]),
         ("square", [1024, 1024, 1024]),
+        // attention_8x256x512's linear layers (8 sequences of 256 rows stacked).
+        ("attn qkv", [2048, 512, 1536]),
+        ("attn out", [2048, 512, 512]),
+        ("attn ffn up", [2048, 512, 2048]),
+        ("attn ffn down", [2048, 2048, 512]),
+        // mlp_train_step_256's backward products (dX = dY · W, dW = dYᵀ · X).
+        ("train dx", [256, 4096, 1024]),
+        ("train dw", [4096, 256, 1024]),
+        ("train dw2", [1024, 256, 4096]),
     ];
+    // `SHAPES=name,name` keeps the shapes whose names contain one of them; `MODES=` picks among
+    // pack, multiply, together, streaming (all by default).
+    let wanted = |name: &str| {
+        std::env::var("SHAPES").map_or(true, |list| list.split(',').any(|w| name.contains(w)))
+    };
+    let mode =
+        |m: &str| std::env::var("MODES").map_or(true, |list| list.split(',').any(|w| w == m));
     let threads: usize = std::env::var("THREADS")
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or(2);
     let row_major_b = std::env::args().any(|a| a == "--row-major-b");
     let rounds: usize = std::env::args()
-        .nth(1)
-        .and_then(|s| s.parse().ok())
+        .skip(1)
+        .find_map(|s| s.parse().ok())
         .unwrap_or(1);
     minductor_runtime::threads::set_num_threads(threads).unwrap();
     let kernel = Kernel::detect();
     for _ in 0..rounds {
         for (name, [m, k, n]) in shapes {
+            if !wanted(name) {
+                continue;
+            }
             let a: Vec<f32> = (0..m * k).map(|i| (i % 17) as f32 * 0.01).collect();
             let b: Vec<f32> = (0..k * n).map(|i| (i % 13) as f32 * 0.01).collect();
             let mut c = vec![0f32; m * n];
-            let a = MatrixRef::row_major(&a, m, k).unwrap();
+            // `--transposed-a`: `a` column-contiguous (a backward pass's `dYᵀ`).
+            let a = if std::env::args().any(|a| a == "--transposed-a") {
+                MatrixRef::new(&a, 0, [m, k], [1, m as i64], "a").unwrap()
+            } else {
+                MatrixRef::row_major(&a, m, k).unwrap()
+            };
             let b = if row_major_b {
                 MatrixRef::row_major(&b, k, n).unwrap()
             } else {
                 MatrixRef::new(&b, 0, [k, n], [1, k as i64], "b").unwrap()
             };
-            let pack = median(|| drop(PackedB::pack(&b, kernel, threads).unwrap()));
+            let skip = |m: &str, f: &mut dyn FnMut()| if mode(m) { median(f) } else { f64::NAN };
+            let pack = skip("pack", &mut || {
+                drop(PackedB::pack(&b, kernel, threads).unwrap())
+            });
             let packed = PackedB::pack(&b, kernel, threads).unwrap();
-            let multiply = median(|| {
+            let multiply = skip("multiply", &mut || {
                 let mut out = MatrixMut::row_major(&mut c, m, n).unwrap();
                 multiply_parallel(&a, &packed, &mut out, threads).unwrap();
             });
-            let together = median(|| {
+            let together = skip("together", &mut || {
                 let packed = PackedB::lazy(&b, kernel).unwrap();
                 let mut out = MatrixMut::row_major(&mut c, m, n).unwrap();
                 multiply_parallel(&a, &packed, &mut out, threads).unwrap();
             });
-            let streaming = median(|| {
+            let streaming = skip("streaming", &mut || {
                 let mut out = MatrixMut::row_major(&mut c, m, n).unwrap();
                 multiply_streaming(kernel, &a, &b, &mut out, threads).unwrap();
             });

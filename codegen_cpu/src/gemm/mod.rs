@@ -6,15 +6,19 @@
 //!   holding all `k` rows, `nr` values per row, the last panel padded with zeros. One packing is
 //!   shared by every row tile and thread of the call (the caller packs, then hands `&PackedB`
 //!   to each thread).
-//! - `a` is packed per block of at most `MC` rows and `KC` columns into micro-panels of `mr` rows, `mr`
-//!   values per column, the last micro-panel padded with zeros. The block stays in L2.
-//! - For each block, each panel of `b` (`KC × nr` values, streamed through L1 and reused by every
+//! - `a` is packed per block of at most `MC` rows and `kc` columns into micro-panels of `mr`
+//!   rows, `mr` values per column, the last micro-panel padded with zeros. The block stays in
+//!   L2. The depth `kc` of the blocks is [`Kernel::kc`]: `k` split into equal blocks no deeper
+//!   than the kernel's maximum (for AVX-512, derived from the L2 size read at run time).
+//! - For each block, each panel of `b` (`kc × nr` values, streamed from L2 and reused by every
 //!   micro-panel of the block) and each micro-panel of `a`, the micro-kernel computes an
-//!   `mr × nr` tile of `c` in registers and writes (first `KC` block) or adds (later blocks) it.
+//!   `mr × nr` tile of `c` in registers and writes (first depth block) or adds (later blocks)
+//!   it.
 //!
 //! A short `a` (few rows for all of `b`) is streamed instead ([`multiply_streaming`]): all of
 //! `a` is packed, the threads split the panels of `b`, and each block of a panel is packed into
-//! L1 right before every micro-panel of `a` uses it, so packed `b` never round-trips to memory.
+//! a per-thread buffer (L2) right before every micro-panel of `a` uses it, so packed `b` never
+//! round-trips to memory.
 //!
 //! Micro-kernels ([`Kernel`]): AVX-512 (6 × 64: 24 zmm accumulators, 4 loads of `b` and 6
 //! broadcasts of `a` per step of `k`), AVX2 + FMA (6 × 16: 12 ymm accumulators), and a portable
@@ -26,6 +30,7 @@
 //! its slice, [`MatrixMut::new`] proves the output rows inside theirs, and the packed buffers are
 //! sized here from the same shapes the loops run over.
 
+mod cache;
 mod implicit;
 mod kernel_avx2;
 mod kernel_avx512;
@@ -39,15 +44,55 @@ use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::{Mutex, OnceLock};
 use thiserror::Error;
 
-/// Columns of `a` (rows of `b`) per packed block: the `b` micro-panel of one block
-/// (`KC · nr` values, 32 KiB for the AVX-512 kernel) stays in L1 (48 KiB on Zen 5) while every
-/// micro-panel of `a` (`KC · mr` values, 3 KiB) passes by. Measured on the MLP's GEMMs on 2
-/// threads: 128 gives ~460 GFLOP/s, 192 ~445, 256 ~425, 384 ~440.
+/// Columns of `a` (rows of `b`) per packed block for the AVX2 and portable kernels (their `b`
+/// micro-panel, `KC · 16` values, 8 KiB, stays in L1 while the micro-panels of `a` pass by),
+/// and for the AVX-512 kernel when its `b` panel fits in L1 (see [`avx512_kc_max`]).
 const KC: usize = 128;
-/// Most rows of `a` per packed block: `MC · KC` values (132 KiB) stay in L2 (1 MiB per core
-/// on Zen 5) while every panel of `b` passes by. The rows are split into blocks of equal size
-/// (whole micro-panels), so no small last block streams all of `b` for little work.
+/// Most rows of `a` per packed block: `MC · KC` values stay in L2 while every panel of `b`
+/// passes by. The rows are split into blocks of equal size (whole micro-panels), so no small
+/// last block streams all of `b` for little work.
 const MC: usize = 264;
+
+/// The most columns of `a` per packed block for the AVX-512 kernel, from the cache sizes:
+/// - if the L1 data cache holds a 128-deep `b` panel (`128 · nr` values, 32 KiB) in two thirds
+///   of itself (48 KiB or more, Zen 5), 128: the panel stays in L1 while the micro-panels of
+///   `a` pass by (measured on Zen 5, MLP GEMMs on 2 threads: 128 gave ~460 GFLOP/s, 192 ~445,
+///   256 ~425, 384 ~440);
+/// - else (the panel streams from L2 whatever its depth, as on Zen 4's 32 KiB L1) the deepest
+///   block for which the block of `a` (`MC · kc` values) and one panel of `b` (`kc · nr`) take
+///   at most two thirds of L2, in multiples of 64, between 128 and 512: every block's tile of
+///   `c` is read and written once per block of `k`, so the deeper the block the less `c`
+///   traffic. Measured on Zen 4 (L1d 32 KiB, L2 1 MiB: 512 here), one thread, `gemm_shapes`
+///   multiply: 128 → 512 raised [256x1024]·[1024x4096] from 94 to 106 GFLOP/s,
+///   [2048x512]·[512x1536] from 101 to 107, 1024³ from 96 to 102; [2048x2048]·[2048x512]
+///   stayed at 95-98.
+fn avx512_kc_max() -> usize {
+    static KC_MAX: OnceLock<usize> = OnceLock::new();
+    *KC_MAX.get_or_init(|| {
+        let panel_bytes = KC * kernel_avx512::NR * std::mem::size_of::<f32>();
+        if cache::l1d_bytes().is_some_and(|l1| l1 * 2 / 3 >= panel_bytes) {
+            return KC;
+        }
+        match cache::l2_bytes() {
+            Some(l2) => {
+                let values = l2 * 2 / 3 / std::mem::size_of::<f32>();
+                (values / (MC + kernel_avx512::NR) / 64 * 64).clamp(128, 512)
+            }
+            None => 256,
+        }
+    })
+}
+
+/// `MINDUCTOR_GEMM_KC=n` overrides the most columns of `a` per packed block (measurements).
+fn kc_override() -> Option<usize> {
+    static FORCED: OnceLock<Option<usize>> = OnceLock::new();
+    *FORCED.get_or_init(|| {
+        std::env::var("MINDUCTOR_GEMM_KC")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .filter(|&v| v > 0)
+    })
+}
 
 #[derive(Debug, Error, PartialEq)]
 pub enum GemmError {
@@ -125,6 +170,19 @@ impl Kernel {
             Kernel::Avx2 => kernel_avx2::MR,
             Kernel::Portable => kernel_portable::MR,
         }
+    }
+
+    /// Columns of `a` (rows of `b`) per packed block of a product of depth `k`: `k` split into
+    /// the fewest blocks of at most the kernel's maximum (see [`avx512_kc_max`]), of equal
+    /// size rounded up to a multiple of 16 (the last one shorter). Every path of every thread
+    /// count blocks a product the same way, so the order of its sums never changes.
+    pub fn kc(self, k: usize) -> usize {
+        let most = kc_override().unwrap_or(match self {
+            Kernel::Avx512 => avx512_kc_max(),
+            Kernel::Avx2 | Kernel::Portable => KC,
+        });
+        let blocks = k.div_ceil(most).max(1);
+        k.div_ceil(blocks).next_multiple_of(16).min(most).max(1)
     }
 
     /// Columns of the register tile (the width of a packed panel of `b`).
@@ -327,7 +385,7 @@ impl<'a> MatrixMut<'a> {
 /// `b` packed for one kernel: `ceil(n / nr)` panels, panel `q` holding values
 /// `(p, q · nr + j)` at `q · k · nr + p · nr + j` for `p < k`, `j < nr` (zeros past column `n`).
 ///
-/// Packing is lazy, one block of `KC` rows of one panel at a time, by the first thread that needs
+/// Packing is lazy, one depth block ([`Kernel::kc`] rows) of one panel at a time, by the first thread that needs
 /// it (the others wait for it); so the packing of a large `b` is spread over the whole product,
 /// and the reads of `b` it needs are prefetched while the micro-kernels run on the block before
 /// (`multiply_panels`). Every block is packed exactly once per `PackedB`, shared by every tile
@@ -346,7 +404,7 @@ pub struct PackedB<'a> {
     /// block's values are written only by the thread that moved it from `EMPTY` to `PACKING`,
     /// and read only after its state was seen `READY` (release/acquire).
     states: Vec<AtomicU8>,
-    /// Blocks of `KC` rows per panel: `ceil(k / KC)`.
+    /// Depth blocks per panel: `ceil(k / kc)`, `kc` = [`Kernel::kc`].
     blocks: usize,
 }
 
@@ -367,7 +425,7 @@ impl<'a> PackedB<'a> {
         }
         let [k, n] = b.shape();
         let panels = n.div_ceil(kernel.nr());
-        let blocks = k.div_ceil(KC);
+        let blocks = k.div_ceil(kernel.kc(k));
         let mut buffer = AlignedBuffer::take(panels * k * kernel.nr());
         let base = buffer.as_mut_slice().as_mut_ptr();
         Ok(PackedB {
@@ -420,9 +478,10 @@ impl<'a> PackedB<'a> {
         self.n.div_ceil(self.kernel.nr())
     }
 
-    /// The rows of block `depth` (a multiple of `KC`, up to `k`).
+    /// The rows of depth block number `depth`.
     fn block_rows(&self, depth: usize) -> std::ops::Range<usize> {
-        depth * KC..(depth * KC + KC).min(self.k)
+        let kc = self.kernel.kc(self.k);
+        depth * kc..(depth * kc + kc).min(self.k)
     }
 
     /// Whether block `(panel, depth)` is still to be packed by someone.
@@ -634,7 +693,7 @@ pub fn sgemm_with(
 /// every packed block of `b` serves few rows, so writing all of packed `b` to memory and
 /// reading it back costs as much as a large part of the multiply (measured on the MLP's
 /// `[256, 1024] · [1024, 4096]`, Zen 4, 2 threads: packing alone took ~14% of the multiply's
-/// time); streaming packs each block of `b` into L1 right before all rows use it. It needs
+/// time); streaming packs each block of `b` into a per-thread buffer (L2) right before all rows use it. It needs
 /// enough panels of `b` for every thread to get a few.
 pub fn prefers_streaming(kernel: Kernel, m: usize, n: usize, threads: usize) -> bool {
     if let Some(forced) = streaming_override() {
@@ -659,14 +718,14 @@ fn streaming_override() -> Option<bool> {
     })
 }
 
-/// `c = a · b` on `threads` threads for a short `a`: all of `a` is packed first (its blocks of
-/// `KC` columns split across the threads), then each thread takes a run of panels of `b` and,
-/// for each block of `KC` rows of a panel, packs the block into a buffer of its own (L1-sized)
+/// `c = a · b` on `threads` threads for a short `a`: all of `a` is packed first (its depth
+/// blocks split across the threads), then each thread takes a run of panels of `b` and,
+/// for each depth block of a panel, packs the block into a buffer of its own (in L2)
 /// and runs every micro-panel of `a` over it, prefetching the source of the next block as it
 /// goes. The output tile of a panel (`m × nr`) stays in L2 across the blocks.
 ///
 /// Every tile sums the same products in the same order as [`multiply_parallel`] does (same
-/// packed values, same blocks of `KC`), so the result is the same bits, for any thread count.
+/// packed values, same depth blocks), so the result is the same bits, for any thread count.
 pub fn multiply_streaming(
     kernel: Kernel,
     a: &MatrixRef,
@@ -696,14 +755,15 @@ pub fn multiply_streaming(
         return Ok(());
     }
     let threads = threads.max(1);
+    let kc_block = kernel.kc(k);
     let padded_m = m.div_ceil(mr) * mr;
-    // Block `d` (columns `d·KC ..`) of packed `a` holds `padded_m · kc` values from
-    // `d · KC · padded_m` on: the layout of `implicit::PackedA`.
+    // Block `d` (columns `d·kc ..`) of packed `a` holds `padded_m · kc` values from
+    // `d · kc · padded_m` on: the layout of `implicit::PackedA`.
     let mut packed_a = AlignedBuffer::take(padded_m * k);
     {
         let blocks: Vec<Mutex<&mut [f32]>> = packed_a
             .as_mut_slice()
-            .chunks_mut(padded_m * KC)
+            .chunks_mut(padded_m * kc_block)
             .map(Mutex::new)
             .collect();
         let chunks = threads.min(blocks.len());
@@ -712,8 +772,8 @@ pub fn multiply_streaming(
             let end = blocks.len() * (t + 1) / chunks;
             for (d, block) in blocks.iter().enumerate().take(end).skip(first) {
                 let mut block = block.lock().unwrap_or_else(|p| p.into_inner());
-                let depth = d * KC;
-                pack::pack_a(a, 0..m, depth..(depth + KC).min(k), mr, &mut block);
+                let depth = d * kc_block;
+                pack::pack_a(a, 0..m, depth..(depth + kc_block).min(k), mr, &mut block);
             }
         };
         if chunks == 1 {
@@ -753,7 +813,7 @@ pub fn multiply_streaming(
 }
 
 thread_local! {
-    /// Each thread's buffer for one packed block of `b` (`KC · nr` values) in
+    /// Each thread's buffer for one packed depth block of `b` (`kc · nr` values) in
     /// [`multiply_streaming`], kept between calls.
     static B_BLOCK: std::cell::Cell<AlignedBuffer> = const { std::cell::Cell::new(AlignedBuffer::new()) };
 }
@@ -778,14 +838,15 @@ unsafe fn stream_panels(
     let ([k, n], mr, nr) = (b.shape(), kernel.mr(), kernel.nr());
     let padded_m = m.div_ceil(mr) * mr;
     let micro_panels = padded_m / mr;
+    let kc_block = kernel.kc(k);
     B_BLOCK.with(|cell| {
         let mut block = cell.take();
-        block.reserve(KC * nr);
+        block.reserve(kc_block * nr);
         let values = block.as_mut_slice();
         for panel in panels.clone() {
             let cols = nr.min(n - panel * nr);
-            for depth in (0..k).step_by(KC) {
-                let kc = KC.min(k - depth);
+            for depth in (0..k).step_by(kc_block) {
+                let kc = kc_block.min(k - depth);
                 let b_block = &mut values[..kc * nr];
                 pack::pack_b(&b.rows(depth, depth + kc), nr, panel, b_block);
                 // The block after this one: the next depth, or the next panel's first.
@@ -797,7 +858,7 @@ unsafe fn stream_panels(
                 let a_block = &packed_a[depth * padded_m..][..padded_m * kc];
                 for (r, a_panel) in a_block.chunks_exact(mr * kc).enumerate() {
                     if let Some((next_panel, next_depth)) = next {
-                        let rows = next_depth..(next_depth + KC).min(k);
+                        let rows = next_depth..(next_depth + kc_block).min(k);
                         prefetch_source(b, nr, next_panel, rows, r, micro_panels);
                     }
                     let args = TileArgs {
@@ -884,17 +945,18 @@ unsafe fn multiply_panels(
         .collect();
     // Equal blocks of whole micro-panels, at most MC rows each.
     let mc_block = m.div_ceil(m.div_ceil(MC)).div_ceil(mr) * mr;
+    let kc_block = kernel.kc(k);
     PACKED_A.with(|cell| {
         let mut packed_a = cell.take();
         for row in (0..m).step_by(mc_block) {
             let mc = mc_block.min(m - row);
             let micro_panels = mc.div_ceil(mr);
-            for depth in (0..k).step_by(KC) {
-                let kc = KC.min(k - depth);
+            for depth in (0..k).step_by(kc_block) {
+                let kc = kc_block.min(k - depth);
                 packed_a.reserve(micro_panels * mr * kc);
                 let a_block = &mut packed_a.as_mut_slice()[..micro_panels * mr * kc];
                 pack::pack_a(a, row..row + mc, depth..depth + kc, mr, a_block);
-                let block = depth / KC;
+                let block = depth / kc_block;
                 for (i, &panel) in order.iter().enumerate() {
                     let cols = nr.min(n - panel * nr);
                     let b_panel = b.block(panel, block);
@@ -1016,4 +1078,56 @@ fn give_back(buffer: AlignedBuffer) {
             pool[smallest] = buffer;
         }
     }
+}
+
+/// Runs the macro-kernel's loops `reps` times on packed operands of the given sizes (values
+/// arbitrary): for every panel of `b` (`kc · nr` values), every micro-panel of `a` (`mr · kc`)
+/// adds its tile into a `micro_panels · mr × panels · nr` output. For measuring the
+/// micro-kernel and the blocking apart from packing (examples only).
+#[doc(hidden)]
+pub fn bench_macro_kernel(
+    kernel: Kernel,
+    kc: usize,
+    micro_panels: usize,
+    panels: usize,
+    reps: usize,
+) -> Result<(), GemmError> {
+    if !kernel.is_supported() {
+        return Err(GemmError::Unsupported(kernel));
+    }
+    let (mr, nr) = (kernel.mr(), kernel.nr());
+    let mut a = AlignedBuffer::new();
+    a.reserve(micro_panels * mr * kc);
+    let mut b = AlignedBuffer::new();
+    b.reserve(panels * kc * nr);
+    let (m, n) = (micro_panels * mr, panels * nr);
+    let mut c = vec![0f32; m * n];
+    for (i, v) in a.as_mut_slice().iter_mut().enumerate() {
+        *v = (i % 7) as f32 * 0.125;
+    }
+    for (i, v) in b.as_mut_slice().iter_mut().enumerate() {
+        *v = (i % 5) as f32 * 0.125;
+    }
+    let (a, b) = (a.lines_as_slice(), b.lines_as_slice());
+    for _ in 0..reps {
+        for (q, b_panel) in b.chunks_exact(kc * nr).enumerate() {
+            for (r, a_panel) in a.chunks_exact(kc * mr).enumerate() {
+                let args = TileArgs {
+                    kc,
+                    a: a_panel.as_ptr(),
+                    b: b_panel.as_ptr(),
+                    c: c[r * mr * n + q * nr..].as_mut_ptr(),
+                    ldc: n,
+                    rows: mr,
+                    cols: nr,
+                    accumulate: true,
+                };
+                // SAFETY: the kernel is supported; the panels hold `kc·mr` and `kc·nr`
+                // values; the tile (rows `r·mr ..+ mr`, columns `q·nr ..+ nr`) is inside `c`.
+                unsafe { kernel.tile(&args) };
+            }
+        }
+    }
+    std::hint::black_box(&c);
+    Ok(())
 }

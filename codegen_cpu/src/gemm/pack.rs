@@ -38,15 +38,15 @@ pub(super) fn pack_b(b: &MatrixRef, nr: usize, first_panel: usize, out: &mut [f3
             // Columns are contiguous (a transposed operand): AVX-512 transposes 16 × 16 blocks
             // in registers (`MINDUCTOR_PACK_GATHER=1`: gathers whole rows instead).
             let column_stride = b.col_stride as usize;
-            // SAFETY: AVX-512F is present and `15 · column_stride` fits in i32
-            // (`gather_columns`); the panel holds `k · nr` values with `nr` the kernel's 64; and
+            // SAFETY: AVX-512F is present, `nr` is a multiple of 16 and `15 · column_stride`
+            // fits in i32 (`gather_columns`); the panel holds `k · nr` values; and
             // every element `(p, first + j)`, `p < k`, `j < width`, is inside the view, which
             // `MatrixRef::new` checked lies inside `data`.
             #[cfg(target_arch = "x86_64")]
             unsafe {
                 let start = b.at(0, first);
                 if gather_packing() {
-                    kernel_avx512::pack_columns(b.data, start, column_stride, k, width, panel)
+                    kernel_avx512::pack_columns(b.data, start, column_stride, k, width, nr, panel)
                 } else {
                     kernel_avx512::pack_columns_transposed(
                         b.data,
@@ -54,6 +54,7 @@ pub(super) fn pack_b(b: &MatrixRef, nr: usize, first_panel: usize, out: &mut [f3
                         column_stride,
                         k,
                         width,
+                        nr,
                         panel,
                     )
                 }
@@ -99,6 +100,18 @@ pub(super) fn pack_a(
     for (r, panel) in out.chunks_exact_mut(mr * kc).enumerate() {
         let first = rows.start + r * mr;
         let height = mr.min(rows.end - first);
+        #[cfg(target_arch = "x86_64")]
+        if a.col_stride == 1 && height == mr && mr == kernel_avx512::MR && kc > 0 && avx512() {
+            // Rows of `a` are contiguous and the micro-panel full: interleave them 16 columns
+            // at a time in registers.
+            let starts: [usize; kernel_avx512::MR] =
+                std::array::from_fn(|i| a.at(first + i, depth.start));
+            // SAFETY: AVX-512F is present (`avx512`); the panel holds `kc · 6` values; row
+            // `first + i`'s run of `kc` values from `starts[i]` is inside the view, which
+            // `MatrixRef::new` checked lies inside `a.data`.
+            unsafe { kernel_avx512::pack_rows6(a.data, starts, kc, panel) };
+            continue;
+        }
         if a.col_stride == 1 {
             // Rows of `a` are contiguous: read each row's run once.
             for i in 0..height {
@@ -130,11 +143,11 @@ pub(super) fn pack_a(
     }
 }
 
-/// Whether a column-contiguous `b` is packed with AVX-512 gathers: panels 64 wide, AVX-512F
-/// present, and the offsets of 16 columns within an `i32`.
+/// Whether a column-contiguous `b` is packed with AVX-512 gathers or transposes: panels a
+/// multiple of 16 wide, AVX-512F present, and the offsets of 16 columns within an `i32`.
 fn gather_columns(b: &MatrixRef, nr: usize) -> bool {
     cfg!(target_arch = "x86_64")
-        && nr == kernel_avx512::NR
+        && nr.is_multiple_of(16)
         && Kernel::Avx512.is_supported()
         && b.col_stride > 0
         && (b.col_stride as i64) * 15 <= i32::MAX as i64
@@ -145,4 +158,10 @@ fn gather_columns(b: &MatrixRef, nr: usize) -> bool {
 fn gather_packing() -> bool {
     static GATHER: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *GATHER.get_or_init(|| std::env::var("MINDUCTOR_PACK_GATHER").is_ok_and(|v| v == "1"))
+}
+
+/// Whether AVX-512F is present (detected once).
+fn avx512() -> bool {
+    static PRESENT: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *PRESENT.get_or_init(|| Kernel::Avx512.is_supported())
 }

@@ -131,17 +131,79 @@ fn transposed_strided_and_reversed_operands_are_read_through_their_strides() {
 
 #[test]
 fn sizes_past_one_cache_block_in_every_dimension() {
-    // m crosses MC = 264 (two blocks, the second with a short micro-panel), k crosses
-    // KC = 128 four times with a tail, or once by one.
+    // m crosses MC = 264 (two blocks, the second with a short micro-panel); k crosses the
+    // depth blocks (`Kernel::kc`: at most 128 to 512 deep, by kernel and L2 size) several
+    // times with a short last block, or once by one.
     for kernel in supported_kernels() {
         check(kernel, [301, 600, 130], [Layout::RowMajor; 2], 1);
         check(kernel, [265, 129, 65], [Layout::Transposed; 2], 1);
+        check(
+            kernel,
+            [70, 1100, 67],
+            [Layout::RowMajor, Layout::Transposed],
+            2,
+        );
+        check(
+            kernel,
+            [13, 513, 70],
+            [Layout::Strided, Layout::RowMajor],
+            1,
+        );
         check(
             kernel,
             [7, 257, 65],
             [Layout::Transposed, Layout::RowMajor],
             1,
         );
+    }
+}
+
+#[test]
+fn depth_blocks_are_equal_within_the_maximum_and_cover_k() {
+    for kernel in Kernel::ALL {
+        let most = kernel.kc(1 << 20);
+        assert!((16..=512).contains(&most), "{kernel:?}: {most}");
+        for k in (1..3000).chain([4096, 4097, 11008]) {
+            let kc = kernel.kc(k);
+            let blocks = k.div_ceil(kc);
+            assert!(kc >= 1 && kc <= most, "{kernel:?} k {k}: kc {kc}");
+            // The fewest blocks of at most `most`, none of them empty.
+            assert_eq!(blocks, k.div_ceil(most), "{kernel:?} k {k}: kc {kc}");
+            assert!((blocks - 1) * kc < k, "{kernel:?} k {k}: kc {kc}");
+        }
+    }
+}
+
+#[test]
+fn results_are_the_same_bits_on_any_number_of_threads() {
+    // Rows split (tall a), columns split (short a), and streamed; k over several depth blocks.
+    for kernel in supported_kernels() {
+        for [m, k, n] in [[203, 1100, 90], [5, 1100, 700], [61, 700, 333]] {
+            let a_data = values(m * k, 3);
+            let b_data = values(k * n, 4);
+            let a = MatrixRef::row_major(&a_data, m, k).unwrap();
+            let b = MatrixRef::new(&b_data, 0, [k, n], [1, k as i64], "b").unwrap();
+            let run = |threads: usize, streamed: bool| {
+                let mut out = vec![f32::NAN; m * n];
+                let mut c = MatrixMut::row_major(&mut out, m, n).unwrap();
+                if streamed {
+                    multiply_streaming(kernel, &a, &b, &mut c, threads).unwrap();
+                } else {
+                    let packed = PackedB::lazy(&b, kernel).unwrap();
+                    multiply_parallel(&a, &packed, &mut c, threads).unwrap();
+                }
+                out.iter().map(|v| v.to_bits()).collect::<Vec<_>>()
+            };
+            let one = run(1, false);
+            for threads in [1, 2, 3] {
+                for streamed in [false, true] {
+                    assert!(
+                        run(threads, streamed) == one,
+                        "{kernel:?} {m}x{k}x{n}, {threads} threads, streamed {streamed}"
+                    );
+                }
+            }
+        }
     }
 }
 
@@ -260,7 +322,7 @@ fn check_streaming(kernel: Kernel, [m, k, n]: [usize; 3], layouts: [Layout; 2], 
 
 #[test]
 fn streaming_matches_the_packed_path_bit_for_bit_at_tail_sizes_and_odd_strides() {
-    // Sizes around the register tile (6 or 4 rows, 16 or 64 columns) and `KC` = 128, every
+    // Sizes around the register tile (6 or 4 rows, 16 or 64 columns) and a depth block, every
     // layout of either operand, 1 to 3 threads (fewer panels than threads included).
     for kernel in supported_kernels() {
         for a_layout in LAYOUTS {
@@ -286,5 +348,38 @@ fn streaming_matches_the_packed_path_bit_for_bit_at_tail_sizes_and_odd_strides()
             [Layout::RowMajor, Layout::Transposed],
             2,
         );
+    }
+}
+
+#[test]
+fn packed_micro_panels_of_a_hold_every_value_in_place() {
+    // Rows of 6 (the AVX-512 interleave when the CPU has it) and of 4, at depths around 16,
+    // from a wider row-major matrix at an offset, with a short last micro-panel.
+    let (rows, cols) = (13, 75);
+    let data = values(rows * cols + 3, 9);
+    let a = MatrixRef::new(&data, 3, [rows, cols], [cols as i64, 1], "a").unwrap();
+    for mr in [6, 4] {
+        for depth in [0..1, 0..15, 1..17, 2..34, 5..75, 0..64] {
+            let kc = depth.len();
+            let mut out = vec![f32::NAN; rows.div_ceil(mr) * mr * kc];
+            pack::pack_a(&a, 0..rows, depth.clone(), mr, &mut out);
+            for (r, panel) in out.chunks_exact(mr * kc).enumerate() {
+                for p in 0..kc {
+                    for i in 0..mr {
+                        let row = r * mr + i;
+                        let want = if row < rows {
+                            data[3 + row * cols + depth.start + p]
+                        } else {
+                            0.0
+                        };
+                        assert_eq!(
+                            panel[p * mr + i].to_bits(),
+                            want.to_bits(),
+                            "mr {mr} depth {depth:?}: row {row}, column {p}"
+                        );
+                    }
+                }
+            }
+        }
     }
 }

@@ -1,0 +1,69 @@
+//! GFLOP/s of the detected micro-kernel in the macro-kernel's loops on packed operands (no
+//! packing): one thread, CPU time, median of 9:
+//! `cargo run --release -p minductor-codegen-cpu --example gemm_kernel [-- kc micro_panels panels]`.
+
+use minductor_codegen_cpu::gemm::{bench_macro_kernel, Kernel};
+
+#[repr(C)]
+struct Timespec {
+    seconds: i64,
+    nanoseconds: i64,
+}
+
+extern "C" {
+    fn clock_gettime(clock: i32, time: *mut Timespec) -> i32;
+}
+
+fn thread_cpu_seconds() -> f64 {
+    const CLOCK_THREAD_CPUTIME_ID: i32 = 3;
+    let mut time = Timespec {
+        seconds: 0,
+        nanoseconds: 0,
+    };
+    // SAFETY: `time` is a valid, writable `struct timespec` for the call.
+    let status = unsafe { clock_gettime(CLOCK_THREAD_CPUTIME_ID, &mut time) };
+    assert_eq!(status, 0, "clock_gettime");
+    time.seconds as f64 + time.nanoseconds as f64 * 1e-9
+}
+
+fn main() {
+    let kernel = Kernel::detect();
+    let args: Vec<usize> = std::env::args()
+        .skip(1)
+        .filter_map(|a| a.parse().ok())
+        .collect();
+    let configs: Vec<[usize; 3]> = if args.len() == 3 {
+        vec![[args[0], args[1], args[2]]]
+    } else {
+        let mp = 264 / kernel.mr();
+        vec![
+            [64, 1, 1],
+            [128, 1, 1],
+            [64, mp, 8],
+            [96, mp, 8],
+            [128, mp, 8],
+            [192, mp, 8],
+            [256, mp, 8],
+            [384, mp, 8],
+        ]
+    };
+    for [kc, micro_panels, panels] in configs {
+        let flop = 2.0 * (kc * micro_panels * kernel.mr() * panels * kernel.nr()) as f64;
+        let reps = ((2e8 / flop) as usize).max(1);
+        bench_macro_kernel(kernel, kc, micro_panels, panels, reps).unwrap();
+        let mut times: Vec<f64> = (0..9)
+            .map(|_| {
+                let t = thread_cpu_seconds();
+                bench_macro_kernel(kernel, kc, micro_panels, panels, reps).unwrap();
+                thread_cpu_seconds() - t
+            })
+            .collect();
+        times.sort_by(f64::total_cmp);
+        let gflops = flop * reps as f64 / times[4] / 1e9;
+        println!(
+            "{kernel:?} {}x{} kc {kc:4} micro-panels {micro_panels:3} panels {panels:3}: {gflops:.1} GFLOP/s",
+            kernel.mr(),
+            kernel.nr()
+        );
+    }
+}
