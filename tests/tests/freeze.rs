@@ -331,7 +331,12 @@ fn frozen_linear_weights_are_packed_once_and_give_the_interpreters_results() {
         let context = format!("x {x_shape:?}, hidden {hidden}, outputs {outputs}");
         assert_eq!(compiled.prepacked_operands(), 2, "{context}");
         let got = compiled.call(&inputs[..1]).unwrap();
-        assert_allclose(&got, &want, Tolerance::close(1e-5), &context);
+        // Against the f64 interpreter, outputs that cancel (sums of 300 products of ~0.1 ending
+        // near 0.08) are off by ~1e-5; against the same graph compiled unfrozen (the weight
+        // packed at every call, the same micro-kernels) they agree far more closely.
+        assert_allclose(&got, &want, Tolerance::close(1e-4), &context);
+        let unfrozen = minductor::compile(&graph).unwrap().call(&inputs).unwrap();
+        assert_allclose(&got, &unfrozen, Tolerance::close(1e-6), &context);
         // Packed once, used by every call, on any thread count: bitwise the same.
         for threads in [1, 2, 3] {
             minductor::set_num_threads(threads).unwrap();
