@@ -316,12 +316,16 @@ fn frozen_linears(x_shape: &[usize], hidden: usize, outputs: usize) -> (Graph, V
 #[test]
 fn frozen_linear_weights_are_packed_once_and_give_the_interpreters_results() {
     // Few rows (threads split columns), many rows (row tiles), a stacked batch of sequences,
-    // odd widths (panel and register-tile tails), and a K longer than one packed block.
+    // odd widths (panel and register-tile tails), a long K, and products wide enough to be
+    // streamed.
     for (x_shape, hidden, outputs) in [
         (vec![5, 37], 70, 19),
         (vec![300, 37], 70, 19),
         (vec![3, 7, 41], 130, 33),
         (vec![64, 300], 96, 17),
+        // Wide enough to stream (at least 4 panels per thread): read packed, block by block.
+        (vec![50, 64], 600, 520),
+        (vec![2, 25, 33], 700, 530),
     ] {
         let (graph, inputs) = frozen_linears(&x_shape, hidden, outputs);
         let want = interpret(&graph, &inputs).unwrap();

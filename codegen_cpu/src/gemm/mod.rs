@@ -733,6 +733,48 @@ pub fn multiply_streaming(
     c: &mut MatrixMut,
     threads: usize,
 ) -> Result<(), GemmError> {
+    stream(kernel, a, BlockSource::Pack(b), c, threads)
+}
+
+/// [`multiply_streaming`] with `b` packed beforehand (a constant weight packed once): the same
+/// loop order, each depth block of a panel read from `b` instead of packed, so every tile sums
+/// the same products in the same order (the same bits) as [`multiply_streaming`] and
+/// [`multiply_parallel`].
+pub fn multiply_streaming_packed(
+    a: &MatrixRef,
+    b: &PackedB,
+    c: &mut MatrixMut,
+    threads: usize,
+) -> Result<(), GemmError> {
+    stream(b.kernel, a, BlockSource::Packed(b), c, threads)
+}
+
+/// Where [`stream_panels`] gets each depth block of a panel of `b`.
+#[derive(Clone, Copy)]
+enum BlockSource<'r, 'a> {
+    /// Packed into the thread's buffer right before its use.
+    Pack(&'r MatrixRef<'a>),
+    /// Already packed (or packed on first use, by whichever thread gets to it first).
+    Packed(&'r PackedB<'a>),
+}
+
+impl BlockSource<'_, '_> {
+    fn shape(&self) -> [usize; 2] {
+        match self {
+            BlockSource::Pack(b) => b.shape(),
+            BlockSource::Packed(b) => b.shape(),
+        }
+    }
+}
+
+/// [`multiply_streaming`] and [`multiply_streaming_packed`].
+fn stream(
+    kernel: Kernel,
+    a: &MatrixRef,
+    b: BlockSource,
+    c: &mut MatrixMut,
+    threads: usize,
+) -> Result<(), GemmError> {
     if !kernel.is_supported() {
         return Err(GemmError::Unsupported(kernel));
     }
@@ -829,7 +871,7 @@ thread_local! {
 unsafe fn stream_panels(
     kernel: Kernel,
     packed_a: &[f32],
-    b: &MatrixRef,
+    b: BlockSource,
     c: *mut f32,
     ldc: usize,
     m: usize,
@@ -847,8 +889,15 @@ unsafe fn stream_panels(
             let cols = nr.min(n - panel * nr);
             for depth in (0..k).step_by(kc_block) {
                 let kc = kc_block.min(k - depth);
-                let b_block = &mut values[..kc * nr];
-                pack::pack_b(&b.rows(depth, depth + kc), nr, panel, b_block);
+                let b_block: &[f32] = match b {
+                    BlockSource::Pack(b) => {
+                        let b_block = &mut values[..kc * nr];
+                        pack::pack_b(&b.rows(depth, depth + kc), nr, panel, b_block);
+                        b_block
+                    }
+                    // The same depth blocks: `PackedB` splits `k` by the same `kernel.kc(k)`.
+                    BlockSource::Packed(b) => b.block(panel, depth / kc_block),
+                };
                 // The block after this one: the next depth, or the next panel's first.
                 let next = if depth + kc < k {
                     Some((panel, depth + kc))
@@ -857,7 +906,7 @@ unsafe fn stream_panels(
                 };
                 let a_block = &packed_a[depth * padded_m..][..padded_m * kc];
                 for (r, a_panel) in a_block.chunks_exact(mr * kc).enumerate() {
-                    if let Some((next_panel, next_depth)) = next {
+                    if let (Some((next_panel, next_depth)), BlockSource::Pack(b)) = (next, b) {
                         let rows = next_depth..(next_depth + kc_block).min(k);
                         prefetch_source(b, nr, next_panel, rows, r, micro_panels);
                     }

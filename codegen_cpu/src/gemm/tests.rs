@@ -318,6 +318,20 @@ fn check_streaming(kernel: Kernel, [m, k, n]: [usize; 3], layouts: [Layout; 2], 
         bits(&streamed) == bits(&packed),
         "{kernel:?} {m}x{k}x{n} {layouts:?} on {threads} threads: streamed and packed differ"
     );
+    // Streamed over a `b` packed beforehand (a frozen weight), whole or not yet.
+    for prepacked in [
+        PackedB::pack(&b, kernel, threads).unwrap(),
+        PackedB::lazy(&b, kernel).unwrap(),
+    ] {
+        let mut out = vec![f32::NAN; m * n];
+        let mut c = MatrixMut::row_major(&mut out, m, n).unwrap();
+        multiply_streaming_packed(&a, &prepacked, &mut c, threads).unwrap();
+        assert!(
+            bits(&out) == bits(&packed),
+            "{kernel:?} {m}x{k}x{n} {layouts:?} on {threads} threads: streamed over packed b \
+             and packed differ"
+        );
+    }
 }
 
 #[test]
@@ -334,6 +348,8 @@ fn streaming_matches_the_packed_path_bit_for_bit_at_tail_sizes_and_odd_strides()
                     [5, 17, 65],
                     [7, 129, 130],
                     [13, 257, 200],
+                    // Several depth blocks at any block size (up to 512 deep).
+                    [9, 1100, 70],
                 ] {
                     for threads in [1, 2, 3] {
                         check_streaming(kernel, [m, k, n], [a_layout, b_layout], threads);

@@ -403,19 +403,11 @@ pub(super) fn run_matmul(
     // The rows of the one 2-D product this step is (all of a stacked batch's).
     let product_rows = if stacked { count * rows } else { rows };
     let streams = gemm::prefers_streaming(kernel, product_rows, cols, gemm_threads);
-    // `b` packed at compile time, if this call's `b` is the constant it was packed from and
-    // reading it back beats streaming: a streamed product packs each block of `b` into L1 right
-    // before all its rows use it, which wins once there are a few register tiles of rows per
-    // thread (`examples/frozen_linear.rs`, Zen 4, 2 threads, [m, 1024]·[1024, 4096]: packed
-    // once 1.3-1.5x faster at 1-16 rows, 0.9x at 64-1024 rows).
+    // `b` packed at compile time, if this call's `b` is the constant it was packed from: the
+    // products read it instead of packing it (streamed ones block by block, in the same order).
     let prepacked =
         match prepacked.and_then(|p| p.for_pointer(pointers[b_view_of_step.buffer.0 as usize])) {
-            Some(Packed::B(packed))
-                if packed.shape() == [k, cols]
-                    && (!streams || product_rows < threads * 4 * kernel.mr()) =>
-            {
-                Some(packed)
-            }
+            Some(Packed::B(packed)) if packed.shape() == [k, cols] => Some(packed),
             _ => None,
         };
     if stacked && (prepacked.is_some() || streams) {
@@ -432,6 +424,9 @@ pub(super) fn run_matmul(
             // The output's unique borrow ends here, before the epilogue reads its rows.
             let mut out = c_rows(0, 0, count * rows).map_err(gemm_error)?;
             match prepacked {
+                Some(packed) if streams => {
+                    gemm::multiply_streaming_packed(&a, packed, &mut out, gemm_threads)
+                }
                 Some(packed) => gemm::multiply_parallel(&a, packed, &mut out, gemm_threads),
                 None => gemm::multiply_streaming(kernel, &a, &b, &mut out, gemm_threads),
             }
@@ -444,10 +439,10 @@ pub(super) fn run_matmul(
     if batch == 0 {
         let a = a_view(a_offset).map_err(gemm_error)?;
         let b = b_view(b_offset).map_err(gemm_error)?;
-        let streaming = prepacked.is_none() && streams;
+        let streaming = streams;
         // Packed at compile time, or as the tiles need it, once, by whichever thread gets to
-        // each block first (unless streamed: then each block is packed into L1 right before
-        // its use).
+        // each block first (unless streamed: then each block is packed into a per-thread
+        // buffer right before its use, or read packed).
         let packed_here = if streaming || prepacked.is_some() {
             None
         } else {
@@ -462,8 +457,11 @@ pub(super) fn run_matmul(
                 // The tile's unique borrow ends here, before the epilogue reads its rows.
                 let mut out = c_rows(0, 0, rows).map_err(gemm_error)?;
                 match packed {
-                    None => gemm::multiply_streaming(kernel, &a, &b, &mut out, gemm_threads),
+                    Some(packed) if streaming => {
+                        gemm::multiply_streaming_packed(&a, packed, &mut out, gemm_threads)
+                    }
                     Some(packed) => gemm::multiply_parallel(&a, packed, &mut out, threads),
+                    None => gemm::multiply_streaming(kernel, &a, &b, &mut out, gemm_threads),
                 }
                 .map_err(gemm_error)?;
             }
