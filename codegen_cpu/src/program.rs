@@ -2,7 +2,7 @@
 //! that runs the steps in order: Cranelift kernels, extern GEMM and scatter-add calls, and
 //! fallback steps (one graph node run by the reference interpreter on the step's buffers).
 
-use crate::attention::{attention, AttentionShape};
+use crate::attention::{attention, AttentionShape, Mask};
 use crate::gemm;
 use crate::lower::{kernel_function, lower_kernel};
 use crate::scatter::{scatter_add, View};
@@ -857,7 +857,7 @@ fn run_attention(
         view(q, q_offset, &q_strides),
         view(k, k_offset, &k_strides),
         view(v, v_offset, &v_strides),
-        mask,
+        mask.map(Mask::Add),
         &shape,
         out,
     )
