@@ -124,104 +124,121 @@ fn attention_on(
     if matrix == 0 {
         return Ok(());
     }
-    let blocks = shape.t.div_ceil(QUERY_BLOCK);
-    let items: Vec<Mutex<&mut [f32]>> = out
-        .chunks_mut(matrix)
-        .flat_map(|m| m.chunks_mut(QUERY_BLOCK * shape.ev))
-        .map(Mutex::new)
-        .collect();
-    let exp = block_routine(MathFn::Exp);
-    // Keys transposed (`[e][s]`), packed once per k/v batch and shared by every query block
-    // (and every q head of a group); values (`[s][ev]`) read in place when their rows are
-    // contiguous, else packed too. The packs live in a buffer kept from call to call (no fresh
-    // pages to fault in every call).
+    // Work items: (k/v head, run of query blocks), each computing those blocks for every q
+    // head of the group. An item packs its keys (transposed) and, unless their rows are
+    // contiguous, its values into a buffer of its thread, which stays in that core's cache
+    // while the item's blocks read it. A head is split into runs only as far as needed to give
+    // every thread a few items (each run packs again); where the work is split does not change
+    // any result.
     let (s, e, ev) = (shape.s, shape.e, shape.ev);
+    let blocks = shape.t.div_ceil(QUERY_BLOCK);
     let kv_batches: usize = kv_batch.iter().product();
+    let threads = minductor_runtime::threads::num_threads().max(1);
+    let runs = (4 * threads).div_ceil(kv_batches.max(1)).clamp(1, blocks);
+    let run_blocks = blocks.div_ceil(runs);
+    let runs = blocks.div_ceil(run_blocks);
+    let run_len = run_blocks * QUERY_BLOCK * ev;
+    // Per q head, its output split into runs; then each item's runs, one per q head of its
+    // group (q heads `kv·group..(kv + 1)·group` are consecutive matrices).
+    let mut per_head: Vec<std::vec::IntoIter<&mut [f32]>> = out
+        .chunks_mut(matrix)
+        .map(|m| m.chunks_mut(run_len).collect::<Vec<_>>().into_iter())
+        .collect();
+    let mut items: Vec<Mutex<Vec<&mut [f32]>>> = Vec::with_capacity(kv_batches * runs);
+    for heads in per_head.chunks_mut(group) {
+        for _ in 0..runs {
+            let rows = heads.iter_mut().filter_map(|h| h.next()).collect();
+            items.push(Mutex::new(rows));
+        }
+    }
+    let exp = block_routine(MathFn::Exp);
     let (v_rows, v_cols) = (v.strides[n], v.strides[n + 1]);
     let v_in_place = v_cols == 1 && v_rows >= 0;
-    let (key_len, value_len) = (e * s, if v_in_place { 0 } else { s * ev });
-    let mut kept = match SCRATCH.try_lock() {
-        Ok(guard) => Some(guard),
-        Err(std::sync::TryLockError::Poisoned(p)) => Some(p.into_inner()),
-        Err(std::sync::TryLockError::WouldBlock) => None,
-    };
-    let mut own = Vec::new();
-    let scratch: &mut Vec<f32> = kept.as_deref_mut().unwrap_or(&mut own);
-    let need = kv_batches * (key_len + value_len);
-    if scratch.len() < need {
-        scratch.resize(need, 0.0);
-    }
-    // Every element of these is written by the packing below before any item reads it.
-    let (keys, values) = scratch[..need].split_at_mut(kv_batches * key_len);
-    {
-        // One (keys, values) pair per k/v batch (empty slices where a pack is empty).
-        let empty = || std::iter::repeat_with(|| &mut [][..]);
-        let packs: Vec<Mutex<(&mut [f32], &mut [f32])>> = keys
-            .chunks_mut(key_len.max(1))
-            .chain(empty())
-            .zip(values.chunks_mut(value_len.max(1)).chain(empty()))
-            .take(kv_batches)
-            .map(Mutex::new)
-            .collect();
-        minductor_runtime::threads::for_each_chunk(packs.len(), |b| {
-            let mut pack = packs[b].lock().unwrap_or_else(|p| p.into_inner());
-            let (kt, vp) = &mut *pack;
-            pack_transposed(&k, base(k.offset, k.strides, &kv_batch, b), s, e, kt);
+    minductor_runtime::threads::for_each_chunk(items.len(), |item| {
+        let (kv, run) = (item / runs, item % runs);
+        let first_row = run * run_blocks * QUERY_BLOCK;
+        let mut outs = items[item].lock().unwrap_or_else(|p| p.into_inner());
+        let rows = outs.first().map_or(0, |o| o.len() / ev);
+        // Keys after the run's last row take part in no row under a causal mask.
+        let keys = if shape.causal {
+            s.min(first_row + rows)
+        } else {
+            s
+        };
+        PACK.with(|pack| {
+            let mut pack = pack.borrow_mut();
+            let (key_len, value_len) = (e * s, if v_in_place { 0 } else { s * ev });
+            if pack.len() < key_len + value_len {
+                pack.resize(key_len + value_len, 0.0);
+            }
+            // Columns `0..keys` of `kt` and rows `0..keys` of `vp` are written here, and the
+            // blocks read no others.
+            let (kt, vp) = pack.split_at_mut(key_len);
+            let vp = &mut vp[..value_len];
+            pack_transposed(&k, base(k.offset, k.strides, &kv_batch, kv), keys, s, e, kt);
+            let vb = base(v.offset, v.strides, &kv_batch, kv);
             if !v_in_place {
-                let vb = base(v.offset, v.strides, &kv_batch, b);
-                for j in 0..s {
+                for j in 0..keys {
                     for (o, x) in vp[j * ev..(j + 1) * ev].iter_mut().zip(row(&v, vb, j, ev)) {
                         *o = x;
                     }
                 }
             }
-        });
-    }
-    let (keys, values) = (&*keys, &*values);
-    minductor_runtime::threads::for_each_chunk(items.len(), |item| {
-        let (b, block) = (item / blocks, item % blocks);
-        // q head h reads k/v head h / group: k/v batch `b / group` when the heads are the
-        // last batch dim.
-        let kv = if n == 0 { 0 } else { b / group };
-        let mut rows = items[item].lock().unwrap_or_else(|p| p.into_inner());
-        let tile = Tile {
-            q: &q,
-            q_base: base(q.offset, q.strides, shape.batch, b),
-            mask: mask.as_ref().map(|m| {
-                let (offset, strides) = m.strides();
-                (m, base(offset, strides, shape.batch, b))
-            }),
-            keys: &keys[kv * key_len..(kv + 1) * key_len],
-            values: if v_in_place {
+            let (values, value_rows) = if v_in_place {
                 // In bounds: `v.check` saw the whole view, and batch `kv` starts inside it.
-                &v.data[base(v.offset, v.strides, &kv_batch, kv) as usize..]
+                (&v.data[vb as usize..], v_rows as usize)
             } else {
-                &values[kv * value_len..(kv + 1) * value_len]
-            },
-            value_rows: if v_in_place { v_rows as usize } else { ev },
-            shape,
-            first_row: block * QUERY_BLOCK,
-        };
-        if avx512 {
-            #[cfg(target_arch = "x86_64")]
-            {
-                // SAFETY: the CPU has AVX-512F, AVX-512DQ and FMA (`avx512` is only set after
-                // `has_avx512` said so).
-                unsafe { avx512::item(&tile, &mut rows) };
-                return;
+                (&vp[..], ev)
+            };
+            for (h, out) in outs.iter_mut().enumerate() {
+                // q head `b` reads k/v head `b / group`.
+                let b = kv * group + h;
+                for (i, block) in out.chunks_mut(QUERY_BLOCK * ev).enumerate() {
+                    let tile = Tile {
+                        q: &q,
+                        q_base: base(q.offset, q.strides, shape.batch, b),
+                        mask: mask.as_ref().map(|m| {
+                            let (offset, strides) = m.strides();
+                            (m, base(offset, strides, shape.batch, b))
+                        }),
+                        keys: kt,
+                        values,
+                        value_rows,
+                        shape,
+                        first_row: first_row + i * QUERY_BLOCK,
+                    };
+                    if avx512 {
+                        #[cfg(target_arch = "x86_64")]
+                        {
+                            // SAFETY: the CPU has AVX-512F, AVX-512DQ and FMA (`avx512` is only
+                            // set after `has_avx512` said so).
+                            unsafe { avx512::item(&tile, block) };
+                            continue;
+                        }
+                    }
+                    portable_item(&tile, exp, block);
+                }
             }
-        }
-        portable_item(&tile, exp, &mut rows);
+        });
     });
     Ok(())
 }
 
-/// The packs of keys and values, kept for the next call (taken by one call at a time; a
-/// call that finds it taken packs into a buffer of its own).
-static SCRATCH: Mutex<Vec<f32>> = Mutex::new(Vec::new());
+thread_local! {
+    /// The packed keys and values of the item a thread runs, kept for its next item (no
+    /// fresh pages to fault in, and in the thread's cache).
+    static PACK: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
+}
 
-/// `kt[c * s + j] = k[j][c]` for the `[s, e]` matrix at `base` of `k`.
-fn pack_transposed(k: &View<'_, f32>, base: i64, s: usize, e: usize, kt: &mut [f32]) {
+/// `kt[c * s + j] = k[j][c]` for rows `j < keys` of the `[s, e]` matrix at `base` of `k`.
+fn pack_transposed(
+    k: &View<'_, f32>,
+    base: i64,
+    keys: usize,
+    s: usize,
+    e: usize,
+    kt: &mut [f32],
+) {
     let n = k.strides.len();
     let (rs, cs) = (k.strides[n - 2], k.strides[n - 1]);
     if cs == 1 && rs >= 0 {
@@ -229,8 +246,8 @@ fn pack_transposed(k: &View<'_, f32>, base: i64, s: usize, e: usize, kt: &mut [f
         // as 16 contiguous elements (one cache line) from 16 rows in cache.
         const KEYS: usize = 16;
         let mut j0 = 0;
-        while j0 < s {
-            let n = KEYS.min(s - j0);
+        while j0 < keys {
+            let n = KEYS.min(keys - j0);
             let rows: [&[f32]; KEYS] = std::array::from_fn(|r| {
                 if r < n {
                     let start = (base + (j0 + r) as i64 * rs) as usize;
@@ -247,7 +264,7 @@ fn pack_transposed(k: &View<'_, f32>, base: i64, s: usize, e: usize, kt: &mut [f
             j0 += n;
         }
     } else {
-        for j in 0..s {
+        for j in 0..keys {
             for (c, x) in row(k, base, j, e).enumerate() {
                 kt[c * s + j] = x;
             }
