@@ -25,7 +25,7 @@ use minductor_runtime::RuntimeError;
 use std::sync::Mutex;
 
 /// Query rows per work item.
-const QUERY_BLOCK: usize = 32;
+const QUERY_BLOCK: usize = 64;
 /// Keys per score tile (at most 64: a row's bool mask of a tile is one `u64`).
 const KEY_BLOCK: usize = 64;
 
@@ -167,7 +167,7 @@ fn attention_on(
         };
         PACK.with(|pack| {
             let mut pack = pack.borrow_mut();
-            let (key_len, value_len) = (e * s, if v_in_place { 0 } else { s * ev });
+            let (key_len, value_len) = (keys_len(s, e), if v_in_place { 0 } else { s * ev });
             if pack.len() < key_len + value_len {
                 pack.resize(key_len + value_len, 0.0);
             }
@@ -175,7 +175,7 @@ fn attention_on(
             // blocks read no others.
             let (kt, vp) = pack.split_at_mut(key_len);
             let vp = &mut vp[..value_len];
-            pack_transposed(&k, base(k.offset, k.strides, &kv_batch, kv), keys, s, e, kt);
+            pack_transposed(&k, base(k.offset, k.strides, &kv_batch, kv), keys, e, kt);
             let vb = base(v.offset, v.strides, &kv_batch, kv);
             if !v_in_place {
                 for j in 0..keys {
@@ -230,20 +230,27 @@ thread_local! {
     static PACK: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
-/// `kt[c * s + j] = k[j][c]` for rows `j < keys` of the `[s, e]` matrix at `base` of `k`.
-fn pack_transposed(
-    k: &View<'_, f32>,
-    base: i64,
-    keys: usize,
-    s: usize,
-    e: usize,
-    kt: &mut [f32],
-) {
+/// Elements of the packed keys: `s` keys in tiles of `KEY_BLOCK`, each tile `[e][KEY_BLOCK]`
+/// (key `j`, column `c` at [`key_index`]), so that a tile's rows are contiguous and the tile
+/// is one block of memory (no cache set conflicts between its rows).
+fn keys_len(s: usize, e: usize) -> usize {
+    s.div_ceil(KEY_BLOCK) * e * KEY_BLOCK
+}
+
+/// Where key `j`, column `c` is in the packed keys.
+fn key_index(j: usize, c: usize, e: usize) -> usize {
+    (j / KEY_BLOCK) * e * KEY_BLOCK + c * KEY_BLOCK + j % KEY_BLOCK
+}
+
+/// Packs rows `j < keys` of the `[s, e]` matrix at `base` of `k` transposed, in tiles (see
+/// [`keys_len`]).
+fn pack_transposed(k: &View<'_, f32>, base: i64, keys: usize, e: usize, kt: &mut [f32]) {
     let n = k.strides.len();
     let (rs, cs) = (k.strides[n - 2], k.strides[n - 1]);
     if cs == 1 && rs >= 0 {
-        // Rows of `e` contiguous elements, 16 at a time: each column of the block is written
-        // as 16 contiguous elements (one cache line) from 16 rows in cache.
+        // Rows of `e` contiguous elements, 16 at a time (a run inside one tile, as 16 divides
+        // `KEY_BLOCK`): each column of the run is written as 16 contiguous elements (one cache
+        // line) from 16 rows in cache.
         const KEYS: usize = 16;
         let mut j0 = 0;
         while j0 < keys {
@@ -256,8 +263,9 @@ fn pack_transposed(
                     &[]
                 }
             });
-            for (c, column) in kt.chunks_exact_mut(s).take(e).enumerate() {
-                for (o, r) in column[j0..j0 + n].iter_mut().zip(&rows) {
+            for c in 0..e {
+                let at = key_index(j0, c, e);
+                for (o, r) in kt[at..at + n].iter_mut().zip(&rows) {
                     *o = r[c];
                 }
             }
@@ -266,7 +274,7 @@ fn pack_transposed(
     } else {
         for j in 0..keys {
             for (c, x) in row(k, base, j, e).enumerate() {
-                kt[c * s + j] = x;
+                kt[key_index(j, c, e)] = x;
             }
         }
     }
@@ -316,7 +324,7 @@ struct Tile<'a> {
     q_base: i64,
     /// The mask and the element offset of this batch's `[t, s]` matrix in it.
     mask: Option<(&'a Mask<'a>, i64)>,
-    /// This batch's keys, transposed: `[e][s]`.
+    /// This batch's keys, packed transposed in tiles (`key_index`).
     keys: &'a [f32],
     /// This batch's values: row `j` at `j * value_rows`, `ev` contiguous elements.
     values: &'a [f32],
@@ -496,8 +504,8 @@ fn portable_item(tile: &Tile<'_>, exp: Option<BlockFn>, out: &mut [f32]) {
         product(
             &qp,
             e,
-            &tile.keys[s0..],
-            sh.s,
+            &tile.keys[key_index(s0, 0, e)..],
+            KEY_BLOCK,
             e,
             rows,
             bk,
@@ -569,7 +577,7 @@ fn finish(acc: &[f32], sum: &[f32], out: &mut [f32]) {
 
 #[cfg(target_arch = "x86_64")]
 mod avx512 {
-    use super::{finish, Mask, Tile, KEY_BLOCK};
+    use super::{finish, key_index, keys_len, Mask, Tile, KEY_BLOCK};
     use crate::math::block::exp_avx512_lanes;
     use std::arch::x86_64::*;
 
@@ -581,9 +589,8 @@ mod avx512 {
         /// Packed, scaled query rows `[rows][e]`.
         qp: &'a [f32],
         e: usize,
-        /// Keys transposed `[e][s]`.
+        /// Keys packed transposed in tiles (`key_index`).
         keys: &'a [f32],
-        s: usize,
         /// Values: row `j` at `j * value_rows`, `ev` elements.
         values: &'a [f32],
         value_rows: usize,
@@ -624,7 +631,7 @@ mod avx512 {
         // bounds).
         assert!(
             qp.len() >= rows * e
-                && tile.keys.len() >= e * s
+                && tile.keys.len() >= keys_len(s, e)
                 && (s == 0 || tile.values.len() >= (s - 1) * tile.value_rows + ev)
                 && acc.len() >= rows * ev,
             "attention: an item's packed buffers are too small"
@@ -638,7 +645,6 @@ mod avx512 {
                 qp: &qp,
                 e,
                 keys: tile.keys,
-                s,
                 values: tile.values,
                 value_rows: tile.value_rows,
                 ev,
@@ -656,7 +662,7 @@ mod avx512 {
                 // `s0..s0 + bk` are inside `s` (`bk <= KEY_BLOCK`), and the buffers hold the
                 // sizes asserted above.
                 unsafe {
-                    match rows - r0 {
+                    match (rows - r0).min(GROUP) {
                         1 => group::<1>(&ops, &mut state, &mut p, r0, s0, bk),
                         2 => group::<2>(&ops, &mut state, &mut p, r0, s0, bk),
                         3 => group::<3>(&ops, &mut state, &mut p, r0, s0, bk),
@@ -705,10 +711,12 @@ mod avx512 {
     /// Rows `r0..r0 + N` against the keys `s0..s0 + bk`: scores, softmax step, `p·v`.
     ///
     /// # Safety
-    /// The CPU has AVX-512F, AVX-512DQ and FMA; `r0 + N` rows are inside `ops.qp`,
+    /// The CPU has AVX-512F, AVX-512DQ and FMA; `N <= GROUP` (checked when compiled); `r0 +
+    /// N` rows are inside `ops.qp`,
     /// `state.acc` (`ev` per row), `state.max`, `state.sum`, `ops.keep` and `ops.add`
-    /// (`KEY_BLOCK` per row); `s0 + bk <= ops.s`, `bk <= KEY_BLOCK`; `ops.keys` holds `e·s`
-    /// elements and `ops.values` `(s − 1)·value_rows + ev`.
+    /// (`KEY_BLOCK` per row); `s0 + bk <= s`, `s0` a multiple of `KEY_BLOCK`, `bk <=
+    /// KEY_BLOCK`; `ops.keys` holds `keys_len(s, e)` elements and `ops.values` `(s −
+    /// 1)·value_rows + ev`.
     #[target_feature(enable = "avx512f,avx512dq,fma")]
     unsafe fn group<const N: usize>(
         ops: &Operands<'_>,
@@ -718,7 +726,9 @@ mod avx512 {
         s0: usize,
         bk: usize,
     ) {
-        let (e, s, ev) = (ops.e, ops.s, ops.ev);
+        // `p` holds `GROUP` rows.
+        const { assert!(N <= GROUP) };
+        let (e, ev) = (ops.e, ops.ev);
         let key_lanes: [__mmask16; 4] = std::array::from_fn(|v| lanes(bk.saturating_sub(v * 16)));
         let neg = _mm512_set1_ps(f32::NEG_INFINITY);
         // SAFETY (all pointer reads and writes below): the index bounds of the contract;
@@ -726,9 +736,12 @@ mod avx512 {
         unsafe {
             // Scores: x[r] = q[r0 + r] · kᵀ[.., s0..s0 + bk].
             let mut x = [[_mm512_setzero_ps(); 4]; N];
-            let (qp, kp) = (ops.qp.as_ptr().add(r0 * e), ops.keys.as_ptr().add(s0));
+            let (qp, kp) = (
+                ops.qp.as_ptr().add(r0 * e),
+                ops.keys.as_ptr().add(key_index(s0, 0, e)),
+            );
             for l in 0..e {
-                let b = kp.add(l * s);
+                let b = kp.add(l * KEY_BLOCK);
                 let bv: [__m512; 4] =
                     std::array::from_fn(|v| _mm512_maskz_loadu_ps(key_lanes[v], b.add(v * 16)));
                 for (r, row) in x.iter_mut().enumerate() {
