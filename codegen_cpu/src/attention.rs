@@ -21,6 +21,7 @@
 use crate::math::block::{block_routine, BlockFn};
 use crate::math::MathFn;
 use crate::scatter::View;
+use minductor_passes::kernel::MaskKind;
 use minductor_runtime::RuntimeError;
 use std::sync::Mutex;
 
@@ -54,7 +55,46 @@ pub(crate) enum Mask<'a> {
     Drop(View<'a, u8>),
 }
 
-impl Mask<'_> {
+/// A mask buffer's elements, by type.
+#[derive(Clone, Copy)]
+pub(crate) enum MaskData<'a> {
+    F32(&'a [f32]),
+    /// One byte an element, nonzero is true.
+    Bool(&'a [u8]),
+}
+
+impl<'a> Mask<'a> {
+    /// The mask of `kind` on `data` (an error when the element type does not fit the kind).
+    pub(crate) fn new(
+        kind: MaskKind,
+        data: MaskData<'a>,
+        offset: i64,
+        strides: &'a [i64],
+    ) -> Result<Self, RuntimeError> {
+        Ok(match (kind, data) {
+            (MaskKind::Add, MaskData::F32(data)) => Mask::Add(View {
+                data,
+                offset,
+                strides,
+            }),
+            (MaskKind::Keep, MaskData::Bool(data)) => Mask::Keep(View {
+                data,
+                offset,
+                strides,
+            }),
+            (MaskKind::Drop, MaskData::Bool(data)) => Mask::Drop(View {
+                data,
+                offset,
+                strides,
+            }),
+            _ => {
+                return Err(RuntimeError::Unsupported(format!(
+                    "attention: a {kind:?} mask of the wrong element type"
+                )))
+            }
+        })
+    }
+
     fn check(&self, shape: &[usize]) -> Result<(), RuntimeError> {
         match self {
             Mask::Add(m) => m.check(shape, "attention mask"),
@@ -839,27 +879,42 @@ mod avx512 {
 mod tests {
     use super::*;
 
-    /// The textbook form: scores, a row softmax in f64, then `p·v`.
-    fn reference(q: &[f32], k: &[f32], v: &[f32], sh: &AttentionShape<'_>) -> Vec<f32> {
+    /// What a test mask does to the score of (head, row, key): `Some(added)` takes part.
+    type Visible<'a> = &'a dyn Fn(usize, usize, usize) -> Option<f64>;
+
+    /// The textbook form: scores, a row softmax in f64, then `p·v` (NaN for a row that sees no
+    /// key, as the prim expansion gives).
+    fn reference(
+        q: &[f32],
+        k: &[f32],
+        v: &[f32],
+        sh: &AttentionShape<'_>,
+        visible: Visible<'_>,
+    ) -> Vec<f32> {
         let heads: usize = sh.batch.iter().product();
-        let kv_heads = heads / sh.group;
         let mut out = vec![0f32; heads * sh.t * sh.ev];
         for h in 0..heads {
             let (qh, kh) = (h * sh.t * sh.e, (h / sh.group) * sh.s * sh.e);
             let vh = (h / sh.group) * sh.s * sh.ev;
-            assert!(h / sh.group < kv_heads);
             for t in 0..sh.t {
                 let keys = if sh.causal { sh.s.min(t + 1) } else { sh.s };
                 let scores: Vec<f64> = (0..keys)
-                    .map(|j| {
-                        (0..sh.e)
-                            .map(|c| (q[qh + t * sh.e + c] * k[kh + j * sh.e + c]) as f64)
-                            .sum::<f64>()
-                            * sh.scale as f64
+                    .map(|j| match visible(h, t, j) {
+                        Some(added) => {
+                            (0..sh.e)
+                                .map(|c| (q[qh + t * sh.e + c] * k[kh + j * sh.e + c]) as f64)
+                                .sum::<f64>()
+                                * sh.scale as f64
+                                + added
+                        }
+                        None => f64::NEG_INFINITY,
                     })
                     .collect();
                 let max = scores.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
-                let p: Vec<f64> = scores.iter().map(|s| (s - max).exp()).collect();
+                let p: Vec<f64> = scores
+                    .iter()
+                    .map(|&s| if s == f64::NEG_INFINITY { 0.0 } else { (s - max).exp() })
+                    .collect();
                 let sum: f64 = p.iter().sum();
                 for c in 0..sh.ev {
                     let o: f64 = (0..keys).map(|j| p[j] * v[vh + j * sh.ev + c] as f64).sum();
@@ -876,8 +931,9 @@ mod tests {
             .collect()
     }
 
-    /// The portable loops and (where the CPU has it) the AVX-512 micro-kernel, at sizes that
-    /// leave row and column tails, against the reference.
+    /// The portable loops and (where the CPU has it) the AVX-512 micro-kernels, at sizes that
+    /// leave row and column tails, without a mask and with each kind of mask (broadcast over
+    /// batch dims; the bool ones with a row that sees no key), against the reference.
     #[test]
     fn portable_and_avx512_forms_match_the_reference() {
         for &(t, s, e, ev, group, causal) in &[
@@ -885,6 +941,7 @@ mod tests {
             (37, 37, 17, 9, 2, true),
             (70, 130, 64, 64, 1, false),
             (65, 65, 128, 20, 1, true),
+            (131, 67, 32, 16, 1, false),
         ] {
             let batch = [2usize, 2 * group];
             let kv = [2usize, 2];
@@ -900,7 +957,6 @@ mod tests {
                 scale: 1.0 / (e as f32).sqrt(),
                 causal,
             };
-            let want = reference(&q, &k, &v, &sh);
             let strides = |rows: usize, cols: usize, heads: usize| {
                 vec![
                     (heads * rows * cols) as i64,
@@ -914,32 +970,73 @@ mod tests {
                 strides(s, e, kv[1]),
                 strides(s, ev, kv[1]),
             );
-            let mut forms = vec![false];
-            if has_avx512() {
-                forms.push(true);
-            }
-            for avx512 in forms {
-                let mut out = vec![0f32; want.len()];
-                let view = |data, strides| View {
-                    data,
-                    offset: 0,
-                    strides,
-                };
-                attention_on(
-                    view(&q, &qs),
-                    view(&k, &ks),
-                    view(&v, &vs),
-                    None,
-                    &sh,
-                    &mut out,
-                    avx512,
-                )
-                .unwrap();
-                for (i, (&g, &w)) in out.iter().zip(&want).enumerate() {
-                    assert!(
-                        (g - w).abs() <= 1e-5 * (1.0 + w.abs()),
-                        "t {t} s {s} e {e} ev {ev} avx512 {avx512}: element {i}: {g} vs {w}"
-                    );
+            // An additive mask [2, 1, t, s] and a bool one [t, s] (row 1 all false, when there
+            // is a row 1), broadcast over the heads (and the batch).
+            let added = data(2 * t * s, 3.0);
+            let kept: Vec<u8> = (0..t * s)
+                .map(|i| u8::from(i / s != 1 && (i * 7 + 3) % 5 != 0))
+                .collect();
+            let add_strides = [(t * s) as i64, 0, s as i64, 1];
+            let keep_strides = [0, 0, s as i64, 1];
+            let heads = batch[1];
+            let plain = |_: usize, _: usize, _: usize| Some(0.0);
+            let additive = |h: usize, t_: usize, j: usize| {
+                Some(added[(h / heads) * t * s + t_ * s + j] as f64)
+            };
+            let keep = |_: usize, t_: usize, j: usize| (kept[t_ * s + j] != 0).then_some(0.0);
+            let drop = |_: usize, t_: usize, j: usize| (kept[t_ * s + j] == 0).then_some(0.0);
+            let cases: [(&str, Visible<'_>); 4] = [
+                ("none", &plain),
+                ("add", &additive),
+                ("keep", &keep),
+                ("drop", &drop),
+            ];
+            for (name, visible) in cases {
+                let want = reference(&q, &k, &v, &sh, visible);
+                let mut forms = vec![false];
+                if has_avx512() {
+                    forms.push(true);
+                }
+                for avx512 in forms {
+                    let mut out = vec![0f32; want.len()];
+                    let view = |data, strides| View {
+                        data,
+                        offset: 0,
+                        strides,
+                    };
+                    let bools = |data| View {
+                        data,
+                        offset: 0,
+                        strides: &keep_strides[..],
+                    };
+                    let mask = match name {
+                        "add" => Some(Mask::Add(view(&added, &add_strides[..]))),
+                        "keep" => Some(Mask::Keep(bools(&kept))),
+                        "drop" => Some(Mask::Drop(bools(&kept))),
+                        _ => None,
+                    };
+                    attention_on(
+                        view(&q, &qs),
+                        view(&k, &ks),
+                        view(&v, &vs),
+                        mask,
+                        &sh,
+                        &mut out,
+                        avx512,
+                    )
+                    .unwrap();
+                    let mut nan = 0;
+                    for (i, (&g, &w)) in out.iter().zip(&want).enumerate() {
+                        nan += usize::from(w.is_nan());
+                        assert!(
+                            (g - w).abs() <= 1e-5 * (1.0 + w.abs()) || (g.is_nan() && w.is_nan()),
+                            "t {t} s {s} e {e} ev {ev} mask {name} avx512 {avx512}: \
+                             element {i}: {g} vs {w}"
+                        );
+                    }
+                    // The bool masks leave row 1 (of every head) without a key.
+                    let empty = if matches!(name, "keep") && t > 1 { 4 * group * ev } else { 0 };
+                    assert!(nan >= empty, "mask {name}: {nan} NaNs");
                 }
             }
         }

@@ -2,7 +2,7 @@
 //! that runs the steps in order: Cranelift kernels, extern GEMM and scatter-add calls, and
 //! fallback steps (one graph node run by the reference interpreter on the step's buffers).
 
-use crate::attention::{attention, AttentionShape, Mask};
+use crate::attention::{attention, AttentionShape, Mask, MaskData};
 use crate::gemm;
 use crate::lower::{kernel_function, lower_kernel};
 use crate::scatter::{scatter_add, View};
@@ -12,7 +12,7 @@ use cranelift_jit::{JITBuilder, JITModule};
 use cranelift_module::{Linkage, Module};
 use minductor_ir::{checked_bytes, DType, Dim};
 use minductor_passes::kernel::{
-    AttentionStep, BufferId, BufferKind, FallbackStep, Im2colView, Kernel, MatmulOperand,
+    AttentionStep, BufferId, BufferKind, FallbackStep, Im2colView, Kernel, MaskKind, MatmulOperand,
     MatmulStep, Program, ScatterAddStep, Step, StridedView,
 };
 use minductor_passes::plan_buffers::{plan_buffers, BufferPlan};
@@ -803,8 +803,18 @@ fn run_attention(
         None => None,
         Some(m) => {
             let (offset, strides) = symbols.view(m, a.out)?;
-            // SAFETY: as for q, k and v below (an f32 buffer the step only reads).
-            let data = unsafe { read_f32(pointers, m.buffer, numel(m.buffer)) };
+            let n = numel(m.buffer);
+            // SAFETY: as for q, k and v below (a buffer the step only reads; `verify_program`
+            // checked that it is f32 for an additive mask, else bool: one byte an element).
+            let data = unsafe {
+                match a.mask_kind {
+                    MaskKind::Add => MaskData::F32(read_f32(pointers, m.buffer, n)),
+                    MaskKind::Keep | MaskKind::Drop => MaskData::Bool(std::slice::from_raw_parts(
+                        pointers[m.buffer.0 as usize] as *const u8,
+                        n,
+                    )),
+                }
+            };
             Some((data, offset, strides))
         }
     };
@@ -843,11 +853,10 @@ fn run_attention(
         scale: a.scale,
         causal: a.causal,
     };
-    let mask = mask.as_ref().map(|(data, offset, strides)| View {
-        data,
-        offset: *offset,
-        strides,
-    });
+    let mask = match &mask {
+        Some((data, offset, strides)) => Some(Mask::new(a.mask_kind, *data, *offset, strides)?),
+        None => None,
+    };
     let view = |data, offset, strides| View {
         data,
         offset,
@@ -857,7 +866,7 @@ fn run_attention(
         view(q, q_offset, &q_strides),
         view(k, k_offset, &k_strides),
         view(v, v_offset, &v_strides),
-        mask.map(Mask::Add),
+        mask,
         &shape,
         out,
     )
