@@ -433,3 +433,49 @@ fn a_bool_mask_with_grouped_query_heads_is_fused() {
     }
     check_bool_mask([1, 6, 9, 9, 8, 8, 3], &[9, 9], false, true, false);
 }
+
+#[test]
+fn attention_results_do_not_depend_on_the_thread_count() {
+    // One k/v head of two q heads and 5 query blocks: the work is split into runs of query
+    // blocks differently for each thread count.
+    let tracer = Tracer::new();
+    let q = tracer.input("q", DType::F32, &[1, 2, 300, 24]);
+    let k = tracer.input("k", DType::F32, &[1, 1, 150, 24]);
+    let v = tracer.input("v", DType::F32, &[1, 1, 150, 16]);
+    let m = tracer.input("m", DType::Bool, &[300, 150]);
+    let (k, v) = (k.repeat_interleave(2, 1), v.repeat_interleave(2, 1));
+    let out = q.scaled_dot_product_attention(&k, &v, Some(&m), true);
+    let graph = tracer.finish(&[out]).unwrap();
+    let inputs = [
+        ramp(&[1, 2, 300, 24], 0.0),
+        ramp(&[1, 1, 150, 24], 1.0),
+        ramp(&[1, 1, 150, 16], 2.0),
+        bool_mask(&[300, 150], false),
+    ];
+    let compiled = compile(&graph).unwrap();
+    assert_fused(
+        &program_of(&compiled),
+        Dim::Static(300),
+        Dim::Static(150),
+        "threads",
+    );
+    let run = |threads: usize| {
+        minductor::set_num_threads(threads).unwrap();
+        let out = compiled.call(&inputs).unwrap();
+        minductor::set_num_threads(0).unwrap();
+        let bits: Vec<u32> = out[0]
+            .to_vec::<f32>()
+            .unwrap()
+            .iter()
+            .map(|x| x.to_bits())
+            .collect();
+        bits
+    };
+    let one = run(1);
+    for threads in [2, 3, 5] {
+        assert!(one == run(threads), "{threads} threads");
+    }
+    let want = interpret(&graph, &inputs).unwrap();
+    let got = compiled.call(&inputs).unwrap();
+    minductor_tests::assert_allclose(&got, &want, Tolerance::close(1e-5), "threads");
+}
