@@ -791,8 +791,10 @@ mod avx512 {
                     }
                 }
             }
-            // The softmax step, row by row: mask, new maximum, p = exp(x − max), row sum.
-            let mut alpha = [1f32; N];
+            // The softmax step. First each row's mask and new maximum, and the rescaling
+            // factors `exp(old max − new max)` of all rows in one register.
+            let mut new_max = [f32::NEG_INFINITY; N];
+            let mut shift = [0f32; 16];
             for (r, row) in x.iter_mut().enumerate() {
                 let i = r0 + r;
                 let keep = ops.keep[i];
@@ -811,18 +813,30 @@ mod avx512 {
                     _mm512_max_ps(row[2], row[3]),
                 );
                 let old = state.max[i];
-                let new = old.max(hmax(m));
+                new_max[r] = old.max(hmax(m));
+                if new_max[r] != old {
+                    // Finite: a grown maximum (−inf when nothing was visible before: factor 0).
+                    shift[r] = old - new_max[r];
+                }
+            }
+            let factors = exp_avx512_lanes(_mm512_loadu_ps(shift.as_ptr()));
+            let mut alpha = [1f32; 16];
+            _mm512_storeu_ps(alpha.as_mut_ptr(), factors);
+            // Then p = exp(x − max) and the row sums.
+            for (r, row) in x.iter().enumerate() {
+                let i = r0 + r;
+                let new = new_max[r];
                 let pr = p.as_mut_ptr().add(r * KEY_BLOCK);
                 if new == f32::NEG_INFINITY {
                     // Nothing visible yet: no probability mass, nothing to rescale.
                     for v in 0..4 {
                         _mm512_storeu_ps(pr.add(v * 16), _mm512_setzero_ps());
                     }
+                    alpha[r] = 1.0;
                     continue;
                 }
-                if new != old {
-                    let d = _mm512_set1_ps(old - new);
-                    alpha[r] = _mm512_cvtss_f32(exp_avx512_lanes(d));
+                if new == state.max[i] {
+                    alpha[r] = 1.0;
                 }
                 let nv = _mm512_set1_ps(new);
                 let pv: [__m512; 4] =
@@ -1042,4 +1056,5 @@ mod tests {
         }
     }
 }
+
 
