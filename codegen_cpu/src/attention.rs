@@ -1,22 +1,28 @@
 //! The fused attention routine (`Step::Attention`): flash attention on the CPU, like PyTorch's
 //! `aten/src/ATen/native/cpu/FlashAttentionKernel.cpp`.
 //!
-//! Work items are (batch, block of `QUERY_BLOCK` query rows) pairs, spread over the threads by
-//! `for_each_chunk`. Keys (transposed) and values are packed once per k/v head. An item packs
-//! its query rows times the scale (folded in once), then for each block of `KEY_BLOCK` keys
-//! (the blocks entirely above the diagonal skipped under a causal mask) computes the score tile
-//! `q·kᵀ`, applies the mask (an additive f32 mask, or a bool one: masked scores are −inf), and
-//! updates each row's running maximum, its running sum of `exp(score − max)` and its
-//! accumulator `Σ p·v` (rescaled by `exp(old max − new max)`). The output row is the
-//! accumulator over the sum. The `[T, S]` scores never exist beyond one tile. Every output row
-//! is computed by one item in a fixed order, so results do not depend on the thread count.
+//! Work items are (k/v head, run of query blocks) pairs, spread over the threads by
+//! `for_each_chunk`; an item computes its blocks for every q head sharing the k/v head. It
+//! packs the keys transposed, in tiles of `KEY_BLOCK` (`[e][KEY_BLOCK]` each, contiguous), and
+//! the values unless their rows are already contiguous, into a buffer of its thread that stays
+//! in cache while its blocks read it. A block of `QUERY_BLOCK` query rows packs its rows times
+//! the scale (folded in once), then for each key tile (the tiles entirely above the diagonal
+//! skipped under a causal mask) computes the scores `q·kᵀ`, applies the mask (an additive f32
+//! mask, or a bool one: masked scores are −inf; with the causal limit as one bit per key of
+//! the tile), and updates each row's running maximum, its running sum of `exp(score − max)`
+//! and its accumulator `Σ p·v` (rescaled by `exp(old max − new max)`). The output row is the
+//! accumulator over the sum; a row that sees no key gives NaN (0/0), as the prim expansion
+//! does (−inf − −inf). The `[T, S]` scores never exist beyond one tile. Every output row is
+//! computed by one block in a fixed order, whatever the item and thread, so results do not
+//! depend on the thread count.
 //!
-//! With AVX-512 (F, DQ and FMA, detected at run time) an item works on `GROUP` query rows at a
-//! time: their score tile stays in registers (a `GROUP × 64` micro-kernel of FMAs), the softmax
-//! step runs on those registers (mask, row maximum, exponentials with the block math's
-//! algorithm inlined, row sums; one pass), and `p·v` is a second register-blocked micro-kernel
-//! that rescales the accumulator rows as it loads them. Elsewhere portable loops compute the
-//! same steps one tile at a time, with the block math routine (or `f32::exp`).
+//! With AVX-512 (F, DQ and FMA, detected at run time) a block works on `GROUP` rows at a
+//! time: their scores stay in registers (a `GROUP × 64` micro-kernel of FMAs), the softmax step
+//! runs on those registers (mask, row maxima, the rescaling factors of the group in one
+//! register, exponentials with the block math's algorithm inlined: the same results and error
+//! bound as `math::block`), and `p·v` is a second register-blocked micro-kernel that rescales
+//! the accumulator rows as it loads them. Elsewhere portable loops compute the same steps a
+//! tile at a time, with the block math routine (or `f32::exp`).
 
 use crate::math::block::{block_routine, BlockFn};
 use crate::math::MathFn;
@@ -427,7 +433,10 @@ impl Tile<'_> {
                 for i in 0..rows {
                     let start = cols(m.strides, i);
                     let cs = m.strides[m.strides.len() - 1];
-                    for (j, o) in add[i * KEY_BLOCK..i * KEY_BLOCK + bk].iter_mut().enumerate() {
+                    for (j, o) in add[i * KEY_BLOCK..i * KEY_BLOCK + bk]
+                        .iter_mut()
+                        .enumerate()
+                    {
                         *o = m.data[(start + j as i64 * cs) as usize];
                     }
                 }
@@ -472,7 +481,10 @@ fn lane_max(row: &[f32]) -> f32 {
             *m = if x > *m { x } else { *m };
         }
     }
-    let max = chunks.remainder().iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b));
+    let max = chunks
+        .remainder()
+        .iter()
+        .fold(f32::NEG_INFINITY, |a, &b| a.max(b));
     lanes.iter().fold(max, |a, &b| a.max(b))
 }
 
@@ -808,10 +820,7 @@ mod avx512 {
                     }
                     *xv = _mm512_mask_blend_ps((keep >> (v * 16)) as __mmask16, neg, *xv);
                 }
-                let m = _mm512_max_ps(
-                    _mm512_max_ps(row[0], row[1]),
-                    _mm512_max_ps(row[2], row[3]),
-                );
+                let m = _mm512_max_ps(_mm512_max_ps(row[0], row[1]), _mm512_max_ps(row[2], row[3]));
                 let old = state.max[i];
                 new_max[r] = old.max(hmax(m));
                 if new_max[r] != old {
@@ -868,9 +877,8 @@ mod avx512 {
                 }
                 for l in 0..bk {
                     let b = vp.add(l * ops.value_rows + j);
-                    let bv: [__m512; 4] = std::array::from_fn(|v| {
-                        _mm512_maskz_loadu_ps(col_lanes[v], b.add(v * 16))
-                    });
+                    let bv: [__m512; 4] =
+                        std::array::from_fn(|v| _mm512_maskz_loadu_ps(col_lanes[v], b.add(v * 16)));
                     for (r, row) in o.iter_mut().enumerate() {
                         let a = _mm512_set1_ps(p[r * KEY_BLOCK + l]);
                         for (acc, &y) in row.iter_mut().zip(&bv) {
@@ -927,7 +935,13 @@ mod tests {
                 let max = scores.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
                 let p: Vec<f64> = scores
                     .iter()
-                    .map(|&s| if s == f64::NEG_INFINITY { 0.0 } else { (s - max).exp() })
+                    .map(|&s| {
+                        if s == f64::NEG_INFINITY {
+                            0.0
+                        } else {
+                            (s - max).exp()
+                        }
+                    })
                     .collect();
                 let sum: f64 = p.iter().sum();
                 for c in 0..sh.ev {
@@ -1049,12 +1063,15 @@ mod tests {
                         );
                     }
                     // The bool masks leave row 1 (of every head) without a key.
-                    let empty = if matches!(name, "keep") && t > 1 { 4 * group * ev } else { 0 };
+                    let empty = if matches!(name, "keep") && t > 1 {
+                        4 * group * ev
+                    } else {
+                        0
+                    };
                     assert!(nan >= empty, "mask {name}: {nan} NaNs");
                 }
             }
         }
     }
 }
-
 

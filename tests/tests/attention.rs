@@ -408,19 +408,37 @@ fn a_bool_mask_broadcast_to_the_scores_is_fused() {
                 continue;
             }
             for &e in &[8, 17] {
-                check_bool_mask([2, 3, t, s, e, e, 1], &mask_shape, causal, masked_fill, false);
+                check_bool_mask(
+                    [2, 3, t, s, e, e, 1],
+                    &mask_shape,
+                    causal,
+                    masked_fill,
+                    false,
+                );
             }
         }
     }
     check_bool_mask([1, 2, 45, 77, 128, 24, 1], &[45, 77], false, false, false);
-    check_bool_mask([1, 2, 33, 33, 64, 64, 1], &[1, 2, 33, 33], true, false, false);
+    check_bool_mask(
+        [1, 2, 33, 33, 64, 64, 1],
+        &[1, 2, 33, 33],
+        true,
+        false,
+        false,
+    );
 }
 
 #[test]
 fn a_fully_masked_row_gives_what_the_interpreter_gives() {
     for masked_fill in [false, true] {
         check_bool_mask([2, 3, 9, 13, 16, 8, 1], &[9, 13], false, masked_fill, true);
-        check_bool_mask([1, 2, 70, 130, 32, 16, 1], &[2, 70, 130], false, masked_fill, true);
+        check_bool_mask(
+            [1, 2, 70, 130, 32, 16, 1],
+            &[2, 70, 130],
+            false,
+            masked_fill,
+            true,
+        );
     }
     check_bool_mask([1, 2, 70, 70, 16, 16, 1], &[70, 70], true, false, true);
 }
@@ -428,7 +446,13 @@ fn a_fully_masked_row_gives_what_the_interpreter_gives() {
 #[test]
 fn a_bool_mask_with_grouped_query_heads_is_fused() {
     for causal in [false, true] {
-        check_bool_mask([2, 4, 37, 37, 16, 16, 2], &[2, 1, 37, 37], causal, false, false);
+        check_bool_mask(
+            [2, 4, 37, 37, 16, 16, 2],
+            &[2, 1, 37, 37],
+            causal,
+            false,
+            false,
+        );
         check_bool_mask([1, 6, 9, 9, 8, 8, 3], &[9, 9], causal, false, false);
     }
     check_bool_mask([1, 6, 9, 9, 8, 8, 3], &[9, 9], false, true, false);

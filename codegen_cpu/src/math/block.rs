@@ -592,9 +592,7 @@ routines! {
 /// The CPU has AVX-512F, AVX-512DQ and FMA, and the caller is compiled with them enabled.
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]
-pub(crate) unsafe fn exp_avx512_lanes(
-    x: std::arch::x86_64::__m512,
-) -> std::arch::x86_64::__m512 {
+pub(crate) unsafe fn exp_avx512_lanes(x: std::arch::x86_64::__m512) -> std::arch::x86_64::__m512 {
     use std::arch::x86_64::{_mm512_castps_si512, _mm512_castsi512_ps};
     let mut e = x86::Avx512;
     // SAFETY: bit casts between register types; the caller's contract covers the operations.
