@@ -818,7 +818,9 @@ mod avx512 {
                         );
                         *xv = _mm512_add_ps(*xv, m);
                     }
-                    *xv = _mm512_mask_blend_ps((keep >> (v * 16)) as __mmask16, neg, *xv);
+                    if keep != u64::MAX {
+                        *xv = _mm512_mask_blend_ps((keep >> (v * 16)) as __mmask16, neg, *xv);
+                    }
                 }
                 let m = _mm512_max_ps(_mm512_max_ps(row[0], row[1]), _mm512_max_ps(row[2], row[3]));
                 let old = state.max[i];
@@ -970,6 +972,7 @@ mod tests {
             (70, 130, 64, 64, 1, false),
             (65, 65, 128, 20, 1, true),
             (131, 67, 32, 16, 1, false),
+            (33, 200, 40, 80, 3, true),
         ] {
             let batch = [2usize, 2 * group];
             let kv = [2usize, 2];
