@@ -651,6 +651,8 @@ mod avx512 {
         keep: &'a [u64],
         /// The additive mask tile `[rows][KEY_BLOCK]`, if any.
         add: Option<&'a [f32]>,
+        /// Under a causal mask, the position of the item's first row (else `None`).
+        causal_from: Option<usize>,
     }
 
     /// The running state of the item's rows.
@@ -702,6 +704,7 @@ mod avx512 {
                 ev,
                 keep: &keep,
                 add: additive.then_some(&add[..]),
+                causal_from: sh.causal.then_some(t0),
             };
             let mut state = Rows {
                 acc: &mut acc,
@@ -760,6 +763,38 @@ mod avx512 {
         }
     }
 
+    /// The scores of `N` packed query rows at `qp` (`e` apart) against the first `16·V`
+    /// keys of the packed key tile at `kp` (`[e][KEY_BLOCK]`), keys past `key_lanes` 0; the
+    /// other registers 0.
+    ///
+    /// # Safety
+    /// The CPU has AVX-512F; `qp` points to `N·e` and `kp` to `e·KEY_BLOCK` readable f32s.
+    #[target_feature(enable = "avx512f,avx512dq,fma")]
+    #[inline]
+    unsafe fn scores<const N: usize, const V: usize>(
+        qp: *const f32,
+        kp: *const f32,
+        e: usize,
+        key_lanes: &[__mmask16; 4],
+    ) -> [[__m512; 4]; N] {
+        let mut x = [[_mm512_setzero_ps(); 4]; N];
+        // SAFETY: the contract; masked loads touch only their enabled lanes.
+        unsafe {
+            for l in 0..e {
+                let b = kp.add(l * KEY_BLOCK);
+                let bv: [__m512; V] =
+                    std::array::from_fn(|v| _mm512_maskz_loadu_ps(key_lanes[v], b.add(v * 16)));
+                for (r, row) in x.iter_mut().enumerate() {
+                    let a = _mm512_set1_ps(*qp.add(r * e + l));
+                    for (acc, &y) in row.iter_mut().zip(&bv) {
+                        *acc = _mm512_fmadd_ps(a, y, *acc);
+                    }
+                }
+            }
+        }
+        x
+    }
+
     /// Rows `r0..r0 + N` against the keys `s0..s0 + bk`: scores, softmax step, `p·v`.
     ///
     /// # Safety
@@ -786,23 +821,24 @@ mod avx512 {
         // SAFETY (all pointer reads and writes below): the index bounds of the contract;
         // masked loads and stores touch only their enabled lanes (keys `< bk`, columns `< ev`).
         unsafe {
-            // Scores: x[r] = q[r0 + r] · kᵀ[.., s0..s0 + bk].
-            let mut x = [[_mm512_setzero_ps(); 4]; N];
+            // Under a causal mask the keys after the group's last row have p = 0 in every row:
+            // neither product needs them.
+            let seen = match ops.causal_from {
+                Some(t0) => bk.min((t0 + r0 + N).saturating_sub(s0)),
+                None => bk,
+            };
+            // Scores: x[r] = q[r0 + r] · kᵀ[.., s0..s0 + seen] (0 after `seen`).
             let (qp, kp) = (
                 ops.qp.as_ptr().add(r0 * e),
                 ops.keys.as_ptr().add(key_index(s0, 0, e)),
             );
-            for l in 0..e {
-                let b = kp.add(l * KEY_BLOCK);
-                let bv: [__m512; 4] =
-                    std::array::from_fn(|v| _mm512_maskz_loadu_ps(key_lanes[v], b.add(v * 16)));
-                for (r, row) in x.iter_mut().enumerate() {
-                    let a = _mm512_set1_ps(*qp.add(r * e + l));
-                    for (acc, &y) in row.iter_mut().zip(&bv) {
-                        *acc = _mm512_fmadd_ps(a, y, *acc);
-                    }
-                }
-            }
+            let mut x = match seen.div_ceil(16) {
+                0 => [[_mm512_setzero_ps(); 4]; N],
+                1 => scores::<N, 1>(qp, kp, e, &key_lanes),
+                2 => scores::<N, 2>(qp, kp, e, &key_lanes),
+                3 => scores::<N, 3>(qp, kp, e, &key_lanes),
+                _ => scores::<N, 4>(qp, kp, e, &key_lanes),
+            };
             // The softmax step. First each row's mask and new maximum, and the rescaling
             // factors `exp(old max − new max)` of all rows in one register.
             let mut new_max = [f32::NEG_INFINITY; N];
@@ -862,7 +898,7 @@ mod avx512 {
                 state.sum[i] = state.sum[i] * alpha[r] + total;
                 state.max[i] = new;
             }
-            // acc[r] = acc[r]·alpha[r] + p[r]·v[s0..s0 + bk], 64 columns at a time.
+            // acc[r] = acc[r]·alpha[r] + p[r]·v[s0..s0 + seen], 64 columns at a time.
             let vp = ops.values.as_ptr().add(s0 * ops.value_rows);
             let ap = state.acc.as_mut_ptr().add(r0 * ev);
             let mut j = 0;
@@ -877,7 +913,7 @@ mod avx512 {
                         *acc = _mm512_mul_ps(old, scale);
                     }
                 }
-                for l in 0..bk {
+                for l in 0..seen {
                     let b = vp.add(l * ops.value_rows + j);
                     let bv: [__m512; 4] =
                         std::array::from_fn(|v| _mm512_maskz_loadu_ps(col_lanes[v], b.add(v * 16)));
