@@ -1,29 +1,39 @@
 //! The fused attention routine (`Step::Attention`): flash attention on the CPU, like PyTorch's
 //! `aten/src/ATen/native/cpu/FlashAttentionKernel.cpp`.
 //!
-//! Work items are (batch, block of `QUERY_BLOCK` query rows) pairs, spread over the threads by
-//! `for_each_chunk`. An item packs its query rows, then for each block of `KEY_BLOCK` keys (the
-//! blocks entirely above the diagonal skipped under a causal mask) packs the keys transposed and
-//! the values, computes the score tile `q·kᵀ·scale`, and updates each row's running maximum, its
-//! running sum of `exp(score − max)` and its accumulator `Σ p·v` (rescaled by `exp(old max − new
-//! max)` when the maximum grows). The output row is the accumulator over the sum. The `[T, S]`
-//! scores never exist beyond one tile. Every output row is computed by one item in a fixed order,
-//! so results do not depend on the thread count.
+//! Work items are (k/v head, run of query blocks) pairs, spread over the threads by
+//! `for_each_chunk`; an item computes its blocks for every q head sharing the k/v head. It
+//! packs the keys transposed, in tiles of `KEY_BLOCK` (`[e][KEY_BLOCK]` each, contiguous), and
+//! the values unless their rows are already contiguous, into a buffer of its thread that stays
+//! in cache while its blocks read it. A block of `QUERY_BLOCK` query rows packs its rows times
+//! the scale (folded in once), then for each key tile (the tiles entirely above the diagonal
+//! skipped under a causal mask) computes the scores `q·kᵀ`, applies the mask (an additive f32
+//! mask, or a bool one: masked scores are −inf; with the causal limit as one bit per key of
+//! the tile), and updates each row's running maximum, its running sum of `exp(score − max)`
+//! and its accumulator `Σ p·v` (rescaled by `exp(old max − new max)`). The output row is the
+//! accumulator over the sum; a row that sees no key gives NaN (0/0), as the prim expansion
+//! does (−inf − −inf). The `[T, S]` scores never exist beyond one tile. Every output row is
+//! computed by one block in a fixed order, whatever the item and thread, so results do not
+//! depend on the thread count.
 //!
-//! Both products of a tile (`q·kᵀ` and `p·v`) run on packed, contiguous blocks: with AVX-512
-//! (detected at run time) a register-blocked 4 × 64 micro-kernel of FMAs (`std::arch`), else
-//! portable loops. Exponentials use the crate's block math routines (`math::block`: the error the
-//! kernels document) where the CPU has them, else `f32::exp`.
+//! With AVX-512 (F, DQ and FMA, detected at run time) a block works on `GROUP` rows at a
+//! time: their scores stay in registers (a `GROUP × 64` micro-kernel of FMAs), the softmax step
+//! runs on those registers (mask, row maxima, the rescaling factors of the group in one
+//! register, exponentials with the block math's algorithm inlined: the same results and error
+//! bound as `math::block`), and `p·v` is a second register-blocked micro-kernel that rescales
+//! the accumulator rows as it loads them. Elsewhere portable loops compute the same steps a
+//! tile at a time, with the block math routine (or `f32::exp`).
 
 use crate::math::block::{block_routine, BlockFn};
 use crate::math::MathFn;
 use crate::scatter::View;
+use minductor_passes::kernel::MaskKind;
 use minductor_runtime::RuntimeError;
 use std::sync::Mutex;
 
 /// Query rows per work item.
-const QUERY_BLOCK: usize = 32;
-/// Keys per score tile.
+const QUERY_BLOCK: usize = 64;
+/// Keys per score tile (at most 64: a row's bool mask of a tile is one `u64`).
 const KEY_BLOCK: usize = 64;
 
 /// The sizes of one attention: `q [batch.., t, e]`, `k [batch_kv.., s, e]`, `v [batch_kv.., s,
@@ -40,27 +50,93 @@ pub(crate) struct AttentionShape<'a> {
     pub causal: bool,
 }
 
-/// `out = softmax(q·kᵀ·scale [causal])·v`. Checks every view against its buffer and `out`'s
-/// length first (an error, and nothing written, when one does not fit); then all accesses are
-/// checked slice indexing.
+/// A mask seen with the scores' shape `[batch.., t, s]` (stride 0 where it broadcasts).
+pub(crate) enum Mask<'a> {
+    /// Added to the scaled scores.
+    Add(View<'a, f32>),
+    /// Bool (one byte, nonzero is true): the scores where it is false are −inf (PyTorch's bool
+    /// `attn_mask`: true takes part).
+    Keep(View<'a, u8>),
+    /// Bool: the scores where it is true are −inf (`masked_fill(mask, -inf)`).
+    Drop(View<'a, u8>),
+}
+
+/// A mask buffer's elements, by type.
+#[derive(Clone, Copy)]
+pub(crate) enum MaskData<'a> {
+    F32(&'a [f32]),
+    /// One byte an element, nonzero is true.
+    Bool(&'a [u8]),
+}
+
+impl<'a> Mask<'a> {
+    /// The mask of `kind` on `data` (an error when the element type does not fit the kind).
+    pub(crate) fn new(
+        kind: MaskKind,
+        data: MaskData<'a>,
+        offset: i64,
+        strides: &'a [i64],
+    ) -> Result<Self, RuntimeError> {
+        Ok(match (kind, data) {
+            (MaskKind::Add, MaskData::F32(data)) => Mask::Add(View {
+                data,
+                offset,
+                strides,
+            }),
+            (MaskKind::Keep, MaskData::Bool(data)) => Mask::Keep(View {
+                data,
+                offset,
+                strides,
+            }),
+            (MaskKind::Drop, MaskData::Bool(data)) => Mask::Drop(View {
+                data,
+                offset,
+                strides,
+            }),
+            _ => {
+                return Err(RuntimeError::Unsupported(format!(
+                    "attention: a {kind:?} mask of the wrong element type"
+                )))
+            }
+        })
+    }
+
+    fn check(&self, shape: &[usize]) -> Result<(), RuntimeError> {
+        match self {
+            Mask::Add(m) => m.check(shape, "attention mask"),
+            Mask::Keep(m) | Mask::Drop(m) => m.check(shape, "attention mask"),
+        }
+    }
+
+    fn strides(&self) -> (i64, &[i64]) {
+        match self {
+            Mask::Add(m) => (m.offset, m.strides),
+            Mask::Keep(m) | Mask::Drop(m) => (m.offset, m.strides),
+        }
+    }
+}
+
+/// `out = softmax(q·kᵀ·scale [+ mask] [causal])·v`. Checks every view against its buffer and
+/// `out`'s length first (an error, and nothing written, when one does not fit); then all
+/// accesses are checked slice indexing or inside the checked packed buffers.
 pub(crate) fn attention(
     q: View<'_, f32>,
     k: View<'_, f32>,
     v: View<'_, f32>,
-    mask: Option<View<'_, f32>>,
+    mask: Option<Mask<'_>>,
     shape: &AttentionShape<'_>,
     out: &mut [f32],
 ) -> Result<(), RuntimeError> {
     attention_on(q, k, v, mask, shape, out, has_avx512())
 }
 
-/// [`attention`], with the AVX-512 micro-kernel only when `avx512` (which the caller has
-/// checked the CPU supports).
+/// [`attention`], with the AVX-512 micro-kernels only when `avx512` (which the caller has
+/// checked the CPU supports: [`has_avx512`]).
 fn attention_on(
     q: View<'_, f32>,
     k: View<'_, f32>,
     v: View<'_, f32>,
-    mask: Option<View<'_, f32>>,
+    mask: Option<Mask<'_>>,
     shape: &AttentionShape<'_>,
     out: &mut [f32],
     avx512: bool,
@@ -80,7 +156,7 @@ fn attention_on(
     k.check(&with(&kv_batch, shape.s, shape.e), "attention k")?;
     v.check(&with(&kv_batch, shape.s, shape.ev), "attention v")?;
     if let Some(mask) = &mask {
-        mask.check(&with(shape.batch, shape.t, shape.s), "attention mask")?;
+        mask.check(&with(shape.batch, shape.t, shape.s))?;
     }
     let batches: usize = shape.batch.iter().product();
     let matrix = shape.t * shape.ev;
@@ -94,80 +170,192 @@ fn attention_on(
     if matrix == 0 {
         return Ok(());
     }
-    let blocks = shape.t.div_ceil(QUERY_BLOCK);
-    let items: Vec<Mutex<&mut [f32]>> = out
-        .chunks_mut(matrix)
-        .flat_map(|m| m.chunks_mut(QUERY_BLOCK * shape.ev))
-        .map(Mutex::new)
-        .collect();
-    let exp = block_routine(MathFn::Exp);
-    // The element offset of batch `b` (row-major over `dims`) in a view.
-    let base = |view: &View<'_, f32>, dims: &[usize], mut b: usize| -> i64 {
-        let mut offset = view.offset;
-        for d in (0..dims.len()).rev() {
-            offset += (b % dims[d]) as i64 * view.strides[d];
-            b /= dims[d];
-        }
-        offset
-    };
-    // Keys transposed (`[e][s]`) and values (`[s][ev]`), packed once per k/v batch and shared
-    // by every query block (and every q head of a group).
+    // Work items: (k/v head, run of query blocks), each computing those blocks for every q
+    // head of the group. An item packs its keys (transposed) and, unless their rows are
+    // contiguous, its values into a buffer of its thread, which stays in that core's cache
+    // while the item's blocks read it. A head is split into runs only as far as needed to give
+    // every thread a few items (each run packs again); where the work is split does not change
+    // any result.
     let (s, e, ev) = (shape.s, shape.e, shape.ev);
+    let blocks = shape.t.div_ceil(QUERY_BLOCK);
     let kv_batches: usize = kv_batch.iter().product();
-    let mut keys = vec![0f32; kv_batches * e * s];
-    let mut values = vec![0f32; kv_batches * s * ev];
-    {
-        let packs: Vec<Mutex<(&mut [f32], &mut [f32])>> = keys
-            .chunks_mut((e * s).max(1))
-            .zip(values.chunks_mut((s * ev).max(1)))
-            .map(Mutex::new)
-            .collect();
-        minductor_runtime::threads::for_each_chunk(packs.len(), |b| {
-            let mut pack = packs[b].lock().unwrap_or_else(|p| p.into_inner());
-            let (kt, vp) = &mut *pack;
-            let (kb, vb) = (base(&k, &kv_batch, b), base(&v, &kv_batch, b));
-            for j in 0..s {
-                for c in 0..e {
-                    kt[c * s + j] = element(&k, kb, j, c);
+    let threads = minductor_runtime::threads::num_threads().max(1);
+    let runs = (4 * threads).div_ceil(kv_batches.max(1)).clamp(1, blocks);
+    let run_blocks = blocks.div_ceil(runs);
+    let runs = blocks.div_ceil(run_blocks);
+    let run_len = run_blocks * QUERY_BLOCK * ev;
+    // Per q head, its output split into runs; then each item's runs, one per q head of its
+    // group (q heads `kv·group..(kv + 1)·group` are consecutive matrices).
+    let mut per_head: Vec<std::vec::IntoIter<&mut [f32]>> = out
+        .chunks_mut(matrix)
+        .map(|m| m.chunks_mut(run_len).collect::<Vec<_>>().into_iter())
+        .collect();
+    let mut items: Vec<Mutex<Vec<&mut [f32]>>> = Vec::with_capacity(kv_batches * runs);
+    for heads in per_head.chunks_mut(group) {
+        for _ in 0..runs {
+            let rows = heads.iter_mut().filter_map(|h| h.next()).collect();
+            items.push(Mutex::new(rows));
+        }
+    }
+    let exp = block_routine(MathFn::Exp);
+    let (v_rows, v_cols) = (v.strides[n], v.strides[n + 1]);
+    let v_in_place = v_cols == 1 && v_rows >= 0;
+    minductor_runtime::threads::for_each_chunk(items.len(), |item| {
+        let (kv, run) = (item / runs, item % runs);
+        let first_row = run * run_blocks * QUERY_BLOCK;
+        let mut outs = items[item].lock().unwrap_or_else(|p| p.into_inner());
+        let rows = outs.first().map_or(0, |o| o.len() / ev);
+        // Keys after the run's last row take part in no row under a causal mask.
+        let keys = if shape.causal {
+            s.min(first_row + rows)
+        } else {
+            s
+        };
+        PACK.with(|pack| {
+            let mut pack = pack.borrow_mut();
+            let (key_len, value_len) = (keys_len(s, e), if v_in_place { 0 } else { s * ev });
+            if pack.len() < key_len + value_len {
+                pack.resize(key_len + value_len, 0.0);
+            }
+            // Columns `0..keys` of `kt` and rows `0..keys` of `vp` are written here, and the
+            // blocks read no others.
+            let (kt, vp) = pack.split_at_mut(key_len);
+            let vp = &mut vp[..value_len];
+            pack_transposed(&k, base(k.offset, k.strides, &kv_batch, kv), keys, e, kt);
+            let vb = base(v.offset, v.strides, &kv_batch, kv);
+            if !v_in_place {
+                for j in 0..keys {
+                    for (o, x) in vp[j * ev..(j + 1) * ev].iter_mut().zip(row(&v, vb, j, ev)) {
+                        *o = x;
+                    }
                 }
-                for c in 0..ev {
-                    vp[j * ev + c] = element(&v, vb, j, c);
+            }
+            let (values, value_rows) = if v_in_place {
+                // In bounds: `v.check` saw the whole view, and batch `kv` starts inside it.
+                (&v.data[vb as usize..], v_rows as usize)
+            } else {
+                (&vp[..], ev)
+            };
+            for (h, out) in outs.iter_mut().enumerate() {
+                // q head `b` reads k/v head `b / group`.
+                let b = kv * group + h;
+                for (i, block) in out.chunks_mut(QUERY_BLOCK * ev).enumerate() {
+                    let tile = Tile {
+                        q: &q,
+                        q_base: base(q.offset, q.strides, shape.batch, b),
+                        mask: mask.as_ref().map(|m| {
+                            let (offset, strides) = m.strides();
+                            (m, base(offset, strides, shape.batch, b))
+                        }),
+                        keys: kt,
+                        values,
+                        value_rows,
+                        shape,
+                        first_row: first_row + i * QUERY_BLOCK,
+                    };
+                    if avx512 {
+                        #[cfg(target_arch = "x86_64")]
+                        {
+                            // SAFETY: the CPU has AVX-512F, AVX-512DQ and FMA (`avx512` is only
+                            // set after `has_avx512` said so).
+                            unsafe { avx512::item(&tile, block) };
+                            continue;
+                        }
+                    }
+                    portable_item(&tile, exp, block);
                 }
             }
         });
-    }
-    minductor_runtime::threads::for_each_chunk(items.len(), |item| {
-        let (b, block) = (item / blocks, item % blocks);
-        // q head h reads k/v head h / group: k/v batch `b / group` when the heads are the
-        // last batch dim.
-        let kv = if n == 0 { 0 } else { b / group };
-        let mut rows = items[item].lock().unwrap_or_else(|p| p.into_inner());
-        let tile = Tile {
-            q: &q,
-            q_base: base(&q, shape.batch, b),
-            mask: mask.as_ref().map(|m| (m, base(m, shape.batch, b))),
-            keys: &keys[kv * e * s..(kv + 1) * e * s],
-            values: &values[kv * s * ev..(kv + 1) * s * ev],
-            shape,
-            first_row: block * QUERY_BLOCK,
-            exp,
-            avx512,
-        };
-        tile_body(&tile, &mut rows);
     });
     Ok(())
 }
 
-/// Element `(row, col)` of the matrix at `base` of `view` (checked indexing).
-fn element(view: &View<'_, f32>, base: i64, row: usize, col: usize) -> f32 {
-    let r = view.strides.len() - 2;
-    view.data[(base + row as i64 * view.strides[r] + col as i64 * view.strides[r + 1]) as usize]
+thread_local! {
+    /// The packed keys and values of the item a thread runs, kept for its next item (no
+    /// fresh pages to fault in, and in the thread's cache).
+    static PACK: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
+/// Elements of the packed keys: `s` keys in tiles of `KEY_BLOCK`, each tile `[e][KEY_BLOCK]`
+/// (key `j`, column `c` at [`key_index`]), so that a tile's rows are contiguous and the tile
+/// is one block of memory (no cache set conflicts between its rows).
+fn keys_len(s: usize, e: usize) -> usize {
+    s.div_ceil(KEY_BLOCK) * e * KEY_BLOCK
+}
+
+/// Where key `j`, column `c` is in the packed keys.
+fn key_index(j: usize, c: usize, e: usize) -> usize {
+    (j / KEY_BLOCK) * e * KEY_BLOCK + c * KEY_BLOCK + j % KEY_BLOCK
+}
+
+/// Packs rows `j < keys` of the `[s, e]` matrix at `base` of `k` transposed, in tiles (see
+/// [`keys_len`]).
+fn pack_transposed(k: &View<'_, f32>, base: i64, keys: usize, e: usize, kt: &mut [f32]) {
+    let n = k.strides.len();
+    let (rs, cs) = (k.strides[n - 2], k.strides[n - 1]);
+    if cs == 1 && rs >= 0 {
+        // Rows of `e` contiguous elements, 16 at a time (a run inside one tile, as 16 divides
+        // `KEY_BLOCK`): each column of the run is written as 16 contiguous elements (one cache
+        // line) from 16 rows in cache.
+        const KEYS: usize = 16;
+        let mut j0 = 0;
+        while j0 < keys {
+            let n = KEYS.min(keys - j0);
+            let rows: [&[f32]; KEYS] = std::array::from_fn(|r| {
+                if r < n {
+                    let start = (base + (j0 + r) as i64 * rs) as usize;
+                    &k.data[start..start + e]
+                } else {
+                    &[]
+                }
+            });
+            for c in 0..e {
+                let at = key_index(j0, c, e);
+                for (o, r) in kt[at..at + n].iter_mut().zip(&rows) {
+                    *o = r[c];
+                }
+            }
+            j0 += n;
+        }
+    } else {
+        for j in 0..keys {
+            for (c, x) in row(k, base, j, e).enumerate() {
+                kt[key_index(j, c, e)] = x;
+            }
+        }
+    }
+}
+
+/// The element offset of batch `b` (row-major over `dims`) in a view of `offset` and
+/// `strides` (the batch dims first).
+fn base(offset: i64, strides: &[i64], dims: &[usize], mut b: usize) -> i64 {
+    let mut offset = offset;
+    for d in (0..dims.len()).rev() {
+        offset += (b % dims[d]) as i64 * strides[d];
+        b /= dims[d];
+    }
+    offset
+}
+
+/// Elements `(r, 0..cols)` of the matrix at `base` of `view` (checked indexing).
+fn row<'a, T: Copy>(
+    view: &'a View<'_, T>,
+    base: i64,
+    r: usize,
+    cols: usize,
+) -> impl Iterator<Item = T> + 'a {
+    let n = view.strides.len();
+    let (rs, cs) = (view.strides[n - 2], view.strides[n - 1]);
+    let start = base + r as i64 * rs;
+    (0..cols).map(move |c| view.data[(start + c as i64 * cs) as usize])
+}
+
+/// The CPU has what the AVX-512 form uses (F, DQ and FMA: the inlined block-math `exp`).
 fn has_avx512() -> bool {
     #[cfg(target_arch = "x86_64")]
     {
-        std::arch::is_x86_feature_detected!("avx512f")
+        use std::arch::is_x86_feature_detected as has;
+        has!("avx512f") && has!("avx512dq") && has!("fma")
     }
     #[cfg(not(target_arch = "x86_64"))]
     {
@@ -180,147 +368,91 @@ struct Tile<'a> {
     q: &'a View<'a, f32>,
     /// The element offset of this batch's q matrix.
     q_base: i64,
-    /// The additive mask and the element offset of this batch's `[t, s]` matrix in it.
-    mask: Option<(&'a View<'a, f32>, i64)>,
-    /// This batch's keys, transposed: `[e][s]`.
+    /// The mask and the element offset of this batch's `[t, s]` matrix in it.
+    mask: Option<(&'a Mask<'a>, i64)>,
+    /// This batch's keys, packed transposed in tiles (`key_index`).
     keys: &'a [f32],
-    /// This batch's values: `[s][ev]`.
+    /// This batch's values: row `j` at `j * value_rows`, `ev` contiguous elements.
     values: &'a [f32],
+    value_rows: usize,
     shape: &'a AttentionShape<'a>,
     first_row: usize,
-    exp: Option<BlockFn>,
-    /// The CPU has AVX-512F (the tile products use it).
-    avx512: bool,
 }
 
-/// `c[i][j] (+)= Σ_l a[i·lda + l] · b[l·ldb + j]` for `i < rows`, `j < cols`, `l < depth`: the
-/// two products of a tile (scores `q·kᵀ` with `kᵀ` packed, and `p·v`).
-struct Product<'a> {
-    a: &'a [f32],
-    lda: usize,
-    b: &'a [f32],
-    ldb: usize,
-    depth: usize,
-    rows: usize,
-    cols: usize,
-    ldc: usize,
-}
-
-impl Product<'_> {
-    /// Checks every index the product reads and writes (so the AVX-512 form may read unchecked).
-    fn fits(&self, c: &[f32]) -> bool {
-        let last = |rows: usize, ld: usize, cols: usize| {
-            (rows > 0 && cols > 0).then(|| (rows - 1) * ld + cols - 1)
-        };
-        let inside = |data: &[f32], end: Option<usize>| end.is_none_or(|e| e < data.len());
-        self.cols <= self.ldb
-            && self.cols <= self.ldc
-            && self.depth <= self.lda
-            && inside(self.a, last(self.rows, self.lda, self.depth))
-            && inside(self.b, last(self.depth, self.ldb, self.cols))
-            && inside(c, last(self.rows, self.ldc, self.cols))
-    }
-
-    fn run(&self, c: &mut [f32], accumulate: bool, avx512: bool) {
-        assert!(
-            self.fits(c),
-            "attention: a tile product outside its packed buffers"
-        );
-        if avx512 {
-            #[cfg(target_arch = "x86_64")]
+impl Tile<'_> {
+    /// The item's query rows times the scale, `[rows][e]`.
+    fn packed_queries(&self, rows: usize) -> Vec<f32> {
+        let e = self.shape.e;
+        let mut qp = vec![0f32; rows * e];
+        let n = self.q.strides.len();
+        let (rs, cs) = (self.q.strides[n - 2], self.q.strides[n - 1]);
+        if cs == 1 {
+            // Contiguous rows: slices.
+            for (i, packed) in qp.chunks_exact_mut(e.max(1)).enumerate() {
+                let start = (self.q_base + (self.first_row + i) as i64 * rs) as usize;
+                for (o, &x) in packed.iter_mut().zip(&self.q.data[start..start + e]) {
+                    *o = x * self.shape.scale;
+                }
+            }
+            return qp;
+        }
+        for (i, packed) in qp.chunks_exact_mut(e.max(1)).enumerate() {
+            for (o, x) in packed
+                .iter_mut()
+                .zip(row(self.q, self.q_base, self.first_row + i, e))
             {
-                // SAFETY: the CPU has AVX-512F (checked by the caller at run time), and `fits`
-                // checked every index the routine touches.
-                unsafe { avx512::product(self, c, accumulate) };
-                return;
+                *o = x * self.shape.scale;
             }
         }
-        for i in 0..self.rows {
-            let row = &mut c[i * self.ldc..i * self.ldc + self.cols];
-            if !accumulate {
-                row.fill(0.0);
-            }
-            for l in 0..self.depth {
-                let x = self.a[i * self.lda + l];
-                let b = &self.b[l * self.ldb..l * self.ldb + self.cols];
-                for (o, &y) in row.iter_mut().zip(b) {
-                    *o += x * y;
-                }
-            }
-        }
-    }
-}
-
-#[cfg(target_arch = "x86_64")]
-mod avx512 {
-    use super::Product;
-    use std::arch::x86_64::*;
-
-    /// Register-blocked: 4 rows × 64 columns (16 zmm accumulators) at a time, column tails
-    /// through masks.
-    ///
-    /// # Safety
-    /// The CPU has AVX-512F, and `p.fits(c)`.
-    #[target_feature(enable = "avx512f")]
-    pub(super) unsafe fn product(p: &Product<'_>, c: &mut [f32], accumulate: bool) {
-        let mut i = 0;
-        while i < p.rows {
-            let rows = (p.rows - i).min(4);
-            let mut j = 0;
-            while j < p.cols {
-                let cols = (p.cols - j).min(64);
-                match rows {
-                    4 => block::<4>(p, c, i, j, cols, accumulate),
-                    3 => block::<3>(p, c, i, j, cols, accumulate),
-                    2 => block::<2>(p, c, i, j, cols, accumulate),
-                    _ => block::<1>(p, c, i, j, cols, accumulate),
-                }
-                j += 64;
-            }
-            i += 4;
-        }
+        qp
     }
 
-    /// # Safety
-    /// As [`product`]; rows `i..i + R` and columns `j..j + cols` are inside the product.
-    #[target_feature(enable = "avx512f")]
-    #[inline]
-    unsafe fn block<const R: usize>(
-        p: &Product<'_>,
-        c: &mut [f32],
-        i: usize,
-        j: usize,
-        cols: usize,
-        accumulate: bool,
-    ) {
-        let masks: [__mmask16; 4] = std::array::from_fn(|v| {
-            let n = cols.saturating_sub(v * 16).min(16);
-            ((1u32 << n) - 1) as __mmask16
-        });
-        let mut acc = [[_mm512_setzero_ps(); 4]; R];
-        let cp = c.as_mut_ptr();
-        if accumulate {
-            for (r, row) in acc.iter_mut().enumerate() {
-                for (v, a) in row.iter_mut().enumerate() {
-                    *a = _mm512_maskz_loadu_ps(masks[v], cp.add((i + r) * p.ldc + j + v * 16));
+    /// The keys of rows `0..rows` visible in the tile of `bk` keys at `s0`: bit `j` of
+    /// `keep[i]` (causal and bool masks), and with an additive mask its values `add[i *
+    /// KEY_BLOCK + j]`.
+    fn mask_tile(&self, rows: usize, s0: usize, bk: usize, keep: &mut [u64], add: &mut [f32]) {
+        let sh = self.shape;
+        let t0 = self.first_row;
+        for (i, bits) in keep[..rows].iter_mut().enumerate() {
+            let seen = if sh.causal {
+                bk.min((t0 + i + 1).saturating_sub(s0))
+            } else {
+                bk
+            };
+            *bits = if seen >= 64 { !0 } else { (1u64 << seen) - 1 };
+        }
+        let Some((mask, mb)) = self.mask else {
+            return;
+        };
+        let cols = |view_strides: &[i64], i: usize| {
+            let n = view_strides.len();
+            mb + (t0 + i) as i64 * view_strides[n - 2] + s0 as i64 * view_strides[n - 1]
+        };
+        match mask {
+            Mask::Add(m) => {
+                for i in 0..rows {
+                    let start = cols(m.strides, i);
+                    let cs = m.strides[m.strides.len() - 1];
+                    for (j, o) in add[i * KEY_BLOCK..i * KEY_BLOCK + bk]
+                        .iter_mut()
+                        .enumerate()
+                    {
+                        *o = m.data[(start + j as i64 * cs) as usize];
+                    }
                 }
             }
-        }
-        let (ap, bp) = (p.a.as_ptr(), p.b.as_ptr());
-        for l in 0..p.depth {
-            let b = bp.add(l * p.ldb + j);
-            let bv: [__m512; 4] =
-                std::array::from_fn(|v| _mm512_maskz_loadu_ps(masks[v], b.add(v * 16)));
-            for (r, row) in acc.iter_mut().enumerate() {
-                let x = _mm512_set1_ps(*ap.add((i + r) * p.lda + l));
-                for (a, &y) in row.iter_mut().zip(&bv) {
-                    *a = _mm512_fmadd_ps(x, y, *a);
+            Mask::Keep(m) | Mask::Drop(m) => {
+                let drop = matches!(mask, Mask::Drop(_));
+                for (i, bits) in keep[..rows].iter_mut().enumerate() {
+                    let start = cols(m.strides, i);
+                    let cs = m.strides[m.strides.len() - 1];
+                    let mut visible = 0u64;
+                    for j in 0..bk {
+                        let set = m.data[(start + j as i64 * cs) as usize] != 0;
+                        visible |= ((set != drop) as u64) << j;
+                    }
+                    *bits &= visible;
                 }
-            }
-        }
-        for (r, row) in acc.iter().enumerate() {
-            for (v, &a) in row.iter().enumerate() {
-                _mm512_mask_storeu_ps(cp.add((i + r) * p.ldc + j + v * 16), masks[v], a);
             }
         }
     }
@@ -340,21 +472,19 @@ fn exp_in_place(exp: Option<BlockFn>, data: &mut [f32]) {
 /// the same on every run).
 const LANES: usize = 16;
 
-/// `row *= scale`, returning the maximum (−inf for an empty row).
-fn scale_and_max(row: &mut [f32], scale: f32) -> f32 {
+/// The maximum of `row` (−inf for an empty row).
+fn lane_max(row: &[f32]) -> f32 {
     let mut lanes = [f32::NEG_INFINITY; LANES];
-    let mut chunks = row.chunks_exact_mut(LANES);
+    let mut chunks = row.chunks_exact(LANES);
     for chunk in &mut chunks {
-        for (m, x) in lanes.iter_mut().zip(chunk.iter_mut()) {
-            *x *= scale;
-            *m = if *x > *m { *x } else { *m };
+        for (m, &x) in lanes.iter_mut().zip(chunk) {
+            *m = if x > *m { x } else { *m };
         }
     }
-    let mut max = f32::NEG_INFINITY;
-    for x in chunks.into_remainder() {
-        *x *= scale;
-        max = max.max(*x);
-    }
+    let max = chunks
+        .remainder()
+        .iter()
+        .fold(f32::NEG_INFINITY, |a, &b| a.max(b));
     lanes.iter().fold(max, |a, &b| a.max(b))
 }
 
@@ -371,98 +501,123 @@ fn lane_sum(row: &[f32]) -> f32 {
     lanes.iter().sum::<f32>() + tail
 }
 
-fn tile_body(tile: &Tile<'_>, out: &mut [f32]) {
+/// `c[i][j] (+)= Σ_l a[i·lda + l] · b[l·ldb + j]` for `i < rows`, `j < cols`, `l < depth`
+/// (checked indexing): the two products of a portable tile.
+#[allow(clippy::too_many_arguments)]
+fn product(
+    a: &[f32],
+    lda: usize,
+    b: &[f32],
+    ldb: usize,
+    depth: usize,
+    rows: usize,
+    cols: usize,
+    c: &mut [f32],
+    ldc: usize,
+    accumulate: bool,
+) {
+    for i in 0..rows {
+        let row = &mut c[i * ldc..i * ldc + cols];
+        if !accumulate {
+            row.fill(0.0);
+        }
+        for l in 0..depth {
+            let x = a[i * lda + l];
+            for (o, &y) in row.iter_mut().zip(&b[l * ldb..l * ldb + cols]) {
+                *o += x * y;
+            }
+        }
+    }
+}
+
+/// One item with portable loops, a tile at a time.
+fn portable_item(tile: &Tile<'_>, exp: Option<BlockFn>, out: &mut [f32]) {
     let sh = tile.shape;
     let (e, ev) = (sh.e, sh.ev);
     let rows = out.len() / ev;
     let t0 = tile.first_row;
-    // Packed query rows [rows][e].
-    let mut qp = vec![0f32; rows * e];
-    for i in 0..rows {
-        for c in 0..e {
-            qp[i * e + c] = element(tile.q, tile.q_base, t0 + i, c);
-        }
-    }
+    let qp = tile.packed_queries(rows);
     let mut acc = vec![0f32; rows * ev];
     let mut max = vec![f32::NEG_INFINITY; rows];
     let mut sum = vec![0f32; rows];
     // The score tile [rows][KEY_BLOCK], then its probabilities.
     let mut scores = vec![0f32; rows * KEY_BLOCK];
+    let mut keep = vec![0u64; rows];
+    let mut add = vec![0f32; rows * KEY_BLOCK];
     // Each row's rescaling exponent, then factor.
     let mut rescale = vec![0f32; rows];
     // Keys after the last row's position take part in no row under a causal mask.
     let keys = if sh.causal { sh.s.min(t0 + rows) } else { sh.s };
+    let additive = matches!(tile.mask, Some((Mask::Add(_), _)));
     let mut s0 = 0;
     while s0 < keys {
         let bk = KEY_BLOCK.min(keys - s0);
-        Product {
-            a: &qp,
-            lda: e,
-            b: &tile.keys[s0..],
-            ldb: sh.s,
-            depth: e,
+        tile.mask_tile(rows, s0, bk, &mut keep, &mut add);
+        product(
+            &qp,
+            e,
+            &tile.keys[key_index(s0, 0, e)..],
+            KEY_BLOCK,
+            e,
             rows,
-            cols: bk,
-            ldc: bk,
-        }
-        .run(&mut scores, false, tile.avx512);
-        // Per row: scale, mask, the new running maximum, `score − max` (then one exp call over
-        // the whole tile), and the rescaling exponent `old max − new max` (one more call).
+            bk,
+            &mut scores,
+            KEY_BLOCK,
+            false,
+        );
+        // Per row: mask, the new running maximum, `score − max` (then one exp call over the
+        // whole tile), and the rescaling exponent `old max − new max` (one more call).
         for i in 0..rows {
-            let t = t0 + i;
-            // Keys of this block the row sees.
-            let seen = if sh.causal {
-                bk.min((t + 1).saturating_sub(s0))
-            } else {
-                bk
-            };
-            let row = &mut scores[i * bk..(i + 1) * bk];
-            let block_max = match tile.mask {
-                None => scale_and_max(&mut row[..seen], sh.scale),
-                Some((mask, base)) => {
-                    for (j, x) in row[..seen].iter_mut().enumerate() {
-                        *x = *x * sh.scale + element(mask, base, t, s0 + j);
-                    }
-                    row[..seen].iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b))
+            let row = &mut scores[i * KEY_BLOCK..(i + 1) * KEY_BLOCK];
+            for (j, x) in row.iter_mut().enumerate() {
+                if j >= bk || keep[i] >> j & 1 == 0 {
+                    *x = f32::NEG_INFINITY;
+                } else if additive {
+                    *x += add[i * KEY_BLOCK + j];
                 }
-            };
-            row[seen..].fill(f32::NEG_INFINITY);
-            let new_max = max[i].max(block_max);
+            }
+            let new_max = max[i].max(lane_max(row));
             if new_max == f32::NEG_INFINITY {
                 // Nothing seen yet (or every score is −inf): no probability mass, no rescaling.
-                row.fill(f32::NEG_INFINITY);
                 rescale[i] = 0.0;
                 continue;
             }
-            row[..seen].iter_mut().for_each(|s| *s -= new_max);
+            row.iter_mut().for_each(|s| *s -= new_max);
             rescale[i] = max[i] - new_max;
             max[i] = new_max;
         }
-        exp_in_place(tile.exp, &mut scores[..rows * bk]);
-        exp_in_place(tile.exp, &mut rescale[..rows]);
+        exp_in_place(exp, &mut scores);
+        exp_in_place(exp, &mut rescale);
         for i in 0..rows {
             let r = rescale[i];
             if r != 1.0 {
                 sum[i] *= r;
                 acc[i * ev..(i + 1) * ev].iter_mut().for_each(|a| *a *= r);
             }
-            sum[i] += lane_sum(&scores[i * bk..(i + 1) * bk]);
+            sum[i] += lane_sum(&scores[i * KEY_BLOCK..(i + 1) * KEY_BLOCK]);
         }
-        Product {
-            a: &scores,
-            lda: bk,
-            b: &tile.values[s0 * ev..],
-            ldb: ev,
-            depth: bk,
+        product(
+            &scores,
+            KEY_BLOCK,
+            &tile.values[s0 * tile.value_rows..],
+            tile.value_rows,
+            bk,
             rows,
-            cols: ev,
-            ldc: ev,
-        }
-        .run(&mut acc, true, tile.avx512);
+            ev,
+            &mut acc,
+            ev,
+            true,
+        );
         s0 += bk;
     }
-    for i in 0..rows {
-        let inverse = 1.0 / sum[i];
+    finish(&acc, &sum, out);
+}
+
+/// `out = acc / sum`, row by row.
+fn finish(acc: &[f32], sum: &[f32], out: &mut [f32]) {
+    let ev = out.len() / sum.len().max(1);
+    for (i, &s) in sum.iter().enumerate() {
+        let inverse = 1.0 / s;
         for (o, &a) in out[i * ev..(i + 1) * ev]
             .iter_mut()
             .zip(&acc[i * ev..(i + 1) * ev])
@@ -472,31 +627,360 @@ fn tile_body(tile: &Tile<'_>, out: &mut [f32]) {
     }
 }
 
+#[cfg(target_arch = "x86_64")]
+mod avx512 {
+    use super::{finish, key_index, keys_len, Mask, Tile, KEY_BLOCK};
+    use crate::math::block::exp_avx512_lanes;
+    use std::arch::x86_64::*;
+
+    /// Query rows per micro-kernel call: `GROUP × 64` scores in 4·`GROUP` registers.
+    const GROUP: usize = 4;
+
+    /// What a group of rows reads, all checked once per item (see [`item`]).
+    struct Operands<'a> {
+        /// Packed, scaled query rows `[rows][e]`.
+        qp: &'a [f32],
+        e: usize,
+        /// Keys packed transposed in tiles (`key_index`).
+        keys: &'a [f32],
+        /// Values: row `j` at `j * value_rows`, `ev` elements.
+        values: &'a [f32],
+        value_rows: usize,
+        ev: usize,
+        /// The visible keys of each row of the tile (bit per key).
+        keep: &'a [u64],
+        /// The additive mask tile `[rows][KEY_BLOCK]`, if any.
+        add: Option<&'a [f32]>,
+        /// Under a causal mask, the position of the item's first row (else `None`).
+        causal_from: Option<usize>,
+    }
+
+    /// The running state of the item's rows.
+    struct Rows<'a> {
+        acc: &'a mut [f32],
+        max: &'a mut [f32],
+        sum: &'a mut [f32],
+    }
+
+    /// One item (see the module documentation).
+    ///
+    /// # Safety
+    /// The CPU has AVX-512F, AVX-512DQ and FMA.
+    #[target_feature(enable = "avx512f,avx512dq,fma")]
+    pub(super) unsafe fn item(tile: &Tile<'_>, out: &mut [f32]) {
+        let sh = tile.shape;
+        let (e, ev, s) = (sh.e, sh.ev, sh.s);
+        let rows = out.len() / ev;
+        let t0 = tile.first_row;
+        let qp = tile.packed_queries(rows);
+        let mut acc = vec![0f32; rows * ev];
+        let mut max = vec![f32::NEG_INFINITY; rows];
+        let mut sum = vec![0f32; rows];
+        let mut keep = vec![0u64; rows];
+        let additive = matches!(tile.mask, Some((Mask::Add(_), _)));
+        let mut add = vec![0f32; if additive { rows * KEY_BLOCK } else { 0 }];
+        let mut p = [0f32; GROUP * KEY_BLOCK];
+        // The bounds every pointer below stays within (the packed buffers are built with
+        // exactly these sizes; checked here so that a mistake panics instead of reading out of
+        // bounds).
+        assert!(
+            qp.len() >= rows * e
+                && tile.keys.len() >= keys_len(s, e)
+                && (s == 0 || tile.values.len() >= (s - 1) * tile.value_rows + ev)
+                && acc.len() >= rows * ev,
+            "attention: an item's packed buffers are too small"
+        );
+        let keys_end = if sh.causal { s.min(t0 + rows) } else { s };
+        let mut s0 = 0;
+        while s0 < keys_end {
+            let bk = KEY_BLOCK.min(keys_end - s0);
+            tile.mask_tile(rows, s0, bk, &mut keep, &mut add);
+            let ops = Operands {
+                qp: &qp,
+                e,
+                keys: tile.keys,
+                values: tile.values,
+                value_rows: tile.value_rows,
+                ev,
+                keep: &keep,
+                add: additive.then_some(&add[..]),
+                causal_from: sh.causal.then_some(t0),
+            };
+            let mut state = Rows {
+                acc: &mut acc,
+                max: &mut max,
+                sum: &mut sum,
+            };
+            let mut r0 = 0;
+            while r0 < rows {
+                // SAFETY: the caller's CPU contract; rows `r0..r0 + n` are the item's, keys
+                // `s0..s0 + bk` are inside `s` (`bk <= KEY_BLOCK`), and the buffers hold the
+                // sizes asserted above.
+                unsafe {
+                    match (rows - r0).min(GROUP) {
+                        1 => group::<1>(&ops, &mut state, &mut p, r0, s0, bk),
+                        2 => group::<2>(&ops, &mut state, &mut p, r0, s0, bk),
+                        3 => group::<3>(&ops, &mut state, &mut p, r0, s0, bk),
+                        _ => group::<GROUP>(&ops, &mut state, &mut p, r0, s0, bk),
+                    }
+                }
+                r0 += GROUP;
+            }
+            s0 += bk;
+        }
+        finish(&acc, &sum, out);
+    }
+
+    /// `(1 << n) - 1` for `n <= 16`.
+    #[inline(always)]
+    fn lanes(n: usize) -> __mmask16 {
+        ((1u32 << n.min(16)) - 1) as __mmask16
+    }
+
+    /// The maximum of the 16 lanes, in a fixed order.
+    #[inline(always)]
+    unsafe fn hmax(v: __m512) -> f32 {
+        // SAFETY: register operations the caller's target features provide.
+        unsafe {
+            let a = _mm512_max_ps(v, _mm512_shuffle_f32x4::<0b0100_1110>(v, v));
+            let a = _mm512_max_ps(a, _mm512_shuffle_f32x4::<0b1011_0001>(a, a));
+            let a = _mm512_max_ps(a, _mm512_permute_ps::<0b0100_1110>(a));
+            let a = _mm512_max_ps(a, _mm512_permute_ps::<0b1011_0001>(a));
+            _mm512_cvtss_f32(a)
+        }
+    }
+
+    /// The sum of the 16 lanes, in a fixed order.
+    #[inline(always)]
+    unsafe fn hsum(v: __m512) -> f32 {
+        // SAFETY: register operations the caller's target features provide.
+        unsafe {
+            let a = _mm512_add_ps(v, _mm512_shuffle_f32x4::<0b0100_1110>(v, v));
+            let a = _mm512_add_ps(a, _mm512_shuffle_f32x4::<0b1011_0001>(a, a));
+            let a = _mm512_add_ps(a, _mm512_permute_ps::<0b0100_1110>(a));
+            let a = _mm512_add_ps(a, _mm512_permute_ps::<0b1011_0001>(a));
+            _mm512_cvtss_f32(a)
+        }
+    }
+
+    /// The scores of `N` packed query rows at `qp` (`e` apart) against the first `16·V`
+    /// keys of the packed key tile at `kp` (`[e][KEY_BLOCK]`), keys past `key_lanes` 0; the
+    /// other registers 0.
+    ///
+    /// # Safety
+    /// The CPU has AVX-512F; `qp` points to `N·e` and `kp` to `e·KEY_BLOCK` readable f32s.
+    #[target_feature(enable = "avx512f,avx512dq,fma")]
+    #[inline]
+    unsafe fn scores<const N: usize, const V: usize>(
+        qp: *const f32,
+        kp: *const f32,
+        e: usize,
+        key_lanes: &[__mmask16; 4],
+    ) -> [[__m512; 4]; N] {
+        let mut x = [[_mm512_setzero_ps(); 4]; N];
+        // SAFETY: the contract; masked loads touch only their enabled lanes.
+        unsafe {
+            for l in 0..e {
+                let b = kp.add(l * KEY_BLOCK);
+                let bv: [__m512; V] =
+                    std::array::from_fn(|v| _mm512_maskz_loadu_ps(key_lanes[v], b.add(v * 16)));
+                for (r, row) in x.iter_mut().enumerate() {
+                    let a = _mm512_set1_ps(*qp.add(r * e + l));
+                    for (acc, &y) in row.iter_mut().zip(&bv) {
+                        *acc = _mm512_fmadd_ps(a, y, *acc);
+                    }
+                }
+            }
+        }
+        x
+    }
+
+    /// Rows `r0..r0 + N` against the keys `s0..s0 + bk`: scores, softmax step, `p·v`.
+    ///
+    /// # Safety
+    /// The CPU has AVX-512F, AVX-512DQ and FMA; `N <= GROUP` (checked when compiled); `r0 +
+    /// N` rows are inside `ops.qp`,
+    /// `state.acc` (`ev` per row), `state.max`, `state.sum`, `ops.keep` and `ops.add`
+    /// (`KEY_BLOCK` per row); `s0 + bk <= s`, `s0` a multiple of `KEY_BLOCK`, `bk <=
+    /// KEY_BLOCK`; `ops.keys` holds `keys_len(s, e)` elements and `ops.values` `(s −
+    /// 1)·value_rows + ev`.
+    #[target_feature(enable = "avx512f,avx512dq,fma")]
+    unsafe fn group<const N: usize>(
+        ops: &Operands<'_>,
+        state: &mut Rows<'_>,
+        p: &mut [f32; GROUP * KEY_BLOCK],
+        r0: usize,
+        s0: usize,
+        bk: usize,
+    ) {
+        // `p` holds `GROUP` rows.
+        const { assert!(N <= GROUP) };
+        let (e, ev) = (ops.e, ops.ev);
+        let key_lanes: [__mmask16; 4] = std::array::from_fn(|v| lanes(bk.saturating_sub(v * 16)));
+        let neg = _mm512_set1_ps(f32::NEG_INFINITY);
+        // SAFETY (all pointer reads and writes below): the index bounds of the contract;
+        // masked loads and stores touch only their enabled lanes (keys `< bk`, columns `< ev`).
+        unsafe {
+            // Under a causal mask the keys after the group's last row have p = 0 in every row:
+            // neither product needs them.
+            let seen = match ops.causal_from {
+                Some(t0) => bk.min((t0 + r0 + N).saturating_sub(s0)),
+                None => bk,
+            };
+            // Scores: x[r] = q[r0 + r] · kᵀ[.., s0..s0 + seen] (0 after `seen`).
+            let (qp, kp) = (
+                ops.qp.as_ptr().add(r0 * e),
+                ops.keys.as_ptr().add(key_index(s0, 0, e)),
+            );
+            let mut x = match seen.div_ceil(16) {
+                0 => [[_mm512_setzero_ps(); 4]; N],
+                1 => scores::<N, 1>(qp, kp, e, &key_lanes),
+                2 => scores::<N, 2>(qp, kp, e, &key_lanes),
+                3 => scores::<N, 3>(qp, kp, e, &key_lanes),
+                _ => scores::<N, 4>(qp, kp, e, &key_lanes),
+            };
+            // The softmax step. First each row's mask and new maximum, and the rescaling
+            // factors `exp(old max − new max)` of all rows in one register.
+            let mut new_max = [f32::NEG_INFINITY; N];
+            let mut shift = [0f32; 16];
+            for (r, row) in x.iter_mut().enumerate() {
+                let i = r0 + r;
+                let keep = ops.keep[i];
+                for (v, xv) in row.iter_mut().enumerate() {
+                    if let Some(add) = ops.add {
+                        let m = _mm512_maskz_loadu_ps(
+                            key_lanes[v],
+                            add.as_ptr().add(i * KEY_BLOCK + v * 16),
+                        );
+                        *xv = _mm512_add_ps(*xv, m);
+                    }
+                    if keep != u64::MAX {
+                        *xv = _mm512_mask_blend_ps((keep >> (v * 16)) as __mmask16, neg, *xv);
+                    }
+                }
+                let m = _mm512_max_ps(_mm512_max_ps(row[0], row[1]), _mm512_max_ps(row[2], row[3]));
+                let old = state.max[i];
+                new_max[r] = old.max(hmax(m));
+                if new_max[r] != old {
+                    // Finite: a grown maximum (−inf when nothing was visible before: factor 0).
+                    shift[r] = old - new_max[r];
+                }
+            }
+            let factors = exp_avx512_lanes(_mm512_loadu_ps(shift.as_ptr()));
+            let mut alpha = [1f32; 16];
+            _mm512_storeu_ps(alpha.as_mut_ptr(), factors);
+            // Then p = exp(x − max) and the row sums.
+            for (r, row) in x.iter().enumerate() {
+                let i = r0 + r;
+                let new = new_max[r];
+                let pr = p.as_mut_ptr().add(r * KEY_BLOCK);
+                if new == f32::NEG_INFINITY {
+                    // Nothing visible yet: no probability mass, nothing to rescale.
+                    for v in 0..4 {
+                        _mm512_storeu_ps(pr.add(v * 16), _mm512_setzero_ps());
+                    }
+                    alpha[r] = 1.0;
+                    continue;
+                }
+                if new == state.max[i] {
+                    alpha[r] = 1.0;
+                }
+                let nv = _mm512_set1_ps(new);
+                let pv: [__m512; 4] =
+                    std::array::from_fn(|v| exp_avx512_lanes(_mm512_sub_ps(row[v], nv)));
+                for (v, &y) in pv.iter().enumerate() {
+                    _mm512_storeu_ps(pr.add(v * 16), y);
+                }
+                let total = hsum(_mm512_add_ps(
+                    _mm512_add_ps(pv[0], pv[1]),
+                    _mm512_add_ps(pv[2], pv[3]),
+                ));
+                state.sum[i] = state.sum[i] * alpha[r] + total;
+                state.max[i] = new;
+            }
+            // acc[r] = acc[r]·alpha[r] + p[r]·v[s0..s0 + seen], 64 columns at a time.
+            let vp = ops.values.as_ptr().add(s0 * ops.value_rows);
+            let ap = state.acc.as_mut_ptr().add(r0 * ev);
+            let mut j = 0;
+            while j < ev {
+                let col_lanes: [__mmask16; 4] =
+                    std::array::from_fn(|v| lanes((ev - j).saturating_sub(v * 16)));
+                let mut o = [[_mm512_setzero_ps(); 4]; N];
+                for (r, row) in o.iter_mut().enumerate() {
+                    let scale = _mm512_set1_ps(alpha[r]);
+                    for (v, acc) in row.iter_mut().enumerate() {
+                        let old = _mm512_maskz_loadu_ps(col_lanes[v], ap.add(r * ev + j + v * 16));
+                        *acc = _mm512_mul_ps(old, scale);
+                    }
+                }
+                for l in 0..seen {
+                    let b = vp.add(l * ops.value_rows + j);
+                    let bv: [__m512; 4] =
+                        std::array::from_fn(|v| _mm512_maskz_loadu_ps(col_lanes[v], b.add(v * 16)));
+                    for (r, row) in o.iter_mut().enumerate() {
+                        let a = _mm512_set1_ps(p[r * KEY_BLOCK + l]);
+                        for (acc, &y) in row.iter_mut().zip(&bv) {
+                            *acc = _mm512_fmadd_ps(a, y, *acc);
+                        }
+                    }
+                }
+                for (r, row) in o.iter().enumerate() {
+                    for (v, &acc) in row.iter().enumerate() {
+                        _mm512_mask_storeu_ps(ap.add(r * ev + j + v * 16), col_lanes[v], acc);
+                    }
+                }
+                j += 64;
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    /// The textbook form: scores, a row softmax in f64, then `p·v`.
-    fn reference(q: &[f32], k: &[f32], v: &[f32], sh: &AttentionShape<'_>) -> Vec<f32> {
+    /// What a test mask does to the score of (head, row, key): `Some(added)` takes part.
+    type Visible<'a> = &'a dyn Fn(usize, usize, usize) -> Option<f64>;
+
+    /// The textbook form: scores, a row softmax in f64, then `p·v` (NaN for a row that sees no
+    /// key, as the prim expansion gives).
+    fn reference(
+        q: &[f32],
+        k: &[f32],
+        v: &[f32],
+        sh: &AttentionShape<'_>,
+        visible: Visible<'_>,
+    ) -> Vec<f32> {
         let heads: usize = sh.batch.iter().product();
-        let kv_heads = heads / sh.group;
         let mut out = vec![0f32; heads * sh.t * sh.ev];
         for h in 0..heads {
             let (qh, kh) = (h * sh.t * sh.e, (h / sh.group) * sh.s * sh.e);
             let vh = (h / sh.group) * sh.s * sh.ev;
-            assert!(h / sh.group < kv_heads);
             for t in 0..sh.t {
                 let keys = if sh.causal { sh.s.min(t + 1) } else { sh.s };
                 let scores: Vec<f64> = (0..keys)
-                    .map(|j| {
-                        (0..sh.e)
-                            .map(|c| (q[qh + t * sh.e + c] * k[kh + j * sh.e + c]) as f64)
-                            .sum::<f64>()
-                            * sh.scale as f64
+                    .map(|j| match visible(h, t, j) {
+                        Some(added) => {
+                            (0..sh.e)
+                                .map(|c| (q[qh + t * sh.e + c] * k[kh + j * sh.e + c]) as f64)
+                                .sum::<f64>()
+                                * sh.scale as f64
+                                + added
+                        }
+                        None => f64::NEG_INFINITY,
                     })
                     .collect();
                 let max = scores.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
-                let p: Vec<f64> = scores.iter().map(|s| (s - max).exp()).collect();
+                let p: Vec<f64> = scores
+                    .iter()
+                    .map(|&s| {
+                        if s == f64::NEG_INFINITY {
+                            0.0
+                        } else {
+                            (s - max).exp()
+                        }
+                    })
+                    .collect();
                 let sum: f64 = p.iter().sum();
                 for c in 0..sh.ev {
                     let o: f64 = (0..keys).map(|j| p[j] * v[vh + j * sh.ev + c] as f64).sum();
@@ -513,8 +997,9 @@ mod tests {
             .collect()
     }
 
-    /// The portable loops and (where the CPU has it) the AVX-512 micro-kernel, at sizes that
-    /// leave row and column tails, against the reference.
+    /// The portable loops and (where the CPU has it) the AVX-512 micro-kernels, at sizes that
+    /// leave row and column tails, without a mask and with each kind of mask (broadcast over
+    /// batch dims; the bool ones with a row that sees no key), against the reference.
     #[test]
     fn portable_and_avx512_forms_match_the_reference() {
         for &(t, s, e, ev, group, causal) in &[
@@ -522,6 +1007,8 @@ mod tests {
             (37, 37, 17, 9, 2, true),
             (70, 130, 64, 64, 1, false),
             (65, 65, 128, 20, 1, true),
+            (131, 67, 32, 16, 1, false),
+            (33, 200, 40, 80, 3, true),
         ] {
             let batch = [2usize, 2 * group];
             let kv = [2usize, 2];
@@ -537,7 +1024,6 @@ mod tests {
                 scale: 1.0 / (e as f32).sqrt(),
                 causal,
             };
-            let want = reference(&q, &k, &v, &sh);
             let strides = |rows: usize, cols: usize, heads: usize| {
                 vec![
                     (heads * rows * cols) as i64,
@@ -551,32 +1037,77 @@ mod tests {
                 strides(s, e, kv[1]),
                 strides(s, ev, kv[1]),
             );
-            let mut forms = vec![false];
-            if has_avx512() {
-                forms.push(true);
-            }
-            for avx512 in forms {
-                let mut out = vec![0f32; want.len()];
-                let view = |data, strides| View {
-                    data,
-                    offset: 0,
-                    strides,
-                };
-                attention_on(
-                    view(&q, &qs),
-                    view(&k, &ks),
-                    view(&v, &vs),
-                    None,
-                    &sh,
-                    &mut out,
-                    avx512,
-                )
-                .unwrap();
-                for (i, (&g, &w)) in out.iter().zip(&want).enumerate() {
-                    assert!(
-                        (g - w).abs() <= 1e-5 * (1.0 + w.abs()),
-                        "t {t} s {s} e {e} ev {ev} avx512 {avx512}: element {i}: {g} vs {w}"
-                    );
+            // An additive mask [2, 1, t, s] and a bool one [t, s] (row 1 all false, when there
+            // is a row 1), broadcast over the heads (and the batch).
+            let added = data(2 * t * s, 3.0);
+            let kept: Vec<u8> = (0..t * s)
+                .map(|i| u8::from(i / s != 1 && (i * 7 + 3) % 5 != 0))
+                .collect();
+            let add_strides = [(t * s) as i64, 0, s as i64, 1];
+            let keep_strides = [0, 0, s as i64, 1];
+            let heads = batch[1];
+            let plain = |_: usize, _: usize, _: usize| Some(0.0);
+            let additive = |h: usize, t_: usize, j: usize| {
+                Some(added[(h / heads) * t * s + t_ * s + j] as f64)
+            };
+            let keep = |_: usize, t_: usize, j: usize| (kept[t_ * s + j] != 0).then_some(0.0);
+            let drop = |_: usize, t_: usize, j: usize| (kept[t_ * s + j] == 0).then_some(0.0);
+            let cases: [(&str, Visible<'_>); 4] = [
+                ("none", &plain),
+                ("add", &additive),
+                ("keep", &keep),
+                ("drop", &drop),
+            ];
+            for (name, visible) in cases {
+                let want = reference(&q, &k, &v, &sh, visible);
+                let mut forms = vec![false];
+                if has_avx512() {
+                    forms.push(true);
+                }
+                for avx512 in forms {
+                    let mut out = vec![0f32; want.len()];
+                    let view = |data, strides| View {
+                        data,
+                        offset: 0,
+                        strides,
+                    };
+                    let bools = |data| View {
+                        data,
+                        offset: 0,
+                        strides: &keep_strides[..],
+                    };
+                    let mask = match name {
+                        "add" => Some(Mask::Add(view(&added, &add_strides[..]))),
+                        "keep" => Some(Mask::Keep(bools(&kept))),
+                        "drop" => Some(Mask::Drop(bools(&kept))),
+                        _ => None,
+                    };
+                    attention_on(
+                        view(&q, &qs),
+                        view(&k, &ks),
+                        view(&v, &vs),
+                        mask,
+                        &sh,
+                        &mut out,
+                        avx512,
+                    )
+                    .unwrap();
+                    let mut nan = 0;
+                    for (i, (&g, &w)) in out.iter().zip(&want).enumerate() {
+                        nan += usize::from(w.is_nan());
+                        assert!(
+                            (g - w).abs() <= 1e-5 * (1.0 + w.abs()) || (g.is_nan() && w.is_nan()),
+                            "t {t} s {s} e {e} ev {ev} mask {name} avx512 {avx512}: \
+                             element {i}: {g} vs {w}"
+                        );
+                    }
+                    // The bool masks leave row 1 (of every head) without a key.
+                    let empty = if matches!(name, "keep") && t > 1 {
+                        4 * group * ev
+                    } else {
+                        0
+                    };
+                    assert!(nan >= empty, "mask {name}: {nan} NaNs");
                 }
             }
         }

@@ -416,9 +416,8 @@ impl Traced {
     /// (a bool mask keeps the positions where it is true, −inf elsewhere), and with `is_causal`
     /// the scores above the diagonal (key position > query position, the mask
     /// `ones(L, S).tril()`) set to −inf. The causal mask is compared from two `arange`s inside
-    /// the softmax kernel. Compiled without a mask or with a float one (causal or not), `fuse`
-    /// turns the expansion into one flash-attention step (no scores buffer); with a bool mask
-    /// the scores are materialized.
+    /// the softmax kernel. Compiled without a mask, with a float one or with a bool one (causal or
+    /// not), `fuse` turns the expansion into one flash-attention step (no scores buffer).
     #[track_caller]
     pub fn scaled_dot_product_attention(
         &self,

@@ -10,7 +10,10 @@
 //! s0 = matmul q, kt                              [batch.., T, S]
 //! s1 = mul s0, c | mul c, s0 | div s0, c         c a constant
 //! sm = add s1, mask | add mask, s1              (an additive f32 mask; optional)
-//! s2 = where(gt(sub(iota(S), reshape[[T, 1]](iota(T))), 0), -inf, sm)   (causal; optional)
+//!    | where(bmask, s1, -inf)                    (or a bool mask: sdpa's, true takes part)
+//!    | where(bmask, -inf, s1)                    (or masked_fill(bmask, -inf))
+//! s2 = where(gt(sub(iota(S), reshape[[T, 1]](iota(T))), 0), -inf, sm)   (causal; optional;
+//!                                                may also come before the bool mask)
 //! m  = reduce_max[axes=[last], keepdim] s2;  e = exp(sub(s2, m))
 //! z  = reduce_sum[axes=[last], keepdim] e;   p = div e, z
 //! out = matmul p, v'                             v' = v, or the same GQA expansion of v
@@ -22,6 +25,7 @@
 //! the same batch dims as `out` (k and v may share one head among `group` q heads through the
 //! expand-reshape `repeat_interleave` makes).
 
+use crate::kernel::MaskKind;
 use minductor_ir::{BinaryOp, CompareOp, DType, Dim, Graph, NodeId, Op, ReduceOp, UnaryOp};
 use std::collections::{HashMap, HashSet};
 
@@ -37,8 +41,9 @@ pub(crate) struct AttentionPattern {
     pub v: NodeId,
     pub scale: f32,
     pub causal: bool,
-    /// An additive f32 mask, broadcast to the scores.
-    pub mask: Option<NodeId>,
+    /// A mask broadcast to the scores: an additive f32 one, or a bool one (`Keep`: true takes
+    /// part; `Drop`: true is −inf).
+    pub mask: Option<(NodeId, MaskKind)>,
     pub group: usize,
     /// Every node the attention step computes, the final GEMM last.
     pub nodes: Vec<NodeId>,
@@ -147,24 +152,40 @@ impl Matcher<'_> {
             return None;
         }
         let mut nodes = vec![s2, m, centered, e, z, p];
-        // The optional causal mask.
-        let (s1, causal) = match self.op(s2) {
-            Op::Where => {
-                let (cond, fill, s1) = (self.inputs(s2)[0], self.inputs(s2)[1], self.inputs(s2)[2]);
-                if self.constant(fill) != Some(f64::NEG_INFINITY) || !self.causal_condition(cond) {
-                    return None;
-                }
-                if !self.only_read_by(s1, &[s2]) {
-                    return None;
-                }
-                nodes.insert(0, s1);
-                (s1, true)
+        // The optional causal mask and bool mask: `where`s that put −inf in the scores, in
+        // either order.
+        let neg_inf = |n: NodeId| self.constant(n) == Some(f64::NEG_INFINITY);
+        let mut s1 = s2;
+        let mut causal_cond = None;
+        let mut mask = None;
+        while let Op::Where = self.op(s1) {
+            let (cond, a, b) = (self.inputs(s1)[0], self.inputs(s1)[1], self.inputs(s1)[2]);
+            let (inner, kind) = match (neg_inf(a), neg_inf(b)) {
+                (true, false) => (b, MaskKind::Drop),
+                (false, true) => (a, MaskKind::Keep),
+                _ => return None,
+            };
+            if self.dims(inner) != self.dims(s1) || !self.only_read_by(inner, &[s1]) {
+                return None;
             }
-            _ => (s2, false),
-        };
-        // The optional additive mask.
-        let (s1, mask) = match self.op(s1) {
-            Op::Binary(BinaryOp::Add) => {
+            if kind == MaskKind::Drop && causal_cond.is_none() && self.causal_condition(cond) {
+                causal_cond = Some(cond);
+            } else if mask.is_none()
+                && g.ty(cond).dtype == DType::Bool
+                && self.dims(cond).len() <= rank
+            {
+                // `where`'s type rule: the condition broadcasts to the scores.
+                mask = Some((cond, kind));
+            } else {
+                return None;
+            }
+            nodes.insert(0, inner);
+            s1 = inner;
+        }
+        let causal = causal_cond.is_some();
+        // The optional additive mask (not with a bool one).
+        let s1 = match self.op(s1) {
+            Op::Binary(BinaryOp::Add) if mask.is_none() => {
                 let (a, b) = (self.inputs(s1)[0], self.inputs(s1)[1]);
                 let scaled = |n: NodeId| {
                     matches!(
@@ -172,18 +193,19 @@ impl Matcher<'_> {
                         Op::Binary(BinaryOp::Mul) | Op::Binary(BinaryOp::Div)
                     ) && self.dims(n) == self.dims(s1)
                 };
-                let (scaled_scores, mask) = if scaled(a) { (a, b) } else { (b, a) };
+                let (scaled_scores, additive) = if scaled(a) { (a, b) } else { (b, a) };
                 if !scaled(scaled_scores)
-                    || g.ty(mask).dtype != DType::F32
-                    || self.dims(mask).len() > rank
+                    || g.ty(additive).dtype != DType::F32
+                    || self.dims(additive).len() > rank
                     || !self.only_read_by(scaled_scores, &[s1])
                 {
                     return None;
                 }
                 nodes.insert(0, scaled_scores);
-                (scaled_scores, Some(mask))
+                mask = Some((additive, MaskKind::Add));
+                scaled_scores
             }
-            _ => (s1, None),
+            _ => s1,
         };
         // The scale.
         let (s0, scale) = match self.op(s1) {
@@ -237,10 +259,9 @@ impl Matcher<'_> {
         if k_group != v_group || !scale.is_finite() {
             return None;
         }
-        if causal {
+        if let Some(cond) = causal_cond {
             // The mask's sizes are the scores' (checked in `causal_condition` against [T, S]).
             let scores = self.dims(s0);
-            let cond = self.inputs(s2)[0];
             let mask = self.dims(cond);
             if mask.len() < 2 || mask[mask.len() - 2..] != scores[rank - 2..] {
                 return None;

@@ -431,7 +431,7 @@ impl<'g> Scheduler<'g> {
         }
         let mask = match pattern.mask {
             None => None,
-            Some(mask) => {
+            Some((mask, _)) => {
                 // Seen with the scores' shape: stride 0 along the dims it broadcasts over.
                 let scores = dims(g, pattern.nodes[0]);
                 let idx: Vec<Affine> = (0..scores.len())
@@ -458,6 +458,7 @@ impl<'g> Scheduler<'g> {
             scale: pattern.scale,
             causal: pattern.causal,
             mask,
+            mask_kind: pattern.mask.map_or(MaskKind::Add, |(_, kind)| kind),
             group: pattern.group,
             node: id,
             nodes: pattern.nodes.clone(),

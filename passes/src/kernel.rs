@@ -511,15 +511,31 @@ pub struct AttentionStep {
     pub out: BufferId,
     pub scale: f32,
     pub causal: bool,
-    /// An additive f32 mask seen with the scores' shape `[batch.., T, S]` (stride 0 where it
-    /// broadcasts), added after the scale.
+    /// A mask seen with the scores' shape `[batch.., T, S]` (stride 0 where it broadcasts),
+    /// applied after the scale as `mask_kind` says.
     pub mask: Option<StridedView>,
+    /// How `mask` applies: an f32 mask added, or a bool one selecting the scores that take part.
+    pub mask_kind: MaskKind,
     /// How many q heads share one k/v head (1 without grouped-query attention).
     pub group: usize,
     /// The final GEMM `p·v` the step computes.
     pub node: NodeId,
     /// Every graph node the step computes (the scores GEMM, scale, mask, softmax, `p·v`).
     pub nodes: Vec<NodeId>,
+}
+
+/// How an attention step's mask applies to the scaled scores.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum MaskKind {
+    /// An f32 mask, added (PyTorch's float `attn_mask`).
+    #[default]
+    Add,
+    /// A bool mask: the scores where it is false are −inf (PyTorch's bool `attn_mask`: true
+    /// takes part), i.e. `where(mask, scores, -inf)`.
+    Keep,
+    /// A bool mask: the scores where it is true are −inf (`scores.masked_fill(mask, -inf)`),
+    /// i.e. `where(mask, -inf, scores)`.
+    Drop,
 }
 
 /// A graph node the code generator cannot compile (an integer reduction, an integer scan, a
@@ -873,9 +889,14 @@ impl fmt::Display for Program {
                         view(&a.q),
                         view(&a.k),
                         view(&a.v),
-                        a.mask
-                            .as_ref()
-                            .map_or(String::new(), |m| format!(" mask {}", view(m))),
+                        a.mask.as_ref().map_or(String::new(), |m| {
+                            let kind = match a.mask_kind {
+                                MaskKind::Add => "",
+                                MaskKind::Keep => "keep ",
+                                MaskKind::Drop => "drop ",
+                            };
+                            format!(" mask {kind}{}", view(m))
+                        }),
                         a.scale,
                         if a.causal { " causal" } else { "" },
                         a.group,

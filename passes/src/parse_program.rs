@@ -471,7 +471,7 @@ impl<'a> Parser<'a> {
         })
     }
 
-    /// The rest of `attention bufO = q Q k K v V[ mask M] scale X[ causal] group G nodes [%a, …] (node
+    /// The rest of `attention bufO = q Q k K v V[ mask [keep |drop ]M] scale X[ causal] group G nodes [%a, …] (node
     /// %n)`.
     fn attention(&self, c: &mut Cursor) -> Result<AttentionStep, ParseError> {
         let out = self.buffer(c)?;
@@ -481,10 +481,17 @@ impl<'a> Parser<'a> {
         let k = self.view(c, true)?;
         c.eat(" v ")?;
         let v = self.view(c, true)?;
-        let mask = if c.try_eat(" mask ") {
-            Some(self.view(c, true)?)
+        let (mask, mask_kind) = if c.try_eat(" mask ") {
+            let kind = if c.try_eat("keep ") {
+                MaskKind::Keep
+            } else if c.try_eat("drop ") {
+                MaskKind::Drop
+            } else {
+                MaskKind::Add
+            };
+            (Some(self.view(c, true)?), kind)
         } else {
-            None
+            (None, MaskKind::Add)
         };
         c.eat(" scale ")?;
         let at = c.clone();
@@ -512,6 +519,7 @@ impl<'a> Parser<'a> {
             scale,
             causal,
             mask,
+            mask_kind,
             group,
             node,
             nodes,

@@ -848,10 +848,22 @@ impl Verifier<'_> {
             ("out", a.out),
         ]
         .into_iter()
-        .chain(a.mask.as_ref().map(|m| ("mask", m.buffer)))
-        {
+        .chain(
+            a.mask
+                .as_ref()
+                .filter(|_| a.mask_kind == MaskKind::Add)
+                .map(|m| ("mask", m.buffer)),
+        ) {
             if self.buffer(id, &at)?.dtype != DType::F32 {
                 return Err(malformed(&at, format!("{what} ({id}) must be f32")));
+            }
+        }
+        if let Some(m) = a.mask.as_ref().filter(|_| a.mask_kind != MaskKind::Add) {
+            if self.buffer(m.buffer, &at)?.dtype != DType::Bool {
+                return Err(malformed(
+                    &at,
+                    format!("a keep or drop mask ({}) must be bool", m.buffer),
+                ));
             }
         }
         let out = self.program.buffer(a.out);

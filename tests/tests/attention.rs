@@ -306,3 +306,200 @@ fn an_additive_mask_broadcast_to_the_scores_is_fused() {
         minductor_tests::assert_allclose(&got, &want, Tolerance::close(1e-5), &what);
     }
 }
+
+/// A bool mask of `shape`: about one position in five false, and with `empty_row` the first
+/// row (second-to-last dim) entirely false.
+fn bool_mask(shape: &[usize], empty_row: bool) -> Tensor {
+    let n: usize = shape.iter().product();
+    let cols = shape.last().copied().unwrap_or(1);
+    let rows = if shape.len() >= 2 {
+        shape[shape.len() - 2]
+    } else {
+        1
+    };
+    let data = (0..n)
+        .map(|i| {
+            let row = (i / cols) % rows;
+            !(empty_row && row == 0) && (i * 7 + 3) % 5 != 0
+        })
+        .collect();
+    Tensor::from_vec(shape, data).unwrap()
+}
+
+/// `sdpa(q, k, v, bool mask)` (true takes part) or, with `masked_fill`, the same written out:
+/// `softmax((q·kᵀ/√e).masked_fill(!mask, -inf))·v` with the negated mask as the input; both
+/// fused into one attention step and matching the interpreter, fully masked rows included
+/// (NaN, as the prim expansion gives: max −inf, then −inf − −inf).
+fn check_bool_mask(
+    [b, h, t, s, e, ev, group]: [usize; 7],
+    mask_shape: &[usize],
+    causal: bool,
+    masked_fill: bool,
+    empty_row: bool,
+) {
+    let what = format!(
+        "b {b} h {h} t {t} s {s} e {e} ev {ev} group {group} mask {mask_shape:?} causal \
+         {causal} masked_fill {masked_fill} empty row {empty_row}"
+    );
+    let kv = h / group;
+    let tracer = Tracer::new();
+    let q = tracer.input("q", DType::F32, &[b, h, t, e]);
+    let k = tracer.input("k", DType::F32, &[b, kv, s, e]);
+    let v = tracer.input("v", DType::F32, &[b, kv, s, ev]);
+    let m = tracer.input("m", DType::Bool, mask_shape);
+    let (k, v): (Traced, Traced) = if group > 1 {
+        (k.repeat_interleave(group, 1), v.repeat_interleave(group, 1))
+    } else {
+        (k, v)
+    };
+    let out = if masked_fill {
+        assert!(!causal, "the masked_fill form has no causal variant here");
+        let scores = q.matmul(&k.transpose(-1, -2)) * (1.0 / (e as f64).sqrt());
+        let scores = scores.masked_fill(&m, f64::NEG_INFINITY);
+        scores.softmax(-1).matmul(&v)
+    } else {
+        q.scaled_dot_product_attention(&k, &v, Some(&m), causal)
+    };
+    let graph = tracer.finish(&[out]).unwrap();
+    let mut mask = bool_mask(mask_shape, empty_row);
+    if masked_fill {
+        // masked_fill drops where true: the same positions as the sdpa form keeps.
+        let flipped: Vec<bool> = mask.to_vec::<bool>().unwrap().iter().map(|&x| !x).collect();
+        mask = Tensor::from_vec(mask_shape, flipped).unwrap();
+    }
+    let inputs = [
+        ramp(&[b, h, t, e], 0.0),
+        ramp(&[b, kv, s, e], 1.0),
+        ramp(&[b, kv, s, ev], 2.0),
+        mask,
+    ];
+    let compiled = compile(&graph).unwrap();
+    let program = program_of(&compiled);
+    let Some(Step::Attention(a)) = program.steps.last() else {
+        panic!("{what}:\n{program}")
+    };
+    assert!(a.mask.is_some(), "{what}:\n{program}");
+    assert_fused(&program, Dim::Static(t), Dim::Static(s), &what);
+    let text = program.to_string();
+    assert_eq!(text.parse::<Program>().unwrap(), program, "{text}");
+    let want = interpret(&graph, &inputs).unwrap();
+    let got = compiled.call(&inputs).unwrap();
+    if empty_row {
+        let rows = got[0].to_vec::<f32>().unwrap();
+        assert!(rows.iter().any(|x| x.is_nan()), "{what}: no NaN row");
+    }
+    minductor_tests::assert_allclose(&got, &want, Tolerance::close(1e-5), &what);
+}
+
+#[test]
+fn a_bool_mask_broadcast_to_the_scores_is_fused() {
+    // T != S, key-tile and query-block tails, broadcast shapes, causal on top.
+    for (t, s, mask_shape, causal) in [
+        (9, 13, vec![9usize, 13], false),
+        (9, 13, vec![2, 1, 9, 13], false),
+        (9, 13, vec![13], false),
+        (9, 13, vec![9, 1], false),
+        (70, 130, vec![2, 3, 70, 130], false),
+        (67, 67, vec![67, 67], true),
+        (1, 65, vec![1, 65], false),
+    ] {
+        for masked_fill in [false, true] {
+            if masked_fill && causal {
+                continue;
+            }
+            for &e in &[8, 17] {
+                check_bool_mask(
+                    [2, 3, t, s, e, e, 1],
+                    &mask_shape,
+                    causal,
+                    masked_fill,
+                    false,
+                );
+            }
+        }
+    }
+    check_bool_mask([1, 2, 45, 77, 128, 24, 1], &[45, 77], false, false, false);
+    check_bool_mask(
+        [1, 2, 33, 33, 64, 64, 1],
+        &[1, 2, 33, 33],
+        true,
+        false,
+        false,
+    );
+}
+
+#[test]
+fn a_fully_masked_row_gives_what_the_interpreter_gives() {
+    for masked_fill in [false, true] {
+        check_bool_mask([2, 3, 9, 13, 16, 8, 1], &[9, 13], false, masked_fill, true);
+        check_bool_mask(
+            [1, 2, 70, 130, 32, 16, 1],
+            &[2, 70, 130],
+            false,
+            masked_fill,
+            true,
+        );
+    }
+    check_bool_mask([1, 2, 70, 70, 16, 16, 1], &[70, 70], true, false, true);
+}
+
+#[test]
+fn a_bool_mask_with_grouped_query_heads_is_fused() {
+    for causal in [false, true] {
+        check_bool_mask(
+            [2, 4, 37, 37, 16, 16, 2],
+            &[2, 1, 37, 37],
+            causal,
+            false,
+            false,
+        );
+        check_bool_mask([1, 6, 9, 9, 8, 8, 3], &[9, 9], causal, false, false);
+    }
+    check_bool_mask([1, 6, 9, 9, 8, 8, 3], &[9, 9], false, true, false);
+}
+
+#[test]
+fn attention_results_do_not_depend_on_the_thread_count() {
+    // One k/v head of two q heads and 5 query blocks: the work is split into runs of query
+    // blocks differently for each thread count.
+    let tracer = Tracer::new();
+    let q = tracer.input("q", DType::F32, &[1, 2, 300, 24]);
+    let k = tracer.input("k", DType::F32, &[1, 1, 150, 24]);
+    let v = tracer.input("v", DType::F32, &[1, 1, 150, 16]);
+    let m = tracer.input("m", DType::Bool, &[300, 150]);
+    let (k, v) = (k.repeat_interleave(2, 1), v.repeat_interleave(2, 1));
+    let out = q.scaled_dot_product_attention(&k, &v, Some(&m), true);
+    let graph = tracer.finish(&[out]).unwrap();
+    let inputs = [
+        ramp(&[1, 2, 300, 24], 0.0),
+        ramp(&[1, 1, 150, 24], 1.0),
+        ramp(&[1, 1, 150, 16], 2.0),
+        bool_mask(&[300, 150], false),
+    ];
+    let compiled = compile(&graph).unwrap();
+    assert_fused(
+        &program_of(&compiled),
+        Dim::Static(300),
+        Dim::Static(150),
+        "threads",
+    );
+    let run = |threads: usize| {
+        minductor::set_num_threads(threads).unwrap();
+        let out = compiled.call(&inputs).unwrap();
+        minductor::set_num_threads(0).unwrap();
+        let bits: Vec<u32> = out[0]
+            .to_vec::<f32>()
+            .unwrap()
+            .iter()
+            .map(|x| x.to_bits())
+            .collect();
+        bits
+    };
+    let one = run(1);
+    for threads in [2, 3, 5] {
+        assert!(one == run(threads), "{threads} threads");
+    }
+    let want = interpret(&graph, &inputs).unwrap();
+    let got = compiled.call(&inputs).unwrap();
+    minductor_tests::assert_allclose(&got, &want, Tolerance::close(1e-5), "threads");
+}

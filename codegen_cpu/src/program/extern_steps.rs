@@ -3,12 +3,12 @@
 
 use super::execute::{call_kernel, read_f32, SharedPointers, Symbols};
 use super::CompiledKernel;
-use crate::attention::{attention, AttentionShape};
+use crate::attention::{attention, AttentionShape, Mask, MaskData};
 use crate::gemm;
 use crate::scatter::{scatter_add, View};
 use minductor_ir::DType;
 use minductor_passes::kernel::{
-    AttentionStep, BufferId, BufferKind, Im2colView, MatmulOperand, MatmulStep, Program,
+    AttentionStep, BufferId, BufferKind, Im2colView, MaskKind, MatmulOperand, MatmulStep, Program,
     ScatterAddStep,
 };
 use minductor_runtime::{threads, RuntimeError, Tensor};
@@ -32,8 +32,18 @@ pub(super) fn run_attention(
         None => None,
         Some(m) => {
             let (offset, strides) = symbols.view(m, a.out)?;
-            // SAFETY: as for q, k and v below (an f32 buffer the step only reads).
-            let data = unsafe { read_f32(pointers, m.buffer, numel(m.buffer)) };
+            let n = numel(m.buffer);
+            // SAFETY: as for q, k and v below (a buffer the step only reads; `verify_program`
+            // checked that it is f32 for an additive mask, else bool: one byte an element).
+            let data = unsafe {
+                match a.mask_kind {
+                    MaskKind::Add => MaskData::F32(read_f32(pointers, m.buffer, n)),
+                    MaskKind::Keep | MaskKind::Drop => MaskData::Bool(std::slice::from_raw_parts(
+                        pointers[m.buffer.0 as usize] as *const u8,
+                        n,
+                    )),
+                }
+            };
             Some((data, offset, strides))
         }
     };
@@ -72,11 +82,10 @@ pub(super) fn run_attention(
         scale: a.scale,
         causal: a.causal,
     };
-    let mask = mask.as_ref().map(|(data, offset, strides)| View {
-        data,
-        offset: *offset,
-        strides,
-    });
+    let mask = match &mask {
+        Some((data, offset, strides)) => Some(Mask::new(a.mask_kind, *data, *offset, strides)?),
+        None => None,
+    };
     let view = |data, offset, strides| View {
         data,
         offset,
