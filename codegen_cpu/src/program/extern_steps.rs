@@ -419,6 +419,22 @@ pub(super) fn run_matmul(
             Some(Packed::B(packed)) if packed.shape() == [k, cols] => Some(packed),
             _ => None,
         };
+    // The whole product on `gemm_threads` threads: streamed (each depth block of `b` packed right
+    // before its use, or read from `b` packed at compile time), or over a packed `b` split by
+    // rows or columns.
+    let whole_product = |a: &gemm::MatrixRef,
+                         b: &gemm::MatrixRef,
+                         packed: Option<&gemm::PackedB>,
+                         out: &mut gemm::MatrixMut| {
+        match packed {
+            Some(packed) if streams => {
+                gemm::multiply_streaming_packed(a, packed, out, gemm_threads)
+            }
+            Some(packed) => gemm::multiply_parallel(a, packed, out, gemm_threads),
+            None => gemm::multiply_streaming(kernel, a, b, out, gemm_threads),
+        }
+        .map_err(gemm_error)
+    };
     if stacked && (prepacked.is_some() || streams) {
         let a = gemm::MatrixRef::new(
             a_data,
@@ -432,14 +448,7 @@ pub(super) fn run_matmul(
         {
             // The output's unique borrow ends here, before the epilogue reads its rows.
             let mut out = c_rows(0, 0, count * rows).map_err(gemm_error)?;
-            match prepacked {
-                Some(packed) if streams => {
-                    gemm::multiply_streaming_packed(&a, packed, &mut out, gemm_threads)
-                }
-                Some(packed) => gemm::multiply_parallel(&a, packed, &mut out, gemm_threads),
-                None => gemm::multiply_streaming(kernel, &a, &b, &mut out, gemm_threads),
-            }
-            .map_err(gemm_error)?;
+            whole_product(&a, &b, prepacked, &mut out)?;
         }
         epilogue_on_all_rows();
         return Ok(());
@@ -448,31 +457,23 @@ pub(super) fn run_matmul(
     if batch == 0 {
         let a = a_view(a_offset).map_err(gemm_error)?;
         let b = b_view(b_offset).map_err(gemm_error)?;
-        let streaming = streams;
         // Packed at compile time, or as the tiles need it, once, by whichever thread gets to
         // each block first (unless streamed: then each block is packed into a per-thread
         // buffer right before its use, or read packed).
-        let packed_here = if streaming || prepacked.is_some() {
+        let packed_here = if streams || prepacked.is_some() {
             None
         } else {
             Some(gemm::PackedB::lazy(&b, kernel).map_err(gemm_error)?)
         };
         let packed = prepacked.or(packed_here.as_ref());
         let panels = cols.div_ceil(kernel.nr());
-        if streaming || (parallel && rows < threads * 4 * kernel.mr()) {
+        if streams || (parallel && rows < threads * 4 * kernel.mr()) {
             // Few rows: every thread takes a run of columns, then the epilogue runs on whole
             // rows.
             {
                 // The tile's unique borrow ends here, before the epilogue reads its rows.
                 let mut out = c_rows(0, 0, rows).map_err(gemm_error)?;
-                match packed {
-                    Some(packed) if streaming => {
-                        gemm::multiply_streaming_packed(&a, packed, &mut out, gemm_threads)
-                    }
-                    Some(packed) => gemm::multiply_parallel(&a, packed, &mut out, threads),
-                    None => gemm::multiply_streaming(kernel, &a, &b, &mut out, gemm_threads),
-                }
-                .map_err(gemm_error)?;
+                whole_product(&a, &b, packed, &mut out)?;
             }
             epilogue_on_all_rows();
             return Ok(());
