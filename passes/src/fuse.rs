@@ -972,6 +972,7 @@ impl<'g> KernelBuilder<'g> {
         Kernel {
             name: format!("k{}_{}", self.step, label),
             outer,
+            order: LoopOrder::Inner,
             stages: self.stages,
             exprs: self.exprs,
             types: self.types,
