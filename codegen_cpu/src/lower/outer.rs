@@ -28,6 +28,9 @@ use super::*;
 /// the module docs): each lane adds at most this many values in a row, as in the inner order.
 pub const OUTER_SUM_BLOCK: i64 = 64;
 
+/// Vectors per column group: each row of a group reads `LANES * OUTER_SLOTS` contiguous columns.
+pub const OUTER_SLOTS: usize = 8;
+
 /// The column of the group being emitted: its slot (whose results it reads and writes), the lane
 /// within the slot's vector when scalar code runs for one lane of a vector group, and its
 /// distance from the group's first column.
@@ -83,9 +86,9 @@ impl Lowering<'_, '_, '_> {
         let stage_extents = &extents[outer..outer + self.stage_loop_count()];
         let vector = self.kernel.stages.iter().any(|s| self.vectorizable(s));
         let tail = if vector {
-            let unrolled_end = self.counted_loop(lo, hi, LANES * UNROLL as i64, |l, i| {
+            let unrolled_end = self.counted_loop(lo, hi, LANES * OUTER_SLOTS as i64, |l, i| {
                 l.vars.insert(var, i);
-                l.column_group(UNROLL, Mode::Vector, stage_extents);
+                l.column_group(OUTER_SLOTS, Mode::Vector, stage_extents);
             });
             self.counted_loop(unrolled_end, hi, LANES, |l, i| {
                 l.vars.insert(var, i);
