@@ -39,10 +39,19 @@ fn case(name: &str, shape: &[usize], f: impl Fn(&Traced) -> Vec<Traced>, print: 
 
 fn main() {
     let print = std::env::args().any(|a| a == "--program");
-    for shape in [[4096, 256], [256, 4096], [1024, 256], [4096, 1024], [100_000, 33]] {
+    for shape in [
+        [4096, 256],
+        [256, 4096],
+        [1024, 256],
+        [4096, 1024],
+        [100_000, 33],
+    ] {
         case("sum(0)", &shape, |x| vec![x.sum(&[0], false)], print);
     }
-    case("softmax(0)", &[4096, 1024], |x| vec![x.softmax(0)], print);
+    for shape in [[4096, 1024], [4096, 1000], [1024, 1024]] {
+        case("softmax(0)", &shape, |x| vec![x.softmax(0)], print);
+    }
+    case("softmax(1)", &[4096, 1024], |x| vec![x.softmax(1)], print);
     case(
         "softmax(0) then softmax(1)",
         &[1024, 1024],
@@ -55,5 +64,10 @@ fn main() {
         |x| vec![x.mean(&[1], false)],
         print,
     );
-    case("argmax(0)", &[4096, 256], |x| vec![x.argmax(0, false)], print);
+    case(
+        "argmax(0)",
+        &[4096, 256],
+        |x| vec![x.argmax(0, false)],
+        print,
+    );
 }

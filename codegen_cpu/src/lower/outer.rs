@@ -1,6 +1,6 @@
 //! The outer-reduction loop order ([`LoopOrder::OuterReduction`], Inductor's outer-loop
 //! reductions): the last outer loop is the vectorised one. It runs in groups of
-//! `LANES * UNROLL` columns (`UNROLL` vectors, one per *slot*), then of `LANES` columns, then one
+//! `LANES * OUTER_SLOTS` columns (`OUTER_SLOTS` vectors, one per *slot*), then of `LANES` columns, then one
 //! column at a time; for each group, every stage runs its own loops (the rows) inside, one row
 //! of the group at a time: a reduction keeps one accumulator per slot (a vector of partial
 //! results, one per column), a store stage stores one vector per slot and row. A column sum of a
@@ -10,8 +10,8 @@
 //! **Same bits in every column.** Each column's value comes from the same operations in the same
 //! order whether its column is a vector lane or runs alone (the runtime splits the first outer
 //! loop across threads at any column, so a column's place in a group depends on the thread
-//! count): sums add row after row, and a max or min compares and selects (`acc < x ? x : acc`)
-//! and notes NaNs, in vector lanes and scalars alike.
+//! count): sums add row after row, and a max or min compares and selects (`acc < x || x != x ?
+//! x : acc`, so a NaN, once in, stays), in vector lanes and scalars alike.
 //!
 //! **Sums in blocks.** A sum's innermost row loop adds blocks of [`OUTER_SUM_BLOCK`] rows into
 //! fresh accumulators and each block's partial sums into running ones with Kahan compensation
@@ -47,16 +47,6 @@ impl Column {
         lane: None,
         offset: 0,
     };
-}
-
-/// The accumulators of a reduction stage, one per column slot.
-struct Accumulators {
-    /// Running value (a max or min), or the current block's partial sum (a sum).
-    acc: Vec<Variable>,
-    /// Lanes that saw a NaN (a max or min): an i32x4 mask or a bool.
-    nan: Vec<Variable>,
-    /// A sum's running sums and compensations: `2 * columns` values of the accumulator type.
-    sums: Option<Value>,
 }
 
 impl Lowering<'_, '_, '_> {
@@ -200,35 +190,17 @@ impl Lowering<'_, '_, '_> {
                     Mode::Vector => types::F32X4,
                     Mode::Scalar => types::F32,
                 };
-                let init = match op {
-                    ReduceOp::Sum => 0.0,
-                    ReduceOp::Max => f32::NEG_INFINITY,
-                    ReduceOp::Min => f32::INFINITY,
-                };
-                let init = self.f32_like(init, ty);
-                let no_nan = match mode {
-                    Mode::Vector => {
-                        let zero = self.b.ins().iconst(types::I32, 0);
-                        self.b.ins().splat(types::I32X4, zero)
-                    }
-                    Mode::Scalar => self.b.ins().iconst(types::I8, 0),
-                };
-                let nan_ty = self.b.func.dfg.value_type(no_nan);
-                let mut accs = Accumulators {
-                    acc: Vec::new(),
-                    nan: Vec::new(),
-                    sums: None,
-                };
-                for _ in columns {
-                    let acc = self.b.declare_var(ty);
-                    self.b.def_var(acc, init);
-                    accs.acc.push(acc);
-                    let nan = self.b.declare_var(nan_ty);
-                    self.b.def_var(nan, no_nan);
-                    accs.nan.push(nan);
-                }
-                let blocked = op == ReduceOp::Sum && !extents.is_empty();
-                if blocked {
+                let init = self.reduce_init(op, ty);
+                let accs: Vec<Variable> = columns
+                    .iter()
+                    .map(|_| {
+                        let acc = self.b.declare_var(ty);
+                        self.b.def_var(acc, init);
+                        acc
+                    })
+                    .collect();
+                // A sum's running sums and compensations, side by side per column.
+                let sums = (op == ReduceOp::Sum && !extents.is_empty()).then(|| {
                     let bytes = ty.bytes() * 2 * columns.len() as u32;
                     let slot = self.b.create_sized_stack_slot(StackSlotData::new(
                         StackSlotKind::ExplicitSlot,
@@ -240,111 +212,45 @@ impl Lowering<'_, '_, '_> {
                         let at = (k as u32 * ty.bytes()) as i32;
                         self.b.ins().store(self.flags, init, sums, at);
                     }
-                    accs.sums = Some(sums);
-                }
-                // `sum(a * b)` accumulates with one FMA when the product is used only here.
-                let product = match *self.kernel.expr(value) {
-                    Expr::Binary(BinaryOp::Mul, a, c)
-                        if op == ReduceOp::Sum
-                            && self.contract
-                            && self.kernel.ty(value) == ScalarType::F32
-                            && self.uses[value.0 as usize] == 1 =>
-                    {
-                        Some((a, c))
-                    }
-                    _ => None,
-                };
+                    sums
+                });
+                let product = self.summed_product(op, value);
                 let reset = |l: &mut Self| {
                     let zero = l.f32_like(0.0, ty);
-                    for &acc in &accs.acc {
+                    for &acc in &accs {
                         l.b.def_var(acc, zero);
                     }
                 };
                 let fold = |l: &mut Self| {
-                    let sums = accs.sums.expect("a blocked sum");
-                    for (k, &acc) in accs.acc.iter().enumerate() {
+                    let sums = sums.expect("a blocked sum");
+                    for (k, &acc) in accs.iter().enumerate() {
                         let x = l.b.use_var(acc);
                         let at_r = (2 * k as u32 * ty.bytes()) as i32;
-                        let at_c = at_r + ty.bytes() as i32;
-                        l.kahan_add(sums, at_r, at_c, x, ty);
+                        l.kahan_add(sums, at_r, at_r + ty.bytes() as i32, x, ty);
                     }
                 };
                 let mut body = |l: &mut Self| {
                     for (k, &column) in columns.iter().enumerate() {
                         l.enter_column(column, mode);
-                        let acc = l.b.use_var(accs.acc[k]);
-                        if let Some((a, c)) = product {
-                            let (a, c) = l.f32_operands(a, c, mode);
-                            let r = l.b.ins().fma(a, c, acc);
-                            l.b.def_var(accs.acc[k], r);
-                        } else {
-                            let x = l.emit(value, mode);
-                            let x = match mode {
-                                Mode::Vector => l.vector_of(x, ScalarType::F32),
-                                Mode::Scalar => l.scalar_of(x),
-                            };
-                            let r = match op {
-                                ReduceOp::Sum => l.b.ins().fadd(acc, x),
-                                ReduceOp::Max | ReduceOp::Min => {
-                                    let cc = if op == ReduceOp::Max {
-                                        FloatCC::LessThan
-                                    } else {
-                                        FloatCC::GreaterThan
-                                    };
-                                    let take = l.b.ins().fcmp(cc, acc, x);
-                                    let nan = l.b.ins().fcmp(FloatCC::Unordered, x, x);
-                                    let seen = l.b.use_var(accs.nan[k]);
-                                    let seen = match mode {
-                                        Mode::Vector => {
-                                            let nan = l.bitcast(types::I32X4, nan);
-                                            l.b.ins().bor(seen, nan)
-                                        }
-                                        Mode::Scalar => l.b.ins().bor(seen, nan),
-                                    };
-                                    l.b.def_var(accs.nan[k], seen);
-                                    match mode {
-                                        Mode::Vector => {
-                                            let take = l.bitcast(types::F32X4, take);
-                                            l.b.ins().bitselect(take, x, acc)
-                                        }
-                                        Mode::Scalar => l.b.ins().select(take, x, acc),
-                                    }
-                                }
-                            };
-                            l.b.def_var(accs.acc[k], r);
-                        }
-                        for st in stores {
-                            let v = l.emit(st.value, mode);
-                            l.store(st, v, mode);
-                        }
+                        let acc = l.b.use_var(accs[k]);
+                        let r = l.reduce_step(op, value, product, acc, mode);
+                        l.b.def_var(accs[k], r);
+                        l.reduce_stores(stores, mode);
                     }
                 };
-                if blocked {
-                    self.outer_rows(0, extents, Some((&reset, &fold)), &mut body);
-                } else {
-                    self.outer_rows(0, extents, None, &mut body);
-                }
+                let blocks: Option<(&dyn Fn(&mut Self), &dyn Fn(&mut Self))> = match sums {
+                    Some(_) => Some((&reset, &fold)),
+                    None => None,
+                };
+                self.outer_rows(0, extents, blocks, &mut body);
                 let mut results = Vec::new();
-                for k in 0..columns.len() {
-                    let r = match accs.sums {
+                for (k, &acc) in accs.iter().enumerate() {
+                    let r = match sums {
                         Some(sums) => {
                             let at = (2 * k as u32 * ty.bytes()) as i32;
                             self.b.ins().load(ty, self.flags, sums, at)
                         }
-                        None => self.b.use_var(accs.acc[k]),
-                    };
-                    let r = if op == ReduceOp::Sum {
-                        r
-                    } else {
-                        let seen = self.b.use_var(accs.nan[k]);
-                        let nan = self.f32_like(f32::NAN, ty);
-                        match mode {
-                            Mode::Vector => {
-                                let seen = self.bitcast(types::F32X4, seen);
-                                self.b.ins().bitselect(seen, nan, r)
-                            }
-                            Mode::Scalar => self.b.ins().select(seen, nan, r),
-                        }
+                        None => self.b.use_var(acc),
                     };
                     results.push(self.pin(r));
                 }
@@ -355,19 +261,101 @@ impl Lowering<'_, '_, '_> {
                 self.outer_rows(0, extents, None, &mut |l| {
                     for &column in columns {
                         l.enter_column(column, mode);
-                        // Every value before any store (one may overwrite in place an element
-                        // that a later value loads).
-                        let values: Vec<Val> =
-                            stores.iter().map(|st| l.emit(st.value, mode)).collect();
-                        for (st, v) in stores.iter().zip(values) {
-                            l.store(st, v, mode);
-                        }
+                        l.store_all(stores, mode);
                     }
                 });
                 self.forget();
                 None
             }
             StageAction::Scan(_) => unreachable!("the verifier keeps scans in the inner order"),
+        }
+    }
+
+    /// The identity of `op`, as a value of type `ty` (f32 or f32x4).
+    fn reduce_init(&mut self, op: ReduceOp, ty: Type) -> Value {
+        let init = match op {
+            ReduceOp::Sum => 0.0,
+            ReduceOp::Max => f32::NEG_INFINITY,
+            ReduceOp::Min => f32::INFINITY,
+        };
+        self.f32_like(init, ty)
+    }
+
+    /// For a sum of a product used only there (a variance's squares), its factors: accumulated
+    /// with one FMA (where the host has FMA).
+    fn summed_product(&self, op: ReduceOp, value: ExprId) -> Option<(ExprId, ExprId)> {
+        match *self.kernel.expr(value) {
+            Expr::Binary(BinaryOp::Mul, a, c)
+                if op == ReduceOp::Sum
+                    && self.contract
+                    && self.kernel.ty(value) == ScalarType::F32
+                    && self.uses[value.0 as usize] == 1 =>
+            {
+                Some((a, c))
+            }
+            _ => None,
+        }
+    }
+
+    /// `acc` combined with the stage's value at the current column (`product`: see
+    /// [`Self::summed_product`]).
+    fn reduce_step(
+        &mut self,
+        op: ReduceOp,
+        value: ExprId,
+        product: Option<(ExprId, ExprId)>,
+        acc: Value,
+        mode: Mode,
+    ) -> Value {
+        if let Some((a, c)) = product {
+            let (a, c) = self.f32_operands(a, c, mode);
+            return self.b.ins().fma(a, c, acc);
+        }
+        let x = self.emit(value, mode);
+        let x = match mode {
+            Mode::Vector => self.vector_of(x, ScalarType::F32),
+            Mode::Scalar => self.scalar_of(x),
+        };
+        match op {
+            ReduceOp::Sum => self.b.ins().fadd(acc, x),
+            ReduceOp::Max | ReduceOp::Min => self.extreme(op, acc, x),
+        }
+    }
+
+    /// A max (min) step that keeps NaN: `x` replaces `acc` where `acc < x` (`acc > x`) or `x` is
+    /// NaN, so a NaN, once in, stays (no comparison with it is true). The same for f32x4 lanes
+    /// and scalars.
+    fn extreme(&mut self, op: ReduceOp, acc: Value, x: Value) -> Value {
+        let cc = if op == ReduceOp::Max {
+            FloatCC::LessThan
+        } else {
+            FloatCC::GreaterThan
+        };
+        let better = self.b.ins().fcmp(cc, acc, x);
+        let nan = self.b.ins().fcmp(FloatCC::Unordered, x, x);
+        let take = self.b.ins().bor(better, nan);
+        if self.b.func.dfg.value_type(acc).is_vector() {
+            let take = self.bitcast(types::F32X4, take);
+            self.b.ins().bitselect(take, x, acc)
+        } else {
+            self.b.ins().select(take, x, acc)
+        }
+    }
+
+    /// A reduction stage's element stores at the current column.
+    fn reduce_stores(&mut self, stores: &[Store], mode: Mode) {
+        for st in stores {
+            let v = self.emit(st.value, mode);
+            self.store(st, v, mode);
+        }
+    }
+
+    /// A store stage's stores at the current column: every value before any store (one may
+    /// overwrite in place an element that a later value loads).
+    fn store_all(&mut self, stores: &[Store], mode: Mode) {
+        let values: Vec<Val> = stores.iter().map(|st| self.emit(st.value, mode)).collect();
+        for (st, v) in stores.iter().zip(values) {
+            self.store(st, v, mode);
         }
     }
 
