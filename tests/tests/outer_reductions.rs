@@ -136,6 +136,30 @@ fn softmax_dim_0_followed_by_row_ops() {
     }
 }
 
+/// `softmax(dim=0)` read by a row softmax is realized whole (one outer-order kernel with its
+/// max, sum and division), then the row softmax is one kernel: two kernels, not one per
+/// reduction and pointwise value (the realize cascade).
+#[test]
+fn softmax_dim_0_then_dim_1_is_two_kernels() {
+    for &(m, n) in &[(64, 130), (3, 5)] {
+        let (g, inputs) = build(&[&[m, n]], |i| vec![i[0].softmax(0).softmax(1)]);
+        check(
+            &g,
+            &inputs,
+            1e-5,
+            1,
+            &format!("softmax(0).softmax(1) of {m}x{n}"),
+        );
+        let program = compile(&g).unwrap().artifacts().program.clone().unwrap();
+        let kernels = program
+            .steps
+            .iter()
+            .filter(|s| matches!(s, Step::Kernel(_)))
+            .count();
+        assert_eq!(kernels, 2, "{program}");
+    }
+}
+
 #[test]
 fn reductions_over_the_middle_axis_of_3d() {
     for &n in &[1, 5, 33] {
