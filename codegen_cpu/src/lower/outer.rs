@@ -31,6 +31,9 @@ pub const OUTER_SUM_BLOCK: i64 = 64;
 /// Vectors per column group: each row of a group reads `LANES * OUTER_SLOTS` contiguous columns.
 pub const OUTER_SLOTS: usize = 8;
 
+/// A blocked sum's reset (before each block of rows) and fold (after it).
+type RowBlocks<'a, L> = (&'a dyn Fn(&mut L), &'a dyn Fn(&mut L));
+
 /// The column of the group being emitted: its slot (whose results it reads and writes), the lane
 /// within the slot's vector when scalar code runs for one lane of a vector group, and its
 /// distance from the group's first column.
@@ -238,7 +241,7 @@ impl Lowering<'_, '_, '_> {
                         l.reduce_stores(stores, mode);
                     }
                 };
-                let blocks: Option<(&dyn Fn(&mut Self), &dyn Fn(&mut Self))> = match sums {
+                let blocks: Option<RowBlocks<Self>> = match sums {
                     Some(_) => Some((&reset, &fold)),
                     None => None,
                 };
@@ -362,12 +365,11 @@ impl Lowering<'_, '_, '_> {
     /// The stage's loops from `level` in, one row at a time; with `blocks` (a sum's reset and
     /// fold), the innermost loop runs in blocks of [`OUTER_SUM_BLOCK`] rows, resetting the
     /// accumulators before each block and folding them into the running sums after it.
-    #[allow(clippy::type_complexity)]
     fn outer_rows(
         &mut self,
         level: usize,
         extents: &[Value],
-        blocks: Option<(&dyn Fn(&mut Self), &dyn Fn(&mut Self))>,
+        blocks: Option<RowBlocks<Self>>,
         body: &mut dyn FnMut(&mut Self),
     ) {
         if extents.is_empty() {
