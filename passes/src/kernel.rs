@@ -6,9 +6,10 @@
 //! buffers, [`FallbackStep`]). A [`Kernel`] is a loop nest:
 //! `outer` loops (the kernel's iteration domain, the first of which the runtime may split across
 //! threads), and inside them a sequence of [`Stage`]s, each a loop nest of its own (`extent`)
-//! whose innermost loop is the one vectorised. A stage either reduces a scalar expression to one
-//! value per outer iteration (readable by later stages as [`Expr::StageResult`]) or stores
-//! expressions to buffers. Expressions form a DAG of scalar ops over `load(buffer, affine index)`.
+//! whose innermost loop is the one vectorised (in the default [`LoopOrder`]; in the
+//! outer-reduction order the last outer loop is, and the stages run inside it). A stage either
+//! reduces a scalar expression to one value per outer iteration (readable by later stages as
+//! [`Expr::StageResult`]) or stores expressions to buffers. Expressions form a DAG of scalar ops over `load(buffer, affine index)`.
 //!
 //! Loop extents are [`Dim`]s that reach the compiled code as runtime arguments (`params`);
 //! index coefficients (strides) and offsets are [`SizeExpr`]s: numbers, or polynomials in the
