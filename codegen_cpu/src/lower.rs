@@ -53,6 +53,8 @@ use minductor_ir::{BinaryOp, CompareOp, DType, ReduceOp, SizeExpr, SymId, UnaryO
 use minductor_passes::kernel::*;
 use std::collections::HashMap;
 
+mod outer;
+
 /// Lanes of the vector type Cranelift lowers on x86-64 (128-bit).
 pub const LANES: i64 = 4;
 
@@ -139,6 +141,14 @@ struct Lowering<'k, 'b, 'f> {
     /// The value of every symbolic index coefficient and offset, computed in the entry block
     /// from the symbol sizes in `params` (so once per call, dominating every use).
     sizes: HashMap<SizeExpr, Value>,
+    /// Whether the kernel runs in the outer-reduction order (see `outer`): the vectorised
+    /// variable (`innermost`) is then the last outer loop, and stage results vary along it.
+    outer_mode: bool,
+    /// In the outer-reduction order, each stage's result for each column slot of the group
+    /// being emitted (vectors, or scalars in the scalar column loop).
+    outer_results: Vec<Vec<Val>>,
+    /// In the outer-reduction order, the column (slot of the group) being emitted.
+    column: outer::Column,
 }
 
 /// A sum's accumulators: the block ones the loop body adds into, reset at each block, and the
@@ -240,9 +250,14 @@ pub fn lower_kernel(b: &mut FunctionBuilder, kernel: &Kernel, program: &Program)
         invariants: HashMap::new(),
         invariant_reciprocals: HashMap::new(),
         sizes,
+        outer_mode: false,
+        outer_results: Vec::new(),
+        column: outer::Column::FIRST,
     };
     let outer = kernel.outer.len();
-    if outer == 0 {
+    if kernel.order == LoopOrder::OuterReduction && outer > 0 {
+        l.outer_order(start, end, &extents);
+    } else if outer == 0 {
         // Run once if the range is non-empty.
         let body = l.b.create_block();
         let exit = l.b.create_block();
@@ -863,7 +878,9 @@ impl Lowering<'_, '_, '_> {
             Expr::Load {
                 index, indirect, ..
             } => !index.uses(inner) && indirect.as_ref().is_none_or(|i| self.is_uniform(i.value)),
-            Expr::Constant { .. } | Expr::StageResult(_) => true,
+            Expr::Constant { .. } => true,
+            // In the outer-reduction order a stage's result is one per column.
+            Expr::StageResult(_) => !self.outer_mode,
             Expr::Index(index) => !index.uses(inner),
             Expr::Unary(_, a) | Expr::Cast(_, a) => self.is_uniform(*a),
             Expr::Binary(_, a, c) | Expr::Compare(_, a, c) => {
@@ -1322,6 +1339,7 @@ impl Lowering<'_, '_, '_> {
                 ScalarType::I64 => self.b.ins().iconst(types::I64, value as i64),
                 ScalarType::Bool => self.b.ins().iconst(types::I8, (value != 0.0) as i64),
             },
+            Expr::StageResult(n) if self.outer_mode => self.outer_result_scalar(n),
             Expr::StageResult(n) => {
                 self.stage_results[n as usize].expect("stages run in dependency order")
             }
@@ -1618,6 +1636,7 @@ impl Lowering<'_, '_, '_> {
                 let steps = self.b.ins().vconst(types::F32X4, handle);
                 self.b.ins().fadd(base, steps)
             }
+            Expr::StageResult(n) if self.outer_mode => self.outer_result_vector(n),
             Expr::Constant { .. } | Expr::StageResult(_) => unreachable!("uniform"),
         };
         Val::Vector(v)

@@ -4,7 +4,7 @@
 //! - `eager`: the reference interpreter, op by op, unfused, each op allocating its result;
 //! - `aot_eager`: the decomposed and simplified prim graph, interpreted;
 //! - `inductor` (default): decompose → autodiff → simplify → partition → fuse → fuse_horizontal →
-//!   fuse_epilogues → store_once → plan_buffers → Cranelift, run as machine code.
+//!   fuse_epilogues → store_once → choose_loop_order → plan_buffers → Cranelift, run as machine code.
 //!
 //! A graph with `grad` nodes becomes a joint graph (`autodiff`) on every backend; its tangent
 //! inputs are fed with ones by the compiled object, so callers pass the traced inputs only.
@@ -12,8 +12,8 @@
 use minductor_codegen_cpu::{compile_program, CodegenError, CompiledProgram};
 use minductor_ir::{Graph, IrError};
 use minductor_passes::{
-    autodiff, decompose, fuse, fuse_epilogues, fuse_horizontal, kernel::Program, partition,
-    plan_buffers, simplify, store_once, verify_program, AutodiffError, Joint, Partition,
+    autodiff, choose_loop_order, decompose, fuse, fuse_epilogues, fuse_horizontal, kernel::Program,
+    partition, plan_buffers, simplify, store_once, verify_program, AutodiffError, Joint, Partition,
     PartitionOptions, VerifyError,
 };
 use minductor_runtime::{check_inputs, interpret, Executable, RuntimeError, StepTiming, Tensor};
@@ -357,7 +357,8 @@ pub(crate) fn compile_uncached(
             let fused = verified("fuse", fused)?;
             let horizontal = verified("fuse_horizontal", fuse_horizontal(&fused))?;
             let epilogues = verified("fuse_epilogues", fuse_epilogues(&horizontal))?;
-            let mut program = verified("store_once", store_once(&epilogues))?;
+            let once = verified("store_once", store_once(&epilogues))?;
+            let mut program = verified("choose_loop_order", choose_loop_order(&once))?;
             program.plan = Some(plan_buffers(&program));
             let program = verified("plan_buffers", program)?;
             let mut compiled: CompiledProgram = compile_program(&program)?;

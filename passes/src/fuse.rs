@@ -20,7 +20,9 @@
 //! buffer. Starting from a minimal set of realized nodes (inputs, outputs, matmuls, cats), it
 //! builds the program and, whenever a node cannot be inlined where it is read (a non-affine
 //! reshape, a reduction read in an incompatible loop, a value needed by two kernels), realizes
-//! that node and starts again.
+//! that node and starts again. For reductions over incompatible loops it realizes the outermost
+//! values computed wholly by one of the loops (`softmax(dim=0)` read by a row softmax: the
+//! softmax, with its max and sum as stages of its kernel) rather than the reductions one by one.
 //!
 //! A node no kernel can compute (one making or reading f64 values, an integer reduction or scan, a
 //! scatter-add of a non-f32 value,
@@ -663,7 +665,11 @@ impl<'g> Scheduler<'g> {
                     .filter(|&r| self.row_loop(r) != row)
                     .collect();
                 if !mismatched.is_empty() {
-                    return Err(Reject::Realize(mismatched));
+                    return Err(Reject::Realize(self.realize_boundary(
+                        value,
+                        &row,
+                        &mismatched,
+                    )));
                 }
                 let kept = row.kept();
                 let kept_sizes: Vec<Dim> = kept.iter().map(|&d| row.shape[d]).collect();
@@ -732,6 +738,89 @@ impl<'g> Scheduler<'g> {
                 axes: axes.clone(),
             },
             _ => unreachable!("row_loop of a non-reduction"),
+        }
+    }
+
+    /// What to realize when the kernel for `value`, whose loops are `row`'s, meets `mismatched`
+    /// reductions over other loops: the outermost inlined values that depend on reductions of
+    /// one loop structure only (the mismatched ones, or those over `row`) and have the shape of
+    /// that structure's input — whole results of one loop, such as `softmax(dim=0)` read by a row
+    /// softmax — so that one kernel computes each of them with all its reductions (Inductor
+    /// realizes the softmax; realizing its max and sum one retry at a time would leave its
+    /// pointwise values to be recomputed and then realized one by one). The mismatched
+    /// reductions themselves when no such value exists.
+    fn realize_boundary(&self, value: NodeId, row: &RowLoop, mismatched: &[NodeId]) -> Vec<NodeId> {
+        let g = self.graph;
+        let shapes: Vec<Vec<Dim>> = mismatched.iter().map(|&m| self.row_loop(m).shape).collect();
+        // For each inlined node: (depends on a mismatched reduction, on a reduction over `row`).
+        let mut deps: HashMap<NodeId, (bool, bool)> = HashMap::new();
+        fn walk(
+            s: &Scheduler,
+            id: NodeId,
+            value: NodeId,
+            row: &RowLoop,
+            mismatched: &[NodeId],
+            deps: &mut HashMap<NodeId, (bool, bool)>,
+        ) -> (bool, bool) {
+            if let Some(&d) = deps.get(&id) {
+                return d;
+            }
+            let n = s.graph.node(id);
+            let mut d = (false, false);
+            if (id == value || !s.realized.contains(&id))
+                && !matches!(
+                    n.op,
+                    Op::Matmul
+                        | Op::Cat { .. }
+                        | Op::Input { .. }
+                        | Op::ScatterAdd { .. }
+                        | Op::CumSum { .. }
+                )
+            {
+                if matches!(n.op, Op::Reduce { .. }) {
+                    if mismatched.contains(&id) {
+                        d.0 = true;
+                    } else if s.row_loop(id) == *row {
+                        d.1 = true;
+                    }
+                }
+                for &i in &n.inputs {
+                    let (a, b) = walk(s, i, value, row, mismatched, deps);
+                    d = (d.0 || a, d.1 || b);
+                }
+            }
+            deps.insert(id, d);
+            d
+        }
+        walk(self, value, value, row, mismatched, &mut deps);
+        let mut found = Vec::new();
+        let mut seen = HashSet::new();
+        let mut stack = vec![value];
+        while let Some(id) = stack.pop() {
+            if !seen.insert(id) || (id != value && self.realized.contains(&id)) {
+                continue;
+            }
+            let n = g.node(id);
+            let (other, own) = deps.get(&id).copied().unwrap_or((false, false));
+            if !other && !own {
+                continue;
+            }
+            let shape = dims(g, id);
+            let whole = id != value
+                && !n.op.is_view()
+                && !matches!(n.op, Op::Reduce { .. })
+                && ((other && !own && shapes.contains(&shape))
+                    || (own && !other && shape == row.shape));
+            if whole {
+                found.push(id);
+                continue;
+            }
+            stack.extend(n.inputs.iter().copied());
+        }
+        if found.is_empty() {
+            mismatched.to_vec()
+        } else {
+            found
         }
     }
 
@@ -973,6 +1062,7 @@ impl<'g> KernelBuilder<'g> {
         Kernel {
             name: format!("k{}_{}", self.step, label),
             outer,
+            order: LoopOrder::Inner,
             stages: self.stages,
             exprs: self.exprs,
             types: self.types,

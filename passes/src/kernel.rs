@@ -6,9 +6,10 @@
 //! buffers, [`FallbackStep`]). A [`Kernel`] is a loop nest:
 //! `outer` loops (the kernel's iteration domain, the first of which the runtime may split across
 //! threads), and inside them a sequence of [`Stage`]s, each a loop nest of its own (`extent`)
-//! whose innermost loop is the one vectorised. A stage either reduces a scalar expression to one
-//! value per outer iteration (readable by later stages as [`Expr::StageResult`]) or stores
-//! expressions to buffers. Expressions form a DAG of scalar ops over `load(buffer, affine index)`.
+//! whose innermost loop is the one vectorised (in the default [`LoopOrder`]; in the
+//! outer-reduction order the last outer loop is, and the stages run inside it). A stage either
+//! reduces a scalar expression to one value per outer iteration (readable by later stages as
+//! [`Expr::StageResult`]) or stores expressions to buffers. Expressions form a DAG of scalar ops over `load(buffer, affine index)`.
 //!
 //! Loop extents are [`Dim`]s that reach the compiled code as runtime arguments (`params`);
 //! index coefficients (strides) and offsets are [`SizeExpr`]s: numbers, or polynomials in the
@@ -274,10 +275,27 @@ pub struct Stage {
     pub action: StageAction,
 }
 
+/// The loop order a kernel's code runs its loops in (the iterations and their results are
+/// the same; only the vectorised loop and the nesting differ).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub enum LoopOrder {
+    /// Each stage's innermost loop is the vectorised one, inside the outer loops (rows).
+    #[default]
+    Inner,
+    /// Inductor's outer-reduction order, for reductions over a non-innermost axis (column
+    /// sums): the *last outer* loop is the vectorised one, in groups of columns, and every
+    /// stage's loops run inside it, one row of the group at a time, each reduction keeping a
+    /// vector of partial results per group (one per column). Requires at least one outer loop
+    /// and no scan stage (`verify_program` checks). Printed `order=outer_reduction`.
+    OuterReduction,
+}
+
 #[derive(Clone, Debug, PartialEq)]
 pub struct Kernel {
     pub name: String,
     pub outer: Vec<Dim>,
+    /// Which loop is vectorised (see [`LoopOrder`]).
+    pub order: LoopOrder,
     pub stages: Vec<Stage>,
     pub exprs: Vec<Expr>,
     /// Type of each expression, parallel to `exprs`.
@@ -736,9 +754,13 @@ fn dims(d: &[Dim]) -> String {
 impl fmt::Display for Kernel {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let nodes: Vec<String> = self.nodes.iter().map(|n| n.to_string()).collect();
+        let order = match self.order {
+            LoopOrder::Inner => "",
+            LoopOrder::OuterReduction => " order=outer_reduction",
+        };
         writeln!(
             f,
-            "kernel {} outer={} fuses {}",
+            "kernel {} outer={}{order} fuses {}",
             self.name,
             dims(&self.outer),
             nodes.join(" ")

@@ -1,5 +1,5 @@
 //! The pass pipeline: `decompose` → `autodiff` → `simplify` → `partition` (joint graphs) → `fuse` → `fuse_horizontal` → `fuse_epilogues`
-//! → `store_once` → `plan_buffers`, `verify_program` (the kernel-IR verifier, run after each
+//! → `store_once` → `choose_loop_order` → `plan_buffers`, `verify_program` (the kernel-IR verifier, run after each
 //! kernel-IR pass and before code generation), the kernel IR that `fuse` produces, and
 //! `program_cost`, a static cost model
 //! of that IR.
@@ -16,6 +16,7 @@ mod freeze;
 mod fuse;
 mod horizontal;
 pub mod kernel;
+mod loop_order;
 mod parse_program;
 mod partition;
 pub mod plan_buffers;
@@ -30,6 +31,7 @@ pub use epilogue::fuse_epilogues;
 pub use freeze::{freeze, Frozen};
 pub use fuse::{fuse, FuseError};
 pub use horizontal::fuse_horizontal;
+pub use loop_order::{choose_loop_order, wants_outer_reduction};
 pub use parse_program::parse_kernel;
 pub use partition::{partition, Partition, PartitionOptions, SavedValue};
 pub use plan_buffers::plan_buffers;

@@ -167,7 +167,7 @@ impl<'a> Parser<'a> {
         Ok(BufferId(id))
     }
 
-    /// The rest of `kernel NAME outer=[…] fuses %a %b`, then its expression and stage lines.
+    /// The rest of `kernel NAME outer=[…] [order=outer_reduction] fuses %a %b`, then its expression and stage lines.
     fn kernel(&mut self, c: &mut Cursor) -> Result<Kernel, ParseError> {
         let name = c.until(" outer=")?;
         if name.is_empty() || name.contains(char::is_whitespace) {
@@ -177,6 +177,11 @@ impl<'a> Parser<'a> {
             ));
         }
         let outer = c.dims()?;
+        let order = if c.try_eat(" order=outer_reduction") {
+            LoopOrder::OuterReduction
+        } else {
+            LoopOrder::Inner
+        };
         c.eat(" fuses")?;
         let mut nodes = Vec::new();
         if c.try_eat(" ") {
@@ -192,6 +197,7 @@ impl<'a> Parser<'a> {
         let mut kernel = Kernel {
             name: name.to_string(),
             outer,
+            order,
             stages: Vec::new(),
             exprs: Vec::new(),
             types: Vec::new(),

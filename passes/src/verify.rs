@@ -26,6 +26,9 @@
 //!   buffers' types (for a constant: no operands, 0-d) gives exactly the output buffer's type (so the
 //!   interpreter's result fills it at any bound sizes); it writes no input, does not read its own
 //!   output, and its reason is one non-empty line (so the program text parses back).
+//! - **Loop order.** A kernel in the outer-reduction order has an outer loop and no scan stage,
+//!   and is not a GEMM's epilogue (the order changes only which loop is vectorised and the
+//!   nesting, not the set of accesses, so the range and thread checks are the same).
 //! - **Outputs.** Some step writes every output buffer (they are allocated without zeroing).
 //! - **Plan.** Every intermediate a step touches has a slot and only intermediates do; slot
 //!   membership is consistent and each slot is at least as large as its members (at the plan's
@@ -213,6 +216,26 @@ impl Verifier<'_> {
         }
         for (i, e) in k.exprs.iter().enumerate() {
             self.expr(at, k, i, e)?;
+        }
+        // The outer-reduction order vectorises the last outer loop and runs every stage's
+        // loops inside it in order, one element at a time per column: a scan's running sum
+        // along its loops would need the inner order's nesting.
+        if k.order == LoopOrder::OuterReduction {
+            if k.outer.is_empty() {
+                return Err(malformed(
+                    at,
+                    "the outer-reduction order needs an outer loop to vectorise",
+                ));
+            }
+            if k.stages
+                .iter()
+                .any(|s| matches!(s.action, StageAction::Scan(_)))
+            {
+                return Err(malformed(
+                    at,
+                    "a scan stage runs only in the inner loop order",
+                ));
+            }
         }
         for (s, stage) in k.stages.iter().enumerate() {
             let at = format!("{at}, stage {s}");
@@ -806,6 +829,9 @@ impl Verifier<'_> {
                         "its first outer loop must be the output's first dim",
                     ))
                 }
+            }
+            if e.order != LoopOrder::Inner {
+                return Err(malformed(&eat, "an epilogue runs in the inner loop order"));
             }
             self.kernel(&eat, n, e)?;
         }

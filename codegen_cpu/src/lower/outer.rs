@@ -1,0 +1,473 @@
+//! The outer-reduction loop order ([`LoopOrder::OuterReduction`], Inductor's outer-loop
+//! reductions): the last outer loop is the vectorised one. It runs in groups of
+//! `LANES * OUTER_SLOTS` columns (`OUTER_SLOTS` vectors, one per *slot*), then of `LANES` columns, then one
+//! column at a time; for each group, every stage runs its own loops (the rows) inside, one row
+//! of the group at a time: a reduction keeps one accumulator per slot (a vector of partial
+//! results, one per column), a store stage stores one vector per slot and row. A column sum of a
+//! `[rows, columns]` buffer thus reads whole cache lines, row after row, instead of gathering
+//! four lanes from four rows.
+//!
+//! **Same bits in every column.** Each column's value comes from the same operations in the same
+//! order whether its column is a vector lane or runs alone (the runtime splits the first outer
+//! loop across threads at any column, so a column's place in a group depends on the thread
+//! count): sums add row after row, and a max or min compares and selects (`acc < x || x != x ?
+//! x : acc`, so a NaN, once in, stays), in vector lanes and scalars alike.
+//!
+//! **Sums in blocks.** A sum's innermost row loop adds blocks of [`OUTER_SUM_BLOCK`] rows into
+//! fresh accumulators and each block's partial sums into running ones with Kahan compensation
+//! (as the inner order does with `SUM_BLOCK`), so long columns keep the accuracy of one block.
+//!
+//! A stage with a value that has no 4-lane form (an i64 or bool store, an i64 value varying
+//! along the columns) runs, in vector groups, one column at a time: scalar code at each lane's
+//! column, reading earlier stages' results from their lanes; its results are gathered back into
+//! vectors.
+
+use super::*;
+
+/// Rows a sum's accumulator adds in a row before its partial sum goes into the running one (see
+/// the module docs): each lane adds at most this many values in a row, as in the inner order.
+pub const OUTER_SUM_BLOCK: i64 = 64;
+
+/// Vectors per column group: each row of a group reads `LANES * OUTER_SLOTS` contiguous columns.
+pub const OUTER_SLOTS: usize = 8;
+
+/// A blocked sum's reset (before each block of rows) and fold (after it).
+type RowBlocks<'a, L> = (&'a dyn Fn(&mut L), &'a dyn Fn(&mut L));
+
+/// The column of the group being emitted: its slot (whose results it reads and writes), the lane
+/// within the slot's vector when scalar code runs for one lane of a vector group, and its
+/// distance from the group's first column.
+#[derive(Clone, Copy)]
+pub(super) struct Column {
+    slot: usize,
+    lane: Option<u8>,
+    offset: i64,
+}
+
+impl Column {
+    pub(super) const FIRST: Column = Column {
+        slot: 0,
+        lane: None,
+        offset: 0,
+    };
+}
+
+impl Lowering<'_, '_, '_> {
+    /// The kernel in the outer-reduction order over first-outer-loop range `start..end`.
+    pub(super) fn outer_order(&mut self, start: Value, end: Value, extents: &[Value]) {
+        let last = self.kernel.outer.len() - 1;
+        self.outer_mode = true;
+        self.innermost = Some(Var::Outer(last as u32));
+        self.outer_order_loops(0, start, end, extents);
+    }
+
+    fn outer_order_loops(&mut self, level: usize, start: Value, end: Value, extents: &[Value]) {
+        let outer = self.kernel.outer.len();
+        let (lo, hi) = if level == 0 {
+            (start, end)
+        } else {
+            (self.b.ins().iconst(types::I64, 0), extents[level])
+        };
+        let var = Var::Outer(level as u32);
+        if level + 1 < outer {
+            self.counted_loop(lo, hi, 1, |l, i| {
+                l.vars.insert(var, i);
+                l.outer_order_loops(level + 1, start, end, extents);
+            });
+            return;
+        }
+        let stage_extents = &extents[outer..outer + self.stage_loop_count()];
+        let vector = self.kernel.stages.iter().any(|s| self.vectorizable(s));
+        let tail = if vector {
+            let unrolled_end = self.counted_loop(lo, hi, LANES * OUTER_SLOTS as i64, |l, i| {
+                l.vars.insert(var, i);
+                l.column_group(OUTER_SLOTS, Mode::Vector, stage_extents);
+            });
+            self.counted_loop(unrolled_end, hi, LANES, |l, i| {
+                l.vars.insert(var, i);
+                l.column_group(1, Mode::Vector, stage_extents);
+            })
+        } else {
+            lo
+        };
+        self.counted_loop(tail, hi, 1, |l, i| {
+            l.vars.insert(var, i);
+            l.column_group(1, Mode::Scalar, stage_extents);
+        });
+    }
+
+    fn stage_loop_count(&self) -> usize {
+        self.kernel.stages.iter().map(|s| s.extent.len()).sum()
+    }
+
+    /// Every stage for the `slots` column slots starting at the current column (vectors of
+    /// `LANES` columns in `Mode::Vector`, one column in `Mode::Scalar`).
+    fn column_group(&mut self, slots: usize, mode: Mode, extents: &[Value]) {
+        let kernel = self.kernel;
+        self.outer_results = vec![Vec::new(); kernel.stages.len()];
+        let mut offset = 0;
+        for (n, stage) in kernel.stages.iter().enumerate() {
+            let ext = &extents[offset..offset + stage.extent.len()];
+            offset += stage.extent.len();
+            let results = if mode == Mode::Vector && !self.vectorizable(stage) {
+                // One column at a time, each lane of each slot.
+                let mut lanes: Vec<Vec<Value>> = vec![Vec::new(); slots];
+                for (slot, lanes) in lanes.iter_mut().enumerate() {
+                    for lane in 0..LANES {
+                        let column = Column {
+                            slot,
+                            lane: Some(lane as u8),
+                            offset: slot as i64 * LANES + lane,
+                        };
+                        if let Some(v) = self.outer_stage(stage, ext, Mode::Scalar, &[column]) {
+                            lanes.push(v[0]);
+                        }
+                    }
+                }
+                if lanes[0].is_empty() {
+                    Vec::new()
+                } else {
+                    lanes
+                        .into_iter()
+                        .map(|lanes| {
+                            let mut v = self.b.ins().scalar_to_vector(types::F32X4, lanes[0]);
+                            for (i, &x) in lanes.iter().enumerate().skip(1) {
+                                v = self.b.ins().insertlane(v, x, i as u8);
+                            }
+                            Val::Vector(self.pin(v))
+                        })
+                        .collect()
+                }
+            } else {
+                let columns: Vec<Column> = (0..slots)
+                    .map(|slot| Column {
+                        slot,
+                        lane: None,
+                        offset: slot as i64 * LANES,
+                    })
+                    .collect();
+                self.outer_stage(stage, ext, mode, &columns)
+                    .map(|vs| {
+                        vs.into_iter()
+                            .map(|v| match mode {
+                                Mode::Vector => Val::Vector(v),
+                                Mode::Scalar => Val::Scalar(v),
+                            })
+                            .collect()
+                    })
+                    .unwrap_or_default()
+            };
+            self.outer_results[n] = results;
+        }
+        self.column = Column::FIRST;
+        self.lane_offset = 0;
+        self.forget();
+    }
+
+    /// Sets the column being emitted (a new slot shares only the values uniform across columns).
+    fn enter_column(&mut self, column: Column, mode: Mode) {
+        self.column = column;
+        self.lane_offset = column.offset;
+        if mode == Mode::Vector {
+            self.memo.retain(|_, v| matches!(v, Val::Scalar(_)));
+        } else if column.lane.is_some() {
+            // Scalar code for one lane: every value may vary with the column.
+            self.memo.clear();
+        }
+    }
+
+    /// One stage for `columns` (their slots' accumulators side by side in each row); a
+    /// reduction's result for each of them (pinned: computed once, here).
+    fn outer_stage(
+        &mut self,
+        stage: &Stage,
+        extents: &[Value],
+        mode: Mode,
+        columns: &[Column],
+    ) -> Option<Vec<Value>> {
+        self.forget();
+        match &stage.action {
+            StageAction::Reduce { op, value, stores } => {
+                let (op, value) = (*op, *value);
+                let ty = match mode {
+                    Mode::Vector => types::F32X4,
+                    Mode::Scalar => types::F32,
+                };
+                let init = self.reduce_init(op, ty);
+                let accs: Vec<Variable> = columns
+                    .iter()
+                    .map(|_| {
+                        let acc = self.b.declare_var(ty);
+                        self.b.def_var(acc, init);
+                        acc
+                    })
+                    .collect();
+                // A sum's running sums and compensations, side by side per column.
+                let sums = (op == ReduceOp::Sum && !extents.is_empty()).then(|| {
+                    let bytes = ty.bytes() * 2 * columns.len() as u32;
+                    let slot = self.b.create_sized_stack_slot(StackSlotData::new(
+                        StackSlotKind::ExplicitSlot,
+                        bytes,
+                        4,
+                    ));
+                    let sums = self.b.ins().stack_addr(types::I64, slot, 0);
+                    for k in 0..2 * columns.len() {
+                        let at = (k as u32 * ty.bytes()) as i32;
+                        self.b.ins().store(self.flags, init, sums, at);
+                    }
+                    sums
+                });
+                let product = self.summed_product(op, value);
+                let reset = |l: &mut Self| {
+                    let zero = l.f32_like(0.0, ty);
+                    for &acc in &accs {
+                        l.b.def_var(acc, zero);
+                    }
+                };
+                let fold = |l: &mut Self| {
+                    let sums = sums.expect("a blocked sum");
+                    for (k, &acc) in accs.iter().enumerate() {
+                        let x = l.b.use_var(acc);
+                        let at_r = (2 * k as u32 * ty.bytes()) as i32;
+                        l.kahan_add(sums, at_r, at_r + ty.bytes() as i32, x, ty);
+                    }
+                };
+                let mut body = |l: &mut Self| {
+                    for (k, &column) in columns.iter().enumerate() {
+                        l.enter_column(column, mode);
+                        let acc = l.b.use_var(accs[k]);
+                        let r = l.reduce_step(op, value, product, acc, mode);
+                        l.b.def_var(accs[k], r);
+                        l.reduce_stores(stores, mode);
+                    }
+                };
+                let blocks: Option<RowBlocks<Self>> = match sums {
+                    Some(_) => Some((&reset, &fold)),
+                    None => None,
+                };
+                self.outer_rows(0, extents, blocks, &mut body);
+                let mut results = Vec::new();
+                for (k, &acc) in accs.iter().enumerate() {
+                    let r = match sums {
+                        Some(sums) => {
+                            let at = (2 * k as u32 * ty.bytes()) as i32;
+                            self.b.ins().load(ty, self.flags, sums, at)
+                        }
+                        None => self.b.use_var(acc),
+                    };
+                    results.push(self.pin(r));
+                }
+                self.forget();
+                Some(results)
+            }
+            StageAction::Store(stores) => {
+                self.outer_rows(0, extents, None, &mut |l| {
+                    for &column in columns {
+                        l.enter_column(column, mode);
+                        l.store_all(stores, mode);
+                    }
+                });
+                self.forget();
+                None
+            }
+            StageAction::Scan(_) => unreachable!("the verifier keeps scans in the inner order"),
+        }
+    }
+
+    /// The identity of `op`, as a value of type `ty` (f32 or f32x4).
+    fn reduce_init(&mut self, op: ReduceOp, ty: Type) -> Value {
+        let init = match op {
+            ReduceOp::Sum => 0.0,
+            ReduceOp::Max => f32::NEG_INFINITY,
+            ReduceOp::Min => f32::INFINITY,
+        };
+        self.f32_like(init, ty)
+    }
+
+    /// For a sum of a product used only there (a variance's squares), its factors: accumulated
+    /// with one FMA (where the host has FMA).
+    fn summed_product(&self, op: ReduceOp, value: ExprId) -> Option<(ExprId, ExprId)> {
+        match *self.kernel.expr(value) {
+            Expr::Binary(BinaryOp::Mul, a, c)
+                if op == ReduceOp::Sum
+                    && self.contract
+                    && self.kernel.ty(value) == ScalarType::F32
+                    && self.uses[value.0 as usize] == 1 =>
+            {
+                Some((a, c))
+            }
+            _ => None,
+        }
+    }
+
+    /// `acc` combined with the stage's value at the current column (`product`: see
+    /// [`Self::summed_product`]).
+    fn reduce_step(
+        &mut self,
+        op: ReduceOp,
+        value: ExprId,
+        product: Option<(ExprId, ExprId)>,
+        acc: Value,
+        mode: Mode,
+    ) -> Value {
+        if let Some((a, c)) = product {
+            let (a, c) = self.f32_operands(a, c, mode);
+            return self.b.ins().fma(a, c, acc);
+        }
+        let x = self.emit(value, mode);
+        let x = match mode {
+            Mode::Vector => self.vector_of(x, ScalarType::F32),
+            Mode::Scalar => self.scalar_of(x),
+        };
+        match op {
+            ReduceOp::Sum => self.b.ins().fadd(acc, x),
+            ReduceOp::Max | ReduceOp::Min => self.extreme(op, acc, x),
+        }
+    }
+
+    /// A max (min) step that keeps NaN: `x` replaces `acc` where `acc < x` (`acc > x`) or `x` is
+    /// NaN, so a NaN, once in, stays (no comparison with it is true). The same for f32x4 lanes
+    /// and scalars.
+    fn extreme(&mut self, op: ReduceOp, acc: Value, x: Value) -> Value {
+        let cc = if op == ReduceOp::Max {
+            FloatCC::LessThan
+        } else {
+            FloatCC::GreaterThan
+        };
+        let better = self.b.ins().fcmp(cc, acc, x);
+        let nan = self.b.ins().fcmp(FloatCC::Unordered, x, x);
+        let take = self.b.ins().bor(better, nan);
+        if self.b.func.dfg.value_type(acc).is_vector() {
+            let take = self.bitcast(types::F32X4, take);
+            self.b.ins().bitselect(take, x, acc)
+        } else {
+            self.b.ins().select(take, x, acc)
+        }
+    }
+
+    /// A reduction stage's element stores at the current column.
+    fn reduce_stores(&mut self, stores: &[Store], mode: Mode) {
+        for st in stores {
+            let v = self.emit(st.value, mode);
+            self.store(st, v, mode);
+        }
+    }
+
+    /// A store stage's stores at the current column: every value before any store (one may
+    /// overwrite in place an element that a later value loads).
+    fn store_all(&mut self, stores: &[Store], mode: Mode) {
+        let values: Vec<Val> = stores.iter().map(|st| self.emit(st.value, mode)).collect();
+        for (st, v) in stores.iter().zip(values) {
+            self.store(st, v, mode);
+        }
+    }
+
+    /// The stage's loops from `level` in, one row at a time; with `blocks` (a sum's reset and
+    /// fold), the innermost loop runs in blocks of [`OUTER_SUM_BLOCK`] rows, resetting the
+    /// accumulators before each block and folding them into the running sums after it.
+    fn outer_rows(
+        &mut self,
+        level: usize,
+        extents: &[Value],
+        blocks: Option<RowBlocks<Self>>,
+        body: &mut dyn FnMut(&mut Self),
+    ) {
+        if extents.is_empty() {
+            self.forget();
+            body(self);
+            self.forget();
+            return;
+        }
+        let zero = self.b.ins().iconst(types::I64, 0);
+        let var = Var::Inner(level as u32);
+        if level + 1 < extents.len() {
+            self.counted_loop(zero, extents[level], 1, |l, i| {
+                l.vars.insert(var, i);
+                l.outer_rows(level + 1, extents, blocks, body);
+            });
+            return;
+        }
+        match blocks {
+            Some((reset, fold)) => {
+                self.block_loop(zero, extents[level], OUTER_SUM_BLOCK, |l, start, end| {
+                    reset(l);
+                    l.counted_loop(start, end, 1, |l, i| {
+                        l.vars.insert(var, i);
+                        body(l);
+                    });
+                    fold(l);
+                });
+            }
+            None => {
+                self.counted_loop(zero, extents[level], 1, |l, i| {
+                    l.vars.insert(var, i);
+                    body(l);
+                });
+            }
+        }
+    }
+
+    /// Adds `x` into the running sum at `sums + at_r` with Kahan compensation (kept at
+    /// `sums + at_c`), as `add_block_sums` does, for one value of type `ty` (f32 or f32x4).
+    fn kahan_add(&mut self, sums: Value, at_r: i32, at_c: i32, x: Value, ty: Type) {
+        let flags = self.flags;
+        let r = self.b.ins().load(ty, flags, sums, at_r);
+        let c = self.b.ins().load(ty, flags, sums, at_c);
+        let y = self.b.ins().fsub(x, c);
+        let t = self.b.ins().fadd(r, y);
+        let rounded = self.b.ins().fsub(t, r);
+        let c = self.b.ins().fsub(rounded, y);
+        // Past an infinity the compensation is NaN (inf - inf): drop it.
+        let zero = self.f32_like(0.0, ty);
+        let d = self.b.ins().fsub(c, c);
+        let finite = self.b.ins().fcmp(FloatCC::Equal, d, zero);
+        let c = if ty.is_vector() {
+            let finite = self.bitcast(ty, finite);
+            self.b.ins().bitselect(finite, c, zero)
+        } else {
+            self.b.ins().select(finite, c, zero)
+        };
+        self.b.ins().store(flags, t, sums, at_r);
+        self.b.ins().store(flags, c, sums, at_c);
+    }
+
+    /// `a` and `c` as f32 vectors (`Mode::Vector`) or scalars.
+    fn f32_operands(&mut self, a: ExprId, c: ExprId, mode: Mode) -> (Value, Value) {
+        match mode {
+            Mode::Vector => {
+                let a = self.emit(a, mode);
+                let c = self.emit(c, mode);
+                (
+                    self.vector_of(a, ScalarType::F32),
+                    self.vector_of(c, ScalarType::F32),
+                )
+            }
+            Mode::Scalar => (self.scalar_operand(a), self.scalar_operand(c)),
+        }
+    }
+
+    fn scalar_of(&mut self, v: Val) -> Value {
+        match v {
+            Val::Scalar(x) => x,
+            Val::Vector(_) => unreachable!("scalar mode yields scalars"),
+        }
+    }
+
+    /// Stage `n`'s result for the current column, as a scalar (its lane, in a vector group).
+    pub(super) fn outer_result_scalar(&mut self, n: u32) -> Value {
+        let v = self.outer_results[n as usize][self.column.slot];
+        match (v, self.column.lane) {
+            (Val::Scalar(x), _) => x,
+            (Val::Vector(x), Some(lane)) => self.b.ins().extractlane(x, lane),
+            (Val::Vector(_), None) => unreachable!("a vector result is read per lane"),
+        }
+    }
+
+    /// Stage `n`'s result for the current slot, as a vector.
+    pub(super) fn outer_result_vector(&mut self, n: u32) -> Value {
+        match self.outer_results[n as usize][self.column.slot] {
+            Val::Vector(x) => x,
+            Val::Scalar(x) => self.b.ins().splat(types::F32X4, x),
+        }
+    }
+}
