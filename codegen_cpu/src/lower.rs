@@ -403,7 +403,7 @@ impl Lowering<'_, '_, '_> {
                 }
                 // In the unrolled loop, one unordered compare covers two slots' vectors (it is
                 // true where either lane is NaN): even slots leave theirs here for the next.
-                const { assert!(UNROLL % 2 == 0) };
+                const { assert!(UNROLL.is_multiple_of(2)) };
                 let mut unpaired: Option<Value> = None;
                 // `sum(a * b)` (a variance's squares) accumulates with one FMA when the product
                 // is used only here.

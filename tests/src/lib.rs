@@ -86,35 +86,6 @@ pub fn assert_allclose(got: &[Tensor], want: &[Tensor], tol: Tolerance, context:
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn t(values: &[f32]) -> Tensor {
-        Tensor::from_vec(&[values.len()], values.to_vec()).unwrap()
-    }
-
-    #[test]
-    fn compares_counts_shapes_dtypes_values_and_nan() {
-        let ok = |g: &[Tensor], w: &[Tensor]| compare_outputs(g, w, Tolerance::close(1e-3), "c");
-        assert!(ok(&[t(&[1.0, f32::NAN])], &[t(&[1.0005, f32::NAN])]).is_ok());
-        assert!(ok(&[t(&[1.0])], &[t(&[1.0]), t(&[1.0])])
-            .unwrap_err()
-            .contains("1 outputs, expected 2"));
-        assert!(ok(&[t(&[1.0, 2.0])], &[t(&[1.0])])
-            .unwrap_err()
-            .contains("shape"));
-        let i = Tensor::from_vec(&[1], vec![1i64]).unwrap();
-        assert!(ok(&[i], &[t(&[1.0])]).unwrap_err().contains("dtype"));
-        assert!(ok(&[t(&[f32::NAN])], &[t(&[1.0])]).is_err());
-        assert!(ok(&[t(&[1.0])], &[t(&[f32::NAN])]).is_err());
-        assert!(ok(&[t(&[f32::INFINITY])], &[t(&[f32::NEG_INFINITY])]).is_err());
-        assert!(ok(&[t(&[1.1])], &[t(&[1.0])])
-            .unwrap_err()
-            .contains("output 0, element 0: 1.100000023841858, expected 1"));
-    }
-}
-
 /// Smooth, seeded test data: element `i` is `amplitude · sin((i + 1)·0.618 + 1.3·seed)`.
 pub fn sine_values(shape: &[usize], seed: u32, amplitude: f32) -> Tensor {
     let n: usize = shape.iter().product();
@@ -144,4 +115,33 @@ pub fn build_graph(
         .map(|(i, s)| values(s, i as u32))
         .collect();
     (tracer.finish(&outputs).unwrap(), tensors)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn t(values: &[f32]) -> Tensor {
+        Tensor::from_vec(&[values.len()], values.to_vec()).unwrap()
+    }
+
+    #[test]
+    fn compares_counts_shapes_dtypes_values_and_nan() {
+        let ok = |g: &[Tensor], w: &[Tensor]| compare_outputs(g, w, Tolerance::close(1e-3), "c");
+        assert!(ok(&[t(&[1.0, f32::NAN])], &[t(&[1.0005, f32::NAN])]).is_ok());
+        assert!(ok(&[t(&[1.0])], &[t(&[1.0]), t(&[1.0])])
+            .unwrap_err()
+            .contains("1 outputs, expected 2"));
+        assert!(ok(&[t(&[1.0, 2.0])], &[t(&[1.0])])
+            .unwrap_err()
+            .contains("shape"));
+        let i = Tensor::from_vec(&[1], vec![1i64]).unwrap();
+        assert!(ok(&[i], &[t(&[1.0])]).unwrap_err().contains("dtype"));
+        assert!(ok(&[t(&[f32::NAN])], &[t(&[1.0])]).is_err());
+        assert!(ok(&[t(&[1.0])], &[t(&[f32::NAN])]).is_err());
+        assert!(ok(&[t(&[f32::INFINITY])], &[t(&[f32::NEG_INFINITY])]).is_err());
+        assert!(ok(&[t(&[1.1])], &[t(&[1.0])])
+            .unwrap_err()
+            .contains("output 0, element 0: 1.100000023841858, expected 1"));
+    }
 }
