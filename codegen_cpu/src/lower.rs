@@ -760,35 +760,41 @@ impl Lowering<'_, '_, '_> {
     /// Adds a block's partial sums into the running ones (Kahan: the compensation keeps what
     /// each addition rounded away and takes it off the next block's partial sum).
     fn add_block_sums(&mut self, fold: &Fold) {
-        let flags = self.flags;
         for k in 0..=UNROLL {
             let (block, ty) = if k == UNROLL {
                 (fold.block_scalar, types::F32)
             } else {
                 (fold.block[k], types::F32X4)
             };
-            let (at_r, at_c) = (Fold::offset(k, false), Fold::offset(k, true));
             let b = self.b.use_var(block);
-            let r = self.b.ins().load(ty, flags, fold.sums, at_r);
-            let c = self.b.ins().load(ty, flags, fold.sums, at_c);
-            let y = self.b.ins().fsub(b, c);
-            let t = self.b.ins().fadd(r, y);
-            let rounded = self.b.ins().fsub(t, r);
-            let c = self.b.ins().fsub(rounded, y);
-            // Past an infinity the compensation is NaN (inf - inf): drop it, so the sum stays
-            // inf as an uncompensated one would.
-            let zero = self.f32_like(0.0, ty);
-            let d = self.b.ins().fsub(c, c);
-            let finite = self.b.ins().fcmp(FloatCC::Equal, d, zero);
-            let c = if ty.is_vector() {
-                let finite = self.bitcast(ty, finite);
-                self.b.ins().bitselect(finite, c, zero)
-            } else {
-                self.b.ins().select(finite, c, zero)
-            };
-            self.b.ins().store(flags, t, fold.sums, at_r);
-            self.b.ins().store(flags, c, fold.sums, at_c);
+            self.kahan_add(fold.sums, Fold::offset(k, false), Fold::offset(k, true), b, ty);
         }
+    }
+
+    /// Adds `x` into the running sum at `sums + at_r` with Kahan compensation (kept at
+    /// `sums + at_c`), for one value of type `ty` (f32 or f32x4). Row sums (`add_block_sums`)
+    /// and outer-order column sums (`outer.rs`) both fold their blocks through it.
+    fn kahan_add(&mut self, sums: Value, at_r: i32, at_c: i32, x: Value, ty: Type) {
+        let flags = self.flags;
+        let r = self.b.ins().load(ty, flags, sums, at_r);
+        let c = self.b.ins().load(ty, flags, sums, at_c);
+        let y = self.b.ins().fsub(x, c);
+        let t = self.b.ins().fadd(r, y);
+        let rounded = self.b.ins().fsub(t, r);
+        let c = self.b.ins().fsub(rounded, y);
+        // Past an infinity the compensation is NaN (inf - inf): drop it, so the sum stays
+        // inf as an uncompensated one would.
+        let zero = self.f32_like(0.0, ty);
+        let d = self.b.ins().fsub(c, c);
+        let finite = self.b.ins().fcmp(FloatCC::Equal, d, zero);
+        let c = if ty.is_vector() {
+            let finite = self.bitcast(ty, finite);
+            self.b.ins().bitselect(finite, c, zero)
+        } else {
+            self.b.ins().select(finite, c, zero)
+        };
+        self.b.ins().store(flags, t, sums, at_r);
+        self.b.ins().store(flags, c, sums, at_c);
     }
 
     /// Address of the current element(s) in a math-block buffer.

@@ -407,30 +407,6 @@ impl Lowering<'_, '_, '_> {
         }
     }
 
-    /// Adds `x` into the running sum at `sums + at_r` with Kahan compensation (kept at
-    /// `sums + at_c`), as `add_block_sums` does, for one value of type `ty` (f32 or f32x4).
-    fn kahan_add(&mut self, sums: Value, at_r: i32, at_c: i32, x: Value, ty: Type) {
-        let flags = self.flags;
-        let r = self.b.ins().load(ty, flags, sums, at_r);
-        let c = self.b.ins().load(ty, flags, sums, at_c);
-        let y = self.b.ins().fsub(x, c);
-        let t = self.b.ins().fadd(r, y);
-        let rounded = self.b.ins().fsub(t, r);
-        let c = self.b.ins().fsub(rounded, y);
-        // Past an infinity the compensation is NaN (inf - inf): drop it.
-        let zero = self.f32_like(0.0, ty);
-        let d = self.b.ins().fsub(c, c);
-        let finite = self.b.ins().fcmp(FloatCC::Equal, d, zero);
-        let c = if ty.is_vector() {
-            let finite = self.bitcast(ty, finite);
-            self.b.ins().bitselect(finite, c, zero)
-        } else {
-            self.b.ins().select(finite, c, zero)
-        };
-        self.b.ins().store(flags, t, sums, at_r);
-        self.b.ins().store(flags, c, sums, at_c);
-    }
-
     /// `a` and `c` as f32 vectors (`Mode::Vector`) or scalars.
     fn f32_operands(&mut self, a: ExprId, c: ExprId, mode: Mode) -> (Value, Value) {
         match mode {
