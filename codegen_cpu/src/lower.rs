@@ -767,7 +767,13 @@ impl Lowering<'_, '_, '_> {
                 (fold.block[k], types::F32X4)
             };
             let b = self.b.use_var(block);
-            self.kahan_add(fold.sums, Fold::offset(k, false), Fold::offset(k, true), b, ty);
+            self.kahan_add(
+                fold.sums,
+                Fold::offset(k, false),
+                Fold::offset(k, true),
+                b,
+                ty,
+            );
         }
     }
 

@@ -503,3 +503,28 @@ fn attention_results_do_not_depend_on_the_thread_count() {
     let got = compiled.call(&inputs).unwrap();
     minductor_tests::assert_allclose(&got, &want, Tolerance::close(1e-5), "threads");
 }
+
+#[test]
+fn attention_over_zero_keys_gives_what_the_interpreter_gives() {
+    // S = 0: the scores are `[.., t, 0]`, the product with a `[0, ev]` value is all zeros. (The
+    // fused step would give NaN rows, but `fuse` forms none here: the empty softmax folds away
+    // and the two GEMMs over empty operands remain.)
+    for t in [3, 1] {
+        let (b, h, e, ev) = (1, 2, 8, 5);
+        let graph = sdpa_graph(
+            &dims(&[b, h, t, e]),
+            &dims(&[b, h, 0, e]),
+            &dims(&[b, h, 0, ev]),
+            1,
+            false,
+        );
+        let inputs = [
+            ramp(&[b, h, t, e], 0.0),
+            ramp(&[b, h, 0, e], 1.0),
+            ramp(&[b, h, 0, ev], 2.0),
+        ];
+        let want = interpret(&graph, &inputs).unwrap();
+        let got = compile(&graph).unwrap().call(&inputs).unwrap();
+        minductor_tests::assert_allclose(&got, &want, Tolerance::close(1e-6), &format!("t {t}"));
+    }
+}
