@@ -170,6 +170,12 @@ fn attention_on(
     if matrix == 0 {
         return Ok(());
     }
+    if shape.s == 0 {
+        // No keys: each output row is a sum over nothing, 0 (what the prim graph computes: a
+        // product of an empty probability row with an empty value matrix).
+        out.fill(0.0);
+        return Ok(());
+    }
     // Work items: (k/v head, run of query blocks), each computing those blocks for every q
     // head of the group. An item packs its keys (transposed) and, unless their rows are
     // contiguous, its values into a buffer of its thread, which stays in that core's cache
@@ -1108,6 +1114,107 @@ mod tests {
                         0
                     };
                     assert!(nan >= empty, "mask {name}: {nan} NaNs");
+                }
+            }
+        }
+    }
+
+    /// No keys (S = 0): every output element is a sum over nothing, 0, as in the prim graph.
+    #[test]
+    fn attention_over_no_keys_writes_zeros() {
+        let (t, e, ev) = (5, 8, 3);
+        let sh = AttentionShape {
+            batch: &[2],
+            t,
+            s: 0,
+            e,
+            ev,
+            group: 1,
+            scale: 0.5,
+            causal: false,
+        };
+        let q = data(2 * t * e, 0.0);
+        let empty: [f32; 0] = [];
+        let view = |data, strides| View {
+            data,
+            offset: 0,
+            strides,
+        };
+        let (qs, ks, vs) = (
+            [(t * e) as i64, e as i64, 1],
+            [0i64, e as i64, 1],
+            [0i64, ev as i64, 1],
+        );
+        let mut forms = vec![false];
+        if has_avx512() {
+            forms.push(true);
+        }
+        for avx512 in forms {
+            let mut out = vec![f32::NAN; 2 * t * ev];
+            attention_on(
+                view(&q, &qs),
+                view(&empty, &ks),
+                view(&empty, &vs),
+                None,
+                &sh,
+                &mut out,
+                avx512,
+            )
+            .unwrap();
+            assert!(out.iter().all(|&x| x == 0.0), "avx512 {avx512}: {out:?}");
+        }
+    }
+
+    /// A head dim of 0: every score is 0, so each output row is the mean of the value rows
+    /// (of the visible ones, under the causal mask).
+    #[test]
+    fn attention_with_a_head_dim_of_zero_averages_the_values() {
+        let (t, s, ev) = (3, 4, 5);
+        let v = data(s * ev, 2.0);
+        let empty: [f32; 0] = [];
+        let view = |data, strides| View {
+            data,
+            offset: 0,
+            strides,
+        };
+        let (qs, ks, vs) = ([0i64, 0, 1], [0i64, 0, 1], [0i64, ev as i64, 1]);
+        for causal in [false, true] {
+            let sh = AttentionShape {
+                batch: &[1],
+                t,
+                s,
+                e: 0,
+                ev,
+                group: 1,
+                scale: 0.5,
+                causal,
+            };
+            let mut forms = vec![false];
+            if has_avx512() {
+                forms.push(true);
+            }
+            for avx512 in forms {
+                let mut out = vec![f32::NAN; t * ev];
+                attention_on(
+                    view(&empty, &qs),
+                    view(&empty, &ks),
+                    view(&v, &vs),
+                    None,
+                    &sh,
+                    &mut out,
+                    avx512,
+                )
+                .unwrap();
+                for row in 0..t {
+                    let keys = if causal { row + 1 } else { s };
+                    for c in 0..ev {
+                        let want = (0..keys).map(|j| v[j * ev + c]).sum::<f32>() / keys as f32;
+                        let got = out[row * ev + c];
+                        assert!(
+                            (got - want).abs() <= 1e-6 * (1.0 + want.abs()),
+                            "causal {causal} avx512 {avx512} row {row} col {c}: {got} vs {want}"
+                        );
+                    }
                 }
             }
         }

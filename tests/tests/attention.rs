@@ -528,3 +528,27 @@ fn attention_over_zero_keys_gives_what_the_interpreter_gives() {
         minductor_tests::assert_allclose(&got, &want, Tolerance::close(1e-6), &format!("t {t}"));
     }
 }
+
+#[test]
+fn attention_with_empty_heads_gives_what_the_interpreter_gives() {
+    // Head dim 0: every score is 0, each row averages the values. Value width 0: no output.
+    for (e, ev, causal) in [(0, 5, false), (0, 5, true), (8, 0, false)] {
+        let (b, h, t, s) = (1, 2, 3, 4);
+        let graph = sdpa_graph(
+            &dims(&[b, h, t, e]),
+            &dims(&[b, h, s, e]),
+            &dims(&[b, h, s, ev]),
+            1,
+            causal,
+        );
+        let inputs = [
+            ramp(&[b, h, t, e], 0.0),
+            ramp(&[b, h, s, e], 1.0),
+            ramp(&[b, h, s, ev], 2.0),
+        ];
+        let want = interpret(&graph, &inputs).unwrap();
+        let got = compile(&graph).unwrap().call(&inputs).unwrap();
+        let what = format!("e {e} ev {ev} causal {causal}");
+        minductor_tests::assert_allclose(&got, &want, Tolerance::close(1e-6), &what);
+    }
+}
