@@ -514,7 +514,6 @@ pub(super) fn run_matmul(
     // multiplied on one thread (`b` is packed once and reused while consecutive matrices share
     // it, as a broadcast operand does).
     let inner: usize = a_shape[1..batch].iter().product();
-    let failure: Mutex<Option<RuntimeError>> = Mutex::new(None);
     let run_units = |start: usize, end: usize| -> Result<(), RuntimeError> {
         let mut packed: Option<(i64, gemm::PackedB)> = None;
         let mut s = start;
@@ -547,23 +546,7 @@ pub(super) fn run_matmul(
         }
         Ok(())
     };
-    let run_units = |start: usize, end: usize| {
-        if let Err(e) = run_units(start, end) {
-            *failure.lock().unwrap_or_else(|p| p.into_inner()) = Some(e);
-        }
-    };
-    if parallel && units > 1 {
-        let chunks = threads.min(units);
-        threads::for_each_chunk(chunks, |ch| {
-            run_units(units * ch / chunks, units * (ch + 1) / chunks)
-        });
-    } else {
-        run_units(0, units);
-    }
-    match failure.into_inner().unwrap_or_else(|p| p.into_inner()) {
-        Some(e) => Err(e),
-        None => Ok(()),
-    }
+    in_unit_ranges(units, parallel, run_units)
 }
 
 /// Runs `out = a @ im2col(x)` (a convolution, `b` an [`Im2colView`]) with the implicit GEMM
@@ -676,24 +659,31 @@ fn run_implicit_matmul(
         }
         Ok(())
     };
-    let failure: Mutex<Option<RuntimeError>> = Mutex::new(None);
-    let run_images = |start: usize, end: usize| {
-        if let Err(e) = run_images(start, end) {
-            *failure.lock().unwrap_or_else(|p| p.into_inner()) = Some(e);
-        }
-    };
     let flops = [images, groups, rows, k, cols]
         .iter()
         .fold(2usize, |acc, &n| acc.saturating_mul(n));
-    let threads = threads::num_threads();
-    if threads > 1 && flops >= PARALLEL_FLOPS_THRESHOLD && images > 1 {
-        let chunks = threads.min(images);
-        threads::for_each_chunk(chunks, |ch| {
-            run_images(images * ch / chunks, images * (ch + 1) / chunks)
-        });
-    } else {
-        run_images(0, images);
+    let parallel = threads::num_threads() > 1 && flops >= PARALLEL_FLOPS_THRESHOLD;
+    in_unit_ranges(images, parallel, run_images)
+}
+
+/// Runs `run` over `0..units` in one contiguous range per thread when `parallel` (and there
+/// are at least two units), else in one range on the calling thread. An error of any range is
+/// the step's (the last one recorded, if several fail).
+fn in_unit_ranges(
+    units: usize,
+    parallel: bool,
+    run: impl Fn(usize, usize) -> Result<(), RuntimeError> + Sync,
+) -> Result<(), RuntimeError> {
+    if !(parallel && units > 1) {
+        return run(0, units);
     }
+    let failure: Mutex<Option<RuntimeError>> = Mutex::new(None);
+    let chunks = threads::num_threads().min(units);
+    threads::for_each_chunk(chunks, |ch| {
+        if let Err(e) = run(units * ch / chunks, units * (ch + 1) / chunks) {
+            *failure.lock().unwrap_or_else(|p| p.into_inner()) = Some(e);
+        }
+    });
     match failure.into_inner().unwrap_or_else(|p| p.into_inner()) {
         Some(e) => Err(e),
         None => Ok(()),
