@@ -194,8 +194,16 @@ mod x86 {
         }
         /// `vscalefps`: `p * 2^n` rounded once, subnormal and overflowing results included.
         #[inline(always)]
-        fn scale_pow2(&mut self, p: __m512i, n: __m512i, _: __m512i, _: bool) -> __m512i {
+        fn scale_pow2(&mut self, p: __m512i, n: __m512i, _: __m512i) -> __m512i {
             unsafe { f512!(_mm512_scalef_ps, p, n) }
+        }
+        /// `vpermps`: the index's low 4 bits pick one of the 16 entries.
+        #[inline(always)]
+        fn lookup(&mut self, table: &'static [f32; 16], idx: __m512i) -> __m512i {
+            // SAFETY: `table` holds 16 readable f32s.
+            unsafe {
+                _mm512_castps_si512(_mm512_permutexvar_ps(idx, _mm512_loadu_ps(table.as_ptr())))
+            }
         }
         #[inline(always)]
         fn sel(&mut self, m: __m512i, t: __m512i, f: __m512i) -> __m512i {
@@ -361,6 +369,18 @@ mod x86 {
                 }
             }
         }
+        /// Two `vpermps` (each picks by the index's low 3 bits from one half of the table),
+        /// blended by bit 3.
+        #[inline(always)]
+        fn lookup(&mut self, table: &'static [f32; 16], idx: __m256i) -> __m256i {
+            // SAFETY: `table` holds 16 readable f32s, two halves of 8.
+            unsafe {
+                let low = _mm256_permutevar8x32_ps(_mm256_loadu_ps(table.as_ptr()), idx);
+                let high = _mm256_permutevar8x32_ps(_mm256_loadu_ps(table.as_ptr().add(8)), idx);
+                let upper = _mm256_castsi256_ps(_mm256_slli_epi32::<28>(idx));
+                _mm256_castps_si256(_mm256_blendv_ps(low, high, upper))
+            }
+        }
         #[inline(always)]
         fn sel(&mut self, m: __m256i, t: __m256i, f: __m256i) -> __m256i {
             // Bitwise `m ? t : f`, as the inline form's `bitselect`.
@@ -418,6 +438,10 @@ impl<L: Lanes> Lanes for Twice<L> {
         sel(m, t, f);
     }
     #[inline(always)]
+    fn lookup(&mut self, table: &'static [f32; 16], idx: Self::V) -> Self::V {
+        [self.0.lookup(table, idx[0]), self.0.lookup(table, idx[1])]
+    }
+    #[inline(always)]
     fn shl(&mut self, a: Self::V, n: i64) -> Self::V {
         [self.0.shl(a[0], n), self.0.shl(a[1], n)]
     }
@@ -448,10 +472,10 @@ impl<L: Lanes> Lanes for Twice<L> {
         [self.0.maxc(x[0], c), self.0.maxc(x[1], c)]
     }
     #[inline(always)]
-    fn scale_pow2(&mut self, p: Self::V, n: Self::V, n_i: Self::V, two: bool) -> Self::V {
+    fn scale_pow2(&mut self, p: Self::V, n: Self::V, n_i: Self::V) -> Self::V {
         [
-            self.0.scale_pow2(p[0], n[0], n_i[0], two),
-            self.0.scale_pow2(p[1], n[1], n_i[1], two),
+            self.0.scale_pow2(p[0], n[0], n_i[0]),
+            self.0.scale_pow2(p[1], n[1], n_i[1]),
         ]
     }
 }

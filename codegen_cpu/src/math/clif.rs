@@ -175,6 +175,31 @@ impl Lanes for Em<'_, '_> {
             self.b.ins().select(mask, t, f)
         }
     }
+    /// Loads from the table's address, lane by lane; the index is masked to 0..16 first, so
+    /// the loads stay inside the `'static` table (which outlives every kernel).
+    fn lookup(&mut self, table: &'static [f32; 16], idx: Value) -> Value {
+        let idx = self.bandc(idx, 15);
+        let base = self.b.ins().iconst(types::I64, table.as_ptr() as i64);
+        let flags = MemFlagsData::trusted().with_readonly();
+        let entry = |b: &mut FunctionBuilder, i: Value| {
+            let i = b.ins().uextend(types::I64, i);
+            let offset = b.ins().ishl_imm_u(i, 2);
+            let address = b.ins().iadd(base, offset);
+            b.ins().load(types::F32, flags, address, 0)
+        };
+        if !self.vec() {
+            return entry(self.b, idx);
+        }
+        let first = self.b.ins().extractlane(idx, 0);
+        let first = entry(self.b, first);
+        let mut v = self.b.ins().scalar_to_vector(types::F32X4, first);
+        for lane in 1..4u8 {
+            let i = self.b.ins().extractlane(idx, lane);
+            let x = entry(self.b, i);
+            v = self.b.ins().insertlane(v, x, lane);
+        }
+        v
+    }
     fn band(&mut self, a: Value, b: Value) -> Value {
         self.b.ins().band(a, b)
     }

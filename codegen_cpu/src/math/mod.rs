@@ -24,9 +24,10 @@
 //! * `log`: subnormals scaled by `2^23`; `x = 2^k * m` with `m` in `[sqrt(1/2), sqrt 2)`,
 //!   `log1p(m - 1)` by the Cephes polynomial, `k*ln 2` with a 2-part `ln 2`.
 //! * `tanh`: odd polynomial for `|x| < 0.625`, `1 - 2/(exp(2|x|) + 1)` above, sign copied.
-//! * `erf`: `x + x*P(x^2)` for `|x| < 1`; `1 - exp(-x^2) * Q(1/x)` for `1 <= |x| <= 4` (and
-//!   `|x|` clamped to 4 above, where erf rounds to 1), sign copied. `P`, `Q` are minimax fits
-//!   made for this module.
+//! * `erf`: `x + x*P(x^2)` for `|x| < 0.875`; above, `1 - Q_k(4|x| - k)` with `k = round(4|x|)`
+//!   in 4..=16, where each `Q_k` fits `erfc` on its quarter-wide piece (`|x|` clamped to 4,
+//!   where erf rounds to 1), sign copied. The coefficients of the 14 degree-5 pieces come
+//!   from one table by per-lane lookup. `P`, `Q_k` are fits made for this module.
 //! * `sigmoid`: `e = exp(-|x|)`, result `1/(1+e)` for `x >= 0` and `e/(1+e)` for `x < 0`, so
 //!   it is accurate for large `|x|` (`sigmoid(-100) = 3.78e-44`).
 //! * `sin`/`cos`: `q = round(x * 2/pi)`, `r = x - q*pi/2` with a 6-part Cody–Waite `pi/2`
@@ -57,7 +58,7 @@
 //! | `exp`     | all (`0` below `-103.97`, `inf` above `88.72`) | 0.99            |
 //! | `log`     | all                                           | 0.83            |
 //! | `tanh`    | all                                           | 1.33            |
-//! | `erf`     | all                                           | 1.26            |
+//! | `erf`     | all                                           | 1.02            |
 //! | `sigmoid` | all                                           | 2.40            |
 //! | `sin`     | `\|x\| <= 1e2` / `1e3` / `1e4` / `1e5`          | 2.31 / 2.43 / 2.76 / 3.18 |
 //! | `cos`     | `\|x\| <= 1e2` / `1e3` / `1e4` / `1e5`          | 2.49 / 2.84 / 3.34 / 3.42 |
@@ -163,6 +164,8 @@ pub(crate) trait Lanes {
     fn icmp(&mut self, cc: IntCC, a: Self::V, b: Self::V) -> Self::V;
     /// `mask ? t : f`, lane-wise.
     fn sel(&mut self, mask: Self::V, t: Self::V, f: Self::V) -> Self::V;
+    /// `table[idx & 15]` for i32 lanes `idx`: a table lookup (one permute on AVX-512).
+    fn lookup(&mut self, table: &'static [f32; 16], idx: Self::V) -> Self::V;
 
     #[inline(always)]
     fn and(&mut self, m1: Self::V, m2: Self::V) -> Self::V {
@@ -270,18 +273,13 @@ pub(crate) trait Lanes {
         let t = self.shl(t, 23);
         self.float(t)
     }
-    /// `p * 2^n`, for `p` in `[0.5, 2]` and `n` integer-valued (`n_i` the same as i32 lanes),
-    /// rounded once. Without `two_factor`, `n` is in `[-116, 116]`: `2^n` is normal and the
-    /// product exact. With it, `n` is in `[-159, 128]` and `2^n` is applied as two factors (the
-    /// first product exact), so that subnormal results and `2^128` overflow come out right.
-    /// AVX-512 does either in one `vscalefps`, which rounds the exact product once too.
+    /// `p * 2^n`, for `p` in `[0.5, 2]` and `n` integer-valued in `[-159, 128]` (`n_i` the same
+    /// as i32 lanes), rounded once: `2^n` is applied as two factors (the first product exact),
+    /// so that subnormal results and `2^128` overflow come out right. AVX-512 does it in one
+    /// `vscalefps`, which rounds the exact product once too.
     #[inline(always)]
-    fn scale_pow2(&mut self, p: Self::V, n: Self::V, n_i: Self::V, two_factor: bool) -> Self::V {
+    fn scale_pow2(&mut self, p: Self::V, n: Self::V, n_i: Self::V) -> Self::V {
         let _ = n;
-        if !two_factor {
-            let s = self.pow2i(n_i);
-            return self.mul(p, s);
-        }
         let n1 = self.sshr(n_i, 1);
         let n2 = self.isub(n_i, n1);
         let s1 = self.pow2i(n1);
@@ -360,20 +358,6 @@ const EXP_P: [f32; 6] = [
 fn exp<E: Lanes>(e: &mut E, x: E::V, xl: Option<E::V>) -> E::V {
     let x = e.minc(x, 89.0);
     let x = e.maxc(x, -110.0);
-    exp_unclamped(e, x, xl, true)
-}
-
-/// `exp(x)` for `x` in `[-80, 80]` (or NaN), where neither the clamps nor the two-factor
-/// `2^n` are needed: the same result as [`exp`], with fewer operations.
-#[inline(always)]
-fn exp_in_normal_range<E: Lanes>(e: &mut E, x: E::V) -> E::V {
-    exp_unclamped(e, x, None, false)
-}
-
-/// `exp` after the clamps; `two_factor_scale` applies `2^n` as two factors (needed where the
-/// result can be subnormal or `2^n` overflow; exact and equal to one factor elsewhere).
-#[inline(always)]
-fn exp_unclamped<E: Lanes>(e: &mut E, x: E::V, xl: Option<E::V>, two_factor_scale: bool) -> E::V {
     let t = e.mulc(x, LOG2E);
     let (n, n_i) = e.round_small(t);
     // `n * EXP_C1` is exact, so fusing the first step changes nothing; the second gains.
@@ -393,7 +377,7 @@ fn exp_unclamped<E: Lanes>(e: &mut E, x: E::V, xl: Option<E::V>, two_factor_scal
     let p = e.mul(p, r);
     let p = e.add(p, r);
     let p = e.addc(p, 1.0);
-    e.scale_pow2(p, n, n_i, two_factor_scale)
+    e.scale_pow2(p, n, n_i)
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -513,57 +497,186 @@ fn sigmoid<E: Lanes>(e: &mut E, x: E::V) -> E::V {
 // ---------------------------------------------------------------------------------------------
 // erf
 
-/// `erf x ≈ x + x * P(x^2)` on `|x| < 1` (minimax for relative error), lowest degree first.
-const ERF_P: [f32; 7] = [
-    0.128_379_17,
-    -0.376_126_26,
-    0.112_835_854,
-    -0.026_853_811,
-    0.005_188_325_4,
-    -0.000_801_017_33,
-    7.853_787e-5,
+/// Below this `|x|`, `erf x = x + x * P(x^2)`; above, `erf x = 1 - Q_k(4|x| - k)`.
+const ERF_SMALL: f32 = 0.875;
+/// The pieces of `erf`, coefficients lowest degree first: piece 0 is `P` (minimax-like for
+/// relative error on `|x| < 0.875`), piece `k - 3` is `Q_k`, which fits `erfc` on
+/// `|x| in [(k - 1/2)/4, (k + 1/2)/4]` as a polynomial in `s = 4|x| - k` (`k` = 4..16, `s` in
+/// `[-1/2, 1/2]`, computed exactly). Chebyshev interpolants in high precision, rounded to f32.
+const ERF_PIECES: [[f32; 6]; 14] = [
+    // |x| < 0.875: erf(x) = x + x*P(x^2)
+    [
+        0.12837915,
+        -0.37612554,
+        0.11282497,
+        -0.026792947,
+        0.005034371,
+        -0.0006214585,
+    ],
+    // |x| in [0.875, 1.125]: erfc(x) = Q(4|x| - 4)
+    [
+        0.1572992,
+        -0.10377687,
+        0.025944257,
+        -0.0021619857,
+        -0.0002706669,
+        6.721696e-05,
+    ],
+    // |x| in [1.125, 1.375]: erfc(x) = Q(4|x| - 5)
+    [
+        0.07709987,
+        -0.05913028,
+        0.018478394,
+        -0.002617739,
+        2.2119131e-05,
+        4.599189e-05,
+    ],
+    // |x| in [1.375, 1.625]: erfc(x) = Q(4|x| - 6)
+    [
+        0.03389485,
+        -0.029732572,
+        0.0111498805,
+        -0.0021680102,
+        0.00017244874,
+        1.4625731e-05,
+    ],
+    // |x| in [1.625, 1.875]: erfc(x) = Q(4|x| - 7)
+    [
+        0.013328328,
+        -0.013193749,
+        0.0057723424,
+        -0.0014087205,
+        0.0001870775,
+        -6.330789e-06,
+    ],
+    // |x| in [1.875, 2.125]: erfc(x) = Q(4|x| - 8)
+    [
+        0.004677735,
+        -0.005166746,
+        0.0025833775,
+        -0.00075349107,
+        0.00013450609,
+        -1.2704959e-05,
+    ],
+    // |x| in [2.125, 2.375]: erfc(x) = Q(4|x| - 9)
+    [
+        0.001462717,
+        -0.0017855797,
+        0.0010043639,
+        -0.0003394476,
+        7.480876e-05,
+        -1.0392396e-05,
+    ],
+    // |x| in [2.375, 2.625]: erfc(x) = Q(4|x| - 10)
+    [
+        0.00040695234,
+        -0.0005445711,
+        0.00034033295,
+        -0.000130469,
+        3.393694e-05,
+        -5.986287e-06,
+    ],
+    // |x| in [2.625, 2.875]: erfc(x) = Q(4|x| - 11)
+    [
+        0.00010062212,
+        -0.00014656933,
+        0.00010075216,
+        -4.312969e-05,
+        1.28788815e-05,
+        -2.705977e-06,
+    ],
+    // |x| in [2.875, 3.125]: erfc(x) = Q(4|x| - 12)
+    [
+        2.2090586e-05,
+        -3.4813274e-05,
+        2.6103586e-05,
+        -1.2328858e-05,
+        4.1474655e-06,
+        -1.001667e-06,
+    ],
+    // |x| in [3.125, 3.375]: erfc(x) = Q(4|x| - 13)
+    [
+        4.3028112e-06,
+        -7.2972616e-06,
+        5.926743e-06,
+        -3.0591607e-06,
+        1.1436697e-06,
+        -3.103438e-07,
+    ],
+    // |x| in [3.375, 3.625]: erfc(x) = Q(4|x| - 14)
+    [
+        7.4310776e-07,
+        -1.3498584e-06,
+        1.1804507e-06,
+        -6.607417e-07,
+        2.7169565e-07,
+        -8.152978e-08,
+    ],
+    // |x| in [3.625, 3.875]: erfc(x) = Q(4|x| - 15)
+    [
+        1.13729584e-07,
+        -2.2035854e-07,
+        2.064181e-07,
+        -1.2449003e-07,
+        5.584979e-08,
+        -1.831538e-08,
+    ],
+    // |x| in [3.875, 4.125]: erfc(x) = Q(4|x| - 16)
+    [
+        1.5417248e-08,
+        -3.174713e-08,
+        3.17098e-08,
+        -2.0802753e-08,
+        8.467064e-09,
+        -5.316244e-09,
+    ],
 ];
-/// `erfc x ≈ exp(-x^2) * Q(1/x)` on `[1, 4]` (minimax for absolute error), lowest first.
-const ERF_Q: [f32; 7] = [
-    -0.001_661_393_2,
-    0.577_875_73,
-    -0.033_944_808,
-    -0.309_965_7,
-    0.308_651_12,
-    -0.138_749_12,
-    0.025_377_74,
-];
+/// [`ERF_PIECES`] by coefficient, padded to 16 pieces: `ERF_TABLE[j][i]` is coefficient `j` of
+/// piece `i`, what one [`Lanes::lookup`] reads (a `vpermps` on AVX-512). A `static`: inline
+/// kernels load from its address.
+static ERF_TABLE: [[f32; 16]; 6] = by_coefficient(ERF_PIECES);
 
-/// Both branches share one Horner evaluation: each lane runs `P(x^2)` (small `|x|`) or `Q(1/x)`
-/// on coefficients selected per lane, the same operations its branch alone would run (so the
-/// results are those of two separate polynomials), with half the multiply-adds: they, not the
-/// selects, bound the routine's throughput.
+const fn by_coefficient<const N: usize>(pieces: [[f32; 6]; N]) -> [[f32; 16]; 6] {
+    assert!(N <= 16);
+    let mut table = [[0.0; 16]; 6];
+    let mut i = 0;
+    while i < N {
+        let mut j = 0;
+        while j < 6 {
+            table[j][i] = pieces[i][j];
+            j += 1;
+        }
+        i += 1;
+    }
+    table
+}
+
+/// One Horner evaluation on per-lane coefficients from [`ERF_TABLE`]: `P(x^2)` for small `|x|`,
+/// else `Q_k(4|x| - k)` with `k = round(4|x|)` (`|x|` clamped to 4, where `erf` rounds to 1).
+/// No division and no `exp`: the pieces' 6 table lookups and 5 multiply-adds bound the
+/// routine's throughput.
 #[inline(always)]
 fn erf<E: Lanes>(e: &mut E, x: E::V) -> E::V {
-    const _: () = assert!(ERF_P.len() == ERF_Q.len());
     let a = e.abs(x);
-    let is_small = e.fcmpc(FloatCC::LessThan, a, 1.0);
+    let is_small = e.fcmpc(FloatCC::LessThan, a, ERF_SMALL);
     let z = e.mul(a, a);
     let ac = e.minc(a, 4.0);
-    let z2 = e.mul(ac, ac);
-    let one = e.f(1.0);
-    let t = e.div(one, ac);
-    let u = e.sel(is_small, z, t);
-    let last = ERF_P.len() - 1;
-    let (hi_p, hi_q) = (e.f(ERF_P[last]), e.f(ERF_Q[last]));
-    let mut p = e.sel(is_small, hi_p, hi_q);
-    for i in (0..last).rev() {
-        let (cp, cq) = (e.f(ERF_P[i]), e.f(ERF_Q[i]));
-        let c = e.sel(is_small, cp, cq);
+    let a4 = e.mulc(ac, 4.0);
+    // k in [4, 16] where not small (ties go to even: 4|x| = 3.5 gives k = 4); s exact.
+    let (k, k_i) = e.round_small(a4);
+    let s = e.sub(a4, k);
+    let piece = e.iaddc(k_i, -3);
+    let zero = e.i(0);
+    let piece = e.sel(is_small, zero, piece);
+    let u = e.sel(is_small, z, s);
+    let mut p = e.lookup(&ERF_TABLE[5], piece);
+    for j in (0..5).rev() {
+        let c = e.lookup(&ERF_TABLE[j], piece);
         p = e.mul_add(p, u, c);
     }
     let small = e.mul(a, p);
     let small = e.add(a, small);
-    let nz2 = e.neg(z2);
-    // -16 <= nz2 <= 0 (or NaN).
-    let ex = exp_in_normal_range(e, nz2);
-    let c = e.mul(ex, p);
-    let big = e.rsubc(1.0, c);
+    let big = e.rsubc(1.0, p);
     let r = e.sel(is_small, small, big);
     e.copysign(r, x)
 }
