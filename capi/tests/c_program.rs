@@ -105,7 +105,10 @@ fn a_c_program_runs_a_saved_model() {
     );
 
     let batch = 5;
+    // The library this test was built with: cargo's LD_LIBRARY_PATH (which outranks the
+    // rpath) also lists `target/<profile>`, where an older build of the cdylib may lie.
     let run = Command::new(&exe)
+        .env("LD_LIBRARY_PATH", &lib)
         .arg(&artifact)
         .arg(batch.to_string())
         .output()
