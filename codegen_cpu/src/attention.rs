@@ -469,7 +469,10 @@ fn exp_in_place(exp: Option<BlockFn>, data: &mut [f32]) {
     match exp {
         // SAFETY: `data` is a valid mutable slice of `data.len()` f32s and `block_routine` only
         // returns routines the CPU supports.
-        Some(routine) => unsafe { routine(data.as_mut_ptr(), data.len() as i64) },
+        Some(routine) => unsafe {
+            let p = data.as_mut_ptr();
+            routine(p, p, data.len() as i64)
+        },
         None => data.iter_mut().for_each(|x| *x = x.exp()),
     }
 }

@@ -124,6 +124,11 @@ struct Lowering<'k, 'b, 'f> {
     block_start: Option<Value>,
     /// The current stage's math-block functions, by nesting level (innermost first).
     block_levels: Vec<Vec<BlockMath>>,
+    /// The current stage's one store, when its value is the outermost level's one math-block
+    /// function and its elements are contiguous f32s along the innermost loop: the routine
+    /// writes them straight into the output, and the stage needs no pass after the routines
+    /// (see [`Lowering::direct_store`]).
+    direct_store: Option<Store>,
     /// The current stage's sum accumulators, when it is a sum (see [`SUM_BLOCK`]).
     fold: Option<Fold>,
     /// Uses of each expression (as an operand or a stage's value), for contraction.
@@ -242,6 +247,7 @@ pub fn lower_kernel(b: &mut FunctionBuilder, kernel: &Kernel, program: &Program)
         reciprocals: HashMap::new(),
         block_start: None,
         block_levels: Vec::new(),
+        direct_store: None,
         fold: None,
         uses: use_counts(kernel),
         contract: host_has_fma(),
@@ -347,6 +353,7 @@ impl Lowering<'_, '_, '_> {
         } else {
             Vec::new()
         };
+        self.direct_store = self.direct_store(stage);
         self.sites = self.address_sites(stage);
         self.stage_roots = stage.action.roots();
         match &stage.action {
@@ -596,6 +603,8 @@ impl Lowering<'_, '_, '_> {
         self.hoist_invariants();
         if !self.block_levels.is_empty() || self.fold.is_some() {
             let levels = std::mem::take(&mut self.block_levels);
+            let direct = self.direct_store.take();
+            let direct = direct.as_ref();
             let fold = self.fold.clone();
             let step = if levels.is_empty() {
                 SUM_BLOCK
@@ -617,11 +626,20 @@ impl Lowering<'_, '_, '_> {
                     });
                     let n = l.b.ins().isub(end, start);
                     for m in functions {
-                        l.call_block(m, n);
-                        l.block_values.insert(m.expr, m.buffer);
+                        if let Some(st) = direct.filter(|st| st.value == m.expr) {
+                            // The routine writes the block's elements of the output itself.
+                            l.vars.insert(var, start);
+                            let dst = l.address(st.buffer, &st.index, None, 0);
+                            l.call_block(m, dst, n);
+                        } else {
+                            l.call_block(m, m.buffer, n);
+                            l.block_values.insert(m.expr, m.buffer);
+                        }
                     }
                 }
-                l.range_loops(var, start, end, vector, body);
+                if direct.is_none() {
+                    l.range_loops(var, start, end, vector, body);
+                }
                 l.block_values.clear();
                 l.block_start = None;
                 if let Some(fold) = &fold {
@@ -629,6 +647,7 @@ impl Lowering<'_, '_, '_> {
                 }
             });
             self.block_levels = levels;
+            self.direct_store = direct.cloned();
             self.drop_invariants();
             return;
         }
@@ -840,14 +859,16 @@ impl Lowering<'_, '_, '_> {
         }
     }
 
-    /// `routine(buffer, n)`: the block's results replace its arguments.
-    fn call_block(&mut self, m: &BlockMath, n: Value) {
+    /// `routine(buffer, dst, n)`: the block's results go to `dst`, `n` f32s (the block buffer
+    /// itself, replacing the arguments, or the stage's output: see `direct_store`).
+    fn call_block(&mut self, m: &BlockMath, dst: Value, n: Value) {
         let mut sig = Signature::new(self.b.func.signature.call_conv);
-        sig.params.push(AbiParam::new(types::I64));
-        sig.params.push(AbiParam::new(types::I64));
+        for _ in 0..3 {
+            sig.params.push(AbiParam::new(types::I64));
+        }
         let sig = self.b.import_signature(sig);
         let callee = self.b.ins().iconst(types::I64, m.routine as usize as i64);
-        self.b.ins().call_indirect(sig, callee, &[m.buffer, n]);
+        self.b.ins().call_indirect(sig, callee, &[m.buffer, dst, n]);
     }
 
     /// Forgets the values emitted so far (they do not dominate the code that follows).
@@ -945,6 +966,25 @@ impl Lowering<'_, '_, '_> {
             }
         }
         None
+    }
+
+    /// The store a math routine can write itself (see the `direct_store` field): a stage of
+    /// one store, of an f32 buffer at a unit stride along the innermost loop, whose value is
+    /// the only function of the outermost math-block level.
+    fn direct_store(&self, stage: &Stage) -> Option<Store> {
+        let StageAction::Store(stores) = &stage.action else {
+            return None;
+        };
+        let ([st], Some([m])) = (
+            stores.as_slice(),
+            self.block_levels.last().map(Vec::as_slice),
+        ) else {
+            return None;
+        };
+        let inner = self.innermost?;
+        let contiguous = st.index.coefficient(inner).is(1);
+        let f32_out = self.program.buffer(st.buffer).dtype == DType::F32;
+        (st.value == m.expr && contiguous && f32_out).then(|| st.clone())
     }
 
     fn block_math(&mut self, stage: &Stage) -> Vec<Vec<BlockMath>> {

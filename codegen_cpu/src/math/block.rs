@@ -15,8 +15,8 @@
 use super::{Lanes, MathFn};
 use cranelift_codegen::ir::condcodes::{FloatCC, IntCC};
 
-/// The signature of a block routine: `data[0..n] = f(data[0..n])` in place.
-pub type BlockFn = unsafe extern "C" fn(data: *mut f32, n: i64);
+/// The signature of a block routine: `dst[0..n] = f(src[0..n])`, in place when `dst == src`.
+pub type BlockFn = unsafe extern "C" fn(src: *const f32, dst: *mut f32, n: i64);
 
 /// A [`Lanes`] implementation on one x86 vector register of 32-bit lanes (floats, i32s or
 /// masks of all ones / all zeros, by use, like the untyped registers of the inline form).
@@ -513,54 +513,56 @@ fn apply<L: Wide>(e: &mut L, f: MathFn, x: L::V) -> L::V {
     }
 }
 
-/// `data = f(data)` a register at a time; the last partial register is padded with zeros.
+/// `dst = f(src)` a register at a time; the last partial register is padded with zeros.
 ///
 /// # Safety
-/// The CPU has `L`'s instruction set.
+/// The CPU has `L`'s instruction set; `src` points to `n` readable f32s and `dst` to `n`
+/// writable ones, the same ones or others that do not overlap them.
 #[inline(always)]
-unsafe fn run<L: Wide>(e: L, f: MathFn, data: &mut [f32]) {
+unsafe fn run<L: Wide>(e: L, f: MathFn, src: *const f32, dst: *mut f32, n: usize) {
     // Two registers at a time, then the last whole register and the padded tail one at a time.
-    let pairs = data.len() / (2 * L::WIDTH) * (2 * L::WIDTH);
-    let (paired, rest) = data.split_at_mut(pairs);
+    let pairs = n / (2 * L::WIDTH) * (2 * L::WIDTH);
     let mut twice = Twice(e);
-    for chunk in paired.chunks_exact_mut(2 * L::WIDTH) {
-        // SAFETY: `chunk` holds exactly `2 * L::WIDTH` f32s.
+    for i in (0..pairs).step_by(2 * L::WIDTH) {
+        // SAFETY: `i + 2 * L::WIDTH <= n`; each register is read before it is written, so an
+        // in-place call reads every value before it is replaced.
         unsafe {
-            let x = Twice::<L>::load(chunk.as_ptr());
+            let x = Twice::<L>::load(src.add(i));
             let y = apply(&mut twice, f, x);
-            Twice::<L>::store(chunk.as_mut_ptr(), y);
+            Twice::<L>::store(dst.add(i), y);
         }
     }
-    // SAFETY: the caller's contract.
-    unsafe { run_single(twice.0, f, rest) }
+    // SAFETY: the caller's contract, for the rest of the range.
+    unsafe { run_single(twice.0, f, src.add(pairs), dst.add(pairs), n - pairs) }
 }
 
-/// `data = f(data)` one register at a time; the last partial register is padded with zeros.
+/// `dst = f(src)` one register at a time; the last partial register is padded with zeros.
 ///
 /// # Safety
-/// The CPU has `L`'s instruction set.
+/// As for [`run`].
 #[inline(always)]
-unsafe fn run_single<L: Wide>(mut e: L, f: MathFn, data: &mut [f32]) {
-    let mut chunks = data.chunks_exact_mut(L::WIDTH);
-    for chunk in &mut chunks {
-        // SAFETY: `chunk` holds exactly `L::WIDTH` f32s.
+unsafe fn run_single<L: Wide>(mut e: L, f: MathFn, src: *const f32, dst: *mut f32, n: usize) {
+    let whole = n / L::WIDTH * L::WIDTH;
+    for i in (0..whole).step_by(L::WIDTH) {
+        // SAFETY: `i + L::WIDTH <= n`.
         unsafe {
-            let x = L::load(chunk.as_ptr());
+            let x = L::load(src.add(i));
             let y = apply(&mut e, f, x);
-            L::store(chunk.as_mut_ptr(), y);
+            L::store(dst.add(i), y);
         }
     }
-    let rest = chunks.into_remainder();
-    if !rest.is_empty() {
+    let rest = n - whole;
+    if rest > 0 {
         let mut padded = [0f32; 16];
-        padded[..rest.len()].copy_from_slice(rest);
-        // SAFETY: `padded` holds 16 >= `L::WIDTH` f32s.
+        // SAFETY: `rest < L::WIDTH <= 16` values from `whole` on are inside both ranges, and
+        // `padded` holds 16 >= `L::WIDTH` f32s.
         unsafe {
+            std::ptr::copy(src.add(whole), padded.as_mut_ptr(), rest);
             let x = L::load(padded.as_ptr());
             let y = apply(&mut e, f, x);
             L::store(padded.as_mut_ptr(), y);
+            std::ptr::copy(padded.as_ptr(), dst.add(whole), rest);
         }
-        rest.copy_from_slice(&padded[..rest.len()]);
     }
 }
 
@@ -569,18 +571,16 @@ macro_rules! routines {
     ($($name:ident => $f:expr, $isa:ident, $feature:literal;)*) => {
         $(
             /// # Safety
-            /// `data` points to `n` initialized, writable f32s (any `n <= 0` does nothing), and
-            /// the CPU has the enabled target features (checked by [`block_isa`]).
+            /// `src` points to `n` initialized f32s and `dst` to `n` writable ones, the same
+            /// or not overlapping them (any `n <= 0` does nothing), and the CPU has the enabled
+            /// target features (checked by [`block_isa`]).
             #[target_feature(enable = $feature)]
-            unsafe extern "C" fn $name(data: *mut f32, n: i64) {
+            unsafe extern "C" fn $name(src: *const f32, dst: *mut f32, n: i64) {
                 if n <= 0 {
                     return;
                 }
                 // SAFETY: the caller's contract above.
-                unsafe {
-                    let data = std::slice::from_raw_parts_mut(data, n as usize);
-                    run(x86::$isa, $f, data);
-                }
+                unsafe { run(x86::$isa, $f, src, dst, n as usize) }
             }
         )*
     };
@@ -695,15 +695,31 @@ pub fn block_routine(f: MathFn) -> Option<BlockFn> {
     block_isa().map(|isa| routine(f, isa))
 }
 
-/// `data = f(data)` with the routine for `isa` (which must be supported: see [`block_isa`]),
-/// for tests and benchmarks.
-pub fn apply_block(f: MathFn, isa: BlockIsa, data: &mut [f32]) {
+/// Panics unless this CPU supports `isa`'s routines.
+fn assert_supported(isa: BlockIsa) {
     let supported = match isa {
         BlockIsa::Avx512 => detect() == Some(BlockIsa::Avx512),
         BlockIsa::Avx2 => detect().is_some(),
     };
     assert!(supported, "{isa:?} routines need a CPU that has {isa:?}");
-    // SAFETY: `data` is a valid mutable slice of `data.len()` f32s, and the CPU supports
-    // `isa` (asserted above).
-    unsafe { routine(f, isa)(data.as_mut_ptr(), data.len() as i64) }
+}
+
+/// `data = f(data)` with the routine for `isa` (which must be supported: see [`block_isa`]),
+/// for tests and benchmarks.
+pub fn apply_block(f: MathFn, isa: BlockIsa, data: &mut [f32]) {
+    assert_supported(isa);
+    let p = data.as_mut_ptr();
+    // SAFETY: `data` is a valid mutable slice of `data.len()` f32s (in place), and the CPU
+    // supports `isa` (asserted above).
+    unsafe { routine(f, isa)(p, p, data.len() as i64) }
+}
+
+/// `dst = f(src)` with the routine for `isa` (which must be supported), out of place, for
+/// tests. Panics if the lengths differ.
+pub fn apply_block_to(f: MathFn, isa: BlockIsa, src: &[f32], dst: &mut [f32]) {
+    assert_eq!(src.len(), dst.len(), "apply_block_to: lengths differ");
+    assert_supported(isa);
+    // SAFETY: `src` and `dst` are valid slices of the same length; a shared and a mutable
+    // borrow never overlap; the CPU supports `isa` (asserted above).
+    unsafe { routine(f, isa)(src.as_ptr(), dst.as_mut_ptr(), src.len() as i64) }
 }

@@ -658,7 +658,7 @@ mod accuracy {
 /// block lengths with tails.
 mod blocks {
     use super::testjit::{compile, strided_bits};
-    use crate::math::block::{apply_block, block_isa, BlockIsa};
+    use crate::math::block::{apply_block, apply_block_to, block_isa, BlockIsa};
     use crate::math::*;
     use cranelift_codegen::ir::types;
 
@@ -683,16 +683,24 @@ mod blocks {
             })
             .run_f32(&xs, &xs);
             for isa in isas() {
-                // Odd block lengths, so that every routine's padded tail is exercised.
-                for block in [7usize, 4099] {
+                // Odd block lengths, so that every routine's padded tail is exercised; in place
+                // (the kernels' block buffers) and out of place (straight into an output).
+                for (block, in_place) in [(7usize, true), (4099, true), (13, false), (4099, false)]
+                {
                     let mut ys = xs.clone();
-                    for chunk in ys.chunks_mut(block) {
-                        apply_block(f, isa, chunk);
+                    if in_place {
+                        ys.chunks_mut(block).for_each(|c| apply_block(f, isa, c));
+                    } else {
+                        ys.fill(f32::NAN);
+                        for (src, dst) in xs.chunks(block).zip(ys.chunks_mut(block)) {
+                            apply_block_to(f, isa, src, dst);
+                        }
                     }
                     for (i, (&y, &want)) in ys.iter().zip(&inline).enumerate() {
                         assert!(
                             y.to_bits() == want.to_bits(),
-                            "{f:?} {isa:?} block {block}: x = {:e} ({:#x}) gives {y:e}, inline {want:e}",
+                            "{f:?} {isa:?} block {block} (in place: {in_place}): x = {:e} ({:#x}) \
+                             gives {y:e}, inline {want:e}",
                             xs[i],
                             xs[i].to_bits()
                         );
