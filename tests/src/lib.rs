@@ -1,7 +1,7 @@
 //! End-to-end tests live in `tests/`. This library holds what they share: one comparison of
 //! outputs, used by every test that checks results against a reference.
 
-use minductor::{DType, Graph, Tensor, Traced, Tracer};
+use minductor::{Compiled, DType, Graph, Tensor, Traced, Tracer};
 
 /// How close a result must be to the reference: `|got - want| <= atol + rtol · |want|` for each
 /// element.
@@ -115,6 +115,46 @@ pub fn build_graph(
         .map(|(i, s)| values(s, i as u32))
         .collect();
     (tracer.finish(&outputs).unwrap(), tensors)
+}
+
+/// Calls `compiled` on `inputs` on one thread, then on each of `threads` threads, and panics
+/// unless every call's outputs are bit for bit the first's (signed zeros and NaNs included):
+/// how a step splits its work over threads must not change a result. Returns the one-thread
+/// outputs. The thread count is restored to the default afterwards, even on a panic.
+#[track_caller]
+pub fn assert_same_bits_on_threads(
+    compiled: &Compiled,
+    inputs: &[Tensor],
+    threads: &[usize],
+    context: &str,
+) -> Vec<Tensor> {
+    /// Restores the default thread count when dropped.
+    struct Restore;
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            let _ = minductor::set_num_threads(0);
+        }
+    }
+    let _restore = Restore;
+    let run = |n: usize| {
+        minductor::set_num_threads(n).unwrap();
+        compiled.call(inputs).unwrap()
+    };
+    let bits = |outputs: &[Tensor]| -> Vec<Vec<u64>> {
+        outputs
+            .iter()
+            .map(|t| t.to_f64_vec().iter().map(|x| x.to_bits()).collect())
+            .collect()
+    };
+    let one = run(1);
+    for &n in threads {
+        let many = run(n);
+        assert!(
+            bits(&one) == bits(&many),
+            "{context}: {n} threads give other bits than 1 thread"
+        );
+    }
+    one
 }
 
 #[cfg(test)]

@@ -483,22 +483,7 @@ fn attention_results_do_not_depend_on_the_thread_count() {
         Dim::Static(150),
         "threads",
     );
-    let run = |threads: usize| {
-        minductor::set_num_threads(threads).unwrap();
-        let out = compiled.call(&inputs).unwrap();
-        minductor::set_num_threads(0).unwrap();
-        let bits: Vec<u32> = out[0]
-            .to_vec::<f32>()
-            .unwrap()
-            .iter()
-            .map(|x| x.to_bits())
-            .collect();
-        bits
-    };
-    let one = run(1);
-    for threads in [2, 3, 5] {
-        assert!(one == run(threads), "{threads} threads");
-    }
+    minductor_tests::assert_same_bits_on_threads(&compiled, &inputs, &[2, 3, 5], "threads");
     let want = interpret(&graph, &inputs).unwrap();
     let got = compiled.call(&inputs).unwrap();
     minductor_tests::assert_allclose(&got, &want, Tolerance::close(1e-5), "threads");

@@ -155,23 +155,7 @@ fn results_are_bitwise_equal_for_any_thread_count() {
         epilogues, 2,
         "both GEMMs carry their consumer as an epilogue\n{program}"
     );
-    let run = |threads: usize| {
-        minductor::set_num_threads(threads).unwrap();
-        let out = compiled.call(&inputs).unwrap();
-        minductor::set_num_threads(0).unwrap();
-        out
-    };
-    let one = run(1);
-    for threads in [2, 3] {
-        let many = run(threads);
-        for (a, b) in one.iter().zip(&many) {
-            assert_eq!(
-                a.to_vec::<f32>().unwrap(),
-                b.to_vec::<f32>().unwrap(),
-                "{threads} threads"
-            );
-        }
-    }
+    minductor_tests::assert_same_bits_on_threads(&compiled, &inputs, &[2, 3], "threads");
     check(&g, &inputs, 1e-4, "threaded rows");
 }
 
@@ -297,22 +281,6 @@ fn short_and_stacked_linear_layers_stream_with_the_same_bits_on_any_thread_count
         ]
     });
     let compiled = compile(&g).unwrap();
-    let run = |threads: usize| {
-        minductor::set_num_threads(threads).unwrap();
-        let out = compiled.call(&inputs).unwrap();
-        minductor::set_num_threads(0).unwrap();
-        out
-    };
-    let one = run(1);
-    for threads in [2, 3] {
-        let many = run(threads);
-        for (a, b) in one.iter().zip(&many) {
-            assert_eq!(
-                a.to_vec::<f32>().unwrap(),
-                b.to_vec::<f32>().unwrap(),
-                "{threads} threads"
-            );
-        }
-    }
+    minductor_tests::assert_same_bits_on_threads(&compiled, &inputs, &[2, 3], "threads");
     check(&g, &inputs, 1e-4, "streamed linear layers");
 }

@@ -307,22 +307,7 @@ fn column_reductions_are_bitwise_equal_for_any_thread_count() {
     let compiled = compile(&g).unwrap();
     let program = compiled.artifacts().program.clone().unwrap();
     assert!(outer_kernels(&program) >= 3, "{program}");
-    let run = |threads: usize| {
-        minductor::set_num_threads(threads).unwrap();
-        let out = compiled.call(&inputs).unwrap();
-        minductor::set_num_threads(0).unwrap();
-        out
-    };
-    let one = run(1);
-    for threads in [2, 3] {
-        let many = run(threads);
-        minductor_tests::assert_allclose(
-            &many,
-            &one,
-            Tolerance::EXACT,
-            &format!("{threads} threads"),
-        );
-    }
+    let one = minductor_tests::assert_same_bits_on_threads(&compiled, &inputs, &[2, 3], "threads");
     let want = interpret(&g, &inputs).unwrap();
     minductor_tests::assert_allclose(&one, &want, Tolerance::close(1e-5), "against the reference");
 }
