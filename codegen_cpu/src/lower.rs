@@ -120,8 +120,11 @@ struct Lowering<'k, 'b, 'f> {
     block_values: HashMap<ExprId, Value>,
     /// `1 / c` of uniform divisors in the current loop iteration (see `reciprocal`).
     reciprocals: HashMap<ExprId, Value>,
-    /// First element of the math block being emitted.
+    /// First element of the math block being emitted (its first row, in the outer order).
     block_start: Option<Value>,
+    /// In the outer order, the row variable of the math block being emitted and the values per
+    /// row of its buffers (the column group's width): see `outer::math_rows`.
+    block_row: Option<(Var, i64)>,
     /// The current stage's math-block functions, by nesting level (innermost first).
     block_levels: Vec<Vec<BlockMath>>,
     /// The current stage's one store, when its value is the outermost level's one math-block
@@ -248,6 +251,7 @@ pub fn lower_kernel(b: &mut FunctionBuilder, kernel: &Kernel, program: &Program)
         block_start: None,
         block_levels: Vec::new(),
         direct_store: None,
+        block_row: None,
         fold: None,
         uses: use_counts(kernel),
         contract: host_has_fma(),
@@ -822,15 +826,21 @@ impl Lowering<'_, '_, '_> {
         self.b.ins().store(flags, c, sums, at_c);
     }
 
-    /// Address of the current element(s) in a math-block buffer.
+    /// Address of the current element(s) in a math-block buffer: element `i - start` along the
+    /// innermost loop, or in the outer order, row `r - start`, column `lane_offset` of the group.
     fn block_address(&mut self, buffer: Value) -> Value {
-        let inner = self
-            .innermost
-            .expect("math blocks run in an innermost loop");
         let start = self.block_start.expect("inside a math block");
-        let i = self.vars[&inner];
+        let (var, width) = match self.block_row {
+            Some(row) => row,
+            None => (
+                self.innermost
+                    .expect("math blocks run in an innermost loop"),
+                1,
+            ),
+        };
+        let i = self.vars[&var];
         let k = self.b.ins().isub(i, start);
-        let bytes = self.b.ins().imul_imm_s(k, 4);
+        let bytes = self.b.ins().imul_imm_s(k, 4 * width);
         let address = self.b.ins().iadd(buffer, bytes);
         if self.lane_offset != 0 {
             self.b.ins().iadd_imm_s(address, self.lane_offset * 4)

@@ -118,6 +118,32 @@ fn softmax_and_log_softmax_over_dim_0() {
     }
 }
 
+/// Functions that math blocks compute (nested: `exp(tanh)`, and the composite `gelu`) inside
+/// outer-order stages: whole column groups run them in blocks of rows (short last blocks,
+/// blocks inside a sum's 64-row blocks), narrower groups and single columns inline.
+#[test]
+fn math_functions_over_dim_0() {
+    for &n in &[32, 33, 70, 96] {
+        for &m in &[1, 7, 8, 9, 65, 130] {
+            let (g, inputs) = build(&[&[m, n]], |i| {
+                let x = &i[0];
+                vec![
+                    x.tanh().exp().sum(&[0], false),
+                    (x.gelu() - x.amax(&[0], true)).softmax(0),
+                ]
+            });
+            let min_outer = usize::from(m > 1);
+            check(
+                &g,
+                &inputs,
+                1e-5,
+                min_outer,
+                &format!("functions over dim 0 of {m}x{n}"),
+            );
+        }
+    }
+}
+
 /// softmax over the columns, then row ops on its result (a row softmax, a row sum).
 #[test]
 fn softmax_dim_0_followed_by_row_ops() {

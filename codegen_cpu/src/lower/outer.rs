@@ -17,6 +17,13 @@
 //! fresh accumulators and each block's partial sums into running ones with Kahan compensation
 //! (as the inner order does with `SUM_BLOCK`), so long columns keep the accuracy of one block.
 //!
+//! **Math blocks.** In a whole column group (`OUTER_SLOTS` vectors), a stage's `exp`, `erf`,
+//! `tanh`, … run in blocks of `MATH_BLOCK / (LANES * OUTER_SLOTS)` rows (see `math_rows`): their
+//! arguments at every row and column of the block go into a buffer, one call of the
+//! ahead-of-time routine (16 lanes on AVX-512) computes them, and the stage's body reads the
+//! results, as the inner order does along a row. The routines compute what the inline form
+//! does, bit for bit, so narrower groups, which compute inline, agree with them.
+//!
 //! A stage with a value that has no 4-lane form (an i64 or bool store, an i64 value varying
 //! along the columns) runs, in vector groups, one column at a time: scalar code at each lane's
 //! column, reading earlier stages' results from their lanes; its results are gathered back into
@@ -33,6 +40,9 @@ pub const OUTER_SLOTS: usize = 8;
 
 /// A blocked sum's reset (before each block of rows) and fold (after it).
 type RowBlocks<'a, L> = (&'a dyn Fn(&mut L), &'a dyn Fn(&mut L));
+
+/// A vector group's math-block functions by level, and its columns (see `math_rows`).
+type MathRows<'a> = (&'a [Vec<BlockMath>], &'a [Column]);
 
 /// The column of the group being emitted: its slot (whose results it reads and writes), the lane
 /// within the slot's vector when scalar code runs for one lane of a vector group, and its
@@ -186,6 +196,14 @@ impl Lowering<'_, '_, '_> {
         columns: &[Column],
     ) -> Option<Vec<Value>> {
         self.forget();
+        // Math blocks for whole vector groups (narrower groups compute their functions inline:
+        // the same bits, see `math::block`).
+        let levels = if mode == Mode::Vector && columns.len() == OUTER_SLOTS {
+            self.block_math(stage)
+        } else {
+            Vec::new()
+        };
+        let math = (!levels.is_empty()).then_some((levels.as_slice(), columns));
         match &stage.action {
             StageAction::Reduce { op, value, stores } => {
                 let (op, value) = (*op, *value);
@@ -245,7 +263,7 @@ impl Lowering<'_, '_, '_> {
                     Some(_) => Some((&reset, &fold)),
                     None => None,
                 };
-                self.outer_rows(0, extents, blocks, &mut body);
+                self.outer_rows(0, extents, blocks, math, &mut body);
                 let mut results = Vec::new();
                 for (k, &acc) in accs.iter().enumerate() {
                     let r = match sums {
@@ -261,7 +279,7 @@ impl Lowering<'_, '_, '_> {
                 Some(results)
             }
             StageAction::Store(stores) => {
-                self.outer_rows(0, extents, None, &mut |l| {
+                self.outer_rows(0, extents, None, math, &mut |l| {
                     for &column in columns {
                         l.enter_column(column, mode);
                         l.store_all(stores, mode);
@@ -364,12 +382,14 @@ impl Lowering<'_, '_, '_> {
 
     /// The stage's loops from `level` in, one row at a time; with `blocks` (a sum's reset and
     /// fold), the innermost loop runs in blocks of [`OUTER_SUM_BLOCK`] rows, resetting the
-    /// accumulators before each block and folding them into the running sums after it.
+    /// accumulators before each block and folding them into the running sums after it; with
+    /// `math`, in math blocks of rows inside those (see [`Self::math_rows`]).
     fn outer_rows(
         &mut self,
         level: usize,
         extents: &[Value],
         blocks: Option<RowBlocks<Self>>,
+        math: Option<MathRows>,
         body: &mut dyn FnMut(&mut Self),
     ) {
         if extents.is_empty() {
@@ -383,7 +403,7 @@ impl Lowering<'_, '_, '_> {
         if level + 1 < extents.len() {
             self.counted_loop(zero, extents[level], 1, |l, i| {
                 l.vars.insert(var, i);
-                l.outer_rows(level + 1, extents, blocks, body);
+                l.outer_rows(level + 1, extents, blocks, math, body);
             });
             return;
         }
@@ -391,20 +411,66 @@ impl Lowering<'_, '_, '_> {
             Some((reset, fold)) => {
                 self.block_loop(zero, extents[level], OUTER_SUM_BLOCK, |l, start, end| {
                     reset(l);
-                    l.counted_loop(start, end, 1, |l, i| {
-                        l.vars.insert(var, i);
-                        body(l);
-                    });
+                    l.math_rows(var, start, end, math, body);
                     fold(l);
                 });
             }
-            None => {
-                self.counted_loop(zero, extents[level], 1, |l, i| {
-                    l.vars.insert(var, i);
-                    body(l);
-                });
-            }
+            None => self.math_rows(var, zero, extents[level], math, body),
         }
+    }
+
+    /// Rows `lo..hi` of the innermost row loop `var`, one at a time; with `math`, in blocks of
+    /// `MATH_BLOCK / width` rows (which divides [`OUTER_SUM_BLOCK`], so a sum's blocks are
+    /// unchanged): for each level of functions, one pass puts their arguments at every row
+    /// and column of the block into the block buffers (row after row, `width` columns each),
+    /// one call per function turns them into results, and the body reads those.
+    fn math_rows(
+        &mut self,
+        var: Var,
+        lo: Value,
+        hi: Value,
+        math: Option<MathRows>,
+        body: &mut dyn FnMut(&mut Self),
+    ) {
+        let Some((levels, columns)) = math else {
+            self.counted_loop(lo, hi, 1, |l, i| {
+                l.vars.insert(var, i);
+                body(l);
+            });
+            return;
+        };
+        let width = columns.len() as i64 * LANES;
+        let rows = MATH_BLOCK / width;
+        debug_assert!(rows >= 1 && OUTER_SUM_BLOCK % rows == 0);
+        self.block_loop(lo, hi, rows, |l, start, end| {
+            l.block_start = Some(start);
+            l.block_row = Some((var, width));
+            for functions in levels {
+                l.counted_loop(start, end, 1, |l, i| {
+                    l.vars.insert(var, i);
+                    for &column in columns {
+                        l.enter_column(column, Mode::Vector);
+                        for m in functions {
+                            let v = l.emit(m.arg, Mode::Vector);
+                            l.store_block(m.buffer, v, Mode::Vector);
+                        }
+                    }
+                });
+                let count = l.b.ins().isub(end, start);
+                let n = l.b.ins().imul_imm_s(count, width);
+                for m in functions {
+                    l.call_block(m, m.buffer, n);
+                    l.block_values.insert(m.expr, m.buffer);
+                }
+            }
+            l.counted_loop(start, end, 1, |l, i| {
+                l.vars.insert(var, i);
+                body(l);
+            });
+            l.block_values.clear();
+            l.block_start = None;
+            l.block_row = None;
+        });
     }
 
     /// `a` and `c` as f32 vectors (`Mode::Vector`) or scalars.
