@@ -718,7 +718,9 @@ fn infer_type_unchecked(op: &Op, inputs: &[&TensorType]) -> Result<TensorType, I
                     format!("dim {dim} out of range for rank {rank}"),
                 ));
             }
-            let mut total = 0usize;
+            // The extent is the sum of the operands' (a size expression when one is symbolic:
+            // a KV cache `[.., s0, ..]` and one new row give `s0 + 1`).
+            let mut total = crate::SizeExpr::Const(0);
             for t in inputs {
                 let same_rest = t.rank() == rank
                     && t.dtype == inputs[0].dtype
@@ -729,12 +731,12 @@ fn infer_type_unchecked(op: &Op, inputs: &[&TensorType]) -> Result<TensorType, I
                         format!("{} does not match {} outside dim {dim}", t, inputs[0]),
                     ));
                 }
-                total += t.shape[*dim].as_static().ok_or_else(|| {
-                    IrError::ty(op.name(), "cat along a symbolic dim is not supported yet")
-                })?;
+                total = total.plus(&crate::SizeExpr::of_dim(t.shape[*dim]));
             }
             let mut shape = inputs[0].shape.clone();
-            shape[*dim] = Dim::Static(total);
+            shape[*dim] = Dim::of_expr(&total).ok_or_else(|| {
+                IrError::ty(op.name(), format!("the extent {total} is negative"))
+            })?;
             Ok(TensorType::new(inputs[0].dtype, shape))
         }
         Op::Gather => {

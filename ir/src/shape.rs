@@ -3,13 +3,123 @@
 //! Symbolic dimensions are part of the type from the start so that dynamic shapes never need an
 //! IR rewrite: a kernel reads its sizes from runtime arguments whether they are static or not.
 
-use crate::DType;
+use crate::{DType, SizeExpr};
 use smallvec::SmallVec;
+use std::collections::HashMap;
 use std::fmt;
+use std::sync::{OnceLock, RwLock};
 
 /// A symbolic size, e.g. `s0`. Its value is bound at call time.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+///
+/// A symbol is either an *input* symbol, which a graph input's dim binds (`s0`, numbered from
+/// 0), or a *derived* one: a size expression over input symbols, such as `s0 + 1` (a `cat` of a
+/// KV cache with one new token), `2*s0` (a flatten of `[2, s0, 8]`) or `s0 + -1` (`x[:, 1:]`).
+/// Derived symbols are interned by their expression in one process-wide table
+/// ([`SymId::derive`]), so two ops deriving the same size get the same symbol and their shapes
+/// compare equal, `Dim` stays `Copy`, and no graph or program has to carry a table: a derived
+/// symbol prints as its definition (`f32[1, 2, s0 + 1, 8]`) and parses back to the same id in
+/// the same process. Its value is the definition evaluated on the input symbols' sizes.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct SymId(pub u32);
+
+/// Ids at and above this one are derived symbols (indices into [`DERIVED`] plus this base).
+const DERIVED_BASE: u32 = 1 << 31;
+
+/// The definitions of derived symbols. Invariant: `exprs[i]` is a polynomial over input symbols
+/// only, with at least one symbol, and not a single input symbol with coefficient 1 (that is
+/// the input symbol itself); `ids` maps each definition back to its index.
+#[derive(Default)]
+struct DerivedTable {
+    exprs: Vec<SizeExpr>,
+    ids: HashMap<SizeExpr, u32>,
+}
+
+static DERIVED: OnceLock<RwLock<DerivedTable>> = OnceLock::new();
+
+fn derived_table() -> &'static RwLock<DerivedTable> {
+    DERIVED.get_or_init(Default::default)
+}
+
+impl SymId {
+    /// Whether the symbol is defined by an expression over input symbols.
+    pub fn is_derived(self) -> bool {
+        self.0 >= DERIVED_BASE
+    }
+
+    /// The definition of a derived symbol (over input symbols), `None` for an input symbol.
+    pub fn definition(self) -> Option<SizeExpr> {
+        if !self.is_derived() {
+            return None;
+        }
+        let table = derived_table().read().unwrap_or_else(|e| e.into_inner());
+        let expr = table.exprs.get((self.0 - DERIVED_BASE) as usize);
+        Some(
+            expr.expect("a derived SymId is only made by SymId::derive")
+                .clone(),
+        )
+    }
+
+    /// The symbol standing for `expr` (a polynomial with at least one symbol): the input symbol
+    /// itself if `expr` is one, else the derived symbol interned for it. Derived symbols in
+    /// `expr` are expanded first, so definitions only read input symbols.
+    pub fn derive(expr: &SizeExpr) -> SymId {
+        let expr = expr.expand_derived();
+        if let SizeExpr::Poly(terms) = &expr {
+            if let [(m, 1)] = terms.as_slice() {
+                if let [s] = m.as_slice() {
+                    return *s;
+                }
+            }
+        }
+        assert!(
+            expr.as_const().is_none(),
+            "SymId::derive of the constant {expr}: use Dim::of_expr"
+        );
+        let lock = derived_table();
+        if let Some(&i) = lock.read().unwrap_or_else(|e| e.into_inner()).ids.get(&expr) {
+            return SymId(DERIVED_BASE + i);
+        }
+        let mut table = lock.write().unwrap_or_else(|e| e.into_inner());
+        if let Some(&i) = table.ids.get(&expr) {
+            return SymId(DERIVED_BASE + i);
+        }
+        let i = u32::try_from(table.exprs.len())
+            .ok()
+            .filter(|&i| i < DERIVED_BASE)
+            .expect("fewer than 2^31 derived symbols");
+        table.exprs.push(expr.clone());
+        table.ids.insert(expr, i);
+        SymId(DERIVED_BASE + i)
+    }
+
+    /// The input symbols the symbol's value depends on: itself, or those of its definition.
+    pub fn inputs(self) -> Vec<SymId> {
+        match self.definition() {
+            Some(e) => e.symbols(),
+            None => vec![self],
+        }
+    }
+
+    /// The symbol's value, given the sizes of input symbols (`None` if one is unknown, the
+    /// value overflows `i128`, or, for a derived symbol, it is negative).
+    pub fn eval(self, size: impl Fn(SymId) -> Option<i128>) -> Option<i128> {
+        match self.definition() {
+            Some(e) => e.eval(size).filter(|&v| v >= 0),
+            None => size(self),
+        }
+    }
+}
+
+/// An input symbol prints as `SymId(0)`, a derived one as its definition: `SymId(s0 + 1)`
+/// (`Cursor::dim_debug` reads both).
+impl fmt::Debug for SymId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.definition() {
+            Some(e) => write!(f, "SymId({e})"),
+            None => write!(f, "SymId({})", self.0),
+        }
+    }
+}
 
 /// One dimension of a shape.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -26,6 +136,24 @@ impl Dim {
             Dim::Sym(_) => None,
         }
     }
+
+    /// The dim of size `expr`: static for a number (`None` if it is negative), the symbol
+    /// itself for a single input symbol, else a derived symbol ([`SymId::derive`]).
+    pub fn of_expr(expr: &SizeExpr) -> Option<Dim> {
+        match expr.expand_derived() {
+            SizeExpr::Const(n) => usize::try_from(n).ok().map(Dim::Static),
+            e => Some(Dim::Sym(SymId::derive(&e))),
+        }
+    }
+
+    /// The size for the input symbol sizes `size` gives (`None` if one is unknown, or the
+    /// value of a derived symbol is negative or overflows).
+    pub fn eval(self, size: impl Fn(SymId) -> Option<i128>) -> Option<i128> {
+        match self {
+            Dim::Static(n) => Some(n as i128),
+            Dim::Sym(s) => s.eval(size),
+        }
+    }
 }
 
 impl From<usize> for Dim {
@@ -38,7 +166,10 @@ impl fmt::Display for Dim {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Dim::Static(n) => write!(f, "{n}"),
-            Dim::Sym(s) => write!(f, "s{}", s.0),
+            Dim::Sym(s) => match s.definition() {
+                Some(e) => write!(f, "{e}"),
+                None => write!(f, "s{}", s.0),
+            },
         }
     }
 }

@@ -37,9 +37,30 @@ impl From<i64> for SizeExpr {
 }
 
 impl SizeExpr {
-    /// The size of symbol `s`.
+    /// The size of symbol `s`: its definition if it is derived, so every expression reads
+    /// input symbols only.
     pub fn symbol(s: SymId) -> SizeExpr {
-        SizeExpr::Poly(vec![(SmallVec::from_slice(&[s]), 1)])
+        match s.definition() {
+            Some(e) => e,
+            None => SizeExpr::Poly(vec![(SmallVec::from_slice(&[s]), 1)]),
+        }
+    }
+
+    /// The expression with every derived symbol replaced by its definition.
+    pub fn expand_derived(&self) -> SizeExpr {
+        match self {
+            SizeExpr::Poly(terms) if terms.iter().any(|(m, _)| m.iter().any(|s| s.is_derived())) => {
+                let mut acc = SizeExpr::Const(0);
+                for (m, c) in terms {
+                    let term = m
+                        .iter()
+                        .fold(SizeExpr::Const(*c), |p, &s| p.times(&SizeExpr::symbol(s)));
+                    acc = acc.plus(&term);
+                }
+                acc
+            }
+            _ => self.clone(),
+        }
     }
 
     /// The size of a dim.

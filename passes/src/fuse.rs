@@ -164,7 +164,7 @@ fn contiguous(shape: &[Dim]) -> Vec<SizeExpr> {
     for d in (0..shape.len().saturating_sub(1)).rev() {
         let next = match shape[d + 1] {
             Dim::Static(n) => SizeExpr::Const(n.max(1) as i64),
-            Dim::Sym(s) => SizeExpr::symbol(s),
+            Dim::Sym(_) => SizeExpr::of_dim(shape[d + 1]),
         };
         strides[d] = strides[d + 1].times(&next);
     }
@@ -304,16 +304,18 @@ impl<'g> Scheduler<'g> {
                     steps.push(Step::Kernel(kernel));
                 }
                 Op::Cat { dim } => {
-                    let mut offset = 0;
+                    // Each operand starts where the previous ones end: a size expression when
+                    // one of them is symbolic (`s0` for the new row after a `[.., s0, ..]` cache).
+                    let mut offset = SizeExpr::Const(0);
                     for &operand in &g.node(id).inputs {
-                        let kernel =
-                            self.kernel(id, operand, buffer, Some((*dim, offset)), steps.len())?;
-                        match dims(g, operand)[*dim] {
-                            Dim::Static(n) => offset += n,
-                            Dim::Sym(_) => {
-                                return fallback(id, "cat along a symbolic dim is not compiled")
-                            }
-                        }
+                        let kernel = self.kernel(
+                            id,
+                            operand,
+                            buffer,
+                            Some((*dim, offset.clone())),
+                            steps.len(),
+                        )?;
+                        offset = offset.plus(&SizeExpr::of_dim(dims(g, operand)[*dim]));
                         steps.push(Step::Kernel(kernel));
                     }
                 }
@@ -612,7 +614,7 @@ impl<'g> Scheduler<'g> {
         root: NodeId,
         value: NodeId,
         buffer: BufferId,
-        cat: Option<(usize, usize)>,
+        cat: Option<(usize, SizeExpr)>,
         step: usize,
     ) -> Retry<Kernel> {
         let g = self.graph;
@@ -713,7 +715,10 @@ impl<'g> Scheduler<'g> {
         let dest_shape = dims(g, root);
         let mut dest_idx = store_idx.clone();
         if let Some((dim, offset)) = cat {
-            dest_idx[dim] = dest_idx[dim].plus(&Affine::constant(offset as i64));
+            dest_idx[dim] = dest_idx[dim].plus(&Affine {
+                offset,
+                terms: Default::default(),
+            });
         }
         let index = linear(&dest_idx, &contiguous(&dest_shape))?;
         builder.stages.push(Stage {

@@ -4,7 +4,7 @@
 
 use super::extern_steps::{run_attention, run_matmul, run_scatter_add, Prepacked};
 use super::{CompiledKernel, CompiledProgram, CompiledStep, Split};
-use minductor_ir::{checked_bytes, Dim};
+use minductor_ir::{checked_bytes, Dim, SymId};
 use minductor_passes::kernel::{BufferId, BufferKind, FallbackStep, Program, StridedView};
 use minductor_passes::verify_program;
 use minductor_runtime::{threads, Executable, RuntimeError, StepTiming, Storage, Tensor};
@@ -62,11 +62,17 @@ pub(super) unsafe fn read_f32<'a>(pointers: &[*mut u8], id: BufferId, len: usize
 pub(super) struct Symbols(Vec<Option<usize>>);
 
 impl Symbols {
+    /// The size of an input symbol, if an input bound it.
+    fn input_size(&self, s: SymId) -> Option<i128> {
+        self.0.get(s.0 as usize).copied().flatten().map(|n| n as i128)
+    }
+
+    /// The size of `d` for this call; a derived symbol's definition is evaluated on the input
+    /// sizes (`bind` checked that every derived symbol of the program has a size).
     pub(super) fn size(&self, d: Dim) -> usize {
-        match d {
-            Dim::Static(n) => n,
-            Dim::Sym(s) => self.0[s.0 as usize].expect("every symbol is bound by an input"),
-        }
+        d.eval(|s| self.input_size(s))
+            .and_then(|n| usize::try_from(n).ok())
+            .expect("every symbol is bound by an input (or derived from bound ones)")
     }
 
     pub(super) fn sizes(&self, shape: &[Dim]) -> Vec<usize> {
@@ -86,13 +92,7 @@ impl Symbols {
         view: &StridedView,
         step: BufferId,
     ) -> Result<(i64, Vec<i64>), RuntimeError> {
-        view.bind(|s| {
-            self.0
-                .get(s.0 as usize)
-                .copied()
-                .flatten()
-                .map(|n| n as i128)
-        })
+        view.bind(|s| self.input_size(s))
         .ok_or_else(|| {
             RuntimeError::Unsupported(format!(
                 "step writing {step}: a view's strides overflow i64 for these sizes"
@@ -144,6 +144,23 @@ impl Symbols {
                             _ => symbols.0[slot] = Some(size),
                         }
                     }
+                }
+            }
+        }
+        // A derived size (`s0 + -1` of a slice) must come out at least 0 for these sizes.
+        let dims = if symbols.0.is_empty() {
+            Vec::new()
+        } else {
+            minductor_passes::program_dims(program)
+        };
+        for d in dims {
+            if let Dim::Sym(s) = d {
+                if s.is_derived() && d.eval(|s| symbols.input_size(s)).is_none() {
+                    return Err(RuntimeError::Shape {
+                        name: "inputs".into(),
+                        expected: format!("sizes for which {d} is a size (not negative)"),
+                        found: inputs.first().map(|t| t.shape().to_vec()).unwrap_or_default(),
+                    });
                 }
             }
         }
