@@ -17,7 +17,7 @@
 
 use minductor_ir::{
     shape_string, static_shape, BinaryOp, CompareOp, DType, Dim, Graph, IrError, NodeId, Op,
-    ReduceOp, Shape, SymId, TensorType, UnaryOp,
+    ReduceOp, Shape, SizeExpr, SymId, TensorType, UnaryOp,
 };
 use minductor_runtime::Tensor;
 use std::cell::RefCell;
@@ -86,6 +86,11 @@ fn size_of_symbol(
     what: &str,
     location: &'static Location<'static>,
 ) -> usize {
+    // A derived size is read by reading (so specializing) the input symbols it is made of.
+    if let Some(definition) = sym.definition() {
+        let value = definition.eval(|s| Some(size_of_symbol(state, s, what, location) as i128));
+        return value.and_then(|v| usize::try_from(v).ok()).unwrap_or(0);
+    }
     let hooks = state.hooks.borrow().clone();
     match hooks.and_then(|h| h.specialize(sym, location)) {
         Some(n) => n,
@@ -1004,8 +1009,17 @@ impl Traced {
                 format!("cannot reshape {} to {shape:?}", shape_string(&dims)),
             );
         }
+        // With symbolic dims, a `-1` stands for the element count divided by the known sizes
+        // when that division is exact as a polynomial (`[2, s0, 8]` to `[-1, 8]` gives `2*s0`,
+        // and back, `[2, -1, 8]` gives `s0`): the products agree for every size.
+        let symbolic_hole = (!symbols.is_empty() && holes == 1 && known > 0)
+            .then(|| SizeExpr::product(&dims).divide_exactly(known as i64))
+            .flatten()
+            .and_then(|e| Dim::of_expr(&e));
         let hole = if symbols.len() == 1 && holes == 1 && known == static_product {
             symbols[0]
+        } else if let Some(hole) = symbolic_hole {
+            hole
         } else {
             let numel: usize = self.shape().iter().product();
             if holes == 1 && (known == 0 || !numel.is_multiple_of(known)) {
@@ -1027,6 +1041,12 @@ impl Traced {
             })
             .collect();
         self.apply(Op::Reshape { shape: sizes }, &[self])
+    }
+    /// A reshape to IR dims (the type rule checks that the element counts agree as
+    /// polynomials), for shape rules that keep symbols symbolic.
+    #[track_caller]
+    pub(crate) fn reshape_dims(&self, shape: Shape) -> Traced {
+        self.apply(Op::Reshape { shape }, &[self])
     }
     /// `expand`; `-1` keeps a dimension's size.
     #[track_caller]

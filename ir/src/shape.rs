@@ -115,7 +115,7 @@ impl SymId {
 impl fmt::Debug for SymId {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self.definition() {
-            Some(e) => write!(f, "SymId({e})"),
+            Some(e) => write!(f, "SymId({})", e.as_size()),
             None => write!(f, "SymId({})", self.0),
         }
     }
@@ -167,7 +167,7 @@ impl fmt::Display for Dim {
         match self {
             Dim::Static(n) => write!(f, "{n}"),
             Dim::Sym(s) => match s.definition() {
-                Some(e) => write!(f, "{e}"),
+                Some(e) => write!(f, "{}", e.as_size()),
                 None => write!(f, "s{}", s.0),
             },
         }

@@ -908,14 +908,12 @@ fn view_index(g: &Graph, node: NodeId, idx: &[Affine]) -> Retry<Vec<Affine>> {
             let (Some(in_rest), Some(out_rest)) =
                 (statics(&in_shape[prefix..]), statics(&out_shape[prefix..]))
             else {
+                // A reshape that regroups symbolic dims (`[2, s0, 8]` to `[2*s0, 8]`) needs
+                // division by a symbol to index its operand: the operand is realized, and a
+                // reshape of a contiguous buffer reads it at the same linear index.
                 return match symbolic_reshape_index(idx, &in_shape, &out_shape) {
                     Some(Ok(inner)) => Ok(inner),
-                    Some(Err(())) => retry(operand),
-                    None => unsupported(format!(
-                        "a reshape that regroups symbolic dims ({} to {})",
-                        minductor_ir::shape_string(&in_shape),
-                        minductor_ir::shape_string(&out_shape)
-                    )),
+                    Some(Err(())) | None => retry(operand),
                 };
             };
             let mut out = idx[..prefix].to_vec();

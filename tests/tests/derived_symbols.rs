@@ -75,3 +75,131 @@ fn kv_cache_decode_compiles_once_for_every_length() {
         "{stats:?}"
     );
 }
+
+type Body = dyn Fn(&[Traced]) -> Vec<Traced>;
+
+/// Traces `f` over inputs of `shapes` in which `0` stands for the symbolic size `s0` (or
+/// `size` when given), followed by static `weights`.
+fn build(size: Option<usize>, shapes: &[&[usize]], weights: &[&[usize]], f: &Body) -> Graph {
+    let tracer = Tracer::new();
+    let mut inputs: Vec<Traced> = shapes
+        .iter()
+        .enumerate()
+        .map(|(i, dims)| {
+            let shape = dims
+                .iter()
+                .map(|&n| match (n, size) {
+                    (0, None) => Dim::Sym(SymId(0)),
+                    (0, Some(s)) => Dim::Static(s),
+                    (n, _) => Dim::Static(n),
+                })
+                .collect();
+            tracer.input_typed(&format!("in{i}"), TensorType::new(DType::F32, shape))
+        })
+        .collect();
+    for (i, w) in weights.iter().enumerate() {
+        inputs.push(tracer.input(&format!("w{i}"), DType::F32, w));
+    }
+    let outputs = f(&inputs);
+    tracer.finish(&outputs).unwrap()
+}
+
+/// One symbolic compile, checked at sizes 1..=19, 64 and 257 against the interpreter on the
+/// static graph (1e-5, absolute + relative). Returns the symbolic graph.
+fn check_every_size(shapes: &[&[usize]], weights: &[&[usize]], f: &Body) -> Graph {
+    let graph = build(None, shapes, weights, f);
+    let symbolic = compile(&graph).unwrap();
+    for size in (1..=19).chain([64, 257]) {
+        let inputs: Vec<Tensor> = shapes
+            .iter()
+            .enumerate()
+            .map(|(i, dims)| {
+                let shape: Vec<usize> = dims
+                    .iter()
+                    .map(|&n| if n == 0 { size } else { n })
+                    .collect();
+                ramp(&shape, i as f32)
+            })
+            .chain(weights.iter().map(|w| ramp(w, 7.0)))
+            .collect();
+        let want = interpret(&build(Some(size), shapes, weights, f), &inputs).unwrap();
+        let got = symbolic.call(&inputs).unwrap();
+        minductor_tests::assert_allclose(
+            &got,
+            &want,
+            Tolerance::close(1e-5),
+            &format!("size {size}"),
+        );
+    }
+    graph
+}
+
+#[test]
+fn cat_of_two_symbolic_tensors_is_twice_the_symbol() {
+    let graph = check_every_size(&[&[3, 0, 5], &[3, 0, 5]], &[], &|x| {
+        let both = Traced::cat(&[&x[0], &(&x[1] * 2.0)], 1);
+        vec![both.softmax(1), both.sum(&[1], false)]
+    });
+    assert!(graph.to_string().contains("f32[3, 2*s0, 5]"), "{graph}");
+}
+
+#[test]
+fn cat_with_a_static_row_and_the_same_derived_dim_broadcasts() {
+    // Two ops deriving `s0 + 1` get one symbol, so their results add elementwise.
+    let graph = check_every_size(&[&[0, 4], &[1, 4]], &[], &|x| {
+        let a = Traced::cat(&[&x[0], &x[1]], 0);
+        let b = Traced::cat(&[&x[0].exp(), &x[1]], 0);
+        vec![(&a + &b).relu()]
+    });
+    assert!(graph.to_string().contains("f32[s0 + 1, 4]"), "{graph}");
+}
+
+#[test]
+fn flatten_linear_and_reshape_back_stay_symbolic() {
+    let graph = check_every_size(&[&[2, 0, 8]], &[&[6, 8], &[6]], &|x| {
+        let flat = x[0].flatten(0, 1);
+        let y = flat.linear(&x[1], Some(&x[2])).gelu();
+        vec![y.reshape(&[2, -1, 6]), flat.reshape(&[-1, 4])]
+    });
+    let text = graph.to_string();
+    assert!(text.contains("f32[2*s0, 6]"), "{text}");
+    assert!(text.contains("f32[2, s0, 6]"), "{text}");
+    assert!(text.contains("f32[4*s0, 4]"), "{text}");
+}
+
+#[test]
+fn a_shape_mismatch_with_a_derived_dim_is_a_type_error() {
+    // `s0 + 1` rows against `s0` rows (or 5) cannot broadcast, as for two different symbols.
+    let tracer = Tracer::new();
+    let x = tracer.input_typed(
+        "x",
+        TensorType::new(DType::F32, [Dim::Sym(SymId(0)), Dim::Static(4)].into_iter().collect()),
+    );
+    let row = tracer.input("row", DType::F32, &[1, 4]);
+    let grown = Traced::cat(&[&x, &row], 0);
+    let err = tracer.finish(&[&grown + &x]).unwrap_err().to_string();
+    assert!(err.contains("[s0 + 1, 4] and [s0, 4]"), "{err}");
+}
+
+#[test]
+fn derived_dims_print_and_parse_back() {
+    let tracer = Tracer::new();
+    let x = tracer.input_typed(
+        "x",
+        TensorType::new(
+            DType::F32,
+            [Dim::Static(2), Dim::Sym(SymId(0)), Dim::Static(8)].into_iter().collect(),
+        ),
+    );
+    let grown = Traced::cat(&[&x, &x.slice(1, Some(-1), None, 1)], 1);
+    let graph = tracer
+        .finish(&[grown.flatten(0, 1).exp(), x.flatten(0, 1)])
+        .unwrap();
+    let text = graph.to_string();
+    assert!(text.contains("f32[2, s0 + 1, 8]"), "{text}");
+    assert!(text.contains("reshape[[2*s0 + 2, 8]]"), "{text}");
+    let parsed: Graph = text.parse().unwrap();
+    parsed.verify().unwrap();
+    assert_eq!(parsed, graph);
+    assert_eq!(parsed.to_string(), text);
+}

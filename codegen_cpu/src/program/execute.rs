@@ -104,6 +104,7 @@ impl Symbols {
     /// size across all the dims it names.
     fn bind(program: &Program, inputs: &[Tensor]) -> Result<Symbols, RuntimeError> {
         let mut symbols = Symbols(Vec::new());
+        let mut derived_inputs: Vec<(usize, Dim, usize)> = Vec::new();
         for b in &program.buffers {
             let BufferKind::Input(n) = b.kind else {
                 continue;
@@ -124,6 +125,9 @@ impl Symbols {
                 match d {
                     Dim::Static(n) if n != size => return Err(mismatch()),
                     Dim::Static(_) => {}
+                    // A derived size (an input of a graph segment after a break) is checked
+                    // below, once the input symbols are bound.
+                    Dim::Sym(s) if s.is_derived() => derived_inputs.push((n, d, size)),
                     Dim::Sym(s) => {
                         let slot = s.0 as usize;
                         if symbols.0.len() <= slot {
@@ -145,6 +149,15 @@ impl Symbols {
                         }
                     }
                 }
+            }
+        }
+        for (n, d, size) in derived_inputs {
+            if d.eval(|s| symbols.input_size(s)) != Some(size as i128) {
+                return Err(RuntimeError::Shape {
+                    name: format!("#{n}"),
+                    expected: format!("dim {d} as the other inputs bind its symbols"),
+                    found: inputs[n].shape().to_vec(),
+                });
             }
         }
         // A derived size (`s0 + -1` of a slice) must come out at least 0 for these sizes.
