@@ -242,6 +242,29 @@ impl Traced {
         for (pair, amounts) in pad.chunks(2).enumerate() {
             let d = self.rank() - 1 - pair;
             let (before, after) = (amounts[0], amounts[1]);
+            // Padding (not cropping) a symbolic dim keeps it symbolic: `s0` padded by 1 and 1
+            // is the derived `s0 + 2`; the pieces take the other dims as they are.
+            let dims = out.ir_dims();
+            if before >= 0 && after >= 0 && dims[d].as_static().is_none() {
+                let piece = |amount: isize| {
+                    let mut shape: Shape = dims.iter().copied().collect();
+                    shape[d] = Dim::Static(amount as usize);
+                    out.constant_like(value).expand_dims(shape)
+                };
+                let mut pieces = Vec::new();
+                if before > 0 {
+                    pieces.push(piece(before));
+                }
+                pieces.push(out.clone());
+                if after > 0 {
+                    pieces.push(piece(after));
+                }
+                if pieces.len() > 1 {
+                    let refs: Vec<&Traced> = pieces.iter().collect();
+                    out = Traced::cat(&refs, d as isize);
+                }
+                continue;
+            }
             let n = out.shape()[d] as isize;
             if before + after + n < 0 {
                 return self.fail_msg(
@@ -257,10 +280,9 @@ impl Traced {
             }
             let mut pieces = Vec::new();
             let piece = |amount: isize| {
-                let mut shape = out.shape();
-                shape[d] = amount as usize;
-                let sizes: Vec<isize> = shape.iter().map(|&s| s as isize).collect();
-                out.constant_like(value).expand(&sizes)
+                let mut shape: Shape = out.ir_dims().into_iter().collect();
+                shape[d] = Dim::Static(amount as usize);
+                out.constant_like(value).expand_dims(shape)
             };
             if before > 0 {
                 pieces.push(piece(before));

@@ -17,7 +17,7 @@
 
 use minductor_ir::{
     shape_string, static_shape, BinaryOp, CompareOp, DType, Dim, Graph, IrError, NodeId, Op,
-    ReduceOp, Shape, SizeExpr, SymId, TensorType, UnaryOp,
+    ReduceOp, Shape, SizeExpr, SliceFrom, SymId, TensorType, UnaryOp,
 };
 use minductor_runtime::Tensor;
 use std::cell::RefCell;
@@ -108,6 +108,27 @@ fn size_of_symbol(
             );
             0
         }
+    }
+}
+
+/// A size every call's value of `d` reaches: its number if static, 2 for an input symbol
+/// (`jit` specializes sizes 0 and 1 and guards the rest >= 2), and for a derived one its
+/// definition at 2 when no symbol term has a negative coefficient (so the definition grows
+/// with every symbol), else 0.
+fn least_size(d: Dim) -> usize {
+    match d {
+        Dim::Static(n) => n,
+        Dim::Sym(s) => match s.definition() {
+            None => 2,
+            Some(e) => {
+                let growing = e.terms().iter().all(|(m, c)| m.is_empty() || *c > 0);
+                growing
+                    .then(|| e.eval(|_| Some(2)))
+                    .flatten()
+                    .and_then(|v| usize::try_from(v).ok())
+                    .unwrap_or(0)
+            }
+        },
     }
 }
 
@@ -1048,6 +1069,11 @@ impl Traced {
     pub(crate) fn reshape_dims(&self, shape: Shape) -> Traced {
         self.apply(Op::Reshape { shape }, &[self])
     }
+    /// An expand to IR dims, for shape rules that keep symbols symbolic.
+    #[track_caller]
+    pub(crate) fn expand_dims(&self, shape: Shape) -> Traced {
+        self.apply(Op::Expand { shape }, &[self])
+    }
     /// `expand`; `-1` keeps a dimension's size.
     #[track_caller]
     pub fn expand(&self, shape: &[isize]) -> Traced {
@@ -1086,19 +1112,42 @@ impl Traced {
         if step == 0 {
             return self.fail_msg("slice", "step must be positive".into());
         }
-        // A slice of a symbolic dim whose bounds both count from its end, within the 2 elements
-        // every symbolic dim has (`jit` guards sizes >= 2), keeps the dim symbolic: `x[:, -1:]`
-        // has a static size and the offset `s0 - 1`.
+        // A slice of a symbolic dim whose bounds both count from its end, within the elements
+        // every size of the dim has (an input symbol at least 2: `jit` guards sizes >= 2),
+        // keeps the dim symbolic: `x[:, -1:]` has a static size and the offset `s0 - 1`.
+        let least = least_size(dims[dim]) as isize;
         if let (Dim::Sym(_), Some(s)) = (dims[dim], start) {
             let e = end.unwrap_or(0);
-            if (-2..0).contains(&s) && (s..=0).contains(&e) && (end.is_none() || e < 0) {
+            if (-least..0).contains(&s) && (s..=0).contains(&e) && (end.is_none() || e < 0) {
                 return self.apply(
                     Op::Slice {
                         dim,
                         start: s.unsigned_abs(),
                         end: e.unsigned_abs(),
                         step,
-                        from_end: true,
+                        from: SliceFrom::End,
+                    },
+                    &[self],
+                );
+            }
+        }
+        // A start counted from the start and an end from the end (`x[:, 1:]`, `x[:, 1:-1]`)
+        // that leave at least 0 elements of every size keep the dim symbolic: its size is the
+        // derived `s0 - 1` (`s0 - 2`).
+        if let Dim::Sym(_) = dims[dim] {
+            let a = start.unwrap_or(0);
+            let e = end.unwrap_or(0);
+            if step == 1 && a >= 0 && e <= 0 && a - e <= least {
+                if a == 0 && e == 0 {
+                    return self.clone();
+                }
+                return self.apply(
+                    Op::Slice {
+                        dim,
+                        start: a.unsigned_abs(),
+                        end: e.unsigned_abs(),
+                        step,
+                        from: SliceFrom::StartToEnd,
                     },
                     &[self],
                 );
@@ -1118,7 +1167,7 @@ impl Traced {
                 start,
                 end,
                 step,
-                from_end: false,
+                from: SliceFrom::Start,
             },
             &[self],
         )

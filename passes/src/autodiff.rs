@@ -21,7 +21,8 @@
 //! their positions.
 
 use minductor_ir::{
-    BinaryOp, CompareOp, DType, Dim, Graph, IrError, NodeId, Op, ReduceOp, Shape, UnaryOp,
+    BinaryOp, CompareOp, DType, Dim, Graph, IrError, NodeId, Op, ReduceOp, Shape, SliceFrom,
+    UnaryOp,
 };
 use std::collections::HashMap;
 
@@ -505,11 +506,11 @@ impl Backward<'_> {
                 start,
                 end,
                 step,
-                from_end: false,
+                from: SliceFrom::Start,
             } => self.unslice(x, g, *dim, *start, *end, *step)?,
-            Op::Slice { from_end: true, .. } => {
+            Op::Slice { .. } => {
                 return Err(AutodiffError::Unsupported(format!(
-                    "the gradient of a slice counted from the end of a dim of {}",
+                    "the gradient of a slice with a bound counted from the end of a dim of {}",
                     self.g.ty(x)
                 )))
             }
@@ -525,7 +526,7 @@ impl Backward<'_> {
                         start: offset,
                         end: offset + len,
                         step: 1,
-                        from_end: false,
+                        from: SliceFrom::Start,
                     },
                     &[g],
                 )?
@@ -635,7 +636,7 @@ impl Backward<'_> {
                     start: 0,
                     end: end - start,
                     step: 1,
-                    from_end: false,
+                    from: SliceFrom::Start,
                 },
                 &[flat],
             )?;

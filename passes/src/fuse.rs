@@ -39,7 +39,7 @@
 
 use crate::attention::{find_attention, AttentionPattern};
 use crate::kernel::*;
-use minductor_ir::{DType, Dim, Graph, NodeId, Op, SizeExpr};
+use minductor_ir::{DType, Dim, Graph, NodeId, Op, SizeExpr, SliceFrom};
 use std::collections::{HashMap, HashSet};
 
 /// Why `fuse` cannot schedule a graph.
@@ -877,11 +877,11 @@ fn view_index(g: &Graph, node: NodeId, idx: &[Affine]) -> Retry<Vec<Affine>> {
             dim,
             start,
             step,
-            from_end,
+            from,
             ..
         } => {
             // From the end, the first element is `size - start` (a size expression).
-            let first = if *from_end {
+            let first = if *from == SliceFrom::End {
                 SizeExpr::of_dim(in_shape[*dim]).plus(&SizeExpr::Const(-(*start as i64)))
             } else {
                 SizeExpr::Const(*start as i64)

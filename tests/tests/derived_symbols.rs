@@ -203,3 +203,64 @@ fn derived_dims_print_and_parse_back() {
     assert_eq!(parsed, graph);
     assert_eq!(parsed.to_string(), text);
 }
+
+#[test]
+fn slicing_from_a_start_keeps_the_dim_symbolic() {
+    let graph = check_every_size(&[&[3, 0, 5]], &[], &|x| {
+        let tail = x[0].slice(1, Some(1), None, 1);
+        vec![tail.exp(), tail.sum(&[1], false)]
+    });
+    assert!(graph.to_string().contains("f32[3, s0 - 1, 5]"), "{graph}");
+}
+
+#[test]
+fn pad_and_shifted_slices_of_a_symbolic_dim() {
+    // A three-tap moving sum: pad by one on each side (`s0 + 2`), then add the three windows,
+    // each `s0` long again.
+    let graph = check_every_size(&[&[3, 0]], &[], &|x| {
+        let padded = x[0].pad(&[1, 1], 0.5);
+        let left = padded.slice(1, None, Some(-2), 1);
+        let middle = padded.slice(1, Some(1), Some(-1), 1);
+        let right = padded.slice(1, Some(2), None, 1);
+        vec![&(&left + &middle) + &right, padded]
+    });
+    let text = graph.to_string();
+    assert!(text.contains("f32[3, s0 + 2]"), "{text}");
+    assert!(text.contains("slice[dim=1, 1:end-1:1]"), "{text}");
+}
+
+#[test]
+fn a_cache_length_that_disagrees_with_its_symbol_is_a_typed_error() {
+    let graph = trace(|t| {
+        let cache = |name: &str| {
+            t.input_typed(
+                name,
+                TensorType::new(
+                    DType::F32,
+                    [Dim::Static(1), Dim::Static(2), Dim::Sym(SymId(0)), Dim::Static(8)]
+                        .into_iter()
+                        .collect(),
+                ),
+            )
+        };
+        let mut x = vec![cache("past_k"), cache("past_v")];
+        x.extend(["q", "k", "v"].map(|n| t.input(n, DType::F32, &[1, 2, 1, 8])));
+        decode_step(&x)
+    })
+    .unwrap();
+    let compiled = compile(&graph).unwrap();
+    let mut inputs = decode_inputs(5);
+    inputs[1] = ramp(&[1, 2, 6, 8], 0.0);
+    let err = compiled.call(&inputs).unwrap_err();
+    assert!(
+        matches!(err, minductor::RuntimeError::Shape { .. }),
+        "{err:?}"
+    );
+    // Under `jit` the guards see the disagreement: the call fails with a shape error too.
+    let f = jit(decode_step);
+    for length in [3, 4] {
+        f.call(&decode_inputs(length)).unwrap();
+    }
+    let err = f.call(&inputs).unwrap_err().to_string();
+    assert!(err.contains("matmul"), "{err}");
+}
