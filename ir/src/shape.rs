@@ -92,6 +92,41 @@ impl SymId {
         SymId(DERIVED_BASE + i)
     }
 
+    /// For a derived symbol defined as `c*x + k` (one input symbol `x`, degree 1, `c > 0`):
+    /// `(x, c, k)`.
+    fn linear_form(self) -> Option<(SymId, i64, i64)> {
+        let terms = self.definition()?.terms();
+        let (k, (m, c)) = match terms.as_slice() {
+            [t] => (0, t.clone()),
+            [(empty, k), t] if empty.is_empty() => (*k, t.clone()),
+            _ => return None,
+        };
+        match m.as_slice() {
+            [x] if c > 0 => Some((*x, c, k)),
+            _ => None,
+        }
+    }
+
+    /// The input symbol a dim of this derived size binds, when its definition is `c*x + k`
+    /// (see [`SymId::solve`]).
+    pub fn solvable_input(self) -> Option<SymId> {
+        self.linear_form().map(|(x, _, _)| x)
+    }
+
+    /// For a derived symbol defined as `c*x + k`: the input symbol `x` and its size when this
+    /// symbol's size is `size`, if that is a whole number at least 0. This is how an input
+    /// whose dim is derived (a value carried across a graph break, `[3, s0 + 1, 4]`) binds
+    /// `s0`.
+    pub fn solve(self, size: usize) -> Option<(SymId, usize)> {
+        let (x, c, k) = self.linear_form()?;
+        let rest = i128::try_from(size).ok()? - k as i128;
+        let c = c as i128;
+        if rest < 0 || rest % c != 0 {
+            return None;
+        }
+        Some((x, usize::try_from(rest / c).ok()?))
+    }
+
     /// The input symbols the symbol's value depends on: itself, or those of its definition.
     pub fn inputs(self) -> Vec<SymId> {
         match self.definition() {

@@ -170,12 +170,21 @@ impl Verifier<'_> {
     /// Every symbol used anywhere is the size of some input dim, or derived from such symbols.
     fn symbols_bound(&self) -> Result<(), VerifyError> {
         let p = self.program;
-        let bound: HashSet<Dim> = p
+        let mut bound: HashSet<Dim> = p
             .buffers
             .iter()
             .filter(|b| matches!(b.kind, BufferKind::Input(_)))
             .flat_map(|b| b.shape.iter().copied())
             .collect();
+        // An input dim `c*s0 + k` binds `s0` too (a call solves it from the size).
+        let solved: Vec<Dim> = bound
+            .iter()
+            .filter_map(|d| match d {
+                Dim::Sym(s) => s.solvable_input().map(Dim::Sym),
+                Dim::Static(_) => None,
+            })
+            .collect();
+        bound.extend(solved);
         let unbound = |d: &Dim| match d {
             Dim::Static(_) => false,
             Dim::Sym(s) => s

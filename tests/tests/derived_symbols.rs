@@ -4,7 +4,9 @@
 //! of the same function.
 
 use minductor::ir::{Dim, SymId, TensorType};
-use minductor::{compile, interpret, jit, trace, DType, Graph, Tensor, Traced, Tracer};
+use minductor::{
+    compile, interpret, jit, load_bytes, trace, DType, Graph, Tensor, Traced, Tracer,
+};
 use minductor_tests::Tolerance;
 
 fn ramp(shape: &[usize], seed: f32) -> Tensor {
@@ -231,7 +233,26 @@ fn pad_and_shifted_slices_of_a_symbolic_dim() {
 
 #[test]
 fn a_cache_length_that_disagrees_with_its_symbol_is_a_typed_error() {
-    let graph = trace(|t| {
+    let compiled = compile(&symbolic_decode_graph()).unwrap();
+    let mut inputs = decode_inputs(5);
+    inputs[1] = ramp(&[1, 2, 6, 8], 0.0);
+    let err = compiled.call(&inputs).unwrap_err();
+    assert!(
+        matches!(err, minductor::RuntimeError::Shape { .. }),
+        "{err:?}"
+    );
+    // Under `jit` the guards see the disagreement: the call fails with a shape error too.
+    let f = jit(decode_step);
+    for length in [3, 4] {
+        f.call(&decode_inputs(length)).unwrap();
+    }
+    let err = f.call(&inputs).unwrap_err().to_string();
+    assert!(err.contains("matmul"), "{err}");
+}
+
+/// The decode step traced with a symbolic cache length `s0` shared by both caches.
+fn symbolic_decode_graph() -> Graph {
+    trace(|t| {
         let cache = |name: &str| {
             t.input_typed(
                 name,
@@ -247,20 +268,64 @@ fn a_cache_length_that_disagrees_with_its_symbol_is_a_typed_error() {
         x.extend(["q", "k", "v"].map(|n| t.input(n, DType::F32, &[1, 2, 1, 8])));
         decode_step(&x)
     })
-    .unwrap();
-    let compiled = compile(&graph).unwrap();
-    let mut inputs = decode_inputs(5);
-    inputs[1] = ramp(&[1, 2, 6, 8], 0.0);
-    let err = compiled.call(&inputs).unwrap_err();
-    assert!(
-        matches!(err, minductor::RuntimeError::Shape { .. }),
-        "{err:?}"
-    );
-    // Under `jit` the guards see the disagreement: the call fails with a shape error too.
-    let f = jit(decode_step);
-    for length in [3, 4] {
-        f.call(&decode_inputs(length)).unwrap();
+    .unwrap()
+}
+
+#[test]
+fn a_saved_artifact_with_derived_dims_loads_and_computes_the_same() {
+    let compiled = compile(&symbolic_decode_graph()).unwrap();
+    let dir = std::env::temp_dir().join(format!("minductor-derived-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("decode.mind");
+    compiled.save(&path).unwrap();
+    let loaded = load_bytes(&std::fs::read(&path).unwrap()).unwrap();
+    std::fs::remove_dir_all(&dir).ok();
+    assert_eq!(loaded.artifacts().program, compiled.artifacts().program);
+    for length in [2, 7, 33] {
+        let inputs = decode_inputs(length);
+        minductor_tests::assert_allclose(
+            &loaded.call(&inputs).unwrap(),
+            &compiled.call(&inputs).unwrap(),
+            Tolerance::close(0.0),
+            &format!("loaded, cache length {length}"),
+        );
     }
-    let err = f.call(&inputs).unwrap_err().to_string();
-    assert!(err.contains("matmul"), "{err}");
+}
+
+/// A graph break between the `cat` and its users: the segment after it takes the grown cache
+/// (a value of derived size) as an input.
+#[test]
+fn a_graph_break_after_a_cat_matches_eager() {
+    let step = &|x: &[Traced]| -> Vec<Traced> {
+        let grown = Traced::cat(&[&x[0], &x[1]], 1);
+        let total = grown.sum(&[], false).item();
+        let scale = if total > 0.0 { 2.0 } else { -3.0 };
+        vec![(&grown * scale).softmax(1)]
+    };
+    for backend in [minductor::Backend::Inductor, minductor::Backend::Eager] {
+        graph_break_after_a_cat(&step, backend);
+    }
+}
+
+fn graph_break_after_a_cat(step: &Body, backend: minductor::Backend) {
+    let f = jit(step).backend(backend).input_names(&["cache", "row"]);
+    // The reference: static traces, run op by op by the interpreter.
+    let eager = jit(step)
+        .backend(minductor::Backend::Eager)
+        .dynamic(Some(false))
+        .recompile_limit(64);
+    for length in 1..=9 {
+        let inputs = vec![ramp(&[3, length, 4], length as f32), ramp(&[3, 1, 4], 0.5)];
+        let got = f.call(&inputs).unwrap();
+        assert_eq!(got[0].shape(), &[3, length + 1, 4]);
+        minductor_tests::assert_allclose(
+            &got,
+            &eager.call(&inputs).unwrap(),
+            Tolerance::close(1e-5),
+            &format!("length {length}"),
+        );
+    }
+    let stats = f.stats();
+    assert_eq!(stats.dynamic_fallbacks, Vec::<String>::new(), "{stats:?}");
+    assert!(stats.symbolic_compiles >= 1, "{stats:?}");
 }

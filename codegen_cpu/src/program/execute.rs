@@ -151,6 +151,19 @@ impl Symbols {
                 }
             }
         }
+        // An input symbol that only such dims name is solved from one of them (`s0 + 1` of
+        // size 7 binds `s0` to 6); every one must then agree.
+        for &(_, d, size) in &derived_inputs {
+            if let Dim::Sym(s) = d {
+                if let Some((x, value)) = s.solve(size) {
+                    let slot = x.0 as usize;
+                    if symbols.0.len() <= slot {
+                        symbols.0.resize(slot + 1, None);
+                    }
+                    symbols.0[slot].get_or_insert(value);
+                }
+            }
+        }
         for (n, d, size) in derived_inputs {
             if d.eval(|s| symbols.input_size(s)) != Some(size as i128) {
                 return Err(RuntimeError::Shape {
