@@ -331,3 +331,71 @@ pub fn shape_string(shape: &[Dim]) -> String {
     let parts: Vec<String> = shape.iter().map(|d| d.to_string()).collect();
     format!("[{}]", parts.join(", "))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::text::Cursor;
+
+    fn s(i: u32) -> SizeExpr {
+        SizeExpr::symbol(SymId(i))
+    }
+
+    #[test]
+    fn derived_symbols_are_interned_by_their_expression() {
+        let plus_one = Dim::of_expr(&s(0).plus(&SizeExpr::Const(1))).unwrap();
+        let again = Dim::of_expr(&SizeExpr::Const(1).plus(&s(0))).unwrap();
+        assert_eq!(plus_one, again);
+        assert_ne!(plus_one, Dim::of_expr(&s(0).scale(2)).unwrap());
+        assert_eq!(plus_one.to_string(), "s0 + 1");
+        // A definition reads input symbols only: `(s0 + 1) + 1` is `s0 + 2`.
+        let plus_two = Dim::of_expr(&SizeExpr::of_dim(plus_one).plus(&SizeExpr::Const(1)));
+        assert_eq!(plus_two.unwrap().to_string(), "s0 + 2");
+        // Numbers are static dims, a lone input symbol is itself, negative sizes are none.
+        assert_eq!(Dim::of_expr(&SizeExpr::Const(4)), Some(Dim::Static(4)));
+        assert_eq!(Dim::of_expr(&s(3)), Some(Dim::Sym(SymId(3))));
+        assert_eq!(Dim::of_expr(&SizeExpr::Const(-1)), None);
+        let sizes = |x: SymId| Some([6i128, 3][x.0 as usize]);
+        assert_eq!(plus_one.eval(sizes), Some(7));
+        let minus = Dim::of_expr(&s(1).plus(&SizeExpr::Const(-4))).unwrap();
+        assert_eq!(minus.to_string(), "s1 - 4");
+        assert_eq!(minus.eval(sizes), None, "3 - 4 is no size");
+    }
+
+    #[test]
+    fn derived_dims_print_and_parse_back_in_both_spellings() {
+        let dims = [
+            Dim::of_expr(&s(0).plus(&SizeExpr::Const(1))).unwrap(),
+            Dim::of_expr(&s(0).scale(2).plus(&SizeExpr::Const(-2))).unwrap(),
+            Dim::of_expr(&s(0).times(&s(1)).scale(3)).unwrap(),
+            Dim::Sym(SymId(2)),
+            Dim::Static(5),
+        ];
+        for d in dims {
+            let text = d.to_string();
+            let mut c = Cursor::new(&text, 1);
+            assert_eq!(c.dim().unwrap(), d, "{text}");
+            assert!(c.is_empty(), "{text}");
+            let debug = format!("{d:?}");
+            let mut c = Cursor::new(&debug, 1);
+            assert_eq!(c.dim_debug().unwrap(), d, "{debug}");
+            assert!(c.is_empty(), "{debug}");
+        }
+    }
+
+    #[test]
+    fn a_linear_derived_size_solves_for_its_symbol() {
+        let d = |e: SizeExpr| match Dim::of_expr(&e).unwrap() {
+            Dim::Sym(s) => s,
+            Dim::Static(_) => unreachable!("symbolic"),
+        };
+        assert_eq!(
+            d(s(0).plus(&SizeExpr::Const(1))).solve(7),
+            Some((SymId(0), 6))
+        );
+        assert_eq!(d(s(0).scale(2)).solve(8), Some((SymId(0), 4)));
+        assert_eq!(d(s(0).scale(2)).solve(7), None);
+        assert_eq!(d(s(0).plus(&SizeExpr::Const(3))).solve(2), None);
+        assert_eq!(d(s(0).times(&s(1))).solve(6), None);
+    }
+}

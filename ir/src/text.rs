@@ -201,10 +201,13 @@ impl<'a> Cursor<'a> {
             Ok(Dim::Static(n))
         } else {
             self.eat("Sym(SymId(")?;
-            let s = if self.rest().starts_with(|c: char| c.is_ascii_digit()) {
-                SymId(self.u32()?)
-            } else {
-                SymId::derive(&SizeExpr::parse(self)?)
+            // An input symbol prints as its number, a derived one as its definition.
+            let save = self.clone();
+            let s = match SizeExpr::parse(self)? {
+                SizeExpr::Const(n) => {
+                    SymId(u32::try_from(n).map_err(|_| save.error("a symbol number"))?)
+                }
+                e => SymId::derive(&e),
             };
             self.eat("))")?;
             Ok(Dim::Sym(s))
