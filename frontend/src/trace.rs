@@ -11,9 +11,11 @@
 //! break knows which values Rust code still holds), and reading a symbolic dim as a number
 //! (`shape()`, the sizes `reshape`/`slice`/`layer_norm` need) returns its example size and marks
 //! the symbol specialized, as does comparing a symbolic [`TracedDim`] (what `dims()` returns).
-//! Shape rules keep symbolic dims where they can (the IR dims, `expand`'s
-//! `-1`, a `reshape` `-1` standing for exactly one symbol) and otherwise fail with a trace error,
-//! never a panic, so `jit` can fall back to static shapes.
+//! Shape rules keep symbolic dims where they can (the IR dims, `expand`'s `-1`, a `reshape` `-1`
+//! that divides the element count exactly, `flatten`, `cat`, `pad`, slices from a start to the
+//! end within the least size a dim has), making *derived* symbols (`s0 + 1`, `2*s0`, `s0 - 1`)
+//! where a size is an expression of input symbols, and otherwise fail with a trace error, never
+//! a panic, so `jit` can fall back to static shapes.
 
 use minductor_ir::{
     shape_string, static_shape, BinaryOp, CompareOp, DType, Dim, Graph, IrError, NodeId, Op,

@@ -772,9 +772,8 @@ fn infer_type_unchecked(op: &Op, inputs: &[&TensorType]) -> Result<TensorType, I
                 total = total.plus(&crate::SizeExpr::of_dim(t.shape[*dim]));
             }
             let mut shape = inputs[0].shape.clone();
-            shape[*dim] = Dim::of_expr(&total).ok_or_else(|| {
-                IrError::ty(op.name(), format!("the extent {total} is negative"))
-            })?;
+            shape[*dim] = Dim::of_expr(&total)
+                .ok_or_else(|| IrError::ty(op.name(), format!("the extent {total} is negative")))?;
             Ok(TensorType::new(inputs[0].dtype, shape))
         }
         Op::Gather => {

@@ -76,7 +76,12 @@ impl SymId {
             "SymId::derive of the constant {expr}: use Dim::of_expr"
         );
         let lock = derived_table();
-        if let Some(&i) = lock.read().unwrap_or_else(|e| e.into_inner()).ids.get(&expr) {
+        if let Some(&i) = lock
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .ids
+            .get(&expr)
+        {
             return SymId(DERIVED_BASE + i);
         }
         let mut table = lock.write().unwrap_or_else(|e| e.into_inner());

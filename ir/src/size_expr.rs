@@ -49,7 +49,9 @@ impl SizeExpr {
     /// The expression with every derived symbol replaced by its definition.
     pub fn expand_derived(&self) -> SizeExpr {
         match self {
-            SizeExpr::Poly(terms) if terms.iter().any(|(m, _)| m.iter().any(|s| s.is_derived())) => {
+            SizeExpr::Poly(terms)
+                if terms.iter().any(|(m, _)| m.iter().any(|s| s.is_derived())) =>
+            {
                 let mut acc = SizeExpr::Const(0);
                 for (m, c) in terms {
                     let term = m

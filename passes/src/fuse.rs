@@ -13,9 +13,14 @@
 //!
 //! Symbolic dims may sit anywhere: they are loop extents that reach kernels at run time, and the
 //! strides and offsets they imply are size expressions (`64*s0`, `s0*s0`) that kernels compute
-//! from their size arguments. A reshape may insert or drop size-1 dims and regroup the static
-//! dims between symbolic ones; one that regroups symbolic dims, a cat along one and an embedding
-//! table or `take_along` source with a symbolic size are reported unsupported. Assumes a verified prim graph. Guarantees a `Program` that computes every
+//! from their size arguments. A dim may be a derived symbol (`s0 + 1`): its extent is the
+//! definition evaluated at run time, and strides and offsets read its definition, so they are
+//! polynomials over input symbols only. A reshape may insert or drop size-1 dims and regroup the
+//! static dims between symbolic ones as index arithmetic; one that regroups symbolic dims
+//! (`[2, s0, 8]` to `[2*s0, 8]`) realizes its operand and reads it at the same linear index. A
+//! cat along a symbolic dim offsets each operand by the sum of the earlier ones' sizes (`s0`).
+//! An embedding table or `take_along` source with a symbolic size is reported unsupported.
+//! Assumes a verified prim graph. Guarantees a `Program` that computes every
 //! graph output into its own buffer and in which every load and store index stays within its
 //! buffer. Starting from a minimal set of realized nodes (inputs, outputs, matmuls, cats), it
 //! builds the program and, whenever a node cannot be inlined where it is read (a non-affine
@@ -26,7 +31,7 @@
 //!
 //! A node no kernel can compute (one making or reading f64 values, an integer reduction or scan, a
 //! scatter-add of a non-f32 value,
-//! a cat along a symbolic dim, a gather from a table of symbolic size, an im2col read other than
+//! a gather from a table of symbolic size, an im2col read other than
 //! by a GEMM) becomes a `Step::Fallback`, which the runtime runs with the reference interpreter:
 //! the node and its operands are realized, the step reads the operands' buffers and writes the
 //! node's, and the kernels around it stay compiled (Inductor's fallback to ATen kernels). The

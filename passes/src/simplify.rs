@@ -8,7 +8,9 @@
 //! - structurally equal nodes are merged (CSE) and nodes no output needs are dropped (DCE);
 //!   graph inputs always stay, in order.
 
-use minductor_ir::{BinaryOp, CompareOp, DType, Graph, Node, NodeId, Op, SliceFrom, TensorType, UnaryOp};
+use minductor_ir::{
+    BinaryOp, CompareOp, DType, Graph, Node, NodeId, Op, SliceFrom, TensorType, UnaryOp,
+};
 use smallvec::SmallVec;
 use std::collections::HashMap;
 use std::hash::{Hash, Hasher};

@@ -112,7 +112,9 @@ pub fn program_dims(p: &Program) -> Vec<Dim> {
                 used.extend(m.a.shape.iter().chain(m.b.shape()).copied());
                 used.extend(m.epilogue.iter().flat_map(kernel_dims));
             }
-            Step::ScatterAdd(sc) => used.extend(sc.index.shape.iter().chain(&sc.src.shape).copied()),
+            Step::ScatterAdd(sc) => {
+                used.extend(sc.index.shape.iter().chain(&sc.src.shape).copied())
+            }
             Step::Attention(a) => {
                 used.extend([&a.q, &a.k, &a.v].iter().flat_map(|v| v.shape.clone()));
                 used.extend(a.mask.iter().flat_map(|m| m.shape.clone()));

@@ -4,9 +4,7 @@
 //! of the same function.
 
 use minductor::ir::{Dim, SymId, TensorType};
-use minductor::{
-    compile, interpret, jit, load_bytes, trace, DType, Graph, Tensor, Traced, Tracer,
-};
+use minductor::{compile, interpret, jit, load_bytes, trace, DType, Graph, Tensor, Traced, Tracer};
 use minductor_tests::Tolerance;
 
 fn ramp(shape: &[usize], seed: f32) -> Tensor {
@@ -75,6 +73,16 @@ fn kv_cache_decode_compiles_once_for_every_length() {
         (stats.compiles, stats.symbolic_compiles),
         (2, 1),
         "{stats:?}"
+    );
+    // explain shows the grown caches' size as an expression of the cache length.
+    let explanation = f.explain(&decode_inputs(5)).unwrap().to_string();
+    assert!(
+        explanation.contains("derived sizes: s0 + 1 (first from cat %5)"),
+        "{explanation}"
+    );
+    assert!(
+        explanation.contains("f32[1, 2, s0 + 1, 8]"),
+        "{explanation}"
     );
 }
 
@@ -175,7 +183,10 @@ fn a_shape_mismatch_with_a_derived_dim_is_a_type_error() {
     let tracer = Tracer::new();
     let x = tracer.input_typed(
         "x",
-        TensorType::new(DType::F32, [Dim::Sym(SymId(0)), Dim::Static(4)].into_iter().collect()),
+        TensorType::new(
+            DType::F32,
+            [Dim::Sym(SymId(0)), Dim::Static(4)].into_iter().collect(),
+        ),
     );
     let row = tracer.input("row", DType::F32, &[1, 4]);
     let grown = Traced::cat(&[&x, &row], 0);
@@ -190,7 +201,9 @@ fn derived_dims_print_and_parse_back() {
         "x",
         TensorType::new(
             DType::F32,
-            [Dim::Static(2), Dim::Sym(SymId(0)), Dim::Static(8)].into_iter().collect(),
+            [Dim::Static(2), Dim::Sym(SymId(0)), Dim::Static(8)]
+                .into_iter()
+                .collect(),
         ),
     );
     let grown = Traced::cat(&[&x, &x.slice(1, Some(-1), None, 1)], 1);
@@ -258,9 +271,14 @@ fn symbolic_decode_graph() -> Graph {
                 name,
                 TensorType::new(
                     DType::F32,
-                    [Dim::Static(1), Dim::Static(2), Dim::Sym(SymId(0)), Dim::Static(8)]
-                        .into_iter()
-                        .collect(),
+                    [
+                        Dim::Static(1),
+                        Dim::Static(2),
+                        Dim::Sym(SymId(0)),
+                        Dim::Static(8),
+                    ]
+                    .into_iter()
+                    .collect(),
                 ),
             )
         };

@@ -64,7 +64,11 @@ pub(super) struct Symbols(Vec<Option<usize>>);
 impl Symbols {
     /// The size of an input symbol, if an input bound it.
     fn input_size(&self, s: SymId) -> Option<i128> {
-        self.0.get(s.0 as usize).copied().flatten().map(|n| n as i128)
+        self.0
+            .get(s.0 as usize)
+            .copied()
+            .flatten()
+            .map(|n| n as i128)
     }
 
     /// The size of `d` for this call; a derived symbol's definition is evaluated on the input
@@ -92,8 +96,7 @@ impl Symbols {
         view: &StridedView,
         step: BufferId,
     ) -> Result<(i64, Vec<i64>), RuntimeError> {
-        view.bind(|s| self.input_size(s))
-        .ok_or_else(|| {
+        view.bind(|s| self.input_size(s)).ok_or_else(|| {
             RuntimeError::Unsupported(format!(
                 "step writing {step}: a view's strides overflow i64 for these sizes"
             ))
@@ -185,7 +188,10 @@ impl Symbols {
                     return Err(RuntimeError::Shape {
                         name: "inputs".into(),
                         expected: format!("sizes for which {d} is a size (not negative)"),
-                        found: inputs.first().map(|t| t.shape().to_vec()).unwrap_or_default(),
+                        found: inputs
+                            .first()
+                            .map(|t| t.shape().to_vec())
+                            .unwrap_or_default(),
                     });
                 }
             }
