@@ -347,3 +347,28 @@ fn graph_break_after_a_cat(step: &Body, backend: minductor::Backend) {
     assert_eq!(stats.dynamic_fallbacks, Vec::<String>::new(), "{stats:?}");
     assert!(stats.symbolic_compiles >= 1, "{stats:?}");
 }
+
+/// A plain `compile` has no guards: sizes for which a derived dim would be negative (`s0 - 2` at
+/// `s0 = 1`) are a typed error when the call binds them, and `s0 = 2` gives an empty result.
+#[test]
+fn a_negative_derived_size_is_a_typed_error() {
+    let tracer = Tracer::new();
+    let x = tracer.input_typed(
+        "x",
+        TensorType::new(
+            DType::F32,
+            [Dim::Static(3), Dim::Sym(SymId(0))].into_iter().collect(),
+        ),
+    );
+    let inner = x.slice(1, Some(1), Some(-1), 1).exp();
+    let graph = tracer.finish(&[inner]).unwrap();
+    assert!(graph.to_string().contains("f32[3, s0 - 2]"), "{graph}");
+    let compiled = compile(&graph).unwrap();
+    let err = compiled.call(&[ramp(&[3, 1], 0.0)]).unwrap_err();
+    assert!(
+        matches!(&err, minductor::RuntimeError::Shape { expected, .. } if expected.contains("s0 - 2")),
+        "{err:?}"
+    );
+    let empty = compiled.call(&[ramp(&[3, 2], 0.0)]).unwrap();
+    assert_eq!(empty[0].shape(), &[3, 0]);
+}

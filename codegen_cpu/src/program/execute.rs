@@ -105,7 +105,12 @@ impl Symbols {
 
     /// Binds the symbols from the inputs, checking every static size and that a symbol has one
     /// size across all the dims it names.
-    fn bind(program: &Program, inputs: &[Tensor]) -> Result<Symbols, RuntimeError> {
+    /// `derived_dims` are the program's derived dims, each of which must have a size.
+    fn bind(
+        program: &Program,
+        derived_dims: &[Dim],
+        inputs: &[Tensor],
+    ) -> Result<Symbols, RuntimeError> {
         let mut symbols = Symbols(Vec::new());
         let mut derived_inputs: Vec<(usize, Dim, usize)> = Vec::new();
         for b in &program.buffers {
@@ -176,24 +181,17 @@ impl Symbols {
                 });
             }
         }
-        // A derived size (`s0 + -1` of a slice) must come out at least 0 for these sizes.
-        let dims = if symbols.0.is_empty() {
-            Vec::new()
-        } else {
-            minductor_passes::program_dims(program)
-        };
-        for d in dims {
-            if let Dim::Sym(s) = d {
-                if s.is_derived() && d.eval(|s| symbols.input_size(s)).is_none() {
-                    return Err(RuntimeError::Shape {
-                        name: "inputs".into(),
-                        expected: format!("sizes for which {d} is a size (not negative)"),
-                        found: inputs
-                            .first()
-                            .map(|t| t.shape().to_vec())
-                            .unwrap_or_default(),
-                    });
-                }
+        // A derived size (`s0 - 1` of a slice) must come out at least 0 for these sizes.
+        for &d in derived_dims {
+            if d.eval(|s| symbols.input_size(s)).is_none() {
+                return Err(RuntimeError::Shape {
+                    name: "inputs".into(),
+                    expected: format!("sizes for which {d} is a size (not negative)"),
+                    found: inputs
+                        .first()
+                        .map(|t| t.shape().to_vec())
+                        .unwrap_or_default(),
+                });
             }
         }
         Ok(symbols)
@@ -295,7 +293,7 @@ impl CompiledProgram {
         mut timings: Option<&mut Vec<StepTiming>>,
         destinations: Option<&mut [Tensor]>,
     ) -> Result<Vec<Tensor>, RuntimeError> {
-        let symbols = Symbols::bind(&self.program, inputs)?;
+        let symbols = Symbols::bind(&self.program, &self.derived_dims, inputs)?;
         // The caller's tensors, checked before anything runs: a pointer to each one's first
         // element (they stay borrowed, so no one else can reach their storage meanwhile).
         let mut destination_pointers: Vec<*mut u8> = Vec::new();
