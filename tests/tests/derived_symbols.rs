@@ -372,3 +372,70 @@ fn a_negative_derived_size_is_a_typed_error() {
     let empty = compiled.call(&[ramp(&[3, 2], 0.0)]).unwrap();
     assert_eq!(empty[0].shape(), &[3, 0]);
 }
+
+/// The decode step through `scaled_dot_product_attention`: one fused attention step reads keys
+/// and values of the derived length `s0 + 1` (no scores buffer), at every cache length.
+#[test]
+fn fused_attention_over_a_grown_cache() {
+    let step = |x: &[Traced]| -> Vec<Traced> {
+        let k_all = Traced::cat(&[&x[0], &x[3]], 2);
+        let v_all = Traced::cat(&[&x[1], &x[4]], 2);
+        vec![x[2].scaled_dot_product_attention(&k_all, &v_all, None, false)]
+    };
+    let shapes: [&[usize]; 5] = [
+        &[1, 2, 0, 8],
+        &[1, 2, 0, 8],
+        &[1, 2, 1, 8],
+        &[1, 2, 1, 8],
+        &[1, 2, 1, 8],
+    ];
+    let graph = check_every_size(&shapes, &[], &step);
+    let compiled = compile(&graph).unwrap();
+    let program = compiled.artifacts().program.clone().unwrap();
+    let attention: Vec<_> = program
+        .steps
+        .iter()
+        .filter_map(|s| match s {
+            minductor::passes::kernel::Step::Attention(a) => Some(a),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(attention.len(), 1, "{program}");
+    assert_eq!(attention[0].k.shape[2].to_string(), "s0 + 1", "{program}");
+}
+
+/// Gradients through a cat along a symbolic dim (each operand's rows of the gradient: `0:end-1`
+/// and `end-1:end-0`) and through `pad` and slices from a start to the end (the gradient
+/// between zeros, `s0 - 1` of them in one case). The interpreter has no `grad`: each size is
+/// compared with a static compile of the same function (1e-5).
+#[test]
+fn gradients_through_cat_pad_and_slices_of_a_symbolic_dim() {
+    let f = |x: &[Traced]| -> Vec<Traced> {
+        let grown = Traced::cat(&[&x[0], &x[1]], 1);
+        let padded = x[0].pad(&[1, 2], 0.25);
+        let shifted = &padded.slice(1, Some(1), Some(-2), 1) * &padded.slice(1, Some(3), None, 1);
+        let last = grown.slice(1, Some(-1), None, 1);
+        let loss = (&grown * &grown.sin()).sum(&[], false)
+            + shifted.sum(&[], false)
+            + (&last * 3.0).sum(&[], false);
+        let mut out = loss.grad(&[&x[0], &x[1]]);
+        out.push(loss);
+        out
+    };
+    let shapes: [&[usize]; 2] = [&[3, 0], &[3, 1]];
+    let symbolic = compile(&build(None, &shapes, &[], &f)).unwrap();
+    for size in (1..=19).chain([64]) {
+        let inputs = vec![ramp(&[3, size], 0.3), ramp(&[3, 1], 1.7)];
+        let want = compile(&build(Some(size), &shapes, &[], &f))
+            .unwrap()
+            .call(&inputs)
+            .unwrap();
+        let got = symbolic.call(&inputs).unwrap();
+        minductor_tests::assert_allclose(
+            &got,
+            &want,
+            Tolerance::close(1e-5),
+            &format!("size {size}"),
+        );
+    }
+}
