@@ -59,7 +59,7 @@ pub(super) unsafe fn read_f32<'a>(pointers: &[*mut u8], id: BufferId, len: usize
 
 /// The size of every symbolic dim for one call, read off the inputs' shapes.
 #[derive(Clone, Debug, Default, PartialEq)]
-pub(super) struct Symbols(Vec<Option<usize>>);
+pub(super) struct Symbols(Vec<Option<usize>>, Vec<(SymId, usize)>);
 
 impl Symbols {
     /// The size of an input symbol, if an input bound it.
@@ -71,12 +71,20 @@ impl Symbols {
             .map(|n| n as i128)
     }
 
-    /// The size of `d` for this call; a derived symbol's definition is evaluated on the input
-    /// sizes (`bind` checked that every derived symbol of the program has a size).
+    /// The size of `d` for this call. A derived symbol's size was evaluated from its
+    /// definition by `bind` (which checked that every derived dim of the program has one).
     pub(super) fn size(&self, d: Dim) -> usize {
-        d.eval(|s| self.input_size(s))
-            .and_then(|n| usize::try_from(n).ok())
-            .expect("every symbol is bound by an input (or derived from bound ones)")
+        match d {
+            Dim::Static(n) => n,
+            Dim::Sym(s) if s.is_derived() => match self.1.iter().find(|(x, _)| *x == s) {
+                Some(&(_, n)) => n,
+                None => d
+                    .eval(|s| self.input_size(s))
+                    .and_then(|n| usize::try_from(n).ok())
+                    .expect("every derived symbol is sized by bind"),
+            },
+            Dim::Sym(s) => self.0[s.0 as usize].expect("every symbol is bound by an input"),
+        }
     }
 
     pub(super) fn sizes(&self, shape: &[Dim]) -> Vec<usize> {
@@ -111,7 +119,7 @@ impl Symbols {
         derived_dims: &[Dim],
         inputs: &[Tensor],
     ) -> Result<Symbols, RuntimeError> {
-        let mut symbols = Symbols(Vec::new());
+        let mut symbols = Symbols(Vec::new(), Vec::new());
         let mut derived_inputs: Vec<(usize, Dim, usize)> = Vec::new();
         for b in &program.buffers {
             let BufferKind::Input(n) = b.kind else {
@@ -183,15 +191,21 @@ impl Symbols {
         }
         // A derived size (`s0 - 1` of a slice) must come out at least 0 for these sizes.
         for &d in derived_dims {
-            if d.eval(|s| symbols.input_size(s)).is_none() {
-                return Err(RuntimeError::Shape {
-                    name: "inputs".into(),
-                    expected: format!("sizes for which {d} is a size (not negative)"),
-                    found: inputs
-                        .first()
-                        .map(|t| t.shape().to_vec())
-                        .unwrap_or_default(),
-                });
+            let size = d
+                .eval(|s| symbols.input_size(s))
+                .and_then(|n| usize::try_from(n).ok());
+            match (d, size) {
+                (Dim::Sym(s), Some(n)) => symbols.1.push((s, n)),
+                _ => {
+                    return Err(RuntimeError::Shape {
+                        name: "inputs".into(),
+                        expected: format!("sizes for which {d} is a size (not negative)"),
+                        found: inputs
+                            .first()
+                            .map(|t| t.shape().to_vec())
+                            .unwrap_or_default(),
+                    })
+                }
             }
         }
         Ok(symbols)
