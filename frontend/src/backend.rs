@@ -153,21 +153,16 @@ fn check_outputs(
             found: outputs.len(),
         });
     }
-    let mut symbols: HashMap<u32, usize> = HashMap::new();
-    for (&id, tensor) in graph.inputs().iter().zip(inputs) {
-        for (d, &n) in graph.ty(id).shape.iter().zip(tensor.shape()) {
-            if let Dim::Sym(s) = d {
-                symbols.insert(s.0, n);
-            }
-        }
-    }
+    let symbols = input_symbol_sizes(graph, inputs);
     for (index, (&id, tensor)) in graph.outputs().iter().zip(outputs).enumerate() {
         let ty = graph.ty(id);
         let fits = tensor.dtype() == ty.dtype
             && tensor.rank() == ty.rank()
             && ty.shape.iter().zip(tensor.shape()).all(|(d, &n)| match d {
                 Dim::Static(m) => *m == n,
-                Dim::Sym(s) => symbols.get(&s.0).is_none_or(|&m| m == n),
+                Dim::Sym(s) => s
+                    .eval(|x| symbols.get(&x.0).map(|&m| m as i128))
+                    .is_none_or(|m| m == n as i128),
             });
         if !fits {
             return Err(RuntimeError::OutputType {
@@ -179,6 +174,36 @@ fn check_outputs(
         }
     }
     Ok(())
+}
+
+/// The sizes of the input symbols the inputs' shapes bind: a plain symbol's dim names it, a
+/// derived dim `c*s0 + k` (an input carried across a graph break) solves it when no plain dim
+/// does. The first size seen wins; `specialize` checks that every dim agrees.
+fn input_symbol_sizes(graph: &Graph, inputs: &[Tensor]) -> HashMap<u32, usize> {
+    let mut sizes: HashMap<u32, usize> = HashMap::new();
+    let dims = || {
+        graph
+            .inputs()
+            .iter()
+            .zip(inputs)
+            .flat_map(|(&id, t)| graph.ty(id).shape.iter().copied().zip(t.shape().to_vec()))
+    };
+    for (d, n) in dims() {
+        if let Dim::Sym(s) = d {
+            if !s.is_derived() {
+                sizes.entry(s.0).or_insert(n);
+            }
+        }
+    }
+    for (d, n) in dims() {
+        if let Some((x, value)) = match d {
+            Dim::Sym(s) => s.solve(n),
+            Dim::Static(_) => None,
+        } {
+            sizes.entry(x.0).or_insert(value);
+        }
+    }
+    sizes
 }
 
 /// The reference interpreter on a graph whose dims may be symbolic.
@@ -213,15 +238,15 @@ pub fn reference_executable(graph: &Graph) -> CompiledFn {
 /// `graph` with every symbolic dim replaced by the size the matching input has.
 fn specialize(graph: &Graph, inputs: &[Tensor]) -> Result<Graph, RuntimeError> {
     check_inputs(graph, inputs)?;
-    let mut sizes: HashMap<u32, usize> = HashMap::new();
+    let sizes = input_symbol_sizes(graph, inputs);
+    let size = |d: Dim| d.eval(|x| sizes.get(&x.0).map(|&n| n as i128));
     for (index, (&id, tensor)) in graph.inputs().iter().zip(inputs).enumerate() {
-        for (dim, (d, &n)) in graph.ty(id).shape.iter().zip(tensor.shape()).enumerate() {
-            if let Dim::Sym(s) = d {
-                let bound = *sizes.entry(s.0).or_insert(n);
-                if bound != n {
+        for (dim, (&d, &n)) in graph.ty(id).shape.iter().zip(tensor.shape()).enumerate() {
+            if let Dim::Sym(_) = d {
+                if let Some(bound) = size(d).filter(|&b| b != n as i128) {
                     return Err(RuntimeError::Shape {
                         name: graph.input_name(index).to_string(),
-                        expected: format!("dim {dim} = s{} = {bound}", s.0),
+                        expected: format!("dim {dim} = {d} = {bound}"),
                         found: tensor.shape().to_vec(),
                     });
                 }
@@ -231,11 +256,16 @@ fn specialize(graph: &Graph, inputs: &[Tensor]) -> Result<Graph, RuntimeError> {
     let bind = |shape: &Shape| -> Result<Shape, RuntimeError> {
         shape
             .iter()
-            .map(|d| match d {
-                Dim::Static(n) => Ok(Dim::Static(*n)),
-                Dim::Sym(s) => sizes.get(&s.0).map(|&n| Dim::Static(n)).ok_or_else(|| {
-                    RuntimeError::Unsupported(format!("symbol s{} is not bound by an input", s.0))
-                }),
+            .map(|&d| match d {
+                Dim::Static(n) => Ok(Dim::Static(n)),
+                Dim::Sym(_) => size(d)
+                    .and_then(|n| usize::try_from(n).ok())
+                    .map(Dim::Static)
+                    .ok_or_else(|| {
+                        RuntimeError::Unsupported(format!(
+                            "size {d} is not bound by the inputs (or is negative for them)"
+                        ))
+                    }),
             })
             .collect()
     };

@@ -9,7 +9,7 @@
 
 use crate::jit::{jit, JitError};
 use crate::trace::Traced;
-use minductor_ir::{Graph, Op};
+use minductor_ir::{Dim, Graph, Op};
 use minductor_runtime::Tensor;
 use std::collections::BTreeMap;
 use std::fmt;
@@ -30,6 +30,25 @@ pub struct GraphReport {
     /// as `%node op because reason` (`%node` numbers the prim graph the backend compiled, which
     /// `Compiled::artifacts().prim_graph` holds, not `graph`); empty when everything is compiled.
     pub fallbacks: Vec<String>,
+    /// Each derived size in the graph (a dim that is an expression of input symbols) with the
+    /// node that first makes it, e.g. `s0 + 1 (first from cat %5)`, in graph order.
+    pub derived_sizes: Vec<String>,
+}
+
+/// The derived sizes of `graph` with the node that first makes each (see
+/// [`GraphReport::derived_sizes`]).
+fn derived_sizes(graph: &Graph) -> Vec<String> {
+    let mut seen: Vec<Dim> = Vec::new();
+    let mut out = Vec::new();
+    for (id, node) in graph.ids().zip(graph.nodes()) {
+        for &d in &node.ty.shape {
+            if matches!(d, Dim::Sym(s) if s.is_derived()) && !seen.contains(&d) {
+                seen.push(d);
+                out.push(format!("{d} (first from {} {id})", node.op.name()));
+            }
+        }
+    }
+    out
 }
 
 impl GraphReport {
@@ -51,6 +70,7 @@ impl GraphReport {
             compile_time,
             symbolic: graph.nodes().iter().any(|n| n.ty.static_sizes().is_none()),
             fallbacks,
+            derived_sizes: derived_sizes(graph),
         }
     }
 }
@@ -133,6 +153,9 @@ impl fmt::Display for Explanation {
                     .map(|(n, &id)| format!("{}: {}", g.graph.input_name(n), g.graph.ty(id)))
                     .collect();
                 writeln!(f, "  symbolic shapes: {}", shapes.join(", "))?;
+                if !g.derived_sizes.is_empty() {
+                    writeln!(f, "  derived sizes: {}", g.derived_sizes.join(", "))?;
+                }
             }
             for line in g.graph.to_string().lines() {
                 writeln!(f, "    {line}")?;

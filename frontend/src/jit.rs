@@ -46,8 +46,10 @@
 //! value keys its children by exact value, where Dynamo with symbolic floats would guard the
 //! branch condition; we cannot see the condition in Rust code, so a new value costs a re-trace
 //! (microseconds) instead of a guard check. Strides are guarded as contiguous or not, not stride
-//! by stride. Symbols have no arithmetic (`Dim` is a number or a symbol): a reshape, slice or
-//! cat whose result size would be an expression of a symbol specializes or falls back to static.
+//! by stride. A result size that is an expression of the input symbols is a *derived* symbol
+//! (`s0 + 1` of a cat with a KV cache, `2*s0` of a flatten, `s0 - 1` of `x[:, 1:]`, `s0 + 2` of a
+//! pad: polynomials with integer coefficients, `SymId::derive`); one that would need division
+//! (`s0 // 2`, a reshape `-1` that does not divide the element count exactly) specializes.
 //! A `jit` function calling itself from inside `f` deadlocks (its cache is locked during a call).
 
 use crate::backend::JitBackend;

@@ -9,7 +9,7 @@
 //! they split or pool is specialized. Bad arguments are trace errors naming the op and the sizes.
 
 use crate::trace::{Traced, Tracer};
-use minductor_ir::{broadcast_shapes, shape_string, DType, Dim, Op};
+use minductor_ir::{broadcast_shapes, shape_string, DType, Dim, Op, Shape, SizeExpr};
 
 fn normalize(dim: isize, rank: usize) -> Option<usize> {
     let d = if dim < 0 { dim + rank as isize } else { dim };
@@ -72,9 +72,9 @@ impl Traced {
                 format!("dim {dim} out of range for rank {}", self.rank()),
             );
         };
-        let mut shape: Vec<isize> = self.shape().iter().map(|&n| n as isize).collect();
-        shape.insert(d, 1);
-        self.reshape(&shape)
+        let mut shape: Shape = self.ir_dims().into_iter().collect();
+        shape.insert(d, Dim::Static(1));
+        self.reshape_dims(shape)
     }
 
     /// `x.squeeze(dim)`: drops `dim` if its size is 1 (else `x` unchanged, as PyTorch does).
@@ -86,12 +86,20 @@ impl Traced {
                 format!("dim {dim} out of range for rank {}", self.rank()),
             );
         };
-        let mut shape: Vec<isize> = self.shape().iter().map(|&n| n as isize).collect();
-        if shape[d] != 1 {
+        // An input symbol is at least 2 (`jit` guards it); a derived one is read as a number
+        // (which specializes the symbols it is made of), as PyTorch's squeeze of a size-1 dim
+        // would differ.
+        let mut shape: Shape = self.ir_dims().into_iter().collect();
+        let size_one = match shape[d] {
+            Dim::Static(n) => n == 1,
+            Dim::Sym(s) if s.is_derived() => self.shape()[d] == 1,
+            Dim::Sym(_) => false,
+        };
+        if !size_one {
             return self.clone();
         }
         shape.remove(d);
-        self.reshape(&shape)
+        self.reshape_dims(shape)
     }
 
     /// `x.flatten(start, end)`: dims `start..=end` merged into one.
@@ -107,14 +115,18 @@ impl Traced {
         if s > e {
             return self.fail_msg("flatten", format!("start {start} is after end {end}"));
         }
-        let shape = self.shape();
+        let shape = self.ir_dims();
         if shape.is_empty() {
             return self.reshape(&[1]);
         }
-        let mut out: Vec<isize> = shape[..s].iter().map(|&n| n as isize).collect();
-        out.push(shape[s..=e].iter().product::<usize>() as isize);
-        out.extend(shape[e + 1..].iter().map(|&n| n as isize));
-        self.reshape(&out)
+        // The merged dim is the product of the merged ones: `2*s0` for `[2, s0]`.
+        let Some(merged) = Dim::of_expr(&SizeExpr::product(&shape[s..=e])) else {
+            return self.fail_msg("flatten", "a merged size is negative".into());
+        };
+        let mut out: Shape = shape[..s].iter().copied().collect();
+        out.push(merged);
+        out.extend(shape[e + 1..].iter().copied());
+        self.reshape_dims(out)
     }
 
     /// `x.split(size, dim)`: consecutive pieces of `size` along `dim` (the last may be shorter).
@@ -230,6 +242,29 @@ impl Traced {
         for (pair, amounts) in pad.chunks(2).enumerate() {
             let d = self.rank() - 1 - pair;
             let (before, after) = (amounts[0], amounts[1]);
+            // Padding (not cropping) a symbolic dim keeps it symbolic: `s0` padded by 1 and 1
+            // is the derived `s0 + 2`; the pieces take the other dims as they are.
+            let dims = out.ir_dims();
+            if before >= 0 && after >= 0 && dims[d].as_static().is_none() {
+                let piece = |amount: isize| {
+                    let mut shape: Shape = dims.iter().copied().collect();
+                    shape[d] = Dim::Static(amount as usize);
+                    out.constant_like(value).expand_dims(shape)
+                };
+                let mut pieces = Vec::new();
+                if before > 0 {
+                    pieces.push(piece(before));
+                }
+                pieces.push(out.clone());
+                if after > 0 {
+                    pieces.push(piece(after));
+                }
+                if pieces.len() > 1 {
+                    let refs: Vec<&Traced> = pieces.iter().collect();
+                    out = Traced::cat(&refs, d as isize);
+                }
+                continue;
+            }
             let n = out.shape()[d] as isize;
             if before + after + n < 0 {
                 return self.fail_msg(
@@ -245,10 +280,9 @@ impl Traced {
             }
             let mut pieces = Vec::new();
             let piece = |amount: isize| {
-                let mut shape = out.shape();
-                shape[d] = amount as usize;
-                let sizes: Vec<isize> = shape.iter().map(|&s| s as isize).collect();
-                out.constant_like(value).expand(&sizes)
+                let mut shape: Shape = out.ir_dims().into_iter().collect();
+                shape[d] = Dim::Static(amount as usize);
+                out.constant_like(value).expand_dims(shape)
             };
             if before > 0 {
                 pieces.push(piece(before));

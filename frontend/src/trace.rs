@@ -11,13 +11,15 @@
 //! break knows which values Rust code still holds), and reading a symbolic dim as a number
 //! (`shape()`, the sizes `reshape`/`slice`/`layer_norm` need) returns its example size and marks
 //! the symbol specialized, as does comparing a symbolic [`TracedDim`] (what `dims()` returns).
-//! Shape rules keep symbolic dims where they can (the IR dims, `expand`'s
-//! `-1`, a `reshape` `-1` standing for exactly one symbol) and otherwise fail with a trace error,
-//! never a panic, so `jit` can fall back to static shapes.
+//! Shape rules keep symbolic dims where they can (the IR dims, `expand`'s `-1`, a `reshape` `-1`
+//! that divides the element count exactly, `flatten`, `cat`, `pad`, slices from a start to the
+//! end within the least size a dim has), making *derived* symbols (`s0 + 1`, `2*s0`, `s0 - 1`)
+//! where a size is an expression of input symbols, and otherwise fail with a trace error, never
+//! a panic, so `jit` can fall back to static shapes.
 
 use minductor_ir::{
     shape_string, static_shape, BinaryOp, CompareOp, DType, Dim, Graph, IrError, NodeId, Op,
-    ReduceOp, Shape, SymId, TensorType, UnaryOp,
+    ReduceOp, Shape, SizeExpr, SliceFrom, SymId, TensorType, UnaryOp,
 };
 use minductor_runtime::Tensor;
 use std::cell::RefCell;
@@ -86,6 +88,11 @@ fn size_of_symbol(
     what: &str,
     location: &'static Location<'static>,
 ) -> usize {
+    // A derived size is read by reading (so specializing) the input symbols it is made of.
+    if let Some(definition) = sym.definition() {
+        let value = definition.eval(|s| Some(size_of_symbol(state, s, what, location) as i128));
+        return value.and_then(|v| usize::try_from(v).ok()).unwrap_or(0);
+    }
     let hooks = state.hooks.borrow().clone();
     match hooks.and_then(|h| h.specialize(sym, location)) {
         Some(n) => n,
@@ -103,6 +110,27 @@ fn size_of_symbol(
             );
             0
         }
+    }
+}
+
+/// A size every call's value of `d` reaches: its number if static, 2 for an input symbol
+/// (`jit` specializes sizes 0 and 1 and guards the rest >= 2), and for a derived one its
+/// definition at 2 when no symbol term has a negative coefficient (so the definition grows
+/// with every symbol), else 0.
+fn least_size(d: Dim) -> usize {
+    match d {
+        Dim::Static(n) => n,
+        Dim::Sym(s) => match s.definition() {
+            None => 2,
+            Some(e) => {
+                let growing = e.terms().iter().all(|(m, c)| m.is_empty() || *c > 0);
+                growing
+                    .then(|| e.eval(|_| Some(2)))
+                    .flatten()
+                    .and_then(|v| usize::try_from(v).ok())
+                    .unwrap_or(0)
+            }
+        },
     }
 }
 
@@ -1004,8 +1032,17 @@ impl Traced {
                 format!("cannot reshape {} to {shape:?}", shape_string(&dims)),
             );
         }
+        // With symbolic dims, a `-1` stands for the element count divided by the known sizes
+        // when that division is exact as a polynomial (`[2, s0, 8]` to `[-1, 8]` gives `2*s0`,
+        // and back, `[2, -1, 8]` gives `s0`): the products agree for every size.
+        let symbolic_hole = (!symbols.is_empty() && holes == 1 && known > 0)
+            .then(|| SizeExpr::product(&dims).divide_exactly(known as i64))
+            .flatten()
+            .and_then(|e| Dim::of_expr(&e));
         let hole = if symbols.len() == 1 && holes == 1 && known == static_product {
             symbols[0]
+        } else if let Some(hole) = symbolic_hole {
+            hole
         } else {
             let numel: usize = self.shape().iter().product();
             if holes == 1 && (known == 0 || !numel.is_multiple_of(known)) {
@@ -1027,6 +1064,17 @@ impl Traced {
             })
             .collect();
         self.apply(Op::Reshape { shape: sizes }, &[self])
+    }
+    /// A reshape to IR dims (the type rule checks that the element counts agree as
+    /// polynomials), for shape rules that keep symbols symbolic.
+    #[track_caller]
+    pub(crate) fn reshape_dims(&self, shape: Shape) -> Traced {
+        self.apply(Op::Reshape { shape }, &[self])
+    }
+    /// An expand to IR dims, for shape rules that keep symbols symbolic.
+    #[track_caller]
+    pub(crate) fn expand_dims(&self, shape: Shape) -> Traced {
+        self.apply(Op::Expand { shape }, &[self])
     }
     /// `expand`; `-1` keeps a dimension's size.
     #[track_caller]
@@ -1066,19 +1114,42 @@ impl Traced {
         if step == 0 {
             return self.fail_msg("slice", "step must be positive".into());
         }
-        // A slice of a symbolic dim whose bounds both count from its end, within the 2 elements
-        // every symbolic dim has (`jit` guards sizes >= 2), keeps the dim symbolic: `x[:, -1:]`
-        // has a static size and the offset `s0 - 1`.
+        // A slice of a symbolic dim whose bounds both count from its end, within the elements
+        // every size of the dim has (an input symbol at least 2: `jit` guards sizes >= 2),
+        // keeps the dim symbolic: `x[:, -1:]` has a static size and the offset `s0 - 1`.
+        let least = least_size(dims[dim]) as isize;
         if let (Dim::Sym(_), Some(s)) = (dims[dim], start) {
             let e = end.unwrap_or(0);
-            if (-2..0).contains(&s) && (s..=0).contains(&e) && (end.is_none() || e < 0) {
+            if (-least..0).contains(&s) && (s..=0).contains(&e) && (end.is_none() || e < 0) {
                 return self.apply(
                     Op::Slice {
                         dim,
                         start: s.unsigned_abs(),
                         end: e.unsigned_abs(),
                         step,
-                        from_end: true,
+                        from: SliceFrom::End,
+                    },
+                    &[self],
+                );
+            }
+        }
+        // A start counted from the start and an end from the end (`x[:, 1:]`, `x[:, 1:-1]`)
+        // that leave at least 0 elements of every size keep the dim symbolic: its size is the
+        // derived `s0 - 1` (`s0 - 2`).
+        if let Dim::Sym(_) = dims[dim] {
+            let a = start.unwrap_or(0);
+            let e = end.unwrap_or(0);
+            if step == 1 && a >= 0 && e <= 0 && a - e <= least {
+                if a == 0 && e == 0 {
+                    return self.clone();
+                }
+                return self.apply(
+                    Op::Slice {
+                        dim,
+                        start: a.unsigned_abs(),
+                        end: e.unsigned_abs(),
+                        step,
+                        from: SliceFrom::StartToEnd,
                     },
                     &[self],
                 );
@@ -1098,7 +1169,7 @@ impl Traced {
                 start,
                 end,
                 step,
-                from_end: false,
+                from: SliceFrom::Start,
             },
             &[self],
         )

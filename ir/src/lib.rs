@@ -15,7 +15,7 @@ pub mod text;
 pub use dtype::DType;
 pub use error::IrError;
 pub use graph::{Graph, Node, NodeId};
-pub use op::{infer_type, BinaryOp, CompareOp, Op, ReduceOp, UnaryOp, Window2d};
+pub use op::{infer_type, BinaryOp, CompareOp, Op, ReduceOp, SliceFrom, UnaryOp, Window2d};
 pub use parse::{parse_op, parse_tensor_type, window2d};
 pub use shape::{
     broadcast_shapes, check_size, checked_bytes, shape_string, static_shape, Dim, Shape, SymId,

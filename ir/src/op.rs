@@ -100,6 +100,20 @@ impl fmt::Display for Window2d {
     }
 }
 
+/// Where the bounds of a [`Op::Slice`] count from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum SliceFrom {
+    /// Both from the start of the dim: elements `start, start+step, .. < end`.
+    Start,
+    /// Both back from the end (elements `size - start, .. < size - end`, so `start >= end`):
+    /// how a slice of a symbolic dim such as `x[:, -1:]` keeps a static size and a symbolic
+    /// offset.
+    End,
+    /// `start` from the start, `end` back from the end (elements `start, .. < size - end`, step
+    /// 1): `x[:, 1:]` of a symbolic dim, whose size is the derived `s0 - 1`.
+    StartToEnd,
+}
+
 /// One graph operation. Attributes live in the variant; operands are the node's inputs.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Op {
@@ -141,16 +155,14 @@ pub enum Op {
     Expand {
         shape: Shape,
     },
-    /// Elements `start, start+step, ... < end` of `dim`; bounds are normalised (0 <= start <= end <= size).
-    /// With `from_end`, both bounds count back from the end of the dim (elements `size - start,
-    /// .. < size - end`, so `start >= end`): how a slice of a symbolic dim such as `x[:, -1:]`
-    /// keeps a static size and a symbolic offset.
+    /// Elements `start, start+step, ... < end` of `dim` (`from` says where each bound counts
+    /// from: see [`SliceFrom`]); bounds are normalised (0 <= start <= end <= size).
     Slice {
         dim: usize,
         start: usize,
         end: usize,
         step: usize,
-        from_end: bool,
+        from: SliceFrom,
     },
     Cat {
         dim: usize,
@@ -355,14 +367,21 @@ impl Op {
                 start,
                 end,
                 step,
-                from_end: false,
+                from: SliceFrom::Start,
             } => format!("[dim={dim}, {start}:{end}:{step}]"),
             Op::Slice {
                 dim,
                 start,
                 end,
                 step,
-                from_end: true,
+                from: SliceFrom::StartToEnd,
+            } => format!("[dim={dim}, {start}:end-{end}:{step}]"),
+            Op::Slice {
+                dim,
+                start,
+                end,
+                step,
+                from: SliceFrom::End,
             } => format!("[dim={dim}, end-{start}:end-{end}:{step}]"),
             Op::Cat { dim }
             | Op::Softmax { dim }
@@ -661,7 +680,7 @@ fn infer_type_unchecked(op: &Op, inputs: &[&TensorType]) -> Result<TensorType, I
             start,
             end,
             step,
-            from_end,
+            from,
         } => {
             expect_arity(op, inputs, 1)?;
             let rank = inputs[0].rank();
@@ -671,7 +690,26 @@ fn infer_type_unchecked(op: &Op, inputs: &[&TensorType]) -> Result<TensorType, I
                     format!("dim {dim} out of range for rank {rank}"),
                 ));
             }
-            if *from_end {
+            if *from == SliceFrom::StartToEnd {
+                // The size is `size - start - end`, a derived symbol of a symbolic dim; a call
+                // binding a size that makes it negative is refused when the program binds it.
+                let size = crate::SizeExpr::of_dim(inputs[0].shape[*dim]);
+                let taken = size.plus(&crate::SizeExpr::Const(-((start + end) as i64)));
+                let extent = Dim::of_expr(&taken).filter(|_| *step == 1);
+                let Some(extent) = extent else {
+                    return Err(IrError::ty(
+                        op.name(),
+                        format!(
+                            "bounds {start}:end-{end}:{step} invalid for dim {dim} of {}",
+                            inputs[0]
+                        ),
+                    ));
+                };
+                let mut shape = inputs[0].shape.clone();
+                shape[*dim] = extent;
+                return Ok(TensorType::new(inputs[0].dtype, shape));
+            }
+            if *from == SliceFrom::End {
                 // Counted from the end: a static dim must hold `start` elements; a symbolic one
                 // is checked when a call binds it (the kernel-IR verifier proves the offset
                 // `size - start` inside the buffer).
@@ -718,7 +756,9 @@ fn infer_type_unchecked(op: &Op, inputs: &[&TensorType]) -> Result<TensorType, I
                     format!("dim {dim} out of range for rank {rank}"),
                 ));
             }
-            let mut total = 0usize;
+            // The extent is the sum of the operands' (a size expression when one is symbolic:
+            // a KV cache `[.., s0, ..]` and one new row give `s0 + 1`).
+            let mut total = crate::SizeExpr::Const(0);
             for t in inputs {
                 let same_rest = t.rank() == rank
                     && t.dtype == inputs[0].dtype
@@ -729,12 +769,11 @@ fn infer_type_unchecked(op: &Op, inputs: &[&TensorType]) -> Result<TensorType, I
                         format!("{} does not match {} outside dim {dim}", t, inputs[0]),
                     ));
                 }
-                total += t.shape[*dim].as_static().ok_or_else(|| {
-                    IrError::ty(op.name(), "cat along a symbolic dim is not supported yet")
-                })?;
+                total = total.plus(&crate::SizeExpr::of_dim(t.shape[*dim]));
             }
             let mut shape = inputs[0].shape.clone();
-            shape[*dim] = Dim::Static(total);
+            shape[*dim] = Dim::of_expr(&total)
+                .ok_or_else(|| IrError::ty(op.name(), format!("the extent {total} is negative")))?;
             Ok(TensorType::new(inputs[0].dtype, shape))
         }
         Op::Gather => {

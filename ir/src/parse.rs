@@ -5,7 +5,9 @@
 //! graph that verifies, or a [`ParseError`] naming the line.
 
 use crate::text::{Cursor, ParseError};
-use crate::{BinaryOp, CompareOp, DType, Graph, NodeId, Op, ReduceOp, TensorType, UnaryOp};
+use crate::{
+    BinaryOp, CompareOp, DType, Graph, NodeId, Op, ReduceOp, SliceFrom, TensorType, UnaryOp,
+};
 use std::str::FromStr;
 
 impl FromStr for Graph {
@@ -255,12 +257,16 @@ fn attributes(c: &mut Cursor, name: &str) -> Result<Op, ParseError> {
             c.eat("[dim=")?;
             let dim = c.usize()?;
             c.eat(", ")?;
-            let from_end = c.try_eat("end-");
+            let start_from_end = c.try_eat("end-");
             let start = c.usize()?;
             c.eat(":")?;
-            if from_end {
-                c.eat("end-")?;
-            }
+            let end_from_end = c.try_eat("end-");
+            let from = match (start_from_end, end_from_end) {
+                (false, false) => SliceFrom::Start,
+                (true, true) => SliceFrom::End,
+                (false, true) => SliceFrom::StartToEnd,
+                (true, false) => return Err(c.error("`end-` before the end bound too")),
+            };
             let end = c.usize()?;
             c.eat(":")?;
             let step = c.usize()?;
@@ -270,7 +276,7 @@ fn attributes(c: &mut Cursor, name: &str) -> Result<Op, ParseError> {
                 start,
                 end,
                 step,
-                from_end,
+                from,
             })
         }
         "cat" => Ok(Op::Cat { dim: dim_attr(c)? }),

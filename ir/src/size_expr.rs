@@ -37,9 +37,32 @@ impl From<i64> for SizeExpr {
 }
 
 impl SizeExpr {
-    /// The size of symbol `s`.
+    /// The size of symbol `s`: its definition if it is derived, so every expression reads
+    /// input symbols only.
     pub fn symbol(s: SymId) -> SizeExpr {
-        SizeExpr::Poly(vec![(SmallVec::from_slice(&[s]), 1)])
+        match s.definition() {
+            Some(e) => e,
+            None => SizeExpr::Poly(vec![(SmallVec::from_slice(&[s]), 1)]),
+        }
+    }
+
+    /// The expression with every derived symbol replaced by its definition.
+    pub fn expand_derived(&self) -> SizeExpr {
+        match self {
+            SizeExpr::Poly(terms)
+                if terms.iter().any(|(m, _)| m.iter().any(|s| s.is_derived())) =>
+            {
+                let mut acc = SizeExpr::Const(0);
+                for (m, c) in terms {
+                    let term = m
+                        .iter()
+                        .fold(SizeExpr::Const(*c), |p, &s| p.times(&SizeExpr::symbol(s)));
+                    acc = acc.plus(&term);
+                }
+                acc
+            }
+            _ => self.clone(),
+        }
     }
 
     /// The size of a dim.
@@ -142,6 +165,20 @@ impl SizeExpr {
         }
     }
 
+    /// `self / k` when every coefficient is a multiple of `k` (`None` otherwise, or for 0).
+    pub fn divide_exactly(&self, k: i64) -> Option<SizeExpr> {
+        if k == 0 {
+            return None;
+        }
+        let terms = self.terms();
+        if terms.iter().any(|(_, c)| c % k != 0) {
+            return None;
+        }
+        Some(SizeExpr::normalize(
+            terms.into_iter().map(|(m, c)| (m, c / k)).collect(),
+        ))
+    }
+
     /// The symbols the expression reads, sorted and unique.
     pub fn symbols(&self) -> Vec<SymId> {
         let mut out: Vec<SymId> = self
@@ -191,13 +228,19 @@ impl SizeExpr {
     /// optional integer and symbols `sN`.
     pub fn parse(c: &mut Cursor) -> Result<SizeExpr, ParseError> {
         let mut terms = Vec::new();
+        let mut sign = 1;
         loop {
-            terms.push(parse_term(c)?);
+            let (m, coefficient) = parse_term(c)?;
+            terms.push((m, sign * coefficient));
             let save = c.clone();
-            if !c.try_eat(" + ") {
+            sign = if c.try_eat(" + ") {
+                1
+            } else if c.try_eat(" - ") {
+                -1
+            } else {
                 break;
-            }
-            // A ` + ` not followed by a term belongs to the caller.
+            };
+            // A ` + ` or ` - ` not followed by a term belongs to the caller.
             if !c
                 .rest()
                 .starts_with(|ch: char| ch.is_ascii_digit() || ch == '-' || ch == 's')
@@ -243,6 +286,44 @@ fn write_term(f: &mut fmt::Formatter<'_>, m: &Monomial, c: i64) -> fmt::Result {
         (_, true) => write!(f, "{c}"),
         (1, false) => write!(f, "{}", syms.join("*")),
         (_, false) => write!(f, "{c}*{}", syms.join("*")),
+    }
+}
+
+/// A size expression as a dim prints it ([`SizeExpr::as_size`]): symbol terms first, the
+/// constant last, negative terms subtracted (`s0 + 1`, `2*s0`, `s0 - 1`). `SizeExpr::parse`
+/// reads it back.
+pub struct AsSize<'a>(&'a SizeExpr);
+
+impl SizeExpr {
+    /// The expression printed the way a dim reads (`s0 - 1` rather than `-1 + s0`).
+    pub fn as_size(&self) -> AsSize<'_> {
+        AsSize(self)
+    }
+}
+
+impl fmt::Display for AsSize<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut terms = self.0.terms();
+        if terms.is_empty() {
+            return f.write_str("0");
+        }
+        // The constant (empty monomial) sorts first; a size reads better with it last.
+        let constant_first = terms[0].0.is_empty() && terms.len() > 1;
+        terms.rotate_left(usize::from(constant_first));
+        for (i, (m, c)) in terms.iter().enumerate() {
+            match (i, *c < 0) {
+                (0, _) => write_term(f, m, *c)?,
+                (_, false) => {
+                    f.write_str(" + ")?;
+                    write_term(f, m, *c)?
+                }
+                (_, true) => {
+                    f.write_str(" - ")?;
+                    write_term(f, m, -*c)?
+                }
+            }
+        }
+        Ok(())
     }
 }
 

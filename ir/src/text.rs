@@ -6,7 +6,7 @@
 //! writes (print → parse → print is the identity), and anything else is a `ParseError`, never a
 //! panic.
 
-use crate::{DType, Dim, SymId};
+use crate::{DType, Dim, SizeExpr, SymId};
 use thiserror::Error;
 
 /// Why a text does not parse: the 1-based line and what was expected there.
@@ -185,13 +185,12 @@ impl<'a> Cursor<'a> {
         }
     }
 
-    /// A dim as `Display` prints it: `8` or `s0`.
+    /// A dim as `Display` prints it: `8`, `s0`, or a derived symbol's definition (`s0 + 1`,
+    /// `2*s0`).
     pub fn dim(&mut self) -> Result<Dim, ParseError> {
-        if self.try_eat("s") {
-            Ok(Dim::Sym(SymId(self.u32()?)))
-        } else {
-            Ok(Dim::Static(self.usize()?))
-        }
+        let save = self.clone();
+        let expr = SizeExpr::parse(self)?;
+        Dim::of_expr(&expr).ok_or_else(|| save.error("a size that is not negative"))
     }
 
     /// A dim as `Debug` prints it: `Static(8)` or `Sym(SymId(0))`.
@@ -202,9 +201,16 @@ impl<'a> Cursor<'a> {
             Ok(Dim::Static(n))
         } else {
             self.eat("Sym(SymId(")?;
-            let s = self.u32()?;
+            // An input symbol prints as its number, a derived one as its definition.
+            let save = self.clone();
+            let s = match SizeExpr::parse(self)? {
+                SizeExpr::Const(n) => {
+                    SymId(u32::try_from(n).map_err(|_| save.error("a symbol number"))?)
+                }
+                e => SymId::derive(&e),
+            };
             self.eat("))")?;
-            Ok(Dim::Sym(SymId(s)))
+            Ok(Dim::Sym(s))
         }
     }
 

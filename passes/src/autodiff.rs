@@ -21,7 +21,8 @@
 //! their positions.
 
 use minductor_ir::{
-    BinaryOp, CompareOp, DType, Dim, Graph, IrError, NodeId, Op, ReduceOp, Shape, UnaryOp,
+    BinaryOp, CompareOp, DType, Dim, Graph, IrError, NodeId, Op, ReduceOp, Shape, SizeExpr,
+    SliceFrom, UnaryOp,
 };
 use std::collections::HashMap;
 
@@ -505,27 +506,56 @@ impl Backward<'_> {
                 start,
                 end,
                 step,
-                from_end: false,
+                from: SliceFrom::Start,
             } => self.unslice(x, g, *dim, *start, *end, *step)?,
-            Op::Slice { from_end: true, .. } => {
+            Op::Slice {
+                dim,
+                start,
+                end,
+                step: 1,
+                from: from @ (SliceFrom::End | SliceFrom::StartToEnd),
+            } => self.unslice_from_end(x, g, *dim, *start, *end, *from)?,
+            Op::Slice { .. } => {
                 return Err(AutodiffError::Unsupported(format!(
-                    "the gradient of a slice counted from the end of a dim of {}",
+                    "the gradient of a stepped slice with a bound counted from the end of a dim \
+                     of {}",
                     self.g.ty(x)
                 )))
             }
             Op::Cat { dim } => {
-                let mut offset = 0;
-                for &i in &node.inputs[..k] {
-                    offset += self.static_size(i, *dim)?;
-                }
-                let len = self.static_size(x, *dim)?;
+                let size = |i: &NodeId| SizeExpr::of_dim(self.shape(*i)[*dim]);
+                let sum = |ids: &[NodeId]| {
+                    ids.iter()
+                        .fold(SizeExpr::Const(0), |acc, i| acc.plus(&size(i)))
+                };
+                let before = sum(&node.inputs[..k]).as_const();
+                let after = sum(&node.inputs[k + 1..]).as_const();
+                let len = size(&x).as_const();
+                // The operand's rows of `g`: from the start when everything is static, else
+                // between static counts from the start and from the end (`s0` rows of a cat
+                // of `[s0]` and `[1]`: `0:end-1`), or the last static rows (`end-1:end-0`).
+                let (start, end, from) = match (before, after, len) {
+                    (Some(b), Some(_), Some(l)) if self.shape(g)[*dim].as_static().is_some() => {
+                        (b, b + l, SliceFrom::Start)
+                    }
+                    (Some(b), Some(a), _) => (b, a, SliceFrom::StartToEnd),
+                    (_, Some(a), Some(l)) => (l + a, a, SliceFrom::End),
+                    _ => {
+                        return Err(AutodiffError::Unsupported(format!(
+                            "the gradient of a cat along dim {dim} of {} with symbolic operands \
+                             on both sides of operand {k}",
+                            self.g.ty(y)
+                        )))
+                    }
+                };
+                let as_usize = |v: i64| usize::try_from(v).expect("sizes are not negative");
                 self.add(
                     Op::Slice {
                         dim: *dim,
-                        start: offset,
-                        end: offset + len,
+                        start: as_usize(start),
+                        end: as_usize(end),
                         step: 1,
-                        from_end: false,
+                        from,
                     },
                     &[g],
                 )?
@@ -635,7 +665,7 @@ impl Backward<'_> {
                     start: 0,
                     end: end - start,
                     step: 1,
-                    from_end: false,
+                    from: SliceFrom::Start,
                 },
                 &[flat],
             )?;
@@ -653,6 +683,42 @@ impl Backward<'_> {
         }
         if pieces.len() == 1 {
             return Ok(body);
+        }
+        self.add(Op::Cat { dim }, &pieces)
+    }
+
+    /// The derivative of a step-1 slice with a bound counted from the end of `dim` (`from` is
+    /// `End` or `StartToEnd`): `g` between zeros, the pieces' sizes static or derived (`s0 - 1`
+    /// zeros before the last row of `x[-1:]`), so the cat has `x`'s size again.
+    fn unslice_from_end(
+        &mut self,
+        x: NodeId,
+        g: NodeId,
+        dim: usize,
+        start: usize,
+        end: usize,
+        from: SliceFrom,
+    ) -> Emit {
+        let size = SizeExpr::of_dim(self.shape(x)[dim]);
+        let before = match from {
+            SliceFrom::Start | SliceFrom::StartToEnd => SizeExpr::Const(start as i64),
+            SliceFrom::End => size.plus(&SizeExpr::Const(-(start as i64))),
+        };
+        let mut pieces = Vec::new();
+        let mut piece_shape = self.shape(g);
+        if !before.is_zero() {
+            piece_shape[dim] = Dim::of_expr(&before).ok_or_else(|| {
+                AutodiffError::Unsupported(format!("a slice starting at a negative {before}"))
+            })?;
+            pieces.push(self.zeros(g, piece_shape.clone())?);
+        }
+        pieces.push(g);
+        if end > 0 {
+            piece_shape[dim] = Dim::Static(end);
+            pieces.push(self.zeros(g, piece_shape)?);
+        }
+        if pieces.len() == 1 {
+            return Ok(g);
         }
         self.add(Op::Cat { dim }, &pieces)
     }

@@ -608,7 +608,7 @@ impl fmt::Display for CostTable<'_> {
 mod tests {
     use super::*;
     use crate::{decompose, fuse, simplify};
-    use minductor_ir::{static_shape, BinaryOp, DType, Graph, Op, TensorType, UnaryOp};
+    use minductor_ir::{static_shape, BinaryOp, DType, Graph, Op, SliceFrom, TensorType, UnaryOp};
 
     fn input(g: &mut Graph, name: &str, shape: &[usize]) -> NodeId {
         g.input(name, TensorType::new(DType::F32, static_shape(shape)))
@@ -674,7 +674,7 @@ mod tests {
                     start,
                     end: start + 6,
                     step: 1,
-                    from_end: false,
+                    from: SliceFrom::Start,
                 },
                 &[x],
             )

@@ -5,7 +5,9 @@
 //! Composites over f16/bf16 are computed in f32 and cast back once, as PyTorch's decompositions
 //! do, so reduced precision rounds at the op's result and not at every intermediate.
 
-use minductor_ir::{BinaryOp, DType, Dim, Graph, NodeId, Op, ReduceOp, Shape, UnaryOp, Window2d};
+use minductor_ir::{
+    BinaryOp, DType, Dim, Graph, NodeId, Op, ReduceOp, Shape, SliceFrom, UnaryOp, Window2d,
+};
 
 pub fn decompose(graph: &Graph) -> Graph {
     let mut b = Builder { g: Graph::new() };
@@ -177,7 +179,7 @@ impl Builder {
                             start,
                             end: start + (out - 1) * step + 1,
                             step,
-                            from_end: false,
+                            from: SliceFrom::Start,
                         },
                         &[tap],
                     );

@@ -13,9 +13,14 @@
 //!
 //! Symbolic dims may sit anywhere: they are loop extents that reach kernels at run time, and the
 //! strides and offsets they imply are size expressions (`64*s0`, `s0*s0`) that kernels compute
-//! from their size arguments. A reshape may insert or drop size-1 dims and regroup the static
-//! dims between symbolic ones; one that regroups symbolic dims, a cat along one and an embedding
-//! table or `take_along` source with a symbolic size are reported unsupported. Assumes a verified prim graph. Guarantees a `Program` that computes every
+//! from their size arguments. A dim may be a derived symbol (`s0 + 1`): its extent is the
+//! definition evaluated at run time, and strides and offsets read its definition, so they are
+//! polynomials over input symbols only. A reshape may insert or drop size-1 dims and regroup the
+//! static dims between symbolic ones as index arithmetic; one that regroups symbolic dims
+//! (`[2, s0, 8]` to `[2*s0, 8]`) realizes its operand and reads it at the same linear index. A
+//! cat along a symbolic dim offsets each operand by the sum of the earlier ones' sizes (`s0`).
+//! An embedding table or `take_along` source with a symbolic size is reported unsupported.
+//! Assumes a verified prim graph. Guarantees a `Program` that computes every
 //! graph output into its own buffer and in which every load and store index stays within its
 //! buffer. Starting from a minimal set of realized nodes (inputs, outputs, matmuls, cats), it
 //! builds the program and, whenever a node cannot be inlined where it is read (a non-affine
@@ -26,7 +31,7 @@
 //!
 //! A node no kernel can compute (one making or reading f64 values, an integer reduction or scan, a
 //! scatter-add of a non-f32 value,
-//! a cat along a symbolic dim, a gather from a table of symbolic size, an im2col read other than
+//! a gather from a table of symbolic size, an im2col read other than
 //! by a GEMM) becomes a `Step::Fallback`, which the runtime runs with the reference interpreter:
 //! the node and its operands are realized, the step reads the operands' buffers and writes the
 //! node's, and the kernels around it stay compiled (Inductor's fallback to ATen kernels). The
@@ -39,7 +44,7 @@
 
 use crate::attention::{find_attention, AttentionPattern};
 use crate::kernel::*;
-use minductor_ir::{DType, Dim, Graph, NodeId, Op, SizeExpr};
+use minductor_ir::{DType, Dim, Graph, NodeId, Op, SizeExpr, SliceFrom};
 use std::collections::{HashMap, HashSet};
 
 /// Why `fuse` cannot schedule a graph.
@@ -164,7 +169,7 @@ fn contiguous(shape: &[Dim]) -> Vec<SizeExpr> {
     for d in (0..shape.len().saturating_sub(1)).rev() {
         let next = match shape[d + 1] {
             Dim::Static(n) => SizeExpr::Const(n.max(1) as i64),
-            Dim::Sym(s) => SizeExpr::symbol(s),
+            Dim::Sym(_) => SizeExpr::of_dim(shape[d + 1]),
         };
         strides[d] = strides[d + 1].times(&next);
     }
@@ -304,16 +309,18 @@ impl<'g> Scheduler<'g> {
                     steps.push(Step::Kernel(kernel));
                 }
                 Op::Cat { dim } => {
-                    let mut offset = 0;
+                    // Each operand starts where the previous ones end: a size expression when
+                    // one of them is symbolic (`s0` for the new row after a `[.., s0, ..]` cache).
+                    let mut offset = SizeExpr::Const(0);
                     for &operand in &g.node(id).inputs {
-                        let kernel =
-                            self.kernel(id, operand, buffer, Some((*dim, offset)), steps.len())?;
-                        match dims(g, operand)[*dim] {
-                            Dim::Static(n) => offset += n,
-                            Dim::Sym(_) => {
-                                return fallback(id, "cat along a symbolic dim is not compiled")
-                            }
-                        }
+                        let kernel = self.kernel(
+                            id,
+                            operand,
+                            buffer,
+                            Some((*dim, offset.clone())),
+                            steps.len(),
+                        )?;
+                        offset = offset.plus(&SizeExpr::of_dim(dims(g, operand)[*dim]));
                         steps.push(Step::Kernel(kernel));
                     }
                 }
@@ -612,7 +619,7 @@ impl<'g> Scheduler<'g> {
         root: NodeId,
         value: NodeId,
         buffer: BufferId,
-        cat: Option<(usize, usize)>,
+        cat: Option<(usize, SizeExpr)>,
         step: usize,
     ) -> Retry<Kernel> {
         let g = self.graph;
@@ -713,7 +720,10 @@ impl<'g> Scheduler<'g> {
         let dest_shape = dims(g, root);
         let mut dest_idx = store_idx.clone();
         if let Some((dim, offset)) = cat {
-            dest_idx[dim] = dest_idx[dim].plus(&Affine::constant(offset as i64));
+            dest_idx[dim] = dest_idx[dim].plus(&Affine {
+                offset,
+                terms: Default::default(),
+            });
         }
         let index = linear(&dest_idx, &contiguous(&dest_shape))?;
         builder.stages.push(Stage {
@@ -872,11 +882,11 @@ fn view_index(g: &Graph, node: NodeId, idx: &[Affine]) -> Retry<Vec<Affine>> {
             dim,
             start,
             step,
-            from_end,
+            from,
             ..
         } => {
             // From the end, the first element is `size - start` (a size expression).
-            let first = if *from_end {
+            let first = if *from == SliceFrom::End {
                 SizeExpr::of_dim(in_shape[*dim]).plus(&SizeExpr::Const(-(*start as i64)))
             } else {
                 SizeExpr::Const(*start as i64)
@@ -903,14 +913,12 @@ fn view_index(g: &Graph, node: NodeId, idx: &[Affine]) -> Retry<Vec<Affine>> {
             let (Some(in_rest), Some(out_rest)) =
                 (statics(&in_shape[prefix..]), statics(&out_shape[prefix..]))
             else {
+                // A reshape that regroups symbolic dims (`[2, s0, 8]` to `[2*s0, 8]`) needs
+                // division by a symbol to index its operand: the operand is realized, and a
+                // reshape of a contiguous buffer reads it at the same linear index.
                 return match symbolic_reshape_index(idx, &in_shape, &out_shape) {
                     Some(Ok(inner)) => Ok(inner),
-                    Some(Err(())) => retry(operand),
-                    None => unsupported(format!(
-                        "a reshape that regroups symbolic dims ({} to {})",
-                        minductor_ir::shape_string(&in_shape),
-                        minductor_ir::shape_string(&out_shape)
-                    )),
+                    Some(Err(())) | None => retry(operand),
                 };
             };
             let mut out = idx[..prefix].to_vec();

@@ -37,4 +37,4 @@ pub use partition::{partition, Partition, PartitionOptions, SavedValue};
 pub use plan_buffers::plan_buffers;
 pub use simplify::simplify;
 pub use store_once::store_once;
-pub use verify::{verify_program, VerifyError};
+pub use verify::{program_dims, verify_program, VerifyError};

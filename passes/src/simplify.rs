@@ -8,7 +8,9 @@
 //! - structurally equal nodes are merged (CSE) and nodes no output needs are dropped (DCE);
 //!   graph inputs always stay, in order.
 
-use minductor_ir::{BinaryOp, CompareOp, DType, Graph, Node, NodeId, Op, TensorType, UnaryOp};
+use minductor_ir::{
+    BinaryOp, CompareOp, DType, Graph, Node, NodeId, Op, SliceFrom, TensorType, UnaryOp,
+};
 use smallvec::SmallVec;
 use std::collections::HashMap;
 use std::hash::{Hash, Hasher};
@@ -221,7 +223,7 @@ fn rewrite(out: &mut Graph, seen: &mut Seen, node: &Node, ins: &[NodeId]) -> Nod
             start: 0,
             end,
             step: 1,
-            from_end: false,
+            from: SliceFrom::Start,
         } if Some(*end) == out.ty(ins[0]).shape[*dim].as_static() => return ins[0],
         Op::Binary(b) => {
             let rhs = constant_value(out, ins[1]);

@@ -47,7 +47,7 @@
 
 use crate::kernel::*;
 use crate::plan_buffers::{buffer_bytes, in_place_is_safe, live_ranges};
-use minductor_ir::{checked_bytes, DType, Dim, SizeExpr};
+use minductor_ir::{checked_bytes, DType, Dim, SizeExpr, SymId};
 use std::collections::HashSet;
 use thiserror::Error;
 
@@ -99,29 +99,58 @@ pub fn verify_program(program: &Program, symbols: &[Option<usize>]) -> Result<()
     Ok(())
 }
 
+/// Every dim the program's buffers and steps use: buffer shapes, kernel loop extents (and the
+/// symbols kernels read), GEMM, scatter-add and attention operand shapes. A call must give each
+/// a size (a derived symbol one that is not negative) before any step runs.
+pub fn program_dims(p: &Program) -> Vec<Dim> {
+    let mut used: Vec<Dim> = p.buffers.iter().flat_map(|b| b.shape.clone()).collect();
+    let kernel_dims = |k: &Kernel| -> Vec<Dim> { k.params() };
+    for step in &p.steps {
+        match step {
+            Step::Kernel(k) => used.extend(kernel_dims(k)),
+            Step::Matmul(m) => {
+                used.extend(m.a.shape.iter().chain(m.b.shape()).copied());
+                used.extend(m.epilogue.iter().flat_map(kernel_dims));
+            }
+            Step::ScatterAdd(sc) => {
+                used.extend(sc.index.shape.iter().chain(&sc.src.shape).copied())
+            }
+            Step::Attention(a) => {
+                used.extend([&a.q, &a.k, &a.v].iter().flat_map(|v| v.shape.clone()));
+                used.extend(a.mask.iter().flat_map(|m| m.shape.clone()));
+            }
+            // A fallback's sizes are its buffers', counted above.
+            Step::Fallback(_) => {}
+        }
+    }
+    used
+}
+
 struct Verifier<'a> {
     program: &'a Program,
     symbols: &'a [Option<usize>],
 }
 
 impl Verifier<'_> {
-    /// The size of `d`, if known.
+    /// The size of an input symbol, if known.
+    fn input_size(&self, s: SymId) -> Option<i128> {
+        self.symbols
+            .get(s.0 as usize)
+            .copied()
+            .flatten()
+            .map(|n| n as i128)
+    }
+
+    /// The size of `d`, if known (a derived symbol's definition evaluated on the input sizes;
+    /// unknown if that is negative).
     fn size(&self, d: Dim) -> Option<usize> {
-        match d {
-            Dim::Static(n) => Some(n),
-            Dim::Sym(s) => self.symbols.get(s.0 as usize).copied().flatten(),
-        }
+        d.eval(|s| self.input_size(s))
+            .and_then(|n| usize::try_from(n).ok())
     }
 
     /// The value of a size expression (a stride or offset), if its symbols are known.
     fn value(&self, e: &SizeExpr) -> Option<i128> {
-        e.eval(|s| {
-            self.symbols
-                .get(s.0 as usize)
-                .copied()
-                .flatten()
-                .map(|n| n as i128)
-        })
+        e.eval(|s| self.input_size(s))
     }
 
     fn buffer(&self, id: BufferId, at: &str) -> Result<&Buffer, VerifyError> {
@@ -140,39 +169,32 @@ impl Verifier<'_> {
             .try_fold(1i128, |acc, &d| Some(acc * self.size(d)? as i128))
     }
 
-    /// Every symbol used anywhere is the size of some input dim.
+    /// Every symbol used anywhere is the size of some input dim, or derived from such symbols.
     fn symbols_bound(&self) -> Result<(), VerifyError> {
         let p = self.program;
-        let bound: HashSet<Dim> = p
+        let mut bound: HashSet<Dim> = p
             .buffers
             .iter()
             .filter(|b| matches!(b.kind, BufferKind::Input(_)))
             .flat_map(|b| b.shape.iter().copied())
             .collect();
-        let mut used: Vec<Dim> = p.buffers.iter().flat_map(|b| b.shape.clone()).collect();
-        let kernel_dims = |k: &Kernel| -> Vec<Dim> { k.params() };
-        for step in &p.steps {
-            match step {
-                Step::Kernel(k) => used.extend(kernel_dims(k)),
-                Step::Matmul(m) => {
-                    used.extend(m.a.shape.iter().chain(m.b.shape()).copied());
-                    used.extend(m.epilogue.iter().flat_map(kernel_dims));
-                }
-                Step::ScatterAdd(sc) => {
-                    used.extend(sc.index.shape.iter().chain(&sc.src.shape).copied())
-                }
-                Step::Attention(a) => {
-                    used.extend([&a.q, &a.k, &a.v].iter().flat_map(|v| v.shape.clone()));
-                    used.extend(a.mask.iter().flat_map(|m| m.shape.clone()));
-                }
-                // A fallback's sizes are its buffers', counted above.
-                Step::Fallback(_) => {}
-            }
-        }
-        match used
-            .into_iter()
-            .find(|d| matches!(d, Dim::Sym(_)) && !bound.contains(d))
-        {
+        // An input dim `c*s0 + k` binds `s0` too (a call solves it from the size).
+        let solved: Vec<Dim> = bound
+            .iter()
+            .filter_map(|d| match d {
+                Dim::Sym(s) => s.solvable_input().map(Dim::Sym),
+                Dim::Static(_) => None,
+            })
+            .collect();
+        bound.extend(solved);
+        let unbound = |d: &Dim| match d {
+            Dim::Static(_) => false,
+            Dim::Sym(s) => s
+                .inputs()
+                .into_iter()
+                .any(|i| !bound.contains(&Dim::Sym(i))),
+        };
+        match program_dims(p).into_iter().find(unbound) {
             Some(d) => Err(VerifyError::UnboundSymbol(d)),
             None => Ok(()),
         }

@@ -9,7 +9,7 @@
 
 use crate::{check_inputs, contiguous_strides, RuntimeError, Tensor};
 use half::{bf16, f16};
-use minductor_ir::{BinaryOp, CompareOp, DType, Graph, Op, ReduceOp, UnaryOp};
+use minductor_ir::{BinaryOp, CompareOp, DType, Graph, Op, ReduceOp, SliceFrom, UnaryOp};
 use std::borrow::Cow;
 
 /// Evaluates `graph` op by op (both composite and prim ops), each op allocating its result.
@@ -450,12 +450,12 @@ fn eval(op: &Op, dtype: DType, shape: &[usize], args: &[&Value]) -> Result<Data,
             dim,
             start,
             step,
-            from_end,
+            from,
             ..
         } => {
             let mut strides = contiguous_strides(&x.shape);
             // The type rule checked `start <= size` for a slice from the end of a static dim.
-            let first = if *from_end {
+            let first = if *from == SliceFrom::End {
                 x.shape[*dim] - start
             } else {
                 *start
@@ -1488,7 +1488,7 @@ mod tests {
                     start: 0,
                     end: 3,
                     step: 2,
-                    from_end: false,
+                    from: SliceFrom::Start,
                 },
                 &[p],
             )

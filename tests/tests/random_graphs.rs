@@ -410,9 +410,9 @@ proptest! {
 }
 
 /// `apply` for a value with a symbolic dim: steps that read sizes as numbers are written with
-/// `dims()` (an arange of the dim, reshapes with `-1`, a fixed GEMM scale) or replaced by `tanh`
-/// (a reshape round trip, `index_select` at reversed positions, and a `cat` along the symbolic
-/// dim, which the IR does not type).
+/// `dims()` (an arange of the dim, reshapes with `-1`, a fixed GEMM scale, a `cat` along the
+/// symbolic dim split back by a reshape, whose sizes are derived: `2*s0`) or replaced by `tanh`
+/// (a reshape round trip, `index_select` at reversed positions).
 fn apply_symbolic(
     step: Step,
     v: &Traced,
@@ -424,7 +424,21 @@ fn apply_symbolic(
     let rank = v.rank();
     match step {
         Step::ReshapeRoundTrip | Step::Reverse(_) => v.tanh(),
-        Step::CatStepped(d) if d % rank == symbolic => v.tanh(),
+        Step::CatStepped(d) if d % rank == symbolic => {
+            // `cat([v, v / 2], d)` along the symbolic dim has the derived size `2*s0`; a
+            // reshape splits it back into `[2, s0]` and a sum over the 2 gives `1.5 * v`.
+            let d = d % rank;
+            let grown = Traced::cat(&[v, &(v * 0.5)], d as isize);
+            let mut split: Vec<isize> = Vec::new();
+            for (i, dim) in v.dims().iter().enumerate() {
+                if i == d {
+                    split.extend([2, -1]);
+                } else {
+                    split.push(dim.size() as isize);
+                }
+            }
+            grown.reshape(&split).sum(&[d as isize], false)
+        }
         Step::AddArange(d) => {
             let d = d % rank;
             let mut column = vec![1isize; rank];

@@ -4,7 +4,7 @@
 
 use super::extern_steps::{run_attention, run_matmul, run_scatter_add, Prepacked};
 use super::{CompiledKernel, CompiledProgram, CompiledStep, Split};
-use minductor_ir::{checked_bytes, Dim};
+use minductor_ir::{checked_bytes, Dim, SymId};
 use minductor_passes::kernel::{BufferId, BufferKind, FallbackStep, Program, StridedView};
 use minductor_passes::verify_program;
 use minductor_runtime::{threads, Executable, RuntimeError, StepTiming, Storage, Tensor};
@@ -59,12 +59,30 @@ pub(super) unsafe fn read_f32<'a>(pointers: &[*mut u8], id: BufferId, len: usize
 
 /// The size of every symbolic dim for one call, read off the inputs' shapes.
 #[derive(Clone, Debug, Default, PartialEq)]
-pub(super) struct Symbols(Vec<Option<usize>>);
+pub(super) struct Symbols(Vec<Option<usize>>, Vec<(SymId, usize)>);
 
 impl Symbols {
+    /// The size of an input symbol, if an input bound it.
+    fn input_size(&self, s: SymId) -> Option<i128> {
+        self.0
+            .get(s.0 as usize)
+            .copied()
+            .flatten()
+            .map(|n| n as i128)
+    }
+
+    /// The size of `d` for this call. A derived symbol's size was evaluated from its
+    /// definition by `bind` (which checked that every derived dim of the program has one).
     pub(super) fn size(&self, d: Dim) -> usize {
         match d {
             Dim::Static(n) => n,
+            Dim::Sym(s) if s.is_derived() => match self.1.iter().find(|(x, _)| *x == s) {
+                Some(&(_, n)) => n,
+                None => d
+                    .eval(|s| self.input_size(s))
+                    .and_then(|n| usize::try_from(n).ok())
+                    .expect("every derived symbol is sized by bind"),
+            },
             Dim::Sym(s) => self.0[s.0 as usize].expect("every symbol is bound by an input"),
         }
     }
@@ -86,14 +104,7 @@ impl Symbols {
         view: &StridedView,
         step: BufferId,
     ) -> Result<(i64, Vec<i64>), RuntimeError> {
-        view.bind(|s| {
-            self.0
-                .get(s.0 as usize)
-                .copied()
-                .flatten()
-                .map(|n| n as i128)
-        })
-        .ok_or_else(|| {
+        view.bind(|s| self.input_size(s)).ok_or_else(|| {
             RuntimeError::Unsupported(format!(
                 "step writing {step}: a view's strides overflow i64 for these sizes"
             ))
@@ -102,8 +113,14 @@ impl Symbols {
 
     /// Binds the symbols from the inputs, checking every static size and that a symbol has one
     /// size across all the dims it names.
-    fn bind(program: &Program, inputs: &[Tensor]) -> Result<Symbols, RuntimeError> {
-        let mut symbols = Symbols(Vec::new());
+    /// `derived_dims` are the program's derived dims, each of which must have a size.
+    fn bind(
+        program: &Program,
+        derived_dims: &[Dim],
+        inputs: &[Tensor],
+    ) -> Result<Symbols, RuntimeError> {
+        let mut symbols = Symbols(Vec::new(), Vec::new());
+        let mut derived_inputs: Vec<(usize, Dim, usize)> = Vec::new();
         for b in &program.buffers {
             let BufferKind::Input(n) = b.kind else {
                 continue;
@@ -124,6 +141,9 @@ impl Symbols {
                 match d {
                     Dim::Static(n) if n != size => return Err(mismatch()),
                     Dim::Static(_) => {}
+                    // A derived size (an input of a graph segment after a break) is checked
+                    // below, once the input symbols are bound.
+                    Dim::Sym(s) if s.is_derived() => derived_inputs.push((n, d, size)),
                     Dim::Sym(s) => {
                         let slot = s.0 as usize;
                         if symbols.0.len() <= slot {
@@ -144,6 +164,47 @@ impl Symbols {
                             _ => symbols.0[slot] = Some(size),
                         }
                     }
+                }
+            }
+        }
+        // An input symbol that only such dims name is solved from one of them (`s0 + 1` of
+        // size 7 binds `s0` to 6); every one must then agree.
+        for &(_, d, size) in &derived_inputs {
+            if let Dim::Sym(s) = d {
+                if let Some((x, value)) = s.solve(size) {
+                    let slot = x.0 as usize;
+                    if symbols.0.len() <= slot {
+                        symbols.0.resize(slot + 1, None);
+                    }
+                    symbols.0[slot].get_or_insert(value);
+                }
+            }
+        }
+        for (n, d, size) in derived_inputs {
+            if d.eval(|s| symbols.input_size(s)) != Some(size as i128) {
+                return Err(RuntimeError::Shape {
+                    name: format!("#{n}"),
+                    expected: format!("dim {d} as the other inputs bind its symbols"),
+                    found: inputs[n].shape().to_vec(),
+                });
+            }
+        }
+        // A derived size (`s0 - 1` of a slice) must come out at least 0 for these sizes.
+        for &d in derived_dims {
+            let size = d
+                .eval(|s| symbols.input_size(s))
+                .and_then(|n| usize::try_from(n).ok());
+            match (d, size) {
+                (Dim::Sym(s), Some(n)) => symbols.1.push((s, n)),
+                _ => {
+                    return Err(RuntimeError::Shape {
+                        name: "inputs".into(),
+                        expected: format!("sizes for which {d} is a size (not negative)"),
+                        found: inputs
+                            .first()
+                            .map(|t| t.shape().to_vec())
+                            .unwrap_or_default(),
+                    })
                 }
             }
         }
@@ -246,7 +307,7 @@ impl CompiledProgram {
         mut timings: Option<&mut Vec<StepTiming>>,
         destinations: Option<&mut [Tensor]>,
     ) -> Result<Vec<Tensor>, RuntimeError> {
-        let symbols = Symbols::bind(&self.program, inputs)?;
+        let symbols = Symbols::bind(&self.program, &self.derived_dims, inputs)?;
         // The caller's tensors, checked before anything runs: a pointer to each one's first
         // element (they stay borrowed, so no one else can reach their storage meanwhile).
         let mut destination_pointers: Vec<*mut u8> = Vec::new();

@@ -141,6 +141,9 @@ pub struct CompiledProgram {
     /// Arenas of finished calls, kept for the next ones (grown when a call's symbolic sizes need
     /// more); as many as calls ran at once.
     arenas: Mutex<Vec<Arena>>,
+    /// The program's derived dims (`s0 + 1`), each once: a call checks that every one has a
+    /// size (is not negative) for its inputs before any step runs.
+    derived_dims: Vec<Dim>,
     pub compile_time: Duration,
     _code: CodeOwner,
 }
@@ -243,9 +246,19 @@ pub fn compile_program(program: &Program) -> Result<CompiledProgram, CodegenErro
         })
         .collect();
     let plan = program.plan.clone().expect("planned above");
+    let mut derived_dims: Vec<Dim> = minductor_passes::program_dims(program)
+        .into_iter()
+        .filter(|d| matches!(d, Dim::Sym(s) if s.is_derived()))
+        .collect();
+    derived_dims.sort_by_key(|d| match d {
+        Dim::Sym(s) => s.0,
+        Dim::Static(_) => 0,
+    });
+    derived_dims.dedup();
     Ok(CompiledProgram {
         program: program.clone(),
         arenas: Mutex::new(Vec::new()),
+        derived_dims,
         plan,
         steps,
         compile_time: started.elapsed(),
