@@ -38,11 +38,15 @@ mod kernel_portable;
 mod pack;
 #[cfg(test)]
 mod tests;
+mod winograd;
 
 pub use implicit::{multiply_im2col, Im2colRef, PackedA};
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::{Mutex, OnceLock};
 use thiserror::Error;
+pub use winograd::{
+    is_winograd_window, multiply_winograd, prefers_winograd, ConvAlgorithm, WinogradWeight,
+};
 
 /// Columns of `a` (rows of `b`) per packed block for the AVX2 and portable kernels (their `b`
 /// micro-panel, `KC · 16` values, 8 KiB, stays in L1 while the micro-panels of `a` pass by),

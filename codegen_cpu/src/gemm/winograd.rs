@@ -1,0 +1,887 @@
+//! Winograd F(2×2, 3×3) convolution: `c = a · im2col(x)` for a 3×3 window of stride 1 and
+//! dilation 1 (any padding), with 16 products of depth `C` in place of one of depth `9·C`:
+//! 2.25 times fewer multiplies than the implicit GEMM ([`super::multiply_im2col`]).
+//!
+//! Method (Lavin and Gray, "Fast Algorithms for Convolutional Neural Networks", 2016). The
+//! output plane is cut into tiles of 2×2 pixels (`ceil(OH/2) · ceil(OW/2)` of them; a tile
+//! past the bottom or right edge computes pixels no one stores). Tile `(ty, tx)` reads the
+//! 4×4 input patch at rows `2·ty − ph ..`, columns `2·tx − pw ..` (zeros outside the image).
+//! With `G` (4×3), `Bᵀ` (4×4) and `Aᵀ` (2×4) the F(2, 3) matrices:
+//! - the weight of output channel `k` and input channel `c` becomes `U = G g Gᵀ` (4×4),
+//!   16 matrices `U_ξ` of `K × C`, one per position `ξ` of the 4×4 ([`WinogradWeight`]);
+//! - each patch `d` of channel `c` becomes `V = Bᵀ d B`, 16 matrices `V_ξ` of `C × tiles`;
+//! - `M_ξ = U_ξ · V_ξ` (16 GEMMs by the micro-kernels of [`Kernel`]);
+//! - every tile's 2×2 outputs are `Aᵀ M A`, from its 16 values `M_ξ[k, tile]`.
+//!
+//! Accuracy: the transforms of `d` and `M` only add and subtract (exact up to one rounding
+//! each), and `U` is computed in f64 and rounded once; but `U` mixes each filter's 9 taps, so an
+//! output's rounding error scales with `Σ |x| · max |w|` over its terms (`max |w|` the largest
+//! tap of the term's filter), not with `Σ |x| · |w|` as a direct sum's does: a padded corner
+//! whose few taps are small carries the rounding of the larger taps, which cancel only in exact
+//! arithmetic. The tests bound the error against an f64 direct convolution by `1e-6` of that
+//! scale (measured: at most 2.0e-7 over 88 shapes of 1 to 64 channels).
+//!
+//! Blocking: the weight's 16 transformed matrices are packed once per product into
+//! [`PackedA`] (once for all calls for a frozen weight) and shared by every image and thread.
+//! The tiles of an image are walked in blocks of `nr` (the micro-kernel's panel width; tiles in
+//! row-major order, a block may span tile rows). For each block, on the calling thread:
+//! 1. the input transform writes the 16 panels `V_ξ` (`C · nr` values each, value `(c, j)` at
+//!    `c · nr + j`: the packed-`b` layout of [`TileArgs`]) into a per-thread buffer;
+//! 2. for each `ξ` the micro-kernel multiplies the packed `U_ξ` by panel `V_ξ` into `M_ξ`
+//!    (`K × nr`, a second per-thread buffer), depth blocks of [`Kernel::kc`] as the implicit
+//!    GEMM does;
+//! 3. the output transform reads the 16 `M_ξ` of each tile and writes its 2×2 pixels into `c`.
+//!
+//! For 64 channels in and out (a ResNet stage), both buffers hold 256 KiB, and the packed
+//! weight another 256 KiB: all three stay in L2 (1 MiB on Zen 4) from one block to the next.
+//! With AVX-512, both transforms run on 16 tiles at once: the input transform gathers each of
+//! the 16 patch values of 16 tiles with one masked gather (the plan of indices and masks is
+//! made once per block, the same for every channel, a plane further on; lanes outside the image
+//! or past the block are masked to zero), and the output transform scatters each of the 4
+//! pixels of 16 tiles with one masked scatter. Elsewhere they run tile by tile in plain code
+//! that does the same additions in the same order, so both give the same bits.
+//!
+//! Safety: the micro-kernel calls rest on [`PackedA`]'s size (from the shapes checked in
+//! [`multiply_winograd`]) and the per-thread buffers' sizes (made from the same shapes); the
+//! gathers on every index of the plan being inside its plane (checked when the plan is made,
+//! lanes outside masked) and [`Im2colRef::new`] (the planes lie inside the slice); the
+//! scatters on every index of their plan being inside an output row of `OH · OW` values and
+//! [`MatrixMut::new`] (the rows lie inside theirs).
+
+use super::implicit::{multiply_panel, Im2colRef, PackedA};
+use super::{AlignedBuffer, GemmError, Kernel, MatrixMut, MatrixRef};
+use minductor_ir::Window2d;
+use std::sync::OnceLock;
+
+/// Values of a transformed 4×4 tile (positions `ξ = 4·i + j`).
+const POSITIONS: usize = 16;
+/// Tiles per vector of the AVX-512 transforms.
+const LANES: usize = 16;
+
+/// How a convolution is computed, as `MINDUCTOR_CONV_ALGO` asks (read once).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ConvAlgorithm {
+    /// The implicit GEMM over im2col panels, always.
+    Im2col,
+    /// Winograd F(2×2, 3×3) wherever the window allows it (3×3, stride 1, dilation 1).
+    Winograd,
+    /// Winograd where [`prefers_winograd`]'s rule expects it to be faster (the default, also
+    /// for an unknown value).
+    Auto,
+}
+
+impl ConvAlgorithm {
+    /// `MINDUCTOR_CONV_ALGO=im2col|winograd|auto`, read on the first call.
+    pub fn from_env() -> ConvAlgorithm {
+        static CHOSEN: OnceLock<ConvAlgorithm> = OnceLock::new();
+        *CHOSEN.get_or_init(|| match std::env::var("MINDUCTOR_CONV_ALGO").as_deref() {
+            Ok("im2col") => ConvAlgorithm::Im2col,
+            Ok("winograd") => ConvAlgorithm::Winograd,
+            _ => ConvAlgorithm::Auto,
+        })
+    }
+}
+
+/// Whether [`multiply_winograd`] can compute a window: 3×3, stride 1, dilation 1.
+pub fn is_winograd_window(window: &Window2d) -> bool {
+    window.kernel == [3, 3] && window.stride == [1, 1] && window.dilation == [1, 1]
+}
+
+/// Whether a convolution of `channels` input channels (per group) and `out_channels` output
+/// channels (per group) over an `h × w` image should run as Winograd with `kernel`, under
+/// `algorithm`.
+///
+/// The rule for [`ConvAlgorithm::Auto`] compares panel counts: Winograd runs 16 products of
+/// depth `C` over `ceil(tiles / nr)` panels, the implicit GEMM one of depth `9·C` over
+/// `ceil(OH·OW / nr)` panels. A small image leaves most of Winograd's last panel empty (7×7:
+/// 16 tiles in a 64-wide panel), and few channels make its products too shallow to use the
+/// micro-kernel well, so it is chosen when its panel-steps are at most 60% of the implicit
+/// GEMM's and `C`, `K` are at least 16. Measured on Zen 4, 2 threads: see the commit message
+/// and `tests/implicit_conv.rs`.
+pub fn prefers_winograd(
+    algorithm: ConvAlgorithm,
+    kernel: Kernel,
+    window: &Window2d,
+    channels: usize,
+    out_channels: usize,
+    [h, w]: [usize; 2],
+) -> bool {
+    if !is_winograd_window(window) {
+        return false;
+    }
+    let Some([oh, ow]) = window.output_size(h, w) else {
+        return false;
+    };
+    match algorithm {
+        ConvAlgorithm::Im2col => false,
+        ConvAlgorithm::Winograd => true,
+        ConvAlgorithm::Auto => {
+            let nr = kernel.nr();
+            let tiles = oh.div_ceil(2) * ow.div_ceil(2);
+            let winograd = POSITIONS * tiles.div_ceil(nr);
+            let implicit = 9 * (oh * ow).div_ceil(nr);
+            channels >= 16 && out_channels >= 16 && winograd * 10 <= implicit * 6
+        }
+    }
+}
+
+/// A convolution weight transformed for Winograd: `U_ξ = (G g Gᵀ)_ξ` for the 16 positions,
+/// each a `K × C` matrix packed for one kernel.
+pub struct WinogradWeight {
+    out_channels: usize,
+    channels: usize,
+    /// `U_ξ` at index `ξ`; each `out_channels × channels`.
+    positions: Vec<PackedA>,
+}
+
+impl WinogradWeight {
+    /// Transforms and packs a weight seen as the `K × 9·C` matrix `a` of the implicit GEMM
+    /// (column `9·c + 3·i + j` holds tap `(i, j)` of channel `c`).
+    pub fn transform(a: &MatrixRef, kernel: Kernel) -> Result<WinogradWeight, GemmError> {
+        let [out_channels, depth] = a.shape();
+        if !depth.is_multiple_of(9) {
+            return Err(GemmError::Shape {
+                a: a.shape(),
+                b: [depth, 0],
+                c: [out_channels, 0],
+            });
+        }
+        let channels = depth / 9;
+        let len = out_channels * channels;
+        let mut u = vec![0f32; POSITIONS * len];
+        for k in 0..out_channels {
+            for c in 0..channels {
+                let mut g = [[0f64; 3]; 3];
+                for (i, row) in g.iter_mut().enumerate() {
+                    for (j, value) in row.iter_mut().enumerate() {
+                        *value = a.data[a.at(k, 9 * c + 3 * i + j)] as f64;
+                    }
+                }
+                let transformed = weight_transform(&g);
+                for (xi, value) in transformed.iter().enumerate() {
+                    u[xi * len + k * channels + c] = *value as f32;
+                }
+            }
+        }
+        let positions = u
+            .chunks_exact(len.max(1))
+            .take(POSITIONS)
+            .map(|values| {
+                let matrix = MatrixRef::row_major(&values[..len], out_channels, channels)?;
+                PackedA::pack(&matrix, kernel)
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(WinogradWeight {
+            out_channels,
+            channels,
+            positions,
+        })
+    }
+
+    /// `[K, 9·C]`: the shape of the weight matrix it was made from.
+    pub fn shape(&self) -> [usize; 2] {
+        [self.out_channels, 9 * self.channels]
+    }
+
+    pub fn kernel(&self) -> Kernel {
+        self.positions[0].kernel()
+    }
+}
+
+/// `G g Gᵀ` for one 3×3 `g`, position `4·i + j` at index `4·i + j`, in f64 (rounded once).
+fn weight_transform(g: &[[f64; 3]; 3]) -> [f64; POSITIONS] {
+    // G = [[1, 0, 0], [½, ½, ½], [½, −½, ½], [0, 0, 1]].
+    let g_rows = |v: [f64; 3]| {
+        [
+            v[0],
+            (v[0] + v[1] + v[2]) / 2.0,
+            (v[0] - v[1] + v[2]) / 2.0,
+            v[2],
+        ]
+    };
+    // Rows of `G g` (4×3): column by column of `g`.
+    let mut t = [[0f64; 3]; 4];
+    for j in 0..3 {
+        let column = g_rows([g[0][j], g[1][j], g[2][j]]);
+        for i in 0..4 {
+            t[i][j] = column[i];
+        }
+    }
+    let mut out = [0f64; POSITIONS];
+    for i in 0..4 {
+        let row = g_rows(t[i]);
+        out[4 * i..4 * i + 4].copy_from_slice(&row);
+    }
+    out
+}
+
+/// `V = Bᵀ d B` for one 4×4 patch `d` (position `4·r + s` at index `4·r + s`), on any lane
+/// type with `$add` and `$sub`. `Bᵀ = [[1, 0, −1, 0], [0, 1, 1, 0], [0, −1, 1, 0],
+/// [0, 1, 0, −1]]`. Both transforms are macros so the plain and the AVX-512 code are the same
+/// additions in the same order.
+macro_rules! input_transform {
+    ($d:expr, $add:expr, $sub:expr) => {{
+        let d = $d;
+        let mut t = d;
+        for s in 0..4 {
+            t[s] = $sub(d[s], d[8 + s]);
+            t[4 + s] = $add(d[4 + s], d[8 + s]);
+            t[8 + s] = $sub(d[8 + s], d[4 + s]);
+            t[12 + s] = $sub(d[4 + s], d[12 + s]);
+        }
+        let mut v = t;
+        for r in 0..4 {
+            let row = 4 * r;
+            v[row] = $sub(t[row], t[row + 2]);
+            v[row + 1] = $add(t[row + 1], t[row + 2]);
+            v[row + 2] = $sub(t[row + 2], t[row + 1]);
+            v[row + 3] = $sub(t[row + 1], t[row + 3]);
+        }
+        v
+    }};
+}
+
+/// `Y = Aᵀ M A` for one tile's 16 values `m` (position `4·r + s` at index `4·r + s`): the 2×2
+/// outputs, `(y, x)` at index `2·y + x`. `Aᵀ = [[1, 1, 1, 0], [0, 1, −1, −1]]`.
+macro_rules! output_transform {
+    ($m:expr, $add:expr, $sub:expr) => {{
+        let m = $m;
+        let mut s = [m[0], m[0], m[0], m[0], m[0], m[0], m[0], m[0]];
+        for c in 0..4 {
+            s[c] = $add($add(m[c], m[4 + c]), m[8 + c]);
+            s[4 + c] = $sub($sub(m[4 + c], m[8 + c]), m[12 + c]);
+        }
+        let mut y = [m[0], m[0], m[0], m[0]];
+        for r in 0..2 {
+            let row = 4 * r;
+            y[2 * r] = $add($add(s[row], s[row + 1]), s[row + 2]);
+            y[2 * r + 1] = $sub($sub(s[row + 1], s[row + 2]), s[row + 3]);
+        }
+        y
+    }};
+}
+
+thread_local! {
+    /// Each thread's 16 panels `V_ξ` of one block of tiles, kept between calls.
+    static PANELS: std::cell::Cell<AlignedBuffer> = const { std::cell::Cell::new(AlignedBuffer::new()) };
+    /// Each thread's 16 products `M_ξ` of one block of tiles, kept between calls.
+    static PRODUCTS: std::cell::Cell<AlignedBuffer> = const { std::cell::Cell::new(AlignedBuffer::new()) };
+}
+
+/// The geometry of one image's tiles.
+#[derive(Clone, Copy)]
+struct Tiles {
+    /// Input plane size.
+    h: usize,
+    w: usize,
+    /// Output plane size.
+    oh: usize,
+    ow: usize,
+    /// Padding before the first row and column.
+    ph: usize,
+    pw: usize,
+    /// Tiles per row of tiles: `ceil(OW / 2)`.
+    across: usize,
+}
+
+impl Tiles {
+    /// Tile `t`'s first output pixel `(row, column)`.
+    fn origin(&self, t: usize) -> (usize, usize) {
+        (2 * (t / self.across), 2 * (t % self.across))
+    }
+
+    /// The plane index of patch value `(r, s)` of tile `t`, if inside the image.
+    fn input_at(&self, t: usize, r: usize, s: usize) -> Option<usize> {
+        let (y, x) = self.origin(t);
+        let y = (y + r).checked_sub(self.ph).filter(|&y| y < self.h)?;
+        let x = (x + s).checked_sub(self.pw).filter(|&x| x < self.w)?;
+        Some(y * self.w + x)
+    }
+
+    /// The output index of pixel `(r, s)` (each 0 or 1) of tile `t`, if inside the output.
+    fn output_at(&self, t: usize, r: usize, s: usize) -> Option<usize> {
+        let (y, x) = self.origin(t);
+        let (y, x) = (y + r, x + s);
+        (y < self.oh && x < self.ow).then_some(y * self.ow + x)
+    }
+}
+
+/// `c = a · b` on the calling thread, `b` the im2col of an image under a 3×3, stride 1,
+/// dilation 1 window and `a` its weight transformed (see the module doc).
+pub fn multiply_winograd(
+    a: &WinogradWeight,
+    b: &Im2colRef,
+    c: &mut MatrixMut,
+) -> Result<(), GemmError> {
+    multiply_winograd_with(a, b, c, Transforms::detect())
+}
+
+/// Which code runs the input and output transforms.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Transforms {
+    /// 16 tiles at a time (AVX-512F, and a panel width that is a multiple of 16).
+    Avx512,
+    /// One tile at a time.
+    Plain,
+}
+
+impl Transforms {
+    fn detect() -> Transforms {
+        if Kernel::Avx512.is_supported() {
+            Transforms::Avx512
+        } else {
+            Transforms::Plain
+        }
+    }
+}
+
+fn multiply_winograd_with(
+    a: &WinogradWeight,
+    b: &Im2colRef,
+    c: &mut MatrixMut,
+    transforms: Transforms,
+) -> Result<(), GemmError> {
+    let [k, n] = b.shape();
+    let window = b.window();
+    let [h, w] = b.size();
+    if !is_winograd_window(&window) {
+        return Err(GemmError::Window { window, h, w });
+    }
+    if a.channels != b.channels() || c.rows != a.out_channels || c.cols != n {
+        return Err(GemmError::Shape {
+            a: a.shape(),
+            b: [k, n],
+            c: c.shape(),
+        });
+    }
+    let (out_channels, channels) = (a.out_channels, a.channels);
+    if out_channels == 0 || n == 0 {
+        return Ok(());
+    }
+    if channels == 0 {
+        for i in 0..out_channels {
+            c.data[i * c.row_stride..][..n].fill(0.0);
+        }
+        return Ok(());
+    }
+    let kernel = a.kernel();
+    let nr = kernel.nr();
+    let [oh, ow] = b.out_size();
+    let tiles = Tiles {
+        h,
+        w,
+        oh,
+        ow,
+        ph: window.padding[0],
+        pw: window.padding[1],
+        across: ow.div_ceil(2),
+    };
+    let count = oh.div_ceil(2) * tiles.across;
+    // The AVX-512 transforms index planes and output rows with i32 lanes.
+    let transforms =
+        if nr.is_multiple_of(LANES) && h * w <= i32::MAX as usize && n <= i32::MAX as usize {
+            transforms
+        } else {
+            Transforms::Plain
+        };
+    let panel_len = channels * nr;
+    let product_len = out_channels * nr;
+    PANELS.with(|panels_cell| {
+        PRODUCTS.with(|products_cell| {
+            let (mut panels, mut products) = (panels_cell.take(), products_cell.take());
+            panels.reserve(POSITIONS * panel_len);
+            products.reserve(POSITIONS * product_len);
+            let (v, m) = (panels.as_mut_slice(), products.as_mut_slice());
+            for start in (0..count).step_by(nr) {
+                let cols = nr.min(count - start);
+                match transforms {
+                    #[cfg(target_arch = "x86_64")]
+                    // SAFETY: AVX-512F is present (`Transforms::detect`), `nr` is a multiple
+                    // of 16, planes are within i32 (checked above); `v` holds 16 panels of
+                    // `C · nr` values.
+                    Transforms::Avx512 => unsafe {
+                        transform_input_avx512(b, &tiles, start, cols, nr, v)
+                    },
+                    _ => transform_input(b, &tiles, start, cols, nr, v),
+                }
+                for (xi, u) in a.positions.iter().enumerate() {
+                    let panel = &v[xi * panel_len..][..panel_len];
+                    let product = &mut m[xi * product_len..][..product_len];
+                    // SAFETY: `u` is `K × C` packed (the shapes checked above), `panel` holds
+                    // `C · nr` values, and `product` holds `K` rows of `nr` values, `cols ≤ nr`
+                    // of each written; it is borrowed uniquely here.
+                    unsafe { multiply_panel(u, panel, product.as_mut_ptr(), nr, cols) };
+                }
+                match transforms {
+                    #[cfg(target_arch = "x86_64")]
+                    // SAFETY: AVX-512F is present, `nr` is a multiple of 16, output rows are
+                    // within i32 (checked above); `m` holds 16 products of `K · nr` values.
+                    Transforms::Avx512 => unsafe {
+                        transform_output_avx512(m, &tiles, start, cols, nr, out_channels, c)
+                    },
+                    _ => transform_output(m, &tiles, start, cols, nr, out_channels, c),
+                }
+            }
+            panels_cell.set(panels);
+            products_cell.set(products);
+        })
+    });
+    Ok(())
+}
+
+/// Writes the 16 panels `V_ξ` of tiles `start..start + cols` into `v` (panel `ξ` at
+/// `ξ · C · nr`, value `(c, j)` at `c · nr + j`; columns `cols..nr` zero), one tile at a time.
+fn transform_input(
+    b: &Im2colRef,
+    tiles: &Tiles,
+    start: usize,
+    cols: usize,
+    nr: usize,
+    v: &mut [f32],
+) {
+    let channels = b.channels();
+    let plane_len = tiles.h * tiles.w;
+    let panel_len = channels * nr;
+    for channel in 0..channels {
+        let plane = b.plane(channel);
+        debug_assert_eq!(plane.len(), plane_len);
+        for j in 0..nr {
+            let mut d = [0f32; POSITIONS];
+            if j < cols {
+                for (rs, value) in d.iter_mut().enumerate() {
+                    if let Some(at) = tiles.input_at(start + j, rs / 4, rs % 4) {
+                        *value = plane[at];
+                    }
+                }
+            }
+            let values = input_transform!(d, |x: f32, y: f32| x + y, |x: f32, y: f32| x - y);
+            for (xi, value) in values.into_iter().enumerate() {
+                v[xi * panel_len + channel * nr + j] = value;
+            }
+        }
+    }
+}
+
+/// Writes the outputs of tiles `start..start + cols` from their 16 products `M_ξ` in `m`
+/// (product `ξ` at `ξ · K · nr`, value `(k, j)` at `k · nr + j`), one tile at a time.
+fn transform_output(
+    m: &[f32],
+    tiles: &Tiles,
+    start: usize,
+    cols: usize,
+    nr: usize,
+    out_channels: usize,
+    c: &mut MatrixMut,
+) {
+    let product_len = out_channels * nr;
+    for k in 0..out_channels {
+        let row = &mut c.data[k * c.row_stride..][..tiles.oh * tiles.ow];
+        for j in 0..cols {
+            let mut values = [0f32; POSITIONS];
+            for (xi, value) in values.iter_mut().enumerate() {
+                *value = m[xi * product_len + k * nr + j];
+            }
+            let y = output_transform!(values, |x: f32, y: f32| x + y, |x: f32, y: f32| x - y);
+            for (q, value) in y.into_iter().enumerate() {
+                if let Some(at) = tiles.output_at(start + j, q / 2, q % 2) {
+                    row[at] = value;
+                }
+            }
+        }
+    }
+}
+
+/// A plan of 16-lane masked accesses: for each vector of 16 tiles of a block and each of
+/// `per_vector` values of a tile, the indices of the 16 lanes and the mask of the lanes
+/// to access (those inside the plane or output, of tiles inside the block).
+#[cfg(target_arch = "x86_64")]
+struct LanePlan {
+    indices: Vec<[i32; LANES]>,
+    masks: Vec<u16>,
+}
+
+#[cfg(target_arch = "x86_64")]
+impl LanePlan {
+    /// The plan for tiles `start..start + cols` in vectors of 16 (`vectors` of them), with
+    /// `per_vector` values per tile located by `at(tile, value)`.
+    fn new(
+        start: usize,
+        cols: usize,
+        vectors: usize,
+        per_vector: usize,
+        at: impl Fn(usize, usize) -> Option<usize>,
+    ) -> LanePlan {
+        let mut indices = vec![[0i32; LANES]; vectors * per_vector];
+        let mut masks = vec![0u16; vectors * per_vector];
+        for vector in 0..vectors {
+            for value in 0..per_vector {
+                let slot = vector * per_vector + value;
+                for lane in 0..LANES {
+                    let j = vector * LANES + lane;
+                    if j >= cols {
+                        continue;
+                    }
+                    if let Some(index) = at(start + j, value) {
+                        indices[slot][lane] = index as i32;
+                        masks[slot] |= 1 << lane;
+                    }
+                }
+            }
+        }
+        LanePlan { indices, masks }
+    }
+}
+
+/// [`transform_input`] 16 tiles at a time, each patch value of 16 tiles one masked gather.
+///
+/// # Safety
+/// The CPU supports AVX-512F; `nr` is a multiple of 16; the input plane has at most
+/// `i32::MAX` values; `v` holds `16 · C · nr` values.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn transform_input_avx512(
+    b: &Im2colRef,
+    tiles: &Tiles,
+    start: usize,
+    cols: usize,
+    nr: usize,
+    v: &mut [f32],
+) {
+    use std::arch::x86_64::*;
+    let vectors = nr / LANES;
+    let plan = LanePlan::new(start, cols, vectors, POSITIONS, |t, rs| {
+        tiles.input_at(t, rs / 4, rs % 4)
+    });
+    let channels = b.channels();
+    let panel_len = channels * nr;
+    assert!(
+        v.len() >= POSITIONS * panel_len,
+        "the panels' buffer holds 16 panels"
+    );
+    let indices: Vec<__m512i> = plan
+        .indices
+        .iter()
+        // SAFETY: each entry is 16 i32 values, read unaligned.
+        .map(|lanes| unsafe { _mm512_loadu_si512(lanes.as_ptr() as *const _) })
+        .collect();
+    let out = v.as_mut_ptr();
+    for channel in 0..channels {
+        let plane = b.plane(channel).as_ptr();
+        for vector in 0..vectors {
+            let slots = vector * POSITIONS..(vector + 1) * POSITIONS;
+            let mut d = [_mm512_setzero_ps(); POSITIONS];
+            for (value, slot) in d.iter_mut().zip(slots) {
+                // SAFETY: every lane the mask keeps reads plane element `index < h · w`
+                // (`Tiles::input_at`), inside this channel's plane (`Im2colRef::plane`);
+                // masked lanes are neither read nor able to fault.
+                *value = unsafe {
+                    _mm512_mask_i32gather_ps::<4>(
+                        _mm512_setzero_ps(),
+                        plan.masks[slot],
+                        indices[slot],
+                        plane,
+                    )
+                };
+            }
+            let values =
+                input_transform!(d, |x, y| _mm512_add_ps(x, y), |x, y| _mm512_sub_ps(x, y));
+            for (xi, value) in values.into_iter().enumerate() {
+                // SAFETY: `xi · C · nr + channel · nr + vector · 16 + 16 ≤ 16 · C · nr`, inside
+                // `v` (asserted above).
+                unsafe {
+                    _mm512_storeu_ps(
+                        out.add(xi * panel_len + channel * nr + vector * LANES),
+                        value,
+                    )
+                };
+            }
+        }
+    }
+}
+
+/// [`transform_output`] 16 tiles at a time, each output pixel of 16 tiles one masked scatter.
+///
+/// # Safety
+/// The CPU supports AVX-512F; `nr` is a multiple of 16; an output row holds at most
+/// `i32::MAX` values; `m` holds `16 · K · nr` values.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn transform_output_avx512(
+    m: &[f32],
+    tiles: &Tiles,
+    start: usize,
+    cols: usize,
+    nr: usize,
+    out_channels: usize,
+    c: &mut MatrixMut,
+) {
+    use std::arch::x86_64::*;
+    let vectors = cols.div_ceil(LANES);
+    let plan = LanePlan::new(start, cols, vectors, 4, |t, q| {
+        tiles.output_at(t, q / 2, q % 2)
+    });
+    let indices: Vec<__m512i> = plan
+        .indices
+        .iter()
+        // SAFETY: each entry is 16 i32 values, read unaligned.
+        .map(|lanes| unsafe { _mm512_loadu_si512(lanes.as_ptr() as *const _) })
+        .collect();
+    let product_len = out_channels * nr;
+    assert!(
+        m.len() >= POSITIONS * product_len,
+        "the products' buffer holds 16 products"
+    );
+    let n = tiles.oh * tiles.ow;
+    assert!(
+        c.rows == out_channels && c.cols == n,
+        "the output has a row per channel"
+    );
+    for k in 0..out_channels {
+        let row = c.data[k * c.row_stride..][..n].as_mut_ptr();
+        for vector in 0..vectors {
+            let mut values = [_mm512_setzero_ps(); POSITIONS];
+            for (xi, value) in values.iter_mut().enumerate() {
+                // SAFETY: `xi · K · nr + k · nr + vector · 16 + 16 ≤ 16 · K · nr`, inside `m`
+                // (asserted above).
+                *value = unsafe {
+                    _mm512_loadu_ps(m.as_ptr().add(xi * product_len + k * nr + vector * LANES))
+                };
+            }
+            let y = output_transform!(values, |x, y| _mm512_add_ps(x, y), |x, y| _mm512_sub_ps(
+                x, y
+            ));
+            for (q, value) in y.into_iter().enumerate() {
+                let slot = vector * 4 + q;
+                // SAFETY: every lane the mask keeps writes element `index < OH · OW` of this
+                // output row (`Tiles::output_at`), a row of `c` (`MatrixMut::new`), borrowed
+                // uniquely; masked lanes are neither written nor able to fault.
+                unsafe {
+                    _mm512_mask_i32scatter_ps::<4>(row, plan.masks[slot], indices[slot], value)
+                };
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Deterministic values in [-1, 1).
+    fn values(count: usize, seed: u64) -> Vec<f32> {
+        let mut state = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+        (0..count)
+            .map(|_| {
+                state ^= state << 13;
+                state ^= state >> 7;
+                state ^= state << 17;
+                (state >> 40) as f32 / (1u64 << 23) as f32 - 1.0
+            })
+            .collect()
+    }
+
+    /// A direct convolution summed in f64: for every output, the value and `Σ |x| · max |w|`
+    /// over its terms, `max |w|` the largest magnitude of the term's 3×3 filter: the scale of
+    /// Winograd's rounding errors. (A direct convolution's errors are relative to `Σ |x| · |w|`;
+    /// Winograd's are not, since the transformed weight mixes a filter's 9 taps: an output
+    /// whose few terms have small weights, at a padded corner, can carry the rounding of the
+    /// filter's larger taps times its inputs, which cancel only in exact arithmetic.)
+    fn direct(
+        x: &[f32],
+        weight: &[f32],
+        [c, k]: [usize; 2],
+        [h, w]: [usize; 2],
+        padding: usize,
+    ) -> (Vec<f64>, Vec<f64>) {
+        let (oh, ow) = (h + 2 * padding - 2, w + 2 * padding - 2);
+        let (mut want, mut scale) = (vec![0f64; k * oh * ow], vec![0f64; k * oh * ow]);
+        for o in 0..k {
+            for y in 0..oh {
+                for xx in 0..ow {
+                    let at = (o * oh + y) * ow + xx;
+                    for ci in 0..c {
+                        for i in 0..3 {
+                            for j in 0..3 {
+                                let (iy, ix) = (y + i, xx + j);
+                                if iy < padding || ix < padding {
+                                    continue;
+                                }
+                                let (iy, ix) = (iy - padding, ix - padding);
+                                if iy >= h || ix >= w {
+                                    continue;
+                                }
+                                let filter = &weight[(o * c + ci) * 9..][..9];
+                                let a = filter[i * 3 + j] as f64;
+                                let b = x[(ci * h + iy) * w + ix] as f64;
+                                want[at] += a * b;
+                                let largest = filter.iter().fold(0f32, |m, v| m.max(v.abs()));
+                                scale[at] += largest as f64 * b.abs();
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        (want, scale)
+    }
+
+    fn window(padding: usize) -> Window2d {
+        Window2d {
+            kernel: [3, 3],
+            stride: [1, 1],
+            padding: [padding, padding],
+            dilation: [1, 1],
+        }
+    }
+
+    /// Winograd of `c` channels into `k` over an `h × w` image with `kernel` and `transforms`,
+    /// its output rows `row_stride` apart (the values in between must stay untouched).
+    fn winograd(
+        x: &[f32],
+        weight: &[f32],
+        [c, k]: [usize; 2],
+        [h, w]: [usize; 2],
+        padding: usize,
+        kernel: Kernel,
+        transforms: Transforms,
+    ) -> Vec<f32> {
+        let window = window(padding);
+        let [oh, ow] = window.output_size(h, w).unwrap();
+        let n = oh * ow;
+        let a = MatrixRef::row_major(weight, k, 9 * c).unwrap();
+        let transformed = WinogradWeight::transform(&a, kernel).unwrap();
+        // The image after 5 values of another, to test the offset.
+        let mut source = vec![7.0; 5];
+        source.extend_from_slice(x);
+        let b = Im2colRef::new(&source, 5, c, [h, w], window).unwrap();
+        let row_stride = n + 3;
+        let mut got = vec![f32::NAN; k * row_stride];
+        let mut out = MatrixMut::new(&mut got, [k, n], row_stride).unwrap();
+        multiply_winograd_with(&transformed, &b, &mut out, transforms).unwrap();
+        for row in got.chunks(row_stride) {
+            assert!(row[n..].iter().all(|v| v.is_nan()), "wrote past a row");
+        }
+        got.chunks(row_stride)
+            .flat_map(|row| row[..n].iter().copied())
+            .collect()
+    }
+
+    /// The largest error of `got` relative to the scale of each output.
+    fn relative_error(got: &[f32], want: &[f64], scale: &[f64]) -> f64 {
+        got.iter()
+            .zip(want.iter().zip(scale))
+            .map(|(&g, (&w, &s))| (g as f64 - w).abs() / s.max(1e-30))
+            .fold(0.0, f64::max)
+    }
+
+    /// Every kernel this CPU has, with both transforms, against a direct convolution in f64,
+    /// at image sizes that leave partial tiles (odd sizes) and blocks spanning tile rows, with
+    /// padding 0, 1 and 2 and channel counts around the register tile. The error of each
+    /// output is bounded by `1e-6` relative to its scale (see [`direct`]; the measured worst
+    /// case is printed: 2.0e-7 on these shapes).
+    #[test]
+    fn winograd_matches_a_direct_convolution_at_odd_sizes() {
+        let sizes = [1, 2, 3, 5, 7, 8];
+        let channels = [[1, 1], [3, 17], [17, 3], [64, 64], [17, 64], [1, 64]];
+        let mut worst = 0f64;
+        let mut case = 0;
+        for h in sizes {
+            for w in sizes {
+                for padding in 0..3 {
+                    if window(padding).output_size(h, w).is_none() {
+                        continue;
+                    }
+                    case += 1;
+                    let [c, k] = channels[case % channels.len()];
+                    let x = values(c * h * w, case as u64);
+                    let weight = values(k * c * 9, case as u64 + 1000);
+                    let (want, scale) = direct(&x, &weight, [c, k], [h, w], padding);
+                    let bound = 1e-6;
+                    for kernel in Kernel::ALL.into_iter().filter(|k| k.is_supported()) {
+                        let mut results = Vec::new();
+                        for transforms in [Transforms::Plain, Transforms::detect()] {
+                            let got =
+                                winograd(&x, &weight, [c, k], [h, w], padding, kernel, transforms);
+                            let error = relative_error(&got, &want, &scale);
+                            assert!(
+                                error <= bound,
+                                "{c}->{k} channels, {h}x{w}, padding {padding}, {kernel:?}, \
+                                 {transforms:?}: relative error {error:e} above {bound:e}"
+                            );
+                            worst = worst.max(error);
+                            results.push(got);
+                        }
+                        // Both transforms do the same additions in the same order.
+                        assert!(
+                            results[0]
+                                .iter()
+                                .zip(&results[1])
+                                .all(|(a, b)| a.to_bits() == b.to_bits()),
+                            "{c}->{k} channels, {h}x{w}, padding {padding}, {kernel:?}: \
+                             the transforms disagree"
+                        );
+                    }
+                }
+            }
+        }
+        eprintln!(
+            "winograd: worst error relative to sum |x| max |w|: {worst:e} over {case} shapes"
+        );
+    }
+
+    /// Images with many blocks of tiles (the last one partial), more output channels than one
+    /// block of micro-panels and more channels than one depth block ([`Kernel::kc`]).
+    #[test]
+    fn winograd_matches_a_direct_convolution_over_many_blocks_and_deep_channels() {
+        for ([c, k], [h, w], padding) in [
+            ([64, 64], [56, 56], 1),
+            ([300, 7], [9, 11], 1),
+            ([5, 70], [31, 17], 0),
+        ] {
+            let x = values(c * h * w, 3);
+            let weight = values(k * c * 9, 4);
+            let (want, scale) = direct(&x, &weight, [c, k], [h, w], padding);
+            let bound = 1e-6;
+            for kernel in Kernel::ALL.into_iter().filter(|k| k.is_supported()) {
+                let got = winograd(
+                    &x,
+                    &weight,
+                    [c, k],
+                    [h, w],
+                    padding,
+                    kernel,
+                    Transforms::detect(),
+                );
+                let error = relative_error(&got, &want, &scale);
+                assert!(
+                    error <= bound,
+                    "{c}->{k} channels, {h}x{w}, {kernel:?}: relative error {error:e}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn other_windows_and_mismatched_shapes_are_errors() {
+        let x = vec![0f32; 2 * 5 * 5];
+        let weight = vec![0f32; 3 * 2 * 9];
+        let a = MatrixRef::row_major(&weight, 3, 18).unwrap();
+        let transformed = WinogradWeight::transform(&a, Kernel::Portable).unwrap();
+        let mut strided = window(1);
+        strided.stride = [2, 2];
+        let b = Im2colRef::new(&x, 0, 2, [5, 5], strided).unwrap();
+        let mut got = vec![0f32; 3 * 9];
+        let mut out = MatrixMut::row_major(&mut got, 3, 9).unwrap();
+        assert!(matches!(
+            multiply_winograd(&transformed, &b, &mut out),
+            Err(GemmError::Window { .. })
+        ));
+        let b = Im2colRef::new(&x, 0, 2, [5, 5], window(1)).unwrap();
+        assert!(matches!(
+            multiply_winograd(&transformed, &b, &mut out),
+            Err(GemmError::Shape { .. })
+        ));
+        let not_3x3 = MatrixRef::row_major(&weight, 3, 17).unwrap();
+        assert!(WinogradWeight::transform(&not_3x3, Kernel::Portable).is_err());
+    }
+}
