@@ -40,7 +40,7 @@ fn main() {
         .unwrap_or((200_000_000.0 / flops).clamp(5.0, 2000.0) as usize);
     println!(
         "{c} -> {m} channels, {h}x{w}; auto picks winograd: {}",
-        prefers_winograd(ConvAlgorithm::Auto, kernel, &window, c, m, [h, w])
+        prefers_winograd(ConvAlgorithm::Auto, kernel, &window, c, [h, w])
     );
     // `ONLY=winograd` or `ONLY=implicit` times just that one (for a profiler).
     let only = std::env::var("ONLY").ok();

@@ -90,23 +90,25 @@ pub fn is_winograd_window(window: &Window2d) -> bool {
     window.kernel == [3, 3] && window.stride == [1, 1] && window.dilation == [1, 1]
 }
 
-/// Whether a convolution of `channels` input channels (per group) and `out_channels` output
-/// channels (per group) over an `h × w` image should run as Winograd with `kernel`, under
-/// `algorithm`.
+/// Whether a convolution of `channels` input channels (per group) over an `h × w` image should
+/// run as Winograd with `kernel`, under `algorithm` (the count of output channels did not
+/// matter in the measurements: 1, 3, 8 and 64 all won).
 ///
-/// The rule for [`ConvAlgorithm::Auto`] compares panel counts: Winograd runs 16 products of
-/// depth `C` over `ceil(tiles / nr)` panels, the implicit GEMM one of depth `9·C` over
-/// `ceil(OH·OW / nr)` panels. A small image leaves most of Winograd's last panel empty (7×7:
-/// 16 tiles in a 64-wide panel), and few channels make its products too shallow to use the
-/// micro-kernel well, so it is chosen when its panel-steps are at most 60% of the implicit
-/// GEMM's and `C`, `K` are at least 16. Measured on Zen 4, 2 threads: see the commit message
-/// and `tests/implicit_conv.rs`.
+/// The rule for [`ConvAlgorithm::Auto`]: the AVX-512 kernel and transforms (the others are
+/// not measured: the implicit GEMM stays theirs), at least 4 input channels, and at most 90%
+/// of the implicit GEMM's panel-steps. Winograd runs 16 products of depth `C` over
+/// `ceil(tiles / nr)` panels, the implicit GEMM one of depth `9·C` over `ceil(OH·OW / nr)`;
+/// a small image leaves most of Winograd's one panel empty (7×7: 16 tiles of 64 columns).
+/// Measured on Zen 4, one thread, one image (`conv_probe`, ms per image, implicit →
+/// Winograd): 64→64 56×56 2.26 → 1.21, 28×28 0.59 → 0.35, 14×14 0.18 → 0.09; 12×12 0.134 →
+/// 0.087, 10×10 and 9×9 (18 against 16 panel-steps) 0.091 → 0.085, 8×8 (9 against 16;
+/// 128 channels) 0.170 → 0.308; 256→256 7×7 0.67 → 1.23; 16→16 56×56 0.196 → 0.127, 8→8
+/// 0.080 → 0.048, 64→1 0.267 → 0.173, 4→64 0.172 → 0.161, 3→64 0.141 → 0.150.
 pub fn prefers_winograd(
     algorithm: ConvAlgorithm,
     kernel: Kernel,
     window: &Window2d,
     channels: usize,
-    out_channels: usize,
     [h, w]: [usize; 2],
 ) -> bool {
     if !is_winograd_window(window) {
@@ -123,7 +125,10 @@ pub fn prefers_winograd(
             let tiles = oh.div_ceil(2) * ow.div_ceil(2);
             let winograd = POSITIONS * tiles.div_ceil(nr);
             let implicit = 9 * (oh * ow).div_ceil(nr);
-            channels >= 16 && out_channels >= 16 && winograd * 10 <= implicit * 6
+            kernel == Kernel::Avx512
+                && Transforms::detect() == Transforms::Avx512
+                && channels >= 4
+                && winograd * 10 <= implicit * 9
         }
     }
 }

@@ -276,7 +276,6 @@ impl Prepacked {
                         kernel,
                         &im2col.window,
                         channels / groups.max(1),
-                        rows,
                         [h, w],
                     ),
                     _ => false,
@@ -636,7 +635,6 @@ fn run_implicit_matmul(
         kernel,
         &b.window,
         group_channels,
-        rows,
         [h, w],
     );
     // The weight of each group, packed (or transformed) once, for all calls or here, and
