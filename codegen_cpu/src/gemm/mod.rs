@@ -25,6 +25,10 @@
 //! one (4 × 16 on plain arrays, which the compiler vectorizes for the baseline target). The best
 //! one the CPU supports is detected once at run time; tests may force any supported one.
 //!
+//! Convolutions run as an implicit GEMM ([`multiply_im2col`], `implicit.rs`), or, for 3×3
+//! windows of stride 1, as Winograd F(2×2, 3×3) ([`multiply_winograd`], `winograd.rs`) on the
+//! same micro-kernels.
+//!
 //! Safety: the only unsafe code is in the packing routines and the micro-kernels, and it rests
 //! on bounds checked once per call: [`MatrixRef::new`] proves every element of a view inside
 //! its slice, [`MatrixMut::new`] proves the output rows inside theirs, and the packed buffers are
