@@ -29,10 +29,10 @@
 //! windows of stride 1, as Winograd F(2×2, 3×3) ([`multiply_winograd`], `winograd.rs`) on the
 //! same micro-kernels.
 //!
-//! Safety: the only unsafe code is in the packing routines and the micro-kernels, and it rests
-//! on bounds checked once per call: [`MatrixRef::new`] proves every element of a view inside
-//! its slice, [`MatrixMut::new`] proves the output rows inside theirs, and the packed buffers are
-//! sized here from the same shapes the loops run over.
+//! Safety: the only unsafe code is in the packing routines, the Winograd transforms and the
+//! micro-kernels, and it rests on bounds checked once per call: [`MatrixRef::new`] proves every
+//! element of a view inside its slice, [`MatrixMut::new`] proves the output rows inside theirs,
+//! and the packed buffers are sized here from the same shapes the loops run over.
 
 mod cache;
 mod implicit;
