@@ -284,7 +284,12 @@ impl Prepacked {
                     Packed::WinogradWeight(
                         (0..groups)
                             .map(|g| {
-                                gemm::WinogradWeight::transform(&group_weight(g)?, kernel).ok()
+                                gemm::WinogradWeight::transform(
+                                    &group_weight(g)?,
+                                    kernel,
+                                    threads::num_threads(),
+                                )
+                                .ok()
                             })
                             .collect::<Option<Vec<_>>>()?,
                     )
@@ -629,6 +634,12 @@ fn run_implicit_matmul(
         "a GEMM's output holds its product"
     );
     let kernel = gemm::Kernel::detect();
+    let flops = [images, groups, rows, k, cols]
+        .iter()
+        .fold(2usize, |acc, &n| acc.saturating_mul(n));
+    let parallel = threads::num_threads() > 1 && flops >= PARALLEL_FLOPS_THRESHOLD;
+    // Threads for the Winograd transform of the weight (before the images are split).
+    let weight_threads = if parallel { threads::num_threads() } else { 1 };
     // Winograd F(2x2, 3x3) where the window allows it and it is expected to be faster.
     let winograd = gemm::prefers_winograd(
         gemm::ConvAlgorithm::from_env(),
@@ -660,7 +671,9 @@ fn run_implicit_matmul(
         _ if winograd => {
             packed_here = PackedHere::Winograd(
                 (0..groups)
-                    .map(|g| gemm::WinogradWeight::transform(&group_weight(g)?, kernel))
+                    .map(|g| {
+                        gemm::WinogradWeight::transform(&group_weight(g)?, kernel, weight_threads)
+                    })
                     .collect::<Result<_, _>>()
                     .map_err(gemm_error)?,
             );
@@ -722,10 +735,6 @@ fn run_implicit_matmul(
         }
         Ok(())
     };
-    let flops = [images, groups, rows, k, cols]
-        .iter()
-        .fold(2usize, |acc, &n| acc.saturating_mul(n));
-    let parallel = threads::num_threads() > 1 && flops >= PARALLEL_FLOPS_THRESHOLD;
     in_unit_ranges(images, parallel, run_images)
 }
 
