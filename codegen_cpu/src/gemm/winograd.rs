@@ -220,8 +220,9 @@ impl WinogradWeight {
                 (0..POSITIONS).map(|_| Mutex::new(None)).collect();
             let chunks = threads.min(POSITIONS);
             minductor_runtime::threads::for_each_chunk(chunks, |t| {
-                for xi in POSITIONS * t / chunks..POSITIONS * (t + 1) / chunks {
-                    *packed[xi].lock().unwrap_or_else(|p| p.into_inner()) = Some(pack(xi));
+                let range = POSITIONS * t / chunks..POSITIONS * (t + 1) / chunks;
+                for (xi, slot) in packed.iter().enumerate().take(range.end).skip(range.start) {
+                    *slot.lock().unwrap_or_else(|p| p.into_inner()) = Some(pack(xi));
                 }
             });
             packed
