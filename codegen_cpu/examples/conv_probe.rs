@@ -32,16 +32,11 @@ fn main() {
     let kernel = Kernel::detect();
     let a_ref = MatrixRef::row_major(&a, m, k).unwrap();
     let packed = PackedA::pack(&a_ref, kernel).unwrap();
-    // `THREADS=n`: threads for the weight's transform (the images run on one).
-    let threads: usize = std::env::var("THREADS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(1);
-    let transformed = WinogradWeight::transform(&a_ref, kernel, threads).unwrap();
+    let transformed = WinogradWeight::transform(&a_ref, kernel).unwrap();
     let (mut transform_time, mut pack_time) = (f64::MAX, f64::MAX);
     for _ in 0..20 {
         let t = Instant::now();
-        let _ = WinogradWeight::transform(&a_ref, kernel, threads).unwrap();
+        let _ = WinogradWeight::transform(&a_ref, kernel).unwrap();
         transform_time = transform_time.min(t.elapsed().as_secs_f64());
         let t = Instant::now();
         let _ = PackedA::pack(&a_ref, kernel).unwrap();

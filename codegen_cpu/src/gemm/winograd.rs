@@ -54,7 +54,7 @@
 use super::implicit::{multiply_panel, Im2colRef, PackedA};
 use super::{AlignedBuffer, GemmError, Kernel, MatrixMut, MatrixRef};
 use minductor_ir::Window2d;
-use std::sync::{Mutex, OnceLock};
+use std::sync::OnceLock;
 
 /// Values of a transformed 4×4 tile (positions `ξ = 4·i + j`).
 const POSITIONS: usize = 16;
@@ -144,17 +144,13 @@ pub struct WinogradWeight {
 
 impl WinogradWeight {
     /// Transforms and packs a weight seen as the `K × 9·C` matrix `a` of the implicit GEMM
-    /// (column `9·c + 3·i + j` holds tap `(i, j)` of channel `c`), on `threads` threads: first
-    /// the transform, the output channels split across them, into a buffer of `K` rows of 16
-    /// runs of `C` values (`U_ξ[k, c]` at `(16·k + ξ)·C + c`), then the packing of the 16
-    /// matrices, split across them. Measured on Zen 4 (64 channels in and out): 0.23 ms on one
-    /// thread when each `U_ξ` was a matrix of its own; the implicit GEMM packs its weight in
+    /// (column `9·c + 3·i + j` holds tap `(i, j)` of channel `c`): first into a buffer of `K`
+    /// rows of 16 runs of `C` values (`U_ξ[k, c]` at `(16·k + ξ)·C + c`), then each `U_ξ`
+    /// packed from it through strides. Measured on Zen 4 (64 channels in and out, one thread):
+    /// 0.08-0.11 ms (0.23 when each `U_ξ` was a matrix of its own; splitting the rows and the
+    /// packings across 2 threads measured no faster); the implicit GEMM packs its weight in
     /// 0.01 ms.
-    pub fn transform(
-        a: &MatrixRef,
-        kernel: Kernel,
-        threads: usize,
-    ) -> Result<WinogradWeight, GemmError> {
+    pub fn transform(a: &MatrixRef, kernel: Kernel) -> Result<WinogradWeight, GemmError> {
         let [out_channels, depth] = a.shape();
         if !depth.is_multiple_of(9) {
             return Err(GemmError::Shape {
@@ -163,82 +159,41 @@ impl WinogradWeight {
                 c: [out_channels, 0],
             });
         }
-        if !kernel.is_supported() {
-            return Err(GemmError::Unsupported(kernel));
-        }
         let channels = depth / 9;
         let row_len = POSITIONS * channels;
         let mut buffer = AlignedBuffer::take(out_channels * row_len);
         let u = buffer.as_mut_slice();
-        let threads = threads.clamp(1, out_channels.max(1));
-        let transform_rows = |first: usize, rows: &mut [f32]| {
-            for (row, values) in rows.chunks_exact_mut(row_len.max(1)).enumerate() {
-                let k = first + row;
-                for c in 0..channels {
-                    let mut g = [[0f64; 3]; 3];
-                    for (i, taps) in g.iter_mut().enumerate() {
-                        for (j, value) in taps.iter_mut().enumerate() {
-                            *value = a.data[a.at(k, 9 * c + 3 * i + j)] as f64;
-                        }
+        for (k, values) in u.chunks_exact_mut(row_len.max(1)).enumerate() {
+            for c in 0..channels {
+                let mut g = [[0f64; 3]; 3];
+                for (i, taps) in g.iter_mut().enumerate() {
+                    for (j, value) in taps.iter_mut().enumerate() {
+                        *value = a.data[a.at(k, 9 * c + 3 * i + j)] as f64;
                     }
-                    for (xi, value) in weight_transform(&g).into_iter().enumerate() {
-                        values[xi * channels + c] = value as f32;
-                    }
+                }
+                for (xi, value) in weight_transform(&g).into_iter().enumerate() {
+                    values[xi * channels + c] = value as f32;
                 }
             }
-        };
-        if threads == 1 || row_len == 0 {
-            transform_rows(0, u);
-        } else {
-            let per_thread = out_channels.div_ceil(threads);
-            let parts: Vec<Mutex<(usize, &mut [f32])>> = u
-                .chunks_mut(per_thread * row_len)
-                .enumerate()
-                .map(|(t, rows)| Mutex::new((t * per_thread, rows)))
-                .collect();
-            minductor_runtime::threads::for_each_chunk(parts.len(), |t| {
-                let mut part = parts[t].lock().unwrap_or_else(|p| p.into_inner());
-                let (first, ref mut rows) = *part;
-                transform_rows(first, rows);
-            });
         }
         let u = buffer.lines_as_slice();
-        let pack = |xi: usize| {
-            let matrix = MatrixRef::new(
-                u,
-                (xi * channels) as i64,
-                [out_channels, channels],
-                [row_len as i64, 1],
-                "transformed weight",
-            )?;
-            PackedA::pack(&matrix, kernel)
-        };
-        let positions = if threads == 1 {
-            (0..POSITIONS).map(pack).collect::<Result<Vec<_>, _>>()
-        } else {
-            let packed: Vec<Mutex<Option<Result<PackedA, GemmError>>>> =
-                (0..POSITIONS).map(|_| Mutex::new(None)).collect();
-            let chunks = threads.min(POSITIONS);
-            minductor_runtime::threads::for_each_chunk(chunks, |t| {
-                let range = POSITIONS * t / chunks..POSITIONS * (t + 1) / chunks;
-                for (xi, slot) in packed.iter().enumerate().take(range.end).skip(range.start) {
-                    *slot.lock().unwrap_or_else(|p| p.into_inner()) = Some(pack(xi));
-                }
-            });
-            packed
-                .into_iter()
-                .map(|slot| {
-                    slot.into_inner()
-                        .unwrap_or_else(|p| p.into_inner())
-                        .expect("every position is packed by one chunk")
-                })
-                .collect::<Result<Vec<_>, _>>()
-        }?;
+        let positions = (0..POSITIONS)
+            .map(|xi| {
+                let matrix = MatrixRef::new(
+                    u,
+                    (xi * channels) as i64,
+                    [out_channels, channels],
+                    [row_len as i64, 1],
+                    "transformed weight",
+                )?;
+                PackedA::pack(&matrix, kernel)
+            })
+            .collect::<Result<Vec<_>, _>>();
         super::give_back(buffer);
         Ok(WinogradWeight {
             out_channels,
             channels,
-            positions,
+            positions: positions?,
         })
     }
 
@@ -898,8 +853,7 @@ mod tests {
         let [oh, ow] = window.output_size(h, w).unwrap();
         let n = oh * ow;
         let a = MatrixRef::row_major(weight, k, 9 * c).unwrap();
-        // 1, 2 or 3 threads for the transform (every thread count gives the same bits).
-        let transformed = WinogradWeight::transform(&a, kernel, 1 + k % 3).unwrap();
+        let transformed = WinogradWeight::transform(&a, kernel).unwrap();
         // The image after 5 values of another, to test the offset.
         let mut source = vec![7.0; 5];
         source.extend_from_slice(x);
@@ -1030,7 +984,7 @@ mod tests {
         let x = vec![0f32; 2 * 5 * 5];
         let weight = vec![0f32; 3 * 2 * 9];
         let a = MatrixRef::row_major(&weight, 3, 18).unwrap();
-        let transformed = WinogradWeight::transform(&a, Kernel::Portable, 2).unwrap();
+        let transformed = WinogradWeight::transform(&a, Kernel::Portable).unwrap();
         let mut strided = window(1);
         strided.stride = [2, 2];
         let b = Im2colRef::new(&x, 0, 2, [5, 5], strided).unwrap();
@@ -1046,6 +1000,6 @@ mod tests {
             Err(GemmError::Shape { .. })
         ));
         let not_3x3 = MatrixRef::row_major(&weight, 3, 17).unwrap();
-        assert!(WinogradWeight::transform(&not_3x3, Kernel::Portable, 1).is_err());
+        assert!(WinogradWeight::transform(&not_3x3, Kernel::Portable).is_err());
     }
 }

@@ -284,12 +284,7 @@ impl Prepacked {
                     Packed::WinogradWeight(
                         (0..groups)
                             .map(|g| {
-                                gemm::WinogradWeight::transform(
-                                    &group_weight(g)?,
-                                    kernel,
-                                    threads::num_threads(),
-                                )
-                                .ok()
+                                gemm::WinogradWeight::transform(&group_weight(g)?, kernel).ok()
                             })
                             .collect::<Option<Vec<_>>>()?,
                     )
@@ -638,8 +633,6 @@ fn run_implicit_matmul(
         .iter()
         .fold(2usize, |acc, &n| acc.saturating_mul(n));
     let parallel = threads::num_threads() > 1 && flops >= PARALLEL_FLOPS_THRESHOLD;
-    // Threads for the Winograd transform of the weight (before the images are split).
-    let weight_threads = if parallel { threads::num_threads() } else { 1 };
     // Winograd F(2x2, 3x3) where the window allows it and it is expected to be faster.
     let winograd = gemm::prefers_winograd(
         gemm::ConvAlgorithm::from_env(),
@@ -671,9 +664,7 @@ fn run_implicit_matmul(
         _ if winograd => {
             packed_here = PackedHere::Winograd(
                 (0..groups)
-                    .map(|g| {
-                        gemm::WinogradWeight::transform(&group_weight(g)?, kernel, weight_threads)
-                    })
+                    .map(|g| gemm::WinogradWeight::transform(&group_weight(g)?, kernel))
                     .collect::<Result<_, _>>()
                     .map_err(gemm_error)?,
             );
