@@ -629,10 +629,6 @@ fn run_implicit_matmul(
         "a GEMM's output holds its product"
     );
     let kernel = gemm::Kernel::detect();
-    let flops = [images, groups, rows, k, cols]
-        .iter()
-        .fold(2usize, |acc, &n| acc.saturating_mul(n));
-    let parallel = threads::num_threads() > 1 && flops >= PARALLEL_FLOPS_THRESHOLD;
     // Winograd F(2x2, 3x3) where the window allows it and it is expected to be faster.
     let winograd = gemm::prefers_winograd(
         gemm::ConvAlgorithm::from_env(),
@@ -726,6 +722,10 @@ fn run_implicit_matmul(
         }
         Ok(())
     };
+    let flops = [images, groups, rows, k, cols]
+        .iter()
+        .fold(2usize, |acc, &n| acc.saturating_mul(n));
+    let parallel = threads::num_threads() > 1 && flops >= PARALLEL_FLOPS_THRESHOLD;
     in_unit_ranges(images, parallel, run_images)
 }
 
