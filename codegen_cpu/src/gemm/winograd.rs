@@ -327,6 +327,19 @@ impl Tiles {
         Some(y * self.w + x)
     }
 
+    /// The input rows that tiles `start..start + cols` read (`cols ≥ 1`).
+    fn input_rows(&self, start: usize, cols: usize) -> std::ops::Range<usize> {
+        let (first, last) = (start / self.across, (start + cols - 1) / self.across);
+        let end = (2 * last + 4).saturating_sub(self.ph).min(self.h);
+        (2 * first).saturating_sub(self.ph).min(end)..end
+    }
+
+    /// The output rows that tiles `start..start + cols` write (`cols ≥ 1`).
+    fn output_rows(&self, start: usize, cols: usize) -> std::ops::Range<usize> {
+        let (first, last) = (start / self.across, (start + cols - 1) / self.across);
+        2 * first..(2 * last + 2).min(self.oh)
+    }
+
     /// The output index of pixel `(r, s)` (each 0 or 1) of tile `t`, if inside the output.
     fn output_at(&self, t: usize, r: usize, s: usize) -> Option<usize> {
         let (y, x) = self.origin(t);
@@ -433,7 +446,22 @@ fn multiply_winograd_with(
                     },
                     _ => transform_input(b, &tiles, start, cols, nr, v),
                 }
+                // While the products run, the input rows of the next block and the output
+                // rows of this one are asked for, a sixteenth with each product.
+                let next = start + nr;
+                let next_input = if next < count {
+                    tiles.input_rows(next, nr.min(count - next))
+                } else {
+                    0..0
+                };
+                let output = tiles.output_rows(start, cols);
                 for (xi, u) in a.positions.iter().enumerate() {
+                    for channel in channels * xi / POSITIONS..channels * (xi + 1) / POSITIONS {
+                        prefetch(&b.plane(channel)[next_input.start * w..next_input.end * w]);
+                    }
+                    for k in out_channels * xi / POSITIONS..out_channels * (xi + 1) / POSITIONS {
+                        prefetch(&c.data[k * c.row_stride..][output.start * ow..output.end * ow]);
+                    }
                     let panel = &v[xi * panel_len..][..panel_len];
                     let product = &mut m[xi * product_len..][..product_len];
                     // SAFETY: `u` is `K × C` packed (the shapes checked above), `panel` holds
@@ -456,6 +484,13 @@ fn multiply_winograd_with(
         })
     });
     Ok(())
+}
+
+/// Asks the caches (L2) for the lines of `values`.
+fn prefetch(values: &[f32]) {
+    for line in values.chunks(16) {
+        super::prefetch_line(line.as_ptr());
+    }
 }
 
 /// Writes the 16 panels `V_ξ` of tiles `start..start + cols` into `v` (panel `ξ` at
