@@ -6,10 +6,13 @@
 //! the depth block (128), stride 2, dilation, groups, padding 0 and padding wider than the
 //! kernel's reach, on one image and on several (split across threads). Where the CPU has
 //! AVX-512, 3x3 convolutions of stride 1 with 4 or more channels over images that are not too
-//! small run as Winograd F(2x2, 3x3) instead (`gemm::prefers_winograd`); the Winograd test
-//! below picks such shapes, and asserts that they are picked.
+//! small run as Winograd F(2x2, 3x3) instead (`gemm::prefers_winograd`, and
+//! `gemm::winograd_transform_pays_off` for a weight transformed at every call); the Winograd
+//! test below picks such shapes, and asserts that they are picked.
 
-use minductor::codegen_cpu::gemm::{prefers_winograd, ConvAlgorithm, Kernel};
+use minductor::codegen_cpu::gemm::{
+    prefers_winograd, winograd_transform_pays_off, ConvAlgorithm, Kernel,
+};
 use minductor::ir::Window2d;
 use minductor::passes::kernel::{MatmulOperand, Step};
 use minductor::{compile, compile_frozen, interpret, ConvOptions, Graph, Tensor, Traced};
@@ -146,12 +149,14 @@ fn a_resnet_block_is_two_implicit_gemms_with_their_epilogues() {
 #[test]
 fn winograd_conv2d_matches_the_interpreter_on_any_thread_count_and_frozen() {
     // Images, channels, out channels, padding, groups, (h, w).
+    // Large enough for the transform of the weight at every call to pay for itself on one
+    // image per thread (`winograd_transform_pays_off`).
     let cases = [
-        (3, 8, 5, 1, 1, (13, 11)),
-        (2, 16, 17, 0, 1, (15, 18)),
-        (2, 12, 8, 2, 2, (11, 9)),
+        (3, 16, 17, 1, 1, (29, 31)),
+        (2, 32, 16, 0, 1, (25, 30)),
+        (2, 64, 64, 2, 2, (21, 19)),
         (1, 64, 64, 1, 1, (30, 29)),
-        (5, 4, 3, 1, 1, (17, 17)),
+        (5, 8, 64, 1, 1, (33, 35)),
     ];
     let winograd_expected =
         Kernel::detect() == Kernel::Avx512 && ConvAlgorithm::from_env() == ConvAlgorithm::Auto;
@@ -164,8 +169,10 @@ fn winograd_conv2d_matches_the_interpreter_on_any_thread_count_and_frozen() {
             dilation: [1, 1],
         };
         if winograd_expected {
+            let out = window.output_size(h, w).unwrap();
             assert!(
-                prefers_winograd(ConvAlgorithm::Auto, Kernel::Avx512, &window, c / g, [h, w]),
+                prefers_winograd(ConvAlgorithm::Auto, Kernel::Avx512, &window, c / g, [h, w])
+                    && winograd_transform_pays_off(1, c / g, o / g, out),
                 "{what}: not a Winograd shape"
             );
         }

@@ -49,7 +49,8 @@ use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::{Mutex, OnceLock};
 use thiserror::Error;
 pub use winograd::{
-    is_winograd_window, multiply_winograd, prefers_winograd, ConvAlgorithm, WinogradWeight,
+    is_winograd_window, multiply_winograd, prefers_winograd, winograd_transform_pays_off,
+    ConvAlgorithm, WinogradWeight,
 };
 
 /// Columns of `a` (rows of `b`) per packed block for the AVX2 and portable kernels (their `b`

@@ -629,17 +629,24 @@ fn run_implicit_matmul(
         "a GEMM's output holds its product"
     );
     let kernel = gemm::Kernel::detect();
-    // Winograd F(2x2, 3x3) where the window allows it and it is expected to be faster.
-    let winograd = gemm::prefers_winograd(
-        gemm::ConvAlgorithm::from_env(),
-        kernel,
-        &b.window,
-        group_channels,
-        [h, w],
-    );
     // The weight of each group, packed (or transformed) once, for all calls or here, and
     // shared by every image and thread.
     let prepacked = prepacked.and_then(|p| p.for_pointer(pointers[m.a.buffer.0 as usize]));
+    // Winograd F(2x2, 3x3) where the window allows it and it is expected to be faster,
+    // transforming the weight here included (under `auto`; unless it was transformed for all
+    // calls).
+    let algorithm = gemm::ConvAlgorithm::from_env();
+    let flops = [images, groups, rows, k, cols]
+        .iter()
+        .fold(2usize, |acc, &n| acc.saturating_mul(n));
+    let parallel = threads::num_threads() > 1 && flops >= PARALLEL_FLOPS_THRESHOLD;
+    let images_per_thread = images.div_ceil(if parallel { threads::num_threads() } else { 1 });
+    let winograd = gemm::prefers_winograd(algorithm, kernel, &b.window, group_channels, [h, w])
+        && (algorithm != gemm::ConvAlgorithm::Auto
+            || matches!(prepacked, Some(Packed::WinogradWeight(_)))
+            || b.window.output_size(h, w).is_some_and(|out| {
+                gemm::winograd_transform_pays_off(images_per_thread, group_channels, rows, out)
+            }));
     let group_weight = |g: usize| {
         let offset = a_offset + g as i64 * a_strides[1];
         gemm::MatrixRef::new(a_data, offset, [rows, k], [a_strides[2], a_strides[3]], "a")
@@ -722,10 +729,6 @@ fn run_implicit_matmul(
         }
         Ok(())
     };
-    let flops = [images, groups, rows, k, cols]
-        .iter()
-        .fold(2usize, |acc, &n| acc.saturating_mul(n));
-    let parallel = threads::num_threads() > 1 && flops >= PARALLEL_FLOPS_THRESHOLD;
     in_unit_ranges(images, parallel, run_images)
 }
 
