@@ -4,10 +4,18 @@
 //! output rows), panels crossing output rows, channels that are no multiple of the register
 //! tile (6 rows) or of 16, more output channels than one block of micro-panels, `C·KH·KW` above
 //! the depth block (128), stride 2, dilation, groups, padding 0 and padding wider than the
-//! kernel's reach, on one image and on several (split across threads).
+//! kernel's reach, on one image and on several (split across threads). Where the CPU has
+//! AVX-512, 3x3 convolutions of stride 1 with 4 or more channels over images that are not too
+//! small run as Winograd F(2x2, 3x3) instead (`gemm::prefers_winograd`, and
+//! `gemm::winograd_transform_pays_off` for a weight transformed at every call); the Winograd
+//! test below picks such shapes, and asserts that they are picked.
 
+use minductor::codegen_cpu::gemm::{
+    prefers_winograd, winograd_transform_pays_off, ConvAlgorithm, Kernel,
+};
+use minductor::ir::Window2d;
 use minductor::passes::kernel::{MatmulOperand, Step};
-use minductor::{compile, interpret, ConvOptions, Graph, Tensor, Traced};
+use minductor::{compile, compile_frozen, interpret, ConvOptions, Graph, Tensor, Traced};
 
 fn values(shape: &[usize], seed: u32) -> Tensor {
     minductor_tests::sine_values(shape, seed, 1.0)
@@ -130,4 +138,76 @@ fn a_resnet_block_is_two_implicit_gemms_with_their_epilogues() {
             .all(|s| matches!(s, Step::Matmul(m) if m.epilogue.is_some())),
         "{program}"
     );
+}
+
+/// Winograd F(2x2, 3x3) convolutions (3x3, stride 1, dilation 1; asserted to be the path taken
+/// when this CPU has AVX-512 and `MINDUCTOR_CONV_ALGO` is unset or `auto`) against the
+/// interpreter at odd image sizes (partial tiles on the bottom and right), padding 0, 1 and 2,
+/// groups, and several images; bitwise the same on 1, 2 and 3 threads (the images are split
+/// across threads, each computed alone); and with the weight frozen (transformed once, at
+/// compile time), bitwise the same as transformed at every call.
+#[test]
+fn winograd_conv2d_matches_the_interpreter_on_any_thread_count_and_frozen() {
+    // Images, channels, out channels, padding, groups, (h, w).
+    // Large enough for the transform of the weight at every call to pay for itself on one
+    // image per thread (`winograd_transform_pays_off`).
+    let cases = [
+        (3, 16, 17, 1, 1, (29, 31)),
+        (2, 32, 16, 0, 1, (25, 30)),
+        (2, 64, 64, 2, 2, (21, 19)),
+        (1, 64, 64, 1, 1, (30, 29)),
+        (5, 8, 64, 1, 1, (33, 35)),
+    ];
+    let winograd_expected =
+        Kernel::detect() == Kernel::Avx512 && ConvAlgorithm::from_env() == ConvAlgorithm::Auto;
+    for (n, c, o, p, g, (h, w)) in cases {
+        let what = format!("winograd conv2d n={n} c={c} o={o} p={p} g={g} size={h}x{w}");
+        let window = Window2d {
+            kernel: [3, 3],
+            stride: [1, 1],
+            padding: [p, p],
+            dilation: [1, 1],
+        };
+        if winograd_expected {
+            let out = window.output_size(h, w).unwrap();
+            assert!(
+                prefers_winograd(ConvAlgorithm::Auto, Kernel::Avx512, &window, c / g, [h, w])
+                    && winograd_transform_pays_off(1, c / g, o / g, out),
+                "{what}: not a Winograd shape"
+            );
+        }
+        let options = ConvOptions::default().padding(p).groups(g);
+        let (graph, inputs) = build(&[&[n, c, h, w], &[o, c / g, 3, 3], &[o]], |i| {
+            vec![i[0].conv2d(&i[1], Some(&i[2]), options).relu()]
+        });
+        check_implicit(&graph, &inputs, 1e-4, &what);
+        let compiled = compile(&graph).unwrap();
+        let once = compiled.call(&inputs).unwrap()[0].to_vec::<f32>().unwrap();
+        for threads in [1, 2, 3] {
+            minductor::set_num_threads(threads).unwrap();
+            let again = compiled.call(&inputs);
+            minductor::set_num_threads(0).unwrap();
+            let again = again.unwrap()[0].to_vec::<f32>().unwrap();
+            assert!(
+                again
+                    .iter()
+                    .zip(&once)
+                    .all(|(a, b)| a.to_bits() == b.to_bits()),
+                "{what}: {threads} threads give other bits"
+            );
+        }
+        let frozen = compile_frozen(&graph, &[("in1", inputs[1].clone())]).unwrap();
+        assert_eq!(frozen.prepacked_operands(), 1, "{what}");
+        let got = frozen
+            .call(&[inputs[0].clone(), inputs[2].clone()])
+            .unwrap()[0]
+            .to_vec::<f32>()
+            .unwrap();
+        assert!(
+            got.iter()
+                .zip(&once)
+                .all(|(a, b)| a.to_bits() == b.to_bits()),
+            "{what}: the frozen weight gives other bits"
+        );
+    }
 }

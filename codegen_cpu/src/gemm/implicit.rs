@@ -70,6 +70,36 @@ impl<'a> Im2colRef<'a> {
         }
     }
 
+    pub fn channels(&self) -> usize {
+        self.channels
+    }
+
+    pub fn window(&self) -> Window2d {
+        self.window
+    }
+
+    /// `[h, w]`: the size of each input plane.
+    pub fn size(&self) -> [usize; 2] {
+        self.size
+    }
+
+    /// `[OH, OW]`: the size of the output plane.
+    pub fn out_size(&self) -> [usize; 2] {
+        self.out
+    }
+
+    /// The `h · w` values of channel `channel < channels` (inside `data`, checked by
+    /// [`Im2colRef::new`]).
+    pub(super) fn plane(&self, channel: usize) -> &'a [f32] {
+        assert!(
+            channel < self.channels,
+            "channel {channel} of {}",
+            self.channels
+        );
+        let len = self.size[0] * self.size[1];
+        &self.data[self.offset + channel * len..][..len]
+    }
+
     /// `[k, n]`: `channels·KH·KW` rows, `OH·OW` columns.
     pub fn shape(&self) -> [usize; 2] {
         [
@@ -119,6 +149,10 @@ impl PackedA {
     pub fn shape(&self) -> [usize; 2] {
         [self.m, self.k]
     }
+
+    pub fn kernel(&self) -> Kernel {
+        self.kernel
+    }
 }
 
 thread_local! {
@@ -138,7 +172,7 @@ pub fn multiply_im2col(a: &PackedA, b: &Im2colRef, c: &mut MatrixMut) -> Result<
         });
     }
     let kernel = a.kernel;
-    let (mr, nr) = (kernel.mr(), kernel.nr());
+    let nr = kernel.nr();
     if m == 0 || n == 0 {
         return Ok(());
     }
@@ -148,8 +182,6 @@ pub fn multiply_im2col(a: &PackedA, b: &Im2colRef, c: &mut MatrixMut) -> Result<
         }
         return Ok(());
     }
-    let padded_m = m.div_ceil(mr) * mr;
-    let packed_a = &a.values.lines_as_slice()[..padded_m * k];
     let ldc = c.row_stride;
     let c_base = c.data.as_mut_ptr();
     PANEL.with(|cell| {
@@ -160,34 +192,59 @@ pub fn multiply_im2col(a: &PackedA, b: &Im2colRef, c: &mut MatrixMut) -> Result<
         for q in 0..n.div_ceil(nr) {
             let cols = nr.min(n - q * nr);
             pack_im2col_panel(b, q * nr, cols, nr, values, &mut segments);
-            let kc_block = kernel.kc(k);
-            for depth in (0..k).step_by(kc_block) {
-                let kc = kc_block.min(k - depth);
-                let b_block = &values[depth * nr..][..kc * nr];
-                let a_block = &packed_a[depth * padded_m..][..padded_m * kc];
-                for (r, a_panel) in a_block.chunks_exact(mr * kc).enumerate() {
-                    let args = TileArgs {
-                        kc,
-                        a: a_panel.as_ptr(),
-                        b: b_block.as_ptr(),
-                        // SAFETY: row `r·mr < m`, column `q·nr < n`: inside `c`, whose
-                        // `m` rows of `n` values `row_stride` apart `MatrixMut::new` checked.
-                        c: unsafe { c_base.add(r * mr * ldc + q * nr) },
-                        ldc,
-                        rows: mr.min(m - r * mr),
-                        cols,
-                        accumulate: depth > 0,
-                    };
-                    // SAFETY: `PackedA::pack` checked the kernel is supported; the panels are
-                    // slices of `kc·mr` and `kc·nr` values; `rows ≤ mr`, `cols ≤ nr` stay
-                    // inside `m × n`, which `c` (borrowed uniquely) holds.
-                    unsafe { kernel.tile(&args) };
-                }
-            }
+            // SAFETY: `a` is `m × k` packed (checked above), the panel holds `k · nr` values,
+            // and column `q·nr + cols ≤ n` of every row of `c` (`m` rows of `n` values
+            // `row_stride` apart, checked by `MatrixMut::new`) is inside `c`, borrowed
+            // uniquely.
+            unsafe { multiply_panel(a, values, c_base.add(q * nr), ldc, cols) };
         }
         cell.set(panel);
     });
     Ok(())
+}
+
+/// `c[0..m, 0..cols] = a · panel` by the micro-kernel: `panel` is one packed panel of `b`
+/// (`k · nr` values, value `(p, j)` at `p · nr + j`), `k` walked in depth blocks of
+/// [`Kernel::kc`], each block's `m × cols` tile of `c` in L1 across the blocks.
+///
+/// # Safety
+/// `a` is `m × k` packed for a supported kernel, `panel` holds at least `k · nr` values, `m`,
+/// `k` and `cols ≤ nr` are at least 1, and `c + i · ldc + j` is writable for `i < m`,
+/// `j < cols`, touched by no one else during the call and overlapping neither operand.
+pub(super) unsafe fn multiply_panel(
+    a: &PackedA,
+    panel: &[f32],
+    c: *mut f32,
+    ldc: usize,
+    cols: usize,
+) {
+    let (m, k, kernel) = (a.m, a.k, a.kernel);
+    let (mr, nr) = (kernel.mr(), kernel.nr());
+    let padded_m = m.div_ceil(mr) * mr;
+    let packed_a = &a.values.lines_as_slice()[..padded_m * k];
+    let kc_block = kernel.kc(k);
+    for depth in (0..k).step_by(kc_block) {
+        let kc = kc_block.min(k - depth);
+        let b_block = &panel[depth * nr..][..kc * nr];
+        let a_block = &packed_a[depth * padded_m..][..padded_m * kc];
+        for (r, a_panel) in a_block.chunks_exact(mr * kc).enumerate() {
+            let args = TileArgs {
+                kc,
+                a: a_panel.as_ptr(),
+                b: b_block.as_ptr(),
+                // SAFETY: row `r·mr < m`: inside the caller's `m × cols` tile.
+                c: unsafe { c.add(r * mr * ldc) },
+                ldc,
+                rows: mr.min(m - r * mr),
+                cols,
+                accumulate: depth > 0,
+            };
+            // SAFETY: `PackedA::pack` checked the kernel is supported; the panels are slices
+            // of `kc·mr` and `kc·nr` values; `rows ≤ mr`, `cols ≤ nr` stay inside the
+            // caller's tile.
+            unsafe { kernel.tile(&args) };
+        }
+    }
 }
 
 /// A run of a panel's columns that lie in one output row: columns `column..column + len` of

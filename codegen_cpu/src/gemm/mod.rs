@@ -25,10 +25,14 @@
 //! one (4 × 16 on plain arrays, which the compiler vectorizes for the baseline target). The best
 //! one the CPU supports is detected once at run time; tests may force any supported one.
 //!
-//! Safety: the only unsafe code is in the packing routines and the micro-kernels, and it rests
-//! on bounds checked once per call: [`MatrixRef::new`] proves every element of a view inside
-//! its slice, [`MatrixMut::new`] proves the output rows inside theirs, and the packed buffers are
-//! sized here from the same shapes the loops run over.
+//! Convolutions run as an implicit GEMM ([`multiply_im2col`], `implicit.rs`), or, for 3×3
+//! windows of stride 1, as Winograd F(2×2, 3×3) ([`multiply_winograd`], `winograd.rs`) on the
+//! same micro-kernels.
+//!
+//! Safety: the only unsafe code is in the packing routines, the Winograd transforms and the
+//! micro-kernels, and it rests on bounds checked once per call: [`MatrixRef::new`] proves every
+//! element of a view inside its slice, [`MatrixMut::new`] proves the output rows inside theirs,
+//! and the packed buffers are sized here from the same shapes the loops run over.
 
 mod cache;
 mod implicit;
@@ -38,11 +42,16 @@ mod kernel_portable;
 mod pack;
 #[cfg(test)]
 mod tests;
+mod winograd;
 
 pub use implicit::{multiply_im2col, Im2colRef, PackedA};
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::{Mutex, OnceLock};
 use thiserror::Error;
+pub use winograd::{
+    is_winograd_window, multiply_winograd, prefers_winograd, winograd_transform_pays_off,
+    ConvAlgorithm, WinogradWeight,
+};
 
 /// Columns of `a` (rows of `b`) per packed block for the AVX2 and portable kernels (their `b`
 /// micro-panel, `KC · 16` values, 8 KiB, stays in L1 while the micro-panels of `a` pass by),

@@ -175,6 +175,8 @@ enum Packed {
     B(gemm::PackedB<'static>),
     /// A convolution's weight, `a` of an implicit GEMM: one packing per channel group.
     ConvWeight(Vec<gemm::PackedA>),
+    /// A convolution's weight transformed for Winograd: one per channel group.
+    WinogradWeight(Vec<gemm::WinogradWeight>),
 }
 
 impl Prepacked {
@@ -239,7 +241,7 @@ impl Prepacked {
                 .ok()?;
                 Packed::B(gemm::PackedB::pack(&b, kernel, threads::num_threads()).ok()?)
             }
-            MatmulOperand::Im2col(_) => {
+            MatmulOperand::Im2col(im2col) => {
                 // `a` is [1, groups, rows, k] (see `run_implicit_matmul`).
                 let shape: Vec<usize> =
                     m.a.shape
@@ -250,20 +252,49 @@ impl Prepacked {
                 let &[_, groups, rows, k] = &shape[..] else {
                     return None;
                 };
-                let groups = (0..groups)
-                    .map(|g| {
-                        let a = gemm::MatrixRef::new(
-                            data,
-                            offset + g as i64 * strides[1],
-                            [rows, k],
-                            [strides[2], strides[3]],
-                            "a",
-                        )
-                        .ok()?;
-                        gemm::PackedA::pack(&a, kernel).ok()
-                    })
-                    .collect::<Option<Vec<_>>>()?;
-                Packed::ConvWeight(groups)
+                let group_weight = |g: usize| {
+                    gemm::MatrixRef::new(
+                        data,
+                        offset + g as i64 * strides[1],
+                        [rows, k],
+                        [strides[2], strides[3]],
+                        "a",
+                    )
+                    .ok()
+                };
+                // Transformed for Winograd if the calls will take that path (the image's size
+                // is static), else packed for the implicit GEMM.
+                let source: Option<Vec<usize>> = program
+                    .buffer(im2col.source)
+                    .shape
+                    .iter()
+                    .map(|d| d.as_static())
+                    .collect();
+                let winograd = match source.as_deref() {
+                    Some(&[_, channels, h, w]) => gemm::prefers_winograd(
+                        gemm::ConvAlgorithm::from_env(),
+                        kernel,
+                        &im2col.window,
+                        channels / groups.max(1),
+                        [h, w],
+                    ),
+                    _ => false,
+                };
+                if winograd {
+                    Packed::WinogradWeight(
+                        (0..groups)
+                            .map(|g| {
+                                gemm::WinogradWeight::transform(&group_weight(g)?, kernel).ok()
+                            })
+                            .collect::<Option<Vec<_>>>()?,
+                    )
+                } else {
+                    Packed::ConvWeight(
+                        (0..groups)
+                            .map(|g| gemm::PackedA::pack(&group_weight(g)?, kernel).ok())
+                            .collect::<Option<Vec<_>>>()?,
+                    )
+                }
             }
         };
         Some(Prepacked {
@@ -550,10 +581,11 @@ pub(super) fn run_matmul(
 }
 
 /// Runs `out = a @ im2col(x)` (a convolution, `b` an [`Im2colView`]) with the implicit GEMM
-/// (`gemm::multiply_im2col`): the output's first dim (images) is split across threads, each
-/// image's channel groups run one after the other on its thread, and the epilogue follows each
-/// tile of images. `a` (the weight) is packed once per group and call, unless it was packed
-/// once for all calls (a frozen weight, `prepacked`).
+/// (`gemm::multiply_im2col`), or as Winograd F(2x2, 3x3) (`gemm::multiply_winograd`) where
+/// `gemm::prefers_winograd` picks it: the output's first dim (images) is split across threads,
+/// each image's channel groups run one after the other on its thread, and the epilogue follows
+/// each tile of images. `a` (the weight) is packed (or transformed) once per group and call,
+/// unless it was once for all calls (a frozen weight, `prepacked`).
 fn run_implicit_matmul(
     m: &MatmulStep,
     b: &Im2colView,
@@ -597,26 +629,60 @@ fn run_implicit_matmul(
         "a GEMM's output holds its product"
     );
     let kernel = gemm::Kernel::detect();
-    // The weight of each group, packed once (for all calls, or here) and shared by every image
-    // and thread.
-    let prepacked = match prepacked.and_then(|p| p.for_pointer(pointers[m.a.buffer.0 as usize])) {
-        Some(Packed::ConvWeight(packed))
-            if packed.len() == groups && packed.iter().all(|p| p.shape() == [rows, k]) =>
-        {
-            Some(packed)
-        }
-        _ => None,
+    // The weight of each group, packed (or transformed) once, for all calls or here, and
+    // shared by every image and thread.
+    let prepacked = prepacked.and_then(|p| p.for_pointer(pointers[m.a.buffer.0 as usize]));
+    // Winograd F(2x2, 3x3) where the window allows it and it is expected to be faster,
+    // transforming the weight here included (under `auto`; unless it was transformed for all
+    // calls).
+    let algorithm = gemm::ConvAlgorithm::from_env();
+    let flops = [images, groups, rows, k, cols]
+        .iter()
+        .fold(2usize, |acc, &n| acc.saturating_mul(n));
+    let parallel = threads::num_threads() > 1 && flops >= PARALLEL_FLOPS_THRESHOLD;
+    let images_per_thread = images.div_ceil(if parallel { threads::num_threads() } else { 1 });
+    let winograd = gemm::prefers_winograd(algorithm, kernel, &b.window, group_channels, [h, w])
+        && (algorithm != gemm::ConvAlgorithm::Auto
+            || matches!(prepacked, Some(Packed::WinogradWeight(_)))
+            || b.window.output_size(h, w).is_some_and(|out| {
+                gemm::winograd_transform_pays_off(images_per_thread, group_channels, rows, out)
+            }));
+    let group_weight = |g: usize| {
+        let offset = a_offset + g as i64 * a_strides[1];
+        gemm::MatrixRef::new(a_data, offset, [rows, k], [a_strides[2], a_strides[3]], "a")
     };
-    let packed_here: Vec<gemm::PackedA> = (0..if prepacked.is_some() { 0 } else { groups })
-        .map(|g| {
-            let offset = a_offset + g as i64 * a_strides[1];
-            let a =
-                gemm::MatrixRef::new(a_data, offset, [rows, k], [a_strides[2], a_strides[3]], "a")?;
-            gemm::PackedA::pack(&a, kernel)
-        })
-        .collect::<Result<_, _>>()
-        .map_err(gemm_error)?;
-    let packed: &[gemm::PackedA] = prepacked.map_or(&packed_here, |p| p);
+    let fits = |shape: [usize; 2]| shape == [rows, k];
+    let packed_here;
+    let weights = match prepacked {
+        Some(Packed::ConvWeight(packed))
+            if !winograd && packed.len() == groups && packed.iter().all(|p| fits(p.shape())) =>
+        {
+            ConvWeights::Im2col(packed)
+        }
+        Some(Packed::WinogradWeight(packed))
+            if winograd && packed.len() == groups && packed.iter().all(|p| fits(p.shape())) =>
+        {
+            ConvWeights::Winograd(packed)
+        }
+        _ if winograd => {
+            packed_here = PackedHere::Winograd(
+                (0..groups)
+                    .map(|g| gemm::WinogradWeight::transform(&group_weight(g)?, kernel))
+                    .collect::<Result<_, _>>()
+                    .map_err(gemm_error)?,
+            );
+            packed_here.weights()
+        }
+        _ => {
+            packed_here = PackedHere::Im2col(
+                (0..groups)
+                    .map(|g| gemm::PackedA::pack(&group_weight(g)?, kernel))
+                    .collect::<Result<_, _>>()
+                    .map_err(gemm_error)?,
+            );
+            packed_here.weights()
+        }
+    };
     let mut table = Vec::new();
     if let Some(e) = epilogue {
         table.extend(e.buffers.iter().map(|id| pointers[id.0 as usize]));
@@ -630,7 +696,7 @@ fn run_implicit_matmul(
         while s < end {
             let e = (s + tile).min(end);
             for image in s..e {
-                for (g, a) in packed.iter().enumerate() {
+                for g in 0..groups {
                     let plane_offset = (image * channels + g * group_channels) * h * w;
                     let x = gemm::Im2colRef::new(
                         x_data,
@@ -649,7 +715,11 @@ fn run_implicit_matmul(
                     };
                     let mut out =
                         gemm::MatrixMut::row_major(values, rows, cols).map_err(gemm_error)?;
-                    gemm::multiply_im2col(a, &x, &mut out).map_err(gemm_error)?;
+                    match weights {
+                        ConvWeights::Im2col(a) => gemm::multiply_im2col(&a[g], &x, &mut out),
+                        ConvWeights::Winograd(a) => gemm::multiply_winograd(&a[g], &x, &mut out),
+                    }
+                    .map_err(gemm_error)?;
                 }
             }
             if let Some((epilogue, bound)) = &epilogue {
@@ -659,11 +729,29 @@ fn run_implicit_matmul(
         }
         Ok(())
     };
-    let flops = [images, groups, rows, k, cols]
-        .iter()
-        .fold(2usize, |acc, &n| acc.saturating_mul(n));
-    let parallel = threads::num_threads() > 1 && flops >= PARALLEL_FLOPS_THRESHOLD;
     in_unit_ranges(images, parallel, run_images)
+}
+
+/// A convolution's weights, one per channel group, as the path that runs it reads them.
+#[derive(Clone, Copy)]
+enum ConvWeights<'a> {
+    Im2col(&'a [gemm::PackedA]),
+    Winograd(&'a [gemm::WinogradWeight]),
+}
+
+/// A convolution's weights packed for one call (when they were not packed for all calls).
+enum PackedHere {
+    Im2col(Vec<gemm::PackedA>),
+    Winograd(Vec<gemm::WinogradWeight>),
+}
+
+impl PackedHere {
+    fn weights(&self) -> ConvWeights<'_> {
+        match self {
+            PackedHere::Im2col(packed) => ConvWeights::Im2col(packed),
+            PackedHere::Winograd(packed) => ConvWeights::Winograd(packed),
+        }
+    }
 }
 
 /// Runs `run` over `0..units` in one contiguous range per thread when `parallel` (and there
