@@ -363,13 +363,8 @@ impl Lowering<'_, '_, '_> {
         match &stage.action {
             StageAction::Reduce { op, value, stores } => {
                 let (op, value) = (*op, *value);
-                let init = match op {
-                    ReduceOp::Sum => 0.0,
-                    ReduceOp::Max => f32::NEG_INFINITY,
-                    ReduceOp::Min => f32::INFINITY,
-                };
                 let scalar_acc = self.b.declare_var(types::F32);
-                let c = self.b.ins().f32const(init);
+                let c = self.reduce_init(op, types::F32);
                 self.b.def_var(scalar_acc, c);
                 let v = self.b.ins().splat(types::F32X4, c);
                 let vector_accs: Vec<_> = (0..UNROLL)
@@ -416,32 +411,10 @@ impl Lowering<'_, '_, '_> {
                 // true where either lane is NaN): even slots leave theirs here for the next.
                 const { assert!(UNROLL.is_multiple_of(2)) };
                 let mut unpaired: Option<Value> = None;
-                // `sum(a * b)` (a variance's squares) accumulates with one FMA when the product
-                // is used only here.
-                let product = match *self.kernel.expr(value) {
-                    Expr::Binary(BinaryOp::Mul, a, c)
-                        if op == ReduceOp::Sum
-                            && self.contract
-                            && self.kernel.ty(value) == ScalarType::F32
-                            && self.uses[value.0 as usize] == 1 =>
-                    {
-                        Some((a, c))
-                    }
-                    _ => None,
-                };
+                let product = self.summed_product(op, value);
                 self.inner_loops(0, extents, vector, &mut |l, mode, slot| {
                     if let Some((a, c)) = product {
-                        let (a, c) = match mode {
-                            Mode::Vector => {
-                                let a = l.emit(a, mode);
-                                let c = l.emit(c, mode);
-                                (
-                                    l.vector_of(a, ScalarType::F32),
-                                    l.vector_of(c, ScalarType::F32),
-                                )
-                            }
-                            Mode::Scalar => (l.scalar_operand(a), l.scalar_operand(c)),
-                        };
+                        let (a, c) = l.f32_operands(a, c, mode);
                         let var = match mode {
                             Mode::Vector => vector_accs[slot],
                             Mode::Scalar => scalar_acc,
@@ -901,6 +874,47 @@ impl Lowering<'_, '_, '_> {
         ));
         self.b.ins().stack_store(types::I64, x, slot, 0);
         self.b.ins().stack_load(types::I64, ty, slot, 0)
+    }
+
+    /// The identity of `op`, as a value of type `ty` (f32 or f32x4).
+    fn reduce_init(&mut self, op: ReduceOp, ty: Type) -> Value {
+        let init = match op {
+            ReduceOp::Sum => 0.0,
+            ReduceOp::Max => f32::NEG_INFINITY,
+            ReduceOp::Min => f32::INFINITY,
+        };
+        self.f32_like(init, ty)
+    }
+
+    /// For a sum of a product used only there (a variance's squares), its factors: accumulated
+    /// with one FMA (where the host has FMA).
+    fn summed_product(&self, op: ReduceOp, value: ExprId) -> Option<(ExprId, ExprId)> {
+        match *self.kernel.expr(value) {
+            Expr::Binary(BinaryOp::Mul, a, c)
+                if op == ReduceOp::Sum
+                    && self.contract
+                    && self.kernel.ty(value) == ScalarType::F32
+                    && self.uses[value.0 as usize] == 1 =>
+            {
+                Some((a, c))
+            }
+            _ => None,
+        }
+    }
+
+    /// `a` and `c` as f32 vectors (`Mode::Vector`) or scalars.
+    fn f32_operands(&mut self, a: ExprId, c: ExprId, mode: Mode) -> (Value, Value) {
+        match mode {
+            Mode::Vector => {
+                let a = self.emit(a, mode);
+                let c = self.emit(c, mode);
+                (
+                    self.vector_of(a, ScalarType::F32),
+                    self.vector_of(c, ScalarType::F32),
+                )
+            }
+            Mode::Scalar => (self.scalar_operand(a), self.scalar_operand(c)),
+        }
     }
 
     fn combine(&mut self, op: ReduceOp, a: Value, x: Value) -> Value {

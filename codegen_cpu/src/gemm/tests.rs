@@ -31,8 +31,8 @@ const LAYOUTS: [Layout; 4] = [
     Layout::Reversed,
 ];
 
-/// Deterministic values in [-1, 1).
-fn values(count: usize, seed: u64) -> Vec<f32> {
+/// Deterministic values in [-1, 1) (the Winograd tests draw theirs here too).
+pub(super) fn values(count: usize, seed: u64) -> Vec<f32> {
     let mut state = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
     (0..count)
         .map(|_| {

@@ -829,19 +829,7 @@ unsafe fn transform_output_avx512(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    /// Deterministic values in [-1, 1).
-    fn values(count: usize, seed: u64) -> Vec<f32> {
-        let mut state = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
-        (0..count)
-            .map(|_| {
-                state ^= state << 13;
-                state ^= state >> 7;
-                state ^= state << 17;
-                (state >> 40) as f32 / (1u64 << 23) as f32 - 1.0
-            })
-            .collect()
-    }
+    use crate::gemm::tests::values;
 
     /// A direct convolution summed in f64: for every output, the value and `Σ |x| · max |w|`
     /// over its terms, `max |w|` the largest magnitude of the term's 3×3 filter: the scale of

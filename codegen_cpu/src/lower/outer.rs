@@ -292,32 +292,6 @@ impl Lowering<'_, '_, '_> {
         }
     }
 
-    /// The identity of `op`, as a value of type `ty` (f32 or f32x4).
-    fn reduce_init(&mut self, op: ReduceOp, ty: Type) -> Value {
-        let init = match op {
-            ReduceOp::Sum => 0.0,
-            ReduceOp::Max => f32::NEG_INFINITY,
-            ReduceOp::Min => f32::INFINITY,
-        };
-        self.f32_like(init, ty)
-    }
-
-    /// For a sum of a product used only there (a variance's squares), its factors: accumulated
-    /// with one FMA (where the host has FMA).
-    fn summed_product(&self, op: ReduceOp, value: ExprId) -> Option<(ExprId, ExprId)> {
-        match *self.kernel.expr(value) {
-            Expr::Binary(BinaryOp::Mul, a, c)
-                if op == ReduceOp::Sum
-                    && self.contract
-                    && self.kernel.ty(value) == ScalarType::F32
-                    && self.uses[value.0 as usize] == 1 =>
-            {
-                Some((a, c))
-            }
-            _ => None,
-        }
-    }
-
     /// `acc` combined with the stage's value at the current column (`product`: see
     /// [`Self::summed_product`]).
     fn reduce_step(
@@ -471,21 +445,6 @@ impl Lowering<'_, '_, '_> {
             l.block_start = None;
             l.block_row = None;
         });
-    }
-
-    /// `a` and `c` as f32 vectors (`Mode::Vector`) or scalars.
-    fn f32_operands(&mut self, a: ExprId, c: ExprId, mode: Mode) -> (Value, Value) {
-        match mode {
-            Mode::Vector => {
-                let a = self.emit(a, mode);
-                let c = self.emit(c, mode);
-                (
-                    self.vector_of(a, ScalarType::F32),
-                    self.vector_of(c, ScalarType::F32),
-                )
-            }
-            Mode::Scalar => (self.scalar_operand(a), self.scalar_operand(c)),
-        }
     }
 
     fn scalar_of(&mut self, v: Val) -> Value {
