@@ -12,7 +12,7 @@
 //! ```
 
 pub use minductor_codegen_cpu as codegen_cpu;
-pub use minductor_frontend::{artifact, cache, dump, logging};
+pub use minductor_frontend::{artifact, cache, dump, export, logging};
 pub use minductor_frontend::{
     compile, compile_with, compile_with_options, current_stance, explain, jit,
     reference_executable, set_stance, trace, with_stance, Artifacts, Backend, BreakReport,

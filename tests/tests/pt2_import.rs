@@ -1,0 +1,282 @@
+//! Every case of `../shared/exported` (programs saved by `torch.export`, raw and core ATen)
+//! imported with `minductor::export`, compiled once per backend and run at the stored sizes and,
+//! for dynamic cases, at the `alt.` sizes through the same compile, against PyTorch's outputs
+//! with the manifest's tolerances. Nothing is skipped: the number of cases run is the manifest's.
+//! Then bad archives, each with its typed error.
+
+use minductor::export::{self, CallError, ExportOptions, ImportError, Weights};
+use minductor::{Backend, CompileOptions, Tensor};
+use minductor_tools::pt2::{default_exported_dir, load_pt2_manifest, run_pt2_case, Pt2Case};
+use std::io::Write;
+
+fn cases() -> Vec<Pt2Case> {
+    let dir = default_exported_dir();
+    let cases = load_pt2_manifest(&dir)
+        .unwrap_or_else(|e| panic!("cannot read the manifest in {}: {e}", dir.display()));
+    assert!(!cases.is_empty(), "the manifest lists no case");
+    cases
+}
+
+fn run_all(backend: Backend, weights: Weights) {
+    let cases = cases();
+    let mut ran = 0;
+    let mut failures = Vec::new();
+    for case in &cases {
+        match run_pt2_case(case, backend, weights) {
+            Ok(runs) => {
+                ran += 1;
+                assert_eq!(
+                    runs.len(),
+                    if case.has_alt { 2 } else { 1 },
+                    "{}",
+                    case.name
+                );
+                for r in runs {
+                    println!(
+                        "{:<24} {:<9} {:<6} max|err| {:.2e} {}",
+                        case.name,
+                        backend.name(),
+                        r.sizes,
+                        r.max_abs_error,
+                        if r.passed { "pass" } else { "FAIL" }
+                    );
+                    if !r.passed {
+                        failures.push(format!("{} ({} sizes): {}", case.name, r.sizes, r.detail));
+                    }
+                }
+            }
+            Err(e) => failures.push(format!("{}: {e}", case.name)),
+        }
+    }
+    assert!(
+        failures.is_empty(),
+        "{} failures on {}:\n{}",
+        failures.len(),
+        backend.name(),
+        failures.join("\n")
+    );
+    assert_eq!(ran, cases.len(), "every case of the manifest runs");
+}
+
+#[test]
+fn every_exported_case_matches_pytorch_on_eager() {
+    run_all(Backend::Eager, Weights::Frozen);
+}
+
+#[test]
+fn every_exported_case_matches_pytorch_on_aot_eager() {
+    run_all(Backend::AotEager, Weights::Frozen);
+}
+
+#[test]
+fn every_exported_case_matches_pytorch_on_inductor() {
+    run_all(Backend::Inductor, Weights::Frozen);
+}
+
+#[test]
+fn every_exported_case_matches_pytorch_with_weights_as_inputs() {
+    run_all(Backend::Inductor, Weights::Inputs);
+}
+
+/// Every node target the manifest lists (raw and core forms) is one the importer supports.
+#[test]
+fn every_manifest_op_is_supported() {
+    let mut missing = Vec::new();
+    for case in cases() {
+        for op in &case.ops {
+            if !export::is_supported(op) {
+                missing.push(format!("{op} ({})", case.name));
+            }
+        }
+    }
+    assert!(missing.is_empty(), "unsupported: {missing:?}");
+}
+
+/// The signature of a dynamic case names its symbol and range; a call outside the range is a
+/// typed error, and one compile serves two sizes inside it.
+#[test]
+fn dynamic_sizes_are_symbolic_and_guarded_by_their_range() {
+    let case = cases()
+        .into_iter()
+        .find(|c| c.has_alt)
+        .expect("the manifest has a dynamic case");
+    let program = export::load(&case.file).unwrap();
+    let sig = program.signature();
+    assert_eq!(sig.inputs.len(), case.inputs.len());
+    assert!(!sig.symbols.is_empty(), "{sig}");
+    let range = sig.symbols[0].clone();
+    // Find the input dim the symbol sizes.
+    let (index, dim) = sig
+        .inputs
+        .iter()
+        .enumerate()
+        .find_map(|(i, input)| {
+            input
+                .ty
+                .shape
+                .iter()
+                .position(|d| *d == minductor::ir::Dim::Sym(range.sym))
+                .map(|d| (i, d))
+        })
+        .expect("a user input carries the symbol");
+    let compiled = program
+        .compile_with_options(ExportOptions {
+            compile: CompileOptions {
+                backend: Backend::Eager,
+                ..Default::default()
+            },
+            weights: Weights::Frozen,
+        })
+        .unwrap();
+    let Some(max) = range.max else {
+        return;
+    };
+    let inputs: Vec<Tensor> = sig
+        .inputs
+        .iter()
+        .enumerate()
+        .map(|(i, input)| {
+            let shape: Vec<usize> = input
+                .ty
+                .shape
+                .iter()
+                .enumerate()
+                .map(|(d, size)| {
+                    if i == index && d == dim {
+                        max + 1
+                    } else {
+                        size.as_static().unwrap_or(range.min.max(2))
+                    }
+                })
+                .collect();
+            Tensor::zeros(input.ty.dtype, &shape)
+        })
+        .collect();
+    match compiled.call(&inputs) {
+        Err(CallError::OutOfRange { size, .. }) => assert_eq!(size, max + 1),
+        other => panic!(
+            "expected an out-of-range error, got {:?}",
+            other.map(|o| o.len())
+        ),
+    }
+}
+
+// ---- bad archives ---------------------------------------------------------------------------
+
+fn fixture_bytes(name: &str) -> Vec<u8> {
+    std::fs::read(default_exported_dir().join(name)).unwrap()
+}
+
+/// Rewrites the zip `bytes` with `edit` applied to each entry's contents (entries stored).
+fn rewrite(bytes: &[u8], edit: impl Fn(&str, Vec<u8>) -> Vec<u8>) -> Vec<u8> {
+    let mut reader = zip::ZipArchive::new(std::io::Cursor::new(bytes.to_vec())).unwrap();
+    let mut writer = zip::ZipWriter::new(std::io::Cursor::new(Vec::new()));
+    let options =
+        zip::write::SimpleFileOptions::default().compression_method(zip::CompressionMethod::Stored);
+    for i in 0..reader.len() {
+        let mut file = reader.by_index(i).unwrap();
+        let name = file.name().unwrap().to_string();
+        let mut contents = Vec::new();
+        std::io::Read::read_to_end(&mut file, &mut contents).unwrap();
+        writer.start_file(name.as_str(), options).unwrap();
+        writer.write_all(&edit(&name, contents)).unwrap();
+    }
+    writer.finish().unwrap().into_inner()
+}
+
+#[test]
+fn a_truncated_archive_is_a_typed_error() {
+    let bytes = fixture_bytes("mlp_dynamic_batch.pt2");
+    for cut in [bytes.len() / 2, bytes.len() - 10, 100] {
+        let r = export::load_bytes(bytes[..cut].to_vec());
+        assert!(
+            matches!(
+                r,
+                Err(ImportError::NotZip { .. })
+                    | Err(ImportError::Entry { .. })
+                    | Err(ImportError::MissingEntry { .. })
+            ),
+            "cut at {cut}: {:?}",
+            r.err()
+        );
+    }
+}
+
+#[test]
+fn a_file_that_is_not_a_zip_is_a_typed_error() {
+    let r = export::load_bytes(b"this is not a zip archive at all".to_vec());
+    assert!(
+        matches!(r, Err(ImportError::NotZip { .. })),
+        "{:?}",
+        r.err()
+    );
+    let missing = export::load("/nonexistent/model.pt2");
+    assert!(matches!(missing, Err(ImportError::Io { .. })));
+}
+
+#[test]
+fn an_unknown_schema_major_is_a_typed_error() {
+    let bytes = rewrite(&fixture_bytes("mlp_dynamic_batch.pt2"), |name, contents| {
+        if name.ends_with("models/model.json") {
+            let mut json: serde_json::Value = serde_json::from_slice(&contents).unwrap();
+            json["schema_version"]["major"] = serde_json::json!(99);
+            serde_json::to_vec(&json).unwrap()
+        } else {
+            contents
+        }
+    });
+    match export::load_bytes(bytes) {
+        Err(ImportError::SchemaVersion {
+            major, supported, ..
+        }) => {
+            assert_eq!(major, 99);
+            assert_eq!(supported, export::SUPPORTED_SCHEMA_MAJOR);
+        }
+        other => panic!("expected a schema version error, got {:?}", other.err()),
+    }
+}
+
+#[test]
+fn an_unknown_op_names_the_op_the_node_and_its_stack_trace() {
+    let bytes = rewrite(&fixture_bytes("mlp_dynamic_batch.pt2"), |name, contents| {
+        if name.ends_with("models/model.json") {
+            let mut json: serde_json::Value = serde_json::from_slice(&contents).unwrap();
+            let nodes = json["graph_module"]["graph"]["nodes"]
+                .as_array_mut()
+                .unwrap();
+            nodes[1]["target"] = serde_json::json!("torch.ops.aten.frobnicate.default");
+            serde_json::to_vec(&json).unwrap()
+        } else {
+            contents
+        }
+    });
+    match export::load_bytes(bytes) {
+        Err(ImportError::UnsupportedOp {
+            op,
+            node,
+            stack_trace,
+        }) => {
+            assert_eq!(op, "torch.ops.aten.frobnicate.default");
+            assert!(!node.is_empty());
+            assert!(stack_trace.contains("forward"), "{stack_trace}");
+        }
+        other => panic!("expected an unsupported-op error, got {:?}", other.err()),
+    }
+}
+
+#[test]
+fn a_weight_of_the_wrong_size_is_a_typed_error() {
+    let bytes = rewrite(&fixture_bytes("small_cnn.pt2"), |name, contents| {
+        if name.ends_with("data/weights/weight_0") {
+            contents[..contents.len() / 2].to_vec()
+        } else {
+            contents
+        }
+    });
+    match export::load_bytes(bytes) {
+        Err(ImportError::WeightSize {
+            expected, found, ..
+        }) => assert_eq!(found * 2, expected),
+        other => panic!("expected a weight size error, got {:?}", other.err()),
+    }
+}
