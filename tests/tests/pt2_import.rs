@@ -280,3 +280,84 @@ fn a_weight_of_the_wrong_size_is_a_typed_error() {
         other => panic!("expected a weight size error, got {:?}", other.err()),
     }
 }
+
+/// `minductor pt2 run` (the command line's code): every case's outputs file matches PyTorch's.
+#[test]
+fn every_case_runs_through_the_command_line() {
+    let dir = std::env::temp_dir().join(format!("minductor-pt2-run-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let cases = cases();
+    let mut ran = 0;
+    for case in &cases {
+        for backend in [Backend::Eager, Backend::AotEager, Backend::Inductor] {
+            let out = dir.join(format!("{}-{}.safetensors", case.name, backend.name()));
+            minductor_tools::pt2::run(&case.file, &case.data, &out, backend)
+                .unwrap_or_else(|e| panic!("{} on {}: {e}", case.name, backend.name()));
+            let got = minductor::load_safetensors(&out).unwrap();
+            let want = minductor::load_safetensors(&case.data).unwrap();
+            let outputs: Vec<Tensor> = (0..case.outputs)
+                .map(|i| got[&format!("out{i}")].clone())
+                .collect();
+            assert_eq!(got.len(), case.outputs, "{}", case.name);
+            let run = minductor_tools::pt2::check_outputs(
+                &want,
+                "",
+                &outputs,
+                case.outputs,
+                case.rtol,
+                case.atol,
+                "stored",
+            );
+            assert!(
+                run.passed,
+                "{} on {}: {}",
+                case.name,
+                backend.name(),
+                run.detail
+            );
+        }
+        ran += 1;
+    }
+    assert_eq!(ran, cases.len());
+    let info = minductor_tools::pt2::info(&cases[0].file).unwrap();
+    assert!(
+        info.contains("import: ok") && info.contains("unsupported ops: none"),
+        "{info}"
+    );
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+/// `minductor pt2 compile`: the artifact loads with `minductor::load` and, fed the user inputs
+/// and then the weights written beside it, matches PyTorch.
+#[test]
+fn a_compiled_artifact_with_its_weights_matches_pytorch() {
+    let case = cases()
+        .into_iter()
+        .find(|c| c.name == "mlp_dynamic_batch")
+        .or_else(|| cases().into_iter().next())
+        .unwrap();
+    let dir = std::env::temp_dir().join(format!("minductor-pt2-compile-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let artifact = dir.join("model.mind");
+    let text = minductor_tools::pt2::compile_artifact(&case.file, &artifact).unwrap();
+    let loaded = minductor::load(&artifact).unwrap();
+    let weights =
+        minductor::load_safetensors(&artifact.with_extension("weights.safetensors")).unwrap();
+    let program = export::load(&case.file).unwrap();
+    let data = minductor::load_safetensors(&case.data).unwrap();
+    let mut inputs: Vec<Tensor> = case.inputs.iter().map(|n| data[n].clone()).collect();
+    inputs.extend(program.weights().iter().map(|w| weights[&w.input].clone()));
+    assert!(text.contains("call inputs in order"), "{text}");
+    let outputs = loaded.call(&inputs).unwrap();
+    let run = minductor_tools::pt2::check_outputs(
+        &data,
+        "",
+        &outputs,
+        case.outputs,
+        case.rtol,
+        case.atol,
+        "stored",
+    );
+    assert!(run.passed, "{}", run.detail);
+    std::fs::remove_dir_all(&dir).ok();
+}
