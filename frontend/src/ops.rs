@@ -265,7 +265,7 @@ impl Traced {
                 }
                 continue;
             }
-            let n = out.shape()[d] as isize;
+            let n = out.size_at(d) as isize;
             if before + after + n < 0 {
                 return self.fail_msg(
                     "pad",

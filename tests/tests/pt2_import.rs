@@ -361,3 +361,140 @@ fn a_compiled_artifact_with_its_weights_matches_pytorch() {
     assert!(run.passed, "{}", run.detail);
     std::fs::remove_dir_all(&dir).ok();
 }
+
+/// Dynamic cases at the ends of their ranges (other sizes than the stored ones, the least
+/// possibly 1): the inductor compile agrees with the eager backend (the reference interpreter on
+/// the same import). Inputs are the stored ones cycled to the new size.
+#[test]
+fn dynamic_cases_at_the_ends_of_their_ranges_agree_across_backends() {
+    for case in cases().into_iter().filter(|c| c.has_alt) {
+        let program = export::load(&case.file).unwrap();
+        let data = minductor::load_safetensors(&case.data).unwrap();
+        let compile = |backend| {
+            program
+                .compile_with_options(ExportOptions {
+                    compile: CompileOptions {
+                        backend,
+                        ..Default::default()
+                    },
+                    weights: Weights::Frozen,
+                })
+                .unwrap()
+        };
+        let (eager, inductor) = (compile(Backend::Eager), compile(Backend::Inductor));
+        let sig = program.signature().clone();
+        for range in &sig.symbols {
+            for size in [range.min.max(1), range.max.unwrap_or(64).min(64)] {
+                let inputs: Vec<Tensor> = sig
+                    .inputs
+                    .iter()
+                    .map(|input| {
+                        let stored = &data[&input.name];
+                        let shape: Vec<usize> = input
+                            .ty
+                            .shape
+                            .iter()
+                            .zip(stored.shape())
+                            .map(|(d, &n)| {
+                                if *d == minductor::ir::Dim::Sym(range.sym) {
+                                    size
+                                } else {
+                                    n
+                                }
+                            })
+                            .collect();
+                        let values = stored.to_f64_vec();
+                        let count: usize = shape.iter().product();
+                        let cycled: Vec<f64> =
+                            (0..count).map(|i| values[i % values.len()]).collect();
+                        Tensor::from_f64(stored.dtype(), &shape, &cycled).unwrap()
+                    })
+                    .collect();
+                let want = eager.call(&inputs).unwrap();
+                let got = inductor.call(&inputs).unwrap();
+                let named: std::collections::HashMap<String, Tensor> = want
+                    .iter()
+                    .enumerate()
+                    .map(|(i, t)| (format!("out{i}"), t.clone()))
+                    .collect();
+                let run = minductor_tools::pt2::check_outputs(
+                    &named,
+                    "",
+                    &got,
+                    want.len(),
+                    case.rtol,
+                    case.atol,
+                    "stored",
+                );
+                assert!(
+                    run.passed,
+                    "{} at {} = {size}: {}",
+                    case.name, range.name, run.detail
+                );
+                println!(
+                    "{} at {} = {size}: max|err| {:.2e}",
+                    case.name, range.name, run.max_abs_error
+                );
+            }
+        }
+    }
+}
+
+/// A scoping higher-order op (`torch.no_grad()` inside `forward` exports as
+/// `wrap_with_set_grad_enabled` with a subgraph) imports its subgraph in place.
+#[test]
+fn a_wrap_with_set_grad_enabled_subgraph_is_inlined() {
+    let bytes = rewrite(&fixture_bytes("mlp_dynamic_batch.pt2"), |name, contents| {
+        if !name.ends_with("models/model.json") {
+            return contents;
+        }
+        let mut json: serde_json::Value = serde_json::from_slice(&contents).unwrap();
+        let graph = &mut json["graph_module"]["graph"];
+        let nodes = graph["nodes"].as_array().unwrap().clone();
+        // linear -> gelu -> linear_1: the gelu moves into a subgraph.
+        let mut gelu = nodes[1].clone();
+        assert!(gelu["target"].as_str().unwrap().contains("gelu"));
+        let input = gelu["inputs"][0]["arg"]["as_tensor"]["name"]
+            .as_str()
+            .unwrap()
+            .to_string();
+        let output = gelu["outputs"][0]["as_tensor"]["name"]
+            .as_str()
+            .unwrap()
+            .to_string();
+        gelu["inputs"][0]["arg"] = serde_json::json!({"as_tensor": {"name": "sub_in"}});
+        let wrap = serde_json::json!({
+            "target": "torch.ops.higher_order.wrap_with_set_grad_enabled",
+            "inputs": [
+                {"name": "arg0", "arg": {"as_bool": false}, "kind": 1},
+                {"name": "arg1", "arg": {"as_graph": {"name": "submod_0", "graph": {
+                    "inputs": [{"as_tensor": {"name": "sub_in"}}],
+                    "outputs": [{"as_tensor": {"name": output}}],
+                    "nodes": [gelu],
+                    "tensor_values": {}, "sym_int_values": {}, "sym_bool_values": {},
+                    "is_single_tensor_return": false, "custom_obj_values": {}, "sym_float_values": {}
+                }}}, "kind": 1},
+                {"name": "arg2", "arg": {"as_tensor": {"name": input}}, "kind": 1}
+            ],
+            "outputs": [{"as_tensor": {"name": output}}],
+            "metadata": {},
+            "name": "wrap_with_set_grad_enabled"
+        });
+        graph["nodes"] = serde_json::json!([nodes[0].clone(), wrap, nodes[2].clone()]);
+        serde_json::to_vec(&json).unwrap()
+    });
+    let program = export::load_bytes(bytes).unwrap();
+    let case = cases()
+        .into_iter()
+        .find(|c| c.name == "mlp_dynamic_batch")
+        .unwrap();
+    let data = minductor::load_safetensors(&case.data).unwrap();
+    let outputs = program
+        .compile()
+        .unwrap()
+        .call(&[data["x"].clone()])
+        .unwrap();
+    let run =
+        minductor_tools::pt2::check_outputs(&data, "", &outputs, 1, case.rtol, case.atol, "stored");
+    assert!(run.passed, "{}", run.detail);
+}

@@ -39,6 +39,15 @@ pub const SUPPORTED_TARGETS: &[&str] = &[
     "_operator.mul",
     "_operator.floordiv",
     "_operator.neg",
+    "_operator.eq",
+    "_operator.ne",
+    "_operator.lt",
+    "_operator.le",
+    "_operator.gt",
+    "_operator.ge",
+    // higher-order ops that only scope their subgraph (`torch.no_grad()`, `autocast` regions)
+    "higher_order.wrap_with_set_grad_enabled",
+    "higher_order.wrap_with_autocast",
     // identities and casts
     "aten.alias.default",
     "aten.clone.default",
@@ -458,7 +467,11 @@ impl<'a> Importer<'a> {
             args.push((arg_name, input.get("arg")?));
         }
         let args = Args { items: args };
-        let values = self.dispatch(&functional, &args)?;
+        let values = if functional.starts_with("higher_order.") {
+            self.inline_subgraph(&args)?
+        } else {
+            self.dispatch(&functional, &args)?
+        };
         if let Some(e) = self.tracer.error() {
             return Err(self.error(e.error.to_string()));
         }
@@ -472,6 +485,69 @@ impl<'a> Importer<'a> {
             }
         }
         self.bind_outputs(&outputs, values)
+    }
+
+    /// A scoping higher-order op: its subgraph's nodes imported in place, on its operands (the
+    /// arguments after the graph). Names inside the subgraph do not leak out.
+    fn inline_subgraph(&mut self, args: &Args<'a>) -> Result<Vec<Value>, ImportError> {
+        let position = args
+            .items
+            .iter()
+            .position(|(_, v)| matches!(v.union(), Ok(("as_graph", _))))
+            .ok_or_else(|| self.error("a higher-order op without a subgraph"))?;
+        let graph = args.items[position].1.union()?.1.get("graph")?;
+        let operands: Vec<Value> = args.items[position + 1..]
+            .iter()
+            .map(|(_, v)| self.arg_value(v))
+            .collect::<Result<_, _>>()?;
+        let inputs = graph.get("inputs")?.array()?;
+        if inputs.len() != operands.len() {
+            return Err(self.error(format!(
+                "the subgraph takes {} inputs, the op passes {}",
+                inputs.len(),
+                operands.len()
+            )));
+        }
+        let outer = self.env.clone();
+        let context = self.context.clone();
+        for (input, value) in inputs.iter().zip(operands) {
+            let (_, v) = input.union()?;
+            let name = match v.opt("name") {
+                Some(n) => n.str()?.to_string(),
+                None => match v.union() {
+                    Ok(("as_name", n)) => n.str()?.to_string(),
+                    _ => continue,
+                },
+            };
+            self.env.insert(name, value);
+        }
+        if let Some(values) = graph.opt("tensor_values") {
+            for (name, meta) in values.object()? {
+                self.metas.insert(name.to_string(), meta);
+            }
+        }
+        for node in graph.get("nodes")?.array()? {
+            self.node(&node)?;
+        }
+        self.context = context;
+        let mut results = Vec::new();
+        for out in graph.get("outputs")?.array()? {
+            results.push(self.arg_value(&out)?);
+        }
+        self.env = outer;
+        Ok(results)
+    }
+
+    /// The value an argument stands for (a tensor, a size or a number).
+    fn arg_value(&self, v: &Json) -> Result<Value, ImportError> {
+        let (kind, inner) = v.union()?;
+        match kind {
+            "as_tensor" => Ok(Value::Tensor(self.tensor_named(inner.get("name")?.str()?)?)),
+            "as_sym_int" | "as_int" => Ok(Value::Size(self.size(v)?)),
+            "as_float" | "as_bool" => Ok(Value::Number(inner.float()?)),
+            "as_none" => Ok(Value::Missing("None".into())),
+            other => Err(self.error(format!("a subgraph operand of kind `{other}`"))),
+        }
     }
 
     fn bind_outputs(
@@ -1419,6 +1495,10 @@ impl<'a> Importer<'a> {
                 };
                 Ok(vec![Value::Size(v)])
             }
+            "_operator.eq" | "_operator.ne" | "_operator.lt" | "_operator.le" | "_operator.gt"
+            | "_operator.ge" => Ok(vec![Value::Missing(
+                "a comparison of sizes (only assertions may read it)".into(),
+            )]),
             "_operator.neg" => {
                 let a = self.size(&args.get(self, "a")?)?;
                 Ok(vec![Value::Size(a.scale(-1))])
