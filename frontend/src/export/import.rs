@@ -1434,19 +1434,25 @@ impl<'a> Importer<'a> {
 
     fn pow(&self, x: &Traced, exponent: f64) -> Traced {
         // Small integer powers multiply (exact for negative bases, as PyTorch's).
-        match exponent {
-            e if e == 1.0 => x.clone(),
-            e if e == 2.0 => x * x,
-            e if e == 3.0 => &(x * x) * x,
-            e if e == 4.0 => {
-                let sq = x * x;
-                &sq * &sq
-            }
-            e if e == 0.5 => x.sqrt(),
-            e if e == -0.5 => x.rsqrt(),
-            e if e == -1.0 => x.reciprocal(),
-            e if e == 0.0 => x.full_like(1.0),
-            e => x.pow(e),
+        if exponent == 1.0 {
+            x.clone()
+        } else if exponent == 2.0 {
+            x * x
+        } else if exponent == 3.0 {
+            &(x * x) * x
+        } else if exponent == 4.0 {
+            let square = x * x;
+            &square * &square
+        } else if exponent == 0.5 {
+            x.sqrt()
+        } else if exponent == -0.5 {
+            x.rsqrt()
+        } else if exponent == -1.0 {
+            x.reciprocal()
+        } else if exponent == 0.0 {
+            x.full_like(1.0)
+        } else {
+            x.pow(exponent)
         }
     }
 
@@ -1561,10 +1567,7 @@ impl<'a> Importer<'a> {
 
             // -- creation
             "aten.arange.default" | "aten.arange.start" | "aten.arange.start_step" => {
-                let start = match args.find("start") {
-                    Some(a) => Some(a),
-                    None => None,
-                };
+                let start = args.find("start");
                 let end_arg = args.get(self, "end")?;
                 let step_arg = args.find("step");
                 let is_int =

@@ -493,7 +493,11 @@ impl ExportedProgram {
                 cache: Mutex::new(HashMap::new()),
             }
         } else {
-            Engine::Once(compile_graph(&self.graph, &self.weights_named(), options)?)
+            Engine::Once(Box::new(compile_graph(
+                &self.graph,
+                &self.weights_named(),
+                options,
+            )?))
         };
         Ok(CompiledProgram {
             engine,
@@ -532,7 +536,7 @@ fn compile_graph(
 /// How a compiled program runs.
 enum Engine {
     /// One compile for every size.
-    Once(Compiled),
+    Once(Box<Compiled>),
     /// The interpreting backends on symbolic sizes: one specialization per input shapes.
     PerSize {
         graph: Graph,
