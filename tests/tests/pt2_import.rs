@@ -498,3 +498,123 @@ fn a_wrap_with_set_grad_enabled_subgraph_is_inlined() {
         minductor_tools::pt2::check_outputs(&data, "", &outputs, 1, case.rtol, case.atol, "stored");
     assert!(run.passed, "{}", run.detail);
 }
+
+/// A program written here (no PyTorch needed): ops the fixtures do not use, each against a
+/// direct computation of PyTorch's definition.
+#[test]
+fn ops_beyond_the_fixtures_match_their_definitions() {
+    use serde_json::json;
+    let meta = |sizes: &[usize]| {
+        json!({"dtype": 7, "sizes": sizes.iter().map(|n| json!({"as_int": n})).collect::<Vec<_>>(),
+               "requires_grad": false, "device": {"type": "cpu", "index": null},
+               "strides": [], "storage_offset": {"as_int": 0}, "layout": 7})
+    };
+    let t = |name: &str| json!({"as_tensor": {"name": name}});
+    let node = |target: &str, inputs: serde_json::Value, outputs: &[&str]| {
+        json!({"target": target, "inputs": inputs,
+               "outputs": outputs.iter().map(|o| json!({"as_tensor": {"name": o}})).collect::<Vec<_>>(),
+               "metadata": {"stack_trace": "File \"test.py\", line 1, in forward"}, "name": outputs[0]})
+    };
+    let output_specs: Vec<serde_json::Value> = ["roll", "up", "norm", "var", "mean", "rem"]
+        .iter()
+        .map(|n| json!({"user_output": {"arg": t(n)}}))
+        .collect();
+    let model = json!({
+        "graph_module": {
+            "graph": {
+                "inputs": [t("x")],
+                "outputs": [t("roll"), t("up"), t("norm"), t("var"), t("mean"), t("rem")],
+                "nodes": [
+                    node("torch.ops.aten.roll.default", json!([
+                        {"name": "self", "arg": t("x")}, {"name": "shifts", "arg": {"as_ints": [1]}},
+                        {"name": "dims", "arg": {"as_ints": [3]}}]), &["roll"]),
+                    node("torch.ops.aten.upsample_nearest2d.vec", json!([
+                        {"name": "input", "arg": t("x")}, {"name": "output_size", "arg": {"as_none": true}},
+                        {"name": "scale_factors", "arg": {"as_floats": [2.0, 2.0]}}]), &["up"]),
+                    node("torch.ops.aten.linalg_vector_norm.default", json!([
+                        {"name": "self", "arg": t("x")}, {"name": "ord", "arg": {"as_float": 2.0}},
+                        {"name": "dim", "arg": {"as_ints": [3]}}]), &["norm"]),
+                    node("torch.ops.aten.var_mean.correction", json!([
+                        {"name": "self", "arg": t("x")}, {"name": "dim", "arg": {"as_ints": [3]}},
+                        {"name": "correction", "arg": {"as_int": 1}},
+                        {"name": "keepdim", "arg": {"as_bool": true}}]), &["var", "mean"]),
+                    node("torch.ops.aten.remainder.Scalar", json!([
+                        {"name": "self", "arg": t("x")}, {"name": "other", "arg": {"as_float": 0.7}}]), &["rem"]),
+                ],
+                "tensor_values": {
+                    "x": meta(&[2, 3, 4, 4]), "roll": meta(&[2, 3, 4, 4]), "up": meta(&[2, 3, 8, 8]),
+                    "norm": meta(&[2, 3, 4]), "var": meta(&[2, 3, 4, 1]), "mean": meta(&[2, 3, 4, 1]),
+                    "rem": meta(&[2, 3, 4, 4])
+                },
+                "sym_int_values": {}, "sym_bool_values": {}
+            },
+            "signature": {
+                "input_specs": [{"user_input": {"arg": t("x")}}],
+                "output_specs": output_specs
+            },
+            "module_call_graph": []
+        },
+        "opset_version": {"aten": 10},
+        "range_constraints": {},
+        "schema_version": {"major": 8, "minor": 20}
+    });
+    let mut writer = zip::ZipWriter::new(std::io::Cursor::new(Vec::new()));
+    let options =
+        zip::write::SimpleFileOptions::default().compression_method(zip::CompressionMethod::Stored);
+    writer
+        .start_file("model/models/model.json", options)
+        .unwrap();
+    writer
+        .write_all(&serde_json::to_vec(&model).unwrap())
+        .unwrap();
+    let bytes = writer.finish().unwrap().into_inner();
+    let program = export::load_bytes(bytes).unwrap();
+
+    let xs: Vec<f32> = (0..96)
+        .map(|i| ((i * 37 % 23) as f32 - 11.0) / 3.0)
+        .collect();
+    let x = Tensor::from_vec(&[2, 3, 4, 4], xs.clone()).unwrap();
+    let at = |n: usize, c: usize, i: usize, j: usize| xs[((n * 3 + c) * 4 + i) * 4 + j] as f64;
+    for backend in [Backend::Eager, Backend::Inductor] {
+        let compiled = program
+            .compile_with_options(ExportOptions {
+                compile: CompileOptions {
+                    backend,
+                    ..Default::default()
+                },
+                weights: Weights::Frozen,
+            })
+            .unwrap();
+        let out = compiled.call(&[x.clone()]).unwrap();
+        let v: Vec<Vec<f64>> = out.iter().map(|o| o.contiguous().to_f64_vec()).collect();
+        let close = |a: f64, b: f64| (a - b).abs() <= 1e-5 + 1e-5 * b.abs();
+        for n in 0..2 {
+            for c in 0..3 {
+                for i in 0..4 {
+                    let row: Vec<f64> = (0..4).map(|j| at(n, c, i, j)).collect();
+                    let r = (n * 3 + c) * 4 + i;
+                    for j in 0..4 {
+                        assert!(close(v[0][r * 4 + j], row[(j + 3) % 4]), "roll");
+                        let rem = row[j] - (row[j] / 0.7f32 as f64).floor() * 0.7f32 as f64;
+                        assert!(
+                            (v[5][r * 4 + j] - rem).abs() < 1e-5,
+                            "remainder {} vs {rem}",
+                            v[5][r * 4 + j]
+                        );
+                    }
+                    let norm = row.iter().map(|a| a * a).sum::<f64>().sqrt();
+                    assert!(close(v[2][r], norm), "norm");
+                    let mean = row.iter().sum::<f64>() / 4.0;
+                    let var = row.iter().map(|a| (a - mean) * (a - mean)).sum::<f64>() / 3.0;
+                    assert!(close(v[3][r], var) && close(v[4][r], mean), "var_mean");
+                }
+                for i in 0..8 {
+                    for j in 0..8 {
+                        let got = v[1][((n * 3 + c) * 8 + i) * 8 + j];
+                        assert_eq!(got, at(n, c, i / 2, j / 2), "upsample at {i},{j}");
+                    }
+                }
+            }
+        }
+    }
+}

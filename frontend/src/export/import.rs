@@ -143,6 +143,8 @@ pub const SUPPORTED_TARGETS: &[&str] = &[
     "aten.div.Tensor",
     "aten.div.Scalar",
     "aten.div.Tensor_mode",
+    "aten.remainder.Tensor",
+    "aten.remainder.Scalar",
     "aten.maximum.default",
     "aten.minimum.default",
     "aten.eq.Tensor",
@@ -194,6 +196,9 @@ pub const SUPPORTED_TARGETS: &[&str] = &[
     "aten.std.correction",
     "aten.std.dim",
     "aten.logsumexp.default",
+    "aten.var_mean.correction",
+    "aten.std_mean.correction",
+    "aten.linalg_vector_norm.default",
     "aten.cumsum.default",
     "aten._softmax.default",
     "aten.softmax.int",
@@ -232,6 +237,9 @@ pub const SUPPORTED_TARGETS: &[&str] = &[
     "aten.tril.default",
     "aten.triu.default",
     "aten.diff.default",
+    "aten.roll.default",
+    "aten.upsample_nearest2d.default",
+    "aten.upsample_nearest2d.vec",
     // matrix products and layers
     "aten.linear.default",
     "aten.addmm.default",
@@ -1879,6 +1887,19 @@ impl<'a> Importer<'a> {
                     Some(other) => Err(self.error(format!("rounding_mode {other:?}"))),
                 }
             }
+            "aten.remainder.Tensor" | "aten.remainder.Scalar" => {
+                let x = self.tensor(args, "self")?;
+                let y = self.operand(args, "other")?;
+                let y = self.operand_tensor(&x, y);
+                if !x.dtype().is_some_and(|d| d.is_float()) {
+                    return Err(self.error("remainder of integer tensors is not supported"));
+                }
+                // Python's modulo: x - floor(x / y) * y (the sign of y).
+                let q = &x / &y;
+                let t = self.trunc(&q);
+                let floor = q.lt(&t).where_(&(&t - 1.0), &t);
+                one(&x - &(&floor * &y))
+            }
             "aten.maximum.default" | "aten.minimum.default" => {
                 let x = self.tensor(args, "self")?;
                 let y = self.tensor(args, "other")?;
@@ -2100,6 +2121,60 @@ impl<'a> Importer<'a> {
                     var.sqrt()
                 } else {
                     var
+                })
+            }
+            "aten.var_mean.correction" | "aten.std_mean.correction" => {
+                let x = self.tensor(args, "self")?;
+                let mut dims = self.reduce_dims(&x, args, "dim")?;
+                if dims.is_empty() {
+                    dims = (0..x.rank() as isize).collect();
+                }
+                let keepdim = self.boolean(args, "keepdim", false)?;
+                let correction = self.float(args, "correction", Some(1.0))? as i64;
+                if !(0..=1).contains(&correction) {
+                    return Err(self.error(format!("correction {correction} (0 or 1 supported)")));
+                }
+                let mut axes: Vec<usize> = dims.iter().map(|&d| d as usize).collect();
+                axes.sort_unstable();
+                let var = x.apply(
+                    Op::Var {
+                        axes,
+                        correction: correction as usize,
+                        keepdim,
+                    },
+                    &[&x],
+                );
+                let spread = if op.starts_with("aten.std") {
+                    var.sqrt()
+                } else {
+                    var
+                };
+                Ok(vec![
+                    Value::Tensor(spread),
+                    Value::Tensor(x.mean(&dims, keepdim)),
+                ])
+            }
+            "aten.linalg_vector_norm.default" => {
+                let mut x = self.tensor(args, "self")?;
+                if let Some(d) = self.dtype(args, "dtype")? {
+                    x = x.cast(d);
+                }
+                let order = self.float(args, "ord", Some(2.0))?;
+                let dims = self.reduce_dims(&x, args, "dim")?;
+                let keepdim = self.boolean(args, "keepdim", false)?;
+                let a = x.abs();
+                one(if order == 2.0 {
+                    (&a * &a).sum(&dims, keepdim).sqrt()
+                } else if order == 1.0 {
+                    a.sum(&dims, keepdim)
+                } else if order == f64::INFINITY {
+                    a.amax(&dims, keepdim)
+                } else if order == f64::NEG_INFINITY {
+                    a.amin(&dims, keepdim)
+                } else if order > 0.0 {
+                    a.pow(order).sum(&dims, keepdim).pow(1.0 / order)
+                } else {
+                    return Err(self.error(format!("vector norm of order {order}")));
                 })
             }
             "aten.logsumexp.default" => {
@@ -2387,6 +2462,92 @@ impl<'a> Importer<'a> {
                 } else {
                     x.triu(k)
                 })
+            }
+            "aten.roll.default" => {
+                let x = self.tensor(args, "self")?;
+                let shifts = self.ints(args, "shifts", &[])?;
+                let dims = self.ints(args, "dims", &[])?;
+                let (mut y, flat) = if dims.is_empty() {
+                    (x.flatten(0, -1), true)
+                } else {
+                    (x.clone(), false)
+                };
+                let dims = if flat { vec![0] } else { dims };
+                if shifts.len() != dims.len() {
+                    return Err(self.error(format!("shifts {shifts:?} for dims {dims:?}")));
+                }
+                for (&shift, &dim) in shifts.iter().zip(&dims) {
+                    let d = normalize(dim, y.rank())
+                        .ok_or_else(|| self.error(format!("dim {dim} out of range")))?;
+                    let n = self.static_size(&y, d, "roll")? as i64;
+                    if n == 0 {
+                        continue;
+                    }
+                    let s = shift.rem_euclid(n);
+                    if s == 0 {
+                        continue;
+                    }
+                    let tail = self.slice(&y, d as i64, Some(SizeExpr::Const(n - s)), None, 1)?;
+                    let head = self.slice(&y, d as i64, None, Some(SizeExpr::Const(n - s)), 1)?;
+                    y = Traced::cat(&[&tail, &head], d as isize);
+                }
+                one(if flat {
+                    y.reshape_dims(x.ir_dims().into_iter().collect())
+                } else {
+                    y
+                })
+            }
+            "aten.upsample_nearest2d.default" | "aten.upsample_nearest2d.vec" => {
+                let x = self
+                    .tensor(args, "self")
+                    .or_else(|_| self.tensor(args, "input"))?;
+                if x.rank() != 4 {
+                    return Err(self.error("upsample_nearest2d needs [N, C, H, W]"));
+                }
+                let (h, w) = (
+                    self.static_size(&x, 2, "upsampling")?,
+                    self.static_size(&x, 3, "upsampling")?,
+                );
+                let out = match self.output_type() {
+                    Some(t) => (
+                        t.shape.get(2).and_then(|d| d.as_static()),
+                        t.shape.get(3).and_then(|d| d.as_static()),
+                    ),
+                    None => (None, None),
+                };
+                let (Some(oh), Some(ow)) = out else {
+                    return Err(self.error("upsample_nearest2d without a static output size"));
+                };
+                // PyTorch's nearest index: floor(i * in / out) (scales given: floor(i / scale)).
+                let scales: Vec<f64> = match args.find("scale_factors") {
+                    Some(a) if a.union()?.0 == "as_floats" => a
+                        .union()?
+                        .1
+                        .array()?
+                        .iter()
+                        .map(|v| v.float())
+                        .collect::<Result<_, _>>()?,
+                    _ => {
+                        let sh = self.opt_float(args, "scales_h")?;
+                        let sw = self.opt_float(args, "scales_w")?;
+                        match (sh, sw) {
+                            (Some(a), Some(b)) => vec![a, b],
+                            _ => Vec::new(),
+                        }
+                    }
+                };
+                let ratio = |i: usize, n: usize, o: usize| match scales.get(i) {
+                    Some(&s) if s > 0.0 => 1.0 / s,
+                    _ => n as f64 / o as f64,
+                };
+                let mut y = x.clone();
+                for (axis, n, o, r) in [(2, h, oh, ratio(0, h, oh)), (3, w, ow, ratio(1, w, ow))] {
+                    let positions = (self.tracer.arange(o, DType::F32) * (r as f32 as f64))
+                        .cast(DType::I64)
+                        .minimum(&self.tracer.constant((n - 1) as f64, DType::I64));
+                    y = self.take_along_dim(&y, axis, &positions, 4);
+                }
+                one(y)
             }
             "aten.diff.default" => {
                 let x = self.tensor(args, "self")?;
