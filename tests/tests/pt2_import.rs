@@ -585,7 +585,7 @@ fn ops_beyond_the_fixtures_match_their_definitions() {
                 weights: Weights::Frozen,
             })
             .unwrap();
-        let out = compiled.call(&[x.clone()]).unwrap();
+        let out = compiled.call(std::slice::from_ref(&x)).unwrap();
         let v: Vec<Vec<f64>> = out.iter().map(|o| o.contiguous().to_f64_vec()).collect();
         let close = |a: f64, b: f64| (a - b).abs() <= 1e-5 + 1e-5 * b.abs();
         for n in 0..2 {
