@@ -618,3 +618,100 @@ fn ops_beyond_the_fixtures_match_their_definitions() {
         }
     }
 }
+
+/// A static dim sliced to symbolic bounds (`position_ids[:, 0:seq]` of a fixed-size buffer):
+/// `y[:s0]` and `y[1:s0 + 1]` with `s0` from another input, at two sizes through one compile.
+#[test]
+fn a_static_dim_sliced_to_a_symbolic_bound() {
+    use serde_json::json;
+    let symbol = json!({"as_expr": {"expr_str": "Symbol('s0', positive=True, integer=True)", "hint": {"as_int": 3}}});
+    let plus_one = json!({"as_expr": {"expr_str": "Add(Symbol('s0', positive=True, integer=True), Integer(1))", "hint": {"as_int": 4}}});
+    let meta = |sizes: Vec<serde_json::Value>| {
+        json!({"dtype": 7, "sizes": sizes, "requires_grad": false,
+               "device": {"type": "cpu", "index": null}, "strides": [],
+               "storage_offset": {"as_int": 0}, "layout": 7})
+    };
+    let t = |name: &str| json!({"as_tensor": {"name": name}});
+    let sym = |name: &str| json!({"as_sym_int": {"as_name": name}});
+    let model = json!({
+        "graph_module": {
+            "graph": {
+                "inputs": [t("x"), t("y")],
+                "outputs": [t("a"), t("b")],
+                "nodes": [
+                    {"target": "torch.ops.aten.sym_size.int", "inputs": [
+                        {"name": "self", "arg": t("x")}, {"name": "dim", "arg": {"as_int": 0}}],
+                     "outputs": [sym("n")], "metadata": {}},
+                    {"target": "_operator.add", "inputs": [
+                        {"name": "a", "arg": sym("n")}, {"name": "b", "arg": {"as_int": 1}}],
+                     "outputs": [sym("n1")], "metadata": {}},
+                    {"target": "torch.ops.aten.slice.Tensor", "inputs": [
+                        {"name": "self", "arg": t("y")}, {"name": "dim", "arg": {"as_int": 0}},
+                        {"name": "start", "arg": {"as_int": 0}}, {"name": "end", "arg": sym("n")}],
+                     "outputs": [t("a")], "metadata": {}},
+                    {"target": "torch.ops.aten.slice.Tensor", "inputs": [
+                        {"name": "self", "arg": t("y")}, {"name": "dim", "arg": {"as_int": 0}},
+                        {"name": "start", "arg": {"as_int": 1}}, {"name": "end", "arg": sym("n1")}],
+                     "outputs": [t("b")], "metadata": {}}
+                ],
+                "tensor_values": {
+                    "x": meta(vec![symbol.clone(), json!({"as_int": 2})]),
+                    "y": meta(vec![json!({"as_int": 10}), json!({"as_int": 3})]),
+                    "a": meta(vec![symbol.clone(), json!({"as_int": 3})]),
+                    "b": meta(vec![symbol.clone(), json!({"as_int": 3})])
+                },
+                "sym_int_values": {"n": symbol.clone(), "n1": plus_one},
+                "sym_bool_values": {}
+            },
+            "signature": {
+                "input_specs": [{"user_input": {"arg": t("x")}}, {"user_input": {"arg": t("y")}}],
+                "output_specs": [{"user_output": {"arg": t("a")}}, {"user_output": {"arg": t("b")}}]
+            },
+            "module_call_graph": []
+        },
+        "range_constraints": {"s0": {"min_val": 2, "max_val": 9}},
+        "schema_version": {"major": 8, "minor": 20}
+    });
+    let mut writer = zip::ZipWriter::new(std::io::Cursor::new(Vec::new()));
+    let options =
+        zip::write::SimpleFileOptions::default().compression_method(zip::CompressionMethod::Stored);
+    writer.start_file("m/models/model.json", options).unwrap();
+    writer
+        .write_all(&serde_json::to_vec(&model).unwrap())
+        .unwrap();
+    let program = export::load_bytes(writer.finish().unwrap().into_inner()).unwrap();
+    let y: Vec<f32> = (0..30).map(|i| i as f32).collect();
+    let y = Tensor::from_vec(&[10, 3], y).unwrap();
+    for backend in [Backend::Eager, Backend::AotEager, Backend::Inductor] {
+        let compiled = program
+            .compile_with_options(ExportOptions {
+                compile: CompileOptions {
+                    backend,
+                    ..Default::default()
+                },
+                weights: Weights::Frozen,
+            })
+            .unwrap();
+        for n in [3usize, 7] {
+            let x = Tensor::zeros(minductor::DType::F32, &[n, 2]);
+            let out = compiled.call(&[x, y.clone()]).unwrap();
+            let want_a: Vec<f64> = (0..n * 3).map(|i| i as f64).collect();
+            let want_b: Vec<f64> = (3..(n + 1) * 3).map(|i| i as f64).collect();
+            assert_eq!(out[0].shape(), &[n, 3]);
+            assert_eq!(
+                out[0].contiguous().to_f64_vec(),
+                want_a,
+                "{} n={n}",
+                backend.name()
+            );
+            assert_eq!(
+                out[1].contiguous().to_f64_vec(),
+                want_b,
+                "{} n={n}",
+                backend.name()
+            );
+        }
+        let too_big = compiled.call(&[Tensor::zeros(minductor::DType::F32, &[10, 2]), y.clone()]);
+        assert!(matches!(too_big, Err(CallError::OutOfRange { .. })));
+    }
+}

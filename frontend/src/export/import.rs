@@ -976,6 +976,26 @@ impl<'a> Importer<'a> {
         let huge = |e: &SizeExpr| e.as_const().is_some_and(|c| c >= i64::MAX / 4);
         let end = end.filter(|e| !huge(e));
         match dims[d] {
+            Dim::Static(n)
+                if [&start, &end]
+                    .iter()
+                    .any(|b| b.as_ref().is_some_and(|e| e.as_const().is_none())) =>
+            {
+                // A static dim sliced to a symbolic bound (`position_ids[:, 0:s0]` of a
+                // `[1, 512]` buffer): a gather of the symbolic-length range.
+                let size = SizeExpr::Const(n as i64);
+                let from_start = |e: Option<SizeExpr>, default: SizeExpr| match e {
+                    None => default,
+                    Some(e) => match e.as_const() {
+                        Some(c) if c < 0 => size.plus(&SizeExpr::Const(c)),
+                        Some(c) => SizeExpr::Const(c.min(n as i64)),
+                        None => e,
+                    },
+                };
+                let s = from_start(start, SizeExpr::Const(0));
+                let e = from_start(end, size.clone());
+                self.symbolic_range(x, d, &s, &e, step)
+            }
             Dim::Static(n) => {
                 let konst =
                     |e: &Option<SizeExpr>, what: &str| -> Result<Option<isize>, ImportError> {
@@ -1047,12 +1067,40 @@ impl<'a> Importer<'a> {
                         return Ok(self.take_range(x, d, a as usize, len, step as usize));
                     }
                 }
-                Err(self.error(format!(
-                    "a slice {s}:{e}:{step} of the symbolic dim {} cannot be imported",
-                    dims[d]
-                )))
+                self.symbolic_range(x, d, &s, &e, step)
             }
         }
+    }
+
+    /// Elements `s..e` (step 1, `s` a number, `e` a size) of dim `d`, by a gather of an `arange`
+    /// of the symbolic length `e - s`.
+    fn symbolic_range(
+        &self,
+        x: &Traced,
+        d: usize,
+        s: &SizeExpr,
+        e: &SizeExpr,
+        step: i64,
+    ) -> Result<Traced, ImportError> {
+        let length = e.plus(&s.scale(-1));
+        let (Some(a), Some(len), 1) = (s.as_const(), Dim::of_expr(&length), step) else {
+            return Err(self.error(format!(
+                "a slice {s}:{e}:{step} of dim {d} of {} cannot be imported",
+                dims_text(&x.ir_dims())
+            )));
+        };
+        if a < 0 {
+            return Err(self.error(format!("a slice starting at {a}")));
+        }
+        let iota = x.apply(
+            Op::Iota {
+                len,
+                dtype: DType::I64,
+            },
+            &[],
+        );
+        let positions = if a == 0 { iota } else { iota + a as f64 };
+        Ok(self.take_along_dim(x, d, &positions, x.rank()))
     }
 
     /// `x` without dim `d` (of size 1).
