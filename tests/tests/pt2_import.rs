@@ -115,7 +115,7 @@ fn dynamic_sizes_are_symbolic_and_guarded_by_their_range() {
                 .ty
                 .shape
                 .iter()
-                .position(|d| *d == minductor::ir::Dim::Sym(range.sym))
+                .position(|d| *d == minductor::Dim::Sym(range.sym))
                 .map(|d| (i, d))
         })
         .expect("a user input carries the symbol");
@@ -396,7 +396,7 @@ fn dynamic_cases_at_the_ends_of_their_ranges_agree_across_backends() {
                             .iter()
                             .zip(stored.shape())
                             .map(|(d, &n)| {
-                                if *d == minductor::ir::Dim::Sym(range.sym) {
+                                if *d == minductor::Dim::Sym(range.sym) {
                                     size
                                 } else {
                                     n
