@@ -32,5 +32,5 @@ pub use minductor_ir::{DType, Graph};
 pub use minductor_passes as passes;
 pub use minductor_runtime as runtime;
 pub use minductor_runtime::{
-    interpret, num_threads, set_num_threads, RuntimeError, StepTiming, Tensor,
+    interpret, num_threads, set_num_threads, RuntimeError, StepPartition, StepTiming, Tensor,
 };
