@@ -82,19 +82,22 @@ const MC: usize = 264;
 ///   stayed at 95-98.
 fn avx512_kc_max() -> usize {
     static KC_MAX: OnceLock<usize> = OnceLock::new();
-    *KC_MAX.get_or_init(|| {
-        let panel_bytes = KC * kernel_avx512::NR * std::mem::size_of::<f32>();
-        if cache::l1d_bytes().is_some_and(|l1| l1 * 2 / 3 >= panel_bytes) {
-            return KC;
+    *KC_MAX.get_or_init(|| avx512_kc_max_for(cache::l1d_bytes(), cache::l2_bytes()))
+}
+
+/// [`avx512_kc_max`] for a core whose L1 data and L2 caches hold these many bytes (when known).
+fn avx512_kc_max_for(l1d: Option<usize>, l2: Option<usize>) -> usize {
+    let panel_bytes = KC * kernel_avx512::NR * std::mem::size_of::<f32>();
+    if l1d.is_some_and(|l1| l1 * 2 / 3 >= panel_bytes) {
+        return KC;
+    }
+    match l2 {
+        Some(l2) => {
+            let values = l2 * 2 / 3 / std::mem::size_of::<f32>();
+            (values / (MC + kernel_avx512::NR) / 64 * 64).clamp(128, 512)
         }
-        match cache::l2_bytes() {
-            Some(l2) => {
-                let values = l2 * 2 / 3 / std::mem::size_of::<f32>();
-                (values / (MC + kernel_avx512::NR) / 64 * 64).clamp(128, 512)
-            }
-            None => 256,
-        }
-    })
+        None => 256,
+    }
 }
 
 /// `MINDUCTOR_GEMM_KC=n` overrides the most columns of `a` per packed block (measurements).

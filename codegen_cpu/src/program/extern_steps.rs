@@ -998,15 +998,15 @@ fn implicit_plan(
     let threads = gemm::product_threads(flops, threads);
     // Winograd F(2x2, 3x3) where the window allows it and it is expected to be faster,
     // transforming the weight here included (under `auto`; unless it was transformed for all
-    // calls) over the images each thread would run.
+    // calls) over all the images of the call. Not over the images of a thread: the two paths
+    // sum in different orders, and the choice must not depend on the thread count.
     let algorithm = gemm::ConvAlgorithm::from_env();
     let kernel = gemm::Kernel::detect();
-    let images_per_thread = images.div_ceil(threads);
     let winograd = gemm::prefers_winograd(algorithm, kernel, &b.window, group_channels, [h, w])
         && (algorithm != gemm::ConvAlgorithm::Auto
             || prepacked_winograd
             || b.window.output_size(h, w).is_some_and(|out| {
-                gemm::winograd_transform_pays_off(images_per_thread, group_channels, rows, out)
+                gemm::winograd_transform_pays_off(images, group_channels, rows, out)
             }));
     let units = if winograd {
         let [oh, ow] = b.window.output_size(h, w).unwrap_or([0, 0]);
