@@ -189,7 +189,9 @@ fn attention_on(
         .map(|m| m.chunks_mut(run_len).map(Some).collect())
         .collect();
     let work = plan.items();
-    let items: Vec<Mutex<Vec<(usize, usize, &mut [f32])>>> = work
+    // Each item's (q head, run, output rows) triples, taken by the thread running it.
+    type Parts<'o> = Mutex<Vec<(usize, usize, &'o mut [f32])>>;
+    let items: Vec<Parts> = work
         .iter()
         .map(|item| {
             let parts = item

@@ -725,7 +725,7 @@ pub(super) fn kernel_pieces(
     };
     let chunks = wanted.min(range / align).max(1);
     if threads == 1 || chunks == 1 {
-        return vec![0..range];
+        return std::iter::once(0..range).collect();
     }
     let boundary = |c: i64| {
         if c == chunks {
