@@ -45,8 +45,8 @@ use crate::math::block::{block_routine, BlockFn};
 use crate::math::{emit_math, emit_pow, host_has_fma, MathFn, GELU_SCALE};
 use cranelift_codegen::ir::condcodes::{FloatCC, IntCC};
 use cranelift_codegen::ir::{
-    types, AbiParam, ConstantData, Function, InstBuilder, MemFlagsData, Signature, StackSlotData,
-    StackSlotKind, Type, Value,
+    types, AbiParam, Block, ConstantData, Function, InstBuilder, MemFlagsData, Signature,
+    StackSlotData, StackSlotKind, Type, Value,
 };
 use cranelift_frontend::{FunctionBuilder, Variable};
 use minductor_ir::{BinaryOp, CompareOp, DType, ReduceOp, SizeExpr, SymId, UnaryOp};
@@ -77,6 +77,15 @@ pub fn kernel_signature(sig: &mut Signature) {
     for _ in 0..4 {
         sig.params.push(AbiParam::new(types::I64));
     }
+}
+
+/// A loop being emitted: its variable, blocks, and the variable's value in the header.
+struct LoopHead {
+    var: Variable,
+    header: Block,
+    body: Block,
+    exit: Block,
+    i: Value,
 }
 
 /// A value in vector mode: a scalar (uniform across lanes) or a 4-lane vector.
@@ -311,27 +320,62 @@ impl Lowering<'_, '_, '_> {
         step: i64,
         mut body: impl FnMut(&mut Self, Value),
     ) -> Value {
+        let head = self.loop_head(lo);
+        let next = self.b.ins().iadd_imm_s(head.i, step);
+        let go = self.b.ins().icmp(IntCC::SignedLessThanOrEqual, next, hi);
+        self.b.ins().brif(go, head.body, &[], head.exit, &[]);
+        self.b.switch_to_block(head.body);
+        self.forget();
+        body(self, head.i);
+        self.forget();
+        let i = self.b.use_var(head.var);
+        let next = self.b.ins().iadd_imm_s(i, step);
+        self.loop_tail(&head, next);
+        self.b.use_var(head.var)
+    }
+
+    /// The head of a loop over an i64 variable starting at `lo`: its header, body and exit
+    /// blocks, with the builder left in the header, where the variable's value is `i`.
+    fn loop_head(&mut self, lo: Value) -> LoopHead {
         let var = self.b.declare_var(types::I64);
         self.b.def_var(var, lo);
         let header = self.b.create_block();
-        let body_block = self.b.create_block();
+        let body = self.b.create_block();
         let exit = self.b.create_block();
         self.b.ins().jump(header, &[]);
         self.b.switch_to_block(header);
         let i = self.b.use_var(var);
-        let next = self.b.ins().iadd_imm_s(i, step);
-        let go = self.b.ins().icmp(IntCC::SignedLessThanOrEqual, next, hi);
-        self.b.ins().brif(go, body_block, &[], exit, &[]);
-        self.b.switch_to_block(body_block);
-        self.forget();
-        body(self, i);
-        self.forget();
-        let i = self.b.use_var(var);
-        let next = self.b.ins().iadd_imm_s(i, step);
-        self.b.def_var(var, next);
-        self.b.ins().jump(header, &[]);
-        self.b.switch_to_block(exit);
-        self.b.use_var(var)
+        LoopHead {
+            var,
+            header,
+            body,
+            exit,
+            i,
+        }
+    }
+
+    /// The end of a loop's body: the variable takes `next`, back to the header; the builder
+    /// continues after the loop.
+    fn loop_tail(&mut self, head: &LoopHead, next: Value) {
+        self.b.def_var(head.var, next);
+        self.b.ins().jump(head.header, &[]);
+        self.b.switch_to_block(head.exit);
+    }
+
+    /// A stage loop above the innermost: `Var::Inner(level)` over `0..extents[level]`, `deeper`
+    /// inside (both stage loop orders nest their levels this way).
+    fn enclosing_loop(
+        &mut self,
+        level: usize,
+        extents: &[Value],
+        mut deeper: impl FnMut(&mut Self),
+    ) {
+        let zero = self.b.ins().iconst(types::I64, 0);
+        let var = Var::Inner(level as u32);
+        self.counted_loop(zero, extents[level], 1, |l, i| {
+            l.vars.insert(var, i);
+            deeper(l);
+        });
     }
 
     fn stages(&mut self, extents: &[Value]) {
@@ -567,15 +611,14 @@ impl Lowering<'_, '_, '_> {
             self.forget();
             return;
         }
-        let zero = self.b.ins().iconst(types::I64, 0);
-        let var = Var::Inner(level as u32);
         if level + 1 < extents.len() {
-            self.counted_loop(zero, extents[level], 1, |l, i| {
-                l.vars.insert(var, i);
-                l.inner_loops(level + 1, extents, vector, body);
+            self.enclosing_loop(level, extents, |l| {
+                l.inner_loops(level + 1, extents, vector, body)
             });
             return;
         }
+        let zero = self.b.ins().iconst(types::I64, 0);
+        let var = Var::Inner(level as u32);
         self.hoist_addresses();
         self.hoist_invariants();
         if !self.block_levels.is_empty() || self.fold.is_some() {
@@ -721,26 +764,17 @@ impl Lowering<'_, '_, '_> {
         step: i64,
         mut body: impl FnMut(&mut Self, Value, Value),
     ) {
-        let var = self.b.declare_var(types::I64);
-        self.b.def_var(var, lo);
-        let header = self.b.create_block();
-        let body_block = self.b.create_block();
-        let exit = self.b.create_block();
-        self.b.ins().jump(header, &[]);
-        self.b.switch_to_block(header);
-        let i = self.b.use_var(var);
-        let go = self.b.ins().icmp(IntCC::SignedLessThan, i, hi);
-        self.b.ins().brif(go, body_block, &[], exit, &[]);
-        self.b.switch_to_block(body_block);
-        let next = self.b.ins().iadd_imm_s(i, step);
+        let head = self.loop_head(lo);
+        let go = self.b.ins().icmp(IntCC::SignedLessThan, head.i, hi);
+        self.b.ins().brif(go, head.body, &[], head.exit, &[]);
+        self.b.switch_to_block(head.body);
+        let next = self.b.ins().iadd_imm_s(head.i, step);
         let full = self.b.ins().icmp(IntCC::SignedLessThan, next, hi);
         let end = self.b.ins().select(full, next, hi);
         self.forget();
-        body(self, i, end);
+        body(self, head.i, end);
         self.forget();
-        self.b.def_var(var, next);
-        self.b.ins().jump(header, &[]);
-        self.b.switch_to_block(exit);
+        self.loop_tail(&head, next);
     }
 
     /// Zeroes the block accumulators of a sum.
@@ -1279,14 +1313,19 @@ impl Lowering<'_, '_, '_> {
         match c.as_const() {
             Some(c) => self.b.ins().imul_imm_s(v, c * k),
             None => {
-                let c = self.sizes[c];
-                let ck = if k == 1 {
-                    c
-                } else {
-                    self.b.ins().imul_imm_s(c, k)
-                };
+                let ck = self.symbolic_times(c, k);
                 self.b.ins().imul(v, ck)
             }
+        }
+    }
+
+    /// `c · k` for a symbolic size expression `c` (computed in the entry block).
+    fn symbolic_times(&mut self, c: &SizeExpr, k: i64) -> Value {
+        let c = self.sizes[c];
+        if k == 1 {
+            c
+        } else {
+            self.b.ins().imul_imm_s(c, k)
         }
     }
 
@@ -1296,12 +1335,7 @@ impl Lowering<'_, '_, '_> {
             Some(0) => x,
             Some(c) => self.b.ins().iadd_imm_s(x, c * k),
             None => {
-                let c = self.sizes[c];
-                let ck = if k == 1 {
-                    c
-                } else {
-                    self.b.ins().imul_imm_s(c, k)
-                };
+                let ck = self.symbolic_times(c, k);
                 self.b.ins().iadd(x, ck)
             }
         }
