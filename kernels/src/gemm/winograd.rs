@@ -138,9 +138,11 @@ pub fn prefers_winograd(
 }
 
 /// Whether transforming a weight of `out_channels × channels` filters for one call pays for
-/// itself over `images` images of `OH × OW` outputs (all of a call's: asked per thread, the
-/// answer, and with it the order of the sums, would depend on the thread count; a frozen
-/// weight is transformed once, at compile time, and needs no such check). Measured on Zen 4
+/// itself over the call's `images` images of `OH × OW` outputs (a frozen weight is transformed
+/// once, at compile time, and needs no such check). It is judged over all the images, not
+/// those each thread runs: the choice of algorithm must not depend on the thread count, or
+/// results would differ between thread counts (Winograd and the implicit GEMM round
+/// differently). Measured on Zen 4
 /// (`conv_probe`): the transform takes about `10 µs + 20 ns` per filter (64×64: 0.08 ms,
 /// 32×32: 0.039, 16×16: 0.015), and Winograd saves about 40% of the implicit GEMM's time,
 /// which runs at about 100 GFLOP/s: `0.4 · 18 · K · C · OH · OW / 1e11` s per image. The tiny
