@@ -606,7 +606,10 @@ fn dag_graph(
         inputs.push(data);
         (t, inputs.len() as u64)
     };
-    let x = input("x", hashed_values(&shape, 1)).0;
+    // Smooth data for `x`, not hashed: hashed rows are shifted copies of each other, so rows
+    // normalised by layer norm tie exactly, and a max pool's gradient at a tie goes to either
+    // element depending on the last ulp of its inputs (a false alarm, not a bug).
+    let x = input("x", minductor_tests::sine_values(&shape, 1, 2.0)).0;
     let mut values = vec![x.clone()];
     for (k, &node) in nodes.iter().enumerate() {
         let pick = |i: usize| values[i % values.len()].clone();
