@@ -49,3 +49,8 @@ pub mod internals {
     pub use minductor_passes as passes;
     pub use minductor_runtime as runtime;
 }
+
+/// README.md's Rust snippets, compiled (and those not marked `no_run`, run) as doc tests.
+#[doc = include_str!("../README.md")]
+#[cfg(doctest)]
+pub struct ReadmeDoctests;

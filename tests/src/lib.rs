@@ -86,13 +86,131 @@ pub fn assert_allclose(got: &[Tensor], want: &[Tensor], tol: Tolerance, context:
     }
 }
 
-/// Smooth, seeded test data: element `i` is `amplitude · sin((i + 1)·0.618 + 1.3·seed)`.
-pub fn sine_values(shape: &[usize], seed: u32, amplitude: f32) -> Tensor {
+/// Smooth, deterministic f32 test data: element `i` of the flattened tensor is
+/// `sin((i + first)·step + phase)·scale + offset`, evaluated in f32 in that order (the named
+/// helpers below are the waves the tests use).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Wave {
+    pub first: f32,
+    pub step: f32,
+    pub phase: f32,
+    pub scale: f32,
+    pub offset: f32,
+}
+
+impl Wave {
+    /// `sin(i·step + phase)`.
+    pub fn new(step: f32, phase: f32) -> Wave {
+        Wave {
+            first: 0.0,
+            step,
+            phase,
+            scale: 1.0,
+            offset: 0.0,
+        }
+    }
+
+    /// Counts `i` from `first` instead of 0.
+    pub fn first(self, first: f32) -> Wave {
+        Wave { first, ..self }
+    }
+
+    /// Multiplies every value by `scale`.
+    pub fn scale(self, scale: f32) -> Wave {
+        Wave { scale, ..self }
+    }
+
+    /// Adds `offset` to every (scaled) value.
+    pub fn offset(self, offset: f32) -> Wave {
+        Wave { offset, ..self }
+    }
+
+    /// The f32 tensor of `shape`.
+    pub fn tensor(self, shape: &[usize]) -> Tensor {
+        let n: usize = shape.iter().product();
+        let data = (0..n)
+            .map(|i| {
+                ((i as f32 + self.first) * self.step + self.phase).sin() * self.scale + self.offset
+            })
+            .collect();
+        Tensor::from_vec(shape, data).unwrap()
+    }
+}
+
+/// The common ramp: element `i` is `sin(0.37·i + seed)`, in [-1, 1].
+pub fn ramp(shape: &[usize], seed: f32) -> Tensor {
+    Wave::new(0.37, seed).tensor(shape)
+}
+
+/// [`ramp`] times `scale`: `scale · sin(0.37·i + seed)`.
+pub fn ramp_scaled(shape: &[usize], seed: f32, scale: f32) -> Tensor {
+    Wave::new(0.37, seed).scale(scale).tensor(shape)
+}
+
+/// [`ramp`] counted from 1: `sin(0.37·(i + 1) + seed)` (the jit tests' inputs).
+pub fn ramp_from_one(shape: &[usize], seed: f32) -> Tensor {
+    Wave::new(0.37, seed).first(1.0).tensor(shape)
+}
+
+/// [`ramp_scaled`] computed in f64 and rounded once: `(scale · sin(0.37·i + seed)) as f32`.
+pub fn ramp_f64(shape: &[usize], seed: f64, scale: f64) -> Tensor {
     let n: usize = shape.iter().product();
     let data = (0..n)
-        .map(|i| ((i as f32 + 1.0) * 0.618 + seed as f32 * 1.3).sin() * amplitude)
+        .map(|i| ((i as f64 * 0.37 + seed).sin() * scale) as f32)
         .collect();
     Tensor::from_vec(shape, data).unwrap()
+}
+
+/// A wider ramp counted from 1: `2 · sin(0.37·(i + 1) + 1.7·seed)` (the attention tests' q, k,
+/// v).
+pub fn wide_ramp(shape: &[usize], seed: f32) -> Tensor {
+    Wave::new(0.37, seed * 1.7)
+        .first(1.0)
+        .scale(2.0)
+        .tensor(shape)
+}
+
+/// A slower ramp with a larger range: `2 · sin(0.61·i + seed)` (the symbolic-size tests).
+pub fn slow_ramp(shape: &[usize], seed: f32) -> Tensor {
+    Wave::new(0.61, seed).scale(2.0).tensor(shape)
+}
+
+/// Smooth, seeded test data: element `i` is `amplitude · sin((i + 1)·0.618 + 1.3·seed)`.
+pub fn sine_values(shape: &[usize], seed: u32, amplitude: f32) -> Tensor {
+    Wave::new(0.618, seed as f32 * 1.3)
+        .first(1.0)
+        .scale(amplitude)
+        .tensor(shape)
+}
+
+/// [`sine_values`] shifted: `scale · sin((i + 1)·0.618 + 1.3·seed) + offset`.
+pub fn shifted_sine_values(shape: &[usize], seed: u32, scale: f32, offset: f32) -> Tensor {
+    Wave::new(0.618, seed as f32 * 1.3)
+        .first(1.0)
+        .scale(scale)
+        .offset(offset)
+        .tensor(shape)
+}
+
+/// [`sine_values`] with amplitude 3: `3 · sin((i + 1)·0.618 + 1.3·seed)`.
+pub fn wide_sine_values(shape: &[usize], seed: u32) -> Tensor {
+    sine_values(shape, seed, 3.0)
+}
+
+/// [`sine_values`] with amplitude 1: `sin((i + 1)·0.618 + 1.3·seed)`.
+pub fn unit_sine_values(shape: &[usize], seed: u32) -> Tensor {
+    sine_values(shape, seed, 1.0)
+}
+
+/// Hashed data on a grid of 1/250 in [-2, 2): element `i` is
+/// `((i·2654435761 + 97·seed) mod 1000) / 250 − 2`. Not smooth: neighbours are unrelated, and
+/// exact ties and zeros occur (the random graph tests' inputs).
+pub fn hashed_values(shape: &[usize], seed: u64) -> Tensor {
+    let n: usize = shape.iter().product();
+    let values = (0..n)
+        .map(|i| (((i as u64 * 2654435761 + seed * 97) % 1000) as f32 / 250.0) - 2.0)
+        .collect();
+    Tensor::from_vec(shape, values).unwrap()
 }
 
 /// The graph of `f` over f32 inputs `in0, in1, …` of `shapes`, and inputs for it: input `i`

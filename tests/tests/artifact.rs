@@ -8,6 +8,7 @@ use minductor::{
     Graph, Tensor, Tracer,
 };
 use minductor::{Dim, SymId, TensorType};
+use minductor_tests::ramp;
 use minductor_tests::{compare_outputs, Tolerance};
 use proptest::prelude::*;
 use std::path::PathBuf;
@@ -19,12 +20,6 @@ fn temp_dir(name: &str) -> PathBuf {
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
     dir
-}
-
-fn ramp(shape: &[usize], seed: f32) -> Tensor {
-    let n: usize = shape.iter().product();
-    let data = (0..n).map(|i| ((i as f32) * 0.37 + seed).sin()).collect();
-    Tensor::from_vec(shape, data).unwrap()
 }
 
 /// An MLP with a softmax over a symbolic batch dim `s0`: GEMMs with epilogues, reductions,

@@ -9,15 +9,8 @@ use minductor::internals::kernel_ir::{BufferKind, Program, Step};
 use minductor::Executable;
 use minductor::{compile, compile_with, interpret, Backend, DType, Graph, Tensor, Traced, Tracer};
 use minductor::{Dim, SymId, TensorType};
+use minductor_tests::wide_ramp;
 use minductor_tests::Tolerance;
-
-fn ramp(shape: &[usize], seed: f32) -> Tensor {
-    let n: usize = shape.iter().product();
-    let data = (0..n)
-        .map(|i| ((i as f32 + 1.0) * 0.37 + seed * 1.7).sin() * 2.0)
-        .collect();
-    Tensor::from_vec(shape, data).unwrap()
-}
 
 /// `sdpa(q, k, v)` with q `[b, h, t, e]`, k `[b, h / group, s, e]`, v `[b, h / group, s, ev]`
 /// (k and v repeated along the heads when `group > 1`, as the llama block does); dims given as
@@ -87,9 +80,9 @@ fn check([b, h, t, s, e, ev, group]: [usize; 7], causal: bool) {
         causal,
     );
     let inputs = [
-        ramp(&[b, h, t, e], 0.0),
-        ramp(&[b, kv, s, e], 1.0),
-        ramp(&[b, kv, s, ev], 2.0),
+        wide_ramp(&[b, h, t, e], 0.0),
+        wide_ramp(&[b, kv, s, e], 1.0),
+        wide_ramp(&[b, kv, s, ev], 2.0),
     ];
     let compiled = compile(&graph).unwrap();
     assert_fused(
@@ -168,7 +161,11 @@ fn a_symbolic_sequence_length_runs_every_length_with_one_compile() {
         assert_fused(&program_of(&symbolic), t, t, "symbolic");
         for n in [2, 3, 7, 32, 33, 65, 130] {
             let shape = [2, 2, n, 16];
-            let inputs = [ramp(&shape, 0.0), ramp(&shape, 1.0), ramp(&shape, 2.0)];
+            let inputs = [
+                wide_ramp(&shape, 0.0),
+                wide_ramp(&shape, 1.0),
+                wide_ramp(&shape, 2.0),
+            ];
             let graph = sdpa_graph(&dims(&shape), &dims(&shape), &dims(&shape), 1, causal);
             let want = interpret(&graph, &inputs).unwrap();
             let got = symbolic.call(&inputs).unwrap();
@@ -214,9 +211,9 @@ fn the_verifier_rejects_an_attention_view_outside_its_buffer() {
     );
     let good = program_of(&compile(&graph).unwrap());
     let inputs = [
-        ramp(&[1, 2, 8, 8], 0.0),
-        ramp(&[1, 2, 8, 8], 1.0),
-        ramp(&[1, 2, 8, 8], 2.0),
+        wide_ramp(&[1, 2, 8, 8], 0.0),
+        wide_ramp(&[1, 2, 8, 8], 1.0),
+        wide_ramp(&[1, 2, 8, 8], 2.0),
     ];
     let out = compile_program(&good).unwrap().run(&inputs).unwrap();
     let want = interpret(&graph, &inputs).unwrap();
@@ -248,9 +245,9 @@ fn attention_with_gradients_keeps_the_unfused_form() {
     outs.extend(loss.grad(&[&q, &k, &v]));
     let graph = tracer.finish(&outs).unwrap();
     let inputs = [
-        ramp(&[1, 2, 6, 8], 0.0),
-        ramp(&[1, 2, 6, 8], 1.0),
-        ramp(&[1, 2, 6, 8], 2.0),
+        wide_ramp(&[1, 2, 6, 8], 0.0),
+        wide_ramp(&[1, 2, 6, 8], 1.0),
+        wide_ramp(&[1, 2, 6, 8], 2.0),
     ];
     let compiled = compile(&graph).unwrap();
     let want = compile_with(&graph, Backend::Eager)
@@ -286,10 +283,10 @@ fn an_additive_mask_broadcast_to_the_scores_is_fused() {
         let out = q.scaled_dot_product_attention(&k, &v, Some(&m), causal);
         let graph = tracer.finish(&[out]).unwrap();
         let inputs = [
-            ramp(&[2, 3, t, 16], 0.0),
-            ramp(&[2, 3, s, 16], 1.0),
-            ramp(&[2, 3, s, 8], 2.0),
-            ramp(&mask_shape, 3.0),
+            wide_ramp(&[2, 3, t, 16], 0.0),
+            wide_ramp(&[2, 3, s, 16], 1.0),
+            wide_ramp(&[2, 3, s, 8], 2.0),
+            wide_ramp(&mask_shape, 3.0),
         ];
         let what = format!("mask {mask_shape:?} causal {causal}");
         let compiled = compile(&graph).unwrap();
@@ -368,9 +365,9 @@ fn check_bool_mask(
         mask = Tensor::from_vec(mask_shape, flipped).unwrap();
     }
     let inputs = [
-        ramp(&[b, h, t, e], 0.0),
-        ramp(&[b, kv, s, e], 1.0),
-        ramp(&[b, kv, s, ev], 2.0),
+        wide_ramp(&[b, h, t, e], 0.0),
+        wide_ramp(&[b, kv, s, e], 1.0),
+        wide_ramp(&[b, kv, s, ev], 2.0),
         mask,
     ];
     let compiled = compile(&graph).unwrap();
@@ -471,9 +468,9 @@ fn attention_results_do_not_depend_on_the_thread_count() {
     let out = q.scaled_dot_product_attention(&k, &v, Some(&m), true);
     let graph = tracer.finish(&[out]).unwrap();
     let inputs = [
-        ramp(&[1, 2, 300, 24], 0.0),
-        ramp(&[1, 1, 150, 24], 1.0),
-        ramp(&[1, 1, 150, 16], 2.0),
+        wide_ramp(&[1, 2, 300, 24], 0.0),
+        wide_ramp(&[1, 1, 150, 24], 1.0),
+        wide_ramp(&[1, 1, 150, 16], 2.0),
         bool_mask(&[300, 150], false),
     ];
     let compiled = compile(&graph).unwrap();
@@ -504,9 +501,9 @@ fn attention_over_zero_keys_gives_what_the_interpreter_gives() {
             false,
         );
         let inputs = [
-            ramp(&[b, h, t, e], 0.0),
-            ramp(&[b, h, 0, e], 1.0),
-            ramp(&[b, h, 0, ev], 2.0),
+            wide_ramp(&[b, h, t, e], 0.0),
+            wide_ramp(&[b, h, 0, e], 1.0),
+            wide_ramp(&[b, h, 0, ev], 2.0),
         ];
         let want = interpret(&graph, &inputs).unwrap();
         let got = compile(&graph).unwrap().call(&inputs).unwrap();
@@ -527,9 +524,9 @@ fn attention_with_empty_heads_gives_what_the_interpreter_gives() {
             causal,
         );
         let inputs = [
-            ramp(&[b, h, t, e], 0.0),
-            ramp(&[b, h, s, e], 1.0),
-            ramp(&[b, h, s, ev], 2.0),
+            wide_ramp(&[b, h, t, e], 0.0),
+            wide_ramp(&[b, h, s, e], 1.0),
+            wide_ramp(&[b, h, s, ev], 2.0),
         ];
         let want = interpret(&graph, &inputs).unwrap();
         let got = compile(&graph).unwrap().call(&inputs).unwrap();

@@ -14,7 +14,7 @@ use minductor::{
     compile_with, interpret, Backend, CompileOptions, ConvOptions, CrossEntropyOptions, DType,
     Tensor, Traced, Tracer,
 };
-use minductor_tests::Tolerance;
+use minductor_tests::{assert_allclose, Tolerance};
 use proptest::prelude::*;
 
 /// An input of a gradient check: name, dtype, shape and the range its values are drawn from.
@@ -207,17 +207,13 @@ fn check(name: &str, specs: &[Spec], f: impl Fn(&[Traced]) -> Traced) {
             .unwrap_or_else(|e| panic!("{name}: {backend:?}: {e}"))
             .call(&all32)
             .unwrap_or_else(|e| panic!("{name}: {backend:?}: {e}"));
-        assert_close(name, backend, &got, &eager32);
+        assert_allclose(
+            &got,
+            &eager32,
+            Tolerance::close(1e-4),
+            &format!("{}: {:?}", name, backend),
+        );
     }
-}
-
-fn assert_close(name: &str, backend: Backend, got: &[Tensor], want: &[Tensor]) {
-    minductor_tests::assert_allclose(
-        got,
-        want,
-        Tolerance::close(1e-4),
-        &format!("{name}: {backend:?}"),
-    );
 }
 
 const S: &[usize] = &[3, 5];
@@ -746,11 +742,11 @@ fn the_partitioner_saves_gemm_outputs_and_recomputes_pointwise_chains() {
         .call(&inputs)
         .unwrap();
     for c in [&compiled, &tight] {
-        assert_close(
-            "partitioned",
-            Backend::Inductor,
+        assert_allclose(
             &c.call(&inputs).unwrap(),
             &want,
+            Tolerance::close(1e-4),
+            &format!("{}: {:?}", "partitioned", Backend::Inductor),
         );
     }
 }
@@ -868,7 +864,12 @@ fn jit_compiles_gradients_with_guards_and_a_dynamic_batch() {
             .unwrap()
             .call(&inputs)
             .unwrap();
-        assert_close("jit train step", Backend::Inductor, &got, &want);
+        assert_allclose(
+            &got,
+            &want,
+            Tolerance::close(1e-4),
+            &format!("{}: {:?}", "jit train step", Backend::Inductor),
+        );
     }
     let stats = f.stats();
     // The first size compiles static; the second recompiles with a symbolic batch, which then

@@ -2,13 +2,9 @@
 //! time, non-contiguous, empty and out-of-range inputs each give a typed error or the right answer.
 
 use minductor::{compile_with, interpret, trace, Backend, DType, RuntimeError, Tensor, Tracer};
+use minductor_tests::ramp;
 
 const BACKENDS: [Backend; 3] = [Backend::Eager, Backend::AotEager, Backend::Inductor];
-
-fn ramp(shape: &[usize]) -> Tensor {
-    let n: usize = shape.iter().product();
-    Tensor::from_vec(shape, (0..n).map(|i| (i as f32 * 0.37).sin()).collect()).unwrap()
-}
 
 fn add_graph() -> minductor::Graph {
     trace(|t| {
@@ -23,7 +19,7 @@ fn add_graph() -> minductor::Graph {
 fn wrong_arity_names_expected_and_found() {
     for backend in BACKENDS {
         let c = compile_with(&add_graph(), backend).unwrap();
-        let err = c.call(&[ramp(&[2, 3])]).unwrap_err();
+        let err = c.call(&[ramp(&[2, 3], 0.0)]).unwrap_err();
         assert_eq!(
             err,
             RuntimeError::Arity {
@@ -40,7 +36,7 @@ fn wrong_dtype_names_the_input() {
     for backend in BACKENDS {
         let c = compile_with(&add_graph(), backend).unwrap();
         let bad = Tensor::from_vec(&[2, 3], vec![0i64; 6]).unwrap();
-        let err = c.call(&[ramp(&[2, 3]), bad]).unwrap_err();
+        let err = c.call(&[ramp(&[2, 3], 0.0), bad]).unwrap_err();
         assert_eq!(err.to_string(), "input `y`: expected dtype f32, found i64");
     }
 }
@@ -49,12 +45,14 @@ fn wrong_dtype_names_the_input() {
 fn wrong_rank_and_shape_name_the_input() {
     for backend in BACKENDS {
         let c = compile_with(&add_graph(), backend).unwrap();
-        let err = c.call(&[ramp(&[6]), ramp(&[2, 3])]).unwrap_err();
+        let err = c.call(&[ramp(&[6], 0.0), ramp(&[2, 3], 0.0)]).unwrap_err();
         assert!(
             matches!(err, RuntimeError::Rank { ref name, expected: 2, found: 1, .. } if name == "x"),
             "{err}"
         );
-        let err = c.call(&[ramp(&[2, 3]), ramp(&[3, 2])]).unwrap_err();
+        let err = c
+            .call(&[ramp(&[2, 3], 0.0), ramp(&[3, 2], 0.0)])
+            .unwrap_err();
         assert_eq!(
             err.to_string(),
             "input `y`: expected shape [2, 3], found [3, 2]"
@@ -116,7 +114,7 @@ fn non_contiguous_inputs_give_the_right_answer() {
         vec![(&x * 2.0).softmax(-1)]
     })
     .unwrap();
-    let base = ramp(&[4, 3]);
+    let base = ramp(&[4, 3], 0.0);
     let x = base.permute(&[1, 0]).unwrap();
     assert!(!x.is_contiguous());
     let want = interpret(&graph, &[x.contiguous()]).unwrap();
@@ -177,7 +175,7 @@ fn out_of_range_embedding_index_is_an_error() {
     let table = tracer.input("table", DType::F32, &[4, 2]);
     let out = idx.embedding(&table);
     let graph = tracer.finish(&[out]).unwrap();
-    let table = ramp(&[4, 2]);
+    let table = ramp(&[4, 2], 0.0);
     for backend in BACKENDS {
         let c = compile_with(&graph, backend).unwrap();
         let ok = c
@@ -247,7 +245,7 @@ fn symbolic_dims_are_a_typed_error_not_a_panic() {
         1,
         "the gather is a fallback step"
     );
-    let table_values = ramp(&[5, 4]);
+    let table_values = ramp(&[5, 4], 0.0);
     let ids = Tensor::from_vec(&[3], vec![4i64, 0, 2]).unwrap();
     let got = compiled.call(&[table_values.clone(), ids]).unwrap();
     let rows = table_values.to_vec::<f32>().unwrap();
@@ -259,7 +257,7 @@ fn symbolic_dims_are_a_typed_error_not_a_panic() {
     let past_the_end = Tensor::from_vec(&[3], vec![0i64, 5, 1]).unwrap();
     assert!(compiled.call(&[table_values, past_the_end]).is_err());
     let eager = compile_with(&graph, Backend::Eager).unwrap();
-    let err = eager.call(&[ramp(&[3, 4])]).unwrap_err();
+    let err = eager.call(&[ramp(&[3, 4], 0.0)]).unwrap_err();
     assert!(matches!(err, RuntimeError::Unsupported(_)), "{err}");
 }
 

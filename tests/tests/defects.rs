@@ -11,15 +11,7 @@ use minductor::{
     RuntimeError, Tensor, Traced, Tracer,
 };
 use minductor::{Dim, SymId, TensorType};
-
-fn ramp(shape: &[usize]) -> Tensor {
-    let n: usize = shape.iter().product();
-    Tensor::from_vec(shape, (0..n).map(|i| (i as f32 * 0.37).sin()).collect()).unwrap()
-}
-
-fn values(t: &Tensor) -> Vec<f64> {
-    t.to_f64_vec()
-}
+use minductor_tests::ramp;
 
 // ---- defect 3: sizes that overflow ------------------------------------------------------------
 
@@ -88,7 +80,7 @@ fn a_symbolic_size_whose_byte_count_overflows_at_call_time_is_a_typed_error() {
     let y = x.expand(&[-1, 1 << 58]);
     let graph = tracer.finish(&[y]).unwrap();
     let compiled = compile(&graph).unwrap();
-    let err = compiled.call(&[ramp(&[16, 1])]).unwrap_err();
+    let err = compiled.call(&[ramp(&[16, 1], 0.0)]).unwrap_err();
     assert!(
         matches!(
             err,
@@ -113,7 +105,7 @@ fn cat_of_no_tensors_is_a_trace_error() {
     );
     // Under jit too.
     let f = jit(|_: &[Traced]| vec![Traced::cat(&[], 0)]);
-    let err = f.call(&[ramp(&[2])]).unwrap_err();
+    let err = f.call(&[ramp(&[2], 0.0)]).unwrap_err();
     assert!(matches!(err, JitError::Trace(_)), "{err}");
 }
 
@@ -143,7 +135,7 @@ fn a_custom_backend_returning_the_wrong_outputs_is_an_error() {
     }
     let model = |x: &[Traced]| vec![x[0].exp(), x[0].sin()];
     let none = jit(model).backend(JitBackend::custom(backend_returning(|_| Vec::new())));
-    let err = none.call(&[ramp(&[3])]).unwrap_err();
+    let err = none.call(&[ramp(&[3], 0.0)]).unwrap_err();
     assert!(matches!(err, JitError::Runtime(_)), "{err}");
     assert!(
         err.to_string()
@@ -156,7 +148,7 @@ fn a_custom_backend_returning_the_wrong_outputs_is_an_error() {
             Tensor::zeros(DType::F32, &[3]),
         ]
     })));
-    let err = wrong_dtype.call(&[ramp(&[3])]).unwrap_err();
+    let err = wrong_dtype.call(&[ramp(&[3], 0.0)]).unwrap_err();
     assert!(matches!(err, JitError::Runtime(_)), "{err}");
     assert!(
         err.to_string()
@@ -167,9 +159,9 @@ fn a_custom_backend_returning_the_wrong_outputs_is_an_error() {
     let good = jit(model).backend(JitBackend::custom(backend_returning(|x| {
         vec![x[0].clone(), x[0].clone()]
     })));
-    let out = good.call(&[ramp(&[3])]).unwrap();
+    let out = good.call(&[ramp(&[3], 0.0)]).unwrap();
     assert_eq!(out.len(), 2);
-    assert_eq!(values(&out[1]), values(&ramp(&[3])));
+    assert_eq!(out[1].to_f64_vec(), ramp(&[3], 0.0).to_f64_vec());
 }
 
 /// The kernel program `compile` made for `graph` (after fuse, horizontal fusion, epilogues and
@@ -198,9 +190,16 @@ fn first_kernel(program: &mut Program) -> &mut minductor::internals::kernel_ir::
 #[test]
 fn a_symbol_that_appears_only_in_a_loop_extent_is_rejected_not_a_panic() {
     let good = exp_program();
-    let out = compile_program(&good).unwrap().run(&[ramp(&[8])]).unwrap();
-    let want: Vec<f64> = values(&ramp(&[8])).iter().map(|v| v.exp()).collect();
-    for (g, w) in values(&out[0]).iter().zip(&want) {
+    let out = compile_program(&good)
+        .unwrap()
+        .run(&[ramp(&[8], 0.0)])
+        .unwrap();
+    let want: Vec<f64> = ramp(&[8], 0.0)
+        .to_f64_vec()
+        .iter()
+        .map(|v| v.exp())
+        .collect();
+    for (g, w) in out[0].to_f64_vec().iter().zip(&want) {
         assert!((g - w).abs() <= 1e-5 * w.abs(), "{g} vs {w}");
     }
     // From a graph: an expand to a symbol no input has is a typed error on every backend.
@@ -216,7 +215,7 @@ fn a_symbol_that_appears_only_in_a_loop_extent_is_rejected_not_a_panic() {
     graph.set_outputs(vec![y]);
     for backend in [minductor::Backend::Eager, minductor::Backend::Inductor] {
         let result = minductor::compile_with(&graph, backend).and_then(|c| {
-            c.call(&[ramp(&[1, 3])])
+            c.call(&[ramp(&[1, 3], 0.0)])
                 .map_err(|e| CompileError::Unsupported {
                     backend: "call",
                     what: e.to_string(),
@@ -263,7 +262,7 @@ fn a_bool_tensor_for_overwrite_never_sees_recycled_bytes() {
 
 #[test]
 fn data_mut_refuses_another_dtype_or_a_shared_or_strided_tensor() {
-    let mut t = ramp(&[2, 3]);
+    let mut t = ramp(&[2, 3], 0.0);
     assert!(t.data_mut::<i64>().is_none());
     let shared = t.clone();
     assert!(t.data_mut::<f32>().is_none());
@@ -324,12 +323,16 @@ fn the_verifier_rejects_an_out_of_range_load_with_symbolic_sizes_at_call_time() 
     load.offset = (-1).into();
     // The range depends on s0: compile_program cannot prove it wrong, the call must refuse it.
     let compiled = compile_program(&bad).unwrap();
-    match compiled.run(&[ramp(&[5])]) {
+    match compiled.run(&[ramp(&[5], 0.0)]) {
         Err(RuntimeError::InvalidProgram(m)) => assert!(m.contains("outside"), "{m}"),
         other => panic!("expected an invalid-program error, got {other:?}"),
     }
     assert_eq!(
-        compile_program(&good).unwrap().run(&[ramp(&[5])]).unwrap()[0].shape(),
+        compile_program(&good)
+            .unwrap()
+            .run(&[ramp(&[5], 0.0)])
+            .unwrap()[0]
+            .shape(),
         &[5]
     );
 }
@@ -352,7 +355,7 @@ fn matmul_program() -> Program {
 #[test]
 fn the_verifier_accepts_the_planned_matmul_program_and_it_runs_right() {
     let program = matmul_program();
-    let (x, w) = (ramp(&[8, 8]), ramp(&[8, 8]));
+    let (x, w) = (ramp(&[8, 8], 0.0), ramp(&[8, 8], 0.0));
     let out = compile_program(&program)
         .unwrap()
         .run(&[x.clone(), w.clone()])
@@ -367,7 +370,7 @@ fn the_verifier_accepts_the_planned_matmul_program_and_it_runs_right() {
         &[x, w],
     )
     .unwrap();
-    for (g, w) in values(&out[0]).iter().zip(values(&want[0])) {
+    for (g, w) in out[0].to_f64_vec().iter().zip(want[0].to_f64_vec()) {
         assert!((g - w).abs() <= 1e-4 * (1.0 + w.abs()), "{g} vs {w}");
     }
 }
@@ -516,13 +519,14 @@ fn a_jit_function_branching_on_a_dim_comparison_takes_the_right_branch_on_every_
         ([6, 7], 3.0),
         ([7, 7], 2.0),
     ] {
-        let x = ramp(&shape);
+        let x = ramp(&shape, 0.0);
         let out = f.call(std::slice::from_ref(&x)).unwrap();
-        let want: Vec<f64> = values(&x)
+        let want: Vec<f64> = x
+            .to_f64_vec()
             .iter()
             .map(|&v| (v as f32 * factor) as f64)
             .collect();
-        assert_eq!(values(&out[0]), want, "shape {shape:?}");
+        assert_eq!(out[0].to_f64_vec(), want, "shape {shape:?}");
     }
 }
 
@@ -540,9 +544,10 @@ fn a_jit_function_comparing_a_dim_with_a_number_takes_the_right_branch_on_every_
         .backend(backend)
         .dynamic(Some(true));
         for rows in [3usize, 6, 2, 9] {
-            let x = ramp(&[rows, 1]);
+            let x = ramp(&[rows, 1], 0.0);
             let out = f.call(std::slice::from_ref(&x)).unwrap();
-            let want: Vec<f64> = values(&x)
+            let want: Vec<f64> = x
+                .to_f64_vec()
                 .iter()
                 .map(|&v| {
                     if rows > 4 {
@@ -552,7 +557,7 @@ fn a_jit_function_comparing_a_dim_with_a_number_takes_the_right_branch_on_every_
                     }
                 })
                 .collect();
-            for (g, w) in values(&out[0]).iter().zip(&want) {
+            for (g, w) in out[0].to_f64_vec().iter().zip(&want) {
                 assert!(
                     (g - w).abs() <= 1e-5 * (1.0 + w.abs()),
                     "rows {rows}: {g} vs {w}"
@@ -574,7 +579,7 @@ fn comparing_dims_that_share_a_symbol_keeps_them_symbolic() {
     .backend(eager())
     .dynamic(Some(true));
     for n in [3usize, 5, 8] {
-        f.call(&[ramp(&[n, n])]).unwrap();
+        f.call(&[ramp(&[n, n], 0.0)]).unwrap();
     }
     let stats = f.stats();
     assert_eq!(

@@ -5,15 +5,8 @@
 
 use minductor::{compile, interpret, jit, load_bytes, trace, DType, Graph, Tensor, Traced, Tracer};
 use minductor::{Dim, SymId, TensorType};
+use minductor_tests::slow_ramp;
 use minductor_tests::Tolerance;
-
-fn ramp(shape: &[usize], seed: f32) -> Tensor {
-    let n: usize = shape.iter().product();
-    let data = (0..n)
-        .map(|i| ((i as f32) * 0.61 + seed).sin() * 2.0)
-        .collect();
-    Tensor::from_vec(shape, data).unwrap()
-}
 
 /// The reference result: `f` traced with the inputs' static shapes and interpreted.
 fn reference(f: &dyn Fn(&[Traced]) -> Vec<Traced>, inputs: &[Tensor]) -> Vec<Tensor> {
@@ -44,11 +37,11 @@ fn decode_step(x: &[Traced]) -> Vec<Traced> {
 fn decode_inputs(length: usize) -> Vec<Tensor> {
     let seed = length as f32;
     vec![
-        ramp(&[1, 2, length, 8], seed),
-        ramp(&[1, 2, length, 8], seed + 1.0),
-        ramp(&[1, 2, 1, 8], seed + 2.0),
-        ramp(&[1, 2, 1, 8], seed + 3.0),
-        ramp(&[1, 2, 1, 8], seed + 4.0),
+        slow_ramp(&[1, 2, length, 8], seed),
+        slow_ramp(&[1, 2, length, 8], seed + 1.0),
+        slow_ramp(&[1, 2, 1, 8], seed + 2.0),
+        slow_ramp(&[1, 2, 1, 8], seed + 3.0),
+        slow_ramp(&[1, 2, 1, 8], seed + 4.0),
     ]
 }
 
@@ -128,9 +121,9 @@ fn check_every_size(shapes: &[&[usize]], weights: &[&[usize]], f: &Body) -> Grap
                     .iter()
                     .map(|&n| if n == 0 { size } else { n })
                     .collect();
-                ramp(&shape, i as f32)
+                slow_ramp(&shape, i as f32)
             })
-            .chain(weights.iter().map(|w| ramp(w, 7.0)))
+            .chain(weights.iter().map(|w| slow_ramp(w, 7.0)))
             .collect();
         let want = interpret(&build(Some(size), shapes, weights, f), &inputs).unwrap();
         let got = symbolic.call(&inputs).unwrap();
@@ -248,7 +241,7 @@ fn pad_and_shifted_slices_of_a_symbolic_dim() {
 fn a_cache_length_that_disagrees_with_its_symbol_is_a_typed_error() {
     let compiled = compile(&symbolic_decode_graph()).unwrap();
     let mut inputs = decode_inputs(5);
-    inputs[1] = ramp(&[1, 2, 6, 8], 0.0);
+    inputs[1] = slow_ramp(&[1, 2, 6, 8], 0.0);
     let err = compiled.call(&inputs).unwrap_err();
     assert!(
         matches!(err, minductor::RuntimeError::Shape { .. }),
@@ -333,7 +326,10 @@ fn graph_break_after_a_cat(step: &Body, backend: minductor::Backend) {
         .dynamic(Some(false))
         .recompile_limit(64);
     for length in 1..=9 {
-        let inputs = vec![ramp(&[3, length, 4], length as f32), ramp(&[3, 1, 4], 0.5)];
+        let inputs = vec![
+            slow_ramp(&[3, length, 4], length as f32),
+            slow_ramp(&[3, 1, 4], 0.5),
+        ];
         let got = f.call(&inputs).unwrap();
         assert_eq!(got[0].shape(), &[3, length + 1, 4]);
         minductor_tests::assert_allclose(
@@ -364,12 +360,12 @@ fn a_negative_derived_size_is_a_typed_error() {
     let graph = tracer.finish(&[inner]).unwrap();
     assert!(graph.to_string().contains("f32[3, s0 - 2]"), "{graph}");
     let compiled = compile(&graph).unwrap();
-    let err = compiled.call(&[ramp(&[3, 1], 0.0)]).unwrap_err();
+    let err = compiled.call(&[slow_ramp(&[3, 1], 0.0)]).unwrap_err();
     assert!(
         matches!(&err, minductor::RuntimeError::Shape { expected, .. } if expected.contains("s0 - 2")),
         "{err:?}"
     );
-    let empty = compiled.call(&[ramp(&[3, 2], 0.0)]).unwrap();
+    let empty = compiled.call(&[slow_ramp(&[3, 2], 0.0)]).unwrap();
     assert_eq!(empty[0].shape(), &[3, 0]);
 }
 
@@ -425,7 +421,7 @@ fn gradients_through_cat_pad_and_slices_of_a_symbolic_dim() {
     let shapes: [&[usize]; 2] = [&[3, 0], &[3, 1]];
     let symbolic = compile(&build(None, &shapes, &[], &f)).unwrap();
     for size in (1..=19).chain([64]) {
-        let inputs = vec![ramp(&[3, size], 0.3), ramp(&[3, 1], 1.7)];
+        let inputs = vec![slow_ramp(&[3, size], 0.3), slow_ramp(&[3, 1], 1.7)];
         let want = compile(&build(Some(size), &shapes, &[], &f))
             .unwrap()
             .call(&inputs)

@@ -3,11 +3,8 @@
 
 use minductor::internals::kernel_ir::Step;
 use minductor::{compile, interpret, trace, DType, Graph, Tensor, Traced};
+use minductor_tests::wide_sine_values;
 use minductor_tests::Tolerance;
-
-fn values(shape: &[usize], seed: u32) -> Tensor {
-    minductor_tests::sine_values(shape, seed, 3.0)
-}
 
 /// Compiles `graph` and compares each output with the interpreter's within `tol` (relative to
 /// max(1, |want|)).
@@ -26,7 +23,7 @@ fn check(graph: &Graph, inputs: &[Tensor], tol: f64, what: &str) {
 }
 
 fn build(shapes: &[&[usize]], f: impl FnOnce(&[Traced]) -> Vec<Traced>) -> (Graph, Vec<Tensor>) {
-    minductor_tests::build_graph(shapes, values, f)
+    minductor_tests::build_graph(shapes, wide_sine_values, f)
 }
 
 const SIZES: [usize; 6] = [1, 3, 4, 5, 17, 66];
@@ -221,12 +218,12 @@ fn recycled_output_blocks_are_fully_overwritten_and_never_shared() {
     let n = 1 << 19;
     let (g, _) = build(&[&[n]], |i| vec![(&i[0] * 0.5).gelu(), i[0].exp()]);
     let compiled = compile(&g).unwrap();
-    let first_inputs = [values(&[n], 1)];
+    let first_inputs = [wide_sine_values(&[n], 1)];
     let want_first = interpret(&g, &first_inputs).unwrap();
     let held = compiled.call(&first_inputs).unwrap();
     for round in 0..4 {
         // Alternate inputs, so a recycled block holds the other round's values.
-        let inputs = [values(&[n], 2 + round % 2)];
+        let inputs = [wide_sine_values(&[n], 2 + round % 2)];
         let want = interpret(&g, &inputs).unwrap();
         let got = compiled.call(&inputs).unwrap();
         minductor_tests::assert_allclose(

@@ -8,6 +8,7 @@
 
 use minductor::internals::kernel_ir::cost::program_cost;
 use minductor::{compile, dump, interpret, trace, Compiled, DType, Graph, Tensor};
+use minductor_tests::{assert_allclose, ramp_f64, Tolerance};
 use minductor_tools::golden::{build_case, TensorSpec};
 
 /// The three texts, under headers, for one snapshot per graph.
@@ -27,26 +28,12 @@ fn dump_text(graph: &Graph) -> String {
 fn check_against_interpreter(compiled: &Compiled, inputs: &[Tensor]) {
     let got = compiled.call(inputs).unwrap();
     let want = interpret(compiled.graph(), inputs).unwrap();
-    for (g, w) in got.iter().zip(&want) {
-        let (g, w) = (g.to_f64_vec(), w.to_f64_vec());
-        let worst = g
-            .iter()
-            .zip(&w)
-            .map(|(a, b)| (a - b).abs() / (1.0 + b.abs()))
-            .fold(0.0, f64::max);
-        assert!(
-            worst < 1e-4,
-            "compiled differs from the interpreter by {worst}"
-        );
-    }
-}
-
-fn ramp(shape: &[usize], seed: f64) -> Tensor {
-    let n: usize = shape.iter().product();
-    let data: Vec<f32> = (0..n)
-        .map(|i| ((i as f64 * 0.37 + seed).sin() * 0.5) as f32)
-        .collect();
-    Tensor::from_vec(shape, data).unwrap()
+    assert_allclose(
+        &got,
+        &want,
+        Tolerance::close(1e-4),
+        "compiled vs the interpreter",
+    );
 }
 
 fn pointwise_chain() -> Graph {
@@ -75,14 +62,18 @@ fn pointwise_chain_costs_each_input_once_and_the_output_once() {
     assert_eq!(costs.len(), 1);
     assert_eq!(costs[0].bytes_read, (4 * 32 + 32 + 32) * 4);
     assert_eq!(costs[0].bytes_written, 4 * 32 * 4);
-    let inputs = [ramp(&[4, 32], 0.0), ramp(&[32], 1.0), ramp(&[32], 2.0)];
+    let inputs = [
+        ramp_f64(&[4, 32], 0.0, 0.5),
+        ramp_f64(&[32], 1.0, 0.5),
+        ramp_f64(&[32], 2.0, 0.5),
+    ];
     check_against_interpreter(&compiled, &inputs);
 }
 
 #[test]
 fn softmax_dump() {
     let graph = trace(|t| vec![t.input("x", DType::F32, &[8, 32]).softmax(-1)]).unwrap();
-    check_against_interpreter(&compile(&graph).unwrap(), &[ramp(&[8, 32], 0.5)]);
+    check_against_interpreter(&compile(&graph).unwrap(), &[ramp_f64(&[8, 32], 0.5, 0.5)]);
     insta::assert_snapshot!(dump_text(&graph));
 }
 
@@ -110,11 +101,11 @@ fn mlp_dump() {
     })
     .unwrap();
     let inputs = [
-        ramp(&[4, 16], 0.0),
-        ramp(&[64, 16], 1.0),
-        ramp(&[64], 2.0),
-        ramp(&[16, 64], 3.0),
-        ramp(&[16], 4.0),
+        ramp_f64(&[4, 16], 0.0, 0.5),
+        ramp_f64(&[64, 16], 1.0, 0.5),
+        ramp_f64(&[64], 2.0, 0.5),
+        ramp_f64(&[16, 64], 3.0, 0.5),
+        ramp_f64(&[16], 4.0, 0.5),
     ];
     check_against_interpreter(&compile(&graph).unwrap(), &inputs);
     insta::assert_snapshot!(dump_text(&graph));
@@ -161,7 +152,7 @@ fn transformer_block_dump() {
     let inputs: Vec<Tensor> = shapes
         .iter()
         .enumerate()
-        .map(|(i, s)| ramp(s, i as f64))
+        .map(|(i, s)| ramp_f64(s, i as f64, 0.5))
         .collect();
     check_against_interpreter(&compile(&graph).unwrap(), &inputs);
     insta::assert_snapshot!(dump_text(&graph));

@@ -8,16 +8,9 @@ use minductor::{
     interpret, jit, reference_executable, set_stance, trace, with_stance, Backend, CompileError,
     CompiledFn, DType, Graph, JitBackend, JitError, Stance, Tensor, Traced,
 };
-use minductor_tests::Tolerance;
+use minductor_tests::ramp_from_one;
+use minductor_tests::{assert_allclose, Tolerance};
 use std::sync::{Arc, Mutex};
-
-fn data(shape: &[usize], seed: f32) -> Tensor {
-    let n: usize = shape.iter().product();
-    let values: Vec<f32> = (0..n)
-        .map(|i| ((i as f32 + 1.0) * 0.37 + seed).sin())
-        .collect();
-    Tensor::from_vec(shape, values).unwrap()
-}
 
 /// The reference result: `f` traced with the inputs' static shapes and interpreted.
 fn reference(
@@ -38,10 +31,6 @@ fn reference(
 }
 
 #[track_caller]
-fn assert_close(got: &[Tensor], want: &[Tensor], tolerance: f64) {
-    minductor_tests::assert_allclose(got, want, Tolerance::close(tolerance), "jit");
-}
-
 fn mlp_like(x: &[Traced]) -> Vec<Traced> {
     vec![(&x[0] * 2.0 + 1.0).gelu().softmax(-1)]
 }
@@ -52,8 +41,8 @@ fn guard_failure_names_input_dim_expected_and_got() {
         .backend(Backend::Eager)
         .dynamic(Some(false))
         .input_names(&["x"]);
-    f.call(&[data(&[256, 8], 0.0)]).unwrap();
-    f.call(&[data(&[128, 8], 0.0)]).unwrap();
+    f.call(&[ramp_from_one(&[256, 8], 0.0)]).unwrap();
+    f.call(&[ramp_from_one(&[128, 8], 0.0)]).unwrap();
     let stats = f.stats();
     assert_eq!(stats.compiles, 2);
     assert_eq!(
@@ -61,7 +50,7 @@ fn guard_failure_names_input_dim_expected_and_got() {
         vec!["input x, dim 0: expected 256, got 128"]
     );
     // dtype and contiguity guards recompile too, and say so.
-    f.call(&[data(&[8, 128], 0.0).permute(&[1, 0]).unwrap()])
+    f.call(&[ramp_from_one(&[8, 128], 0.0).permute(&[1, 0]).unwrap()])
         .unwrap();
     let stats = f.stats();
     assert_eq!(stats.compiles, 3);
@@ -80,9 +69,14 @@ fn static_sweep_recompiles_once_per_size() {
         .recompile_limit(64)
         .input_names(&["x"]);
     for batch in 2..12 {
-        let x = data(&[batch, 16], batch as f32);
+        let x = ramp_from_one(&[batch, 16], batch as f32);
         let out = f.call(std::slice::from_ref(&x)).unwrap();
-        assert_close(&out, &reference(&mlp_like, &["x"], &[x]), 0.0);
+        assert_allclose(
+            &out,
+            &reference(&mlp_like, &["x"], &[x]),
+            Tolerance::close(0.0),
+            "jit",
+        );
     }
     let stats = f.stats();
     assert_eq!(stats.compiles, 10);
@@ -91,7 +85,7 @@ fn static_sweep_recompiles_once_per_size() {
     assert_eq!(stats.cache_hits, 0);
     // Hits for every size seen.
     for batch in 2..12 {
-        f.call(&[data(&[batch, 16], 0.5)]).unwrap();
+        f.call(&[ramp_from_one(&[batch, 16], 0.5)]).unwrap();
     }
     assert_eq!(f.stats().cache_hits, 10);
     assert_eq!(f.stats().compiles, 10);
@@ -102,9 +96,14 @@ fn static_sweep_recompiles_once_per_size() {
 fn automatic_dynamic_sweep(backend: Backend, tolerance: f64) {
     let f = jit(mlp_like).backend(backend).input_names(&["x"]);
     for batch in 2..12 {
-        let x = data(&[batch, 16], batch as f32);
+        let x = ramp_from_one(&[batch, 16], batch as f32);
         let out = f.call(std::slice::from_ref(&x)).unwrap();
-        assert_close(&out, &reference(&mlp_like, &["x"], &[x]), tolerance);
+        assert_allclose(
+            &out,
+            &reference(&mlp_like, &["x"], &[x]),
+            Tolerance::close(tolerance),
+            "jit",
+        );
     }
     let stats = f.stats();
     assert_eq!(stats.dynamic_fallbacks, Vec::<String>::new());
@@ -113,12 +112,13 @@ fn automatic_dynamic_sweep(backend: Backend, tolerance: f64) {
     assert_eq!(stats.recompiles, vec!["input x, dim 0: expected 2, got 3"]);
     assert_eq!(stats.cache_hits, 8);
     // Size 1 fails the symbolic guard (s0 >= 2) and gets its own static graph.
-    let one = data(&[1, 16], 0.0);
+    let one = ramp_from_one(&[1, 16], 0.0);
     let out = f.call(std::slice::from_ref(&one)).unwrap();
-    assert_close(
+    assert_allclose(
         &out,
         &reference(&mlp_like, &["x"], std::slice::from_ref(&one)),
-        tolerance,
+        Tolerance::close(tolerance),
+        "jit",
     );
     let stats = f.stats();
     assert_eq!(stats.compiles, 3);
@@ -153,9 +153,14 @@ fn automatic_dynamic_sweep_inductor() {
 fn automatic_dynamic_on_inductor_is_correct_or_falls_back_with_reason() {
     let f = jit(mlp_like).input_names(&["x"]).recompile_limit(64);
     for batch in [2usize, 3, 4, 5, 7, 9] {
-        let x = data(&[batch, 16], batch as f32);
+        let x = ramp_from_one(&[batch, 16], batch as f32);
         let out = f.call(std::slice::from_ref(&x)).unwrap();
-        assert_close(&out, &reference(&mlp_like, &["x"], &[x]), 1e-4);
+        assert_allclose(
+            &out,
+            &reference(&mlp_like, &["x"], &[x]),
+            Tolerance::close(1e-4),
+            "jit",
+        );
     }
     let stats = f.stats();
     if stats.symbolic_compiles == 0 {
@@ -178,9 +183,14 @@ fn dynamic_true_is_symbolic_from_the_first_compile_and_duck_sizes_equal_dims() {
         .dynamic(Some(true))
         .input_names(&["x", "y"]);
     for n in [3usize, 5, 8] {
-        let inputs = [data(&[n, 4], 0.0), data(&[n, 4], 1.0)];
+        let inputs = [ramp_from_one(&[n, 4], 0.0), ramp_from_one(&[n, 4], 1.0)];
         let out = f.call(&inputs).unwrap();
-        assert_close(&out, &reference(&add, &["x", "y"], &inputs), 0.0);
+        assert_allclose(
+            &out,
+            &reference(&add, &["x", "y"], &inputs),
+            Tolerance::close(0.0),
+            "jit",
+        );
     }
     let stats = f.stats();
     assert_eq!(
@@ -188,7 +198,7 @@ fn dynamic_true_is_symbolic_from_the_first_compile_and_duck_sizes_equal_dims() {
         (1, 1, 2)
     );
     // x and y share s0 (and s1 for the 4s): unequal sizes fail the tie.
-    let err = f.call(&[data(&[3, 4], 0.0), data(&[5, 4], 0.0)]);
+    let err = f.call(&[ramp_from_one(&[3, 4], 0.0), ramp_from_one(&[5, 4], 0.0)]);
     assert!(err.is_err(), "x + y of [3, 4] and [5, 4] cannot broadcast");
     let reason = &f.stats().recompiles[0];
     assert!(
@@ -207,9 +217,14 @@ fn reading_a_symbolic_size_specializes_it() {
         .backend(Backend::Eager)
         .dynamic(Some(true))
         .input_names(&["x"]);
-    let x = data(&[6, 3], 0.0);
+    let x = ramp_from_one(&[6, 3], 0.0);
     let out = f.call(std::slice::from_ref(&x)).unwrap();
-    assert_close(&out, &reference(&mean0, &["x"], &[x]), 0.0);
+    assert_allclose(
+        &out,
+        &reference(&mean0, &["x"], &[x]),
+        Tolerance::close(0.0),
+        "jit",
+    );
     let stats = f.stats();
     assert_eq!(stats.symbolic_compiles, 0);
     assert!(
@@ -219,9 +234,14 @@ fn reading_a_symbolic_size_specializes_it() {
         stats.dynamic_fallbacks
     );
     // Dim 0 is static from now on: a new size recompiles (correctly) rather than reusing.
-    let x = data(&[4, 3], 0.0);
+    let x = ramp_from_one(&[4, 3], 0.0);
     let out = f.call(std::slice::from_ref(&x)).unwrap();
-    assert_close(&out, &reference(&mean0, &["x"], &[x]), 0.0);
+    assert_allclose(
+        &out,
+        &reference(&mean0, &["x"], &[x]),
+        Tolerance::close(0.0),
+        "jit",
+    );
     assert_eq!(f.stats().compiles, 2);
 }
 
@@ -233,9 +253,14 @@ fn recompile_limit_falls_back_to_eager() {
         .recompile_limit(2)
         .input_names(&["x"]);
     for batch in 2..7 {
-        let x = data(&[batch, 8], 0.0);
+        let x = ramp_from_one(&[batch, 8], 0.0);
         let out = f.call(std::slice::from_ref(&x)).unwrap();
-        assert_close(&out, &reference(&mlp_like, &["x"], &[x]), 1e-5);
+        assert_allclose(
+            &out,
+            &reference(&mlp_like, &["x"], &[x]),
+            Tolerance::close(1e-5),
+            "jit",
+        );
     }
     let stats = f.stats();
     assert_eq!(stats.compiles, 2);
@@ -243,7 +268,7 @@ fn recompile_limit_falls_back_to_eager() {
     assert_eq!(stats.eager_fallbacks(), 3);
     assert_eq!(f.cache_entries(), 2);
     // Cached sizes still hit.
-    f.call(&[data(&[3, 8], 0.0)]).unwrap();
+    f.call(&[ramp_from_one(&[3, 8], 0.0)]).unwrap();
     assert_eq!(f.stats().cache_hits, 1);
 }
 
@@ -253,12 +278,12 @@ fn stances_force_eager_eager_on_recompile_fail_on_recompile() {
         .backend(Backend::Inductor)
         .dynamic(Some(false))
         .input_names(&["x"]);
-    let x4 = data(&[4, 8], 0.0);
+    let x4 = ramp_from_one(&[4, 8], 0.0);
     let want4 = reference(&mlp_like, &["x"], std::slice::from_ref(&x4));
 
     // force_eager: nothing is compiled, results are the interpreter's.
     let out = with_stance(Stance::ForceEager, || f.call(std::slice::from_ref(&x4))).unwrap();
-    assert_close(&out, &want4, 0.0);
+    assert_allclose(&out, &want4, Tolerance::close(0.0), "jit");
     assert_eq!((f.stats().compiles, f.stats().stance_eager_calls), (0, 1));
     assert_eq!(minductor::current_stance(), Stance::Default);
 
@@ -267,19 +292,20 @@ fn stances_force_eager_eager_on_recompile_fail_on_recompile() {
         f.call(std::slice::from_ref(&x4))
     })
     .unwrap();
-    assert_close(&out, &want4, 1e-4);
+    assert_allclose(&out, &want4, Tolerance::close(1e-4), "jit");
     assert_eq!(f.stats().compiles, 1);
 
     // eager_on_recompile: a miss runs eagerly, a hit still uses the compiled code.
-    let x5 = data(&[5, 8], 0.0);
+    let x5 = ramp_from_one(&[5, 8], 0.0);
     let out = with_stance(Stance::EagerOnRecompile, || {
         f.call(std::slice::from_ref(&x5))
     })
     .unwrap();
-    assert_close(
+    assert_allclose(
         &out,
         &reference(&mlp_like, &["x"], std::slice::from_ref(&x5)),
-        0.0,
+        Tolerance::close(0.0),
+        "jit",
     );
     with_stance(Stance::EagerOnRecompile, || {
         f.call(std::slice::from_ref(&x4))
@@ -293,7 +319,7 @@ fn stances_force_eager_eager_on_recompile_fail_on_recompile() {
 
     // fail_on_recompile: a miss is an error naming the failed guard.
     let guard = set_stance(Stance::FailOnRecompile);
-    let err = f.call(&[data(&[6, 8], 0.0)]).unwrap_err();
+    let err = f.call(&[ramp_from_one(&[6, 8], 0.0)]).unwrap_err();
     drop(guard);
     assert!(matches!(err, JitError::RecompileForbidden { .. }));
     assert!(
@@ -345,7 +371,7 @@ fn branchy_by_hand(x: &Tensor) -> (Vec<f64>, Vec<f64>) {
 fn graph_break_in_the_middle_matches_eager() {
     let f = jit(branchy).input_names(&["x"]);
     let input = |seed: f32, scale: f32| {
-        let x = data(&[4, 32], seed);
+        let x = ramp_from_one(&[4, 32], seed);
         let values = x.to_vec::<f32>().unwrap();
         Tensor::from_vec(
             &[4, 32],
@@ -357,7 +383,7 @@ fn graph_break_in_the_middle_matches_eager() {
         let x = input(seed, scale);
         let out = f.call(std::slice::from_ref(&x)).unwrap();
         let eager = with_stance(Stance::ForceEager, || f.call(std::slice::from_ref(&x))).unwrap();
-        assert_close(&out, &eager, 1e-4);
+        assert_allclose(&out, &eager, Tolerance::close(1e-4), "jit");
         let (first, y) = branchy_by_hand(&x);
         for (got, want) in out[0].to_f64_vec().iter().zip(&first) {
             assert!(
@@ -407,7 +433,7 @@ fn graph_break_in_the_middle_matches_eager() {
 #[test]
 fn graph_break_values_count_against_the_recompile_limit_only_when_they_compile() {
     let input = |seed: f32, scale: f32| {
-        let values = data(&[2, 8], seed).to_vec::<f32>().unwrap();
+        let values = ramp_from_one(&[2, 8], seed).to_vec::<f32>().unwrap();
         Tensor::from_vec(
             &[2, 8],
             values.iter().map(|v| v * scale + scale * 0.5).collect(),
@@ -426,7 +452,7 @@ fn graph_break_values_count_against_the_recompile_limit_only_when_they_compile()
             Tensor::from_f64(DType::F32, &[2, 8], &first).unwrap(),
             Tensor::from_f64(DType::F32, &[2, 8], &y).unwrap(),
         ];
-        assert_close(&out, &want, 1e-5);
+        assert_allclose(&out, &want, Tolerance::close(1e-5), "jit");
     }
     let stats = f.stats();
     // The positive branch is compiled once (graph before the break + branch); the negative one
@@ -450,7 +476,7 @@ fn fullgraph_turns_a_break_into_an_error_at_the_call_site() {
     })
     .fullgraph(true)
     .backend(Backend::Eager);
-    let err = f.call(&[data(&[2, 2], 0.0)]).unwrap_err();
+    let err = f.call(&[ramp_from_one(&[2, 2], 0.0)]).unwrap_err();
     let text = err.to_string();
     assert!(text.contains(&format!("{}:{line}:", file!())), "{text}");
     assert!(text.contains("graph break in fullgraph mode"), "{text}");
@@ -477,9 +503,18 @@ fn custom_backend_receives_the_captured_graph_and_input_types() {
     let f = jit(model)
         .backend(JitBackend::custom(backend))
         .input_names(&["x", "w", "b"]);
-    let inputs = [data(&[3, 5], 0.0), data(&[4, 5], 1.0), data(&[4], 2.0)];
+    let inputs = [
+        ramp_from_one(&[3, 5], 0.0),
+        ramp_from_one(&[4, 5], 1.0),
+        ramp_from_one(&[4], 2.0),
+    ];
     let out = f.call(&inputs).unwrap();
-    assert_close(&out, &reference(&model, &["x", "w", "b"], &inputs), 0.0);
+    assert_allclose(
+        &out,
+        &reference(&model, &["x", "w", "b"], &inputs),
+        Tolerance::close(0.0),
+        "jit",
+    );
     let expected = trace(|t| {
         let x = t.input("x", DType::F32, &[3, 5]);
         let w = t.input("w", DType::F32, &[4, 5]);
@@ -499,7 +534,7 @@ fn custom_backend_receives_the_captured_graph_and_input_types() {
 #[test]
 fn explain_reports_graphs_breaks_ops_guards() {
     let f = jit(branchy).input_names(&["x"]).backend(Backend::Eager);
-    let explanation = f.explain(&[data(&[4, 8], 0.0)]).unwrap();
+    let explanation = f.explain(&[ramp_from_one(&[4, 8], 0.0)]).unwrap();
     assert_eq!(explanation.graph_count(), 2);
     assert_eq!(explanation.graph_break_count(), 1);
     assert!(explanation.breaks[0].location.starts_with(file!()));
@@ -528,7 +563,9 @@ fn explain_reports_graphs_breaks_ops_guards() {
 #[test]
 fn wrong_inputs_are_errors_not_panics() {
     let f = jit(|x: &[Traced]| vec![&x[0] + &x[1]]).backend(Backend::Eager);
-    let err = f.call(&[data(&[2, 3], 0.0), data(&[4], 0.0)]).unwrap_err();
+    let err = f
+        .call(&[ramp_from_one(&[2, 3], 0.0), ramp_from_one(&[4], 0.0)])
+        .unwrap_err();
     assert!(err.to_string().contains("cannot broadcast"), "{err}");
 }
 
@@ -542,9 +579,14 @@ fn specializing_one_dim_keeps_the_others_symbolic() {
         .dynamic(Some(true))
         .input_names(&["x"]);
     for batch in [3usize, 5, 9] {
-        let x = data(&[batch, 16], batch as f32);
+        let x = ramp_from_one(&[batch, 16], batch as f32);
         let out = f.call(std::slice::from_ref(&x)).unwrap();
-        assert_close(&out, &reference(&norm, &["x"], &[x]), 0.0);
+        assert_allclose(
+            &out,
+            &reference(&norm, &["x"], &[x]),
+            Tolerance::close(0.0),
+            "jit",
+        );
     }
     let stats = f.stats();
     assert_eq!(
@@ -586,12 +628,17 @@ fn symbolic_sweep_over_view_ops_is_correct_either_way() {
                 .input_names(&["x"])
                 .recompile_limit(64);
             for batch in [2usize, 3, 5, 8] {
-                let x = data(&[batch, 4, 4], batch as f32);
+                let x = ramp_from_one(&[batch, 4, 4], batch as f32);
                 let out = f
                     .call(std::slice::from_ref(&x))
                     .unwrap_or_else(|e| panic!("{name} on {backend:?}, batch {batch}: {e}"));
                 let tolerance = if backend == Backend::Eager { 0.0 } else { 1e-4 };
-                assert_close(&out, &reference(&model, &["x"], &[x]), tolerance);
+                assert_allclose(
+                    &out,
+                    &reference(&model, &["x"], &[x]),
+                    Tolerance::close(tolerance),
+                    "jit",
+                );
             }
             let stats = f.stats();
             assert!(stats.compiles <= 4, "{name}: {stats:?}");
@@ -614,11 +661,18 @@ fn jit_functions_can_be_shared_across_threads() {
     fn send_sync<T: Send + Sync>(_: &T) {}
     let f = jit(mlp_like as fn(&[Traced]) -> Vec<Traced>).backend(Backend::Eager);
     send_sync(&f);
-    let x = data(&[3, 8], 0.0);
+    let x = ramp_from_one(&[3, 8], 0.0);
     let want = reference(&mlp_like, &["arg0"], std::slice::from_ref(&x));
     std::thread::scope(|s| {
         for _ in 0..2 {
-            s.spawn(|| assert_close(&f.call(std::slice::from_ref(&x)).unwrap(), &want, 0.0));
+            s.spawn(|| {
+                assert_allclose(
+                    &f.call(std::slice::from_ref(&x)).unwrap(),
+                    &want,
+                    Tolerance::close(0.0),
+                    "jit",
+                )
+            });
         }
     });
     assert_eq!(f.stats().calls, 2);
@@ -636,7 +690,9 @@ fn graph_breaks_under_automatic_dynamic_shapes() {
         (6, -1.0),
         (7, 1.0),
     ] {
-        let values = data(&[batch, 8], batch as f32).to_vec::<f32>().unwrap();
+        let values = ramp_from_one(&[batch, 8], batch as f32)
+            .to_vec::<f32>()
+            .unwrap();
         let x = Tensor::from_vec(
             &[batch, 8],
             values.iter().map(|v| v * scale + scale * 0.5).collect(),
@@ -648,7 +704,7 @@ fn graph_breaks_under_automatic_dynamic_shapes() {
             Tensor::from_f64(DType::F32, &[batch, 8], &first).unwrap(),
             Tensor::from_f64(DType::F32, &[batch, 8], &y).unwrap(),
         ];
-        assert_close(&out, &want, 1e-6);
+        assert_allclose(&out, &want, Tolerance::close(1e-6), "jit");
     }
     let stats = f.stats();
     // Static graph pair at batch 2; at batch 3 the symbolic graph before the break and the

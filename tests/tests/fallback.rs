@@ -8,15 +8,8 @@ use minductor::internals::ir::{Dim, Op, ReduceOp, SymId, TensorType};
 use minductor::internals::kernel_ir::verify_program;
 use minductor::internals::kernel_ir::{BufferId, Program, Step};
 use minductor::{compile, interpret, jit, load_bytes, Artifact, DType, Graph, Tensor, Tracer};
+use minductor_tests::ramp_scaled;
 use minductor_tests::{assert_allclose, Tolerance};
-
-fn ramp(shape: &[usize], seed: f32) -> Tensor {
-    let n: usize = shape.iter().product();
-    let data = (0..n)
-        .map(|i| ((i as f32) * 0.37 + seed).sin() * 5.0)
-        .collect();
-    Tensor::from_vec(shape, data).unwrap()
-}
 
 fn integers(shape: &[usize], seed: i64) -> Tensor {
     let n: usize = shape.iter().product();
@@ -75,7 +68,7 @@ fn integer_reductions_run_as_fallbacks_between_compiled_kernels() {
         for keepdim in [false, true] {
             let what = format!("{op:?} keepdim={keepdim}");
             let graph = integer_sum_graph(op, keepdim);
-            let program = check(&graph, &[ramp(&[8, 33], 0.3)], &what);
+            let program = check(&graph, &[ramp_scaled(&[8, 33], 0.3, 5.0)], &what);
             let (ops, before, after) = fallback_ops(&program);
             let name = format!("reduce_{}", format!("{op:?}").to_lowercase());
             assert_eq!(ops, vec![name], "{what}: {program}");
@@ -115,7 +108,7 @@ fn integer_cumsum_runs_as_a_fallback() {
         let scaled = running.cast(DType::F32) * &x;
         let graph = t.finish(&[scaled.softmax(-1), running]).unwrap();
         let what = format!("cumsum dim {dim}");
-        let program = check(&graph, &[ramp(&[6, 9], 1.1)], &what);
+        let program = check(&graph, &[ramp_scaled(&[6, 9], 1.1, 5.0)], &what);
         let (ops, before, after) = fallback_ops(&program);
         assert_eq!(ops, vec!["cumsum".to_string()], "{what}");
         assert!(before && after, "{what}\n{program}");
@@ -184,7 +177,7 @@ fn fallbacks_bind_symbolic_sizes_at_each_call() {
     assert_eq!(compiled.fallbacks().len(), 2, "{:?}", compiled.fallbacks());
     let mut reference = minductor::reference_executable(&graph);
     for batch in [3, 17, 1] {
-        let x = ramp(&[batch, 12], batch as f32);
+        let x = ramp_scaled(&[batch, 12], batch as f32, 5.0);
         let got = compiled.call(std::slice::from_ref(&x)).unwrap();
         let want = reference(&[x]).unwrap();
         assert_allclose(
@@ -214,7 +207,7 @@ fn program_text_and_artifacts_keep_fallback_steps() {
     let loaded = load_bytes(&bytes).unwrap();
     assert_eq!(loaded.fallbacks(), compiled.fallbacks());
     for batch in [2, 9] {
-        let x = ramp(&[batch, 12], 0.7);
+        let x = ramp_scaled(&[batch, 12], 0.7, 5.0);
         let got = loaded.call(std::slice::from_ref(&x)).unwrap();
         let want = compiled.call(&[x]).unwrap();
         assert_allclose(&got, &want, Tolerance::EXACT, "loaded artifact");
@@ -228,7 +221,7 @@ fn explain_and_the_dump_list_each_fallback_with_op_and_reason() {
         vec![counts.sum(&[1], false), x[0].relu()]
     })
     .input_names(&["x"]);
-    let inputs = [ramp(&[4, 10], 0.2)];
+    let inputs = [ramp_scaled(&[4, 10], 0.2, 5.0)];
     let report = f.explain(&inputs).unwrap();
     assert_eq!(report.graphs.len(), 1);
     assert_eq!(report.graphs[0].fallbacks.len(), 1, "{report}");
@@ -329,7 +322,7 @@ fn f64_values_run_as_fallbacks_and_f32_work_around_them_stays_compiled() {
             .collect::<Vec<f64>>(),
     )
     .unwrap();
-    let inputs = [x, ramp(&[8, 10], 0.9)];
+    let inputs = [x, ramp_scaled(&[8, 10], 0.9, 5.0)];
     let program = check(&graph, &inputs, "f64 graph");
     assert!(program.fallbacks().count() >= 5, "{program}");
     assert!(
@@ -368,7 +361,7 @@ fn a_jit_function_with_a_fallback_compiles_a_symbolic_batch() {
     .input_names(&["x"]);
     // Automatic dynamic shapes: static at 5, symbolic batch at 9 (a recompile), a hit at 2.
     for batch in [5, 9, 2] {
-        let x = ramp(&[batch, 12], batch as f32);
+        let x = ramp_scaled(&[batch, 12], batch as f32, 5.0);
         let got = f.call(std::slice::from_ref(&x)).unwrap();
         let static_graph = {
             let t = Tracer::new();

@@ -8,15 +8,8 @@ use minductor::{
     compile_frozen, compile_frozen_with_options, interpret, trace, Backend, CompileError,
     CompileOptions, ConvOptions, DType, FreezeError, Graph, RuntimeError, Tensor,
 };
+use minductor_tests::shifted_sine_values;
 use minductor_tests::{assert_allclose, assert_same_bits_on_threads, Tolerance};
-
-fn values(shape: &[usize], seed: u32, scale: f32, offset: f32) -> Tensor {
-    let n: usize = shape.iter().product();
-    let data = (0..n)
-        .map(|i| ((i as f32 + 1.0) * 0.618 + seed as f32 * 1.3).sin() * scale + offset)
-        .collect();
-    Tensor::from_vec(shape, data).unwrap()
-}
 
 /// conv → eval batch norm → relu → conv → batch norm → + x → relu, a ResNet basic block, at
 /// `channels` channels in `groups` groups on `size`x`size` images.
@@ -56,11 +49,11 @@ fn block_inputs(graph: &Graph) -> Vec<Tensor> {
             let shape = graph.ty(id).static_sizes().unwrap();
             let name = graph.input_name(i);
             match name.chars().next().unwrap() {
-                'x' => values(&shape, 1, 1.0, 0.0),
-                'w' => values(&shape, i as u32, 0.2, 0.0),
-                'v' => values(&shape, i as u32, 0.4, 1.0),
-                'g' => values(&shape, i as u32, 0.3, 1.0),
-                _ => values(&shape, i as u32, 0.2, 0.0),
+                'x' => shifted_sine_values(&shape, 1, 1.0, 0.0),
+                'w' => shifted_sine_values(&shape, i as u32, 0.2, 0.0),
+                'v' => shifted_sine_values(&shape, i as u32, 0.4, 1.0),
+                'g' => shifted_sine_values(&shape, i as u32, 0.3, 1.0),
+                _ => shifted_sine_values(&shape, i as u32, 0.2, 0.0),
             }
         })
         .collect()
@@ -166,9 +159,9 @@ fn a_frozen_mlp_computes_its_constant_subgraphs_once() {
     })
     .unwrap();
     let inputs = [
-        values(&[5, 12], 1, 1.0, 0.0),
-        values(&[7, 12], 2, 0.5, 0.0),
-        values(&[7], 3, 0.5, 0.0),
+        shifted_sine_values(&[5, 12], 1, 1.0, 0.0),
+        shifted_sine_values(&[7, 12], 2, 0.5, 0.0),
+        shifted_sine_values(&[7], 3, 0.5, 0.0),
     ];
     let want = interpret(&graph, &inputs).unwrap();
     let compiled = compile_frozen(
@@ -207,7 +200,10 @@ fn bad_constants_and_bad_calls_are_typed_errors() {
         twice,
         Err(CompileError::Freeze(FreezeError::Duplicate { .. }))
     ));
-    let wrong_shape = compile_frozen(&graph, &[("w1", values(&[4, 4, 3, 2], 1, 1.0, 0.0))]);
+    let wrong_shape = compile_frozen(
+        &graph,
+        &[("w1", shifted_sine_values(&[4, 4, 3, 2], 1, 1.0, 0.0))],
+    );
     assert!(matches!(
         wrong_shape,
         Err(CompileError::Freeze(FreezeError::Mismatch { .. }))
@@ -242,7 +238,7 @@ fn bad_constants_and_bad_calls_are_typed_errors() {
     })
     .unwrap();
     assert!(matches!(
-        compile_frozen(&with_grad, &[("w", values(&[3], 1, 1.0, 0.0))]),
+        compile_frozen(&with_grad, &[("w", shifted_sine_values(&[3], 1, 1.0, 0.0))]),
         Err(CompileError::Freeze(FreezeError::Gradients))
     ));
 }
@@ -305,10 +301,10 @@ fn frozen_linears(x_shape: &[usize], hidden: usize, outputs: usize) -> (Graph, V
     })
     .unwrap();
     let inputs = vec![
-        values(x_shape, 1, 1.0, 0.0),
-        values(&[hidden, features], 2, 0.2, 0.0),
-        values(&[hidden], 3, 0.5, 0.0),
-        values(&[outputs, hidden], 4, 0.2, 0.0),
+        shifted_sine_values(x_shape, 1, 1.0, 0.0),
+        shifted_sine_values(&[hidden, features], 2, 0.2, 0.0),
+        shifted_sine_values(&[hidden], 3, 0.5, 0.0),
+        shifted_sine_values(&[outputs, hidden], 4, 0.2, 0.0),
     ];
     (graph, inputs)
 }
@@ -357,9 +353,9 @@ fn only_the_gemm_operands_that_are_frozen_are_prepacked() {
     })
     .unwrap();
     let inputs = [
-        values(&[9, 12], 1, 1.0, 0.0),
-        values(&[12, 7], 2, 0.5, 0.0),
-        values(&[7, 5], 3, 0.5, 0.0),
+        shifted_sine_values(&[9, 12], 1, 1.0, 0.0),
+        shifted_sine_values(&[12, 7], 2, 0.5, 0.0),
+        shifted_sine_values(&[7, 5], 3, 0.5, 0.0),
     ];
     let want = interpret(&graph, &inputs).unwrap();
     // Only `v` frozen: the first GEMM's `b` is a call input, the second's a constant.

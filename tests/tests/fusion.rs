@@ -3,6 +3,7 @@
 use minductor::internals::kernel_ir::{StageAction, Step};
 use minductor::internals::{kernel_ir, passes};
 use minductor::{compile, interpret, trace, DType, Graph, Tensor};
+use minductor_tests::ramp;
 use minductor_tests::Tolerance;
 use minductor_tools::workloads::uniform;
 
@@ -147,12 +148,6 @@ fn assert_matches_interpreter(graph: &Graph, inputs: &[Tensor], tol: f64) {
     let want = interpret(graph, inputs).unwrap();
     let got = compile(graph).unwrap().call(inputs).unwrap();
     minductor_tests::assert_allclose(&got, &want, Tolerance::close(tol), &graph.to_string());
-}
-
-fn ramp(shape: &[usize], seed: f32) -> Tensor {
-    let n: usize = shape.iter().product();
-    let data = (0..n).map(|i| ((i as f32) * 0.37 + seed).sin()).collect();
-    Tensor::from_vec(shape, data).unwrap()
 }
 
 /// Two buffers live at the same step never overlap in the arena, except an in-place pair at

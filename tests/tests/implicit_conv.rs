@@ -16,13 +16,10 @@ use minductor::internals::kernels::gemm::{
     prefers_winograd, winograd_transform_pays_off, ConvAlgorithm, Kernel,
 };
 use minductor::{compile, compile_frozen, interpret, ConvOptions, Graph, Tensor, Traced};
-
-fn values(shape: &[usize], seed: u32) -> Tensor {
-    minductor_tests::sine_values(shape, seed, 1.0)
-}
+use minductor_tests::unit_sine_values;
 
 fn build(shapes: &[&[usize]], f: impl FnOnce(&[Traced]) -> Vec<Traced>) -> (Graph, Vec<Tensor>) {
-    minductor_tests::build_graph(shapes, values, f)
+    minductor_tests::build_graph(shapes, unit_sine_values, f)
 }
 
 /// Compiles `graph`, checks that every GEMM reads an implicit im2col (no im2col buffer is

@@ -4,16 +4,9 @@
 //! thread hitting the same call sites without a subscriber at the same moment can leave this
 //! test's scoped subscriber without events (it failed that way beside the other dynamo tests).
 
-use minductor::{jit, Backend, Tensor, Traced};
+use minductor::{jit, Backend, Traced};
+use minductor_tests::ramp_from_one;
 use std::sync::{Arc, Mutex};
-
-fn data(shape: &[usize], seed: f32) -> Tensor {
-    let n: usize = shape.iter().product();
-    let values: Vec<f32> = (0..n)
-        .map(|i| ((i as f32 + 1.0) * 0.37 + seed).sin())
-        .collect();
-    Tensor::from_vec(shape, values).unwrap()
-}
 
 fn mlp_like(x: &[Traced]) -> Vec<Traced> {
     vec![(&x[0] * 2.0 + 1.0).gelu().softmax(-1)]
@@ -66,7 +59,7 @@ fn recompiles_guards_and_the_limit_warning_are_logged_under_their_topics() {
             .input_names(&["x"])
             .name("mlp_like");
         for batch in [256, 128, 64, 32] {
-            f.call(&[data(&[batch, 4], 0.0)]).unwrap();
+            f.call(&[ramp_from_one(&[batch, 4], 0.0)]).unwrap();
         }
     });
     let events = capture.0.lock().unwrap();

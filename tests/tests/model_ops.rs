@@ -8,10 +8,7 @@ use minductor::{
     compile, compile_with, interpret, trace, Backend, ConvOptions, DType, Graph, Tensor, Traced,
     Tracer,
 };
-
-fn values(shape: &[usize], seed: u32) -> Tensor {
-    minductor_tests::sine_values(shape, seed, 3.0)
-}
+use minductor_tests::wide_sine_values;
 
 /// Compiles `graph` and compares each output with the interpreter's within `tol` (relative to
 /// max(1, |want|)); integer outputs must be equal.
@@ -45,7 +42,7 @@ fn check(graph: &Graph, inputs: &[Tensor], tol: f64, what: &str) {
 }
 
 fn build(shapes: &[&[usize]], f: impl FnOnce(&[Traced]) -> Vec<Traced>) -> (Graph, Vec<Tensor>) {
-    minductor_tests::build_graph(shapes, values, f)
+    minductor_tests::build_graph(shapes, wide_sine_values, f)
 }
 
 const SIZES: [usize; 6] = [1, 3, 4, 5, 17, 66];
@@ -688,7 +685,7 @@ fn new_ops_on_half_precision_values() {
         let inputs: Vec<Tensor> = [(&[2usize, 4, 9, 9][..], 1u32), (&[6, 4, 3, 3][..], 2)]
             .iter()
             .map(|(shape, seed)| {
-                let v = values(shape, *seed).to_f64_vec();
+                let v = wide_sine_values(shape, *seed).to_f64_vec();
                 let scaled: Vec<f64> = v.iter().map(|x| x * 0.3).collect();
                 Tensor::from_f64(dtype, shape, &scaled).unwrap()
             })
@@ -767,7 +764,7 @@ fn max_pool2d_with_dilation_and_ceil_mode_matches_pytorch_semantics() {
             vec![x.max_pool2d_with(options)]
         })
         .unwrap_or_else(|e| panic!("{options:?} on {h}x{w}: {e}"));
-        let x = values(&[2, 3, h, w], 7);
+        let x = wide_sine_values(&[2, 3, h, w], 7);
         let got = compile(&graph)
             .unwrap()
             .call(std::slice::from_ref(&x))
@@ -809,7 +806,7 @@ fn cumsum_accumulates_in_f64_like_pytorch() {
         vec![c.clone(), &c - &c.amax(&[1], true)]
     })
     .unwrap();
-    let x = values(&[245, 142], 3);
+    let x = wide_sine_values(&[245, 142], 3);
     let want = interpret(&graph, std::slice::from_ref(&x)).unwrap();
     let got = compile(&graph).unwrap().call(&[x]).unwrap();
     minductor_tests::assert_allclose(&got, &want, minductor_tests::Tolerance::EXACT, "cumsum");

@@ -8,13 +8,8 @@ use minductor::{
     CompileOptions, Compiled, DType, Graph, Mode, RuntimeError, Tensor, Tracer,
 };
 use minductor::{Dim, SymId, TensorType};
+use minductor_tests::ramp;
 use minductor_tests::{assert_allclose, Tolerance};
-
-fn ramp(shape: &[usize], seed: f32) -> Tensor {
-    let n: usize = shape.iter().product();
-    let data = (0..n).map(|i| ((i as f32) * 0.37 + seed).sin()).collect();
-    Tensor::from_vec(shape, data).unwrap()
-}
 
 /// A GEMM with an epilogue, a softmax, an integer reduction (a fallback step), an output that is
 /// an input and one value returned twice.

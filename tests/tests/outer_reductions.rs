@@ -7,15 +7,12 @@
 
 use minductor::internals::kernel_ir::{LoopOrder, Program, Step};
 use minductor::{compile, interpret, trace, DType, Graph, Tensor, Traced};
+use minductor_tests::wide_sine_values;
 use minductor_tests::Tolerance;
 use minductor_tools::workloads::uniform;
 
-fn values(shape: &[usize], seed: u32) -> Tensor {
-    minductor_tests::sine_values(shape, seed, 3.0)
-}
-
 fn build(shapes: &[&[usize]], f: impl FnOnce(&[Traced]) -> Vec<Traced>) -> (Graph, Vec<Tensor>) {
-    minductor_tests::build_graph(shapes, values, f)
+    minductor_tests::build_graph(shapes, wide_sine_values, f)
 }
 
 /// How many kernel steps of `program` run in the outer-reduction order.
@@ -297,7 +294,7 @@ fn columns_keep_infinities_and_nan() {
         (130, 34, f32::NEG_INFINITY),
         (64, 17, f32::NAN),
     ] {
-        let mut data = values(&[m, n], 1).to_vec::<f32>().unwrap();
+        let mut data = wide_sine_values(&[m, n], 1).to_vec::<f32>().unwrap();
         data[row * n + col] = v;
         let x = Tensor::from_vec(&[m, n], data).unwrap();
         let graph = trace(|t| {

@@ -2,15 +2,8 @@
 //! against the reference interpreter on a static trace of the same function.
 
 use minductor::{interpret, jit, trace, with_stance, Backend, DType, Stance, Tensor, Traced};
+use minductor_tests::ramp_from_one;
 use minductor_tests::{assert_allclose, Tolerance};
-
-fn data(shape: &[usize], seed: f32) -> Tensor {
-    let n: usize = shape.iter().product();
-    let values: Vec<f32> = (0..n)
-        .map(|i| ((i as f32 + 1.0) * 0.37 + seed).sin())
-        .collect();
-    Tensor::from_vec(shape, values).unwrap()
-}
 
 fn body(x: &[Traced]) -> Vec<Traced> {
     vec![(x[0].exp() * 2.0 - &x[0]).softmax(-1).tanh()]
@@ -46,7 +39,7 @@ fn eager_then_compile_runs_each_new_signature_eagerly_once() {
         let s = f.stats();
         (s.calls, s.stance_eager_calls, s.compiles, s.cache_hits)
     };
-    let x4 = data(&[4, 16], 0.1);
+    let x4 = ramp_from_one(&[4, 16], 0.1);
     // First call of [4, 16]: eager, bit for bit the interpreter's.
     let out = call(&x4).unwrap();
     assert_allclose(&out, &reference(&x4), Tolerance::EXACT, "eager first call");
@@ -61,7 +54,7 @@ fn eager_then_compile_runs_each_new_signature_eagerly_once() {
     assert_eq!(counts(), (3, 1, 1, 1));
     // A new batch size: eager once; the compile after it already knows dim 0 varies and makes
     // it symbolic (no static compile for size 7).
-    let x7 = data(&[7, 16], 0.2);
+    let x7 = ramp_from_one(&[7, 16], 0.2);
     let out = call(&x7).unwrap();
     assert_allclose(&out, &reference(&x7), Tolerance::EXACT, "eager new size");
     assert_eq!(counts(), (4, 2, 1, 1));
@@ -79,7 +72,7 @@ fn eager_then_compile_runs_each_new_signature_eagerly_once() {
         "{stats:?}"
     );
     // A size the symbolic entry's guards accept runs compiled at once: no eager call.
-    let x11 = data(&[11, 16], 0.3);
+    let x11 = ramp_from_one(&[11, 16], 0.3);
     let out = call(&x11).unwrap();
     assert_allclose(
         &out,
@@ -89,7 +82,7 @@ fn eager_then_compile_runs_each_new_signature_eagerly_once() {
     );
     assert_eq!(counts(), (6, 2, 2, 2));
     // Outside the stance, a miss compiles on its first call.
-    let x3 = data(&[3, 5], 0.4);
+    let x3 = ramp_from_one(&[3, 5], 0.4);
     f.call(std::slice::from_ref(&x3)).unwrap();
     assert_eq!(counts(), (7, 2, 3, 2));
 }
@@ -106,7 +99,7 @@ fn a_disabled_function_never_compiles_under_any_stance() {
         Stance::EagerOnRecompile,
     ] {
         for shape in [[2usize, 8], [5, 8], [2, 8]] {
-            let x = data(&shape, shape[0] as f32);
+            let x = ramp_from_one(&shape, shape[0] as f32);
             let out = with_stance(stance, || f.call(std::slice::from_ref(&x))).unwrap();
             assert_allclose(&out, &reference(&x), Tolerance::EXACT, stance.name());
             calls += 1;

@@ -4,15 +4,8 @@
 use minductor::internals::kernel_ir::Step;
 use minductor::{compile, interpret, DType, Graph, RuntimeError, Tensor, Traced, Tracer};
 use minductor::{Dim, SymId, TensorType};
+use minductor_tests::slow_ramp;
 use minductor_tests::Tolerance;
-
-fn ramp(shape: &[usize], seed: f32) -> Tensor {
-    let n: usize = shape.iter().product();
-    let data = (0..n)
-        .map(|i| ((i as f32) * 0.61 + seed).sin() * 2.0)
-        .collect();
-    Tensor::from_vec(shape, data).unwrap()
-}
 
 type Body = dyn Fn(&[Traced]) -> Vec<Traced>;
 
@@ -49,9 +42,9 @@ fn check_every_size(shapes: &[&[usize]], weights: &[&[usize]], f: &Body) -> Grap
             .map(|(i, rest)| {
                 let mut shape = vec![batch];
                 shape.extend_from_slice(rest);
-                ramp(&shape, i as f32)
+                slow_ramp(&shape, i as f32)
             })
-            .chain(weights.iter().map(|w| ramp(w, 7.0)))
+            .chain(weights.iter().map(|w| slow_ramp(w, 7.0)))
             .collect();
         let want = interpret(&build(Some(batch), shapes, weights, f), &inputs).unwrap();
         let got = symbolic.call(&inputs).unwrap();
@@ -128,7 +121,7 @@ fn a_symbol_must_have_one_size_across_inputs() {
     let program = compiled.artifacts().program.clone().unwrap();
     assert!(program.steps.iter().all(|s| matches!(s, Step::Kernel(_))));
     let err = compiled
-        .call(&[ramp(&[3, 4], 0.0), ramp(&[5, 4], 1.0)])
+        .call(&[slow_ramp(&[3, 4], 0.0), slow_ramp(&[5, 4], 1.0)])
         .unwrap_err();
     assert!(matches!(err, RuntimeError::Shape { .. }), "{err}");
     assert!(err.to_string().contains("s0 = 3"), "{err}");

@@ -8,14 +8,6 @@ use minductor::{compile, interpret, DType, Graph, RuntimeError, Tensor, Traced, 
 use minductor::{Dim, SymId, TensorType};
 use minductor_tests::Tolerance;
 
-fn ramp(shape: &[usize], seed: f32) -> Tensor {
-    let n: usize = shape.iter().product();
-    let data = (0..n)
-        .map(|i| ((i as f32) * 0.37 + seed).sin() * 1.5)
-        .collect();
-    Tensor::from_vec(shape, data).unwrap()
-}
-
 /// A dim of a test input: a number, or symbol `s0`/`s1`.
 #[derive(Clone, Copy)]
 enum D {
@@ -23,6 +15,7 @@ enum D {
     S0,
     S1,
 }
+use minductor_tests::ramp_scaled;
 use D::{N, S0, S1};
 
 type Body = dyn Fn(&[Traced]) -> Vec<Traced>;
@@ -68,7 +61,7 @@ fn check_sizes(shapes: &[&[D]], sizes: &[(usize, usize)], f: &Body) -> String {
                         S1 => b,
                     })
                     .collect();
-                ramp(&shape, i as f32)
+                ramp_scaled(&shape, i as f32, 1.5)
             })
             .collect();
         let want = interpret(&build(shapes, Some((a, b)), f), &inputs).unwrap();
@@ -216,8 +209,10 @@ fn a_symbol_too_small_for_a_slice_from_its_end_is_a_typed_error() {
         vec![i[0].slice(1, Some(-2), None, 1) * 2.0]
     }))
     .unwrap();
-    compiled.call(&[ramp(&[3, 2, 5], 0.0)]).unwrap();
-    let err = compiled.call(&[ramp(&[3, 1, 5], 0.0)]).unwrap_err();
+    compiled.call(&[ramp_scaled(&[3, 2, 5], 0.0, 1.5)]).unwrap();
+    let err = compiled
+        .call(&[ramp_scaled(&[3, 1, 5], 0.0, 1.5)])
+        .unwrap_err();
     assert!(matches!(err, RuntimeError::InvalidProgram(_)), "{err}");
 }
 
@@ -234,7 +229,10 @@ fn a_symbol_bound_to_two_sizes_is_a_typed_error() {
     let program = compiled.artifacts().program.clone().unwrap();
     assert!(program.steps.iter().all(|s| matches!(s, Step::Kernel(_))));
     let err = compiled
-        .call(&[ramp(&[2, 4, 3], 0.0), ramp(&[2, 5, 3], 1.0)])
+        .call(&[
+            ramp_scaled(&[2, 4, 3], 0.0, 1.5),
+            ramp_scaled(&[2, 5, 3], 1.0, 1.5),
+        ])
         .unwrap_err();
     assert!(matches!(err, RuntimeError::Shape { .. }), "{err}");
 }
@@ -252,7 +250,10 @@ fn a_program_with_symbolic_strides_saves_and_loads() {
     let bytes = minductor::Artifact::of(&compiled).unwrap().to_bytes();
     let loaded = minductor::load_bytes(&bytes).unwrap();
     for n in [3, 17] {
-        let inputs = [ramp(&[2, n, 8], 0.0), ramp(&[2, n, 8], 1.0)];
+        let inputs = [
+            ramp_scaled(&[2, n, 8], 0.0, 1.5),
+            ramp_scaled(&[2, n, 8], 1.0, 1.5),
+        ];
         let want = interpret(&build(shapes, Some((n, 1)), f), &inputs).unwrap();
         minductor_tests::assert_allclose(
             &loaded.call(&inputs).unwrap(),
@@ -282,7 +283,9 @@ fn a_wrong_symbolic_stride_is_caught_by_the_verifier_at_bind_time() {
         .parse()
         .unwrap();
     let program = compile_program(&bad).unwrap();
-    let err = program.run(&[ramp(&[3, 5, 7], 0.0)]).unwrap_err();
+    let err = program
+        .run(&[ramp_scaled(&[3, 5, 7], 0.0, 1.5)])
+        .unwrap_err();
     assert!(matches!(err, RuntimeError::InvalidProgram(_)), "{err}");
     assert!(err.to_string().contains("outside"), "{err}");
 }
@@ -296,7 +299,10 @@ fn jit_guards_tie_the_dims_a_symbolic_graph_relates() {
     use minductor::{jit, DType};
     let f = jit(|x: &[Traced]| vec![x[0].matmul(&x[1].transpose(1, 2)).softmax(-1)]);
     let check = |lq: usize, lk: usize| {
-        let inputs = [ramp(&[2, lq, 8], 0.0), ramp(&[2, lk, 8], 1.0)];
+        let inputs = [
+            ramp_scaled(&[2, lq, 8], 0.0, 1.5),
+            ramp_scaled(&[2, lk, 8], 1.0, 1.5),
+        ];
         let tracer = Tracer::new();
         let (q, k) = (
             tracer.input("q", DType::F32, &[2, lq, 8]),
@@ -331,7 +337,10 @@ fn jit_guards_tie_the_dims_a_symbolic_graph_relates() {
         f.stats()
     );
     let err = f
-        .call(&[ramp(&[2, 5, 8], 0.0), ramp(&[2, 5, 9], 1.0)])
+        .call(&[
+            ramp_scaled(&[2, 5, 8], 0.0, 1.5),
+            ramp_scaled(&[2, 5, 9], 1.0, 1.5),
+        ])
         .unwrap_err();
     assert!(err.to_string().contains("matmul"), "{err}");
 }
