@@ -259,6 +259,36 @@ impl Executable for CompiledProgram {
         packed
     }
 
+    /// The arena laid out for the inputs' sizes, the outputs and the contiguous copies of
+    /// non-contiguous inputs (GEMM packing and per-thread scratch, bounded by the blocking, are
+    /// not counted).
+    fn memory_needed(&self, inputs: &[Tensor]) -> Result<Option<usize>, RuntimeError> {
+        let symbols = Symbols::bind(&self.program, &self.derived_dims, inputs)?;
+        let program = &self.program;
+        let bytes = |b: &minductor_passes::kernel::Buffer| {
+            checked_bytes(symbols.sizes(&b.shape), b.dtype.size_bytes())
+        };
+        let overflow =
+            || RuntimeError::SizeOverflow(format!("the buffers for sizes {:?}", symbols.0));
+        let (_, arena) = self
+            .plan
+            .layout(|b| bytes(program.buffer(b)))
+            .ok_or_else(overflow)?;
+        let mut needed = arena;
+        for b in &program.buffers {
+            let extra = match b.kind {
+                BufferKind::Output => bytes(b).ok_or_else(overflow)?,
+                BufferKind::Input(n) => match inputs.get(n) {
+                    Some(t) if !t.is_contiguous() => bytes(b).ok_or_else(overflow)?,
+                    _ => 0,
+                },
+                BufferKind::Intermediate => 0,
+            };
+            needed = needed.checked_add(extra).ok_or_else(overflow)?;
+        }
+        Ok(Some(needed))
+    }
+
     /// The largest pooled arena (what one call keeps), or the plan's estimate before any call.
     fn arena_bytes(&self) -> usize {
         let pool = self.arenas.lock().unwrap_or_else(|p| p.into_inner());
@@ -351,7 +381,12 @@ impl CompiledProgram {
                 })
                 .ok_or_else(overflow)?;
             if total > arena.storage.len() {
-                arena.storage = Storage::try_zeroed(total)?;
+                // The old block is freed first (its contents are dead), so growing never holds
+                // both; if the new one cannot be had, the arena is left empty and unlaid.
+                arena.storage = Storage::zeroed(0);
+                arena.layout = None;
+                arena.storage = Storage::try_zeroed(total)
+                    .map_err(|e| e.allocating("the arena of intermediates"))?;
             }
             arena.layout = Some((symbols.clone(), offsets, total));
         }
@@ -369,7 +404,9 @@ impl CompiledProgram {
                         found: inputs.len(),
                     })?;
                     // Dtype and sizes were checked by `Symbols::bind`.
-                    let t = t.contiguous();
+                    let t = t
+                        .try_contiguous()
+                        .map_err(|e| e.allocating(format!("a contiguous copy of input {n}")))?;
                     // Kernels only ever read inputs (fuse never stores to an input buffer), so
                     // this pointer to storage the caller may share is never written through.
                     pointers[index] = t.data_ptr() as *mut u8;
@@ -386,7 +423,10 @@ impl CompiledProgram {
                 }
                 BufferKind::Output => {
                     // Kernels write every element of an output, so a recycled block will do.
-                    let mut t = Tensor::for_overwrite(b.dtype, &symbols.sizes(&b.shape))?;
+                    let mut t =
+                        Tensor::for_overwrite(b.dtype, &symbols.sizes(&b.shape)).map_err(|e| {
+                            e.allocating(format!("output buffer {}", BufferId(index as u32)))
+                        })?;
                     pointers[index] = t.data_mut_ptr().expect("a fresh tensor is uniquely owned");
                     held[index] = Some(t);
                 }
