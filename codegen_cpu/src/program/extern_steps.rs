@@ -22,14 +22,18 @@ pub(super) fn run_attention(
     pointers: &[*mut u8],
 ) -> Result<(), RuntimeError> {
     let numel = |id: BufferId| symbols.elements(program, id);
+    // The mask's strides live outside any `Option`, always initialized (empty without a
+    // mask): as `Option<(MaskData, i64, Vec<i64>)>`, whose `None` leaves the `Vec` unwritten,
+    // the optimized drop glue tested the `Vec`'s capacity before the tag, a branch on
+    // uninitialized stack memory that valgrind memcheck reported (issue 22).
     // SAFETY: each pointer is the start of a live buffer holding its planned number of f32
     // elements for this call's sizes (`run_steps`; `verify_program` checked that all four are
     // f32 buffers). The output is written by this step alone and overlaps no operand: the
     // verifier rejects an attention reading its own output, `plan_buffers` never places an
     // attention's output in place of a buffer it reads, and live buffers' slots are disjoint.
     // Every index the routine reads is checked against these slices.
-    let mask = match &a.mask {
-        None => None,
+    let (mask_data, mask_offset, mask_strides) = match &a.mask {
+        None => (None, 0, Vec::new()),
         Some(m) => {
             let (offset, strides) = symbols.view(m, a.out)?;
             let n = numel(m.buffer);
@@ -44,7 +48,7 @@ pub(super) fn run_attention(
                     )),
                 }
             };
-            Some((data, offset, strides))
+            (Some(data), offset, strides)
         }
     };
     let (q, k, v, out) = unsafe {
@@ -82,8 +86,8 @@ pub(super) fn run_attention(
         scale: a.scale,
         causal: a.causal,
     };
-    let mask = match &mask {
-        Some((data, offset, strides)) => Some(Mask::new(a.mask_kind, *data, *offset, strides)?),
+    let mask = match mask_data {
+        Some(data) => Some(Mask::new(a.mask_kind, data, mask_offset, &mask_strides)?),
         None => None,
     };
     let view = |data, offset, strides| View {
