@@ -105,6 +105,16 @@ pub(super) fn run_attention(
     )
 }
 
+/// A GEMM's failure as the call's error: out of memory stays `OutOfMemory`.
+fn gemm_error(out: BufferId, e: gemm::GemmError) -> RuntimeError {
+    match e {
+        gemm::GemmError::OutOfMemory { bytes, what } => {
+            RuntimeError::out_of_memory(bytes, format!("matmul {out}: packed {what}"))
+        }
+        e => RuntimeError::Unsupported(format!("matmul {out}: {e}")),
+    }
+}
+
 /// Runs a scatter-add step on its buffers.
 pub(super) fn run_scatter_add(
     sc: &ScatterAddStep,
@@ -395,8 +405,7 @@ pub(super) fn run_matmul(
         };
         gemm::MatrixMut::row_major(values, end - start, cols)
     };
-    let gemm_error =
-        |e: gemm::GemmError| RuntimeError::Unsupported(format!("matmul {}: {e}", m.out));
+    let gemm_error = |e| gemm_error(m.out, e);
 
     let units = a_shape[0];
     let unit_bytes = count * rows * cols * std::mem::size_of::<f32>() / units.max(1);
@@ -603,8 +612,7 @@ fn run_implicit_matmul(
     let b_shape = symbols.sizes(&b.shape);
     let source_shape = symbols.sizes(&program.buffer(b.source).shape);
     let numel = |id: BufferId| symbols.elements(program, id);
-    let gemm_error =
-        |e: gemm::GemmError| RuntimeError::Unsupported(format!("matmul {}: {e}", m.out));
+    let gemm_error = |e| gemm_error(m.out, e);
     let (&[images, groups, k, cols], &[_, channels, h, w]) = (&b_shape[..], &source_shape[..])
     else {
         return Err(RuntimeError::Unsupported(format!(
