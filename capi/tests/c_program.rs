@@ -194,7 +194,18 @@ fn hostile_c_calls_return_typed_statuses() {
 
     let exe = dir.join("fuzz_abi");
     build_c_program(&cc, "fuzz_abi.c", &exe);
-    let run = Command::new(&exe)
+    // `MINDUCTOR_MEMCHECK=1` (set by `.ci/memcheck`) runs the program under valgrind memcheck,
+    // which must report no error: no read of unwritten memory or outside a buffer in the C ABI.
+    let memcheck = std::env::var("MINDUCTOR_MEMCHECK").is_ok_and(|v| v == "1");
+    let mut command = if memcheck {
+        let mut c = Command::new("valgrind");
+        c.args(["--error-exitcode=99", "--track-origins=yes"])
+            .arg(&exe);
+        c
+    } else {
+        Command::new(&exe)
+    };
+    let run = command
         .env("LD_LIBRARY_PATH", library_dir())
         .arg(&artifact)
         .arg(&big)
