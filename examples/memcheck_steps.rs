@@ -193,7 +193,7 @@ fn run() -> Result<(), String> {
             .step(&[ids.clone(), y.clone()])
             .map_err(|e| e.to_string())?;
     }
-    if !(last < first) {
+    if last.partial_cmp(&first) != Some(std::cmp::Ordering::Less) {
         return Err(format!(
             "training step: the loss went from {first} to {last}"
         ));

@@ -141,7 +141,7 @@ fn a_training_step_needing_4_tib_is_out_of_memory_and_changes_nothing() {
         )
         .unwrap();
         let x = column(4);
-        let first = small.step(&[x.clone()]).unwrap();
+        let first = small.step(std::slice::from_ref(&x)).unwrap();
         let want: f32 = (0..4)
             .map(|i| 1.0 / (1.0 + (-0.5 * i as f32 / 4.0).exp()))
             .sum::<f32>()
