@@ -55,6 +55,10 @@ pub enum RuntimeError {
     /// `MINDUCTOR_MEMORY_LIMIT`). Nothing was changed; the next call may succeed.
     #[error("out of memory: {what} needs {bytes} bytes")]
     OutOfMemory { bytes: usize, what: String },
+    /// Checking mode (`MINDUCTOR_CHECK_BUFFERS=1`) caught a step writing outside its buffer or
+    /// a value computed from memory no step wrote: a bug in the compiled code or a kernel.
+    #[error("buffer check: {0}")]
+    BufferCheck(String),
     #[error("invalid program: {0}")]
     InvalidProgram(String),
     #[error("bad tensor data: {0}")]
