@@ -3,8 +3,8 @@
 //! and its outputs must equal the Rust ones exactly; it also checks typed errors from C.
 //! Without `cc` on the PATH the test fails, saying so.
 
-use minductor::ir::{Dim, SymId, TensorType};
 use minductor::{compile, DType, Tensor, Tracer};
+use minductor::{Dim, SymId, TensorType};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -83,7 +83,7 @@ fn pattern(i: usize, shape: &[usize]) -> Tensor {
 
 /// An MLP with a softmax over a symbolic batch dim, and a second output: `x: f32[s0, 24]`,
 /// `w1: f32[48, 24]`, `b1: f32[48]`, `w2: f32[10, 48]`.
-fn mlp() -> minductor::ir::Graph {
+fn mlp() -> minductor::Graph {
     let t = Tracer::new();
     let x = t.input_typed(
         "x",

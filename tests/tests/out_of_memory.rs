@@ -7,7 +7,7 @@
 //! These rely on the allocator refusing a 4 TiB block (Linux's default heuristic overcommit
 //! does, on any machine with less than 4 TiB of memory and swap).
 
-use minductor::runtime::parse_memory_size;
+use minductor::internals::runtime::parse_memory_size;
 use minductor::{
     compile_with, compile_with_options, jit, Backend, CompileOptions, DType, Graph, JitError,
     Parameters, RuntimeError, Sgd, Tensor, Traced, Tracer, TrainError, TrainStep,

@@ -5,8 +5,8 @@
 use super::extern_steps::{run_attention, run_matmul, run_scatter_add, Prepacked};
 use super::{CompiledKernel, CompiledProgram, CompiledStep, Split};
 use minductor_ir::{checked_bytes, Dim, SymId};
-use minductor_passes::kernel::{BufferId, BufferKind, FallbackStep, Program, StridedView};
-use minductor_passes::verify_program;
+use minductor_kernel_ir::verify_program;
+use minductor_kernel_ir::{BufferId, BufferKind, FallbackStep, Program, StridedView};
 use minductor_runtime::{threads, Executable, RuntimeError, StepTiming, Storage, Tensor};
 use std::time::Instant;
 
@@ -241,7 +241,7 @@ struct CheckedArena {
 impl CheckedArena {
     fn new(
         program: &Program,
-        plan: &minductor_passes::plan_buffers::BufferPlan,
+        plan: &minductor_kernel_ir::BufferPlan,
         symbols: &Symbols,
     ) -> Result<CheckedArena, RuntimeError> {
         let overflow = || RuntimeError::SizeOverflow("the checking arena".into());
@@ -377,7 +377,7 @@ impl Executable for CompiledProgram {
     fn memory_needed(&self, inputs: &[Tensor]) -> Result<Option<usize>, RuntimeError> {
         let symbols = Symbols::bind(&self.program, &self.derived_dims, inputs)?;
         let program = &self.program;
-        let bytes = |b: &minductor_passes::kernel::Buffer| {
+        let bytes = |b: &minductor_kernel_ir::Buffer| {
             checked_bytes(symbols.sizes(&b.shape), b.dtype.size_bytes())
         };
         let overflow =
