@@ -44,6 +44,8 @@ typedef int32_t minductor_status;
 #define MINDUCTOR_ERR_BUFFER_SIZE 11     /* a buffer's byte size does not fit its shape */
 #define MINDUCTOR_ERR_RUNTIME 12         /* the run failed (e.g. an index out of range) */
 #define MINDUCTOR_ERR_PANIC 13           /* an internal error (a bug): please report it */
+#define MINDUCTOR_ERR_OUT_OF_MEMORY 14   /* an allocation failed or passed the memory limit;
+                                          * nothing was written, the next call may succeed */
 
 /* Element types. Data is row-major and contiguous; bool is one byte, 0 or 1. */
 typedef int32_t minductor_dtype;
@@ -104,9 +106,11 @@ minductor_status minductor_output_info(const minductor_model *model, size_t inde
                                        const int64_t **shape);
 
 /* Runs the model on `inputs[0..n_inputs]` and writes `outputs[0..n_outputs]` (data and
- * shape). Inputs are checked against the model's guards (count, dtype, rank, sizes, byte
- * sizes) and outputs against the results (count, dtype, rank, capacity) before anything is
- * written; on an error no output buffer has been written. */
+ * shape). Every count is compared with the model's before the array it counts is read:
+ * `n_inputs` and `n_outputs` before `inputs` and `outputs`, each `rank` (and dtype) before
+ * its `shape`. Inputs are then checked against the model's guards (sizes, byte sizes) and
+ * outputs against the results (capacity) before anything is written; on an error no output
+ * buffer has been written. Arrays and data need no particular alignment. */
 minductor_status minductor_run(const minductor_model *model, const minductor_tensor *inputs,
                                size_t n_inputs, minductor_output *outputs, size_t n_outputs);
 

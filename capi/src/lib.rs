@@ -31,8 +31,9 @@ pub const MINDUCTOR_ERR_SHAPE: minductor_status = 10;
 pub const MINDUCTOR_ERR_BUFFER_SIZE: minductor_status = 11;
 pub const MINDUCTOR_ERR_RUNTIME: minductor_status = 12;
 pub const MINDUCTOR_ERR_PANIC: minductor_status = 13;
+pub const MINDUCTOR_ERR_OUT_OF_MEMORY: minductor_status = 14;
 
-const STATUS_NAMES: [&CStr; 14] = [
+const STATUS_NAMES: [&CStr; 15] = [
     c"MINDUCTOR_OK",
     c"MINDUCTOR_ERR_NULL_ARGUMENT",
     c"MINDUCTOR_ERR_INVALID_ARGUMENT",
@@ -47,6 +48,7 @@ const STATUS_NAMES: [&CStr; 14] = [
     c"MINDUCTOR_ERR_BUFFER_SIZE",
     c"MINDUCTOR_ERR_RUNTIME",
     c"MINDUCTOR_ERR_PANIC",
+    c"MINDUCTOR_ERR_OUT_OF_MEMORY",
 ];
 
 /// The dtype codes of the header, in order.
@@ -115,6 +117,7 @@ impl From<RuntimeError> for Error {
             RuntimeError::Arity { .. } => MINDUCTOR_ERR_ARITY,
             RuntimeError::DType { .. } => MINDUCTOR_ERR_DTYPE,
             RuntimeError::Rank { .. } | RuntimeError::Shape { .. } => MINDUCTOR_ERR_SHAPE,
+            RuntimeError::OutOfMemory { .. } => MINDUCTOR_ERR_OUT_OF_MEMORY,
             _ => MINDUCTOR_ERR_RUNTIME,
         };
         Error::new(status, e.to_string())
@@ -384,29 +387,76 @@ pub struct minductor_output {
     pub bytes: usize,
 }
 
-/// `count` items at `items` as a slice (empty when `count` is 0, whatever the pointer).
+/// `count` items at `items`, copied out one by one with unaligned reads (empty when `count`
+/// is 0, whatever the pointer), so a caller's array need not be aligned.
 ///
 /// # Safety
 /// When `count > 0`, `items` is NULL or valid for reads of `count` items.
-unsafe fn slice<'a, T>(items: *const T, count: usize, what: &str) -> Result<&'a [T], Error> {
+unsafe fn read_array<T>(items: *const T, count: usize, what: &str) -> Result<Vec<T>, Error> {
     if count == 0 {
-        return Ok(&[]);
+        return Ok(Vec::new());
     }
     if items.is_null() {
         return Err(Error::null(what));
     }
-    // SAFETY: the caller's promise above, checked non-NULL.
-    Ok(unsafe { std::slice::from_raw_parts(items, count) })
+    let mut read = Vec::new();
+    read.try_reserve_exact(count).map_err(|_| {
+        Error::new(
+            MINDUCTOR_ERR_OUT_OF_MEMORY,
+            format!("no memory for {count} entries of `{what}`"),
+        )
+    })?;
+    for i in 0..count {
+        // SAFETY: the caller's promise above, checked non-NULL; `read_unaligned` asks for no
+        // alignment.
+        read.push(unsafe { items.add(i).read_unaligned() });
+    }
+    Ok(read)
+}
+
+/// The first failure of a caller's description against what the model expects: checked
+/// before the arrays it describes are read, so a `rank` larger than the caller's `shape`
+/// array is refused without reading past it.
+fn check_description(
+    what: &str,
+    index: usize,
+    code: minductor_dtype,
+    rank: usize,
+    expected: &(DType, Vec<i64>),
+) -> Result<DType, Error> {
+    let dtype = dtype_of(code)?;
+    let (want_dtype, want_shape) = expected;
+    if dtype != *want_dtype {
+        return Err(Error::new(
+            MINDUCTOR_ERR_DTYPE,
+            format!("{what} {index}: {dtype} given, the model's is {want_dtype}"),
+        ));
+    }
+    if rank != want_shape.len() {
+        return Err(Error::new(
+            MINDUCTOR_ERR_SHAPE,
+            format!(
+                "{what} {index}: rank {rank} given, the model's is {} (shape {want_shape:?}, -1 \
+                 for a symbolic size)",
+                want_shape.len()
+            ),
+        ));
+    }
+    Ok(dtype)
 }
 
 /// Copies one caller input into a tensor, checking its description first.
 ///
 /// # Safety
 /// `t.shape` valid for `t.rank` reads and `t.data` for `t.bytes` reads (when non-NULL).
-unsafe fn input_tensor(index: usize, t: &minductor_tensor) -> Result<Tensor, Error> {
-    let dtype = dtype_of(t.dtype)?;
-    // SAFETY: the caller's promise above.
-    let shape = unsafe { slice(t.shape, t.rank, "inputs[i].shape") }?;
+unsafe fn input_tensor(
+    index: usize,
+    t: &minductor_tensor,
+    expected: &(DType, Vec<i64>),
+) -> Result<Tensor, Error> {
+    let dtype = check_description("input", index, t.dtype, t.rank, expected)?;
+    // SAFETY: the caller's promise above; `rank` is the model's, so small.
+    let shape = unsafe { read_array(t.shape, t.rank, "inputs[i].shape") }?;
     let shape: Vec<usize> = shape
         .iter()
         .map(|&n| usize::try_from(n))
@@ -436,16 +486,23 @@ unsafe fn input_tensor(index: usize, t: &minductor_tensor) -> Result<Tensor, Err
             ),
         ));
     }
-    // SAFETY: the caller's promise above.
-    let data = unsafe { slice(t.data as *const u8, t.bytes, "inputs[i].data") }?;
+    let data: &[u8] = if t.bytes == 0 {
+        &[]
+    } else if t.data.is_null() {
+        return Err(Error::null("inputs[i].data"));
+    } else {
+        // SAFETY: `data` is valid for `bytes` reads (the caller's promise), checked non-NULL;
+        // bytes need no alignment and `bytes <= isize::MAX` (checked above).
+        unsafe { std::slice::from_raw_parts(t.data as *const u8, t.bytes) }
+    };
     Ok(Tensor::from_bytes(dtype, &shape, data)?)
 }
 
 /// # Safety
 /// `model` as for `minductor_num_inputs`; `inputs` valid for `n_inputs` reads and `outputs`
-/// for `n_outputs` reads and writes (when the counts are non-zero); within each, `shape`
-/// valid for `rank` reads (inputs) or writes (outputs), `data` for `bytes` reads (inputs) or
-/// writes (outputs), output data not overlapping anything else passed.
+/// for `n_outputs` reads (when the counts are non-zero); within each, `shape` valid for
+/// `rank` reads (inputs) or writes (outputs), `data` for `bytes` reads (inputs) or writes
+/// (outputs), output data not overlapping anything else passed.
 #[no_mangle]
 pub unsafe extern "C" fn minductor_run(
     model: *const minductor_model,
@@ -457,6 +514,7 @@ pub unsafe extern "C" fn minductor_run(
     entry(|| {
         // SAFETY: the caller's promises above.
         let m = unsafe { model_ref(model) }?;
+        // Every count is compared with the model's before the array it counts is read.
         if n_inputs != m.inputs.len() || n_outputs != m.outputs.len() {
             return Err(Error::new(
                 MINDUCTOR_ERR_ARITY,
@@ -467,43 +525,37 @@ pub unsafe extern "C" fn minductor_run(
                 ),
             ));
         }
-        // SAFETY: the caller's promises above.
-        let given = unsafe { slice(inputs, n_inputs, "inputs") }?;
+        // SAFETY: the caller's promises above; the counts are the model's.
+        let given = unsafe { read_array(inputs, n_inputs, "inputs") }?;
+        // SAFETY: as above.
+        let wanted =
+            unsafe { read_array(outputs as *const minductor_output, n_outputs, "outputs") }?;
+        // Outputs are checked against the model before anything runs: dtype, rank, pointers.
+        for (i, (out, expected)) in wanted.iter().zip(&m.outputs).enumerate() {
+            check_description("output", i, out.dtype, out.rank, expected)?;
+            if out.shape.is_null() && out.rank > 0 {
+                return Err(Error::null(&format!("outputs[{i}].shape")));
+            }
+        }
         let tensors = given
             .iter()
+            .zip(&m.inputs)
             .enumerate()
             // SAFETY: the caller's promises above.
-            .map(|(i, t)| unsafe { input_tensor(i, t) })
+            .map(|(i, (t, expected))| unsafe { input_tensor(i, t, expected) })
             .collect::<Result<Vec<_>, _>>()?;
         let results = m.compiled.call(&tensors)?;
-        if n_outputs == 0 {
-            return Ok(());
-        }
-        if outputs.is_null() {
-            return Err(Error::null("outputs"));
-        }
-        // SAFETY: valid for `n_outputs` reads and writes (the caller's promise), non-NULL.
-        let outputs = unsafe { std::slice::from_raw_parts_mut(outputs, n_outputs) };
         // Check every output before writing any.
-        for (i, (out, result)) in outputs.iter().zip(&results).enumerate() {
+        let mut contiguous = Vec::with_capacity(results.len());
+        for (i, (out, result)) in wanted.iter().zip(&results).enumerate() {
             let fail =
                 |status, what: String| Err(Error::new(status, format!("output {i}: {what}")));
-            if dtype_of(out.dtype)? != result.dtype() {
+            if dtype_of(out.dtype)? != result.dtype() || out.rank != result.rank() {
                 return fail(
-                    MINDUCTOR_ERR_DTYPE,
+                    MINDUCTOR_ERR_PANIC,
                     format!(
-                        "the buffer is for {}, the result is {}",
-                        dtype_of(out.dtype)?,
-                        result.dtype()
-                    ),
-                );
-            }
-            if out.rank != result.rank() {
-                return fail(
-                    MINDUCTOR_ERR_SHAPE,
-                    format!(
-                        "rank {} given, the result has shape {:?}",
-                        out.rank,
+                        "the result is {}{:?}, not the model's output type",
+                        result.dtype(),
                         result.shape()
                     ),
                 );
@@ -520,21 +572,23 @@ pub unsafe extern "C" fn minductor_run(
                     ),
                 );
             }
-            if (out.shape.is_null() && out.rank > 0) || (out.data.is_null() && needed > 0) {
-                return Err(Error::null(&format!("outputs[{i}].shape or .data")));
+            if out.data.is_null() && needed > 0 {
+                return Err(Error::null(&format!("outputs[{i}].data")));
             }
+            contiguous.push(result.try_contiguous()?);
         }
-        for (out, result) in outputs.iter_mut().zip(&results) {
-            let bytes = result.to_bytes();
-            // SAFETY: `data` is valid for `out.bytes >= bytes.len()` writes and `shape` for
-            // `rank` writes (the caller's promise, checked non-NULL above), and they do not
-            // overlap the result, which this library allocated.
+        for (out, result) in wanted.iter().zip(&contiguous) {
+            let bytes = result.numel() * result.dtype().size_bytes();
+            // SAFETY: `data` is valid for `out.bytes >= bytes` writes and `shape` for `rank`
+            // writes (the caller's promise, checked non-NULL above), and they do not overlap
+            // the result, which this library allocated and which is contiguous with `bytes`
+            // bytes from `data_ptr`. The writes ask for no alignment.
             unsafe {
-                if !bytes.is_empty() {
-                    std::ptr::copy_nonoverlapping(bytes.as_ptr(), out.data as *mut u8, bytes.len());
+                if bytes > 0 {
+                    std::ptr::copy_nonoverlapping(result.data_ptr(), out.data as *mut u8, bytes);
                 }
                 for (d, &n) in result.shape().iter().enumerate() {
-                    out.shape.add(d).write(n as i64);
+                    out.shape.add(d).write_unaligned(n as i64);
                 }
             }
         }

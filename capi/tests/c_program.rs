@@ -48,6 +48,30 @@ fn find_cc() -> PathBuf {
     })
 }
 
+/// Compiles `tests/c/{source}` against the header and the built library into `exe`.
+fn build_c_program(cc: &Path, source: &str, exe: &Path) {
+    let crate_dir = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let lib = library_dir();
+    let build = Command::new(cc)
+        .args(["-std=c99", "-Wall", "-Wextra", "-Werror", "-O1", "-I"])
+        .arg(crate_dir.join("include"))
+        .arg(crate_dir.join("tests/c").join(source))
+        .arg("-o")
+        .arg(exe)
+        .arg("-L")
+        .arg(&lib)
+        .arg(format!("-Wl,-rpath,{}", lib.display()))
+        .arg("-lminductor_capi")
+        .output()
+        .unwrap();
+    assert!(
+        build.status.success(),
+        "{} failed:\n{}",
+        cc.display(),
+        String::from_utf8_lossy(&build.stderr)
+    );
+}
+
 /// The input pattern the C program writes: `((i * 7 + k * 13) % 23) / 11 - 1`.
 fn pattern(i: usize, shape: &[usize]) -> Tensor {
     let n: usize = shape.iter().product();
@@ -57,14 +81,9 @@ fn pattern(i: usize, shape: &[usize]) -> Tensor {
     Tensor::from_vec(shape, data).unwrap()
 }
 
-#[test]
-fn a_c_program_runs_a_saved_model() {
-    let cc = find_cc();
-    let crate_dir = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let dir = std::env::temp_dir().join(format!("minductor-capi-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-
-    // An MLP with a softmax over a symbolic batch dim, and a second output.
+/// An MLP with a softmax over a symbolic batch dim, and a second output: `x: f32[s0, 24]`,
+/// `w1: f32[48, 24]`, `b1: f32[48]`, `w2: f32[10, 48]`.
+fn mlp() -> minductor::Graph {
     let t = Tracer::new();
     let x = t.input_typed(
         "x",
@@ -78,31 +97,22 @@ fn a_c_program_runs_a_saved_model() {
     let w2 = t.input("w2", DType::F32, &[10, 48]);
     let h = x.linear(&w1, Some(&b1)).gelu();
     let y = h.linear(&w2, None).softmax(-1);
-    let graph = t.finish(&[y, h.sum(&[1], false)]).unwrap();
-    let compiled = compile(&graph).unwrap();
+    t.finish(&[y, h.sum(&[1], false)]).unwrap()
+}
+
+#[test]
+fn a_c_program_runs_a_saved_model() {
+    let cc = find_cc();
+    let dir = std::env::temp_dir().join(format!("minductor-capi-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+
+    let compiled = compile(&mlp()).unwrap();
     let artifact = dir.join("mlp.mind");
     compiled.save(&artifact).unwrap();
 
     let lib = library_dir();
     let exe = dir.join("run_model");
-    let build = Command::new(&cc)
-        .args(["-std=c99", "-Wall", "-Wextra", "-Werror", "-O1", "-I"])
-        .arg(crate_dir.join("include"))
-        .arg(crate_dir.join("tests/c/run_model.c"))
-        .arg("-o")
-        .arg(&exe)
-        .arg("-L")
-        .arg(&lib)
-        .arg(format!("-Wl,-rpath,{}", lib.display()))
-        .arg("-lminductor_capi")
-        .output()
-        .unwrap();
-    assert!(
-        build.status.success(),
-        "{} failed:\n{}",
-        cc.display(),
-        String::from_utf8_lossy(&build.stderr)
-    );
+    build_c_program(&cc, "run_model.c", &exe);
 
     let batch = 5;
     // The library this test was built with: cargo's LD_LIBRARY_PATH (which outranks the
@@ -154,4 +164,70 @@ fn a_c_program_runs_a_saved_model() {
             );
         }
     }
+}
+
+/// `fuzz_abi.c`: every hostile argument (NULL pointers, wrong counts, ranks larger than the
+/// shape array, bad dtype codes, negative and huge sizes, short buffers, misaligned data,
+/// truncated and byte-flipped artifacts) returns its typed status with no crash and no output
+/// written, a 4 TiB output is `MINDUCTOR_ERR_OUT_OF_MEMORY`, and good calls afterwards give
+/// the same bits as before.
+#[test]
+fn hostile_c_calls_return_typed_statuses() {
+    let cc = find_cc();
+    let dir = std::env::temp_dir().join(format!("minductor-capi-fuzz-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let artifact = dir.join("mlp.mind");
+    compile(&mlp()).unwrap().save(&artifact).unwrap();
+
+    // `x: f32[s0, 1]` expanded to `[s0, 2^20]`, then exp: 4 TiB for s0 = 2^20.
+    let t = Tracer::new();
+    let x = t.input_typed(
+        "x",
+        TensorType::new(
+            DType::F32,
+            [Dim::Sym(SymId(0)), Dim::Static(1)].into_iter().collect(),
+        ),
+    );
+    let graph = t.finish(&[x.expand(&[-1, 1 << 20]).exp()]).unwrap();
+    let big = dir.join("big.mind");
+    compile(&graph).unwrap().save(&big).unwrap();
+
+    let exe = dir.join("fuzz_abi");
+    build_c_program(&cc, "fuzz_abi.c", &exe);
+    // `MINDUCTOR_MEMCHECK=1` (set by `.ci/memcheck`) runs the program under valgrind memcheck,
+    // which must report no error: no read of unwritten memory or outside a buffer in the C ABI.
+    let memcheck = std::env::var("MINDUCTOR_MEMCHECK").is_ok_and(|v| v == "1");
+    let mut command = if memcheck {
+        let mut c = Command::new("valgrind");
+        c.args(["--error-exitcode=99", "--track-origins=yes"])
+            .arg(&exe);
+        c
+    } else {
+        Command::new(&exe)
+    };
+    let run = command
+        .env("LD_LIBRARY_PATH", library_dir())
+        .arg(&artifact)
+        .arg(&big)
+        .arg(&dir)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&run.stdout);
+    println!("{stdout}");
+    assert!(
+        run.status.success(),
+        "the C program failed ({:?}):\n{stdout}\n{}",
+        run.status,
+        String::from_utf8_lossy(&run.stderr)
+    );
+    assert!(stdout.ends_with("ok\n"), "{stdout}");
+    assert!(
+        stdout.contains("case input rank 1000000: MINDUCTOR_ERR_SHAPE"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("case 4 TiB output: MINDUCTOR_ERR_OUT_OF_MEMORY"),
+        "{stdout}"
+    );
+    std::fs::remove_dir_all(&dir).ok();
 }

@@ -138,6 +138,12 @@ pub struct CompileOptions {
     pub partition: PartitionOptions,
     /// Per-call overhead and compile-time tuning (see [`Mode`]).
     pub mode: Mode,
+    /// The most bytes one call may allocate (arena, outputs, copies; the interpreter's values
+    /// on the eager backends): a call that would need more is `RuntimeError::OutOfMemory`
+    /// before it starts. `None`: the `MINDUCTOR_MEMORY_LIMIT` environment variable's (bytes,
+    /// or `512M`, `4G`...), read when the graph is compiled or loaded, else no limit. Not part
+    /// of an artifact or of the compile-cache key (it changes no code).
+    pub memory_limit: Option<usize>,
 }
 
 /// Every stage's output, kept for inspection.
@@ -177,6 +183,9 @@ pub struct Compiled {
     tangents: Vec<minductor_ir::DType>,
     /// Loaded from the compile cache rather than compiled.
     from_cache: bool,
+    /// The most bytes one call may allocate (`CompileOptions::memory_limit`, else the
+    /// environment's when compiled or loaded), checked before each call starts.
+    memory_limit: Option<usize>,
     /// A frozen compile's constants (`freeze.rs`): the graph's last inputs, fed by `call` after
     /// the caller's; empty otherwise.
     frozen: Vec<Tensor>,
@@ -193,6 +202,10 @@ struct Interpreted(Graph);
 impl Executable for Interpreted {
     fn run(&self, inputs: &[Tensor]) -> Result<Vec<Tensor>, RuntimeError> {
         interpret(&self.0, inputs)
+    }
+
+    fn memory_needed(&self, _inputs: &[Tensor]) -> Result<Option<usize>, RuntimeError> {
+        Ok(minductor_runtime::interpreter_peak_bytes(&self.0))
     }
 }
 
@@ -306,6 +319,11 @@ impl Executable for WithTangents {
         self.inner.arena_bytes()
     }
 
+    fn memory_needed(&self, inputs: &[Tensor]) -> Result<Option<usize>, RuntimeError> {
+        let all = self.inputs(inputs);
+        self.inner.memory_needed(&all)
+    }
+
     fn partition(
         &self,
         inputs: &[Tensor],
@@ -326,7 +344,11 @@ pub fn compile_with_options(
         Some(cache) if options.backend == Backend::Inductor => {
             crate::logging::init_lazily();
             graph.verify()?;
-            Ok(cache.compile(graph, options)?.0)
+            let mut compiled = cache.compile(graph, options)?.0;
+            if options.memory_limit.is_some() {
+                compiled.set_memory_limit(options.memory_limit);
+            }
+            Ok(compiled)
         }
         _ => compile_uncached(graph, options),
     }
@@ -503,6 +525,9 @@ impl Compiled {
         Compiled {
             graph,
             backend: options.backend,
+            memory_limit: options
+                .memory_limit
+                .or_else(minductor_runtime::memory_limit_from_env),
             options,
             tangents,
             from_cache: false,
@@ -544,6 +569,7 @@ impl Compiled {
     ) -> Result<std::borrow::Cow<'a, [Tensor]>, RuntimeError> {
         if self.frozen.is_empty() {
             self.check_call_inputs(inputs)?;
+            self.check_memory_limit(inputs)?;
             return Ok(std::borrow::Cow::Borrowed(inputs));
         }
         let expected = self.graph.inputs().len() - self.frozen.len();
@@ -555,7 +581,32 @@ impl Compiled {
         }
         let all: Vec<Tensor> = inputs.iter().chain(&self.frozen).cloned().collect();
         self.check_call_inputs(&all)?;
+        self.check_memory_limit(&all)?;
         Ok(std::borrow::Cow::Owned(all))
+    }
+
+    /// `OutOfMemory` when a call on `inputs` would allocate more than the memory limit.
+    fn check_memory_limit(&self, inputs: &[Tensor]) -> Result<(), RuntimeError> {
+        let Some(limit) = self.memory_limit else {
+            return Ok(());
+        };
+        match self.executable.memory_needed(inputs)? {
+            Some(needed) if needed > limit => Err(RuntimeError::out_of_memory(
+                needed,
+                format!("this call (the memory limit is {limit} bytes)"),
+            )),
+            _ => Ok(()),
+        }
+    }
+
+    /// The most bytes one call may allocate (see `CompileOptions::memory_limit`).
+    pub fn memory_limit(&self) -> Option<usize> {
+        self.memory_limit
+    }
+
+    /// Sets the most bytes one call may allocate; `None` removes the limit.
+    pub fn set_memory_limit(&mut self, limit: Option<usize>) {
+        self.memory_limit = limit;
     }
 
     pub(crate) fn mark_from_cache(&mut self) {

@@ -15,7 +15,7 @@ use crate::compile::CompileError;
 use crate::jit::JitError;
 use crate::trace::TraceHooks;
 use minductor_ir::{Graph, IrError, Node, NodeId, Op, SymId};
-use minductor_runtime::Tensor;
+use minductor_runtime::{RuntimeError, Tensor};
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
 use std::panic::Location;
@@ -131,6 +131,23 @@ impl Resume {
     }
 }
 
+/// Why a segment could not be run: its run failed (kept typed, so `jit` returns the call's
+/// own error, an out-of-memory one say), or it could not be built or compiled.
+#[derive(Debug)]
+pub(crate) enum SegmentError {
+    Runtime(RuntimeError),
+    Other(String),
+}
+
+impl std::fmt::Display for SegmentError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            SegmentError::Runtime(e) => write!(f, "{e}"),
+            SegmentError::Other(m) => f.write_str(m),
+        }
+    }
+}
+
 impl Recorder {
     /// Builds, compiles (or reuses) and runs the segment from `segment_start` to the end of
     /// `graph` that computes `wanted`; returns the segment.
@@ -138,10 +155,11 @@ impl Recorder {
         &self,
         graph: &Graph,
         wanted: &[NodeId],
-    ) -> Result<(Segment, bool), String> {
+    ) -> Result<(Segment, bool), SegmentError> {
         let (seg_graph, input_slots) = {
             let slot_of = self.slot_of.borrow();
-            extract_segment(graph, self.segment_start.get(), wanted, &slot_of)?
+            extract_segment(graph, self.segment_start.get(), wanted, &slot_of)
+                .map_err(SegmentError::Other)?
         };
         let found = self
             .candidates
@@ -155,7 +173,9 @@ impl Recorder {
             None if wanted.is_empty() => (None, Duration::ZERO),
             None if !self.allow_compile => {
                 self.compile_refused.set(true);
-                return Err("a new graph would have to be compiled".to_string());
+                return Err(SegmentError::Other(
+                    "a new graph would have to be compiled".to_string(),
+                ));
             }
             None => {
                 let started = Instant::now();
@@ -180,9 +200,9 @@ impl Recorder {
                     Err(CompileError::Unsupported { backend, what }) if symbolic => {
                         let why = format!("backend {backend} does not support {what} yet");
                         *self.unsupported.borrow_mut() = Some(why.clone());
-                        return Err(why);
+                        return Err(SegmentError::Other(why));
                     }
-                    Err(e) => return Err(e.to_string()),
+                    Err(e) => return Err(SegmentError::Other(e.to_string())),
                 }
             }
         };
@@ -194,7 +214,7 @@ impl Recorder {
             } else {
                 let args: Vec<Tensor> = input_slots.iter().map(|&s| env[s].clone()).collect();
                 match &exec {
-                    Some(exec) => exec.run(&args).map_err(|e| e.to_string())?,
+                    Some(exec) => exec.run(&args).map_err(SegmentError::Runtime)?,
                     None => Vec::new(),
                 }
             }

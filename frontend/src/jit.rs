@@ -57,7 +57,7 @@ use crate::compile::{Backend, CompileError};
 use crate::dynamic::{is_symbolic, static_types, FrameState, Typing};
 use crate::graph_break::{
     assemble, format_key, merge, replay, BuiltSegment, Recorder, Replay, Resume, Segment,
-    SegmentEnd, SymbolicFailure, TraceRun,
+    SegmentEnd, SegmentError, SymbolicFailure, TraceRun,
 };
 use crate::guards::Guards;
 use crate::stance::{current_stance, Stance};
@@ -680,12 +680,15 @@ where
         let (mut segment, reused) = match recorder.run_segment(&graph, &wanted) {
             Ok(s) => s,
             Err(_) if recorder.compile_refused.get() => return Err(RunFailure::CompileRefused),
+            Err(SegmentError::Runtime(e)) => return Err(RunFailure::Error(JitError::Runtime(e))),
             Err(m) if symbolic && recorder.unsupported.borrow().is_some() => {
-                return Err(RunFailure::Symbolic(SymbolicFailure::Unsupported(m)))
+                return Err(RunFailure::Symbolic(SymbolicFailure::Unsupported(
+                    m.to_string(),
+                )))
             }
             Err(m) => {
                 return Err(RunFailure::Error(JitError::Runtime(
-                    RuntimeError::Unsupported(m),
+                    RuntimeError::Unsupported(m.to_string()),
                 )))
             }
         };

@@ -51,6 +51,14 @@ pub enum RuntimeError {
     },
     #[error("size overflow: {0}")]
     SizeOverflow(String),
+    /// An allocation failed, or would pass the memory limit (`CompileOptions::memory_limit`,
+    /// `MINDUCTOR_MEMORY_LIMIT`). Nothing was changed; the next call may succeed.
+    #[error("out of memory: {what} needs {bytes} bytes")]
+    OutOfMemory { bytes: usize, what: String },
+    /// Checking mode (`MINDUCTOR_CHECK_BUFFERS=1`) caught a step writing outside its buffer or
+    /// a value computed from memory no step wrote: a bug in the compiled code or a kernel.
+    #[error("buffer check: {0}")]
+    BufferCheck(String),
     #[error("invalid program: {0}")]
     InvalidProgram(String),
     #[error("bad tensor data: {0}")]
@@ -59,4 +67,22 @@ pub enum RuntimeError {
     Unsupported(String),
     #[error(transparent)]
     Ir(#[from] IrError),
+}
+
+impl RuntimeError {
+    /// An out-of-memory error for `bytes` bytes of `what`.
+    pub fn out_of_memory(bytes: usize, what: impl Into<String>) -> RuntimeError {
+        RuntimeError::OutOfMemory {
+            bytes,
+            what: what.into(),
+        }
+    }
+
+    /// Names what an out-of-memory error was allocating (other errors pass unchanged).
+    pub fn allocating(self, what: impl Into<String>) -> RuntimeError {
+        match self {
+            RuntimeError::OutOfMemory { bytes, .. } => RuntimeError::out_of_memory(bytes, what),
+            e => e,
+        }
+    }
 }

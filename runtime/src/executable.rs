@@ -3,6 +3,39 @@
 use crate::{RuntimeError, Tensor};
 use minductor_ir::{shape_string, DType, Dim, Graph};
 
+/// The environment variable holding a default memory limit for calls (see
+/// [`memory_limit_from_env`]).
+pub const MEMORY_LIMIT_VAR: &str = "MINDUCTOR_MEMORY_LIMIT";
+
+/// `MINDUCTOR_MEMORY_LIMIT` read as a byte count (`1073741824`, `512M`, `4G`, `1T`: binary
+/// multiples), or `None` when it is unset, empty or unreadable (an unreadable value is logged
+/// nowhere and ignored: a limit that cannot be read is no limit).
+pub fn memory_limit_from_env() -> Option<usize> {
+    std::env::var(MEMORY_LIMIT_VAR)
+        .ok()
+        .and_then(|v| parse_memory_size(&v))
+}
+
+/// A byte count with an optional binary suffix (`K`, `M`, `G`, `T`, optionally followed by
+/// `B` or `iB`): `"512M"` is 536870912. `None` if it is not one or overflows.
+pub fn parse_memory_size(text: &str) -> Option<usize> {
+    let text = text.trim();
+    let digits = text
+        .find(|c: char| !c.is_ascii_digit())
+        .unwrap_or(text.len());
+    let (number, suffix) = text.split_at(digits);
+    let number: usize = number.parse().ok()?;
+    let shift = match suffix.trim().to_ascii_uppercase().as_str() {
+        "" | "B" => 0,
+        "K" | "KB" | "KIB" => 10,
+        "M" | "MB" | "MIB" => 20,
+        "G" | "GB" | "GIB" => 30,
+        "T" | "TB" | "TIB" => 40,
+        _ => return None,
+    };
+    number.checked_mul(1usize << shift)
+}
+
 /// A compiled graph ready to run. `run` takes the graph inputs in order and returns its outputs.
 /// Calls may come from several threads at once: an executable keeps per-call state (arenas) in
 /// a pool, not behind one lock held for the call.
@@ -19,6 +52,14 @@ pub trait Executable: Send + Sync {
             time: started.elapsed(),
         };
         Ok((outputs, vec![timing]))
+    }
+
+    /// Bytes a call on `inputs` would allocate, at most (its arena, outputs and copies, or the
+    /// interpreter's values), checked against a memory limit before the call starts; `None`
+    /// when the executable cannot tell. Inputs are those `run` takes (already checked).
+    fn memory_needed(&self, inputs: &[Tensor]) -> Result<Option<usize>, RuntimeError> {
+        let _ = inputs;
+        Ok(None)
     }
 
     /// Bytes this executable keeps allocated between calls (its buffer arenas); 0 if none.

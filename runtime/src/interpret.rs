@@ -15,8 +15,30 @@ use std::borrow::Cow;
 /// Evaluates `graph` op by op (both composite and prim ops), each op allocating its result.
 /// This is minductor's `eager` backend and the oracle every compiled result is tested against.
 pub fn interpret(graph: &Graph, inputs: &[Tensor]) -> Result<Vec<Tensor>, RuntimeError> {
+    interpret_within(graph, inputs, None)
+}
+
+/// [`interpret`], refusing with `OutOfMemory` before any op runs when the values it would hold
+/// at once ([`interpreter_peak_bytes`]) pass `memory_limit`. Without a limit, each op whose
+/// result takes 1 MiB or more first asks the allocator for that much and gives it back, so an
+/// op whose result cannot be allocated is `OutOfMemory` (the interpreter's ops allocate with
+/// `Vec`, which would abort the process).
+pub fn interpret_within(
+    graph: &Graph,
+    inputs: &[Tensor],
+    memory_limit: Option<usize>,
+) -> Result<Vec<Tensor>, RuntimeError> {
     check_inputs(graph, inputs)?;
     let sizes = static_sizes(graph)?;
+    if let Some(limit) = memory_limit {
+        let peak = peak_bytes(graph, &sizes);
+        if peak > limit {
+            return Err(RuntimeError::out_of_memory(
+                peak,
+                format!("the interpreter's values (the memory limit is {limit} bytes)"),
+            ));
+        }
+    }
 
     let mut input_position = vec![None; graph.len()];
     for (position, id) in graph.inputs().iter().enumerate() {
@@ -55,6 +77,10 @@ pub fn interpret(graph: &Graph, inputs: &[Tensor]) -> Result<Vec<Tensor>, Runtim
                 }
             }
             op => {
+                let bytes = value_bytes(dtype, shape);
+                if bytes >= PROBE_MIN_BYTES {
+                    probe(bytes).map_err(|e| e.allocating(format!("%{index} ({})", op.name())))?;
+                }
                 let args = node
                     .inputs
                     .iter()
@@ -101,6 +127,74 @@ pub fn interpret(graph: &Graph, inputs: &[Tensor]) -> Result<Vec<Tensor>, Runtim
                 .to_tensor()
         })
         .collect()
+}
+
+/// Results at least this large are probed (see [`interpret_within`]).
+const PROBE_MIN_BYTES: usize = 1 << 20;
+
+/// Asks the allocator for `bytes` bytes and frees them: `OutOfMemory` if it has none.
+fn probe(bytes: usize) -> Result<(), RuntimeError> {
+    let mut block: Vec<u8> = Vec::new();
+    block
+        .try_reserve_exact(bytes)
+        .map_err(|_| RuntimeError::out_of_memory(bytes, "a value"))
+}
+
+/// Bytes of a value of `dtype` and `shape` as the interpreter holds it (floats as f64).
+fn value_bytes(dtype: DType, shape: &[usize]) -> usize {
+    let element = if dtype == DType::Bool { 1 } else { 8 };
+    shape
+        .iter()
+        .fold(element, |acc: usize, &n| acc.saturating_mul(n))
+}
+
+/// Bytes of the values [`interpret`] holds at once, at most, for `graph` (static shapes): the
+/// largest sum over the ops of the values alive when each runs, its result included, plus the
+/// output tensors it returns. `None` for a graph with symbolic sizes.
+pub fn interpreter_peak_bytes(graph: &Graph) -> Option<usize> {
+    let sizes = static_sizes(graph).ok()?;
+    Some(peak_bytes(graph, &sizes))
+}
+
+fn peak_bytes(graph: &Graph, sizes: &[Vec<usize>]) -> usize {
+    let bytes: Vec<usize> = graph
+        .nodes()
+        .iter()
+        .zip(sizes)
+        .map(|(node, shape)| value_bytes(node.ty.dtype, shape))
+        .collect();
+    let mut remaining_uses = graph.use_counts();
+    let mut live: usize = 0;
+    let mut peak: usize = 0;
+    for (index, node) in graph.nodes().iter().enumerate() {
+        live = live.saturating_add(bytes[index]);
+        peak = peak.max(live);
+        for operand in &node.inputs {
+            let count = &mut remaining_uses[operand.index()];
+            if *count > 0 {
+                *count -= 1;
+                if *count == 0 {
+                    live -= bytes[operand.index()];
+                }
+            }
+        }
+        if remaining_uses[index] == 0 {
+            live -= bytes[index];
+        }
+    }
+    let outputs = graph
+        .outputs()
+        .iter()
+        .map(|o| {
+            let ty = graph.ty(*o);
+            sizes[o.index()]
+                .iter()
+                .fold(ty.dtype.size_bytes(), |acc: usize, &n| {
+                    acc.saturating_mul(n)
+                })
+        })
+        .fold(0usize, usize::saturating_add);
+    peak.saturating_add(outputs)
 }
 
 // ---- values -------------------------------------------------------------------------------------

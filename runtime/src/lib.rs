@@ -5,12 +5,15 @@ mod block_cache;
 mod error;
 mod executable;
 mod interpret;
-pub use interpret::interpret;
+pub use interpret::{interpret, interpret_within, interpreter_peak_bytes};
 mod tensor;
 pub mod threads;
 
 pub use block_cache::{block_cache_limit, release_cached_blocks, set_block_cache_limit};
 pub use error::RuntimeError;
-pub use executable::{check_inputs, output_destination, Executable, StepPartition, StepTiming};
+pub use executable::{
+    check_inputs, memory_limit_from_env, output_destination, parse_memory_size, Executable,
+    StepPartition, StepTiming,
+};
 pub use tensor::{byte_size, contiguous_strides, Element, Storage, Tensor, BUFFER_ALIGN};
 pub use threads::{num_threads, set_num_threads};

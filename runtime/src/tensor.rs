@@ -29,13 +29,14 @@ unsafe impl Send for Storage {}
 unsafe impl Sync for Storage {}
 
 impl Storage {
-    /// `bytes` zero bytes. Panics if `bytes` exceeds `isize::MAX` (as `Vec` does; use
-    /// [`Storage::try_zeroed`] for sizes that come from input) and aborts if memory runs out.
+    /// `bytes` zero bytes. Panics if `bytes` exceeds `isize::MAX` (as `Vec` does) or memory
+    /// runs out; use [`Storage::try_zeroed`] for sizes that come from input.
     pub fn zeroed(bytes: usize) -> Storage {
         Storage::try_zeroed(bytes).unwrap_or_else(|e| panic!("Storage::zeroed: {e}"))
     }
 
-    /// `bytes` zero bytes, or a typed error if no allocation can be that large.
+    /// `bytes` zero bytes, or a typed error if no allocation can be that large
+    /// (`SizeOverflow`) or the allocator has no memory for it (`OutOfMemory`).
     pub fn try_zeroed(bytes: usize) -> Result<Storage, RuntimeError> {
         if bytes == 0 {
             // A dangling but aligned pointer: never dereferenced since there are no bytes.
@@ -50,8 +51,12 @@ impl Storage {
         })?;
         // SAFETY: layout has non-zero size.
         let ptr = unsafe { alloc_zeroed(layout) };
+        // A failed allocation is a typed error, not an abort: the caller's call fails and the
+        // process goes on to serve the next one.
+        let ptr =
+            NonNull::new(ptr).ok_or_else(|| RuntimeError::out_of_memory(bytes, "a buffer"))?;
         Ok(Storage {
-            ptr: NonNull::new(ptr).unwrap_or_else(|| std::alloc::handle_alloc_error(layout)),
+            ptr,
             bytes,
             cached: false,
         })
@@ -346,12 +351,19 @@ impl Tensor {
         })
     }
 
-    /// A contiguous copy (or `self` if already contiguous).
+    /// A contiguous copy (or `self` if already contiguous). Panics if memory runs out; see
+    /// [`Tensor::try_contiguous`].
     pub fn contiguous(&self) -> Tensor {
+        self.try_contiguous()
+            .unwrap_or_else(|e| panic!("Tensor::contiguous: {e}"))
+    }
+
+    /// A contiguous copy (or `self` if already contiguous), or `OutOfMemory`.
+    pub fn try_contiguous(&self) -> Result<Tensor, RuntimeError> {
         if self.is_contiguous() {
-            return self.clone();
+            return Ok(self.clone());
         }
-        let out = Tensor::zeros(self.dtype, &self.shape);
+        let out = Tensor::try_zeros(self.dtype, &self.shape)?;
         let size = self.dtype.size_bytes();
         let src = self.storage.as_bytes();
         // SAFETY: `out` is fresh and unshared; each destination range is within its numel*size bytes.
@@ -360,7 +372,7 @@ impl Tensor {
         for (n, off) in self.element_offsets().enumerate() {
             dst[n * size..(n + 1) * size].copy_from_slice(&src[off * size..(off + 1) * size]);
         }
-        out
+        Ok(out)
     }
 
     /// Bytes of a contiguous tensor, row-major. Makes a contiguous copy first if needed.

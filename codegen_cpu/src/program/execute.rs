@@ -216,6 +216,118 @@ impl Symbols {
     }
 }
 
+/// The 4 bytes checking mode fills memory with: f32 `0x7FA5A5A5`, a signalling NaN whose
+/// payload (`0x25A5A5`) survives arithmetic (which only sets the quiet bit), so a result
+/// computed from memory no step wrote carries it.
+const UNWRITTEN: u32 = 0x7FA5_A5A5;
+/// Bytes of guard before and after every slot of a checking arena.
+const GUARD_BYTES: usize = 64;
+
+/// `MINDUCTOR_CHECK_BUFFERS=1`, read once.
+pub(super) fn check_buffers_from_env() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var("MINDUCTOR_CHECK_BUFFERS").is_ok_and(|v| v == "1"))
+}
+
+/// Whether an f32's bits are the unwritten pattern, signalling or quieted.
+fn carries_unwritten_pattern(bits: u32) -> bool {
+    bits & !0x0040_0000 == UNWRITTEN
+}
+
+/// Checking mode's arena: every slot of the plan in its own place, `GUARD_BYTES` of the
+/// pattern before and after it, all filled with the pattern before the call.
+struct CheckedArena {
+    storage: Storage,
+    /// Each slot's offset and bytes for this call's sizes.
+    slots: Vec<(usize, usize)>,
+}
+
+impl CheckedArena {
+    fn new(
+        program: &Program,
+        plan: &minductor_kernel_ir::BufferPlan,
+        symbols: &Symbols,
+    ) -> Result<CheckedArena, RuntimeError> {
+        let overflow = || RuntimeError::SizeOverflow("the checking arena".into());
+        let slot_count = plan
+            .slot_of
+            .iter()
+            .flatten()
+            .map(|&s| s + 1)
+            .max()
+            .unwrap_or(0);
+        let mut sizes = vec![0usize; slot_count];
+        for (index, slot) in plan.slot_of.iter().enumerate() {
+            if let Some(slot) = *slot {
+                let b = &program.buffers[index];
+                let bytes = checked_bytes(symbols.sizes(&b.shape), b.dtype.size_bytes())
+                    .ok_or_else(overflow)?;
+                sizes[slot] = sizes[slot].max(bytes);
+            }
+        }
+        let mut slots = Vec::with_capacity(slot_count);
+        let mut end = 0usize;
+        for bytes in sizes {
+            let offset = end.checked_add(GUARD_BYTES).ok_or_else(overflow)?;
+            slots.push((offset, bytes));
+            end = offset
+                .checked_add(bytes.div_ceil(GUARD_BYTES) * GUARD_BYTES + GUARD_BYTES)
+                .ok_or_else(overflow)?;
+        }
+        let storage = Storage::try_zeroed(end.max(GUARD_BYTES))
+            .map_err(|e| e.allocating("the checking arena"))?;
+        fill_unwritten(storage.as_mut_ptr(), storage.len());
+        Ok(CheckedArena { storage, slots })
+    }
+
+    /// The first guard byte a step changed, as an error naming the step and the slot.
+    fn check_guards(&self, step: usize) -> Result<(), RuntimeError> {
+        let bytes = self.storage.as_bytes();
+        for (slot, &(offset, len)) in self.slots.iter().enumerate() {
+            let after = offset + len;
+            let ranges = [offset - GUARD_BYTES..offset, after..after + GUARD_BYTES];
+            for range in ranges {
+                for at in range {
+                    if bytes[at] != UNWRITTEN.to_le_bytes()[at % 4] {
+                        return Err(RuntimeError::BufferCheck(format!(
+                            "step {step} wrote outside slot {slot} ({len} bytes): guard byte at \
+                             {} from the slot's start",
+                            at as isize - offset as isize
+                        )));
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Fills `len` bytes at `ptr` with the pattern, byte `i` being byte `i % 4` of [`UNWRITTEN`]
+/// (so every 4-byte-aligned f32 reads as the pattern).
+fn fill_unwritten(ptr: *mut u8, len: usize) {
+    let pattern = UNWRITTEN.to_le_bytes();
+    // SAFETY: the callers pass a buffer they own of `len` bytes, which no one else uses.
+    let bytes = unsafe { std::slice::from_raw_parts_mut(ptr, len) };
+    for (i, b) in bytes.iter_mut().enumerate() {
+        *b = pattern[i % 4];
+    }
+}
+
+/// A test's deliberate fault, to prove checking mode catches it: a step sees a buffer one
+/// element past where it starts (so it reads, or writes, one element past its end), or a step
+/// does not run.
+#[cfg(test)]
+#[derive(Clone, Copy, Debug)]
+pub(super) enum Sabotage {
+    ShiftByOneElement { step: usize, buffer: BufferId },
+    Skip { step: usize },
+}
+
+#[cfg(test)]
+thread_local! {
+    pub(super) static SABOTAGE: std::cell::Cell<Option<Sabotage>> = const { std::cell::Cell::new(None) };
+}
+
 /// One call's memory for the intermediates: an allocation laid out by the plan for some symbol
 /// sizes. Calls take an arena from the program's pool and give it back, so calls from several
 /// threads run at once, each in its own arena.
@@ -258,6 +370,36 @@ impl Executable for CompiledProgram {
             }
         }
         packed
+    }
+
+    /// The arena laid out for the inputs' sizes, the outputs and the contiguous copies of
+    /// non-contiguous inputs (GEMM packing and per-thread scratch, bounded by the blocking, are
+    /// not counted).
+    fn memory_needed(&self, inputs: &[Tensor]) -> Result<Option<usize>, RuntimeError> {
+        let symbols = Symbols::bind(&self.program, &self.derived_dims, inputs)?;
+        let program = &self.program;
+        let bytes = |b: &minductor_kernel_ir::Buffer| {
+            checked_bytes(symbols.sizes(&b.shape), b.dtype.size_bytes())
+        };
+        let overflow =
+            || RuntimeError::SizeOverflow(format!("the buffers for sizes {:?}", symbols.0));
+        let (_, arena) = self
+            .plan
+            .layout(|b| bytes(program.buffer(b)))
+            .ok_or_else(overflow)?;
+        let mut needed = arena;
+        for b in &program.buffers {
+            let extra = match b.kind {
+                BufferKind::Output => bytes(b).ok_or_else(overflow)?,
+                BufferKind::Input(n) => match inputs.get(n) {
+                    Some(t) if !t.is_contiguous() => bytes(b).ok_or_else(overflow)?,
+                    _ => 0,
+                },
+                BufferKind::Intermediate => 0,
+            };
+            needed = needed.checked_add(extra).ok_or_else(overflow)?;
+        }
+        Ok(Some(needed))
     }
 
     /// The largest pooled arena (what one call keeps), or the plan's estimate before any call.
@@ -360,12 +502,22 @@ impl CompiledProgram {
                 })
                 .ok_or_else(overflow)?;
             if total > arena.storage.len() {
-                arena.storage = Storage::try_zeroed(total)?;
+                // The old block is freed first (its contents are dead), so growing never holds
+                // both; if the new one cannot be had, the arena is left empty and unlaid.
+                arena.storage = Storage::zeroed(0);
+                arena.layout = None;
+                arena.storage = Storage::try_zeroed(total)
+                    .map_err(|e| e.allocating("the arena of intermediates"))?;
             }
             arena.layout = Some((symbols.clone(), offsets, total));
         }
         let program = &self.program;
         let slot_offsets = &arena.layout.as_ref().expect("laid out above").1;
+        let checked = if self.check_buffers {
+            Some(CheckedArena::new(program, &self.plan, &symbols)?)
+        } else {
+            None
+        };
         let mut held: Vec<Option<Tensor>> = vec![None; program.buffers.len()];
         let mut pointers: Vec<*mut u8> = vec![std::ptr::null_mut(); program.buffers.len()];
         // Every buffer the compiled code touches, checked against the plan: this is the fence
@@ -378,7 +530,9 @@ impl CompiledProgram {
                         found: inputs.len(),
                     })?;
                     // Dtype and sizes were checked by `Symbols::bind`.
-                    let t = t.contiguous();
+                    let t = t
+                        .try_contiguous()
+                        .map_err(|e| e.allocating(format!("a contiguous copy of input {n}")))?;
                     // Kernels only ever read inputs (fuse never stores to an input buffer), so
                     // this pointer to storage the caller may share is never written through.
                     pointers[index] = t.data_ptr() as *mut u8;
@@ -395,8 +549,18 @@ impl CompiledProgram {
                 }
                 BufferKind::Output => {
                     // Kernels write every element of an output, so a recycled block will do.
-                    let mut t = Tensor::for_overwrite(b.dtype, &symbols.sizes(&b.shape))?;
+                    let mut t =
+                        Tensor::for_overwrite(b.dtype, &symbols.sizes(&b.shape)).map_err(|e| {
+                            e.allocating(format!("output buffer {}", BufferId(index as u32)))
+                        })?;
                     pointers[index] = t.data_mut_ptr().expect("a fresh tensor is uniquely owned");
+                    if checked.is_some() && b.dtype != minductor_ir::DType::Bool {
+                        // Bool tensors hold only 0 and 1; every other output starts as the
+                        // pattern, so an element no step writes is found after the call.
+                        let bytes = checked_bytes(symbols.sizes(&b.shape), b.dtype.size_bytes())
+                            .unwrap_or(0);
+                        fill_unwritten(pointers[index], bytes);
+                    }
                     held[index] = Some(t);
                 }
                 BufferKind::Intermediate => {
@@ -404,6 +568,14 @@ impl CompiledProgram {
                     let Some(slot) = self.plan.slot_of[index] else {
                         continue;
                     };
+                    if let Some(checked) = &checked {
+                        // SAFETY: `CheckedArena::new` placed the slot, as large as its largest
+                        // member for this call's sizes, inside its storage, which this call
+                        // alone owns.
+                        pointers[index] =
+                            unsafe { checked.storage.as_mut_ptr().add(checked.slots[slot].0) };
+                        continue;
+                    }
                     let offset = slot_offsets[slot];
                     // SAFETY: `layout` placed the slot, as large as its largest member for this
                     // call's sizes, inside `total` bytes, and the arena holds at least that
@@ -419,6 +591,18 @@ impl CompiledProgram {
                 check_indices(&pointers, program, &symbols, check.buffer, check.bound)?;
             }
             let started = timings.is_some().then(Instant::now);
+            #[cfg(test)]
+            let restore = match SABOTAGE.with(|s| s.get()) {
+                Some(Sabotage::Skip { step }) if step == n => continue,
+                Some(Sabotage::ShiftByOneElement { step, buffer }) if step == n => {
+                    let i = buffer.0 as usize;
+                    let element = program.buffer(buffer).dtype.size_bytes();
+                    let original = pointers[i];
+                    pointers[i] = original.wrapping_add(element);
+                    Some((i, original))
+                }
+                _ => None,
+            };
             match step {
                 CompiledStep::Kernel(k) => run_kernel(k, &symbols, &pointers, &mut table),
                 CompiledStep::Matmul {
@@ -437,11 +621,44 @@ impl CompiledProgram {
                 CompiledStep::Attention(a) => run_attention(a, program, &symbols, &pointers)?,
                 CompiledStep::Fallback(fb) => run_fallback(fb, program, &symbols, &pointers)?,
             }
+            #[cfg(test)]
+            if let Some((i, original)) = restore {
+                pointers[i] = original;
+            }
+            if let Some(checked) = &checked {
+                checked.check_guards(n)?;
+            }
             if let (Some(timings), Some(started)) = (timings.as_deref_mut(), started) {
                 timings.push(StepTiming {
                     name: step.name(),
                     time: started.elapsed(),
                 });
+            }
+        }
+        if checked.is_some() {
+            // A result computed from memory no step wrote (or outside a buffer) carries the
+            // pattern: look for it in every f32 output.
+            for (j, &id) in program.outputs.iter().enumerate() {
+                let buffer = program.buffer(id);
+                if buffer.dtype != minductor_ir::DType::F32
+                    || !matches!(buffer.kind, BufferKind::Output)
+                {
+                    continue;
+                }
+                let n = symbols.elements(program, id);
+                // SAFETY: an output buffer of `n` f32 values for this call's sizes, written by
+                // the steps, which have all finished.
+                let values = unsafe { read_f32(&pointers, id, n) };
+                if let Some(k) = values
+                    .iter()
+                    .position(|v| carries_unwritten_pattern(v.to_bits()))
+                {
+                    return Err(RuntimeError::BufferCheck(format!(
+                        "output {j} ({id}) element {k} is {:#010x}: computed from memory no step \
+                         wrote, or from outside a buffer, or never written",
+                        values[k].to_bits()
+                    )));
+                }
             }
         }
         if !destination_pointers.is_empty() {
@@ -756,4 +973,109 @@ pub(super) fn call_kernel(
     // Each element's value, reductions included, is computed within one call, so results do not
     // depend on the thread count.
     unsafe { (k.function)(table.0, bound.params.as_ptr(), start, end) };
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::program::compile_program;
+    use minductor_ir::Graph;
+    use minductor_passes::{fuse, plan_buffers};
+
+    /// `exp(x) @ w`: a kernel writes the intermediate `exp(x)`, a GEMM reads it.
+    fn program() -> (CompiledProgram, BufferId, Vec<Tensor>) {
+        let graph: Graph = "graph(x: f32[5, 37], w: f32[37, 3]) {
+  %0 = input[x] : f32[5, 37]
+  %1 = input[w] : f32[37, 3]
+  %2 = exp %0 : f32[5, 37]
+  %3 = matmul %2, %1 : f32[5, 3]
+  return %3
+}"
+        .parse()
+        .unwrap();
+        let mut program = fuse(&graph).unwrap();
+        program.plan = Some(plan_buffers(&program));
+        let intermediate = program
+            .buffers
+            .iter()
+            .position(|b| matches!(b.kind, BufferKind::Intermediate))
+            .map(|i| BufferId(i as u32))
+            .expect("exp(x) is realized for the GEMM");
+        let compiled = compile_program(&program).unwrap();
+        let x = (0..5 * 37).map(|i| (i as f32 * 0.01).sin()).collect();
+        let w = (0..37 * 3).map(|i| (i as f32 * 0.1).cos()).collect();
+        let inputs = vec![
+            Tensor::from_vec(&[5, 37], x).unwrap(),
+            Tensor::from_vec(&[37, 3], w).unwrap(),
+        ];
+        (compiled, intermediate, inputs)
+    }
+
+    fn run_with(
+        compiled: &CompiledProgram,
+        inputs: &[Tensor],
+        sabotage: Option<Sabotage>,
+    ) -> Result<Vec<Tensor>, RuntimeError> {
+        SABOTAGE.with(|s| s.set(sabotage));
+        let result = compiled.run(inputs);
+        SABOTAGE.with(|s| s.set(None));
+        result
+    }
+
+    #[test]
+    fn checking_mode_passes_a_correct_program_with_the_same_results() {
+        let (mut compiled, _, inputs) = program();
+        let plain = run_with(&compiled, &inputs, None).unwrap();
+        compiled.set_check_buffers(true);
+        let checked = run_with(&compiled, &inputs, None).unwrap();
+        assert_eq!(
+            plain[0].to_vec::<f32>().unwrap(),
+            checked[0].to_vec::<f32>().unwrap()
+        );
+    }
+
+    /// The GEMM reads the intermediate from one element past its start, so its last element is
+    /// read from past the buffer's end: the guard's pattern reaches the output.
+    #[test]
+    fn checking_mode_catches_a_read_one_element_past_a_buffer() {
+        let (mut compiled, intermediate, inputs) = program();
+        let sabotage = Some(Sabotage::ShiftByOneElement {
+            step: 1,
+            buffer: intermediate,
+        });
+        compiled.set_check_buffers(true);
+        match run_with(&compiled, &inputs, sabotage) {
+            Err(RuntimeError::BufferCheck(m)) => assert!(m.contains("output 0"), "{m}"),
+            other => panic!("expected a buffer check error, got {other:?}"),
+        }
+    }
+
+    /// The kernel writing the intermediate does not run: the GEMM reads memory no step wrote.
+    #[test]
+    fn checking_mode_catches_a_read_before_the_first_write() {
+        let (mut compiled, _, inputs) = program();
+        let sabotage = Some(Sabotage::Skip { step: 0 });
+        // Without checking, the fault goes unnoticed (the arena holds zeros or old values).
+        assert!(run_with(&compiled, &inputs, sabotage).is_ok());
+        compiled.set_check_buffers(true);
+        match run_with(&compiled, &inputs, sabotage) {
+            Err(RuntimeError::BufferCheck(m)) => assert!(m.contains("no step"), "{m}"),
+            other => panic!("expected a buffer check error, got {other:?}"),
+        }
+    }
+
+    /// A step writing one element past its buffer changes the guard after it.
+    #[test]
+    fn checking_mode_catches_a_write_one_element_past_a_buffer() {
+        let (mut compiled, intermediate, inputs) = program();
+        compiled.set_check_buffers(true);
+        let sabotage = Some(Sabotage::ShiftByOneElement {
+            step: 0,
+            buffer: intermediate,
+        });
+        match run_with(&compiled, &inputs, sabotage) {
+            Err(RuntimeError::BufferCheck(m)) => assert!(m.contains("step 0 wrote outside"), "{m}"),
+            other => panic!("expected a buffer check error, got {other:?}"),
+        }
+    }
 }

@@ -22,14 +22,18 @@ pub(super) fn run_attention(
     pointers: &[*mut u8],
 ) -> Result<(), RuntimeError> {
     let numel = |id: BufferId| symbols.elements(program, id);
+    // The mask's strides live outside any `Option`, always initialized (empty without a
+    // mask): as `Option<(MaskData, i64, Vec<i64>)>`, whose `None` leaves the `Vec` unwritten,
+    // the optimized drop glue tested the `Vec`'s capacity before the tag, a branch on
+    // uninitialized stack memory that valgrind memcheck reported (issue 22).
     // SAFETY: each pointer is the start of a live buffer holding its planned number of f32
     // elements for this call's sizes (`run_steps`; `verify_program` checked that all four are
     // f32 buffers). The output is written by this step alone and overlaps no operand: the
     // verifier rejects an attention reading its own output, `plan_buffers` never places an
     // attention's output in place of a buffer it reads, and live buffers' slots are disjoint.
     // Every index the routine reads is checked against these slices.
-    let mask = match &a.mask {
-        None => None,
+    let (mask_data, mask_offset, mask_strides) = match &a.mask {
+        None => (None, 0, Vec::new()),
         Some(m) => {
             let (offset, strides) = symbols.view(m, a.out)?;
             let n = numel(m.buffer);
@@ -44,7 +48,7 @@ pub(super) fn run_attention(
                     )),
                 }
             };
-            Some((data, offset, strides))
+            (Some(data), offset, strides)
         }
     };
     // SAFETY: the pointers' contract stated at the top of this function.
@@ -83,10 +87,13 @@ pub(super) fn run_attention(
         scale: a.scale,
         causal: a.causal,
     };
-    let mask = match &mask {
-        Some((data, offset, strides)) => {
-            Some(Mask::new(mask_kind(a.mask_kind), *data, *offset, strides)?)
-        }
+    let mask = match mask_data {
+        Some(data) => Some(Mask::new(
+            mask_kind(a.mask_kind),
+            data,
+            mask_offset,
+            &mask_strides,
+        )?),
         None => None,
     };
     let view = |data, offset, strides| View {
@@ -102,6 +109,16 @@ pub(super) fn run_attention(
         &shape,
         out,
     )
+}
+
+/// A GEMM's failure as the call's error: out of memory stays `OutOfMemory`.
+fn gemm_error(out: BufferId, e: gemm::GemmError) -> RuntimeError {
+    match e {
+        gemm::GemmError::OutOfMemory { bytes, what } => {
+            RuntimeError::out_of_memory(bytes, format!("matmul {out}: packed {what}"))
+        }
+        e => RuntimeError::Unsupported(format!("matmul {out}: {e}")),
+    }
 }
 
 /// The multiply-adds of each work item of attention step `a` for a call with these sizes on
@@ -578,8 +595,7 @@ pub(super) fn run_matmul(
         };
         gemm::MatrixMut::row_major(values, end - start, cols)
     };
-    let gemm_error =
-        |e: gemm::GemmError| RuntimeError::Unsupported(format!("matmul {}: {e}", m.out));
+    let gemm_error = |e| gemm_error(m.out, e);
 
     let units = a_shape[0];
     let unit_bytes = count * rows * cols * std::mem::size_of::<f32>() / units.max(1);
@@ -756,8 +772,7 @@ fn run_implicit_matmul(
     let b_shape = symbols.sizes(&b.shape);
     let source_shape = symbols.sizes(&program.buffer(b.source).shape);
     let numel = |id: BufferId| symbols.elements(program, id);
-    let gemm_error =
-        |e: gemm::GemmError| RuntimeError::Unsupported(format!("matmul {}: {e}", m.out));
+    let gemm_error = |e| gemm_error(m.out, e);
     let (&[images, groups, k, cols], &[_, channels, h, w]) = (&b_shape[..], &source_shape[..])
     else {
         return Err(RuntimeError::Unsupported(format!(

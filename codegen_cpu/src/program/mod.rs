@@ -146,6 +146,11 @@ pub struct CompiledProgram {
     /// The program's derived dims (`s0 + 1`), each once: a call checks that every one has a
     /// size (is not negative) for its inputs before any step runs.
     derived_dims: Vec<Dim>,
+    /// Checking mode (`MINDUCTOR_CHECK_BUFFERS=1` when compiled, or
+    /// [`CompiledProgram::set_check_buffers`]): intermediates live in a fresh arena filled with
+    /// a signalling-NaN pattern and fenced by guard bytes, checked after every step, and f32
+    /// outputs are checked for the pattern after the call (`execute.rs: CheckedArena`).
+    check_buffers: bool,
     pub compile_time: Duration,
     _code: CodeOwner,
 }
@@ -261,12 +266,18 @@ pub fn compile_program(program: &Program) -> Result<CompiledProgram, CodegenErro
         derived_dims,
         plan,
         steps,
+        check_buffers: execute::check_buffers_from_env(),
         compile_time: started.elapsed(),
         _code: code,
     })
 }
 
 impl CompiledProgram {
+    /// Turns checking mode on or off (see `MINDUCTOR_CHECK_BUFFERS`).
+    pub fn set_check_buffers(&mut self, on: bool) {
+        self.check_buffers = on;
+    }
+
     /// Max-autotune: times every kernel step under each [`Split`] on zero-filled inputs (each
     /// split over `runs` calls, keeping each step's fastest time) and keeps, per kernel step, the
     /// split that was fastest (the default on a tie). Results do not depend on the choice (see

@@ -130,7 +130,7 @@ impl PackedA {
         let mr = kernel.mr();
         let padded_m = m.div_ceil(mr) * mr;
         let mut values = AlignedBuffer::new();
-        values.reserve(padded_m * k);
+        values.try_reserve(padded_m * k, "weight")?;
         let all = values.as_mut_slice();
         let kc_block = kernel.kc(k);
         for depth in (0..k).step_by(kc_block) {

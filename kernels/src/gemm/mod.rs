@@ -136,6 +136,8 @@ pub enum GemmError {
     },
     #[error("gemm: b was packed for the {packed:?} kernel, not {wanted:?}")]
     KernelMismatch { packed: Kernel, wanted: Kernel },
+    #[error("gemm: no memory for {bytes} bytes of packed {what}")]
+    OutOfMemory { bytes: usize, what: &'static str },
 }
 
 /// A micro-kernel family. Each computes an `mr × nr` tile of `c` from packed panels.
@@ -427,7 +429,7 @@ impl<'a> PackedB<'a> {
         let [k, n] = b.shape();
         let panels = n.div_ceil(kernel.nr());
         let blocks = k.div_ceil(kernel.kc(k));
-        let mut buffer = AlignedBuffer::take(panels * k * kernel.nr());
+        let mut buffer = AlignedBuffer::take(panels * k * kernel.nr(), "b")?;
         let base = buffer.as_mut_slice().as_mut_ptr();
         Ok(PackedB {
             kernel,
@@ -830,7 +832,7 @@ fn stream(
     let padded_m = m.div_ceil(mr) * mr;
     // Block `d` (columns `d·kc ..`) of packed `a` holds `padded_m · kc` values from
     // `d · kc · padded_m` on: the layout of `implicit::PackedA`.
-    let mut packed_a = AlignedBuffer::take(padded_m * k);
+    let mut packed_a = AlignedBuffer::take(padded_m * k, "a")?;
     {
         let blocks: Vec<Mutex<&mut [f32]>> = packed_a
             .as_mut_slice()
@@ -1110,8 +1112,9 @@ impl AlignedBuffer {
         }
     }
 
-    /// A buffer of `len` values from the pool (the smallest one large enough), or a new one.
-    fn take(len: usize) -> Self {
+    /// A buffer of `len` values from the pool (the smallest one large enough), or a new one;
+    /// `OutOfMemory` (naming `what`) if a new one cannot be allocated.
+    fn take(len: usize, what: &'static str) -> Result<Self, GemmError> {
         let mut pool = POOL.lock().unwrap_or_else(|p| p.into_inner());
         let best = (0..pool.len())
             .filter(|&i| pool[i].lines.len() * 16 >= len)
@@ -1121,18 +1124,35 @@ impl AlignedBuffer {
             None => pool.pop().unwrap_or_default(),
         };
         drop(pool);
-        buffer.reserve(len);
-        buffer.len = len;
-        buffer
+        buffer.try_reserve(len, what)?;
+        Ok(buffer)
     }
 
-    /// Makes room for `len` values and sets the length to it.
+    /// Makes room for `len` values and sets the length to it (per-thread scratch, whose size
+    /// the blocking bounds; aborts if memory runs out, as `vec!` does).
     fn reserve(&mut self, len: usize) {
         let lines = len.div_ceil(16);
         if self.lines.len() < lines {
             self.lines = vec![Line([0.0; 16]); lines];
         }
         self.len = len;
+    }
+
+    /// [`AlignedBuffer::reserve`], or `OutOfMemory` (naming `what`) when the allocator has no
+    /// room, for buffers whose size follows an operand's.
+    fn try_reserve(&mut self, len: usize, what: &'static str) -> Result<(), GemmError> {
+        let lines = len.div_ceil(16);
+        if self.lines.len() < lines {
+            let bytes = lines.saturating_mul(std::mem::size_of::<Line>());
+            let mut grown: Vec<Line> = Vec::new();
+            grown
+                .try_reserve_exact(lines)
+                .map_err(|_| GemmError::OutOfMemory { bytes, what })?;
+            grown.resize(lines, Line([0.0; 16]));
+            self.lines = grown;
+        }
+        self.len = len;
+        Ok(())
     }
 
     fn lines_as_slice(&self) -> &[f32] {

@@ -400,6 +400,22 @@ fn packed_micro_panels_of_a_hold_every_value_in_place() {
     }
 }
 
+/// A packing buffer the allocator cannot give (4 TiB) is a typed error, not an abort, and the
+/// pool still serves an ordinary request afterwards.
+#[test]
+fn a_packing_buffer_too_large_to_allocate_is_out_of_memory() {
+    match AlignedBuffer::take(1 << 40, "b") {
+        Err(GemmError::OutOfMemory { bytes, what }) => {
+            assert_eq!((bytes, what), (4 << 40, "b"));
+        }
+        Err(e) => panic!("expected OutOfMemory, got {e}"),
+        Ok(_) => panic!("a 4 TiB packing buffer was allocated"),
+    }
+    let mut buffer = AlignedBuffer::take(100, "b").unwrap();
+    assert_eq!(buffer.as_mut_slice().len(), 100);
+    give_back(buffer);
+}
+
 #[test]
 fn the_depth_blocking_follows_the_cache_sizes_of_known_cpus() {
     const K: usize = 1 << 10;

@@ -188,7 +188,7 @@ impl WinogradWeight {
         }
         let channels = depth / 9;
         let row_len = POSITIONS * channels;
-        let mut buffer = AlignedBuffer::take(out_channels * row_len);
+        let mut buffer = AlignedBuffer::take(out_channels * row_len, "Winograd weight")?;
         let u = buffer.as_mut_slice();
         for (k, values) in u.chunks_exact_mut(row_len.max(1)).enumerate() {
             for c in 0..channels {
