@@ -56,7 +56,7 @@ pub enum FuseError {
 
 pub fn fuse(graph: &Graph) -> Result<Program, FuseError> {
     // Nodes no kernel computes run as fallback steps; more are found while scheduling.
-    let mut fallbacks: HashMap<NodeId, String> = graph
+    let fallbacks: HashMap<NodeId, String> = graph
         .ids()
         .filter_map(|id| fallback_reason(graph, id).map(|why| (id, why)))
         .collect();
@@ -81,27 +81,23 @@ pub fn fuse(graph: &Graph) -> Result<Program, FuseError> {
             realized.remove(node);
         }
     }
+    // A fallback step reads its operands from buffers and writes its own.
+    for &id in fallbacks.keys() {
+        realized.insert(id);
+        realized.extend(graph.node(id).inputs.iter().copied());
+    }
+    // Each retry realizes nodes at or before the node whose kernel asked for it, and what is
+    // scheduled before the first of them does not depend on it (a step reads only nodes before
+    // its own): the scheduler rewinds to there instead of starting again, so the retries cost
+    // the steps after the rewind point, not the whole graph each (the program is the one a
+    // restart from scratch builds).
+    let mut scheduler = Scheduler::new(graph, realized, fallbacks, &attention);
     loop {
-        // A fallback step reads its operands from buffers and writes its own.
-        for &id in fallbacks.keys() {
-            realized.insert(id);
-            realized.extend(graph.node(id).inputs.iter().copied());
-        }
-        match Scheduler::new(graph, &realized, &fallbacks, &attention).run() {
+        match scheduler.run() {
             Ok(program) => return Ok(program),
             Err(Reject::Unsupported(what)) => return Err(FuseError::Unsupported(what)),
-            Err(Reject::Fallback(node, why)) => {
-                let fresh = fallbacks.insert(node, why).is_none();
-                assert!(fresh, "fuse: a node falls back once");
-            }
-            Err(Reject::Realize(nodes)) => {
-                let before = realized.len();
-                realized.extend(nodes);
-                assert!(
-                    realized.len() > before,
-                    "fuse: a retry must realize a new node"
-                );
-            }
+            Err(Reject::Fallback(node, why)) => scheduler.fall_back(node, why),
+            Err(Reject::Realize(nodes)) => scheduler.realize(nodes),
         }
     }
 }
@@ -235,118 +231,207 @@ impl RowLoop {
 
 struct Scheduler<'g> {
     graph: &'g Graph,
-    realized: &'g HashSet<NodeId>,
+    /// Nodes written to buffers: inputs, outputs, GEMMs, cats, scatter-adds, scans, fallbacks
+    /// and their operands, and whatever retries asked for.
+    realized: HashSet<NodeId>,
     /// Nodes run as fallback steps (all realized, as are their operands), with the reason.
-    fallbacks: &'g HashMap<NodeId, String>,
+    fallbacks: HashMap<NodeId, String>,
     /// Fused attentions, keyed by their final GEMM (realized, the others not).
     attention: &'g HashMap<NodeId, AttentionPattern>,
+    outputs: HashSet<NodeId>,
     buffers: Vec<Buffer>,
     buffer_of: HashMap<NodeId, BufferId>,
-    /// For each inlined computing node, the steps that recompute it.
-    inlined_in: HashMap<NodeId, HashSet<usize>>,
+    steps: Vec<Step>,
+    /// For each inlined computing node, a step that recomputes it (once per kernel and node at
+    /// least), in the order the kernels were built.
+    inlined_in: Vec<(NodeId, usize)>,
     index_checks: Vec<IndexCheck>,
+    /// Where scheduling stood before each realized node's steps, in node order (for `rewind`).
+    checkpoints: Vec<Checkpoint>,
+    /// The first node the next `run` schedules (the nodes before it are scheduled).
+    resume: u32,
+}
+
+/// The scheduler's lengths before the steps of `node` were built.
+struct Checkpoint {
+    node: NodeId,
+    buffers: usize,
+    steps: usize,
+    inlined: usize,
+    index_checks: usize,
 }
 
 impl<'g> Scheduler<'g> {
     fn new(
         graph: &'g Graph,
-        realized: &'g HashSet<NodeId>,
-        fallbacks: &'g HashMap<NodeId, String>,
+        realized: HashSet<NodeId>,
+        fallbacks: HashMap<NodeId, String>,
         attention: &'g HashMap<NodeId, AttentionPattern>,
     ) -> Self {
-        Scheduler {
+        let mut scheduler = Scheduler {
             graph,
             realized,
             fallbacks,
             attention,
+            outputs: graph.outputs().iter().copied().collect(),
             buffers: Vec::new(),
             buffer_of: HashMap::new(),
-            inlined_in: HashMap::new(),
+            steps: Vec::new(),
+            inlined_in: Vec::new(),
             index_checks: Vec::new(),
+            checkpoints: Vec::new(),
+            resume: 0,
+        };
+        for (n, &id) in graph.inputs().iter().enumerate() {
+            scheduler.new_buffer(id, BufferKind::Input(n));
         }
+        scheduler
     }
 
-    fn run(mut self) -> Retry<Program> {
-        let g = self.graph;
-        let outputs: HashSet<NodeId> = g.outputs().iter().copied().collect();
-        for (n, &id) in g.inputs().iter().enumerate() {
-            self.new_buffer(id, BufferKind::Input(n));
+    /// Realizes `nodes` (some at least not realized yet) and rewinds to the first new one.
+    fn realize(&mut self, nodes: Vec<NodeId>) {
+        let first = nodes
+            .into_iter()
+            .filter(|&n| self.realized.insert(n))
+            .min()
+            .expect("fuse: a retry must realize a new node");
+        self.rewind(first);
+    }
+
+    /// Makes `node` a fallback step (its operands realized) and rewinds to it or to the first
+    /// operand that was not realized yet.
+    fn fall_back(&mut self, node: NodeId, why: String) {
+        let fresh = self.fallbacks.insert(node, why).is_none();
+        assert!(fresh, "fuse: a node falls back once");
+        let mut first = node;
+        self.realized.insert(node);
+        for &i in &self.graph.node(node).inputs {
+            if self.realized.insert(i) {
+                first = first.min(i);
+            }
         }
-        let mut steps = Vec::new();
-        for id in g.ids() {
+        self.rewind(first);
+    }
+
+    /// Forgets every step built for nodes from `node` on: what a run from scratch has when it
+    /// reaches `node` (the steps before it read nodes before it only, whose realization did not
+    /// change).
+    fn rewind(&mut self, node: NodeId) {
+        // A run that stopped at a node has built part of its steps: forget those too.
+        let node = node.min(NodeId(self.resume));
+        let at = self.checkpoints.partition_point(|c| c.node < node);
+        if let Some(c) = self.checkpoints.get(at) {
+            for b in self.buffers.drain(c.buffers..) {
+                self.buffer_of.remove(&b.node);
+            }
+            self.steps.truncate(c.steps);
+            self.inlined_in.truncate(c.inlined);
+            self.index_checks.truncate(c.index_checks);
+            self.checkpoints.truncate(at);
+        }
+        self.resume = node.0;
+    }
+
+    fn run(&mut self) -> Retry<Program> {
+        let g = self.graph;
+        for id in (self.resume..g.len() as u32).map(NodeId) {
             if !self.realized.contains(&id) || self.buffer_of.contains_key(&id) {
                 continue;
             }
-            let kind = if outputs.contains(&id) {
-                BufferKind::Output
-            } else {
-                BufferKind::Intermediate
-            };
-            let buffer = self.new_buffer(id, kind);
-            if let Some(reason) = self.fallbacks.get(&id) {
-                let node = g.node(id);
-                steps.push(Step::Fallback(FallbackStep {
-                    op: node.op.clone(),
-                    inputs: node.inputs.iter().map(|i| self.buffer_of[i]).collect(),
-                    out: buffer,
-                    node: id,
-                    reason: reason.clone(),
-                }));
-                continue;
-            }
-            match &g.node(id).op {
-                Op::Matmul => match self.attention.get(&id) {
-                    Some(pattern) => {
-                        steps.push(Step::Attention(self.attention_step(id, buffer, pattern)?))
-                    }
-                    None => steps.push(Step::Matmul(self.matmul(id, buffer)?)),
-                },
-                Op::ScatterAdd { dim, .. } => {
-                    steps.push(Step::ScatterAdd(self.scatter_add(id, *dim, buffer)?))
-                }
-                Op::CumSum { dim } => {
-                    let kernel = self.scan_kernel(id, *dim, buffer, steps.len())?;
-                    steps.push(Step::Kernel(kernel));
-                }
-                Op::Cat { dim } => {
-                    // Each operand starts where the previous ones end: a size expression when
-                    // one of them is symbolic (`s0` for the new row after a `[.., s0, ..]` cache).
-                    let mut offset = SizeExpr::Const(0);
-                    for &operand in &g.node(id).inputs {
-                        let kernel = self.kernel(
-                            id,
-                            operand,
-                            buffer,
-                            Some((*dim, offset.clone())),
-                            steps.len(),
-                        )?;
-                        offset = offset.plus(&SizeExpr::of_dim(dims(g, operand)[*dim]));
-                        steps.push(Step::Kernel(kernel));
-                    }
-                }
-                _ => {
-                    let kernel = self.kernel(id, id, buffer, None, steps.len())?;
-                    steps.push(Step::Kernel(kernel));
-                }
-            }
+            self.checkpoints.push(Checkpoint {
+                node: id,
+                buffers: self.buffers.len(),
+                steps: self.steps.len(),
+                inlined: self.inlined_in.len(),
+                index_checks: self.index_checks.len(),
+            });
+            self.resume = id.0;
+            self.schedule(id)?;
         }
-        let shared: Vec<NodeId> = self
-            .inlined_in
-            .iter()
+        self.resume = g.len() as u32;
+        let mut steps_of: HashMap<NodeId, HashSet<usize>> = HashMap::new();
+        for &(node, step) in &self.inlined_in {
+            steps_of.entry(node).or_default().insert(step);
+        }
+        let shared: Vec<NodeId> = steps_of
+            .into_iter()
             .filter(|(_, steps)| steps.len() > 1)
-            .map(|(&n, _)| n)
+            .map(|(n, _)| n)
             .collect();
         if !shared.is_empty() {
             return Err(Reject::Realize(shared));
         }
         let outputs = g.outputs().iter().map(|o| self.buffer_of[o]).collect();
         Ok(Program {
-            buffers: self.buffers,
-            steps,
-            index_checks: self.index_checks,
+            buffers: std::mem::take(&mut self.buffers),
+            steps: std::mem::take(&mut self.steps),
+            index_checks: std::mem::take(&mut self.index_checks),
             outputs,
             plan: None,
         })
+    }
+
+    /// Builds the steps computing the realized node `id` into a new buffer.
+    fn schedule(&mut self, id: NodeId) -> Retry<()> {
+        let g = self.graph;
+        let kind = if self.outputs.contains(&id) {
+            BufferKind::Output
+        } else {
+            BufferKind::Intermediate
+        };
+        let buffer = self.new_buffer(id, kind);
+        if let Some(reason) = self.fallbacks.get(&id) {
+            let node = g.node(id);
+            self.steps.push(Step::Fallback(FallbackStep {
+                op: node.op.clone(),
+                inputs: node.inputs.iter().map(|i| self.buffer_of[i]).collect(),
+                out: buffer,
+                node: id,
+                reason: reason.clone(),
+            }));
+            return Ok(());
+        }
+        match &g.node(id).op {
+            Op::Matmul => match self.attention.get(&id) {
+                Some(pattern) => {
+                    let step = self.attention_step(id, buffer, pattern)?;
+                    self.steps.push(Step::Attention(step))
+                }
+                None => {
+                    let step = self.matmul(id, buffer)?;
+                    self.steps.push(Step::Matmul(step))
+                }
+            },
+            Op::ScatterAdd { dim, .. } => {
+                let step = self.scatter_add(id, *dim, buffer)?;
+                self.steps.push(Step::ScatterAdd(step))
+            }
+            Op::CumSum { dim } => {
+                let kernel = self.scan_kernel(id, *dim, buffer, self.steps.len())?;
+                self.steps.push(Step::Kernel(kernel));
+            }
+            Op::Cat { dim } => {
+                // Each operand starts where the previous ones end: a size expression when
+                // one of them is symbolic (`s0` for the new row after a `[.., s0, ..]` cache).
+                let mut offset = SizeExpr::Const(0);
+                for &operand in &g.node(id).inputs {
+                    let kernel = self.kernel(
+                        id,
+                        operand,
+                        buffer,
+                        Some((*dim, offset.clone())),
+                        self.steps.len(),
+                    )?;
+                    offset = offset.plus(&SizeExpr::of_dim(dims(g, operand)[*dim]));
+                    self.steps.push(Step::Kernel(kernel));
+                }
+            }
+            _ => {
+                let kernel = self.kernel(id, id, buffer, None, self.steps.len())?;
+                self.steps.push(Step::Kernel(kernel));
+            }
+        }
+        Ok(())
     }
 
     fn new_buffer(&mut self, node: NodeId, kind: BufferKind) -> BufferId {
@@ -580,9 +665,8 @@ impl<'g> Scheduler<'g> {
                 value,
             }),
         });
-        for &node in &builder.inlined {
-            self.inlined_in.entry(node).or_default().insert(step);
-        }
+        self.inlined_in
+            .extend(builder.inlined.iter().map(|&node| (node, step)));
         Ok(builder.finish(kept.iter().map(|&d| shape[d]).collect()))
     }
 
@@ -734,9 +818,8 @@ impl<'g> Scheduler<'g> {
                 value: value_expr,
             }]),
         });
-        for &node in &builder.inlined {
-            self.inlined_in.entry(node).or_default().insert(step);
-        }
+        self.inlined_in
+            .extend(builder.inlined.iter().map(|&node| (node, step)));
         Ok(builder.finish(outer))
     }
 
