@@ -1,5 +1,6 @@
 //! The `minductor` command line: `minductor golden DIR` runs PyTorch reference cases;
-//! `minductor bench` runs the benchmark suite on the eager and the compiled backend.
+//! `minductor bench` runs the benchmark suite on the eager and the compiled backend;
+//! `minductor compile` times compiles of the GPT-style decoder at several depths.
 
 use clap::{Parser, Subcommand};
 use minductor::Backend;
@@ -119,6 +120,22 @@ enum Command {
         #[arg(long)]
         reprobe: bool,
     },
+    /// Time compiles: the GPT-style decoder at several depths (and, with --suite, the suite's
+    /// workloads), printing graph nodes, the median compile time and microseconds per node.
+    Compile {
+        /// Decoder depths to compile, comma-separated.
+        #[arg(long, default_value = "2,8,32,96")]
+        layers: String,
+        /// Timed compiles per graph (the median is reported).
+        #[arg(long, default_value_t = 3)]
+        runs: usize,
+        /// Also compile every workload of the suite.
+        #[arg(long)]
+        suite: bool,
+        /// Write the results as JSON to this file.
+        #[arg(long)]
+        json: Option<PathBuf>,
+    },
     /// Compile one workload of the suite and print its fusion report: the kernel table, then
     /// each step's median time and achieved bandwidth (GFLOP/s for GEMMs) against the probe.
     Report {
@@ -141,6 +158,18 @@ fn main() -> ExitCode {
             threads,
             runs,
         } => match report(&workload, threads, runs) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("error: {e}");
+                ExitCode::FAILURE
+            }
+        },
+        Command::Compile {
+            layers,
+            runs,
+            suite,
+            json,
+        } => match compile_bench(&layers, runs, suite, json) {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {
                 eprintln!("error: {e}");
@@ -209,6 +238,47 @@ fn report(
         Some(probe),
     )?;
     println!("{}: {}", workload.name, report);
+    Ok(())
+}
+
+fn compile_bench(
+    layers: &str,
+    runs: usize,
+    suite: bool,
+    json: Option<PathBuf>,
+) -> Result<(), Box<dyn std::error::Error>> {
+    let depths: Vec<usize> = layers
+        .split(',')
+        .map(|l| {
+            l.trim()
+                .parse()
+                .map_err(|e| format!("--layers: `{}` is not a layer count: {e}", l.trim()))
+        })
+        .collect::<Result<_, _>>()?;
+    let mut graphs = Vec::new();
+    for &n in &depths {
+        graphs.push(workloads::gpt_decoder(n)?);
+    }
+    if suite {
+        for name in SUITE {
+            graphs.push(workloads::by_name(name)?);
+        }
+    }
+    let mut results = Vec::new();
+    for workload in &graphs {
+        eprintln!("compiling {} ...", workload.name);
+        results.push(minductor_tools::bench::compile_benchmark(workload, runs)?);
+    }
+    println!(
+        "median of {} compiles each (wall time of compile_with, inductor)",
+        runs.max(1)
+    );
+    print!("{}", minductor_tools::bench::render_compile_table(&results));
+    if let Some(path) = &json {
+        std::fs::write(path, serde_json::to_string_pretty(&results)? + "\n")
+            .map_err(|e| format!("{}: {e}", path.display()))?;
+        eprintln!("json: {}", path.display());
+    }
     Ok(())
 }
 
