@@ -45,6 +45,7 @@
 use crate::attention::{find_attention, AttentionPattern};
 use crate::kernel::*;
 use minductor_ir::{DType, Dim, Graph, NodeId, Op, SizeExpr, SliceFrom};
+use smallvec::SmallVec;
 use std::collections::{HashMap, HashSet};
 
 /// Why `fuse` cannot schedule a graph.
@@ -244,12 +245,30 @@ struct Scheduler<'g> {
     steps: Vec<Step>,
     /// For each inlined computing node, a step that recomputes it (once per kernel and node at
     /// least), in the order the kernels were built.
-    inlined_in: Vec<(NodeId, usize)>,
+    inlined_in: Vec<Inlined>,
+    /// The first step in `inlined_in` that recomputes each node.
+    first_inlined_in: HashMap<NodeId, usize>,
+    /// Per node: whether no reduction is reached from it through nodes that are not realized
+    /// ([`Scheduler::reduce_free`]), and the `realized_version` it was found at. A `true` stays
+    /// true as more nodes are realized; a `false` is found again once they change.
+    reduce_free: Vec<Option<(bool, u64)>>,
+    /// Counts the changes of `realized`.
+    realized_version: u64,
     index_checks: Vec<IndexCheck>,
     /// Where scheduling stood before each realized node's steps, in node order (for `rewind`).
     checkpoints: Vec<Checkpoint>,
     /// The first node the next `run` schedules (the nodes before it are scheduled).
     resume: u32,
+}
+
+/// `node` is computed inside the kernel of step `step`. `skipped`: its definition was not built
+/// there (see `KernelBuilder::emit`), so every node it reaches through nodes that are not
+/// realized is recomputed by that step too.
+#[derive(Clone, Copy)]
+struct Inlined {
+    node: NodeId,
+    step: usize,
+    skipped: bool,
 }
 
 /// The scheduler's lengths before the steps of `node` were built.
@@ -278,6 +297,9 @@ impl<'g> Scheduler<'g> {
             buffer_of: HashMap::new(),
             steps: Vec::new(),
             inlined_in: Vec::new(),
+            first_inlined_in: HashMap::new(),
+            reduce_free: vec![None; graph.len()],
+            realized_version: 0,
             index_checks: Vec::new(),
             checkpoints: Vec::new(),
             resume: 0,
@@ -290,6 +312,7 @@ impl<'g> Scheduler<'g> {
 
     /// Realizes `nodes` (some at least not realized yet) and rewinds to the first new one.
     fn realize(&mut self, nodes: Vec<NodeId>) {
+        self.realized_version += 1;
         let first = nodes
             .into_iter()
             .filter(|&n| self.realized.insert(n))
@@ -303,6 +326,7 @@ impl<'g> Scheduler<'g> {
     fn fall_back(&mut self, node: NodeId, why: String) {
         let fresh = self.fallbacks.insert(node, why).is_none();
         assert!(fresh, "fuse: a node falls back once");
+        self.realized_version += 1;
         let mut first = node;
         self.realized.insert(node);
         for &i in &self.graph.node(node).inputs {
@@ -325,7 +349,11 @@ impl<'g> Scheduler<'g> {
                 self.buffer_of.remove(&b.node);
             }
             self.steps.truncate(c.steps);
-            self.inlined_in.truncate(c.inlined);
+            for gone in self.inlined_in.drain(c.inlined..) {
+                if self.first_inlined_in.get(&gone.node) == Some(&gone.step) {
+                    self.first_inlined_in.remove(&gone.node);
+                }
+            }
             self.index_checks.truncate(c.index_checks);
             self.checkpoints.truncate(at);
         }
@@ -350,14 +378,24 @@ impl<'g> Scheduler<'g> {
         }
         self.resume = g.len() as u32;
         let mut steps_of: HashMap<NodeId, HashSet<usize>> = HashMap::new();
-        for &(node, step) in &self.inlined_in {
-            steps_of.entry(node).or_default().insert(step);
+        for i in &self.inlined_in {
+            steps_of.entry(i.node).or_default().insert(i.step);
         }
-        let shared: Vec<NodeId> = steps_of
+        let mut shared: HashSet<NodeId> = steps_of
             .into_iter()
             .filter(|(_, steps)| steps.len() > 1)
             .map(|(n, _)| n)
             .collect();
+        // A skipped definition was built by an earlier step: everything it reaches is recomputed
+        // by two steps.
+        let skipped: Vec<NodeId> = self
+            .inlined_in
+            .iter()
+            .filter(|i| i.skipped)
+            .map(|i| i.node)
+            .collect();
+        shared.extend(self.reached(&skipped));
+        let shared: Vec<NodeId> = shared.into_iter().collect();
         if !shared.is_empty() {
             return Err(Reject::Realize(shared));
         }
@@ -432,6 +470,65 @@ impl<'g> Scheduler<'g> {
             }
         }
         Ok(())
+    }
+
+    /// Records the nodes the kernel of step `step` recomputes.
+    fn record_inlined(&mut self, builder: &KernelBuilder, step: usize) {
+        for &node in &builder.inlined {
+            self.first_inlined_in.entry(node).or_insert(step);
+            self.inlined_in.push(Inlined {
+                node,
+                step,
+                skipped: false,
+            });
+        }
+        for &node in &builder.skipped {
+            self.inlined_in.push(Inlined {
+                node,
+                step,
+                skipped: true,
+            });
+        }
+    }
+
+    /// Whether no reduction is reached from `node` (not realized) through nodes that are not
+    /// realized: then building its definition in a kernel fails (asks for a retry) for reasons
+    /// that do not depend on the kernel's loops or the index it is read at, only on the graph
+    /// and the realized nodes (a gather's table, a reshape's shapes): a kernel that built it
+    /// once shows it builds.
+    fn reduce_free(&mut self, node: NodeId) -> bool {
+        match self.reduce_free[node.index()] {
+            Some((true, _)) => return true,
+            Some((false, version)) if version == self.realized_version => return false,
+            _ => {}
+        }
+        let n = self.graph.node(node);
+        let free = !matches!(n.op, Op::Reduce { .. })
+            && n
+                .inputs
+                .iter()
+                .all(|&i| self.realized.contains(&i) || self.reduce_free(i));
+        self.reduce_free[node.index()] = Some((free, self.realized_version));
+        free
+    }
+
+    /// The computing nodes (not views, constants or `iota`s) reached from `roots` through nodes
+    /// that are not realized, the roots included: what building their definitions inlines.
+    fn reached(&self, roots: &[NodeId]) -> Vec<NodeId> {
+        let mut seen: HashSet<NodeId> = HashSet::new();
+        let mut stack = roots.to_vec();
+        let mut found = Vec::new();
+        while let Some(id) = stack.pop() {
+            if self.realized.contains(&id) || !seen.insert(id) {
+                continue;
+            }
+            let n = self.graph.node(id);
+            if !matches!(n.op, Op::Constant { .. } | Op::Iota { .. }) && !n.op.is_view() {
+                found.push(id);
+            }
+            stack.extend(n.inputs.iter().copied());
+        }
+        found
     }
 
     fn new_buffer(&mut self, node: NodeId, kind: BufferKind) -> BufferId {
@@ -665,8 +762,7 @@ impl<'g> Scheduler<'g> {
                 value,
             }),
         });
-        self.inlined_in
-            .extend(builder.inlined.iter().map(|&node| (node, step)));
+        self.record_inlined(&builder, step);
         Ok(builder.finish(kept.iter().map(|&d| shape[d]).collect()))
     }
 
@@ -818,8 +914,7 @@ impl<'g> Scheduler<'g> {
                 value: value_expr,
             }]),
         });
-        self.inlined_in
-            .extend(builder.inlined.iter().map(|&node| (node, step)));
+        self.record_inlined(&builder, step);
         Ok(builder.finish(outer))
     }
 
@@ -918,12 +1013,16 @@ impl<'g> Scheduler<'g> {
     }
 
     /// Reductions computed inside the kernel for `value` (itself included), nearest first.
-    fn inlined_reductions(&self, value: NodeId) -> Vec<NodeId> {
+    fn inlined_reductions(&mut self, value: NodeId) -> Vec<NodeId> {
         let mut found = Vec::new();
         let mut seen = HashSet::new();
         let mut stack = vec![value];
         while let Some(id) = stack.pop() {
             if !seen.insert(id) || (id != value && self.realized.contains(&id)) {
+                continue;
+            }
+            // Nothing to find below a node that reaches no reduction.
+            if id != value && self.reduce_free(id) {
                 continue;
             }
             let n = self.graph.node(id);
@@ -1113,12 +1212,16 @@ struct KernelBuilder<'g> {
     step: usize,
     exprs: Vec<Expr>,
     types: Vec<ScalarType>,
+    /// `exprs` by [`expr_hash`] (with `types`), in order: how `push` finds an equal expression.
+    by_hash: HashMap<u64, SmallVec<[ExprId; 1]>>,
     memo: HashMap<(NodeId, Vec<Affine>), ExprId>,
     stages: Vec<Stage>,
     stage_of: HashMap<NodeId, u32>,
     row: Option<RowLoop>,
     /// Computing (non-view, non-constant) nodes inlined here.
     inlined: Vec<NodeId>,
+    /// Computing nodes inlined here whose definitions an earlier step built (see `emit`).
+    skipped: Vec<NodeId>,
     names: Vec<String>,
 }
 
@@ -1129,22 +1232,24 @@ impl<'g> KernelBuilder<'g> {
             step,
             exprs: Vec::new(),
             types: Vec::new(),
+            by_hash: HashMap::new(),
             memo: HashMap::new(),
             stages: Vec::new(),
             stage_of: HashMap::new(),
             row: None,
             inlined: Vec::new(),
+            skipped: Vec::new(),
             names: Vec::new(),
         }
     }
 
     fn finish(self, outer: Vec<Dim>) -> Kernel {
-        let mut names: Vec<String> = Vec::new();
-        for n in self.names {
-            if !names.contains(&n) {
-                names.push(n);
-            }
-        }
+        let mut seen = HashSet::new();
+        let names: Vec<String> = self
+            .names
+            .into_iter()
+            .filter(|n| seen.insert(n.clone()))
+            .collect();
         let label = if names.is_empty() {
             "copy".to_string()
         } else {
@@ -1167,15 +1272,22 @@ impl<'g> KernelBuilder<'g> {
     }
 
     fn push(&mut self, expr: Expr, ty: ScalarType) -> ExprId {
-        // The same expression of another type (an f32 and an i64 `index`) is another value.
-        if let Some(i) =
-            (0..self.exprs.len()).find(|&i| self.exprs[i] == expr && self.types[i] == ty)
+        // The same expression of another type (an f32 and an i64 `index`) is another value. The
+        // first equal expression (by `==`, so a NaN constant is never reused) is found among
+        // those of equal hash, which `==` implies.
+        let key = expr_hash(&expr, ty);
+        let same = self.by_hash.entry(key).or_default();
+        if let Some(&i) = same
+            .iter()
+            .find(|&&i| self.exprs[i.0 as usize] == expr && self.types[i.0 as usize] == ty)
         {
-            return ExprId(i as u32);
+            return i;
         }
+        let id = ExprId(self.exprs.len() as u32);
+        same.push(id);
         self.exprs.push(expr);
         self.types.push(ty);
-        ExprId(self.exprs.len() as u32 - 1)
+        id
     }
 
     fn convert(&mut self, e: ExprId, to: ScalarType) -> ExprId {
@@ -1230,6 +1342,22 @@ impl<'g> KernelBuilder<'g> {
                 },
                 ty,
             ));
+        }
+        // A definition an earlier step built (and so will have to realize, as two steps compute
+        // it) is built here only if it can fail here differently: if no reduction is reached
+        // from it (whose stage depends on this kernel's loops), it would build as it did there.
+        // Its value is then a stand-in: this kernel will not run, since the program is scheduled
+        // again once the node is realized (the end of `Scheduler::run` realizes it, with all it
+        // reaches, unless a retry first drops this step).
+        let n = self.graph.node(node);
+        if !matches!(n.op, Op::Constant { .. } | Op::Iota { .. })
+            && !n.op.is_view()
+            && s.first_inlined_in.contains_key(&node)
+            && s.reduce_free(node)
+        {
+            self.skipped.push(node);
+            let ty = ScalarType::of(n.ty.dtype);
+            return Ok(self.push(Expr::Constant { value: 0.0, ty }, ty));
         }
         self.emit_definition(s, node, idx)
     }
@@ -1457,4 +1585,43 @@ impl<'g> KernelBuilder<'g> {
         self.memo.insert(key, e);
         Ok(e)
     }
+}
+
+/// A hash of `expr` of type `ty` that equal expressions share (`==`: a constant hashes its value
+/// with 0.0 and -0.0 alike, which compare equal).
+fn expr_hash(expr: &Expr, ty: ScalarType) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    ty.hash(&mut h);
+    std::mem::discriminant(expr).hash(&mut h);
+    match expr {
+        Expr::Load {
+            buffer,
+            index,
+            indirect,
+        } => {
+            buffer.hash(&mut h);
+            index.hash(&mut h);
+            if let Some(Indirect {
+                value,
+                stride,
+                bound,
+            }) = indirect
+            {
+                (value, stride, bound).hash(&mut h);
+            }
+        }
+        Expr::Constant { value, ty } => {
+            let bits = if *value == 0.0 { 0 } else { value.to_bits() };
+            (bits, ty).hash(&mut h);
+        }
+        Expr::StageResult(stage) => stage.hash(&mut h),
+        Expr::Index(index) => index.hash(&mut h),
+        Expr::Unary(op, a) => (op, a).hash(&mut h),
+        Expr::Binary(op, a, b) => (op, a, b).hash(&mut h),
+        Expr::Compare(op, a, b) => (op, a, b).hash(&mut h),
+        Expr::Where(c, a, b) => (c, a, b).hash(&mut h),
+        Expr::Cast(dtype, a) => (dtype, a).hash(&mut h),
+    }
+    h.finish()
 }
