@@ -435,7 +435,23 @@ pub const DECODER_LENGTH: usize = 16;
 /// vocabulary. The compile benchmark (`minductor compile`) builds it at several depths: its graph
 /// grows by the same block per layer.
 pub fn gpt_decoder(layers: usize) -> Result<Workload, WorkloadError> {
-    let name = format!("gpt_decoder_{layers}l");
+    decoder(layers, None)
+}
+
+/// One SGD step of [`gpt_decoder`]: the cross-entropy of its logits against the token ids
+/// themselves, its gradients with respect to every weight (the joint graph, partitioned), and
+/// each weight less `lr` times its gradient: a training graph that grows by one block per layer,
+/// for the compile benchmark (`minductor compile --train`).
+pub fn gpt_decoder_train_step(layers: usize, lr: f64) -> Result<Workload, WorkloadError> {
+    decoder(layers, Some(lr))
+}
+
+/// The decoder's forward pass, or with a learning rate its SGD step.
+fn decoder(layers: usize, lr: Option<f64>) -> Result<Workload, WorkloadError> {
+    let name = match lr {
+        None => format!("gpt_decoder_{layers}l"),
+        Some(_) => format!("gpt_decoder_train_{layers}l"),
+    };
     let (w, vocab) = (DECODER_WIDTH, DECODER_VOCAB);
     let (batch, length) = (DECODER_BATCH, DECODER_LENGTH);
     // (name, shape, low, high) of every f32 input after the token ids, in tracing order.
@@ -474,7 +490,16 @@ pub fn gpt_decoder(layers: usize) -> Result<Workload, WorkloadError> {
     for (n, shape, _, _) in &specs {
         named.insert(n.clone(), tracer.input(n, DType::F32, shape));
     }
-    let outputs = crate::golden::models::gpt_forward(&named);
+    let mut outputs = crate::golden::models::gpt_forward(&named);
+    if let Some(lr) = lr {
+        let logits = outputs[0].reshape(&[(batch * length) as isize, vocab as isize]);
+        let targets = named["idx"].reshape(&[(batch * length) as isize]);
+        let loss = logits.cross_entropy(&targets);
+        let params: Vec<&Traced> = specs.iter().map(|(n, ..)| &named[n]).collect();
+        let grads = loss.grad(&params);
+        outputs = vec![loss];
+        outputs.extend(params.iter().zip(&grads).map(|(p, g)| *p - g * lr));
+    }
     let graph = tracer
         .finish(&outputs)
         .map_err(|source| trace_error(&name, source))?;
@@ -495,11 +520,13 @@ pub fn gpt_decoder(layers: usize) -> Result<Workload, WorkloadError> {
         + 2 * (batch * DECODER_HEADS) as u64 * gemm(length, length, w / DECODER_HEADS)
         + gemm(tokens, w, w)
         + 2 * gemm(tokens, 4 * w, w);
+    let forward = layers as u64 * per_layer + gemm(tokens, vocab, w);
     Ok(Workload {
         bytes_moved: f32_bytes(
             inputs.iter().skip(1).map(Tensor::numel).sum::<usize>() + tokens * vocab,
         ) + 8 * (2 * tokens) as u64,
-        flops: layers as u64 * per_layer + gemm(tokens, vocab, w),
+        // A backward pass costs about two forward ones.
+        flops: if lr.is_some() { 3 * forward } else { forward },
         bound: Bound::Compute,
         elements: tokens * w,
         inputs,

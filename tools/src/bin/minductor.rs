@@ -132,6 +132,9 @@ enum Command {
         /// Also compile every workload of the suite.
         #[arg(long)]
         suite: bool,
+        /// Also compile the decoder's SGD training step (autodiff and partition) at each depth.
+        #[arg(long)]
+        train: bool,
         /// Write the results as JSON to this file.
         #[arg(long)]
         json: Option<PathBuf>,
@@ -168,8 +171,9 @@ fn main() -> ExitCode {
             layers,
             runs,
             suite,
+            train,
             json,
-        } => match compile_bench(&layers, runs, suite, json) {
+        } => match compile_bench(&layers, runs, suite, train, json) {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {
                 eprintln!("error: {e}");
@@ -245,6 +249,7 @@ fn compile_bench(
     layers: &str,
     runs: usize,
     suite: bool,
+    train: bool,
     json: Option<PathBuf>,
 ) -> Result<(), Box<dyn std::error::Error>> {
     let depths: Vec<usize> = layers
@@ -258,6 +263,11 @@ fn compile_bench(
     let mut graphs = Vec::new();
     for &n in &depths {
         graphs.push(workloads::gpt_decoder(n)?);
+    }
+    if train {
+        for &n in &depths {
+            graphs.push(workloads::gpt_decoder_train_step(n, 1e-3)?);
+        }
     }
     if suite {
         for name in SUITE {
