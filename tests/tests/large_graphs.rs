@@ -16,14 +16,67 @@ fn a_96_layer_decoder_compiles_and_matches_the_interpreter() {
     let compiled = compile_with(&decoder.graph, Backend::Inductor).unwrap();
     let program = compiled.artifacts().program.as_ref().unwrap();
     // Every layer keeps its kernels, GEMMs and attention: nothing was lost on the way.
-    assert!(program.steps.len() > 96 * 7, "{} steps", program.steps.len());
+    assert!(
+        program.steps.len() > 96 * 7,
+        "{} steps",
+        program.steps.len()
+    );
     let found = compiled.call(&decoder.inputs).unwrap();
     let eager = compile_with(&decoder.graph, Backend::Eager).unwrap();
     let expected = eager.call(&decoder.inputs).unwrap();
     // The logits after 96 layers (f32 throughout, summation orders differing from the
     // interpreter's), and the argmax tokens exactly.
-    assert_allclose(&found[..1], &expected[..1], Tolerance::close(1e-3), "logits");
+    assert_allclose(
+        &found[..1],
+        &expected[..1],
+        Tolerance::close(1e-3),
+        "logits",
+    );
     assert_allclose(&found[1..], &expected[1..], Tolerance::EXACT, "next tokens");
+}
+
+#[test]
+fn a_compile_records_each_pass_with_its_time_and_sizes() {
+    let decoder = gpt_decoder(2).unwrap();
+    let compiled = compile_with(&decoder.graph, Backend::Inductor).unwrap();
+    let artifacts = compiled.artifacts();
+    let passes: Vec<&str> = artifacts.pass_times.iter().map(|p| p.pass).collect();
+    let expected = [
+        "decompose",
+        "simplify",
+        "fuse",
+        "verify_program",
+        "fuse_horizontal",
+        "verify_program",
+        "fuse_epilogues",
+        "verify_program",
+        "store_once",
+        "verify_program",
+        "choose_loop_order",
+        "verify_program",
+        "plan_buffers",
+        "verify_program",
+        "codegen",
+    ];
+    assert_eq!(passes, expected);
+    let prims = artifacts.prim_graph.as_ref().unwrap();
+    let program = artifacts.program.as_ref().unwrap();
+    let of = |name: &str| artifacts.pass_times.iter().find(|p| p.pass == name).unwrap();
+    assert_eq!(of("simplify").nodes, prims.len());
+    assert_eq!(of("fuse").nodes, prims.len());
+    let codegen = of("codegen");
+    assert_eq!(codegen.steps, program.steps.len());
+    assert_eq!(codegen.kernels, program.kernels().count());
+    // The passes take part of the compile's time, none more than all of it.
+    let total: std::time::Duration = artifacts.pass_times.iter().map(|p| p.time).sum();
+    assert!(total <= compiled.compile_time(), "{total:?} > {:?}", compiled.compile_time());
+    assert!(codegen.to_string().starts_with("codegen "), "{codegen}");
+
+    // A training step also runs autodiff and partition.
+    let step = minductor_tools::workloads::gpt_decoder_train_step(1, 1e-3).unwrap();
+    let compiled = compile_with(&step.graph, Backend::Inductor).unwrap();
+    let passes: Vec<&str> = compiled.artifacts().pass_times.iter().map(|p| p.pass).collect();
+    assert_eq!(passes[..4], ["decompose", "autodiff", "simplify", "partition"]);
 }
 
 /// Restores the default thread count when dropped (also on a panic).
