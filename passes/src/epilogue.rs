@@ -41,7 +41,9 @@ pub fn fuse_epilogues(program: &Program) -> Program {
         }
     }
     let after = |index: &HashMap<BufferId, BTreeSet<usize>>, b: &BufferId, i: usize, j: usize| {
-        index.get(b).is_some_and(|set| set.range(i + 1..j).next().is_some())
+        index
+            .get(b)
+            .is_some_and(|set| set.range(i + 1..j).next().is_some())
     };
     for i in 0..steps.len() {
         let candidate = match &steps[i] {

@@ -504,8 +504,7 @@ impl<'g> Scheduler<'g> {
         }
         let n = self.graph.node(node);
         let free = !matches!(n.op, Op::Reduce { .. })
-            && n
-                .inputs
+            && n.inputs
                 .iter()
                 .all(|&i| self.realized.contains(&i) || self.reduce_free(i));
         self.reduce_free[node.index()] = Some((free, self.realized_version));
