@@ -22,8 +22,8 @@
 //! same values at the same indices, and the thread split of the first outer loop still gives
 //! every thread disjoint elements to write.
 
-use crate::kernel::*;
 use minductor_ir::DType;
+use minductor_kernel_ir::*;
 use std::collections::{BTreeSet, HashMap, HashSet};
 
 pub fn fuse_horizontal(program: &Program) -> Program {

@@ -8,10 +8,10 @@
 //! copy bandwidth (GEMM peak over all threads).
 
 use crate::probe::MachineProbe;
-use minductor::ir::Graph;
-use minductor::passes::cost::{program_cost, StepCost, StepKind};
-use minductor::passes::kernel::Step;
-use minductor::runtime::{RuntimeError, Tensor};
+use minductor::internals::kernel_ir::cost::{program_cost, StepCost, StepKind};
+use minductor::internals::kernel_ir::Step;
+use minductor::internals::runtime::{RuntimeError, Tensor};
+use minductor::Graph;
 use minductor::{compile, CompileError, Compiled};
 use std::fmt;
 use std::time::Duration;
