@@ -86,7 +86,11 @@ fn dump_dir_receives_every_stage() {
     }
     // Each pass's time and sizes, one line each, in the order they ran.
     let passes = read(inductor, "pass_times.txt");
-    assert_eq!(passes.lines().count(), artifacts.pass_times.len(), "{passes}");
+    assert_eq!(
+        passes.lines().count(),
+        artifacts.pass_times.len(),
+        "{passes}"
+    );
     for (line, pass) in passes.lines().zip(&artifacts.pass_times) {
         assert_eq!(line, pass.to_string());
     }

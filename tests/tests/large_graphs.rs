@@ -61,7 +61,13 @@ fn a_compile_records_each_pass_with_its_time_and_sizes() {
     assert_eq!(passes, expected);
     let prims = artifacts.prim_graph.as_ref().unwrap();
     let program = artifacts.program.as_ref().unwrap();
-    let of = |name: &str| artifacts.pass_times.iter().find(|p| p.pass == name).unwrap();
+    let of = |name: &str| {
+        artifacts
+            .pass_times
+            .iter()
+            .find(|p| p.pass == name)
+            .unwrap()
+    };
     assert_eq!(of("simplify").nodes, prims.len());
     assert_eq!(of("fuse").nodes, prims.len());
     let codegen = of("codegen");
@@ -69,14 +75,26 @@ fn a_compile_records_each_pass_with_its_time_and_sizes() {
     assert_eq!(codegen.kernels, program.kernels().count());
     // The passes take part of the compile's time, none more than all of it.
     let total: std::time::Duration = artifacts.pass_times.iter().map(|p| p.time).sum();
-    assert!(total <= compiled.compile_time(), "{total:?} > {:?}", compiled.compile_time());
+    assert!(
+        total <= compiled.compile_time(),
+        "{total:?} > {:?}",
+        compiled.compile_time()
+    );
     assert!(codegen.to_string().starts_with("codegen "), "{codegen}");
 
     // A training step also runs autodiff and partition.
     let step = minductor_tools::workloads::gpt_decoder_train_step(1, 1e-3).unwrap();
     let compiled = compile_with(&step.graph, Backend::Inductor).unwrap();
-    let passes: Vec<&str> = compiled.artifacts().pass_times.iter().map(|p| p.pass).collect();
-    assert_eq!(passes[..4], ["decompose", "autodiff", "simplify", "partition"]);
+    let passes: Vec<&str> = compiled
+        .artifacts()
+        .pass_times
+        .iter()
+        .map(|p| p.pass)
+        .collect();
+    assert_eq!(
+        passes[..4],
+        ["decompose", "autodiff", "simplify", "partition"]
+    );
 }
 
 /// Restores the default thread count when dropped (also on a panic).
