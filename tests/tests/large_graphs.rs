@@ -3,7 +3,7 @@
 //! machine code as on one. How long compiles take is the compile benchmark's business
 //! (`minductor compile`), not a test's.
 
-use minductor::codegen_cpu::compile_program;
+use minductor::internals::codegen_cpu::compile_program;
 use minductor::{compile_with, set_num_threads, Backend};
 use minductor_tests::{assert_allclose, Tolerance};
 use minductor_tools::workloads::gpt_decoder;
