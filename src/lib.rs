@@ -16,7 +16,7 @@
 //! errors of each. The pipeline's crates are reachable through [`internals`], for minductor's own
 //! tools and tests; they are not a stable API.
 
-pub use minductor_frontend::{artifact, cache, dump, logging};
+pub use minductor_frontend::{artifact, cache, dump, export, logging};
 pub use minductor_frontend::{
     compile, compile_with, compile_with_options, current_stance, explain, jit,
     reference_executable, set_stance, trace, with_stance, Artifacts, Backend, BreakReport,
@@ -34,7 +34,8 @@ pub use minductor_frontend::{CacheOutcome, CompileCache};
 pub use minductor_ir::{DType, Dim, Graph, IrError, SymId, TensorType};
 pub use minductor_passes::PartitionOptions;
 pub use minductor_runtime::{
-    interpret, num_threads, set_num_threads, Executable, RuntimeError, StepTiming, Tensor,
+    interpret, num_threads, set_num_threads, Executable, RuntimeError, StepPartition, StepTiming,
+    Tensor,
 };
 
 /// The pipeline's crates, for minductor's own tools, tests and benchmarks (the golden runner, the
