@@ -103,6 +103,11 @@ pub(crate) trait SegmentExec: Send + Sync {
     fn fallbacks(&self) -> Vec<String> {
         Vec::new()
     }
+
+    /// The passes of this segment's compile with their times and sizes (for `explain`).
+    fn pass_times(&self) -> Vec<crate::compile::PassTime> {
+        Vec::new()
+    }
 }
 
 impl SegmentExec for Compiled {
@@ -112,6 +117,10 @@ impl SegmentExec for Compiled {
 
     fn fallbacks(&self) -> Vec<String> {
         self.fallbacks()
+    }
+
+    fn pass_times(&self) -> Vec<crate::compile::PassTime> {
+        self.artifacts().pass_times.clone()
     }
 }
 

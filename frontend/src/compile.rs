@@ -146,9 +146,88 @@ pub struct CompileOptions {
     pub memory_limit: Option<usize>,
 }
 
+/// One pass of one compile: its wall time and the size of what it made.
+#[derive(Clone, Debug, PartialEq)]
+pub struct PassTime {
+    /// The pass's name (`decompose`, `fuse`, `verify_program`, `codegen`, ...).
+    pub pass: &'static str,
+    pub time: Duration,
+    /// Nodes of the graph the pass made (graph passes) or scheduled (`fuse`); 0 otherwise.
+    pub nodes: usize,
+    /// Steps of the kernel program after the pass (0 for graph passes).
+    pub steps: usize,
+    /// Kernels of the program after the pass (for `codegen`: the functions it compiled).
+    pub kernels: usize,
+}
+
+impl std::fmt::Display for PassTime {
+    /// `fuse 1.234 ms (392 nodes, 69 steps, 41 kernels)`, listing the sizes that are not 0.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} {:.3} ms", self.pass, self.time.as_secs_f64() * 1e3)?;
+        let sizes: Vec<String> = [
+            (self.nodes, "nodes"),
+            (self.steps, "steps"),
+            (self.kernels, "kernels"),
+        ]
+        .iter()
+        .filter(|(n, _)| *n > 0)
+        .map(|(n, what)| format!("{n} {what}"))
+        .collect();
+        if !sizes.is_empty() {
+            write!(f, " ({})", sizes.join(", "))?;
+        }
+        Ok(())
+    }
+}
+
+/// The passes of one compile in order, each with its wall time and sizes (a pass run several
+/// times, such as `verify_program`, appears each time).
+#[derive(Clone, Debug, Default)]
+struct PassTimer(Vec<PassTime>);
+
+impl PassTimer {
+    /// Runs `pass`, recording its time and the sizes `sizes` reads from its result.
+    fn graph<T>(
+        &mut self,
+        pass: &'static str,
+        run: impl FnOnce() -> T,
+        nodes: impl Fn(&T) -> usize,
+    ) -> T {
+        let started = Instant::now();
+        let out = run();
+        self.0.push(PassTime {
+            pass,
+            time: started.elapsed(),
+            nodes: nodes(&out),
+            steps: 0,
+            kernels: 0,
+        });
+        out
+    }
+
+    /// Runs a pass that makes a program, recording its time and the program's steps and kernels.
+    fn program(&mut self, pass: &'static str, run: impl FnOnce() -> Program) -> Program {
+        let started = Instant::now();
+        let out = run();
+        let time = started.elapsed();
+        self.0.push(PassTime {
+            pass,
+            time,
+            nodes: 0,
+            steps: out.steps.len(),
+            kernels: out.kernels().count(),
+        });
+        out
+    }
+}
+
 /// Every stage's output, kept for inspection.
 #[derive(Clone, Debug, Default)]
 pub struct Artifacts {
+    /// Each pass of the compile in order, with its wall time and the sizes it worked on (empty
+    /// for a loaded artifact, which runs no pass). Logged under `MINDUCTOR_LOGS=perf`, listed by
+    /// `explain` and written to the dump directory's `pass_times.txt`.
+    pub pass_times: Vec<PassTime>,
     /// For a graph with gradients: the joint forward-backward prim graph after `autodiff` and
     /// `simplify`, before partitioning.
     pub joint_graph: Option<Graph>,
@@ -251,17 +330,24 @@ fn prim_graph(
     joint: Option<&Joint>,
     options: &CompileOptions,
     artifacts: &mut Artifacts,
+    timer: &mut PassTimer,
 ) -> Result<Graph, CompileError> {
     let Some(joint) = joint else {
-        return verified("simplify", simplify(decomposed));
+        let prims = timer.graph("simplify", || simplify(decomposed), Graph::len);
+        return verified("simplify", prims);
     };
-    let prims = verified("simplify", simplify(&joint.graph))?;
+    let prims = timer.graph("simplify", || simplify(&joint.graph), Graph::len);
+    let prims = verified("simplify", prims)?;
     artifacts.joint_graph = Some(prims.clone());
     if joint.seeded || joint.tangents.is_empty() {
         // A backward seeded by a traced value has no tangent to tell backward nodes apart.
         return Ok(prims);
     }
-    let partitioned = partition(&prims, &joint.tangents, &options.partition);
+    let partitioned = timer.graph(
+        "partition",
+        || partition(&prims, &joint.tangents, &options.partition),
+        |p| p.graph.len(),
+    );
     let graph = verified("partition", partitioned.graph.clone())?;
     artifacts.partition = Some(partitioned);
     Ok(graph)
@@ -386,6 +472,7 @@ pub(crate) fn compile_from(
     }
     let started = Instant::now();
     let mut artifacts = Artifacts::default();
+    let mut timer = PassTimer::default();
     let has_grad = graph
         .nodes()
         .iter()
@@ -394,7 +481,8 @@ pub(crate) fn compile_from(
     // autodiff can differentiate it).
     let decomposed = match start {
         Start::Captured(_) if backend != Backend::Eager || has_grad => {
-            let decomposed = verified("decompose", decompose(graph))?;
+            let decomposed = timer.graph("decompose", || decompose(graph), Graph::len);
+            let decomposed = verified("decompose", decomposed)?;
             artifacts.decomposed = Some(decomposed.clone());
             Some(decomposed)
         }
@@ -402,7 +490,11 @@ pub(crate) fn compile_from(
     };
     let joint = match (&decomposed, has_grad) {
         (Some(decomposed), true) => {
-            let joint = autodiff(decomposed)?;
+            let joint = timer.graph(
+                "autodiff",
+                || autodiff(decomposed),
+                |j| j.as_ref().map_or(0, |j| j.graph.len()),
+            )?;
             verified("autodiff", joint.graph.clone())?;
             Some(joint)
         }
@@ -410,9 +502,9 @@ pub(crate) fn compile_from(
     };
     // The graph `prim_graph` starts from: the decomposed one, or the prims it was given.
     let unsimplified = decomposed.as_ref().unwrap_or(graph);
-    let prims_of = |artifacts: &mut Artifacts| match start {
+    let prims_of = |artifacts: &mut Artifacts, timer: &mut PassTimer| match start {
         Start::Prims(prims) => Ok(prims.clone()),
-        Start::Captured(_) => prim_graph(unsimplified, joint.as_ref(), &options, artifacts),
+        Start::Captured(_) => prim_graph(unsimplified, joint.as_ref(), &options, artifacts, timer),
     };
     let executable: Box<dyn Executable> = match backend {
         // Op by op; a gradient runs the joint graph (the forward decomposed so that autodiff can
@@ -422,35 +514,63 @@ pub(crate) fn compile_from(
             None => Box::new(Interpreted(graph.clone())),
         },
         Backend::AotEager => {
-            let prims = prims_of(&mut artifacts)?;
+            let prims = prims_of(&mut artifacts, &mut timer)?;
             artifacts.prim_graph = Some(prims.clone());
             Box::new(Interpreted(prims))
         }
         Backend::Inductor => {
-            let prims = prims_of(&mut artifacts)?;
+            let prims = prims_of(&mut artifacts, &mut timer)?;
+            let fuse_started = Instant::now();
             let fused = fuse(&prims).map_err(|e| CompileError::Unsupported {
                 backend: backend.name(),
                 what: e.to_string(),
             })?;
+            timer.0.push(PassTime {
+                pass: "fuse",
+                time: fuse_started.elapsed(),
+                nodes: prims.len(),
+                steps: fused.steps.len(),
+                kernels: fused.kernels().count(),
+            });
             // The kernel-IR verifier after every pass that makes or rewrites a program, so a
             // broken pass is named by the first check that fails (and `compile_program` checks
             // again whatever it is given).
-            let verified = |pass: &'static str, program: Program| {
-                verify_program(&program, &[])
-                    .map(|()| program)
-                    .map_err(|e| CompileError::Verify {
-                        pass,
-                        error: Box::new(e),
-                    })
+            let verified = |timer: &mut PassTimer, pass: &'static str, program: Program| {
+                let started = Instant::now();
+                let result = verify_program(&program, &[]);
+                timer.0.push(PassTime {
+                    pass: "verify_program",
+                    time: started.elapsed(),
+                    nodes: 0,
+                    steps: program.steps.len(),
+                    kernels: 0,
+                });
+                result.map(|()| program).map_err(|e| CompileError::Verify {
+                    pass,
+                    error: Box::new(e),
+                })
             };
-            let fused = verified("fuse", fused)?;
-            let horizontal = verified("fuse_horizontal", fuse_horizontal(&fused))?;
-            let epilogues = verified("fuse_epilogues", fuse_epilogues(&horizontal))?;
-            let once = verified("store_once", store_once(&epilogues))?;
-            let mut program = verified("choose_loop_order", choose_loop_order(&once))?;
-            program.plan = Some(plan_buffers(&program));
-            let program = verified("plan_buffers", program)?;
+            let fused = verified(&mut timer, "fuse", fused)?;
+            let horizontal = timer.program("fuse_horizontal", || fuse_horizontal(&fused));
+            let horizontal = verified(&mut timer, "fuse_horizontal", horizontal)?;
+            let epilogues = timer.program("fuse_epilogues", || fuse_epilogues(&horizontal));
+            let epilogues = verified(&mut timer, "fuse_epilogues", epilogues)?;
+            let once = timer.program("store_once", || store_once(&epilogues));
+            let once = verified(&mut timer, "store_once", once)?;
+            let ordered = timer.program("choose_loop_order", || choose_loop_order(&once));
+            let mut program = verified(&mut timer, "choose_loop_order", ordered)?;
+            let plan = timer.graph("plan_buffers", || plan_buffers(&program), |_| 0);
+            program.plan = Some(plan);
+            let program = verified(&mut timer, "plan_buffers", program)?;
+            let codegen_started = Instant::now();
             let mut compiled: CompiledProgram = compile_program(&program)?;
+            timer.0.push(PassTime {
+                pass: "codegen",
+                time: codegen_started.elapsed(),
+                nodes: 0,
+                steps: program.steps.len(),
+                kernels: compiled.kernels().count(),
+            });
             if options.mode == Mode::MaxAutotune {
                 artifacts.autotune = autotune(&mut compiled);
             }
@@ -476,6 +596,7 @@ pub(crate) fn compile_from(
     };
     let executable = with_tangents(executable, &tangents);
     let compile_time = started.elapsed();
+    artifacts.pass_times = timer.0;
     crate::dump::after_compile(graph, backend.name(), &artifacts, compile_time);
     Ok(Compiled::from_parts(
         graph.clone(),

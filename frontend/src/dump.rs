@@ -121,9 +121,19 @@ fn log_artifacts(
     }
     info!(
         target: "minductor::perf",
-        "{name}: compiled with {backend} in {:.3} ms",
-        compile_time.as_secs_f64() * 1e3
+        "{name}: compiled with {backend} in {:.3} ms{}",
+        compile_time.as_secs_f64() * 1e3,
+        pass_times(artifacts)
     );
+}
+
+/// Each pass's time and sizes, one per line after a newline (empty without passes).
+fn pass_times(artifacts: &Artifacts) -> String {
+    artifacts
+        .pass_times
+        .iter()
+        .map(|p| format!("\n  {p}"))
+        .collect()
 }
 
 fn write_files(
@@ -140,6 +150,14 @@ fn write_files(
                 "backend: {backend}\ncompile time: {:.3} ms\n",
                 compile_time.as_secs_f64() * 1e3
             ),
+        ),
+        (
+            dir.join("pass_times.txt"),
+            artifacts
+                .pass_times
+                .iter()
+                .map(|p| format!("{p}\n"))
+                .collect(),
         ),
         (dir.join("0_captured.txt"), format!("{graph}\n")),
     ];

@@ -33,6 +33,9 @@ pub struct GraphReport {
     /// Each derived size in the graph (a dim that is an expression of input symbols) with the
     /// node that first makes it, e.g. `s0 + 1 (first from cat %5)`, in graph order.
     pub derived_sizes: Vec<String>,
+    /// The compile's passes with their wall times and sizes (empty for a backend that runs no
+    /// pass, such as eager, or a custom one).
+    pub pass_times: Vec<crate::compile::PassTime>,
 }
 
 /// The derived sizes of `graph` with the node that first makes each (see
@@ -71,6 +74,7 @@ impl GraphReport {
             symbolic: graph.nodes().iter().any(|n| n.ty.static_sizes().is_none()),
             fallbacks,
             derived_sizes: derived_sizes(graph),
+            pass_times: Vec::new(),
         }
     }
 }
@@ -139,6 +143,10 @@ impl fmt::Display for Explanation {
                 g.compile_time.as_secs_f64() * 1e3,
                 if g.symbolic { ", symbolic" } else { "" }
             )?;
+            if !g.pass_times.is_empty() {
+                let passes: Vec<String> = g.pass_times.iter().map(|p| p.to_string()).collect();
+                writeln!(f, "  passes: {}", passes.join(", "))?;
+            }
             if g.symbolic {
                 // The symbolic shapes of the inputs, e.g. `idx: i64[2, s0]`.
                 let shapes: Vec<String> = g

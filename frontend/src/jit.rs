@@ -794,11 +794,10 @@ where
             let seg = &built.segment;
             if let Some(graph) = &seg.graph {
                 if let Some(exec) = &seg.exec {
-                    graphs.push(crate::explain::GraphReport::new(
-                        graph,
-                        seg.compile_time,
-                        exec.fallbacks(),
-                    ));
+                    let mut report =
+                        crate::explain::GraphReport::new(graph, seg.compile_time, exec.fallbacks());
+                    report.pass_times = exec.pass_times();
+                    graphs.push(report);
                 }
             }
             if let (SegmentEnd::Break { what, location, .. }, Some(key)) =

@@ -16,33 +16,80 @@
 
 use minductor_ir::{Dim, SizeExpr};
 use minductor_kernel_ir::*;
+use std::collections::{BTreeSet, HashMap};
 
 pub fn fuse_epilogues(program: &Program) -> Program {
-    let mut steps = program.steps.clone();
+    // Steps keep the position they have in `program` (a kernel moved into a GEMM leaves `None`),
+    // so the per-buffer index of the steps that read and write each buffer never shifts.
+    let mut steps: Vec<Option<Step>> = program.steps.iter().cloned().map(Some).collect();
     let mut origin: Vec<Vec<usize>> = (0..steps.len()).map(|i| vec![i]).collect();
-    let mut i = 0;
-    while i < steps.len() {
+    let reads: Vec<Vec<BufferId>> = program.steps.iter().map(Step::reads).collect();
+    let writes: Vec<Vec<BufferId>> = program.steps.iter().map(Step::writes).collect();
+    let mut readers: HashMap<BufferId, BTreeSet<usize>> = HashMap::new();
+    let mut writers: HashMap<BufferId, BTreeSet<usize>> = HashMap::new();
+    // The kernels loading each buffer (a kernel's reads are its loads).
+    let mut loaders: HashMap<BufferId, BTreeSet<usize>> = HashMap::new();
+    for (i, step) in program.steps.iter().enumerate() {
+        for &b in &reads[i] {
+            readers.entry(b).or_default().insert(i);
+            if matches!(step, Step::Kernel(_)) {
+                loaders.entry(b).or_default().insert(i);
+            }
+        }
+        for &b in &writes[i] {
+            writers.entry(b).or_default().insert(i);
+        }
+    }
+    let after = |index: &HashMap<BufferId, BTreeSet<usize>>, b: &BufferId, i: usize, j: usize| {
+        index
+            .get(b)
+            .is_some_and(|set| set.range(i + 1..j).next().is_some())
+    };
+    for i in 0..steps.len() {
         let candidate = match &steps[i] {
-            Step::Matmul(m) if m.epilogue.is_none() => {
+            Some(Step::Matmul(m)) if m.epilogue.is_none() => {
                 let out = program.buffer(m.out);
-                (i + 1..steps.len())
-                    .find(|&j| matches!(&steps[j], Step::Kernel(k) if k.loads().contains(&m.out)))
-                    .filter(|&j| {
-                        let Step::Kernel(k) = &steps[j] else {
-                            return false;
-                        };
-                        row_local(k, m.out, &out.shape) && movable(&steps, i, j)
-                    })
+                // The first kernel after the GEMM that loads its output.
+                let first = loaders
+                    .get(&m.out)
+                    .and_then(|set| set.range(i + 1..).next().copied());
+                first.filter(|&j| {
+                    let Some(Step::Kernel(k)) = &steps[j] else {
+                        return false;
+                    };
+                    // Movable: the GEMM does not read what the kernel writes, and no step in
+                    // between writes what it reads or writes, or reads what it writes.
+                    row_local(k, m.out, &out.shape)
+                        && !writes[j].iter().any(|b| reads[i].contains(b))
+                        && !reads[j]
+                            .iter()
+                            .chain(&writes[j])
+                            .any(|b| after(&writers, b, i, j))
+                        && !writes[j].iter().any(|b| after(&readers, b, i, j))
+                })
             }
             _ => None,
         };
         if let Some(j) = candidate {
-            let Step::Kernel(kernel) = steps.remove(j) else {
+            let Some(Step::Kernel(kernel)) = steps[j].take() else {
                 unreachable!("checked above")
             };
-            let moved = origin.remove(j);
+            // Gone from its place: no later check sees it in between.
+            for b in &reads[j] {
+                for index in [&mut readers, &mut loaders] {
+                    if let Some(set) = index.get_mut(b) {
+                        set.remove(&j);
+                    }
+                }
+            }
+            for b in &writes[j] {
+                if let Some(set) = writers.get_mut(b) {
+                    set.remove(&j);
+                }
+            }
+            let moved = std::mem::take(&mut origin[j]);
             origin[i].extend(moved);
-            let Step::Matmul(m) = &mut steps[i] else {
+            let Some(Step::Matmul(m)) = &mut steps[i] else {
                 unreachable!("checked above")
             };
             tracing::debug!(
@@ -53,8 +100,12 @@ pub fn fuse_epilogues(program: &Program) -> Program {
             );
             m.epilogue = Some(kernel);
         }
-        i += 1;
     }
+    let (steps, origin): (Vec<Step>, Vec<Vec<usize>>) = steps
+        .into_iter()
+        .zip(origin)
+        .filter_map(|(step, origin)| Some((step?, origin)))
+        .unzip();
     program.with_steps(steps, &origin)
 }
 
@@ -178,17 +229,4 @@ fn row_local_symbolic(k: &Kernel, out: BufferId, out_shape: &[Dim]) -> bool {
         }
         _ => true,
     })
-}
-
-/// Whether kernel `j` can run as part of step `i`: it reads nothing written by a step in
-/// between, and writes nothing those steps touch; and the GEMM does not read what it writes.
-fn movable(steps: &[Step], i: usize, j: usize) -> bool {
-    let (reads, writes) = (steps[j].reads(), steps[j].writes());
-    let gemm_reads = steps[i].reads();
-    !writes.iter().any(|b| gemm_reads.contains(b))
-        && steps[i + 1..j].iter().all(|s| {
-            let (r, w) = (s.reads(), s.writes());
-            !w.iter().any(|b| reads.contains(b) || writes.contains(b))
-                && !r.iter().any(|b| writes.contains(b))
-        })
 }

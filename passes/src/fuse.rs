@@ -45,6 +45,7 @@
 use crate::attention::{find_attention, AttentionPattern};
 use minductor_ir::{DType, Dim, Graph, NodeId, Op, SizeExpr, SliceFrom};
 use minductor_kernel_ir::*;
+use smallvec::SmallVec;
 use std::collections::{HashMap, HashSet};
 
 /// Why `fuse` cannot schedule a graph.
@@ -56,7 +57,7 @@ pub enum FuseError {
 
 pub fn fuse(graph: &Graph) -> Result<Program, FuseError> {
     // Nodes no kernel computes run as fallback steps; more are found while scheduling.
-    let mut fallbacks: HashMap<NodeId, String> = graph
+    let fallbacks: HashMap<NodeId, String> = graph
         .ids()
         .filter_map(|id| fallback_reason(graph, id).map(|why| (id, why)))
         .collect();
@@ -81,27 +82,23 @@ pub fn fuse(graph: &Graph) -> Result<Program, FuseError> {
             realized.remove(node);
         }
     }
+    // A fallback step reads its operands from buffers and writes its own.
+    for &id in fallbacks.keys() {
+        realized.insert(id);
+        realized.extend(graph.node(id).inputs.iter().copied());
+    }
+    // Each retry realizes nodes at or before the node whose kernel asked for it, and what is
+    // scheduled before the first of them does not depend on it (a step reads only nodes before
+    // its own): the scheduler rewinds to there instead of starting again, so the retries cost
+    // the steps after the rewind point, not the whole graph each (the program is the one a
+    // restart from scratch builds).
+    let mut scheduler = Scheduler::new(graph, realized, fallbacks, &attention);
     loop {
-        // A fallback step reads its operands from buffers and writes its own.
-        for &id in fallbacks.keys() {
-            realized.insert(id);
-            realized.extend(graph.node(id).inputs.iter().copied());
-        }
-        match Scheduler::new(graph, &realized, &fallbacks, &attention).run() {
+        match scheduler.run() {
             Ok(program) => return Ok(program),
             Err(Reject::Unsupported(what)) => return Err(FuseError::Unsupported(what)),
-            Err(Reject::Fallback(node, why)) => {
-                let fresh = fallbacks.insert(node, why).is_none();
-                assert!(fresh, "fuse: a node falls back once");
-            }
-            Err(Reject::Realize(nodes)) => {
-                let before = realized.len();
-                realized.extend(nodes);
-                assert!(
-                    realized.len() > before,
-                    "fuse: a retry must realize a new node"
-                );
-            }
+            Err(Reject::Fallback(node, why)) => scheduler.fall_back(node, why),
+            Err(Reject::Realize(nodes)) => scheduler.realize(nodes),
         }
     }
 }
@@ -235,118 +232,302 @@ impl RowLoop {
 
 struct Scheduler<'g> {
     graph: &'g Graph,
-    realized: &'g HashSet<NodeId>,
+    /// Nodes written to buffers: inputs, outputs, GEMMs, cats, scatter-adds, scans, fallbacks
+    /// and their operands, and whatever retries asked for.
+    realized: HashSet<NodeId>,
     /// Nodes run as fallback steps (all realized, as are their operands), with the reason.
-    fallbacks: &'g HashMap<NodeId, String>,
+    fallbacks: HashMap<NodeId, String>,
     /// Fused attentions, keyed by their final GEMM (realized, the others not).
     attention: &'g HashMap<NodeId, AttentionPattern>,
+    outputs: HashSet<NodeId>,
     buffers: Vec<Buffer>,
     buffer_of: HashMap<NodeId, BufferId>,
-    /// For each inlined computing node, the steps that recompute it.
-    inlined_in: HashMap<NodeId, HashSet<usize>>,
+    steps: Vec<Step>,
+    /// For each inlined computing node, a step that recomputes it (once per kernel and node at
+    /// least), in the order the kernels were built.
+    inlined_in: Vec<Inlined>,
+    /// The first step in `inlined_in` that recomputes each node.
+    first_inlined_in: HashMap<NodeId, usize>,
+    /// Per node: whether no reduction is reached from it through nodes that are not realized
+    /// ([`Scheduler::reduce_free`]), and the `realized_version` it was found at. A `true` stays
+    /// true as more nodes are realized; a `false` is found again once they change.
+    reduce_free: Vec<Option<(bool, u64)>>,
+    /// Counts the changes of `realized`.
+    realized_version: u64,
     index_checks: Vec<IndexCheck>,
+    /// Where scheduling stood before each realized node's steps, in node order (for `rewind`).
+    checkpoints: Vec<Checkpoint>,
+    /// The first node the next `run` schedules (the nodes before it are scheduled).
+    resume: u32,
+}
+
+/// `node` is computed inside the kernel of step `step`. `skipped`: its definition was not built
+/// there (see `KernelBuilder::emit`), so every node it reaches through nodes that are not
+/// realized is recomputed by that step too.
+#[derive(Clone, Copy)]
+struct Inlined {
+    node: NodeId,
+    step: usize,
+    skipped: bool,
+}
+
+/// The scheduler's lengths before the steps of `node` were built.
+struct Checkpoint {
+    node: NodeId,
+    buffers: usize,
+    steps: usize,
+    inlined: usize,
+    index_checks: usize,
 }
 
 impl<'g> Scheduler<'g> {
     fn new(
         graph: &'g Graph,
-        realized: &'g HashSet<NodeId>,
-        fallbacks: &'g HashMap<NodeId, String>,
+        realized: HashSet<NodeId>,
+        fallbacks: HashMap<NodeId, String>,
         attention: &'g HashMap<NodeId, AttentionPattern>,
     ) -> Self {
-        Scheduler {
+        let mut scheduler = Scheduler {
             graph,
             realized,
             fallbacks,
             attention,
+            outputs: graph.outputs().iter().copied().collect(),
             buffers: Vec::new(),
             buffer_of: HashMap::new(),
-            inlined_in: HashMap::new(),
+            steps: Vec::new(),
+            inlined_in: Vec::new(),
+            first_inlined_in: HashMap::new(),
+            reduce_free: vec![None; graph.len()],
+            realized_version: 0,
             index_checks: Vec::new(),
+            checkpoints: Vec::new(),
+            resume: 0,
+        };
+        for (n, &id) in graph.inputs().iter().enumerate() {
+            scheduler.new_buffer(id, BufferKind::Input(n));
         }
+        scheduler
     }
 
-    fn run(mut self) -> Retry<Program> {
-        let g = self.graph;
-        let outputs: HashSet<NodeId> = g.outputs().iter().copied().collect();
-        for (n, &id) in g.inputs().iter().enumerate() {
-            self.new_buffer(id, BufferKind::Input(n));
+    /// Realizes `nodes` (some at least not realized yet) and rewinds to the first new one.
+    fn realize(&mut self, nodes: Vec<NodeId>) {
+        self.realized_version += 1;
+        let first = nodes
+            .into_iter()
+            .filter(|&n| self.realized.insert(n))
+            .min()
+            .expect("fuse: a retry must realize a new node");
+        self.rewind(first);
+    }
+
+    /// Makes `node` a fallback step (its operands realized) and rewinds to it or to the first
+    /// operand that was not realized yet.
+    fn fall_back(&mut self, node: NodeId, why: String) {
+        let fresh = self.fallbacks.insert(node, why).is_none();
+        assert!(fresh, "fuse: a node falls back once");
+        self.realized_version += 1;
+        let mut first = node;
+        self.realized.insert(node);
+        for &i in &self.graph.node(node).inputs {
+            if self.realized.insert(i) {
+                first = first.min(i);
+            }
         }
-        let mut steps = Vec::new();
-        for id in g.ids() {
+        self.rewind(first);
+    }
+
+    /// Forgets every step built for nodes from `node` on: what a run from scratch has when it
+    /// reaches `node` (the steps before it read nodes before it only, whose realization did not
+    /// change).
+    fn rewind(&mut self, node: NodeId) {
+        // A run that stopped at a node has built part of its steps: forget those too.
+        let node = node.min(NodeId(self.resume));
+        let at = self.checkpoints.partition_point(|c| c.node < node);
+        if let Some(c) = self.checkpoints.get(at) {
+            for b in self.buffers.drain(c.buffers..) {
+                self.buffer_of.remove(&b.node);
+            }
+            self.steps.truncate(c.steps);
+            for gone in self.inlined_in.drain(c.inlined..) {
+                if self.first_inlined_in.get(&gone.node) == Some(&gone.step) {
+                    self.first_inlined_in.remove(&gone.node);
+                }
+            }
+            self.index_checks.truncate(c.index_checks);
+            self.checkpoints.truncate(at);
+        }
+        self.resume = node.0;
+    }
+
+    fn run(&mut self) -> Retry<Program> {
+        let g = self.graph;
+        for id in (self.resume..g.len() as u32).map(NodeId) {
             if !self.realized.contains(&id) || self.buffer_of.contains_key(&id) {
                 continue;
             }
-            let kind = if outputs.contains(&id) {
-                BufferKind::Output
-            } else {
-                BufferKind::Intermediate
-            };
-            let buffer = self.new_buffer(id, kind);
-            if let Some(reason) = self.fallbacks.get(&id) {
-                let node = g.node(id);
-                steps.push(Step::Fallback(FallbackStep {
-                    op: node.op.clone(),
-                    inputs: node.inputs.iter().map(|i| self.buffer_of[i]).collect(),
-                    out: buffer,
-                    node: id,
-                    reason: reason.clone(),
-                }));
-                continue;
-            }
-            match &g.node(id).op {
-                Op::Matmul => match self.attention.get(&id) {
-                    Some(pattern) => {
-                        steps.push(Step::Attention(self.attention_step(id, buffer, pattern)?))
-                    }
-                    None => steps.push(Step::Matmul(self.matmul(id, buffer)?)),
-                },
-                Op::ScatterAdd { dim, .. } => {
-                    steps.push(Step::ScatterAdd(self.scatter_add(id, *dim, buffer)?))
-                }
-                Op::CumSum { dim } => {
-                    let kernel = self.scan_kernel(id, *dim, buffer, steps.len())?;
-                    steps.push(Step::Kernel(kernel));
-                }
-                Op::Cat { dim } => {
-                    // Each operand starts where the previous ones end: a size expression when
-                    // one of them is symbolic (`s0` for the new row after a `[.., s0, ..]` cache).
-                    let mut offset = SizeExpr::Const(0);
-                    for &operand in &g.node(id).inputs {
-                        let kernel = self.kernel(
-                            id,
-                            operand,
-                            buffer,
-                            Some((*dim, offset.clone())),
-                            steps.len(),
-                        )?;
-                        offset = offset.plus(&SizeExpr::of_dim(dims(g, operand)[*dim]));
-                        steps.push(Step::Kernel(kernel));
-                    }
-                }
-                _ => {
-                    let kernel = self.kernel(id, id, buffer, None, steps.len())?;
-                    steps.push(Step::Kernel(kernel));
-                }
-            }
+            self.checkpoints.push(Checkpoint {
+                node: id,
+                buffers: self.buffers.len(),
+                steps: self.steps.len(),
+                inlined: self.inlined_in.len(),
+                index_checks: self.index_checks.len(),
+            });
+            self.resume = id.0;
+            self.schedule(id)?;
         }
-        let shared: Vec<NodeId> = self
+        self.resume = g.len() as u32;
+        let mut steps_of: HashMap<NodeId, HashSet<usize>> = HashMap::new();
+        for i in &self.inlined_in {
+            steps_of.entry(i.node).or_default().insert(i.step);
+        }
+        let mut shared: HashSet<NodeId> = steps_of
+            .into_iter()
+            .filter(|(_, steps)| steps.len() > 1)
+            .map(|(n, _)| n)
+            .collect();
+        // A skipped definition was built by an earlier step: everything it reaches is recomputed
+        // by two steps.
+        let skipped: Vec<NodeId> = self
             .inlined_in
             .iter()
-            .filter(|(_, steps)| steps.len() > 1)
-            .map(|(&n, _)| n)
+            .filter(|i| i.skipped)
+            .map(|i| i.node)
             .collect();
+        shared.extend(self.reached(&skipped));
+        let shared: Vec<NodeId> = shared.into_iter().collect();
         if !shared.is_empty() {
             return Err(Reject::Realize(shared));
         }
         let outputs = g.outputs().iter().map(|o| self.buffer_of[o]).collect();
         Ok(Program {
-            buffers: self.buffers,
-            steps,
-            index_checks: self.index_checks,
+            buffers: std::mem::take(&mut self.buffers),
+            steps: std::mem::take(&mut self.steps),
+            index_checks: std::mem::take(&mut self.index_checks),
             outputs,
             plan: None,
         })
+    }
+
+    /// Builds the steps computing the realized node `id` into a new buffer.
+    fn schedule(&mut self, id: NodeId) -> Retry<()> {
+        let g = self.graph;
+        let kind = if self.outputs.contains(&id) {
+            BufferKind::Output
+        } else {
+            BufferKind::Intermediate
+        };
+        let buffer = self.new_buffer(id, kind);
+        if let Some(reason) = self.fallbacks.get(&id) {
+            let node = g.node(id);
+            self.steps.push(Step::Fallback(FallbackStep {
+                op: node.op.clone(),
+                inputs: node.inputs.iter().map(|i| self.buffer_of[i]).collect(),
+                out: buffer,
+                node: id,
+                reason: reason.clone(),
+            }));
+            return Ok(());
+        }
+        match &g.node(id).op {
+            Op::Matmul => match self.attention.get(&id) {
+                Some(pattern) => {
+                    let step = self.attention_step(id, buffer, pattern)?;
+                    self.steps.push(Step::Attention(step))
+                }
+                None => {
+                    let step = self.matmul(id, buffer)?;
+                    self.steps.push(Step::Matmul(step))
+                }
+            },
+            Op::ScatterAdd { dim, .. } => {
+                let step = self.scatter_add(id, *dim, buffer)?;
+                self.steps.push(Step::ScatterAdd(step))
+            }
+            Op::CumSum { dim } => {
+                let kernel = self.scan_kernel(id, *dim, buffer, self.steps.len())?;
+                self.steps.push(Step::Kernel(kernel));
+            }
+            Op::Cat { dim } => {
+                // Each operand starts where the previous ones end: a size expression when
+                // one of them is symbolic (`s0` for the new row after a `[.., s0, ..]` cache).
+                let mut offset = SizeExpr::Const(0);
+                for &operand in &g.node(id).inputs {
+                    let kernel = self.kernel(
+                        id,
+                        operand,
+                        buffer,
+                        Some((*dim, offset.clone())),
+                        self.steps.len(),
+                    )?;
+                    offset = offset.plus(&SizeExpr::of_dim(dims(g, operand)[*dim]));
+                    self.steps.push(Step::Kernel(kernel));
+                }
+            }
+            _ => {
+                let kernel = self.kernel(id, id, buffer, None, self.steps.len())?;
+                self.steps.push(Step::Kernel(kernel));
+            }
+        }
+        Ok(())
+    }
+
+    /// Records the nodes the kernel of step `step` recomputes.
+    fn record_inlined(&mut self, builder: &KernelBuilder, step: usize) {
+        for &node in &builder.inlined {
+            self.first_inlined_in.entry(node).or_insert(step);
+            self.inlined_in.push(Inlined {
+                node,
+                step,
+                skipped: false,
+            });
+        }
+        for &node in &builder.skipped {
+            self.inlined_in.push(Inlined {
+                node,
+                step,
+                skipped: true,
+            });
+        }
+    }
+
+    /// Whether no reduction is reached from `node` (not realized) through nodes that are not
+    /// realized: then building its definition in a kernel fails (asks for a retry) for reasons
+    /// that do not depend on the kernel's loops or the index it is read at, only on the graph
+    /// and the realized nodes (a gather's table, a reshape's shapes): a kernel that built it
+    /// once shows it builds.
+    fn reduce_free(&mut self, node: NodeId) -> bool {
+        match self.reduce_free[node.index()] {
+            Some((true, _)) => return true,
+            Some((false, version)) if version == self.realized_version => return false,
+            _ => {}
+        }
+        let n = self.graph.node(node);
+        let free = !matches!(n.op, Op::Reduce { .. })
+            && n.inputs
+                .iter()
+                .all(|&i| self.realized.contains(&i) || self.reduce_free(i));
+        self.reduce_free[node.index()] = Some((free, self.realized_version));
+        free
+    }
+
+    /// The computing nodes (not views, constants or `iota`s) reached from `roots` through nodes
+    /// that are not realized, the roots included: what building their definitions inlines.
+    fn reached(&self, roots: &[NodeId]) -> Vec<NodeId> {
+        let mut seen: HashSet<NodeId> = HashSet::new();
+        let mut stack = roots.to_vec();
+        let mut found = Vec::new();
+        while let Some(id) = stack.pop() {
+            if self.realized.contains(&id) || !seen.insert(id) {
+                continue;
+            }
+            let n = self.graph.node(id);
+            if !matches!(n.op, Op::Constant { .. } | Op::Iota { .. }) && !n.op.is_view() {
+                found.push(id);
+            }
+            stack.extend(n.inputs.iter().copied());
+        }
+        found
     }
 
     fn new_buffer(&mut self, node: NodeId, kind: BufferKind) -> BufferId {
@@ -580,9 +761,7 @@ impl<'g> Scheduler<'g> {
                 value,
             }),
         });
-        for &node in &builder.inlined {
-            self.inlined_in.entry(node).or_default().insert(step);
-        }
+        self.record_inlined(&builder, step);
         Ok(builder.finish(kept.iter().map(|&d| shape[d]).collect()))
     }
 
@@ -734,9 +913,7 @@ impl<'g> Scheduler<'g> {
                 value: value_expr,
             }]),
         });
-        for &node in &builder.inlined {
-            self.inlined_in.entry(node).or_default().insert(step);
-        }
+        self.record_inlined(&builder, step);
         Ok(builder.finish(outer))
     }
 
@@ -835,12 +1012,16 @@ impl<'g> Scheduler<'g> {
     }
 
     /// Reductions computed inside the kernel for `value` (itself included), nearest first.
-    fn inlined_reductions(&self, value: NodeId) -> Vec<NodeId> {
+    fn inlined_reductions(&mut self, value: NodeId) -> Vec<NodeId> {
         let mut found = Vec::new();
         let mut seen = HashSet::new();
         let mut stack = vec![value];
         while let Some(id) = stack.pop() {
             if !seen.insert(id) || (id != value && self.realized.contains(&id)) {
+                continue;
+            }
+            // Nothing to find below a node that reaches no reduction.
+            if id != value && self.reduce_free(id) {
                 continue;
             }
             let n = self.graph.node(id);
@@ -1030,12 +1211,16 @@ struct KernelBuilder<'g> {
     step: usize,
     exprs: Vec<Expr>,
     types: Vec<ScalarType>,
+    /// `exprs` by [`expr_hash`] (with `types`), in order: how `push` finds an equal expression.
+    by_hash: HashMap<u64, SmallVec<[ExprId; 1]>>,
     memo: HashMap<(NodeId, Vec<Affine>), ExprId>,
     stages: Vec<Stage>,
     stage_of: HashMap<NodeId, u32>,
     row: Option<RowLoop>,
     /// Computing (non-view, non-constant) nodes inlined here.
     inlined: Vec<NodeId>,
+    /// Computing nodes inlined here whose definitions an earlier step built (see `emit`).
+    skipped: Vec<NodeId>,
     names: Vec<String>,
 }
 
@@ -1046,22 +1231,24 @@ impl<'g> KernelBuilder<'g> {
             step,
             exprs: Vec::new(),
             types: Vec::new(),
+            by_hash: HashMap::new(),
             memo: HashMap::new(),
             stages: Vec::new(),
             stage_of: HashMap::new(),
             row: None,
             inlined: Vec::new(),
+            skipped: Vec::new(),
             names: Vec::new(),
         }
     }
 
     fn finish(self, outer: Vec<Dim>) -> Kernel {
-        let mut names: Vec<String> = Vec::new();
-        for n in self.names {
-            if !names.contains(&n) {
-                names.push(n);
-            }
-        }
+        let mut seen = HashSet::new();
+        let names: Vec<String> = self
+            .names
+            .into_iter()
+            .filter(|n| seen.insert(n.clone()))
+            .collect();
         let label = if names.is_empty() {
             "copy".to_string()
         } else {
@@ -1084,15 +1271,22 @@ impl<'g> KernelBuilder<'g> {
     }
 
     fn push(&mut self, expr: Expr, ty: ScalarType) -> ExprId {
-        // The same expression of another type (an f32 and an i64 `index`) is another value.
-        if let Some(i) =
-            (0..self.exprs.len()).find(|&i| self.exprs[i] == expr && self.types[i] == ty)
+        // The same expression of another type (an f32 and an i64 `index`) is another value. The
+        // first equal expression (by `==`, so a NaN constant is never reused) is found among
+        // those of equal hash, which `==` implies.
+        let key = expr_hash(&expr, ty);
+        let same = self.by_hash.entry(key).or_default();
+        if let Some(&i) = same
+            .iter()
+            .find(|&&i| self.exprs[i.0 as usize] == expr && self.types[i.0 as usize] == ty)
         {
-            return ExprId(i as u32);
+            return i;
         }
+        let id = ExprId(self.exprs.len() as u32);
+        same.push(id);
         self.exprs.push(expr);
         self.types.push(ty);
-        ExprId(self.exprs.len() as u32 - 1)
+        id
     }
 
     fn convert(&mut self, e: ExprId, to: ScalarType) -> ExprId {
@@ -1147,6 +1341,22 @@ impl<'g> KernelBuilder<'g> {
                 },
                 ty,
             ));
+        }
+        // A definition an earlier step built (and so will have to realize, as two steps compute
+        // it) is built here only if it can fail here differently: if no reduction is reached
+        // from it (whose stage depends on this kernel's loops), it would build as it did there.
+        // Its value is then a stand-in: this kernel will not run, since the program is scheduled
+        // again once the node is realized (the end of `Scheduler::run` realizes it, with all it
+        // reaches, unless a retry first drops this step).
+        let n = self.graph.node(node);
+        if !matches!(n.op, Op::Constant { .. } | Op::Iota { .. })
+            && !n.op.is_view()
+            && s.first_inlined_in.contains_key(&node)
+            && s.reduce_free(node)
+        {
+            self.skipped.push(node);
+            let ty = ScalarType::of(n.ty.dtype);
+            return Ok(self.push(Expr::Constant { value: 0.0, ty }, ty));
         }
         self.emit_definition(s, node, idx)
     }
@@ -1374,4 +1584,43 @@ impl<'g> KernelBuilder<'g> {
         self.memo.insert(key, e);
         Ok(e)
     }
+}
+
+/// A hash of `expr` of type `ty` that equal expressions share (`==`: a constant hashes its value
+/// with 0.0 and -0.0 alike, which compare equal).
+fn expr_hash(expr: &Expr, ty: ScalarType) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    ty.hash(&mut h);
+    std::mem::discriminant(expr).hash(&mut h);
+    match expr {
+        Expr::Load {
+            buffer,
+            index,
+            indirect,
+        } => {
+            buffer.hash(&mut h);
+            index.hash(&mut h);
+            if let Some(Indirect {
+                value,
+                stride,
+                bound,
+            }) = indirect
+            {
+                (value, stride, bound).hash(&mut h);
+            }
+        }
+        Expr::Constant { value, ty } => {
+            let bits = if *value == 0.0 { 0 } else { value.to_bits() };
+            (bits, ty).hash(&mut h);
+        }
+        Expr::StageResult(stage) => stage.hash(&mut h),
+        Expr::Index(index) => index.hash(&mut h),
+        Expr::Unary(op, a) => (op, a).hash(&mut h),
+        Expr::Binary(op, a, b) => (op, a, b).hash(&mut h),
+        Expr::Compare(op, a, b) => (op, a, b).hash(&mut h),
+        Expr::Where(c, a, b) => (c, a, b).hash(&mut h),
+        Expr::Cast(dtype, a) => (dtype, a).hash(&mut h),
+    }
+    h.finish()
 }

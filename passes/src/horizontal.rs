@@ -24,73 +24,250 @@
 
 use minductor_ir::DType;
 use minductor_kernel_ir::*;
+use std::collections::{BTreeSet, HashMap, HashSet};
 
 pub fn fuse_horizontal(program: &Program) -> Program {
-    let mut steps: Vec<Step> = program.steps.clone();
-    // For each current step, the original steps it contains (to move index checks along).
+    // Steps keep the position they have in `program` (a merged-away step leaves `None`), so the
+    // index below never shifts; the order of the live ones is the program's order.
+    let mut steps: Vec<Option<Step>> = program.steps.iter().cloned().map(Some).collect();
+    // For each step, the original steps it contains (to move index checks along).
     let mut origin: Vec<Vec<usize>> = (0..steps.len()).map(|i| vec![i]).collect();
-    let mut j = 1;
-    while j < steps.len() {
-        let partner = (0..j).rev().find_map(|i| {
-            if !movable(&steps, i, j) || checks_what_earlier_writes(program, &steps, &origin, i, j)
-            {
+    let mut index = StepIndex::new(program, &steps);
+    for j in 1..steps.len() {
+        let Some(Step::Kernel(_)) = &steps[j] else {
+            // Only kernels merge.
+            continue;
+        };
+        let partner = index.candidates(j).into_iter().find_map(|i| {
+            let (Some(Step::Kernel(a)), Some(Step::Kernel(b))) = (&steps[i], &steps[j]) else {
+                return None;
+            };
+            if index.checks_what_earlier_writes(i, j) {
                 return None;
             }
-            if siblings(&steps, i, j) {
+            if index.siblings(a, b, i, j) {
                 return Some((i, Vec::new()));
             }
-            forwarded(program, &steps, i, j).map(|values| (i, values))
+            index
+                .forwarded(program, a, b, i, j)
+                .map(|values| (i, values))
         });
-        match partner {
-            Some((i, forward)) => {
-                let Step::Kernel(later) = steps.remove(j) else {
-                    unreachable!("siblings are kernels")
-                };
-                let moved = origin.remove(j);
-                origin[i].extend(moved);
-                let Step::Kernel(earlier) = &mut steps[i] else {
-                    unreachable!("siblings are kernels")
-                };
-                *earlier = merge(earlier, &later, &forward);
-                tracing::debug!(
-                    target: "minductor::fusion",
-                    "{}: merged {} into {}",
-                    if forward.is_empty() { "horizontal" } else { "vertical" },
-                    later.name,
-                    earlier.name
-                );
-            }
-            None => j += 1,
-        }
+        let Some((i, forward)) = partner else {
+            continue;
+        };
+        let Some(Step::Kernel(later)) = steps[j].take() else {
+            unreachable!("siblings are kernels")
+        };
+        let moved = std::mem::take(&mut origin[j]);
+        origin[i].extend(moved);
+        let Some(Step::Kernel(earlier)) = &mut steps[i] else {
+            unreachable!("siblings are kernels")
+        };
+        *earlier = merge(earlier, &later, &forward);
+        let earlier_name = earlier.name.clone();
+        index.merged(i, j, steps[i].as_ref().expect("the merged step"));
+        tracing::debug!(
+            target: "minductor::fusion",
+            "{}: merged {} into {}",
+            if forward.is_empty() { "horizontal" } else { "vertical" },
+            later.name,
+            earlier_name
+        );
     }
+    let (steps, origin): (Vec<Step>, Vec<Vec<usize>>) = steps
+        .into_iter()
+        .zip(origin)
+        .filter_map(|(step, origin)| Some((step?, origin)))
+        .unzip();
+    let mut steps = steps;
     drop_dead_stores(program, &mut steps);
     program.with_steps(steps, &origin)
 }
 
-/// Whether step `j` checks indices that step `i` writes: merged, the check (which runs before
-/// its step) would read them before they are computed.
-fn checks_what_earlier_writes(
-    program: &Program,
-    steps: &[Step],
-    origin: &[Vec<usize>],
-    i: usize,
-    j: usize,
-) -> bool {
-    let written = steps[i].writes();
-    program
-        .index_checks
-        .iter()
-        .any(|c| origin[j].contains(&c.step) && written.contains(&c.buffer))
+/// The buffers each live step reads and writes, computed once per step (again only when a merge
+/// changes it), and for each buffer the live steps reading and writing it, by position. A step's
+/// partner is found among the steps that share a buffer with it, after the last step it cannot
+/// move above, rather than by comparing it with every earlier step.
+struct StepIndex {
+    /// `Step::reads` of each live step, sorted and unique (a kernel's loads).
+    reads: Vec<Vec<BufferId>>,
+    /// `Step::writes` of each live step, in order (a kernel's stores).
+    writes: Vec<Vec<BufferId>>,
+    /// The buffers whose index checks run before each step (those of the steps it contains).
+    checked: Vec<Vec<BufferId>>,
+    readers: HashMap<BufferId, BTreeSet<usize>>,
+    writers: HashMap<BufferId, BTreeSet<usize>>,
+}
+
+impl StepIndex {
+    fn new(program: &Program, steps: &[Option<Step>]) -> StepIndex {
+        let mut index = StepIndex {
+            reads: Vec::with_capacity(steps.len()),
+            writes: Vec::with_capacity(steps.len()),
+            checked: vec![Vec::new(); steps.len()],
+            readers: HashMap::new(),
+            writers: HashMap::new(),
+        };
+        for check in &program.index_checks {
+            index.checked[check.step].push(check.buffer);
+        }
+        for (i, step) in steps.iter().enumerate() {
+            let step = step.as_ref().expect("every step is live at first");
+            index.reads.push(sorted(step.reads()));
+            index.writes.push(step.writes());
+            index.insert(i);
+        }
+        index
+    }
+
+    fn insert(&mut self, i: usize) {
+        for &b in &self.reads[i] {
+            self.readers.entry(b).or_default().insert(i);
+        }
+        for &b in &self.writes[i] {
+            self.writers.entry(b).or_default().insert(i);
+        }
+    }
+
+    fn remove(&mut self, i: usize) {
+        for b in &self.reads[i] {
+            if let Some(set) = self.readers.get_mut(b) {
+                set.remove(&i);
+            }
+        }
+        for b in &self.writes[i] {
+            if let Some(set) = self.writers.get_mut(b) {
+                set.remove(&i);
+            }
+        }
+    }
+
+    /// Step `j` was merged into step `i`, which is now `merged`.
+    fn merged(&mut self, i: usize, j: usize, merged: &Step) {
+        self.remove(i);
+        self.remove(j);
+        self.reads[j].clear();
+        self.writes[j].clear();
+        let checked = std::mem::take(&mut self.checked[j]);
+        self.checked[i].extend(checked);
+        self.reads[i] = sorted(merged.reads());
+        self.writes[i] = merged.writes();
+        self.insert(i);
+    }
+
+    /// The live steps before `j` that `j` could merge with, latest first: those it can move up
+    /// to (no step in between writes what it reads or reads what it writes) that read a buffer
+    /// it reads (siblings) or write one (a producer, which can only be the last step it cannot
+    /// move above).
+    fn candidates(&self, j: usize) -> Vec<usize> {
+        let last_before = |set: Option<&BTreeSet<usize>>| -> Option<usize> {
+            set.and_then(|s| s.range(..j).next_back().copied())
+        };
+        // The last step `j` cannot move above: every step in between must let it pass.
+        let barrier = self.reads[j]
+            .iter()
+            .map(|b| last_before(self.writers.get(b)))
+            .chain(
+                self.writes[j]
+                    .iter()
+                    .map(|b| last_before(self.readers.get(b))),
+            )
+            .max()
+            .flatten();
+        let from = barrier.unwrap_or(0);
+        let mut found: Vec<usize> = barrier.into_iter().collect();
+        for b in &self.reads[j] {
+            if let Some(set) = self.readers.get(b) {
+                found.extend(set.range(from..j));
+            }
+        }
+        found.sort_unstable_by(|x, y| y.cmp(x));
+        found.dedup();
+        found
+    }
+
+    /// Whether step `j` checks indices that step `i` writes: merged, the check (which runs before
+    /// its step) would read them before they are computed.
+    fn checks_what_earlier_writes(&self, i: usize, j: usize) -> bool {
+        self.checked[j].iter().any(|b| self.writes[i].contains(b))
+    }
+
+    /// Kernels `a` (step `i`) and `b` (step `j`) run the same outer loops, read a common
+    /// buffer, and neither reads what the other writes.
+    fn siblings(&self, a: &Kernel, b: &Kernel, i: usize, j: usize) -> bool {
+        let (la, lb) = (&self.reads[i], &self.reads[j]);
+        let pointwise_alike =
+            single_store(a) && single_store(b) && a.stages[0].extent == b.stages[0].extent;
+        a.outer == b.outer
+            && (!a.outer.is_empty() || pointwise_alike)
+            && la.iter().any(|x| lb.binary_search(x).is_ok())
+            && !self.writes[i].iter().any(|x| lb.binary_search(x).is_ok())
+            && !self.writes[j].iter().any(|x| la.binary_search(x).is_ok())
+    }
+
+    /// When kernel `b` (step `j`) can take the values kernel `a` (step `i`) stores instead of
+    /// loading them: the buffers `a` writes that `b` reads, each with the expression `a` stores
+    /// to it.
+    fn forwarded(
+        &self,
+        program: &Program,
+        a: &Kernel,
+        b: &Kernel,
+        i: usize,
+        j: usize,
+    ) -> Option<Vec<(BufferId, ExprId)>> {
+        let (la, lb) = (&self.reads[i], &self.reads[j]);
+        if a.outer != b.outer
+            || !single_store(a)
+            || !single_store(b)
+            || a.stages[0].extent != b.stages[0].extent
+            || self.writes[j].iter().any(|x| la.binary_search(x).is_ok())
+        {
+            return None;
+        }
+        let StageAction::Store(stores) = &a.stages[0].action else {
+            return None;
+        };
+        let mut values = Vec::new();
+        for store in stores
+            .iter()
+            .filter(|st| lb.binary_search(&st.buffer).is_ok())
+        {
+            let stored_once = stores.iter().filter(|st| st.buffer == store.buffer).count() == 1;
+            let same_element = b.exprs.iter().all(|e| match e {
+                Expr::Load {
+                    buffer,
+                    index,
+                    indirect,
+                } if *buffer == store.buffer => *index == store.index && indirect.is_none(),
+                _ => true,
+            });
+            // A narrow float buffer rounds what it stores: a load would not see the exact value.
+            let exact = !matches!(program.buffer(store.buffer).dtype, DType::F16 | DType::BF16);
+            if !stored_once || !same_element || !exact {
+                return None;
+            }
+            values.push((store.buffer, store.value));
+        }
+        (!values.is_empty()).then_some(values)
+    }
+}
+
+fn sorted(mut buffers: Vec<BufferId>) -> Vec<BufferId> {
+    buffers.sort_unstable();
+    buffers.dedup();
+    buffers
 }
 
 /// Removes stores to intermediates no step reads any more (a vertical merge forwarded their only
 /// reader the value), keeping at least one store per kernel.
 fn drop_dead_stores(program: &Program, steps: &mut [Step]) {
-    let read: Vec<BufferId> = steps.iter().flat_map(Step::reads).collect();
+    let read: HashSet<BufferId> = steps.iter().flat_map(Step::reads).collect();
+    let checked: HashSet<BufferId> = program.index_checks.iter().map(|c| c.buffer).collect();
     let dead = |b: BufferId| {
         program.buffer(b).kind == BufferKind::Intermediate
             && !read.contains(&b)
-            && !program.index_checks.iter().any(|c| c.buffer == b)
+            && !checked.contains(&b)
     };
     for step in steps.iter_mut() {
         let Step::Kernel(kernel) = step else { continue };
@@ -109,20 +286,6 @@ fn drop_dead_stores(program: &Program, steps: &mut [Step]) {
     }
 }
 
-fn siblings(steps: &[Step], i: usize, j: usize) -> bool {
-    let (Step::Kernel(a), Step::Kernel(b)) = (&steps[i], &steps[j]) else {
-        return false;
-    };
-    let (la, lb) = (a.loads(), b.loads());
-    let pointwise_alike =
-        single_store(a) && single_store(b) && a.stages[0].extent == b.stages[0].extent;
-    a.outer == b.outer
-        && (!a.outer.is_empty() || pointwise_alike)
-        && la.iter().any(|x| lb.contains(x))
-        && !a.stores().iter().any(|x| lb.contains(x))
-        && !b.stores().iter().any(|x| la.contains(x))
-}
-
 /// One store stage, nothing else.
 fn single_store(k: &Kernel) -> bool {
     matches!(
@@ -132,59 +295,6 @@ fn single_store(k: &Kernel) -> bool {
             ..
         }]
     )
-}
-
-/// When kernel `j` can take the values kernel `i` stores instead of loading them: the buffers
-/// `i` writes that `j` reads, each with the expression `i` stores to it.
-fn forwarded(
-    program: &Program,
-    steps: &[Step],
-    i: usize,
-    j: usize,
-) -> Option<Vec<(BufferId, ExprId)>> {
-    let (Step::Kernel(a), Step::Kernel(b)) = (&steps[i], &steps[j]) else {
-        return None;
-    };
-    if a.outer != b.outer
-        || !single_store(a)
-        || !single_store(b)
-        || a.stages[0].extent != b.stages[0].extent
-        || b.stores().iter().any(|x| a.loads().contains(x))
-    {
-        return None;
-    }
-    let StageAction::Store(stores) = &a.stages[0].action else {
-        return None;
-    };
-    let reads = b.loads();
-    let mut values = Vec::new();
-    for store in stores.iter().filter(|st| reads.contains(&st.buffer)) {
-        let stored_once = stores.iter().filter(|st| st.buffer == store.buffer).count() == 1;
-        let same_element = b.exprs.iter().all(|e| match e {
-            Expr::Load {
-                buffer,
-                index,
-                indirect,
-            } if *buffer == store.buffer => *index == store.index && indirect.is_none(),
-            _ => true,
-        });
-        // A narrow float buffer rounds what it stores: a load would not see the exact value.
-        let exact = !matches!(program.buffer(store.buffer).dtype, DType::F16 | DType::BF16);
-        if !stored_once || !same_element || !exact {
-            return None;
-        }
-        values.push((store.buffer, store.value));
-    }
-    (!values.is_empty()).then_some(values)
-}
-
-/// Whether step `j` can run at position `i` (before the steps in between).
-fn movable(steps: &[Step], i: usize, j: usize) -> bool {
-    let (reads, writes) = (steps[j].reads(), steps[j].writes());
-    steps[i + 1..j].iter().all(|s| {
-        !s.writes().iter().any(|b| reads.contains(b))
-            && !s.reads().iter().any(|b| writes.contains(b))
-    })
 }
 
 /// One kernel running `a`'s stages and then `b`'s per outer iteration (sharing one store stage

@@ -23,6 +23,8 @@
 
 use minductor_kernel_ir::plan::{buffer_bytes, live_ranges, BufferPlan, Slot, SLOT_ALIGN};
 use minductor_kernel_ir::*;
+use std::cmp::Reverse;
+use std::collections::{BTreeSet, BinaryHeap};
 
 pub fn plan_buffers(program: &Program) -> BufferPlan {
     let n = program.buffers.len();
@@ -35,11 +37,23 @@ pub fn plan_buffers(program: &Program) -> BufferPlan {
         live: live.clone(),
         ..BufferPlan::default()
     };
+    // Slots whose every member's last use is behind us, by size then index (the best fit is the
+    // first at least as large), and the others by the last use of their newest member (which
+    // outlives the older ones: it was written where they were dead or, in place, last read),
+    // stale entries skipped: each step frees what it must in time logarithmic in the slots.
+    let mut free: BTreeSet<(usize, usize)> = BTreeSet::new();
+    let mut occupied: BinaryHeap<Reverse<(usize, usize)>> = BinaryHeap::new();
+    let mut last_use: Vec<usize> = Vec::new();
     for (step_index, step) in program.steps.iter().enumerate() {
-        // Slots whose every member's last use is behind us.
-        let mut free: Vec<usize> = (0..plan.slots.len())
-            .filter(|&s| !occupied(&plan, &live, s, step_index))
-            .collect();
+        while let Some(&Reverse((last, slot))) = occupied.peek() {
+            if last >= step_index {
+                break;
+            }
+            occupied.pop();
+            if last_use[slot] == last {
+                free.insert((plan.slots[slot].bytes, slot));
+            }
+        }
         for written in step.writes() {
             let b = written.0 as usize;
             if !planned(b) || plan.slot_of[b].is_some() {
@@ -51,15 +65,11 @@ pub fn plan_buffers(program: &Program) -> BufferPlan {
                     plan.slot_of[input.0 as usize].expect("an in-place input is planned")
                 }
                 None => {
-                    let fit = free
-                        .iter()
-                        .copied()
-                        .filter(|&s| plan.slots[s].bytes >= bytes[b])
-                        .min_by_key(|&s| plan.slots[s].bytes);
+                    let fit = free.range((bytes[b], 0)..).next().copied();
                     match fit {
-                        Some(s) => {
-                            free.retain(|&f| f != s);
-                            s
+                        Some(entry) => {
+                            free.remove(&entry);
+                            entry.1
                         }
                         None => {
                             plan.slots.push(Slot {
@@ -67,6 +77,7 @@ pub fn plan_buffers(program: &Program) -> BufferPlan {
                                 bytes: bytes[b],
                                 members: Vec::new(),
                             });
+                            last_use.push(0);
                             plan.slots.len() - 1
                         }
                     }
@@ -74,6 +85,10 @@ pub fn plan_buffers(program: &Program) -> BufferPlan {
             };
             plan.slots[slot].members.push(written);
             plan.slot_of[b] = Some(slot);
+            // Written at this step, so live through it at least.
+            let last = live[b].map_or(step_index, |(_, last)| last);
+            last_use[slot] = last;
+            occupied.push(Reverse((last, slot)));
         }
     }
     let mut offset = 0;
@@ -85,30 +100,32 @@ pub fn plan_buffers(program: &Program) -> BufferPlan {
     plan.unshared_bytes = (0..n)
         .filter(|&b| planned(b))
         .fold(0usize, |acc, b| acc.saturating_add(bytes[b]));
-    // A buffer updated in place takes no memory of its own at the step that creates it.
-    let shares = |b: usize, s: usize| {
-        plan.in_place
-            .iter()
-            .any(|&(into, _, at)| into.0 as usize == b && at == s)
-    };
-    plan.live_peak_bytes = (0..program.steps.len())
-        .map(|s| {
-            (0..n)
-                .filter(|&b| planned(b) && matches!(live[b], Some((d, l)) if d <= s && s <= l))
-                .filter(|&b| !shares(b, s))
-                .fold(0usize, |acc, b| acc.saturating_add(bytes[b]))
-        })
-        .max()
-        .unwrap_or(0);
+    // The bytes live at each step, as a running sum of changes: a buffer counts from its first
+    // step to its last, except that one updated in place takes no memory of its own at the step
+    // that creates it. (Wide sums: each term is below 2^64, so the total cannot overflow.)
+    let steps = program.steps.len();
+    let mut change = vec![0i128; steps + 1];
+    for b in (0..n).filter(|&b| planned(b)) {
+        if let Some((first, last)) = live[b] {
+            change[first] += bytes[b] as i128;
+            change[last + 1] -= bytes[b] as i128;
+        }
+    }
+    for &(into, _, at) in &plan.in_place {
+        let b = into.0 as usize;
+        if matches!(live[b], Some((first, last)) if first <= at && at <= last) {
+            change[at] -= bytes[b] as i128;
+            change[at + 1] += bytes[b] as i128;
+        }
+    }
+    let mut running = 0i128;
+    let mut peak = 0i128;
+    for c in &change[..steps] {
+        running += c;
+        peak = peak.max(running);
+    }
+    plan.live_peak_bytes = peak.min(usize::MAX as i128) as usize;
     plan
-}
-
-/// Whether a member of `slot` is still live at `step` (its slot cannot be handed out).
-fn occupied(plan: &BufferPlan, live: &[Option<(usize, usize)>], slot: usize, step: usize) -> bool {
-    plan.slots[slot]
-        .members
-        .iter()
-        .any(|m| matches!(live[m.0 as usize], Some((_, last)) if last >= step))
 }
 
 /// An input of `step` whose slot `written` may take over: an intermediate whose last use is this

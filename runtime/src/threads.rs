@@ -130,6 +130,16 @@ pub fn num_threads() -> usize {
     }
 }
 
+/// Runs `f` on the configured threads: rayon's parallel iterators inside it use them (the
+/// compiler's code generation does, so `set_num_threads(1)` makes it serial too).
+pub fn on_threads<R: Send>(f: impl FnOnce() -> R + Send) -> R {
+    let pool = POOL.read().unwrap_or_else(|p| p.into_inner()).clone();
+    match pool {
+        Some(pool) => pool.install(f),
+        None => f(),
+    }
+}
+
 /// Calls `f(0)`, …, `f(chunks - 1)` on the configured threads and returns when all are done.
 pub fn for_each_chunk(chunks: usize, f: impl Fn(usize) + Sync + Send) {
     use rayon::prelude::*;

@@ -84,6 +84,16 @@ fn dump_dir_receives_every_stage() {
     for (kernel, clif) in &artifacts.cranelift_ir {
         assert_eq!(&read(inductor, &format!("output_code/{kernel}.clif")), clif);
     }
+    // Each pass's time and sizes, one line each, in the order they ran.
+    let passes = read(inductor, "pass_times.txt");
+    assert_eq!(
+        passes.lines().count(),
+        artifacts.pass_times.len(),
+        "{passes}"
+    );
+    for (line, pass) in passes.lines().zip(&artifacts.pass_times) {
+        assert_eq!(line, pass.to_string());
+    }
     assert_eq!(
         std::fs::read_dir(inductor.join("output_code"))
             .unwrap()

@@ -417,6 +417,71 @@ fn backend_result(
     })
 }
 
+/// How long one graph takes to compile (`minductor compile`).
+#[derive(Clone, Debug, Serialize)]
+pub struct CompileResult {
+    pub name: String,
+    /// Nodes of the traced graph.
+    pub nodes: usize,
+    /// Steps of the compiled program (kernels, GEMMs, attentions, fallbacks).
+    pub steps: usize,
+    /// Timed compiles (the median is reported).
+    pub runs: usize,
+    /// Median wall time of `compile_with(graph, inductor)`.
+    pub median_ms: f64,
+    /// `median_ms` per traced node, in microseconds.
+    pub us_per_node: f64,
+}
+
+/// Compiles `workload`'s graph with the inductor backend `runs` times (at least once) and
+/// reports the median wall time, as [`Compiled::compile_time`] measures it.
+pub fn compile_benchmark(workload: &Workload, runs: usize) -> Result<CompileResult, BenchError> {
+    let mut times = Vec::new();
+    let mut steps = 0;
+    for _ in 0..runs.max(1) {
+        let compiled = compile_with(&workload.graph, Backend::Inductor).map_err(|source| {
+            BenchError::Compile {
+                workload: workload.name.clone(),
+                backend: Backend::Inductor.name(),
+                source: Box::new(source),
+            }
+        })?;
+        times.push(compiled.compile_time().as_secs_f64() * 1e3);
+        steps = compiled
+            .artifacts()
+            .program
+            .as_ref()
+            .map_or(0, |p| p.steps.len());
+    }
+    times.sort_by(f64::total_cmp);
+    let median_ms = times[times.len() / 2];
+    let nodes = workload.graph.nodes().len();
+    Ok(CompileResult {
+        name: workload.name.clone(),
+        nodes,
+        steps,
+        runs: times.len(),
+        median_ms,
+        us_per_node: median_ms * 1e3 / nodes.max(1) as f64,
+    })
+}
+
+/// Compile results as an aligned text table, one row per graph.
+pub fn render_compile_table(results: &[CompileResult]) -> String {
+    let mut out = format!(
+        "{:<28}  {:>7}  {:>6}  {:>11}  {:>11}\n",
+        "graph", "nodes", "steps", "compile ms", "us per node"
+    );
+    for r in results {
+        let _ = writeln!(
+            out,
+            "{:<28}  {:>7}  {:>6}  {:>11.1}  {:>11.1}",
+            r.name, r.nodes, r.steps, r.median_ms, r.us_per_node
+        );
+    }
+    out
+}
+
 /// The probe's figures, one line each.
 pub fn render_probe(probe: &MachineProbe) -> String {
     let fma: Vec<String> = probe

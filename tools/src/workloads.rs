@@ -421,6 +421,120 @@ pub fn softmax_sweep(rows: &[usize], cols: usize) -> Result<Vec<Workload>, Workl
     rows.iter().map(|&r| softmax(r, cols)).collect()
 }
 
+/// Width, heads, vocabulary, batch and sequence length of [`gpt_decoder`].
+pub const DECODER_WIDTH: usize = 64;
+pub const DECODER_HEADS: usize = 4;
+pub const DECODER_VOCAB: usize = 128;
+pub const DECODER_BATCH: usize = 2;
+pub const DECODER_LENGTH: usize = 16;
+
+/// The GPT-style decoder of the golden models (`golden::models::gpt_forward`: pre-LN blocks,
+/// causal attention, tanh-GELU MLP of width 4·64, tied embeddings) with `layers` blocks, width
+/// 64, 4 heads, a vocabulary of 128, on 2 sequences of 16 tokens: the logits and the argmax next
+/// token. Weights are uniform in ±1/√fan_in, gains in [0.8, 1.2); token ids cycle through the
+/// vocabulary. The compile benchmark (`minductor compile`) builds it at several depths: its graph
+/// grows by the same block per layer.
+pub fn gpt_decoder(layers: usize) -> Result<Workload, WorkloadError> {
+    decoder(layers, None)
+}
+
+/// One SGD step of [`gpt_decoder`]: the cross-entropy of its logits against the token ids
+/// themselves, its gradients with respect to every weight (the joint graph, partitioned), and
+/// each weight less `lr` times its gradient: a training graph that grows by one block per layer,
+/// for the compile benchmark (`minductor compile --train`).
+pub fn gpt_decoder_train_step(layers: usize, lr: f64) -> Result<Workload, WorkloadError> {
+    decoder(layers, Some(lr))
+}
+
+/// The decoder's forward pass, or with a learning rate its SGD step.
+fn decoder(layers: usize, lr: Option<f64>) -> Result<Workload, WorkloadError> {
+    let name = match lr {
+        None => format!("gpt_decoder_{layers}l"),
+        Some(_) => format!("gpt_decoder_train_{layers}l"),
+    };
+    let (w, vocab) = (DECODER_WIDTH, DECODER_VOCAB);
+    let (batch, length) = (DECODER_BATCH, DECODER_LENGTH);
+    // (name, shape, low, high) of every f32 input after the token ids, in tracing order.
+    let mut specs: Vec<(String, Vec<usize>, f32, f32)> = vec![
+        ("wte".into(), vec![vocab, w], -0.5, 0.5),
+        ("wpe".into(), vec![length, w], -0.5, 0.5),
+        ("lnf.g".into(), vec![w], 0.8, 1.2),
+        ("lnf.b".into(), vec![w], -0.1, 0.1),
+    ];
+    for l in 0..layers {
+        let b = init_bound(w);
+        let b4 = init_bound(4 * w);
+        for (p, shape, low, high) in [
+            ("ln1.g", vec![w], 0.8, 1.2),
+            ("ln1.b", vec![w], -0.1, 0.1),
+            ("qkv.w", vec![3 * w, w], -b, b),
+            ("qkv.b", vec![3 * w], -b, b),
+            ("proj.w", vec![w, w], -b, b),
+            ("proj.b", vec![w], -b, b),
+            ("ln2.g", vec![w], 0.8, 1.2),
+            ("ln2.b", vec![w], -0.1, 0.1),
+            ("fc.w", vec![4 * w, w], -b, b),
+            ("fc.b", vec![4 * w], -b, b),
+            ("out.w", vec![w, 4 * w], -b4, b4),
+            ("out.b", vec![w], -b4, b4),
+        ] {
+            specs.push((format!("h{l}.{p}"), shape, low, high));
+        }
+    }
+    let tracer = Tracer::new();
+    let mut named = HashMap::new();
+    named.insert(
+        "idx".to_string(),
+        tracer.input("idx", DType::I64, &[batch, length]),
+    );
+    for (n, shape, _, _) in &specs {
+        named.insert(n.clone(), tracer.input(n, DType::F32, shape));
+    }
+    let mut outputs = crate::golden::models::gpt_forward(&named);
+    if let Some(lr) = lr {
+        let logits = outputs[0].reshape(&[(batch * length) as isize, vocab as isize]);
+        let targets = named["idx"].reshape(&[(batch * length) as isize]);
+        let loss = logits.cross_entropy(&targets);
+        let params: Vec<&Traced> = specs.iter().map(|(n, ..)| &named[n]).collect();
+        let grads = loss.grad(&params);
+        outputs = vec![loss];
+        outputs.extend(params.iter().zip(&grads).map(|(p, g)| *p - g * lr));
+    }
+    let graph = tracer
+        .finish(&outputs)
+        .map_err(|source| trace_error(&name, source))?;
+    let ids: Vec<i64> = (0..batch * length)
+        .map(|i| (i * 37 % vocab) as i64)
+        .collect();
+    let mut inputs =
+        vec![Tensor::from_vec(&[batch, length], ids).expect("ids have the shape's count")];
+    inputs.extend(
+        specs
+            .iter()
+            .enumerate()
+            .map(|(seed, (_, shape, low, high))| uniform(shape, *low, *high, seed as u64 + 1)),
+    );
+    let tokens = batch * length;
+    let gemm = |m: usize, n: usize, k: usize| 2 * (m * n * k) as u64;
+    let per_layer = gemm(tokens, 3 * w, w)
+        + 2 * (batch * DECODER_HEADS) as u64 * gemm(length, length, w / DECODER_HEADS)
+        + gemm(tokens, w, w)
+        + 2 * gemm(tokens, 4 * w, w);
+    let forward = layers as u64 * per_layer + gemm(tokens, vocab, w);
+    Ok(Workload {
+        bytes_moved: f32_bytes(
+            inputs.iter().skip(1).map(Tensor::numel).sum::<usize>() + tokens * vocab,
+        ) + 8 * (2 * tokens) as u64,
+        // A backward pass costs about two forward ones.
+        flops: if lr.is_some() { 3 * forward } else { forward },
+        bound: Bound::Compute,
+        elements: tokens * w,
+        inputs,
+        graph,
+        name,
+    })
+}
+
 /// Deterministic values uniform in `[low, high)` from a splitmix64 stream seeded by `seed`.
 pub fn uniform(shape: &[usize], low: f32, high: f32, seed: u64) -> Tensor {
     let n: usize = shape.iter().product();

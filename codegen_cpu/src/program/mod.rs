@@ -14,10 +14,12 @@ use execute::Arena;
 use extern_steps::Prepacked;
 
 use crate::lower::{kernel_function, lower_kernel};
+use cranelift_codegen::control::ControlPlane;
+use cranelift_codegen::isa::TargetIsa;
 use cranelift_codegen::settings::{self, Configurable};
 use cranelift_frontend::{FunctionBuilder, FunctionBuilderContext};
 use cranelift_jit::{JITBuilder, JITModule};
-use cranelift_module::{Linkage, Module};
+use cranelift_module::{FuncId, Linkage, Module, ModuleReloc};
 use minductor_ir::Dim;
 use minductor_kernel_ir::{verify_program, BufferPlan, VerifyError};
 use minductor_kernel_ir::{
@@ -25,6 +27,7 @@ use minductor_kernel_ir::{
     Step,
 };
 use minductor_runtime::{Executable, RuntimeError, Tensor};
+use rayon::prelude::*;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 use thiserror::Error;
@@ -49,6 +52,9 @@ pub struct CompiledKernel {
     pub name: String,
     /// Cranelift IR text of the kernel, as compiled (before machine lowering).
     pub clif: String,
+    /// A hash of the kernel's machine code bytes (FNV-1a): equal for equal code, so tests can
+    /// check that a compile on any number of threads makes the same code.
+    pub code_hash: u64,
     function: KernelFn,
     buffers: Vec<BufferId>,
     /// Loop extents, then the symbols indices read, in `Kernel::params()` order; symbolic ones
@@ -171,6 +177,64 @@ fn isa() -> Result<std::sync::Arc<dyn cranelift_codegen::isa::TargetIsa>, Codege
         .map_err(|e| CodegenError::Cranelift(e.to_string()))
 }
 
+/// One kernel compiled to machine code, not yet placed in the JIT module.
+struct MachineCode {
+    /// Cranelift IR text as compiled (and the machine code's text under `MINDUCTOR_DISASM`).
+    clif: String,
+    bytes: Vec<u8>,
+    alignment: u64,
+    relocs: Vec<ModuleReloc>,
+}
+
+/// Lowers `kernel` into `ctx` (reused between kernels of one thread) and compiles it for `isa`.
+fn compile_kernel(
+    isa: &dyn TargetIsa,
+    ctx: &mut cranelift_codegen::Context,
+    fctx: &mut FunctionBuilderContext,
+    kernel: &Kernel,
+    program: &Program,
+    id: FuncId,
+    disasm: bool,
+) -> Result<MachineCode, CodegenError> {
+    ctx.clear();
+    ctx.func = kernel_function(isa.default_call_conv());
+    ctx.set_disasm(disasm);
+    {
+        let mut b = FunctionBuilder::new(&mut ctx.func, fctx);
+        lower_kernel(&mut b, kernel, program);
+        b.finalize(isa.frontend_config());
+    }
+    let clif = ctx.func.display().to_string();
+    ctx.compile(isa, &mut ControlPlane::default())
+        .map_err(|e| CodegenError::Cranelift(format!("{}: {:?}\n{clif}", kernel.name, e.inner)))?;
+    let compiled = ctx.compiled_code().expect("compiled just above");
+    let bytes = compiled.code_buffer().to_vec();
+    let alignment = compiled.buffer.alignment as u64;
+    let clif = match &compiled.vcode {
+        Some(machine) if disasm => format!("{clif}\n; machine code\n{machine}"),
+        _ => clif,
+    };
+    let relocs = compiled
+        .buffer
+        .relocs()
+        .iter()
+        .map(|reloc| ModuleReloc::from_mach_reloc(reloc, &ctx.func, id))
+        .collect();
+    Ok(MachineCode {
+        clif,
+        bytes,
+        alignment,
+        relocs,
+    })
+}
+
+/// FNV-1a over `bytes`.
+fn code_hash(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, &b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
+    })
+}
+
 /// Compiles every kernel of `program` to machine code. The program must carry its buffer plan
 /// (`plan_buffers`' output; else [`CodegenError::Unplanned`]) and pass `verify_program` first: whatever built it,
 /// compiled code then stays inside its buffers. Ranges that depend on symbolic sizes are
@@ -182,51 +246,65 @@ pub fn compile_program(program: &Program) -> Result<CompiledProgram, CodegenErro
     }
     verify_program(program, &[]).map_err(|e| CodegenError::Verify(Box::new(e)))?;
     let isa = isa()?;
-    let call_conv = isa.default_call_conv();
     // Owned from the start, so an error below frees whatever was compiled before it.
     let mut code = CodeOwner(Some(JITModule::new(JITBuilder::with_isa(
-        isa,
+        isa.clone(),
         cranelift_module::default_libcall_names(),
     ))));
     let module = code.0.as_mut().expect("just created");
-    let mut ctx = module.make_context();
-    let mut fctx = FunctionBuilderContext::new();
-    let mut pending = Vec::new();
     let disasm = std::env::var_os("MINDUCTOR_DISASM").is_some_and(|v| v != "0");
-    for kernel in program.kernels() {
-        ctx.func = kernel_function(call_conv);
-        ctx.set_disasm(disasm);
-        {
-            let mut b = FunctionBuilder::new(&mut ctx.func, &mut fctx);
-            lower_kernel(&mut b, kernel, program);
-            b.finalize(module.isa().frontend_config());
-        }
-        let clif = ctx.func.display().to_string();
-        let id = module
-            .declare_function(&kernel.name, Linkage::Local, &ctx.func.signature)
-            .map_err(|e| CodegenError::Cranelift(e.to_string()))?;
+    let kernels: Vec<&Kernel> = program.kernels().collect();
+    // Declared in kernel order, so the ids (and below, the order code is placed in memory) are
+    // those of a serial compile.
+    let signature = kernel_function(isa.default_call_conv()).signature.clone();
+    let ids = kernels
+        .iter()
+        .map(|kernel| {
+            module
+                .declare_function(&kernel.name, Linkage::Local, &signature)
+                .map_err(|e| CodegenError::Cranelift(e.to_string()))
+        })
+        .collect::<Result<Vec<FuncId>, _>>()?;
+    // Each kernel is an independent function: lowered and compiled to machine code on the
+    // configured threads (Cranelift compiles a function alone, so its bytes do not depend on the thread or on
+    // the other kernels), then placed in the module one by one, in kernel order.
+    let machine: Vec<MachineCode> = minductor_runtime::threads::on_threads(|| {
+        kernels
+            .par_iter()
+            .zip(&ids)
+            .map_init(
+                || {
+                    (
+                        cranelift_codegen::Context::new(),
+                        FunctionBuilderContext::new(),
+                    )
+                },
+                |(ctx, fctx), (kernel, &id)| {
+                    compile_kernel(&*isa, ctx, fctx, kernel, program, id, disasm)
+                },
+            )
+            .collect::<Result<_, CodegenError>>()
+    })?;
+    let mut pending = Vec::with_capacity(machine.len());
+    for (&id, code) in ids.iter().zip(machine) {
         module
-            .define_function(id, &mut ctx)
-            .map_err(|e| CodegenError::Cranelift(format!("{}: {e:?}\n{clif}", kernel.name)))?;
-        let clif = match ctx.compiled_code().and_then(|c| c.vcode.as_ref()) {
-            Some(machine) if disasm => format!("{clif}\n; machine code\n{machine}"),
-            _ => clif,
-        };
-        module.clear_context(&mut ctx);
-        pending.push((id, clif));
+            .define_function_bytes(id, code.alignment, &code.bytes, &code.relocs)
+            .map_err(|e| CodegenError::Cranelift(e.to_string()))?;
+        pending.push((id, code.clif, code_hash(&code.bytes)));
     }
     module
         .finalize_definitions()
         .map_err(|e| CodegenError::Cranelift(e.to_string()))?;
     let mut pending = pending.into_iter();
     let mut finished = |kernel: &Kernel| -> CompiledKernel {
-        let (id, clif) = pending.next().expect("one function per kernel");
+        let (id, clif, code_hash) = pending.next().expect("one function per kernel");
         let address = module.get_finalized_function(id);
         // SAFETY: `address` was compiled from `kernel_function`'s signature, which is KernelFn's.
         let function = unsafe { std::mem::transmute::<*const u8, KernelFn>(address) };
         CompiledKernel {
             name: kernel.name.clone(),
             clif,
+            code_hash,
             function,
             buffers: kernel.buffers(),
             extents: kernel.params(),

@@ -1,5 +1,6 @@
 //! The `minductor` command line: `minductor golden DIR` runs PyTorch reference cases;
 //! `minductor bench` runs the benchmark suite on the eager and the compiled backend;
+//! `minductor compile` times compiles of the GPT-style decoder at several depths.
 //! `minductor pt2 info|run|compile MODEL.pt2` imports programs saved by `torch.export`.
 
 use clap::{Parser, Subcommand};
@@ -130,6 +131,25 @@ enum Command {
         #[arg(long)]
         reprobe: bool,
     },
+    /// Time compiles: the GPT-style decoder at several depths (and, with --suite, the suite's
+    /// workloads), printing graph nodes, the median compile time and microseconds per node.
+    Compile {
+        /// Decoder depths to compile, comma-separated.
+        #[arg(long, default_value = "2,8,32,96")]
+        layers: String,
+        /// Timed compiles per graph (the median is reported).
+        #[arg(long, default_value_t = 3)]
+        runs: usize,
+        /// Also compile every workload of the suite.
+        #[arg(long)]
+        suite: bool,
+        /// Also compile the decoder's SGD training step (autodiff and partition) at each depth.
+        #[arg(long)]
+        train: bool,
+        /// Write the results as JSON to this file.
+        #[arg(long)]
+        json: Option<PathBuf>,
+    },
     /// Compile one workload of the suite and print its fusion report: the kernel table, then
     /// each step's median time and achieved bandwidth (GFLOP/s for GEMMs) against the probe.
     Report {
@@ -213,6 +233,19 @@ fn main() -> ExitCode {
             runs,
             simulate_threads,
         } => match report(&workload, threads, runs, simulate_threads) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("error: {e}");
+                ExitCode::FAILURE
+            }
+        },
+        Command::Compile {
+            layers,
+            runs,
+            suite,
+            train,
+            json,
+        } => match compile_bench(&layers, runs, suite, train, json) {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {
                 eprintln!("error: {e}");
@@ -319,6 +352,53 @@ fn report(
             "{}: per-step median ms at each thread count, and speedup over the first\n{scaling}",
             workload.name
         );
+    }
+    Ok(())
+}
+
+fn compile_bench(
+    layers: &str,
+    runs: usize,
+    suite: bool,
+    train: bool,
+    json: Option<PathBuf>,
+) -> Result<(), Box<dyn std::error::Error>> {
+    let depths: Vec<usize> = layers
+        .split(',')
+        .map(|l| {
+            l.trim()
+                .parse()
+                .map_err(|e| format!("--layers: `{}` is not a layer count: {e}", l.trim()))
+        })
+        .collect::<Result<_, _>>()?;
+    let mut graphs = Vec::new();
+    for &n in &depths {
+        graphs.push(workloads::gpt_decoder(n)?);
+    }
+    if train {
+        for &n in &depths {
+            graphs.push(workloads::gpt_decoder_train_step(n, 1e-3)?);
+        }
+    }
+    if suite {
+        for name in SUITE {
+            graphs.push(workloads::by_name(name)?);
+        }
+    }
+    let mut results = Vec::new();
+    for workload in &graphs {
+        eprintln!("compiling {} ...", workload.name);
+        results.push(minductor_tools::bench::compile_benchmark(workload, runs)?);
+    }
+    println!(
+        "median of {} compiles each (wall time of compile_with, inductor)",
+        runs.max(1)
+    );
+    print!("{}", minductor_tools::bench::render_compile_table(&results));
+    if let Some(path) = &json {
+        std::fs::write(path, serde_json::to_string_pretty(&results)? + "\n")
+            .map_err(|e| format!("{}: {e}", path.display()))?;
+        eprintln!("json: {}", path.display());
     }
     Ok(())
 }
