@@ -54,6 +54,9 @@ use minductor_passes::kernel::*;
 use std::collections::HashMap;
 
 mod outer;
+mod rows;
+
+pub use rows::{kernel_vector_bits, step_vector_bits};
 
 /// Lanes of the vector type Cranelift lowers on x86-64 (128-bit).
 pub const LANES: i64 = 4;
@@ -157,6 +160,8 @@ struct Lowering<'k, 'b, 'f> {
     outer_results: Vec<Vec<Val>>,
     /// In the outer-reduction order, the column (slot of the group) being emitted.
     column: outer::Column,
+    /// The vector width (bits) each stage's loop runs at (`None`: no loop), for reports.
+    stage_bits: Vec<Option<u32>>,
 }
 
 /// A sum's accumulators: the block ones the loop body adds into, reset at each block, and the
@@ -197,8 +202,13 @@ struct BlockMath {
     buffer: Value,
 }
 
-/// Emits the body of `kernel` into `b` (whose function has the kernel signature).
-pub fn lower_kernel(b: &mut FunctionBuilder, kernel: &Kernel, program: &Program) {
+/// Emits the body of `kernel` into `b` (whose function has the kernel signature). Returns the
+/// vector width (bits) of each stage's loop (`None` for a stage without loops).
+pub fn lower_kernel(
+    b: &mut FunctionBuilder,
+    kernel: &Kernel,
+    program: &Program,
+) -> Vec<Option<u32>> {
     let entry = b.create_block();
     b.append_block_params_for_function_params(entry);
     b.switch_to_block(entry);
@@ -263,9 +273,12 @@ pub fn lower_kernel(b: &mut FunctionBuilder, kernel: &Kernel, program: &Program)
         outer_mode: false,
         outer_results: Vec::new(),
         column: outer::Column::FIRST,
+        stage_bits: vec![None; kernel.stages.len()],
     };
     let outer = kernel.outer.len();
     if kernel.order == LoopOrder::OuterReduction && outer > 0 {
+        // Cranelift's 4-lane vectors along the columns, for every stage.
+        l.stage_bits = vec![Some(128); kernel.stages.len()];
         l.outer_order(start, end, &extents);
     } else if outer == 0 {
         // Run once if the range is non-empty.
@@ -282,6 +295,7 @@ pub fn lower_kernel(b: &mut FunctionBuilder, kernel: &Kernel, program: &Program)
     }
     l.b.ins().return_(&[]);
     l.b.seal_all_blocks();
+    l.stage_bits
 }
 
 impl Lowering<'_, '_, '_> {
@@ -351,7 +365,14 @@ impl Lowering<'_, '_, '_> {
         } else {
             Some(Var::Inner(depth as u32 - 1))
         };
+        if let Some(plan) = self.row_plan(stage) {
+            self.stage_bits[n] = Some(Self::row_bits());
+            self.row_call(n, &plan, extents[0]);
+            self.hoisted.clear();
+            return;
+        }
         let vector = depth > 0 && self.vectorizable(stage);
+        self.stage_bits[n] = (depth > 0).then_some(if vector { 128 } else { 32 });
         self.block_levels = if vector {
             self.block_math(stage)
         } else {

@@ -8,6 +8,7 @@
 //! copy bandwidth (GEMM peak over all threads).
 
 use crate::probe::MachineProbe;
+use minductor::codegen_cpu::lower::step_vector_bits;
 use minductor::ir::Graph;
 use minductor::passes::cost::{program_cost, StepCost, StepKind};
 use minductor::passes::kernel::Step;
@@ -33,6 +34,9 @@ pub enum ReportError {
 pub struct StepReport {
     pub costs: Vec<StepCost>,
     pub median: Duration,
+    /// The vector width (bits) of each cost row on this CPU (`None`: scalar loops), from
+    /// `codegen_cpu::lower::step_vector_bits`, which detects the CPU's features at run time.
+    pub vector_bits: Vec<Option<u32>>,
 }
 
 #[derive(Clone, Debug)]
@@ -80,6 +84,7 @@ pub fn fusion_report(
             StepReport {
                 costs: costs.by_ref().take(rows).collect(),
                 median: samples[samples.len() / 2],
+                vector_bits: step_vector_bits(step, &program),
             }
         })
         .collect();
@@ -113,8 +118,17 @@ impl fmt::Display for FusionReport {
         }
         writeln!(
             f,
-            "{:<44} {:<7} {:<26} {:>11} {:>11} {:>12} {:>9} {:>14} {:>7}",
-            "step", "kind", "domain", "read B", "written B", "FLOPs", "ms", "achieved", "of peak"
+            "{:<44} {:<7} {:>4} {:<26} {:>11} {:>11} {:>12} {:>9} {:>14} {:>7}",
+            "step",
+            "kind",
+            "vec",
+            "domain",
+            "read B",
+            "written B",
+            "FLOPs",
+            "ms",
+            "achieved",
+            "of peak"
         )?;
         let mut total = Duration::ZERO;
         for step in &self.steps {
@@ -158,11 +172,13 @@ impl fmt::Display for FusionReport {
                 } else {
                     format!("{:>9} {:>14} {:>7}", "", "", "")
                 };
+                let bits = step.vector_bits.get(i).copied().flatten();
                 writeln!(
                     f,
-                    "{:<44} {:<7} {:<26} {:>11} {:>11} {:>12} {timing}",
+                    "{:<44} {:<7} {:>4} {:<26} {:>11} {:>11} {:>12} {timing}",
                     c.name,
                     kind,
+                    bits.map_or("-".into(), |b| b.to_string()),
                     c.domain_text(),
                     c.bytes_read,
                     c.bytes_written,
