@@ -56,7 +56,7 @@ use std::collections::HashMap;
 mod outer;
 mod rows;
 
-pub use rows::{kernel_vector_bits, step_vector_bits};
+pub use rows::{kernel_vector_bits, set_row_kernels, step_vector_bits};
 
 /// Lanes of the vector type Cranelift lowers on x86-64 (128-bit).
 pub const LANES: i64 = 4;

@@ -17,15 +17,16 @@
 
 use super::{lower_kernel, math_fn, Lowering};
 use crate::math::block::rows::{
-    row_routine, RowFn, RowShape, ROW_ARGS_B, ROW_ARGS_BYTES, ROW_ARGS_N, ROW_ARGS_OUT,
+    row_routine, RowFn, RowShape, ROW_ARGS_B, ROW_ARGS_BYTES, ROW_ARGS_C, ROW_ARGS_N, ROW_ARGS_OUT,
     ROW_ARGS_U0, ROW_ARGS_U1, ROW_ARGS_W, ROW_ARGS_X,
 };
 use crate::math::block::{block_isa, BlockIsa};
 use cranelift_codegen::ir::{
     types, AbiParam, InstBuilder, Signature, StackSlotData, StackSlotKind, Value,
 };
-use minductor_ir::{BinaryOp, DType, ReduceOp};
+use minductor_ir::{BinaryOp, DType, ReduceOp, UnaryOp};
 use minductor_passes::kernel::*;
+use std::sync::atomic::{AtomicU8, Ordering};
 
 /// A row stage's routine and the rows and values it is given.
 pub(super) struct RowPlan {
@@ -34,18 +35,46 @@ pub(super) struct RowPlan {
     x: (BufferId, Affine),
     w: Option<(BufferId, Affine)>,
     b: Option<(BufferId, Affine)>,
+    c: Option<(BufferId, Affine)>,
     out: Option<(BufferId, Affine)>,
     /// `u0`: the value subtracted.
     u0: Option<ExprId>,
-    /// `u1`: the factor, or (`true`) the divisor, whose reciprocal is the factor (as the
-    /// Cranelift loop divides by a value uniform along the row).
-    u1: Option<(ExprId, bool)>,
+    /// `u1`, the factor.
+    u1: Option<Factor>,
+}
+
+/// The factor `u1` of a row shape.
+#[derive(Clone, Copy)]
+enum Factor {
+    Value(ExprId),
+    /// `1 / value`: the Cranelift loop divides by a value uniform along the row that way.
+    Reciprocal(ExprId),
+    /// `-value` (`b - t * value` is `t * (-value) + b`, the same fused result).
+    Negated(ExprId),
+    Constant(f32),
 }
 
 /// Whether row routines may be used: `MINDUCTOR_ROW_KERNELS=0` turns them off (comparisons).
+/// Whether kernels compiled from now on may use row routines: 0 unset (then
+/// `MINDUCTOR_ROW_KERNELS=0` turns them off), 1 off, 2 on. See [`set_row_kernels`].
+static ROW_KERNELS: AtomicU8 = AtomicU8::new(0);
+
+/// Turns row routines off (`false`) or back on for the kernels compiled after the call, in this
+/// process (already compiled programs keep what they have): for comparing the two forms in one
+/// process, as benchmarks and tests do. `MINDUCTOR_ROW_KERNELS=0` is the default `false`.
+pub fn set_row_kernels(enabled: bool) {
+    ROW_KERNELS.store(if enabled { 2 } else { 1 }, Ordering::Relaxed);
+}
+
 fn row_kernels_enabled() -> bool {
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| !std::env::var("MINDUCTOR_ROW_KERNELS").is_ok_and(|v| v == "0"))
+    match ROW_KERNELS.load(Ordering::Relaxed) {
+        1 => false,
+        2 => true,
+        _ => {
+            static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+            *ON.get_or_init(|| !std::env::var("MINDUCTOR_ROW_KERNELS").is_ok_and(|v| v == "0"))
+        }
+    }
 }
 
 /// Bits per vector register of `isa`.
@@ -125,8 +154,73 @@ impl Lowering<'_, '_, '_> {
         };
         let varying = |e: ExprId| k.ty(e) == ScalarType::F32 && !self.is_uniform(e);
         let mut e = root;
-        let (mut w, mut b, mut u0, mut u1) = (None, None, None, None);
+        let (mut w, mut b, mut c, mut u0, mut u1) = (None, None, None, None, None);
+        // A product the Cranelift loop contracts into a fused multiply-add: `(t, factor)`.
+        let contracted = |e: ExprId| match *k.expr(e) {
+            Expr::Binary(BinaryOp::Mul, p, q) if self.contract && self.uses[e.0 as usize] == 1 => {
+                Some((p, q))
+            }
+            _ => None,
+        };
+        // `t * u + b` or `b - t * u`, fused.
+        let fused_scale = match *k.expr(e) {
+            Expr::Binary(op @ (BinaryOp::Add | BinaryOp::Sub), p, q) => {
+                let product = |m: ExprId| {
+                    let (x, y) = contracted(m)?;
+                    if value(y) && varying(x) {
+                        Some((x, y))
+                    } else if value(x) && varying(y) {
+                        Some((y, x))
+                    } else {
+                        None
+                    }
+                };
+                match op {
+                    BinaryOp::Add => match (product(p), self.row_load(q)) {
+                        (Some((t, u)), Some(row)) => Some((t, Factor::Value(u), row)),
+                        _ => match (self.row_load(p), product(q)) {
+                            (Some(row), Some((t, u))) if contracted(p).is_none() => {
+                                Some((t, Factor::Value(u), row))
+                            }
+                            _ => None,
+                        },
+                    },
+                    _ => match (self.row_load(p), product(q)) {
+                        (Some(row), Some((t, u))) => Some((t, Factor::Negated(u), row)),
+                        _ => None,
+                    },
+                }
+            }
+            _ => None,
+        };
+        if let Some((t, u, row)) = fused_scale {
+            bits |= RowShape::FUSED_SCALE | RowShape::SCALE | RowShape::ADD_ROW;
+            u1 = Some(u);
+            b = Some(row);
+            e = t;
+        }
+        // `t * w + b * c`: the product the Cranelift loop fuses is the first it can.
         if let Expr::Binary(BinaryOp::Add, p, q) = *k.expr(e) {
+            let rows = |m: ExprId| match *k.expr(m) {
+                Expr::Binary(BinaryOp::Mul, x, y) => Some((self.row_load(x)?, self.row_load(y)?)),
+                _ => None,
+            };
+            let (fused, added) = if contracted(p).is_some() {
+                (p, q)
+            } else {
+                (q, p)
+            };
+            if bits == RowShape::STORE && contracted(fused).is_some() {
+                if let Some((rb, rc)) = rows(added) {
+                    bits |= RowShape::ADD_PRODUCT;
+                    b = Some(rb);
+                    c = Some(rc);
+                    e = fused;
+                }
+            }
+        }
+        if bits & RowShape::FUSED_SCALE != 0 || bits & RowShape::ADD_PRODUCT != 0 {
+        } else if let Expr::Binary(BinaryOp::Add, p, q) = *k.expr(e) {
             let (row, rest) = if self.row_load(q).is_some() {
                 (q, p)
             } else {
@@ -136,14 +230,15 @@ impl Lowering<'_, '_, '_> {
             bits |= RowShape::ADD_ROW;
             e = rest;
         }
-        if let Expr::Binary(BinaryOp::Mul, p, q) = *k.expr(e) {
+        if bits & RowShape::FUSED_SCALE != 0 {
+        } else if let Expr::Binary(BinaryOp::Mul, p, q) = *k.expr(e) {
             let row = [(q, p), (p, q)]
                 .into_iter()
                 .find(|&(row, rest)| self.row_load(row).is_some() && varying(rest));
             if let Some((row, rest)) = row {
                 // With a bias, the routine fuses `t * w + b`, as the Cranelift loop contracts
                 // a product used only there.
-                if b.is_some() && (!self.contract || self.uses[e.0 as usize] != 1) {
+                if b.is_some() && contracted(e).is_none() {
                     return None;
                 }
                 w = self.row_load(row);
@@ -151,23 +246,27 @@ impl Lowering<'_, '_, '_> {
                 e = rest;
             }
         }
-        match *k.expr(e) {
+        if bits & RowShape::ADD_PRODUCT != 0 && bits & RowShape::MUL_ROW == 0 {
+            return None;
+        }
+        let scaled = match *k.expr(e) {
+            _ if bits & RowShape::FUSED_SCALE != 0 => None,
             Expr::Binary(BinaryOp::Mul, p, q) if value(q) && varying(p) => {
-                u1 = Some((q, false));
-                bits |= RowShape::SCALE;
-                e = p;
+                Some((p, Factor::Value(q)))
             }
             Expr::Binary(BinaryOp::Mul, p, q) if value(p) && varying(q) => {
-                u1 = Some((p, false));
-                bits |= RowShape::SCALE;
-                e = q;
+                Some((q, Factor::Value(p)))
             }
             Expr::Binary(BinaryOp::Div, p, q) if value(q) && varying(p) => {
-                u1 = Some((q, true));
-                bits |= RowShape::SCALE;
-                e = p;
+                Some((p, Factor::Reciprocal(q)))
             }
-            _ => {}
+            Expr::Unary(UnaryOp::Neg, p) if varying(p) => Some((p, Factor::Constant(-1.0))),
+            _ => None,
+        };
+        if let Some((p, factor)) = scaled {
+            u1 = Some(factor);
+            bits |= RowShape::SCALE;
+            e = p;
         }
         let function = match *k.expr(e) {
             Expr::Unary(op, a) => math_fn(op).map(|f| (a, f)),
@@ -187,7 +286,10 @@ impl Lowering<'_, '_, '_> {
         let x = self.row_load(e)?;
         // A store in place must write each element only where the routine reads it.
         if let Some(st) = out {
-            for row in [Some(&x), w.as_ref(), b.as_ref()].into_iter().flatten() {
+            for row in [Some(&x), w.as_ref(), b.as_ref(), c.as_ref()]
+                .into_iter()
+                .flatten()
+            {
                 if row.0 == st.buffer && row.1 != st.index {
                     return None;
                 }
@@ -200,6 +302,7 @@ impl Lowering<'_, '_, '_> {
             x,
             w,
             b,
+            c,
             out: out.map(|st| (st.buffer, st.index.clone())),
             u0,
             u1,
@@ -242,6 +345,7 @@ impl Lowering<'_, '_, '_> {
             (ROW_ARGS_X, Some(&plan.x)),
             (ROW_ARGS_W, plan.w.as_ref()),
             (ROW_ARGS_B, plan.b.as_ref()),
+            (ROW_ARGS_C, plan.c.as_ref()),
             (ROW_ARGS_OUT, plan.out.as_ref()),
         ];
         for (at, row) in rows {
@@ -257,12 +361,17 @@ impl Lowering<'_, '_, '_> {
             None => self.b.ins().f32const(0.0),
         };
         let u1 = match plan.u1 {
-            Some((e, false)) => self.scalar_operand(e),
-            Some((e, true)) => {
+            Some(Factor::Value(e)) => self.scalar_operand(e),
+            Some(Factor::Reciprocal(e)) => {
                 let d = self.scalar_operand(e);
                 let one = self.b.ins().f32const(1.0);
                 self.b.ins().fdiv(one, d)
             }
+            Some(Factor::Negated(e)) => {
+                let v = self.scalar_operand(e);
+                self.b.ins().fneg(v)
+            }
+            Some(Factor::Constant(v)) => self.b.ins().f32const(v),
             None => self.b.ins().f32const(1.0),
         };
         self.b.ins().store(flags, u0, args, ROW_ARGS_U0);

@@ -18,6 +18,9 @@
 //! t = x[i]; t = t - u0; t = f(t); t = t * u1; t = t * w[i]; t = t + b[i]   (t*w + b fused)
 //! ```
 //!
+//! or, instead of the last two, `t * w[i] + b[i] * c[i]` (rotary embeddings) or `t * u1 + b[i]`
+//! fused (an optimizer step),
+//!
 //! and then `t` is stored to `out[i]`, and/or reduced: summed, summed as `t * t` (fused), or its
 //! maximum taken. `u0`, `u1` are values of the row (a mean, `1/sum`, `rsqrt(var + eps)`);
 //! `w`, `b` other rows (weights, bias, the other half of a gated product).
@@ -46,7 +49,10 @@ pub struct RowArgs {
     pub w: *const f32,
     /// `n` f32s when the shape adds a row, else unused.
     pub b: *const f32,
-    /// `n` writable f32s when the shape stores, else unused. May be `x`, `w` or `b` (in place).
+    /// `n` f32s when the shape adds the product of `b` and this row, else unused.
+    pub c: *const f32,
+    /// `n` writable f32s when the shape stores, else unused. May be `x`, `w`, `b` or `c` (in
+    /// place).
     pub out: *mut f32,
     pub n: i64,
     pub u0: f32,
@@ -57,11 +63,12 @@ pub struct RowArgs {
 pub const ROW_ARGS_X: i32 = 0;
 pub const ROW_ARGS_W: i32 = 8;
 pub const ROW_ARGS_B: i32 = 16;
-pub const ROW_ARGS_OUT: i32 = 24;
-pub const ROW_ARGS_N: i32 = 32;
-pub const ROW_ARGS_U0: i32 = 40;
-pub const ROW_ARGS_U1: i32 = 44;
-pub const ROW_ARGS_BYTES: u32 = 48;
+pub const ROW_ARGS_C: i32 = 24;
+pub const ROW_ARGS_OUT: i32 = 32;
+pub const ROW_ARGS_N: i32 = 40;
+pub const ROW_ARGS_U0: i32 = 48;
+pub const ROW_ARGS_U1: i32 = 52;
+pub const ROW_ARGS_BYTES: u32 = 56;
 
 const _: () = {
     assert!(std::mem::size_of::<RowArgs>() == ROW_ARGS_BYTES as usize);
@@ -69,6 +76,7 @@ const _: () = {
     assert!(std::mem::offset_of!(RowArgs, u0) == ROW_ARGS_U0 as usize);
     assert!(std::mem::offset_of!(RowArgs, u1) == ROW_ARGS_U1 as usize);
     assert!(std::mem::offset_of!(RowArgs, out) == ROW_ARGS_OUT as usize);
+    assert!(std::mem::offset_of!(RowArgs, c) == ROW_ARGS_C as usize);
 };
 
 /// A row routine: runs the shape over `args`' row and returns the reduced value (0 for a shape
@@ -90,6 +98,13 @@ impl RowShape {
     pub const SUM_SQUARES: u32 = 1 << 6;
     pub const MAX: u32 = 1 << 7;
     pub const FN_SHIFT: u32 = 8;
+    /// With `MUL_ROW`: `t * w + b * c` (the product `b * c` rounded, then one fused
+    /// multiply-add), as the Cranelift loop contracts a sum of two products (rotary embeddings'
+    /// `x * cos + rotate_half(x) * sin`).
+    pub const ADD_PRODUCT: u32 = 1 << 12;
+    /// With `SCALE` and `ADD_ROW` (no `MUL_ROW`): `t * u1 + b` fused (an optimizer's
+    /// `p - lr * g` is `g * (-lr) + p`).
+    pub const FUSED_SCALE: u32 = 1 << 13;
 
     /// The bits of function `f`.
     pub const fn function(f: MathFn) -> u32 {
@@ -108,7 +123,7 @@ impl RowShape {
     }
 
     const fn math(bits: u32) -> Option<MathFn> {
-        match bits >> Self::FN_SHIFT {
+        match (bits >> Self::FN_SHIFT) & 0xf {
             0 => None,
             k => Some(MathFn::ALL[k as usize - 1]),
         }
@@ -136,12 +151,18 @@ unsafe fn value<L: Wide, const S: u32>(e: &mut L, a: &RowArgs, u: (L::V, L::V), 
         if let Some(f) = RowShape::math(S) {
             t = apply(e, f, t);
         }
+        if S & RowShape::FUSED_SCALE != 0 {
+            return e.mul_add(t, u.1, L::load(a.b.add(i)));
+        }
         if S & RowShape::SCALE != 0 {
             t = e.mul(t, u.1);
         }
         if S & RowShape::MUL_ROW != 0 {
             let w = L::load(a.w.add(i));
-            t = if S & RowShape::ADD_ROW != 0 {
+            t = if S & RowShape::ADD_PRODUCT != 0 {
+                let bc = e.mul(L::load(a.b.add(i)), L::load(a.c.add(i)));
+                e.mul_add(t, w, bc)
+            } else if S & RowShape::ADD_ROW != 0 {
                 e.mul_add(t, w, L::load(a.b.add(i)))
             } else {
                 e.mul(t, w)
@@ -243,6 +264,7 @@ unsafe fn run<L: Wide, const S: u32>(mut e: L, a: &RowArgs) -> f32 {
             let mut x = [0f32; 16];
             let mut w = [0f32; 16];
             let mut b = [0f32; 16];
+            let mut c = [0f32; 16];
             // SAFETY: `rest < width <= 16` elements from `i` on are inside the rows the shape
             // reads; the padded buffers hold 16.
             unsafe {
@@ -250,14 +272,18 @@ unsafe fn run<L: Wide, const S: u32>(mut e: L, a: &RowArgs) -> f32 {
                 if S & RowShape::MUL_ROW != 0 {
                     std::ptr::copy(a.w.add(i), w.as_mut_ptr(), rest);
                 }
-                if S & RowShape::ADD_ROW != 0 {
+                if S & (RowShape::ADD_ROW | RowShape::ADD_PRODUCT) != 0 {
                     std::ptr::copy(a.b.add(i), b.as_mut_ptr(), rest);
+                }
+                if S & RowShape::ADD_PRODUCT != 0 {
+                    std::ptr::copy(a.c.add(i), c.as_mut_ptr(), rest);
                 }
             }
             let padded = RowArgs {
                 x: x.as_ptr(),
                 w: w.as_ptr(),
                 b: b.as_ptr(),
+                c: c.as_ptr(),
                 ..*a
             };
             // SAFETY: the padded buffers hold `width` f32s each.
@@ -421,6 +447,13 @@ shapes! {
     GELU | R::MUL_ROW | R::STORE,
     SIGMOID | R::MUL_ROW | R::STORE,
     TANH | R::MUL_ROW | R::STORE,
+    // Copies (a transposing copy of attention's output, rotate_half's halves; a negation is
+    // `SCALE` by -1).
+    R::STORE,
+    // Rotary embeddings: `x * cos + rotate_half(x) * sin`.
+    R::MUL_ROW | R::ADD_PRODUCT | R::STORE,
+    // An optimizer step: `p - lr * g`.
+    R::SCALE | R::FUSED_SCALE | R::ADD_ROW | R::STORE,
 }
 
 /// `shape` over `args`' row with the routine for `isa` (which must be supported), for tests.
@@ -469,9 +502,7 @@ mod tests {
     fn expected(
         shape: u32,
         isa: BlockIsa,
-        x: &[f32],
-        w: &[f32],
-        b: &[f32],
+        [x, w, b, c]: [&[f32]; 4],
         u: (f32, f32),
     ) -> Vec<f32> {
         let mut t: Vec<f32> = x
@@ -489,6 +520,10 @@ mod tests {
             apply_block_to(f, isa, &args, &mut t);
         }
         for (i, t) in t.iter_mut().enumerate() {
+            if shape & RowShape::FUSED_SCALE != 0 {
+                *t = t.mul_add(u.1, b[i]);
+                continue;
+            }
             if shape & RowShape::SCALE != 0 {
                 *t *= u.1;
             }
@@ -497,6 +532,7 @@ mod tests {
                 shape & RowShape::ADD_ROW != 0,
             );
             *t = match (mul, add) {
+                (true, _) if shape & RowShape::ADD_PRODUCT != 0 => t.mul_add(w[i], b[i] * c[i]),
                 (true, true) => t.mul_add(w[i], b[i]),
                 (true, false) => *t * w[i],
                 (false, true) => *t + b[i],
@@ -515,8 +551,9 @@ mod tests {
                         let x = row(n, 0.3);
                         let w = row(n, 1.1);
                         let b = row(n, 2.7);
+                        let c = row(n, 4.1);
                         let u = (0.25f32, 1.5f32);
-                        let want = expected(shape, isa, &x, &w, &b, u);
+                        let want = expected(shape, isa, [&x, &w, &b, &c], u);
                         let mut out = if in_place {
                             x.clone()
                         } else {
@@ -526,6 +563,7 @@ mod tests {
                             x: if in_place { out.as_ptr() } else { x.as_ptr() },
                             w: w.as_ptr(),
                             b: b.as_ptr(),
+                            c: c.as_ptr(),
                             out: out.as_mut_ptr(),
                             n: n as i64,
                             u0: u.0,
@@ -583,6 +621,7 @@ mod tests {
                         x: x.as_ptr(),
                         w: x.as_ptr(),
                         b: x.as_ptr(),
+                        c: x.as_ptr(),
                         out: std::ptr::null_mut(),
                         n: n as i64,
                         u0: 0.0,
