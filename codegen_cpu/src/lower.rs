@@ -365,9 +365,11 @@ impl Lowering<'_, '_, '_> {
         } else {
             Some(Var::Inner(depth as u32 - 1))
         };
-        if let Some(plan) = self.row_plan(stage) {
+        if let Some(plans) = self.row_plans(stage) {
             self.stage_bits[n] = Some(Self::row_bits());
-            self.row_call(n, &plan, extents[0]);
+            for plan in &plans {
+                self.row_call(n, plan, extents[0]);
+            }
             self.hoisted.clear();
             return;
         }

@@ -146,3 +146,33 @@ fn softmax_rows_with_nan_and_infinity() {
         }
     }
 }
+
+/// Rotary embeddings as the LLaMA block writes them (`x * cos + rotate_half(x) * sin`, with
+/// `rotate_half(x) = cat(-x2, x1)`: a stage of two stores, a negation and a copy), a transposing
+/// copy, a sum of two products and an SGD step, at head widths and lengths around the
+/// boundaries.
+#[test]
+fn rotary_copies_and_optimizer_steps_at_every_tail_length() {
+    for &n in &[2usize, 16, 18, 32, 34, 64, 66, 130] {
+        let half = (n / 2) as isize;
+        let (g, inputs) = build(&[&[2, 3, 5, n], &[5, n], &[5, n]], |i| {
+            let x = &i[0];
+            let x1 = x.slice(-1, Some(0), Some(half), 1);
+            let x2 = x.slice(-1, Some(half), None, 1);
+            let rotated = Traced::cat(&[&x2.neg(), &x1], -1);
+            let y = x.mul(&i[1]).add(&rotated.mul(&i[2]));
+            vec![y.transpose(1, 2).mul(2.0)]
+        });
+        check(&g, &inputs, 1e-5, false, &format!("rotary over 2x3x5x{n}"));
+    }
+    for &n in &LENGTHS {
+        let (g, inputs) = build(&[&[3, n], &[3, n], &[3, n], &[3, n]], |i| {
+            vec![i[0].mul(&i[1]).add(&i[2].mul(&i[3]))]
+        });
+        check(&g, &inputs, 1e-5, false, &format!("a*b + c*d of 3x{n}"));
+        let (g, inputs) = build(&[&[3, n], &[3, n]], |i| vec![i[0].sub(&i[1].mul(0.001))]);
+        check(&g, &inputs, 1e-6, false, &format!("p - g*lr of 3x{n}"));
+        let (g, inputs) = build(&[&[3, n]], |i| vec![i[0].transpose(0, 1).neg()]);
+        check(&g, &inputs, 0.0, false, &format!("-xᵀ of 3x{n}"));
+    }
+}

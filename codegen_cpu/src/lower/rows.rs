@@ -98,8 +98,38 @@ pub fn kernel_vector_bits(kernel: &Kernel, program: &Program) -> Option<u32> {
 }
 
 impl Lowering<'_, '_, '_> {
+    /// The routines for stage `stage`, one per store of a store stage (when no store writes a
+    /// buffer the stage reads, the stores are independent), if it is a row stage of shapes that
+    /// have routines.
+    pub(super) fn row_plans(&self, stage: &Stage) -> Option<Vec<RowPlan>> {
+        if let StageAction::Store(stores) = &stage.action {
+            if stores.len() > 1 {
+                let reads = self.kernel.reachable(&stage.action.roots());
+                let read = |b: BufferId| {
+                    reads.iter().any(|&r| {
+                        matches!(self.kernel.expr(r), Expr::Load { buffer, .. } if *buffer == b)
+                    })
+                };
+                if stores.iter().any(|st| read(st.buffer)) {
+                    return None;
+                }
+                return stores
+                    .iter()
+                    .map(|st| {
+                        let one = Stage {
+                            extent: stage.extent.clone(),
+                            action: StageAction::Store(vec![st.clone()]),
+                        };
+                        self.row_plan(&one)
+                    })
+                    .collect();
+            }
+        }
+        Some(vec![self.row_plan(stage)?])
+    }
+
     /// The routine for stage `stage`, if it is a row stage of a shape that has one.
-    pub(super) fn row_plan(&self, stage: &Stage) -> Option<RowPlan> {
+    fn row_plan(&self, stage: &Stage) -> Option<RowPlan> {
         if self.outer_mode || stage.extent.len() != 1 || !row_kernels_enabled() {
             return None;
         }

@@ -499,12 +499,7 @@ mod tests {
     }
 
     /// The values `t` of the module docs, in scalar f32 (the function by `isa`'s routine).
-    fn expected(
-        shape: u32,
-        isa: BlockIsa,
-        [x, w, b, c]: [&[f32]; 4],
-        u: (f32, f32),
-    ) -> Vec<f32> {
+    fn expected(shape: u32, isa: BlockIsa, [x, w, b, c]: [&[f32]; 4], u: (f32, f32)) -> Vec<f32> {
         let mut t: Vec<f32> = x
             .iter()
             .map(|&v| {
