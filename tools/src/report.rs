@@ -5,7 +5,8 @@
 //! graph nodes fused, the iteration domain, bytes read and written and FLOPs (from
 //! `passes::program_cost`), and, after running the graph, the median time per step
 //! (`Compiled::profile`) with the achieved GB/s (GFLOP/s for GEMMs) as a fraction of the probe's
-//! copy bandwidth (GEMM peak over all threads).
+//! copy bandwidth (GEMM peak over all threads), and the vector width (bits) each runs at on this
+//! CPU (`codegen_cpu::lower::step_vector_bits`).
 
 use crate::probe::MachineProbe;
 use minductor::codegen_cpu::lower::step_vector_bits;
