@@ -9,6 +9,7 @@ use minductor::codegen_cpu::math::block::block_isa;
 use minductor::passes::kernel::Step;
 use minductor::{compile, Graph, Tensor, Traced};
 use minductor_tests::Tolerance;
+use std::sync::Mutex;
 
 fn values(shape: &[usize], seed: u32) -> Tensor {
     minductor_tests::sine_values(shape, seed, 3.0)
@@ -17,6 +18,9 @@ fn values(shape: &[usize], seed: u32) -> Tensor {
 /// The outputs of `graph` compiled with row routines and without; asserts that with them some
 /// kernel (or GEMM epilogue) runs wider than Cranelift's 128 bits (where the CPU has AVX2 or AVX-512).
 fn both(graph: &Graph, inputs: &[Tensor], what: &str) -> (Vec<Tensor>, Vec<Tensor>) {
+    // The switch is process-wide and tests run on several threads: one comparison at a time.
+    static SWITCH: Mutex<()> = Mutex::new(());
+    let _one_at_a_time = SWITCH.lock().unwrap_or_else(|e| e.into_inner());
     set_row_kernels(true);
     let compiled = compile(graph).unwrap();
     let program = compiled.artifacts().program.clone().unwrap();
