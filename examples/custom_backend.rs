@@ -3,7 +3,7 @@
 //!
 //! `cargo run --release --example custom_backend`
 
-use minductor::ir::{Graph, Op, TensorType};
+use minductor::internals::ir::{Graph, Op, TensorType};
 use minductor::{
     jit, reference_executable, CompileError, CompiledFn, CustomBackend, JitBackend, Tensor, Traced,
 };

@@ -10,8 +10,12 @@
 //! let compiled = compile(&graph).unwrap();
 //! let out = compiled.call(&[Tensor::zeros(DType::F32, &[4, 8])]).unwrap();
 //! ```
+//!
+//! The root holds what a user writes: tracing and `jit`, `compile` and its options, backends and
+//! modes, tensors and their types, training, freezing, artifacts and the compile cache, the
+//! errors of each. The pipeline's crates are reachable through [`internals`], for minductor's own
+//! tools and tests; they are not a stable API.
 
-pub use minductor_codegen_cpu as codegen_cpu;
 pub use minductor_frontend::{artifact, cache, dump, logging};
 pub use minductor_frontend::{
     compile, compile_with, compile_with_options, current_stance, explain, jit,
@@ -27,10 +31,20 @@ pub use minductor_frontend::{
     Sgd, TracedParameters, TrainError, TrainStep,
 };
 pub use minductor_frontend::{CacheOutcome, CompileCache};
-pub use minductor_ir as ir;
-pub use minductor_ir::{DType, Graph};
-pub use minductor_passes as passes;
-pub use minductor_runtime as runtime;
+pub use minductor_ir::{DType, Dim, Graph, IrError, SymId, TensorType};
+pub use minductor_passes::PartitionOptions;
 pub use minductor_runtime::{
-    interpret, num_threads, set_num_threads, RuntimeError, StepTiming, Tensor,
+    interpret, num_threads, set_num_threads, Executable, RuntimeError, StepTiming, Tensor,
 };
+
+/// The pipeline's crates, for minductor's own tools, tests and benchmarks (the golden runner, the
+/// fusion report, tests that edit a kernel program to check the verifier). Not a stable API:
+/// a user's code needs nothing from here.
+pub mod internals {
+    pub use minductor_codegen_cpu as codegen_cpu;
+    pub use minductor_ir as ir;
+    pub use minductor_kernel_ir as kernel_ir;
+    pub use minductor_kernels as kernels;
+    pub use minductor_passes as passes;
+    pub use minductor_runtime as runtime;
+}

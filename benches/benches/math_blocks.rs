@@ -5,14 +5,14 @@
 //! `MINDUCTOR_MATH_BLOCKS=0`.
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
-use minductor::{compile, runtime, trace, DType};
+use minductor::{compile, set_num_threads, trace, DType};
 use minductor_tools::workloads::uniform;
 
 const N: usize = 1 << 16;
 
 fn math(c: &mut Criterion) {
-    runtime::set_num_threads(1).expect("one thread");
-    let blocks = minductor::codegen_cpu::math::block::block_isa();
+    set_num_threads(1).expect("one thread");
+    let blocks = minductor::internals::kernels::math::block::block_isa();
     let mut group = c.benchmark_group(format!("math_64k_blocks_{blocks:?}"));
     group.throughput(Throughput::Elements(N as u64));
     group.sample_size(30);

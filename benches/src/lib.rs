@@ -1,4 +1,4 @@
-//! The workloads the criterion benches run live in the root crate, `minductor_tools::workloads`, so
+//! The workloads the criterion benches run live in the tooling crate, `minductor_tools::workloads`, so
 //! that the `minductor bench` command and these benches measure the same suite.
 
 pub use minductor_tools::workloads::*;

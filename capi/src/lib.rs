@@ -164,7 +164,7 @@ pub struct minductor_model {
     outputs: Vec<(DType, Vec<i64>)>,
 }
 
-fn sizes(shape: &[minductor::ir::Dim]) -> Vec<i64> {
+fn sizes(shape: &[minductor::Dim]) -> Vec<i64> {
     shape
         .iter()
         .map(|d| d.as_static().map_or(-1, |n| n as i64))
@@ -279,6 +279,7 @@ pub unsafe extern "C" fn minductor_num_inputs(
     entry(|| {
         // SAFETY: the caller's promises above.
         let m = unsafe { model_ref(model) }?;
+        // SAFETY: `count` is NULL or valid for a write (the caller's promise above).
         unsafe { put(count, m.inputs.len()) };
         Ok(())
     })
@@ -294,6 +295,7 @@ pub unsafe extern "C" fn minductor_num_outputs(
     entry(|| {
         // SAFETY: the caller's promises above.
         let m = unsafe { model_ref(model) }?;
+        // SAFETY: `count` is NULL or valid for a write (the caller's promise above).
         unsafe { put(count, m.outputs.len()) };
         Ok(())
     })

@@ -3,8 +3,8 @@
 //! and its outputs must equal the Rust ones exactly; it also checks typed errors from C.
 //! Without `cc` on the PATH the test fails, saying so.
 
-use minductor::ir::{Dim, SymId, TensorType};
 use minductor::{compile, DType, Tensor, Tracer};
+use minductor::{Dim, SymId, TensorType};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 

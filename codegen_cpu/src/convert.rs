@@ -17,9 +17,9 @@
 //!   the quiet bit set.
 
 use crate::math::{Em, Lanes};
-use cranelift_codegen::ir::condcodes::IntCC;
 use cranelift_codegen::ir::{InstBuilder, Value};
 use cranelift_frontend::FunctionBuilder;
+use minductor_kernels::math::IntCmp;
 
 /// `bits` is `I32` or `I32X4` holding an IEEE half's 16 bits zero-extended; returns
 /// `F32` / `F32X4`.
@@ -38,9 +38,9 @@ pub fn emit_f16_to_f32(b: &mut FunctionBuilder, bits: Value) -> Value {
     // Inf / NaN: all exponent bits set, mantissa kept, NaN made quiet.
     let inf = e.borc(o, 0x7f80_0000);
     let nan = e.borc(o, 0x7fc0_0000);
-    let is_nan = e.icmpc(IntCC::SignedGreaterThan, em, 0x7c00);
+    let is_nan = e.icmpc(IntCmp::SignedGreaterThan, em, 0x7c00);
     let special = e.sel(is_nan, nan, inf);
-    let is_special = e.icmpc(IntCC::SignedGreaterThanOrEqual, em, 0x7c00);
+    let is_special = e.icmpc(IntCmp::SignedGreaterThanOrEqual, em, 0x7c00);
     let r = e.sel(is_special, special, fin);
     let r = e.b.ins().bor(r, sign);
     e.float(r)
@@ -67,7 +67,7 @@ pub fn emit_f32_to_f16_bits(b: &mut FunctionBuilder, x: Value) -> Value {
     let man = e.ushr(man, 13);
     let nan = e.borc(man, 0x7e00);
     let inf = e.i(0x7c00);
-    let is_nan = e.icmpc(IntCC::SignedGreaterThan, u, 0x7f80_0000);
+    let is_nan = e.icmpc(IntCmp::SignedGreaterThan, u, 0x7f80_0000);
     let big = e.sel(is_nan, nan, inf);
     // |x| < 2^-14: half subnormal or zero. Adding 0.5 aligns the 10 mantissa bits at the
     // bottom of the f32 mantissa and rounds to nearest-even in hardware.
@@ -82,9 +82,9 @@ pub fn emit_f32_to_f16_bits(b: &mut FunctionBuilder, x: Value) -> Value {
     let n = e.iaddc(u, ((15 - 127) << 23) + 0xfff);
     let n = e.iadd(n, odd);
     let norm = e.ushr(n, 13);
-    let is_sub = e.icmpc(IntCC::SignedLessThan, u, 113 << 23);
+    let is_sub = e.icmpc(IntCmp::SignedLessThan, u, 113 << 23);
     let r = e.sel(is_sub, sub, norm);
-    let is_big = e.icmpc(IntCC::SignedGreaterThanOrEqual, u, (127 + 16) << 23);
+    let is_big = e.icmpc(IntCmp::SignedGreaterThanOrEqual, u, (127 + 16) << 23);
     let r = e.sel(is_big, big, r);
     e.b.ins().bor(r, sign)
 }
@@ -101,7 +101,7 @@ pub fn emit_f32_to_bf16_bits(b: &mut FunctionBuilder, x: Value) -> Value {
     let r = e.ushr(r, 16);
     let nan = e.borc(hi, 0x0040);
     let u = e.bandc(xb, 0x7fff_ffff);
-    let is_nan = e.icmpc(IntCC::SignedGreaterThan, u, 0x7f80_0000);
+    let is_nan = e.icmpc(IntCmp::SignedGreaterThan, u, 0x7f80_0000);
     e.sel(is_nan, nan, r)
 }
 

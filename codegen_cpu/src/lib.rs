@@ -4,12 +4,9 @@
 //! and the f16/bf16 conversions it needs inline, and `program` JIT-compiles a whole program and
 //! runs it (kernels and extern GEMM calls) as an `Executable`.
 
-mod attention;
 pub mod convert;
-pub mod gemm;
 pub mod lower;
 pub mod math;
 mod program;
-mod scatter;
 
 pub use program::{compile_program, CodegenError, CompiledKernel, CompiledProgram, Split};

@@ -50,7 +50,7 @@ use cranelift_codegen::ir::{
 };
 use cranelift_frontend::{FunctionBuilder, Variable};
 use minductor_ir::{BinaryOp, CompareOp, DType, ReduceOp, SizeExpr, SymId, UnaryOp};
-use minductor_passes::kernel::*;
+use minductor_kernel_ir::*;
 use std::collections::HashMap;
 
 mod outer;

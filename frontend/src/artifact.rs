@@ -51,8 +51,7 @@ use crate::compile::{with_tangents, Artifacts, Backend, CompileOptions, Compiled
 use minductor_codegen_cpu::{compile_program, CodegenError};
 use minductor_ir::text::{Cursor, ParseError};
 use minductor_ir::{DType, Graph, TensorType};
-use minductor_passes::kernel::{BufferKind, Program};
-use minductor_passes::{verify_program, VerifyError};
+use minductor_kernel_ir::{verify_program, BufferKind, Program, VerifyError};
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 use thiserror::Error;

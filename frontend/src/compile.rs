@@ -11,10 +11,10 @@
 
 use minductor_codegen_cpu::{compile_program, CodegenError, CompiledProgram};
 use minductor_ir::{Graph, IrError};
+use minductor_kernel_ir::{verify_program, Program, VerifyError};
 use minductor_passes::{
-    autodiff, choose_loop_order, decompose, fuse, fuse_epilogues, fuse_horizontal, kernel::Program,
-    partition, plan_buffers, simplify, store_once, verify_program, AutodiffError, Joint, Partition,
-    PartitionOptions, VerifyError,
+    autodiff, choose_loop_order, decompose, fuse, fuse_epilogues, fuse_horizontal, partition,
+    plan_buffers, simplify, store_once, AutodiffError, Joint, Partition, PartitionOptions,
 };
 use minductor_runtime::{check_inputs, interpret, Executable, RuntimeError, StepTiming, Tensor};
 use std::str::FromStr;
@@ -68,6 +68,8 @@ pub enum CompileError {
         pass: &'static str,
         error: Box<VerifyError>,
     },
+    #[error("the graph after `{pass}` fails verification (a compiler bug): {error}")]
+    GraphVerify { pass: &'static str, error: IrError },
     #[error("{0}")]
     Freeze(#[from] crate::freeze::FreezeError),
     #[error("backend {backend} does not support {what} yet")]
@@ -144,10 +146,14 @@ pub struct Artifacts {
     pub joint_graph: Option<Graph>,
     /// For a joint graph: which forward values the backward saves and which it recomputes.
     pub partition: Option<Partition>,
+    /// The graph after `decompose`, before `autodiff` and `simplify`; empty for `eager` and for
+    /// a frozen compile (whose graph `freeze` decomposed and simplified before compiling it).
+    pub decomposed: Option<Graph>,
     /// The prim graph the backend runs: after `decompose` and `simplify` (and `partition`, for a
     /// joint graph); empty for `eager`.
     pub prim_graph: Option<Graph>,
-    /// The kernel program after `fuse` (inductor only).
+    /// The kernel program code generation compiled (inductor only): after every kernel-IR pass,
+    /// `fuse` to `choose_loop_order`, with the buffer plan of `plan_buffers`.
     pub program: Option<Program>,
     /// Each kernel's name and its Cranelift IR as compiled (inductor only).
     pub cranelift_ir: Vec<(String, String)>,
@@ -204,27 +210,46 @@ pub fn compile_with(graph: &Graph, backend: Backend) -> Result<Compiled, Compile
     )
 }
 
-/// The runnable prim graph of `graph`: decomposed and simplified, and for a joint graph
-/// partitioned between forward and backward.
+/// `graph`, made by the graph pass `pass`, once `Graph::verify` accepts it (each node after its
+/// operands, each type the one its op's rule derives): a broken pass is named by the first check
+/// that fails, as the kernel-IR verifier names kernel-IR passes.
+pub(crate) fn verified(pass: &'static str, graph: Graph) -> Result<Graph, CompileError> {
+    match graph.verify() {
+        Ok(()) => Ok(graph),
+        Err(error) => Err(CompileError::GraphVerify { pass, error }),
+    }
+}
+
+/// What a compile starts from.
+pub(crate) enum Start<'a> {
+    /// A traced graph: the compile decomposes it (and differentiates it when it has gradients).
+    Captured(&'a Graph),
+    /// A graph already decomposed and simplified (by `compile_frozen`, which must see prims to
+    /// freeze them), which no pass runs over again.
+    Prims(&'a Graph),
+}
+
+/// The runnable prim graph: `decomposed` simplified, or for a joint graph the joint simplified
+/// and partitioned between forward and backward.
 fn prim_graph(
-    graph: &Graph,
+    decomposed: &Graph,
     joint: Option<&Joint>,
     options: &CompileOptions,
     artifacts: &mut Artifacts,
-) -> Graph {
+) -> Result<Graph, CompileError> {
     let Some(joint) = joint else {
-        return simplify(&decompose(graph));
+        return verified("simplify", simplify(decomposed));
     };
-    let prims = simplify(&joint.graph);
+    let prims = verified("simplify", simplify(&joint.graph))?;
     artifacts.joint_graph = Some(prims.clone());
     if joint.seeded || joint.tangents.is_empty() {
         // A backward seeded by a traced value has no tangent to tell backward nodes apart.
-        return prims;
+        return Ok(prims);
     }
     let partitioned = partition(&prims, &joint.tangents, &options.partition);
-    let graph = partitioned.graph.clone();
+    let graph = verified("partition", partitioned.graph.clone())?;
     artifacts.partition = Some(partitioned);
-    graph
+    Ok(graph)
 }
 
 /// A 0-d one of `dtype` (a tangent's value).
@@ -301,6 +326,18 @@ pub(crate) fn compile_uncached(
     graph: &Graph,
     options: CompileOptions,
 ) -> Result<Compiled, CompileError> {
+    compile_from(Start::Captured(graph), options)
+}
+
+/// Compiles from `start` with the given backend and options, without the compile cache: the
+/// pipeline, each pass once, each graph pass's result verified.
+pub(crate) fn compile_from(
+    start: Start,
+    options: CompileOptions,
+) -> Result<Compiled, CompileError> {
+    let graph = match start {
+        Start::Captured(graph) | Start::Prims(graph) => graph,
+    };
     let backend = options.backend;
     crate::logging::init_lazily();
     graph.verify()?;
@@ -320,10 +357,29 @@ pub(crate) fn compile_uncached(
         .nodes()
         .iter()
         .any(|n| matches!(n.op, minductor_ir::Op::Grad { .. }));
-    let joint = if has_grad {
-        Some(autodiff(&decompose(graph))?)
-    } else {
-        None
+    // Eager interprets the captured graph itself (a joint graph's forward decomposed, so that
+    // autodiff can differentiate it).
+    let decomposed = match start {
+        Start::Captured(_) if backend != Backend::Eager || has_grad => {
+            let decomposed = verified("decompose", decompose(graph))?;
+            artifacts.decomposed = Some(decomposed.clone());
+            Some(decomposed)
+        }
+        Start::Captured(_) | Start::Prims(_) => None,
+    };
+    let joint = match (&decomposed, has_grad) {
+        (Some(decomposed), true) => {
+            let joint = autodiff(decomposed)?;
+            verified("autodiff", joint.graph.clone())?;
+            Some(joint)
+        }
+        _ => None,
+    };
+    // The graph `prim_graph` starts from: the decomposed one, or the prims it was given.
+    let unsimplified = decomposed.as_ref().unwrap_or(graph);
+    let prims_of = |artifacts: &mut Artifacts| match start {
+        Start::Prims(prims) => Ok(prims.clone()),
+        Start::Captured(_) => prim_graph(unsimplified, joint.as_ref(), &options, artifacts),
     };
     let executable: Box<dyn Executable> = match backend {
         // Op by op; a gradient runs the joint graph (the forward decomposed so that autodiff can
@@ -333,12 +389,12 @@ pub(crate) fn compile_uncached(
             None => Box::new(Interpreted(graph.clone())),
         },
         Backend::AotEager => {
-            let prims = prim_graph(graph, joint.as_ref(), &options, &mut artifacts);
+            let prims = prims_of(&mut artifacts)?;
             artifacts.prim_graph = Some(prims.clone());
             Box::new(Interpreted(prims))
         }
         Backend::Inductor => {
-            let prims = prim_graph(graph, joint.as_ref(), &options, &mut artifacts);
+            let prims = prims_of(&mut artifacts)?;
             let fused = fuse(&prims).map_err(|e| CompileError::Unsupported {
                 backend: backend.name(),
                 what: e.to_string(),

@@ -9,7 +9,7 @@
 //! |---|---|---|
 //! | `0_captured.txt` | the traced graph | all |
 //! | `1_decompose.txt`, `2_simplify.txt` | the graph after each pass | aot_eager, inductor |
-//! | `3_fuse_program.txt` | the kernel program `fuse` made | inductor |
+//! | `3_program.txt` | the kernel program code generation compiled: after every kernel-IR pass, with its buffer plan | inductor |
 //! | `kernels.txt` | per step: kind, iteration domain, bytes read/written, FLOPs, fused nodes; each fallback step with its op and reason | inductor |
 //! | `buffer_plan.txt` | every buffer: kind, dtype, shape, bytes, the steps it is live across | inductor |
 //! | `output_code/<kernel>.clif` | each kernel's Cranelift IR as compiled | inductor |
@@ -25,9 +25,8 @@
 use crate::compile::{Artifacts, Compiled};
 use crate::logging;
 use minductor_ir::{Graph, NodeId, Op};
-use minductor_passes::cost::{program_cost, CostTable, StepKind};
-use minductor_passes::decompose;
-use minductor_passes::kernel::{BufferId, BufferKind, Program, Step};
+use minductor_kernel_ir::cost::{program_cost, CostTable, StepKind};
+use minductor_kernel_ir::{BufferId, BufferKind, Program, Step};
 use std::collections::HashMap;
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
@@ -87,8 +86,8 @@ fn log_artifacts(
 ) {
     info!(target: "minductor::graph", "{name}: captured graph ({backend})\n{graph}");
     if let Some(prims) = &artifacts.prim_graph {
-        if enabled!(target: "minductor::aot", Level::DEBUG) {
-            debug!(target: "minductor::aot", "{name}: after decompose\n{}", decompose(graph));
+        if let Some(decomposed) = &artifacts.decomposed {
+            debug!(target: "minductor::aot", "{name}: after decompose\n{decomposed}");
         }
         if let Some(joint) = &artifacts.joint_graph {
             info!(target: "minductor::aot", "{name}: joint graph (forward and backward)\n{joint}");
@@ -145,10 +144,9 @@ fn write_files(
         (dir.join("0_captured.txt"), format!("{graph}\n")),
     ];
     if let Some(prims) = &artifacts.prim_graph {
-        files.push((
-            dir.join("1_decompose.txt"),
-            format!("{}\n", decompose(graph)),
-        ));
+        if let Some(decomposed) = &artifacts.decomposed {
+            files.push((dir.join("1_decompose.txt"), format!("{decomposed}\n")));
+        }
         files.push((dir.join("2_simplify.txt"), format!("{prims}\n")));
         if let Some(joint) = &artifacts.joint_graph {
             files.push((dir.join("1_joint.txt"), format!("{joint}\n")));
@@ -164,7 +162,7 @@ fn write_files(
             graph_dot(prims, artifacts.program.as_ref()),
         ));
         if let Some(program) = &artifacts.program {
-            files.push((dir.join("3_fuse_program.txt"), program.to_string()));
+            files.push((dir.join("3_program.txt"), program.to_string()));
             files.push((dir.join("kernels.txt"), kernel_table(prims, program)));
             files.push((dir.join("buffer_plan.txt"), buffer_plan(program)));
         }
@@ -221,7 +219,7 @@ pub fn kernel_table(prims: &Graph, program: &Program) -> String {
         };
         let _ = writeln!(text, "  {}: {nodes}", cost.name);
     }
-    let fallbacks: Vec<(usize, &minductor_passes::kernel::FallbackStep)> = program
+    let fallbacks: Vec<(usize, &minductor_kernel_ir::FallbackStep)> = program
         .steps
         .iter()
         .enumerate()

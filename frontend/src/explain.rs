@@ -107,9 +107,6 @@ impl Explanation {
     pub fn graph_break_count(&self) -> usize {
         self.breaks.len()
     }
-    pub fn ops_per_graph(&self) -> Vec<usize> {
-        self.graphs.iter().map(|g| g.ops).collect()
-    }
 }
 
 impl fmt::Display for Explanation {

@@ -11,7 +11,7 @@
 //! A frozen compile does not go through the compile cache and cannot be saved as an artifact
 //! (the artifact format carries no tensor data); both say so rather than lose the constants.
 
-use crate::compile::{compile_uncached, CompileError, CompileOptions, Compiled};
+use crate::compile::{compile_from, verified, CompileError, CompileOptions, Compiled, Start};
 use minductor_ir::{Graph, Op};
 use minductor_passes::{decompose, freeze, simplify};
 use minductor_runtime::{interpret, RuntimeError, Tensor};
@@ -94,8 +94,11 @@ pub fn compile_frozen_with_options(
         values[index] = Some(value.clone());
     }
     let frozen: Vec<bool> = values.iter().map(Option::is_some).collect();
-    let prims = simplify(&decompose(graph));
+    let decomposed = verified("decompose", decompose(graph))?;
+    let prims = verified("simplify", simplify(&decomposed))?;
     let split = freeze(&prims, &frozen);
+    let run = verified("freeze", split.run.clone())?;
+    verified("freeze", split.constants.clone())?;
     let frozen_values: Vec<Tensor> = values.into_iter().flatten().collect();
     let roots = interpret(&split.constants, &frozen_values).map_err(FreezeError::from)?;
     info!(
@@ -105,7 +108,7 @@ pub fn compile_frozen_with_options(
         split.folded_chains,
         roots.len()
     );
-    let mut compiled = compile_uncached(&split.run, options)?;
+    let mut compiled = compile_from(Start::Prims(&run), options)?;
     compiled.set_frozen(roots, started.elapsed());
     info!(
         target: "minductor::graph",

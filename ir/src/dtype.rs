@@ -30,18 +30,6 @@ impl DType {
         matches!(self, DType::F64 | DType::F32 | DType::F16 | DType::BF16)
     }
 
-    /// The name PyTorch and safetensors manifests use (`float32`, `int64`, ...).
-    pub fn torch_name(self) -> &'static str {
-        match self {
-            DType::F64 => "float64",
-            DType::F32 => "float32",
-            DType::F16 => "float16",
-            DType::BF16 => "bfloat16",
-            DType::I64 => "int64",
-            DType::Bool => "bool",
-        }
-    }
-
     /// Parses either the short (`f32`) or the PyTorch (`float32`) spelling.
     pub fn parse(name: &str) -> Option<DType> {
         Some(match name {

@@ -1,6 +1,6 @@
 //! Reading the IR text formats back: a [`ParseError`] that names the line, and a small
 //! [`Cursor`] over one line that the graph parser (here) and the kernel-program parser
-//! (`passes::kernel`) share.
+//! (`minductor_kernel_ir`) share.
 //!
 //! The formats are the `Display` output of the IRs; a parser accepts exactly what the printer
 //! writes (print → parse → print is the identity), and anything else is a `ParseError`, never a

@@ -25,8 +25,8 @@
 //! the same batch dims as `out` (k and v may share one head among `group` q heads through the
 //! expand-reshape `repeat_interleave` makes).
 
-use crate::kernel::MaskKind;
 use minductor_ir::{BinaryOp, CompareOp, DType, Dim, Graph, NodeId, Op, ReduceOp, UnaryOp};
+use minductor_kernel_ir::MaskKind;
 use std::collections::{HashMap, HashSet};
 
 /// One attention found in the graph.

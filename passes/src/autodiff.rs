@@ -37,13 +37,6 @@ pub struct Joint {
     pub seeded: bool,
 }
 
-impl Joint {
-    /// True if the graph holds a backward pass.
-    pub fn has_backward(&self) -> bool {
-        !self.tangents.is_empty() || self.seeded
-    }
-}
-
 /// Why a graph cannot be differentiated.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum AutodiffError {

@@ -14,8 +14,8 @@
 //! Assumes a `Program` from `fuse` (possibly after `fuse_horizontal`). Guarantees the same
 //! results: the epilogue reads only output rows that the GEMM has finished.
 
-use crate::kernel::*;
 use minductor_ir::{Dim, SizeExpr};
+use minductor_kernel_ir::*;
 
 pub fn fuse_epilogues(program: &Program) -> Program {
     let mut steps = program.steps.clone();

@@ -43,8 +43,8 @@
 //! interior values is realized, so no `[.., T, S]` buffer exists.
 
 use crate::attention::{find_attention, AttentionPattern};
-use crate::kernel::*;
 use minductor_ir::{DType, Dim, Graph, NodeId, Op, SizeExpr, SliceFrom};
+use minductor_kernel_ir::*;
 use std::collections::{HashMap, HashSet};
 
 /// Why `fuse` cannot schedule a graph.

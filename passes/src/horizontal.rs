@@ -22,8 +22,8 @@
 //! same values at the same indices, and the thread split of the first outer loop still gives
 //! every thread disjoint elements to write.
 
-use crate::kernel::*;
 use minductor_ir::DType;
+use minductor_kernel_ir::*;
 
 pub fn fuse_horizontal(program: &Program) -> Program {
     let mut steps: Vec<Step> = program.steps.clone();

@@ -20,8 +20,8 @@
 //! results do not depend on it beyond a reduction's summation order, and the verifier's range
 //! and thread checks are the same. GEMM epilogues keep the inner order (they run on row blocks).
 
-use crate::kernel::*;
 use minductor_ir::SizeExpr;
+use minductor_kernel_ir::*;
 
 /// `program` with the loop order of each kernel step chosen (epilogues untouched).
 pub fn choose_loop_order(program: &Program) -> Program {

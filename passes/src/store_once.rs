@@ -17,8 +17,8 @@
 //! nothing else in the kernel writes that buffer, and the value (a transcendental function)
 //! varies along the loop. `plan_buffers` never lets such a buffer overwrite an input in place.
 
-use crate::kernel::*;
 use minductor_ir::{DType, UnaryOp};
+use minductor_kernel_ir::*;
 use std::collections::HashMap;
 
 /// `program` with each reduction stage's costly value stored once for a later stage (see the

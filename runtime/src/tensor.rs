@@ -466,7 +466,11 @@ impl Tensor {
     /// Mutable pointer for a tensor this caller just allocated and owns uniquely.
     pub fn data_mut_ptr(&mut self) -> Option<*mut u8> {
         let offset = self.offset * self.dtype.size_bytes();
-        Arc::get_mut(&mut self.storage).map(|s| unsafe { s.as_mut_ptr().add(offset) })
+        Arc::get_mut(&mut self.storage).map(|s| {
+            // SAFETY: as in `data_ptr`: the offset is inside the storage by construction of
+            // every view (a tensor starts at 0; `slice` checks its range before moving it).
+            unsafe { s.as_mut_ptr().add(offset) }
+        })
     }
 
     /// A view with dims reordered (shares storage).

@@ -3,11 +3,11 @@
 //! corrupted, foreign-version, wrong-CPU and tampered files are typed errors, never panics
 //! (a proptest fuzzes the loader with byte mutations and truncations).
 
-use minductor::ir::{Dim, SymId, TensorType};
 use minductor::{
     compile, compile_with, load, load_bytes, Artifact, ArtifactError, Backend, Compiled, DType,
     Graph, Tensor, Tracer,
 };
+use minductor::{Dim, SymId, TensorType};
 use minductor_tests::{compare_outputs, Tolerance};
 use proptest::prelude::*;
 use std::path::PathBuf;

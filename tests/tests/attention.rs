@@ -3,12 +3,12 @@
 //! the interpreter's (the prim expansion) at odd sizes, causal or not, with grouped-query heads
 //! and with a symbolic sequence length under one compile.
 
-use minductor::codegen_cpu::{compile_program, CodegenError};
-use minductor::ir::{Dim, SymId, TensorType};
-use minductor::passes::kernel::{BufferKind, Program, Step};
-use minductor::passes::VerifyError;
-use minductor::runtime::Executable;
+use minductor::internals::codegen_cpu::{compile_program, CodegenError};
+use minductor::internals::kernel_ir::VerifyError;
+use minductor::internals::kernel_ir::{BufferKind, Program, Step};
+use minductor::Executable;
 use minductor::{compile, compile_with, interpret, Backend, DType, Graph, Tensor, Traced, Tracer};
+use minductor::{Dim, SymId, TensorType};
 use minductor_tests::Tolerance;
 
 fn ramp(shape: &[usize], seed: f32) -> Tensor {

@@ -9,7 +9,7 @@
 //! `1e-5 + 1e-5·|g|`, with h = 1e-6·(1 + |x_j|) (rounding error about 1e-10, truncation about
 //! 1e-12). The same graph in f32 then runs on aot_eager and inductor against eager.
 
-use minductor::passes::PartitionOptions;
+use minductor::PartitionOptions;
 use minductor::{
     compile_with, interpret, Backend, CompileOptions, ConvOptions, CrossEntropyOptions, DType,
     Tensor, Traced, Tracer,

@@ -215,7 +215,7 @@ fn unknown_backend_is_a_typed_error() {
 
 #[test]
 fn symbolic_dims_are_a_typed_error_not_a_panic() {
-    use minductor::ir::{Dim, SymId, TensorType};
+    use minductor::{Dim, SymId, TensorType};
     let tracer = Tracer::new();
     let x = tracer.input_typed(
         "x",

@@ -2,15 +2,15 @@
 //! showed it (defect 8, the JIT code leak, is `jit_memory.rs`: it measures the process's
 //! resident memory, so it runs alone in its own test binary).
 
-use minductor::codegen_cpu::{compile_program, CodegenError};
-use minductor::ir::{Dim, SymId, TensorType};
-use minductor::passes::kernel::{Program, ScalarType, Step};
-use minductor::passes::VerifyError;
-use minductor::runtime::Executable;
+use minductor::internals::codegen_cpu::{compile_program, CodegenError};
+use minductor::internals::kernel_ir::VerifyError;
+use minductor::internals::kernel_ir::{Program, ScalarType, Step};
+use minductor::Executable;
 use minductor::{
     compile, interpret, jit, trace, CompileError, CompiledFn, DType, Graph, JitBackend, JitError,
     RuntimeError, Tensor, Traced, Tracer,
 };
+use minductor::{Dim, SymId, TensorType};
 
 fn ramp(shape: &[usize]) -> Tensor {
     let n: usize = shape.iter().product();
@@ -188,7 +188,7 @@ fn exp_program() -> Program {
     )
 }
 
-fn first_kernel(program: &mut Program) -> &mut minductor::passes::kernel::Kernel {
+fn first_kernel(program: &mut Program) -> &mut minductor::internals::kernel_ir::Kernel {
     match &mut program.steps[0] {
         Step::Kernel(k) => k,
         _ => panic!("the first step of this program is a kernel"),
@@ -207,11 +207,11 @@ fn a_symbol_that_appears_only_in_a_loop_extent_is_rejected_not_a_panic() {
     let mut graph = Graph::new();
     let x = graph.input(
         "x",
-        TensorType::new(DType::F32, minductor::ir::static_shape(&[1, 3])),
+        TensorType::new(DType::F32, minductor::internals::ir::static_shape(&[1, 3])),
     );
     let shape = [Dim::Sym(SymId(9)), Dim::Static(3)].into_iter().collect();
     let y = graph
-        .add(minductor::ir::Op::Expand { shape }, &[x])
+        .add(minductor::internals::ir::Op::Expand { shape }, &[x])
         .unwrap();
     graph.set_outputs(vec![y]);
     for backend in [minductor::Backend::Eager, minductor::Backend::Inductor] {
@@ -281,7 +281,8 @@ fn the_verifier_rejects_an_out_of_range_store() {
     let mut bad = exp_program();
     // store buf1[i0 + 1] over i0 in 0..8: element 8 of an 8-element buffer.
     let k = first_kernel(&mut bad);
-    let minductor::passes::kernel::StageAction::Store(stores) = &mut k.stages[0].action else {
+    let minductor::internals::kernel_ir::StageAction::Store(stores) = &mut k.stages[0].action
+    else {
         panic!("stage 0 stores")
     };
     stores[0].index.offset = 1.into();
@@ -316,7 +317,7 @@ fn the_verifier_rejects_an_out_of_range_load_with_symbolic_sizes_at_call_time() 
         .exprs
         .iter_mut()
         .find_map(|e| match e {
-            minductor::passes::kernel::Expr::Load { index, .. } => Some(index),
+            minductor::internals::kernel_ir::Expr::Load { index, .. } => Some(index),
             _ => None,
         })
         .unwrap();
@@ -469,13 +470,14 @@ fn the_verifier_rejects_rows_that_store_the_same_elements() {
     let Step::Kernel(k) = &mut bad.steps[1] else {
         panic!("the second step is the exp kernel")
     };
-    let minductor::passes::kernel::StageAction::Store(stores) = &mut k.stages[0].action else {
+    let minductor::internals::kernel_ir::StageAction::Store(stores) = &mut k.stages[0].action
+    else {
         panic!("stage 0 stores")
     };
     stores[0]
         .index
         .terms
-        .retain(|(v, _)| *v != minductor::passes::kernel::Var::Outer(0));
+        .retain(|(v, _)| *v != minductor::internals::kernel_ir::Var::Outer(0));
     match compile_program(&bad) {
         Err(CodegenError::Verify(e)) => match *e {
             VerifyError::Malformed { message, .. } => {

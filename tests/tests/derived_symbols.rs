@@ -3,8 +3,8 @@
 //! serves every size; each result is compared with the reference interpreter on a static trace
 //! of the same function.
 
-use minductor::ir::{Dim, SymId, TensorType};
 use minductor::{compile, interpret, jit, load_bytes, trace, DType, Graph, Tensor, Traced, Tracer};
+use minductor::{Dim, SymId, TensorType};
 use minductor_tests::Tolerance;
 
 fn ramp(shape: &[usize], seed: f32) -> Tensor {
@@ -396,7 +396,7 @@ fn fused_attention_over_a_grown_cache() {
         .steps
         .iter()
         .filter_map(|s| match s {
-            minductor::passes::kernel::Step::Attention(a) => Some(a),
+            minductor::internals::kernel_ir::Step::Attention(a) => Some(a),
             _ => None,
         })
         .collect();

@@ -1,7 +1,7 @@
 //! Compiled against the reference interpreter over many shapes: odd sizes exercise vector tails,
 //! reductions over every axis exercise strided loops, views exercise index arithmetic.
 
-use minductor::passes::kernel::Step;
+use minductor::internals::kernel_ir::Step;
 use minductor::{compile, interpret, trace, DType, Graph, Tensor, Traced};
 use minductor_tests::Tolerance;
 

@@ -63,15 +63,15 @@ fn dump_dir_receives_every_stage() {
     );
     assert_eq!(
         read(inductor, "1_decompose.txt").trim_end(),
-        minductor::passes::decompose(&graph).to_string()
+        minductor::internals::passes::decompose(&graph).to_string()
     );
     assert_eq!(
         read(inductor, "2_simplify.txt").trim_end(),
         prims.to_string()
     );
-    assert_eq!(read(inductor, "3_fuse_program.txt"), program.to_string());
+    assert_eq!(read(inductor, "3_program.txt"), program.to_string());
     let kernels = read(inductor, "kernels.txt");
-    for step in minductor::passes::program_cost(program) {
+    for step in minductor::internals::kernel_ir::program_cost(program) {
         assert!(kernels.contains(&step.name), "{kernels}");
     }
     assert!(kernels.contains("matmul"), "{kernels}");
@@ -98,7 +98,7 @@ fn dump_dir_receives_every_stage() {
             + program
                 .steps
                 .iter()
-                .filter(|s| matches!(s, minductor::passes::kernel::Step::Matmul(m) if m.epilogue.is_some()))
+                .filter(|s| matches!(s, minductor::internals::kernel_ir::Step::Matmul(m) if m.epilogue.is_some()))
                 .count(),
         "one cluster per kernel (epilogues included) and per GEMM:\n{dot}"
     );

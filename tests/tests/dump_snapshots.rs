@@ -6,7 +6,7 @@
 //!
 //! The Cranelift IR is not snapshotted: it changes with every codegen detail.
 
-use minductor::passes::cost::program_cost;
+use minductor::internals::kernel_ir::cost::program_cost;
 use minductor::{compile, dump, interpret, trace, Compiled, DType, Graph, Tensor};
 use minductor_tools::golden::{build_case, TensorSpec};
 

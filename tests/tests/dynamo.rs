@@ -3,7 +3,7 @@
 //! the reference interpreter on a static trace of the same function: exactly for the `eager`
 //! backend, within 1e-4 (absolute + relative) for inductor's polynomial math.
 
-use minductor::ir::TensorType;
+use minductor::TensorType;
 use minductor::{
     interpret, jit, reference_executable, set_stance, trace, with_stance, Backend, CompileError,
     CompiledFn, DType, Graph, JitBackend, JitError, Stance, Tensor, Traced,

@@ -4,9 +4,9 @@
 //! Results are compared with the interpreter; `explain`, the dump, the program text and saved
 //! artifacts show and keep the fallback; the verifier rejects malformed fallback steps.
 
-use minductor::ir::{Dim, Op, ReduceOp, SymId, TensorType};
-use minductor::passes::kernel::{BufferId, Program, Step};
-use minductor::passes::verify_program;
+use minductor::internals::ir::{Dim, Op, ReduceOp, SymId, TensorType};
+use minductor::internals::kernel_ir::verify_program;
+use minductor::internals::kernel_ir::{BufferId, Program, Step};
 use minductor::{compile, interpret, jit, load_bytes, Artifact, DType, Graph, Tensor, Tracer};
 use minductor_tests::{assert_allclose, Tolerance};
 
@@ -99,7 +99,7 @@ fn integer_reductions_over_every_axis_and_of_integer_inputs() {
     assert!(
         matches!(
             program.buffer(first.inputs[0]).kind,
-            minductor::passes::kernel::BufferKind::Input(0)
+            minductor::internals::kernel_ir::BufferKind::Input(0)
         ),
         "{program}"
     );
@@ -258,7 +258,7 @@ fn explain_and_the_dump_list_each_fallback_with_op_and_reason() {
             && kernels.contains("reduce_max[axes=[1], keepdim=false] because reductions over i64"),
         "{kernels}"
     );
-    let program = std::fs::read_to_string(dir.join("3_fuse_program.txt")).unwrap();
+    let program = std::fs::read_to_string(dir.join("3_program.txt")).unwrap();
     assert!(program.contains("fallback buf"), "{program}");
     let dot = std::fs::read_to_string(dir.join("graph.dot")).unwrap();
     assert!(dot.contains("fallback_reduce_max"), "{dot}");
@@ -275,7 +275,7 @@ fn the_verifier_checks_fallback_steps() {
         .iter()
         .position(|s| matches!(s, Step::Fallback(_)))
         .unwrap();
-    let edit = |change: &dyn Fn(&mut minductor::passes::kernel::FallbackStep)| {
+    let edit = |change: &dyn Fn(&mut minductor::internals::kernel_ir::FallbackStep)| {
         let mut p = program.clone();
         let Step::Fallback(fb) = &mut p.steps[position] else {
             unreachable!()

@@ -3,7 +3,7 @@
 //! eval batch norm into the convolution's weight (no `rsqrt` left in the compiled graph), take
 //! only the other inputs, and turn bad constants into typed errors.
 
-use minductor::ir::{BinaryOp, Op, UnaryOp};
+use minductor::internals::ir::{BinaryOp, Op, UnaryOp};
 use minductor::{
     compile_frozen, compile_frozen_with_options, interpret, trace, Backend, CompileError,
     CompileOptions, ConvOptions, DType, FreezeError, Graph, RuntimeError, Tensor,

@@ -1,11 +1,12 @@
 //! What the compiler does, asserted from its printed artifacts: decompositions, fusion decisions.
 
-use minductor::passes::kernel::{StageAction, Step};
-use minductor::{compile, interpret, passes, trace, DType, Graph, Tensor};
+use minductor::internals::kernel_ir::{StageAction, Step};
+use minductor::internals::{kernel_ir, passes};
+use minductor::{compile, interpret, trace, DType, Graph, Tensor};
 use minductor_tests::Tolerance;
 use minductor_tools::workloads::uniform;
 
-fn program_of(graph: &Graph) -> passes::kernel::Program {
+fn program_of(graph: &Graph) -> kernel_ir::Program {
     compile(graph).unwrap().artifacts().program.clone().unwrap()
 }
 
@@ -108,7 +109,7 @@ fn contiguous_pointwise_kernels_use_f32x4_loads_and_stores() {
     );
     // The only calls are to math-block routines (`exp` here), where the CPU has them.
     let calls: Vec<&str> = clif.lines().filter(|l| l.contains("call")).collect();
-    if minductor::codegen_cpu::math::block::block_isa().is_some() {
+    if minductor::internals::kernels::math::block::block_isa().is_some() {
         assert!(
             !calls.is_empty() && calls.iter().all(|l| l.contains("call_indirect")),
             "exp is computed in math blocks:\n{clif}"
@@ -156,12 +157,12 @@ fn ramp(shape: &[usize], seed: f32) -> Tensor {
 
 /// Two buffers live at the same step never overlap in the arena, except an in-place pair at
 /// the step where the second overwrites the first.
-fn assert_plan_is_safe(program: &passes::kernel::Program) {
+fn assert_plan_is_safe(program: &kernel_ir::Program) {
     let plan = program.plan.as_ref().expect("planned");
     let range = |b: usize| {
         let buffer = &program.buffers[b];
         let bytes = buffer.numel().unwrap() * buffer.dtype.size_bytes();
-        let start = plan.offset(passes::kernel::BufferId(b as u32)).unwrap();
+        let start = plan.offset(kernel_ir::BufferId(b as u32)).unwrap();
         start..start + bytes
     };
     let planned: Vec<usize> = (0..program.buffers.len())
@@ -418,7 +419,7 @@ fn softmax_computes_each_exponential_once() {
         .unwrap();
         program_of(&graph)
     };
-    let stage_stores = |p: &passes::kernel::Program| -> Vec<usize> {
+    let stage_stores = |p: &kernel_ir::Program| -> Vec<usize> {
         let Step::Kernel(k) = &p.steps[0] else {
             panic!("one kernel:\n{p}")
         };

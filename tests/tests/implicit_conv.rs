@@ -10,11 +10,11 @@
 //! `gemm::winograd_transform_pays_off` for a weight transformed at every call); the Winograd
 //! test below picks such shapes, and asserts that they are picked.
 
-use minductor::codegen_cpu::gemm::{
+use minductor::internals::ir::Window2d;
+use minductor::internals::kernel_ir::{MatmulOperand, Step};
+use minductor::internals::kernels::gemm::{
     prefers_winograd, winograd_transform_pays_off, ConvAlgorithm, Kernel,
 };
-use minductor::ir::Window2d;
-use minductor::passes::kernel::{MatmulOperand, Step};
 use minductor::{compile, compile_frozen, interpret, ConvOptions, Graph, Tensor, Traced};
 
 fn values(shape: &[usize], seed: u32) -> Tensor {

@@ -3,7 +3,7 @@
 //! reference interpreter at tail lengths and odd sizes, against hand-computed values, through
 //! autodiff, and with bad sizes (typed trace errors naming the op and the sizes, never a panic).
 
-use minductor::passes::kernel::Step;
+use minductor::internals::kernel_ir::Step;
 use minductor::{
     compile, compile_with, interpret, trace, Backend, ConvOptions, DType, Graph, Tensor, Traced,
     Tracer,
@@ -20,7 +20,7 @@ fn check(graph: &Graph, inputs: &[Tensor], tol: f64, what: &str) {
     let has_grad = graph
         .nodes()
         .iter()
-        .any(|n| matches!(n.op, minductor::ir::Op::Grad { .. }));
+        .any(|n| matches!(n.op, minductor::internals::ir::Op::Grad { .. }));
     let want = if has_grad {
         compile_with(graph, Backend::AotEager)
             .unwrap()

@@ -3,11 +3,11 @@
 //! default mode computes. `call_into` writes into the caller's tensors (the same memory, checked
 //! by pointer) and rejects unusable ones with typed errors; max-autotune records its choices.
 
-use minductor::ir::{Dim, SymId, TensorType};
 use minductor::{
     compile_with_options, load_bytes, Artifact, Backend, CompileCache, CompileError,
     CompileOptions, Compiled, DType, Graph, Mode, RuntimeError, Tensor, Tracer,
 };
+use minductor::{Dim, SymId, TensorType};
 use minductor_tests::{assert_allclose, Tolerance};
 
 fn ramp(shape: &[usize], seed: f32) -> Tensor {
@@ -235,7 +235,7 @@ fn max_autotune_keeps_a_split_for_every_kernel_step() {
         .steps
         .iter()
         .filter_map(|s| match s {
-            minductor::passes::kernel::Step::Kernel(k) => Some(k.name.clone()),
+            minductor::internals::kernel_ir::Step::Kernel(k) => Some(k.name.clone()),
             _ => None,
         })
         .collect();

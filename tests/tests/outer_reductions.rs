@@ -5,7 +5,7 @@
 //! counts around the group sizes (32 and 4 columns: every tail), against f64 sums for accuracy,
 //! and across thread counts bit for bit.
 
-use minductor::passes::kernel::{LoopOrder, Program, Step};
+use minductor::internals::kernel_ir::{LoopOrder, Program, Step};
 use minductor::{compile, interpret, trace, DType, Graph, Tensor, Traced};
 use minductor_tests::Tolerance;
 use minductor_tools::workloads::uniform;
@@ -358,7 +358,10 @@ fn verifier_refuses_the_outer_order_without_outer_loops_or_with_a_scan() {
             if let Step::Kernel(k) = step {
                 if k.outer.is_empty()
                     || k.stages.iter().any(|s| {
-                        matches!(s.action, minductor::passes::kernel::StageAction::Scan(_))
+                        matches!(
+                            s.action,
+                            minductor::internals::kernel_ir::StageAction::Scan(_)
+                        )
                     })
                 {
                     k.order = LoopOrder::OuterReduction;
@@ -367,7 +370,7 @@ fn verifier_refuses_the_outer_order_without_outer_loops_or_with_a_scan() {
             }
         }
         assert!(changed, "{program}");
-        let err = minductor::passes::verify_program(&bad, &[]).unwrap_err();
+        let err = minductor::internals::kernel_ir::verify_program(&bad, &[]).unwrap_err();
         assert!(
             err.to_string().contains("order"),
             "unexpected error {err} for\n{bad}"

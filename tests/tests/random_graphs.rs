@@ -10,8 +10,8 @@
 //! CI runs 128 cases; a campaign runs more: `PROPTEST_CASES=100000 cargo test --release -p
 //! minductor-tests --test random_graphs`.
 
-use minductor::ir::{Dim, SymId, TensorType};
 use minductor::{compile, compile_frozen, interpret, DType, Tensor, Traced, Tracer};
+use minductor::{Dim, SymId, TensorType};
 use minductor_tests::{compare_outputs, Tolerance};
 use proptest::prelude::*;
 
@@ -465,7 +465,7 @@ proptest! {
         steps in prop::collection::vec(step_strategy(), 1..7),
         reduce_at_end in any::<bool>(),
     ) {
-        use minductor::ir::{Dim, SymId, TensorType};
+        use minductor::{Dim, SymId, TensorType};
         let symbolic = symbolic_at % shape.len();
         // The graph's types with the symbolic dim as `s0`, or as the number `size`.
         let build = |size: Option<usize>| {

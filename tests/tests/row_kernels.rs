@@ -5,9 +5,9 @@
 //! threads; and the report's vector width, which on an AVX-512 machine must be 512 for these
 //! kernels (256 with AVX2 only, 128 without either).
 
-use minductor::codegen_cpu::lower::kernel_vector_bits;
-use minductor::codegen_cpu::math::block::{block_isa, BlockIsa};
-use minductor::passes::kernel::Step;
+use minductor::internals::codegen_cpu::lower::kernel_vector_bits;
+use minductor::internals::kernel_ir::Step;
+use minductor::internals::kernels::math::block::{block_isa, BlockIsa};
 use minductor::{compile, interpret, Graph, Tensor, Traced};
 use minductor_tests::Tolerance;
 

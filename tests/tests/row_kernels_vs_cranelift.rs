@@ -4,9 +4,9 @@
 //! operations per element, FMAs where the loop contracts), and whole workloads (the LLaMA block,
 //! the train step, softmax, layer norm) within the tolerance of their different summation order.
 
-use minductor::codegen_cpu::lower::{kernel_vector_bits, set_row_kernels};
-use minductor::codegen_cpu::math::block::block_isa;
-use minductor::passes::kernel::Step;
+use minductor::internals::codegen_cpu::lower::{kernel_vector_bits, set_row_kernels};
+use minductor::internals::kernel_ir::Step;
+use minductor::internals::kernels::math::block::block_isa;
 use minductor::{compile, Graph, Tensor, Traced};
 use minductor_tests::Tolerance;
 use std::sync::Mutex;

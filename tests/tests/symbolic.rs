@@ -1,9 +1,9 @@
 //! Symbolic (dynamic) batch dims on the inductor backend: one compiled program serves every size,
 //! tails included, and agrees with a static compile of the same function at each size.
 
-use minductor::ir::{Dim, SymId, TensorType};
-use minductor::passes::kernel::Step;
+use minductor::internals::kernel_ir::Step;
 use minductor::{compile, interpret, DType, Graph, RuntimeError, Tensor, Traced, Tracer};
+use minductor::{Dim, SymId, TensorType};
 use minductor_tests::Tolerance;
 
 fn ramp(shape: &[usize], seed: f32) -> Tensor {

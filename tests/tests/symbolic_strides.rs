@@ -3,9 +3,9 @@
 //! compiles a function once with symbolic dims and compares several odd sizes of that one
 //! compile with the reference interpreter on a static trace at the same sizes.
 
-use minductor::ir::{Dim, SymId, TensorType};
-use minductor::passes::kernel::Step;
+use minductor::internals::kernel_ir::Step;
 use minductor::{compile, interpret, DType, Graph, RuntimeError, Tensor, Traced, Tracer};
+use minductor::{Dim, SymId, TensorType};
 use minductor_tests::Tolerance;
 
 fn ramp(shape: &[usize], seed: f32) -> Tensor {
@@ -82,7 +82,7 @@ fn check_sizes(shapes: &[&[D]], sizes: &[(usize, usize)], f: &Body) -> String {
     }
     let text = compiled.artifacts().program.as_ref().unwrap().to_string();
     // The program text parses back to the same program (symbolic strides included).
-    let parsed: minductor::passes::kernel::Program = text.parse().unwrap();
+    let parsed: minductor::internals::kernel_ir::Program = text.parse().unwrap();
     assert_eq!(parsed.to_string(), text);
     if std::env::var_os("SHOW_PROGRAMS").is_some() {
         println!("{text}");
@@ -268,9 +268,9 @@ fn a_wrong_symbolic_stride_is_caught_by_the_verifier_at_bind_time() {
     // A hand-edited program whose load stride is `8*s0` where the buffer's is `7*s0`: at compile
     // time the range depends on s0 and cannot be checked; the first call binds s0 and the
     // verifier refuses the program before any kernel runs (the load would pass the end).
-    use minductor::codegen_cpu::compile_program;
-    use minductor::passes::kernel::Program;
-    use minductor::runtime::Executable;
+    use minductor::internals::codegen_cpu::compile_program;
+    use minductor::internals::kernel_ir::Program;
+    use minductor::Executable;
     let compiled = compile(&build(&[&[N(3), S0, N(7)]], None, &|i| {
         vec![(&i[0] * 2.0).exp()]
     }))

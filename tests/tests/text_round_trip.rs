@@ -3,10 +3,10 @@
 //! the parsed program compiles and computes the same outputs, bit for bit, as the one the
 //! compiler made. Then passes as text in, text out.
 
-use minductor::codegen_cpu::compile_program;
-use minductor::passes::kernel::{BufferKind, Program};
-use minductor::passes::{fuse, fuse_horizontal, plan_buffers, simplify};
-use minductor::runtime::Executable;
+use minductor::internals::codegen_cpu::compile_program;
+use minductor::internals::kernel_ir::{BufferKind, Program};
+use minductor::internals::passes::{fuse, fuse_horizontal, plan_buffers, simplify};
+use minductor::Executable;
 use minductor::{compile, Graph, Tensor};
 use minductor_tests::{compare_outputs, Tolerance};
 use minductor_tools::golden::{
@@ -231,7 +231,8 @@ fn a_graph_with_derived_dims_round_trips() {
 }";
     let graph: Graph = round_trip(text, "graph with derived dims");
     graph.verify().unwrap();
-    let program = fuse(&simplify(&graph)).unwrap();
+    let mut program = fuse(&simplify(&graph)).unwrap();
+    program.plan = Some(plan_buffers(&program));
     let parsed: Program = round_trip(&program.to_string(), "program with derived dims");
     assert_eq!(parsed, program);
     let compiled = compile(&graph).unwrap();

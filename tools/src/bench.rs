@@ -204,7 +204,7 @@ pub fn run_workload(
             p.steps
                 .iter()
                 .filter(|s| {
-                    use minductor::passes::kernel::Step;
+                    use minductor::internals::kernel_ir::Step;
                     matches!(s, Step::Matmul(_) | Step::Attention(_))
                 })
                 .count()
@@ -293,7 +293,7 @@ fn time_backend(
     let peak_bytes = match meter {
         Some(meter) => {
             // Outputs recycled from the block cache would not show as new heap: empty it first.
-            minductor::runtime::release_cached_blocks();
+            minductor::internals::runtime::release_cached_blocks();
             let baseline = meter.reset_peak();
             let outputs = call(workload, compiled)?;
             let peak = meter.peak().saturating_sub(baseline) as u64;

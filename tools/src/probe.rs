@@ -10,7 +10,7 @@
 //!   written with `std::arch` (more than latency × FMA pipes, so the pipes never wait), median of
 //!   several runs, on one thread and on every thread of the pool at once. The widest width's
 //!   all-thread figure is the compute peak compute-bound workloads are judged against.
-//! - GEMM speed: our GEMM (`minductor::codegen_cpu::gemm::sgemm`, the one compiled programs call)
+//! - GEMM speed: our GEMM (`minductor::internals::kernels::gemm::sgemm`, the one compiled programs call)
 //!   on square `n × n` matrices, median of several runs, as 2·n³ / time. `gemm_gflops` is one
 //!   GEMM on one thread; `gemm_gflops_all_threads` runs one independent GEMM on every thread of
 //!   the pool at once and reports the aggregate.
@@ -304,7 +304,7 @@ fn copy_seconds(bytes: usize, threads: usize, runs: usize) -> f64 {
 
 /// One `n × n × n` GEMM on the calling thread, row-major, `c = a·b`.
 fn sgemm(n: usize, a: &[f32], b: &[f32], c: &mut [f32]) {
-    use minductor::codegen_cpu::gemm::{self, MatrixMut, MatrixRef};
+    use minductor::internals::kernels::gemm::{self, MatrixMut, MatrixRef};
     let a = MatrixRef::row_major(a, n, n).expect("a holds n·n values");
     let b = MatrixRef::row_major(b, n, n).expect("b holds n·n values");
     let mut c = MatrixMut::row_major(c, n, n).expect("c holds n·n values");

@@ -9,11 +9,11 @@
 //! CPU (`codegen_cpu::lower::step_vector_bits`).
 
 use crate::probe::MachineProbe;
-use minductor::codegen_cpu::lower::step_vector_bits;
-use minductor::ir::Graph;
-use minductor::passes::cost::{program_cost, StepCost, StepKind};
-use minductor::passes::kernel::Step;
-use minductor::runtime::{RuntimeError, Tensor};
+use minductor::internals::codegen_cpu::lower::step_vector_bits;
+use minductor::internals::kernel_ir::cost::{program_cost, StepCost, StepKind};
+use minductor::internals::kernel_ir::Step;
+use minductor::internals::runtime::{RuntimeError, Tensor};
+use minductor::Graph;
 use minductor::{compile, CompileError, Compiled};
 use std::fmt;
 use std::time::Duration;

@@ -25,7 +25,7 @@ use cranelift_codegen::ir::{
     types, AbiParam, InstBuilder, Signature, StackSlotData, StackSlotKind, Value,
 };
 use minductor_ir::{BinaryOp, DType, ReduceOp, UnaryOp};
-use minductor_passes::kernel::*;
+use minductor_kernel_ir::*;
 use std::sync::atomic::{AtomicU8, Ordering};
 
 /// A row stage's routine and the rows and values it is given.
@@ -443,10 +443,10 @@ pub fn step_vector_bits(step: &Step, program: &Program) -> Vec<Option<u32>> {
     match step {
         Step::Kernel(k) => vec![kernel_vector_bits(k, program)],
         Step::Matmul(m) => {
-            let gemm = match crate::gemm::Kernel::detect() {
-                crate::gemm::Kernel::Avx512 => 512,
-                crate::gemm::Kernel::Avx2 => 256,
-                crate::gemm::Kernel::Portable => 128,
+            let gemm = match minductor_kernels::gemm::Kernel::detect() {
+                minductor_kernels::gemm::Kernel::Avx512 => 512,
+                minductor_kernels::gemm::Kernel::Avx2 => 256,
+                minductor_kernels::gemm::Kernel::Portable => 128,
             };
             let mut rows = vec![Some(gemm)];
             if let Some(e) = &m.epilogue {
@@ -454,7 +454,7 @@ pub fn step_vector_bits(step: &Step, program: &Program) -> Vec<Option<u32>> {
             }
             rows
         }
-        Step::Attention(_) => vec![Some(if crate::attention::has_avx512() {
+        Step::Attention(_) => vec![Some(if minductor_kernels::attention::has_avx512() {
             512
         } else {
             128

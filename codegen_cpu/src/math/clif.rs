@@ -1,32 +1,22 @@
 //! The math algorithms as Cranelift IR: [`Em`] implements [`Lanes`] by emitting instructions
 //! into a kernel being built, for `F32` or `F32X4` values.
 
-use super::{Lanes, MathFn};
 use cranelift_codegen::ir::condcodes::{FloatCC, IntCC};
 use cranelift_codegen::ir::{types, Endianness, InstBuilder, MemFlagsData, Type, Value};
 use cranelift_frontend::FunctionBuilder;
+use minductor_kernels::math::{apply, power, FloatCmp, IntCmp, Lanes, MathFn};
 
 /// Emits `f(x)` inline. `x` has type `F32` or `F32X4`; the result has the same type. No calls.
 pub fn emit_math(b: &mut FunctionBuilder, f: MathFn, x: Value) -> Value {
     let mut e = Em::new(b, x);
-    match f {
-        MathFn::Exp => super::exp(&mut e, x, None),
-        MathFn::Log => super::log(&mut e, x),
-        MathFn::Tanh => super::tanh(&mut e, x),
-        MathFn::Erf => super::erf(&mut e, x),
-        MathFn::Sin => super::sincos(&mut e, x, false),
-        MathFn::Cos => super::sincos(&mut e, x, true),
-        MathFn::Sigmoid => super::sigmoid(&mut e, x),
-        MathFn::Gelu => super::gelu(&mut e, x),
-        MathFn::Silu => super::silu(&mut e, x),
-    }
+    apply(&mut e, f, x)
 }
 
 /// `pow(a, e)` with PyTorch (C99 `powf`) semantics; `a` and `e` have the same type, `F32` or
 /// `F32X4`. See the module docs for the special cases and the accuracy.
 pub fn emit_pow(b: &mut FunctionBuilder, a: Value, e: Value) -> Value {
     let mut m = Em::new(b, a);
-    super::pow(&mut m, a, e)
+    power(&mut m, a, e)
 }
 
 /// Flags for vector bitcasts (lane order must be stated for them).
@@ -155,10 +145,28 @@ impl Lanes for Em<'_, '_> {
         let fty = self.fty;
         self.b.ins().fcvt_from_sint(fty, i)
     }
-    fn fcmp(&mut self, cc: FloatCC, a: Value, b: Value) -> Value {
+    fn fcmp(&mut self, cc: FloatCmp, a: Value, b: Value) -> Value {
+        let cc = match cc {
+            FloatCmp::Equal => FloatCC::Equal,
+            FloatCmp::NotEqual => FloatCC::NotEqual,
+            FloatCmp::LessThan => FloatCC::LessThan,
+            FloatCmp::LessThanOrEqual => FloatCC::LessThanOrEqual,
+            FloatCmp::GreaterThan => FloatCC::GreaterThan,
+            FloatCmp::GreaterThanOrEqual => FloatCC::GreaterThanOrEqual,
+            FloatCmp::Unordered => FloatCC::Unordered,
+            FloatCmp::Ordered => FloatCC::Ordered,
+        };
         self.b.ins().fcmp(cc, a, b)
     }
-    fn icmp(&mut self, cc: IntCC, a: Value, b: Value) -> Value {
+    fn icmp(&mut self, cc: IntCmp, a: Value, b: Value) -> Value {
+        let cc = match cc {
+            IntCmp::Equal => IntCC::Equal,
+            IntCmp::NotEqual => IntCC::NotEqual,
+            IntCmp::SignedLessThan => IntCC::SignedLessThan,
+            IntCmp::SignedLessThanOrEqual => IntCC::SignedLessThanOrEqual,
+            IntCmp::SignedGreaterThan => IntCC::SignedGreaterThan,
+            IntCmp::SignedGreaterThanOrEqual => IntCC::SignedGreaterThanOrEqual,
+        };
         self.b.ins().icmp(cc, a, b)
     }
     fn sel(&mut self, mask: Value, t: Value, f: Value) -> Value {

@@ -23,6 +23,8 @@ pub(crate) mod testjit {
         /// Runs over `a` (and `b`, same length; pass `a` again for unary kernels).
         pub fn run(&self, a: &[u32], b: &[u32], out: &mut [u32]) {
             assert!(a.len() == b.len() && a.len() == out.len());
+            // SAFETY: the kernel reads `a.len()` values of `a` and `b` and writes as many of
+            // `out`, whose lengths were just checked equal; the module that owns it lives in `self`.
             unsafe { (self.f)(a.as_ptr(), b.as_ptr(), out.as_mut_ptr(), a.len() as i64) }
         }
         /// The compiled function (valid while `self` lives).
@@ -149,6 +151,7 @@ pub(crate) mod testjit {
         module.clear_context(&mut ctx);
         module.finalize_definitions().unwrap();
         let code = module.get_finalized_function(id);
+        // SAFETY: `code` is the finalized function `id`, compiled with the signature `KFn` has.
         let f = unsafe { std::mem::transmute::<*const u8, KFn>(code) };
         Kernel { _module: module, f }
     }
@@ -600,8 +603,11 @@ mod accuracy {
             let vkk = kernel(f, true);
             let skk = kernel(f, false);
             let (vk, sk) = (vkk.raw(), skk.raw());
-            let run = |k: super::testjit::KFn, a: &[u32], o: &mut [u32]| unsafe {
-                k(a.as_ptr(), a.as_ptr(), o.as_mut_ptr(), a.len() as i64)
+            let run = |k: super::testjit::KFn, a: &[u32], o: &mut [u32]| {
+                assert_eq!(a.len(), o.len());
+                // SAFETY: the kernel reads `a.len()` values of `a` and writes as many of `o` (of
+                // the same length); `vkk` and `skk`, which own the code, outlive the calls.
+                unsafe { k(a.as_ptr(), a.as_ptr(), o.as_mut_ptr(), a.len() as i64) }
             };
             let worst = std::sync::Mutex::new(vec![(0.0f64, 0.0f32); buckets.len()]);
             let next = std::sync::atomic::AtomicU64::new(0);

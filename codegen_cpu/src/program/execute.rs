@@ -5,8 +5,8 @@
 use super::extern_steps::{run_attention, run_matmul, run_scatter_add, Prepacked};
 use super::{CompiledKernel, CompiledProgram, CompiledStep, Split};
 use minductor_ir::{checked_bytes, Dim, SymId};
-use minductor_passes::kernel::{BufferId, BufferKind, FallbackStep, Program, StridedView};
-use minductor_passes::verify_program;
+use minductor_kernel_ir::verify_program;
+use minductor_kernel_ir::{BufferId, BufferKind, FallbackStep, Program, StridedView};
 use minductor_runtime::{threads, Executable, RuntimeError, StepTiming, Storage, Tensor};
 use std::time::Instant;
 

@@ -3,14 +3,14 @@
 
 use super::execute::{call_kernel, read_f32, SharedPointers, Symbols};
 use super::CompiledKernel;
-use crate::attention::{attention, AttentionShape, Mask, MaskData};
-use crate::gemm;
-use crate::scatter::{scatter_add, View};
 use minductor_ir::DType;
-use minductor_passes::kernel::{
+use minductor_kernel_ir::{
     AttentionStep, BufferId, BufferKind, Im2colView, MaskKind, MatmulOperand, MatmulStep, Program,
     ScatterAddStep,
 };
+use minductor_kernels::attention::{attention, AttentionShape, Mask, MaskData};
+use minductor_kernels::gemm;
+use minductor_kernels::scatter::{scatter_add, View};
 use minductor_runtime::{threads, RuntimeError, Tensor};
 use std::sync::Mutex;
 
@@ -47,6 +47,7 @@ pub(super) fn run_attention(
             Some((data, offset, strides))
         }
     };
+    // SAFETY: the pointers' contract stated at the top of this function.
     let (q, k, v, out) = unsafe {
         let read = |id: BufferId| read_f32(pointers, id, numel(id));
         (
@@ -83,7 +84,9 @@ pub(super) fn run_attention(
         causal: a.causal,
     };
     let mask = match &mask {
-        Some((data, offset, strides)) => Some(Mask::new(a.mask_kind, *data, *offset, strides)?),
+        Some((data, offset, strides)) => {
+            Some(Mask::new(mask_kind(a.mask_kind), *data, *offset, strides)?)
+        }
         None => None,
     };
     let view = |data, offset, strides| View {
@@ -790,5 +793,15 @@ impl SendPtr {
     /// A method, so closures capture the whole `Send + Sync` wrapper rather than its field.
     fn get(self) -> *mut u8 {
         self.0
+    }
+}
+
+/// The kernel library's name for the kernel IR's mask kind.
+fn mask_kind(kind: MaskKind) -> minductor_kernels::attention::MaskKind {
+    use minductor_kernels::attention::MaskKind as Library;
+    match kind {
+        MaskKind::Add => Library::Add,
+        MaskKind::Keep => Library::Keep,
+        MaskKind::Drop => Library::Drop,
     }
 }

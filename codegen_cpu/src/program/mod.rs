@@ -19,12 +19,11 @@ use cranelift_frontend::{FunctionBuilder, FunctionBuilderContext};
 use cranelift_jit::{JITBuilder, JITModule};
 use cranelift_module::{Linkage, Module};
 use minductor_ir::Dim;
-use minductor_passes::kernel::{
+use minductor_kernel_ir::{verify_program, BufferPlan, VerifyError};
+use minductor_kernel_ir::{
     AttentionStep, BufferId, BufferKind, FallbackStep, Kernel, MatmulStep, Program, ScatterAddStep,
     Step,
 };
-use minductor_passes::plan_buffers::{plan_buffers, BufferPlan};
-use minductor_passes::{verify_program, VerifyError};
 use minductor_runtime::{Executable, RuntimeError, Tensor};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
@@ -39,6 +38,8 @@ pub enum CodegenError {
     /// Boxed: a verifier error is large and rare.
     #[error("the program fails verification: {0}")]
     Verify(Box<VerifyError>),
+    #[error("the program has no buffer plan (run `plan_buffers` before code generation)")]
+    Unplanned,
 }
 
 /// The signature of every compiled kernel (see `lower`).
@@ -164,18 +165,16 @@ fn isa() -> Result<std::sync::Arc<dyn cranelift_codegen::isa::TargetIsa>, Codege
         .map_err(|e| CodegenError::Cranelift(e.to_string()))
 }
 
-/// Compiles every kernel of `program` to machine code. The program (with its plan, or the one
-/// `plan_buffers` makes when it has none) must pass `verify_program` first: whatever built it,
+/// Compiles every kernel of `program` to machine code. The program must carry its buffer plan
+/// (`plan_buffers`' output; else [`CodegenError::Unplanned`]) and pass `verify_program` first: whatever built it,
 /// compiled code then stays inside its buffers. Ranges that depend on symbolic sizes are
 /// verified again at each call that brings new sizes.
 pub fn compile_program(program: &Program) -> Result<CompiledProgram, CodegenError> {
     let started = Instant::now();
-    let mut program = program.clone();
     if program.plan.is_none() {
-        program.plan = Some(plan_buffers(&program));
+        return Err(CodegenError::Unplanned);
     }
-    verify_program(&program, &[]).map_err(|e| CodegenError::Verify(Box::new(e)))?;
-    let program = &program;
+    verify_program(program, &[]).map_err(|e| CodegenError::Verify(Box::new(e)))?;
     let isa = isa()?;
     let call_conv = isa.default_call_conv();
     // Owned from the start, so an error below frees whatever was compiled before it.
@@ -246,7 +245,7 @@ pub fn compile_program(program: &Program) -> Result<CompiledProgram, CodegenErro
         })
         .collect();
     let plan = program.plan.clone().expect("planned above");
-    let mut derived_dims: Vec<Dim> = minductor_passes::program_dims(program)
+    let mut derived_dims: Vec<Dim> = minductor_kernel_ir::program_dims(program)
         .into_iter()
         .filter(|d| matches!(d, Dim::Sym(s) if s.is_derived()))
         .collect();

@@ -149,11 +149,6 @@ impl Affine {
         }
     }
 
-    /// Whether every coefficient and the offset are numbers.
-    pub fn is_static(&self) -> bool {
-        self.offset.as_const().is_some() && self.terms.iter().all(|t| t.1.as_const().is_some())
-    }
-
     /// Every size expression of the index (the offset, then the coefficients).
     pub fn size_exprs(&self) -> impl Iterator<Item = &SizeExpr> {
         std::iter::once(&self.offset).chain(self.terms.iter().map(|t| &t.1))
@@ -641,7 +636,7 @@ pub struct Program {
     /// For each graph output, the buffer holding it.
     pub outputs: Vec<BufferId>,
     /// Arena slots of the intermediates (set by `plan_buffers`).
-    pub plan: Option<crate::plan_buffers::BufferPlan>,
+    pub plan: Option<crate::plan::BufferPlan>,
 }
 
 impl Program {

@@ -35,7 +35,8 @@
 //!   nominal sizes; the runtime lays slots out per call from exact sizes); two buffers share a slot
 //!   only if their live ranges (recomputed from the steps) are disjoint, or they are an in-place
 //!   pair at the one step where one ends and the other begins and the kernel's access pattern
-//!   makes it safe (the same check `plan_buffers` applies).
+//!   makes it safe (re-derived here from the step, not taken from the planner: the verifier
+//!   shares no code with the passes it checks, so a bug in one is caught by the other).
 //!
 //! Ranges depend on loop extents, index coefficients and offsets, which may be symbolic (extents
 //! are dims; coefficients and offsets are size expressions such as `7*s0` or `-1 + s0`, evaluated
@@ -46,7 +47,7 @@
 //! and is not checked. Cost: linear in the program, plus one reachability walk per stage.
 
 use crate::kernel::*;
-use crate::plan_buffers::{buffer_bytes, in_place_is_safe, live_ranges};
+use crate::plan::{buffer_bytes, BufferPlan};
 use minductor_ir::{checked_bytes, DType, Dim, SizeExpr, SymId};
 use std::collections::HashSet;
 use thiserror::Error;
@@ -1094,7 +1095,7 @@ impl Verifier<'_> {
         Ok(())
     }
 
-    fn plan(&self, plan: &crate::plan_buffers::BufferPlan) -> Result<(), VerifyError> {
+    fn plan(&self, plan: &BufferPlan) -> Result<(), VerifyError> {
         let p = self.program;
         let fail = |m: String| Err(VerifyError::Plan(m));
         if plan.slot_of.len() != p.buffers.len() {
@@ -1104,7 +1105,7 @@ impl Verifier<'_> {
                 p.buffers.len()
             ));
         }
-        let live = live_ranges(p);
+        let live = steps_using(p);
         for (i, (b, slot)) in p.buffers.iter().zip(&plan.slot_of).enumerate() {
             let id = BufferId(i as u32);
             match (b.kind, slot) {
@@ -1153,7 +1154,7 @@ impl Verifier<'_> {
                                 li: (usize, usize)| {
                         li.1 == lw.0
                             && plan.in_place.contains(&(written, input, lw.0))
-                            && in_place_is_safe(p, &p.steps[lw.0], written, input)
+                            && in_place_allowed(p, &p.steps[lw.0], written, input)
                     };
                     if !(pair(b, a, lb, la) || pair(a, b, la, lb)) {
                         return fail(format!(
@@ -1167,4 +1168,93 @@ impl Verifier<'_> {
         }
         Ok(())
     }
+}
+
+/// For each buffer, the first and the last step that reads or writes it (`None`: no step does).
+fn steps_using(p: &Program) -> Vec<Option<(usize, usize)>> {
+    let mut span = vec![None; p.buffers.len()];
+    for (i, step) in p.steps.iter().enumerate() {
+        for b in step.reads().into_iter().chain(step.writes()) {
+            let entry: &mut Option<(usize, usize)> = &mut span[b.0 as usize];
+            let first = entry.map_or(i, |(first, _)| first);
+            *entry = Some((first, i));
+        }
+    }
+    span
+}
+
+/// Whether `step` may write `written` into the slot of `input` while it reads `input`:
+/// re-derived from the step alone. The step is a loop kernel, or a GEMM's epilogue with `input`
+/// not an operand of the GEMM (a GEMM reads its operands whole); both buffers are distinct
+/// intermediates of the same element width and count; `written` has exactly one store, in the
+/// last stage; and every load of `input` is direct, at that store's index, needed by no store
+/// after it in that stage, and used only by stages of the store stage's extent. Then each
+/// element of `input` is read in the iteration that overwrites it, before it is overwritten.
+fn in_place_allowed(p: &Program, step: &Step, written: BufferId, input: BufferId) -> bool {
+    let kernel = match step {
+        Step::Kernel(k) => k,
+        Step::Matmul(m) if m.a.buffer != input && m.b.buffer() != input => match &m.epilogue {
+            Some(epilogue) => epilogue,
+            None => return false,
+        },
+        _ => return false,
+    };
+    let (out, inp) = (p.buffer(written), p.buffer(input));
+    let same_elements =
+        out.shape == inp.shape || (out.numel().is_some() && out.numel() == inp.numel());
+    if written == input
+        || out.kind != BufferKind::Intermediate
+        || inp.kind != BufferKind::Intermediate
+        || out.dtype.size_bytes() != inp.dtype.size_bytes()
+        || !same_elements
+    {
+        return false;
+    }
+    let mut stores_of_written = kernel.stages.iter().enumerate().flat_map(|(s, stage)| {
+        stage
+            .action
+            .stores()
+            .iter()
+            .enumerate()
+            .filter(|(_, st)| st.buffer == written)
+            .map(move |(position, st)| (s, position, st))
+    });
+    let (Some((stage, position, store)), None) =
+        (stores_of_written.next(), stores_of_written.next())
+    else {
+        return false;
+    };
+    if stage + 1 != kernel.stages.len() {
+        return false;
+    }
+    let StageAction::Store(stage_stores) = &kernel.stages[stage].action else {
+        return false;
+    };
+    let later: Vec<ExprId> = stage_stores[position + 1..]
+        .iter()
+        .map(|st| st.value)
+        .collect();
+    let needed_later = kernel.reachable(&later);
+    let extent = &kernel.stages[stage].extent;
+    kernel.exprs.iter().enumerate().all(|(i, e)| {
+        let Expr::Load {
+            buffer,
+            index,
+            indirect,
+        } = e
+        else {
+            return true;
+        };
+        if *buffer != input {
+            return true;
+        }
+        let id = ExprId(i as u32);
+        indirect.is_none()
+            && *index == store.index
+            && !needed_later.contains(&id)
+            && kernel
+                .stages
+                .iter()
+                .all(|s| s.extent == *extent || !kernel.reachable(&s.action.roots()).contains(&id))
+    })
 }

@@ -27,7 +27,6 @@
 use crate::math::block::{block_routine, BlockFn};
 use crate::math::MathFn;
 use crate::scatter::View;
-use minductor_passes::kernel::MaskKind;
 use minductor_runtime::RuntimeError;
 use std::sync::Mutex;
 
@@ -39,7 +38,7 @@ const KEY_BLOCK: usize = 64;
 /// The sizes of one attention: `q [batch.., t, e]`, `k [batch_kv.., s, e]`, `v [batch_kv.., s,
 /// ev]`, `out [batch.., t, ev]` (contiguous); q head `h` (the last batch dim) reads k/v head
 /// `h / group`.
-pub(crate) struct AttentionShape<'a> {
+pub struct AttentionShape<'a> {
     pub batch: &'a [usize],
     pub t: usize,
     pub s: usize,
@@ -50,8 +49,20 @@ pub(crate) struct AttentionShape<'a> {
     pub causal: bool,
 }
 
+/// How a mask buffer enters the scores (the kernel IR's `MaskKind`, which the executor maps to
+/// this one).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MaskKind {
+    /// f32 values added to the scaled scores.
+    Add,
+    /// Bool: true takes part.
+    Keep,
+    /// Bool: true is dropped.
+    Drop,
+}
+
 /// A mask seen with the scores' shape `[batch.., t, s]` (stride 0 where it broadcasts).
-pub(crate) enum Mask<'a> {
+pub enum Mask<'a> {
     /// Added to the scaled scores.
     Add(View<'a, f32>),
     /// Bool (one byte, nonzero is true): the scores where it is false are −inf (PyTorch's bool
@@ -63,7 +74,7 @@ pub(crate) enum Mask<'a> {
 
 /// A mask buffer's elements, by type.
 #[derive(Clone, Copy)]
-pub(crate) enum MaskData<'a> {
+pub enum MaskData<'a> {
     F32(&'a [f32]),
     /// One byte an element, nonzero is true.
     Bool(&'a [u8]),
@@ -71,7 +82,7 @@ pub(crate) enum MaskData<'a> {
 
 impl<'a> Mask<'a> {
     /// The mask of `kind` on `data` (an error when the element type does not fit the kind).
-    pub(crate) fn new(
+    pub fn new(
         kind: MaskKind,
         data: MaskData<'a>,
         offset: i64,
@@ -119,7 +130,7 @@ impl<'a> Mask<'a> {
 /// `out = softmax(q·kᵀ·scale [+ mask] [causal])·v`. Checks every view against its buffer and
 /// `out`'s length first (an error, and nothing written, when one does not fit); then all
 /// accesses are checked slice indexing or inside the checked packed buffers.
-pub(crate) fn attention(
+pub fn attention(
     q: View<'_, f32>,
     k: View<'_, f32>,
     v: View<'_, f32>,
@@ -357,7 +368,7 @@ fn row<'a, T: Copy>(
 }
 
 /// The CPU has what the AVX-512 form uses (F, DQ and FMA: the inlined block-math `exp`).
-pub(crate) fn has_avx512() -> bool {
+pub fn has_avx512() -> bool {
     #[cfg(target_arch = "x86_64")]
     {
         use std::arch::is_x86_feature_detected as has;

@@ -5,7 +5,7 @@ use minductor_runtime::RuntimeError;
 
 /// One operand of a scatter-add seen with the source's shape: element `p` lives at
 /// `offset + Σ p_d · strides[d]`.
-pub(crate) struct View<'a, T> {
+pub struct View<'a, T> {
     pub data: &'a [T],
     pub offset: i64,
     pub strides: &'a [i64],
@@ -13,7 +13,7 @@ pub(crate) struct View<'a, T> {
 
 impl<T: Copy> View<'_, T> {
     /// Checks that every position of `shape` addresses an element of `data`.
-    pub(crate) fn check(&self, shape: &[usize], what: &str) -> Result<(), RuntimeError> {
+    pub fn check(&self, shape: &[usize], what: &str) -> Result<(), RuntimeError> {
         if shape.contains(&0) {
             // An empty view reads no element (its users loop over `shape`).
             return Ok(());
@@ -41,7 +41,7 @@ impl<T: Copy> View<'_, T> {
 /// `out = 0; out[p with p[dim] = index[p]] += src[p]` for every position `p` of `shape` (the
 /// source's), in row-major order, so the sums are the same on every run. An index outside
 /// `0..out_shape[dim]` is an error naming it; `out` is left partly written then.
-pub(crate) fn scatter_add(
+pub fn scatter_add(
     index: View<'_, i64>,
     src: View<'_, f32>,
     shape: &[usize],

@@ -7,7 +7,7 @@
 //! them, `MODES=multiply,streaming` (for example) the given measurements:
 //! `cargo run --release -p minductor-codegen-cpu --example gemm_shapes [-- rounds]`.
 
-use minductor_codegen_cpu::gemm::{
+use minductor_kernels::gemm::{
     multiply_parallel, multiply_streaming, Kernel, MatrixMut, MatrixRef, PackedB,
 };
 use std::time::Instant;

@@ -12,8 +12,8 @@
 //! A routine is chosen once per process by [`block_routine`]: AVX-512F with DQ, else AVX2 with FMA,
 //! else none (then kernels keep the inline form, which is as wide as a plain SSE routine).
 
+use super::{FloatCmp, IntCmp};
 use super::{Lanes, MathFn};
-use cranelift_codegen::ir::condcodes::{FloatCC, IntCC};
 
 pub mod rows;
 
@@ -44,11 +44,23 @@ mod x86 {
     //! `Avx512` (16 lanes) and `Avx2` (8 lanes). Every method is `#[inline(always)]` so that
     //! it is compiled inside the `#[target_feature]` routine that calls it; the `unsafe`
     //! blocks rely on that routine's feature check (see [`super::Wide`]).
+    use super::super::{FloatCmp, IntCmp};
     use super::{Lanes, Wide};
-    use cranelift_codegen::ir::condcodes::{FloatCC, IntCC};
     use std::arch::x86_64::*;
 
-    pub(super) struct Avx512;
+    /// AVX-512F/DQ with FMA lanes. Only made by [`Avx512::new`], whose caller vouches for the
+    /// CPU, so every method's `unsafe` intrinsic runs on a CPU that has it.
+    pub(in crate::math) struct Avx512(());
+
+    impl Avx512 {
+        /// # Safety
+        /// The CPU has AVX-512F, AVX-512DQ and FMA (the routines that call this are
+        /// `#[target_feature]` functions chosen only after `block_isa` detected them).
+        #[inline(always)]
+        pub(in crate::math) unsafe fn new() -> Self {
+            Avx512(())
+        }
+    }
 
     macro_rules! f512 {
         ($op:ident, $a:expr, $b:expr) => {
@@ -60,31 +72,38 @@ mod x86 {
         type V = __m512i;
         #[inline(always)]
         fn f(&mut self, c: f32) -> __m512i {
+            // SAFETY: an `Avx512` exists only on a CPU with AVX-512F/DQ and FMA (`Avx512::new`).
             unsafe { _mm512_set1_epi32(c.to_bits() as i32) }
         }
         #[inline(always)]
         fn i(&mut self, c: i32) -> __m512i {
+            // SAFETY: an `Avx512` exists only on a CPU with AVX-512F/DQ and FMA (`Avx512::new`).
             unsafe { _mm512_set1_epi32(c) }
         }
         #[inline(always)]
         fn add(&mut self, a: __m512i, b: __m512i) -> __m512i {
+            // SAFETY: an `Avx512` exists only on a CPU with AVX-512F/DQ and FMA (`Avx512::new`).
             unsafe { f512!(_mm512_add_ps, a, b) }
         }
         #[inline(always)]
         fn sub(&mut self, a: __m512i, b: __m512i) -> __m512i {
+            // SAFETY: an `Avx512` exists only on a CPU with AVX-512F/DQ and FMA (`Avx512::new`).
             unsafe { f512!(_mm512_sub_ps, a, b) }
         }
         #[inline(always)]
         fn mul(&mut self, a: __m512i, b: __m512i) -> __m512i {
+            // SAFETY: an `Avx512` exists only on a CPU with AVX-512F/DQ and FMA (`Avx512::new`).
             unsafe { f512!(_mm512_mul_ps, a, b) }
         }
         #[inline(always)]
         fn div(&mut self, a: __m512i, b: __m512i) -> __m512i {
+            // SAFETY: an `Avx512` exists only on a CPU with AVX-512F/DQ and FMA (`Avx512::new`).
             unsafe { f512!(_mm512_div_ps, a, b) }
         }
         /// Always fused: routines exist only for CPUs with FMA, where the inline form fuses.
         #[inline(always)]
         fn mul_add(&mut self, a: __m512i, b: __m512i, c: __m512i) -> __m512i {
+            // SAFETY: an `Avx512` exists only on a CPU with AVX-512F/DQ and FMA (`Avx512::new`).
             unsafe {
                 _mm512_castps_si512(_mm512_fmadd_ps(
                     _mm512_castsi512_ps(a),
@@ -95,10 +114,12 @@ mod x86 {
         }
         #[inline(always)]
         fn abs(&mut self, a: __m512i) -> __m512i {
+            // SAFETY: an `Avx512` exists only on a CPU with AVX-512F/DQ and FMA (`Avx512::new`).
             unsafe { _mm512_and_si512(a, _mm512_set1_epi32(0x7fff_ffff)) }
         }
         #[inline(always)]
         fn neg(&mut self, a: __m512i) -> __m512i {
+            // SAFETY: an `Avx512` exists only on a CPU with AVX-512F/DQ and FMA (`Avx512::new`).
             unsafe { _mm512_xor_si512(a, _mm512_set1_epi32(i32::MIN)) }
         }
         #[inline(always)]
@@ -111,54 +132,63 @@ mod x86 {
         }
         #[inline(always)]
         fn iadd(&mut self, a: __m512i, b: __m512i) -> __m512i {
+            // SAFETY: an `Avx512` exists only on a CPU with AVX-512F/DQ and FMA (`Avx512::new`).
             unsafe { _mm512_add_epi32(a, b) }
         }
         #[inline(always)]
         fn isub(&mut self, a: __m512i, b: __m512i) -> __m512i {
+            // SAFETY: an `Avx512` exists only on a CPU with AVX-512F/DQ and FMA (`Avx512::new`).
             unsafe { _mm512_sub_epi32(a, b) }
         }
         #[inline(always)]
         fn band(&mut self, a: __m512i, b: __m512i) -> __m512i {
+            // SAFETY: an `Avx512` exists only on a CPU with AVX-512F/DQ and FMA (`Avx512::new`).
             unsafe { _mm512_and_si512(a, b) }
         }
         #[inline(always)]
         fn bor(&mut self, a: __m512i, b: __m512i) -> __m512i {
+            // SAFETY: an `Avx512` exists only on a CPU with AVX-512F/DQ and FMA (`Avx512::new`).
             unsafe { _mm512_or_si512(a, b) }
         }
         #[inline(always)]
         fn bxor(&mut self, a: __m512i, b: __m512i) -> __m512i {
+            // SAFETY: an `Avx512` exists only on a CPU with AVX-512F/DQ and FMA (`Avx512::new`).
             unsafe { _mm512_xor_si512(a, b) }
         }
         #[inline(always)]
         fn shl(&mut self, a: __m512i, n: i64) -> __m512i {
+            // SAFETY: an `Avx512` exists only on a CPU with AVX-512F/DQ and FMA (`Avx512::new`).
             unsafe { _mm512_sllv_epi32(a, _mm512_set1_epi32(n as i32)) }
         }
         #[inline(always)]
         fn ushr(&mut self, a: __m512i, n: i64) -> __m512i {
+            // SAFETY: an `Avx512` exists only on a CPU with AVX-512F/DQ and FMA (`Avx512::new`).
             unsafe { _mm512_srlv_epi32(a, _mm512_set1_epi32(n as i32)) }
         }
         #[inline(always)]
         fn sshr(&mut self, a: __m512i, n: i64) -> __m512i {
+            // SAFETY: an `Avx512` exists only on a CPU with AVX-512F/DQ and FMA (`Avx512::new`).
             unsafe { _mm512_srav_epi32(a, _mm512_set1_epi32(n as i32)) }
         }
         #[inline(always)]
         fn i2f(&mut self, i: __m512i) -> __m512i {
+            // SAFETY: an `Avx512` exists only on a CPU with AVX-512F/DQ and FMA (`Avx512::new`).
             unsafe { _mm512_castps_si512(_mm512_cvtepi32_ps(i)) }
         }
         #[inline(always)]
-        fn fcmp(&mut self, cc: FloatCC, a: __m512i, b: __m512i) -> __m512i {
+        fn fcmp(&mut self, cc: FloatCmp, a: __m512i, b: __m512i) -> __m512i {
+            // SAFETY: an `Avx512` exists only on a CPU with AVX-512F/DQ and FMA (`Avx512::new`).
             unsafe {
                 let (a, b) = (_mm512_castsi512_ps(a), _mm512_castsi512_ps(b));
                 let k = match cc {
-                    FloatCC::Equal => _mm512_cmp_ps_mask::<_CMP_EQ_OQ>(a, b),
-                    FloatCC::NotEqual => _mm512_cmp_ps_mask::<_CMP_NEQ_UQ>(a, b),
-                    FloatCC::LessThan => _mm512_cmp_ps_mask::<_CMP_LT_OQ>(a, b),
-                    FloatCC::LessThanOrEqual => _mm512_cmp_ps_mask::<_CMP_LE_OQ>(a, b),
-                    FloatCC::GreaterThan => _mm512_cmp_ps_mask::<_CMP_GT_OQ>(a, b),
-                    FloatCC::GreaterThanOrEqual => _mm512_cmp_ps_mask::<_CMP_GE_OQ>(a, b),
-                    FloatCC::Unordered => _mm512_cmp_ps_mask::<_CMP_UNORD_Q>(a, b),
-                    FloatCC::Ordered => _mm512_cmp_ps_mask::<_CMP_ORD_Q>(a, b),
-                    other => unreachable!("the math algorithms do not use {other:?}"),
+                    FloatCmp::Equal => _mm512_cmp_ps_mask::<_CMP_EQ_OQ>(a, b),
+                    FloatCmp::NotEqual => _mm512_cmp_ps_mask::<_CMP_NEQ_UQ>(a, b),
+                    FloatCmp::LessThan => _mm512_cmp_ps_mask::<_CMP_LT_OQ>(a, b),
+                    FloatCmp::LessThanOrEqual => _mm512_cmp_ps_mask::<_CMP_LE_OQ>(a, b),
+                    FloatCmp::GreaterThan => _mm512_cmp_ps_mask::<_CMP_GT_OQ>(a, b),
+                    FloatCmp::GreaterThanOrEqual => _mm512_cmp_ps_mask::<_CMP_GE_OQ>(a, b),
+                    FloatCmp::Unordered => _mm512_cmp_ps_mask::<_CMP_UNORD_Q>(a, b),
+                    FloatCmp::Ordered => _mm512_cmp_ps_mask::<_CMP_ORD_Q>(a, b),
                 };
                 // `vpmovm2d`: no input but the mask. (A zero-masked all-ones `vpternlogd`, what
                 // `maskz_mov` of -1 compiles to, also reads its destination register, and that
@@ -167,16 +197,16 @@ mod x86 {
             }
         }
         #[inline(always)]
-        fn icmp(&mut self, cc: IntCC, a: __m512i, b: __m512i) -> __m512i {
+        fn icmp(&mut self, cc: IntCmp, a: __m512i, b: __m512i) -> __m512i {
+            // SAFETY: an `Avx512` exists only on a CPU with AVX-512F/DQ and FMA (`Avx512::new`).
             unsafe {
                 let k = match cc {
-                    IntCC::Equal => _mm512_cmpeq_epi32_mask(a, b),
-                    IntCC::NotEqual => _mm512_cmpneq_epi32_mask(a, b),
-                    IntCC::SignedLessThan => _mm512_cmplt_epi32_mask(a, b),
-                    IntCC::SignedLessThanOrEqual => _mm512_cmple_epi32_mask(a, b),
-                    IntCC::SignedGreaterThan => _mm512_cmpgt_epi32_mask(a, b),
-                    IntCC::SignedGreaterThanOrEqual => _mm512_cmpge_epi32_mask(a, b),
-                    other => unreachable!("the math algorithms do not use {other:?}"),
+                    IntCmp::Equal => _mm512_cmpeq_epi32_mask(a, b),
+                    IntCmp::NotEqual => _mm512_cmpneq_epi32_mask(a, b),
+                    IntCmp::SignedLessThan => _mm512_cmplt_epi32_mask(a, b),
+                    IntCmp::SignedLessThanOrEqual => _mm512_cmple_epi32_mask(a, b),
+                    IntCmp::SignedGreaterThan => _mm512_cmpgt_epi32_mask(a, b),
+                    IntCmp::SignedGreaterThanOrEqual => _mm512_cmpge_epi32_mask(a, b),
                 };
                 // `vpmovm2d`: no input but the mask. (A zero-masked all-ones `vpternlogd`, what
                 // `maskz_mov` of -1 compiles to, also reads its destination register, and that
@@ -187,16 +217,19 @@ mod x86 {
         /// `vminps c, x` is `c < x ? c : x`, the default's very definition (NaN `x` kept).
         #[inline(always)]
         fn minc(&mut self, x: __m512i, c: f32) -> __m512i {
+            // SAFETY: an `Avx512` exists only on a CPU with AVX-512F/DQ and FMA (`Avx512::new`).
             unsafe { f512!(_mm512_min_ps, self.f(c), x) }
         }
         /// `vmaxps c, x` is `c > x ? c : x`, the default's `x < c ? c : x`.
         #[inline(always)]
         fn maxc(&mut self, x: __m512i, c: f32) -> __m512i {
+            // SAFETY: an `Avx512` exists only on a CPU with AVX-512F/DQ and FMA (`Avx512::new`).
             unsafe { f512!(_mm512_max_ps, self.f(c), x) }
         }
         /// `vscalefps`: `p * 2^n` rounded once, subnormal and overflowing results included.
         #[inline(always)]
         fn scale_pow2(&mut self, p: __m512i, n: __m512i, _: __m512i) -> __m512i {
+            // SAFETY: an `Avx512` exists only on a CPU with AVX-512F/DQ and FMA (`Avx512::new`).
             unsafe { f512!(_mm512_scalef_ps, p, n) }
         }
         /// `vpermps`: the index's low 4 bits pick one of the 16 entries.
@@ -213,6 +246,7 @@ mod x86 {
             // sign bits: LLVM takes the compare's mask register directly (the `vpmovm2d` /
             // `vpmovd2m` pair folds away), and `vpblendmd` does not overwrite an operand, as
             // the bitwise `vpternlogd` did (a copy of a constant per select).
+            // SAFETY: an `Avx512` exists only on a CPU with AVX-512F/DQ and FMA (`Avx512::new`).
             unsafe { _mm512_mask_blend_epi32(_mm512_movepi32_mask(m), f, t) }
         }
     }
@@ -221,15 +255,27 @@ mod x86 {
         const WIDTH: usize = 16;
         #[inline(always)]
         unsafe fn load(p: *const f32) -> __m512i {
+            // SAFETY: an `Avx512` exists only on a CPU with AVX-512F/DQ and FMA (`Avx512::new`).
             unsafe { _mm512_castps_si512(_mm512_loadu_ps(p)) }
         }
         #[inline(always)]
         unsafe fn store(p: *mut f32, v: __m512i) {
+            // SAFETY: an `Avx512` exists only on a CPU with AVX-512F/DQ and FMA (`Avx512::new`).
             unsafe { _mm512_storeu_ps(p, _mm512_castsi512_ps(v)) }
         }
     }
 
-    pub(super) struct Avx2;
+    /// AVX2 with FMA lanes. Only made by [`Avx2::new`], whose caller vouches for the CPU.
+    pub(in crate::math) struct Avx2(());
+
+    impl Avx2 {
+        /// # Safety
+        /// The CPU has AVX2 and FMA (checked by `block_isa` before any routine using it runs).
+        #[inline(always)]
+        pub(in crate::math) unsafe fn new() -> Self {
+            Avx2(())
+        }
+    }
 
     macro_rules! f256 {
         ($op:ident, $a:expr, $b:expr) => {
@@ -242,39 +288,48 @@ mod x86 {
         /// `vminps c, x` is `c < x ? c : x`, the default's very definition (NaN `x` kept).
         #[inline(always)]
         fn minc(&mut self, x: __m256i, c: f32) -> __m256i {
+            // SAFETY: an `Avx2` exists only on a CPU with AVX2 and FMA (`Avx2::new`).
             unsafe { f256!(_mm256_min_ps, self.f(c), x) }
         }
         /// `vmaxps c, x` is `c > x ? c : x`, the default's `x < c ? c : x`.
         #[inline(always)]
         fn maxc(&mut self, x: __m256i, c: f32) -> __m256i {
+            // SAFETY: an `Avx2` exists only on a CPU with AVX2 and FMA (`Avx2::new`).
             unsafe { f256!(_mm256_max_ps, self.f(c), x) }
         }
         #[inline(always)]
         fn f(&mut self, c: f32) -> __m256i {
+            // SAFETY: an `Avx2` exists only on a CPU with AVX2 and FMA (`Avx2::new`).
             unsafe { _mm256_set1_epi32(c.to_bits() as i32) }
         }
         #[inline(always)]
         fn i(&mut self, c: i32) -> __m256i {
+            // SAFETY: an `Avx2` exists only on a CPU with AVX2 and FMA (`Avx2::new`).
             unsafe { _mm256_set1_epi32(c) }
         }
         #[inline(always)]
         fn add(&mut self, a: __m256i, b: __m256i) -> __m256i {
+            // SAFETY: an `Avx2` exists only on a CPU with AVX2 and FMA (`Avx2::new`).
             unsafe { f256!(_mm256_add_ps, a, b) }
         }
         #[inline(always)]
         fn sub(&mut self, a: __m256i, b: __m256i) -> __m256i {
+            // SAFETY: an `Avx2` exists only on a CPU with AVX2 and FMA (`Avx2::new`).
             unsafe { f256!(_mm256_sub_ps, a, b) }
         }
         #[inline(always)]
         fn mul(&mut self, a: __m256i, b: __m256i) -> __m256i {
+            // SAFETY: an `Avx2` exists only on a CPU with AVX2 and FMA (`Avx2::new`).
             unsafe { f256!(_mm256_mul_ps, a, b) }
         }
         #[inline(always)]
         fn div(&mut self, a: __m256i, b: __m256i) -> __m256i {
+            // SAFETY: an `Avx2` exists only on a CPU with AVX2 and FMA (`Avx2::new`).
             unsafe { f256!(_mm256_div_ps, a, b) }
         }
         #[inline(always)]
         fn mul_add(&mut self, a: __m256i, b: __m256i, c: __m256i) -> __m256i {
+            // SAFETY: an `Avx2` exists only on a CPU with AVX2 and FMA (`Avx2::new`).
             unsafe {
                 _mm256_castps_si256(_mm256_fmadd_ps(
                     _mm256_castsi256_ps(a),
@@ -285,10 +340,12 @@ mod x86 {
         }
         #[inline(always)]
         fn abs(&mut self, a: __m256i) -> __m256i {
+            // SAFETY: an `Avx2` exists only on a CPU with AVX2 and FMA (`Avx2::new`).
             unsafe { _mm256_and_si256(a, _mm256_set1_epi32(0x7fff_ffff)) }
         }
         #[inline(always)]
         fn neg(&mut self, a: __m256i) -> __m256i {
+            // SAFETY: an `Avx2` exists only on a CPU with AVX2 and FMA (`Avx2::new`).
             unsafe { _mm256_xor_si256(a, _mm256_set1_epi32(i32::MIN)) }
         }
         #[inline(always)]
@@ -301,73 +358,82 @@ mod x86 {
         }
         #[inline(always)]
         fn iadd(&mut self, a: __m256i, b: __m256i) -> __m256i {
+            // SAFETY: an `Avx2` exists only on a CPU with AVX2 and FMA (`Avx2::new`).
             unsafe { _mm256_add_epi32(a, b) }
         }
         #[inline(always)]
         fn isub(&mut self, a: __m256i, b: __m256i) -> __m256i {
+            // SAFETY: an `Avx2` exists only on a CPU with AVX2 and FMA (`Avx2::new`).
             unsafe { _mm256_sub_epi32(a, b) }
         }
         #[inline(always)]
         fn band(&mut self, a: __m256i, b: __m256i) -> __m256i {
+            // SAFETY: an `Avx2` exists only on a CPU with AVX2 and FMA (`Avx2::new`).
             unsafe { _mm256_and_si256(a, b) }
         }
         #[inline(always)]
         fn bor(&mut self, a: __m256i, b: __m256i) -> __m256i {
+            // SAFETY: an `Avx2` exists only on a CPU with AVX2 and FMA (`Avx2::new`).
             unsafe { _mm256_or_si256(a, b) }
         }
         #[inline(always)]
         fn bxor(&mut self, a: __m256i, b: __m256i) -> __m256i {
+            // SAFETY: an `Avx2` exists only on a CPU with AVX2 and FMA (`Avx2::new`).
             unsafe { _mm256_xor_si256(a, b) }
         }
         #[inline(always)]
         fn shl(&mut self, a: __m256i, n: i64) -> __m256i {
+            // SAFETY: an `Avx2` exists only on a CPU with AVX2 and FMA (`Avx2::new`).
             unsafe { _mm256_sllv_epi32(a, _mm256_set1_epi32(n as i32)) }
         }
         #[inline(always)]
         fn ushr(&mut self, a: __m256i, n: i64) -> __m256i {
+            // SAFETY: an `Avx2` exists only on a CPU with AVX2 and FMA (`Avx2::new`).
             unsafe { _mm256_srlv_epi32(a, _mm256_set1_epi32(n as i32)) }
         }
         #[inline(always)]
         fn sshr(&mut self, a: __m256i, n: i64) -> __m256i {
+            // SAFETY: an `Avx2` exists only on a CPU with AVX2 and FMA (`Avx2::new`).
             unsafe { _mm256_srav_epi32(a, _mm256_set1_epi32(n as i32)) }
         }
         #[inline(always)]
         fn i2f(&mut self, i: __m256i) -> __m256i {
+            // SAFETY: an `Avx2` exists only on a CPU with AVX2 and FMA (`Avx2::new`).
             unsafe { _mm256_castps_si256(_mm256_cvtepi32_ps(i)) }
         }
         #[inline(always)]
-        fn fcmp(&mut self, cc: FloatCC, a: __m256i, b: __m256i) -> __m256i {
+        fn fcmp(&mut self, cc: FloatCmp, a: __m256i, b: __m256i) -> __m256i {
+            // SAFETY: an `Avx2` exists only on a CPU with AVX2 and FMA (`Avx2::new`).
             unsafe {
                 let (a, b) = (_mm256_castsi256_ps(a), _mm256_castsi256_ps(b));
                 _mm256_castps_si256(match cc {
-                    FloatCC::Equal => _mm256_cmp_ps::<_CMP_EQ_OQ>(a, b),
-                    FloatCC::NotEqual => _mm256_cmp_ps::<_CMP_NEQ_UQ>(a, b),
-                    FloatCC::LessThan => _mm256_cmp_ps::<_CMP_LT_OQ>(a, b),
-                    FloatCC::LessThanOrEqual => _mm256_cmp_ps::<_CMP_LE_OQ>(a, b),
-                    FloatCC::GreaterThan => _mm256_cmp_ps::<_CMP_GT_OQ>(a, b),
-                    FloatCC::GreaterThanOrEqual => _mm256_cmp_ps::<_CMP_GE_OQ>(a, b),
-                    FloatCC::Unordered => _mm256_cmp_ps::<_CMP_UNORD_Q>(a, b),
-                    FloatCC::Ordered => _mm256_cmp_ps::<_CMP_ORD_Q>(a, b),
-                    other => unreachable!("the math algorithms do not use {other:?}"),
+                    FloatCmp::Equal => _mm256_cmp_ps::<_CMP_EQ_OQ>(a, b),
+                    FloatCmp::NotEqual => _mm256_cmp_ps::<_CMP_NEQ_UQ>(a, b),
+                    FloatCmp::LessThan => _mm256_cmp_ps::<_CMP_LT_OQ>(a, b),
+                    FloatCmp::LessThanOrEqual => _mm256_cmp_ps::<_CMP_LE_OQ>(a, b),
+                    FloatCmp::GreaterThan => _mm256_cmp_ps::<_CMP_GT_OQ>(a, b),
+                    FloatCmp::GreaterThanOrEqual => _mm256_cmp_ps::<_CMP_GE_OQ>(a, b),
+                    FloatCmp::Unordered => _mm256_cmp_ps::<_CMP_UNORD_Q>(a, b),
+                    FloatCmp::Ordered => _mm256_cmp_ps::<_CMP_ORD_Q>(a, b),
                 })
             }
         }
         #[inline(always)]
-        fn icmp(&mut self, cc: IntCC, a: __m256i, b: __m256i) -> __m256i {
+        fn icmp(&mut self, cc: IntCmp, a: __m256i, b: __m256i) -> __m256i {
+            // SAFETY: an `Avx2` exists only on a CPU with AVX2 and FMA (`Avx2::new`).
             unsafe {
                 let ones = _mm256_set1_epi32(-1);
                 match cc {
-                    IntCC::Equal => _mm256_cmpeq_epi32(a, b),
-                    IntCC::NotEqual => _mm256_xor_si256(_mm256_cmpeq_epi32(a, b), ones),
-                    IntCC::SignedLessThan => _mm256_cmpgt_epi32(b, a),
-                    IntCC::SignedLessThanOrEqual => {
+                    IntCmp::Equal => _mm256_cmpeq_epi32(a, b),
+                    IntCmp::NotEqual => _mm256_xor_si256(_mm256_cmpeq_epi32(a, b), ones),
+                    IntCmp::SignedLessThan => _mm256_cmpgt_epi32(b, a),
+                    IntCmp::SignedLessThanOrEqual => {
                         _mm256_xor_si256(_mm256_cmpgt_epi32(a, b), ones)
                     }
-                    IntCC::SignedGreaterThan => _mm256_cmpgt_epi32(a, b),
-                    IntCC::SignedGreaterThanOrEqual => {
+                    IntCmp::SignedGreaterThan => _mm256_cmpgt_epi32(a, b),
+                    IntCmp::SignedGreaterThanOrEqual => {
                         _mm256_xor_si256(_mm256_cmpgt_epi32(b, a), ones)
                     }
-                    other => unreachable!("the math algorithms do not use {other:?}"),
                 }
             }
         }
@@ -386,6 +452,7 @@ mod x86 {
         #[inline(always)]
         fn sel(&mut self, m: __m256i, t: __m256i, f: __m256i) -> __m256i {
             // Bitwise `m ? t : f`, as the inline form's `bitselect`.
+            // SAFETY: an `Avx2` exists only on a CPU with AVX2 and FMA (`Avx2::new`).
             unsafe { _mm256_or_si256(_mm256_and_si256(m, t), _mm256_andnot_si256(m, f)) }
         }
     }
@@ -394,10 +461,12 @@ mod x86 {
         const WIDTH: usize = 8;
         #[inline(always)]
         unsafe fn load(p: *const f32) -> __m256i {
+            // SAFETY: an `Avx2` exists only on a CPU with AVX2 and FMA (`Avx2::new`).
             unsafe { _mm256_castps_si256(_mm256_loadu_ps(p)) }
         }
         #[inline(always)]
         unsafe fn store(p: *mut f32, v: __m256i) {
+            // SAFETY: an `Avx2` exists only on a CPU with AVX2 and FMA (`Avx2::new`).
             unsafe { _mm256_storeu_ps(p, _mm256_castsi256_ps(v)) }
         }
     }
@@ -456,11 +525,11 @@ impl<L: Lanes> Lanes for Twice<L> {
         [self.0.sshr(a[0], n), self.0.sshr(a[1], n)]
     }
     #[inline(always)]
-    fn fcmp(&mut self, cc: FloatCC, a: Self::V, b: Self::V) -> Self::V {
+    fn fcmp(&mut self, cc: FloatCmp, a: Self::V, b: Self::V) -> Self::V {
         [self.0.fcmp(cc, a[0], b[0]), self.0.fcmp(cc, a[1], b[1])]
     }
     #[inline(always)]
-    fn icmp(&mut self, cc: IntCC, a: Self::V, b: Self::V) -> Self::V {
+    fn icmp(&mut self, cc: IntCmp, a: Self::V, b: Self::V) -> Self::V {
         [self.0.icmp(cc, a[0], b[0]), self.0.icmp(cc, a[1], b[1])]
     }
     // The methods an instruction set may override (one instruction where the default takes
@@ -502,17 +571,7 @@ impl<L: Wide> Wide for Twice<L> {
 /// `f` on one register.
 #[inline(always)]
 fn apply<L: Wide>(e: &mut L, f: MathFn, x: L::V) -> L::V {
-    match f {
-        MathFn::Exp => super::exp(e, x, None),
-        MathFn::Log => super::log(e, x),
-        MathFn::Tanh => super::tanh(e, x),
-        MathFn::Erf => super::erf(e, x),
-        MathFn::Sin => super::sincos(e, x, false),
-        MathFn::Cos => super::sincos(e, x, true),
-        MathFn::Sigmoid => super::sigmoid(e, x),
-        MathFn::Gelu => super::gelu(e, x),
-        MathFn::Silu => super::silu(e, x),
-    }
+    super::apply(e, f, x)
 }
 
 /// `dst = f(src)` a register at a time; the last partial register is padded with zeros.
@@ -582,7 +641,7 @@ macro_rules! routines {
                     return;
                 }
                 // SAFETY: the caller's contract above.
-                unsafe { run(x86::$isa, $f, src, dst, n as usize) }
+                unsafe { run(x86::$isa::new(), $f, src, dst, n as usize) }
             }
         )*
     };
@@ -620,7 +679,8 @@ routines! {
 #[inline(always)]
 pub(crate) unsafe fn exp_avx512_lanes(x: std::arch::x86_64::__m512) -> std::arch::x86_64::__m512 {
     use std::arch::x86_64::{_mm512_castps_si512, _mm512_castsi512_ps};
-    let mut e = x86::Avx512;
+    // SAFETY: the caller's contract: the CPU has AVX-512F, AVX-512DQ and FMA.
+    let mut e = unsafe { x86::Avx512::new() };
     // SAFETY: bit casts between register types; the caller's contract covers the operations.
     unsafe { _mm512_castsi512_ps(super::exp(&mut e, _mm512_castps_si512(x), None)) }
 }

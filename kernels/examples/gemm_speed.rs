@@ -2,7 +2,7 @@
 //! multiplying timed apart:
 //! `cargo run --release -p minductor-codegen-cpu --example gemm_speed`.
 
-use minductor_codegen_cpu::gemm::{multiply_parallel, Kernel, MatrixMut, MatrixRef, PackedB};
+use minductor_kernels::gemm::{multiply_parallel, Kernel, MatrixMut, MatrixRef, PackedB};
 use std::time::Instant;
 
 fn median(mut f: impl FnMut()) -> f64 {

@@ -9,7 +9,7 @@
 //! members, and they must agree).
 
 use crate::kernel::*;
-use crate::plan_buffers::{live_ranges, BufferPlan, Slot};
+use crate::plan::{live_ranges, BufferPlan, Slot};
 use minductor_ir::text::{Cursor, ParseError};
 use minductor_ir::{BinaryOp, CompareOp, NodeId, ReduceOp, SizeExpr, UnaryOp};
 use std::str::FromStr;

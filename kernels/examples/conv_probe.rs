@@ -1,8 +1,8 @@
 //! Times one image of a 3x3 convolution on one thread: the implicit GEMM, Winograd F(2x2, 3x3)
 //! and a GEMM over a materialized im2col. `SHAPE=c,k,h,w` (default 64,64,56,56),
 //! `IMAGES=n`: cycle through n images and outputs (as a batch does: inputs not in cache).
-use minductor_codegen_cpu::gemm::*;
 use minductor_ir::Window2d;
+use minductor_kernels::gemm::*;
 use std::time::Instant;
 fn main() {
     let shape: Vec<usize> = std::env::var("SHAPE")

@@ -9,7 +9,7 @@
 //! compile C++ at run time, and an interpreter over the stage's expressions would pay a load and
 //! a store per operation, so the common *shapes* of row stages are compiled here, ahead of time,
 //! once per instruction set, and a stage whose expression has one of these shapes calls its
-//! routine once per row (`lower/rows.rs` matches them).
+//! routine once per row (the code generator's `lower/rows.rs` matches them).
 //!
 //! A shape is a chain, applied to each element `x[i]` of the row in this order (each step
 //! optional; the bits of [`RowShape`]):
@@ -25,7 +25,7 @@
 //! maximum taken. `u0`, `u1` are values of the row (a mean, `1/sum`, `rsqrt(var + eps)`);
 //! `w`, `b` other rows (weights, bias, the other half of a gated product).
 //!
-//! **Sums.** A sum adds blocks of [`SUM_BLOCK`](crate::lower::SUM_BLOCK) elements into four
+//! **Sums.** A sum adds blocks of [`SUM_BLOCK`] elements into four
 //! fresh accumulator registers (so each lane adds at most 16 values in a row on AVX-512), and
 //! each block's partial sums into Kahan-compensated running sums; at the end the four are added
 //! pairwise, then the lanes pairwise. The order depends only on the row's length, never on which
@@ -36,8 +36,8 @@
 //! Cranelift loop.
 
 use super::{apply, x86, Wide};
+use crate::math::FloatCmp;
 use crate::math::MathFn;
-use cranelift_codegen::ir::condcodes::FloatCC;
 
 /// What a row routine reads: its rows, their length and its two row values.
 #[repr(C)]
@@ -182,9 +182,9 @@ fn combine<L: Wide, const S: u32>(e: &mut L, acc: L::V, t: L::V, nan: &mut L::V)
     } else if S & RowShape::SUM_SQUARES != 0 {
         e.mul_add(t, t, acc)
     } else if S & RowShape::MAX != 0 {
-        let unordered = e.fcmp(FloatCC::Unordered, t, t);
+        let unordered = e.fcmp(FloatCmp::Unordered, t, t);
         *nan = e.bor(*nan, unordered);
-        let take = e.fcmp(FloatCC::LessThan, acc, t);
+        let take = e.fcmp(FloatCmp::LessThan, acc, t);
         e.sel(take, t, acc)
     } else {
         acc
@@ -212,6 +212,9 @@ unsafe fn lanes<L: Wide>(v: L::V) -> [f32; 16] {
     out
 }
 
+/// Elements per block of a sum (as the code generator's 4-lane loops' `SUM_BLOCK`).
+pub const SUM_BLOCK: usize = 1024;
+
 /// Registers per step of the main loop: independent chains (four accumulators of a sum).
 const CHAINS: usize = 4;
 
@@ -230,7 +233,7 @@ unsafe fn run<L: Wide, const S: u32>(mut e: L, a: &RowArgs) -> f32 {
     let mut running = [init; CHAINS];
     let mut compensation = [zero; CHAINS];
     let sums = S & (RowShape::SUM | RowShape::SUM_SQUARES) != 0;
-    let block = crate::lower::SUM_BLOCK as usize;
+    let block = SUM_BLOCK;
     let mut i = 0;
     while i < n {
         let end = if sums { n.min(i + block) } else { n };
@@ -310,7 +313,7 @@ unsafe fn run<L: Wide, const S: u32>(mut e: L, a: &RowArgs) -> f32 {
                 let rounded = e.sub(t, running[k]);
                 let c = e.sub(rounded, y);
                 let d = e.sub(c, c);
-                let finite = e.fcmp(FloatCC::Equal, d, zero);
+                let finite = e.fcmp(FloatCmp::Equal, d, zero);
                 compensation[k] = e.sel(finite, c, zero);
                 running[k] = t;
             }
@@ -372,7 +375,7 @@ macro_rules! row_routines {
                 // SAFETY: the caller's contract above.
                 let a = unsafe { *args };
                 // SAFETY: the caller's contract above.
-                unsafe { run::<x86::$isa, S>(x86::$isa, &a) }
+                unsafe { run::<x86::$isa, S>(x86::$isa::new(), &a) }
             }
         )*
     };

@@ -2,7 +2,7 @@
 //! packing): one thread, CPU time, median of 9:
 //! `cargo run --release -p minductor-codegen-cpu --example gemm_kernel [-- kc micro_panels panels]`.
 
-use minductor_codegen_cpu::gemm::{bench_macro_kernel, Kernel};
+use minductor_kernels::gemm::{bench_macro_kernel, Kernel};
 
 #[repr(C)]
 struct Timespec {

@@ -1,0 +1,18 @@
+//! The kernel library: every routine compiled ahead of time with `std::arch` (AVX-512, AVX2, and
+//! a portable fallback, chosen at run time from the CPU's features) that compiled programs call.
+//!
+//! - [`gemm`]: packing, cache blocking and micro-kernels of our GEMM, the implicit GEMM that
+//!   packs convolution panels straight from the input, and the Winograd F(2x2, 3x3) convolution;
+//! - [`attention`]: the fused scaled-dot-product attention step (online softmax over key blocks);
+//! - [`math`]: the transcendental functions written once over [`math::Lanes`] (the code
+//!   generator implements it for Cranelift IR) and their ahead-of-time block routines;
+//! - [`scatter`]: the scatter-add of `gather`'s and `take_along`'s derivatives.
+//!
+//! Architecture invariant: this crate knows nothing of graphs, kernel IR or Cranelift. Its
+//! entry points take plain slices and shapes, check (or state in their `# Safety` section) the
+//! bounds they rely on, and every `unsafe` block says why it is sound.
+
+pub mod attention;
+pub mod gemm;
+pub mod math;
+pub mod scatter;
