@@ -45,8 +45,8 @@ use crate::math::block::{block_routine, BlockFn};
 use crate::math::{emit_math, emit_pow, host_has_fma, MathFn, GELU_SCALE};
 use cranelift_codegen::ir::condcodes::{FloatCC, IntCC};
 use cranelift_codegen::ir::{
-    types, AbiParam, ConstantData, Function, InstBuilder, MemFlagsData, Signature, StackSlotData,
-    StackSlotKind, Type, Value,
+    types, AbiParam, Block, ConstantData, Function, InstBuilder, MemFlagsData, Signature,
+    StackSlotData, StackSlotKind, Type, Value,
 };
 use cranelift_frontend::{FunctionBuilder, Variable};
 use minductor_ir::{BinaryOp, CompareOp, DType, ReduceOp, SizeExpr, SymId, UnaryOp};
@@ -80,6 +80,15 @@ pub fn kernel_signature(sig: &mut Signature) {
     for _ in 0..4 {
         sig.params.push(AbiParam::new(types::I64));
     }
+}
+
+/// A loop being emitted: its variable, blocks, and the variable's value in the header.
+struct LoopHead {
+    var: Variable,
+    header: Block,
+    body: Block,
+    exit: Block,
+    i: Value,
 }
 
 /// A value in vector mode: a scalar (uniform across lanes) or a 4-lane vector.
@@ -325,27 +334,62 @@ impl Lowering<'_, '_, '_> {
         step: i64,
         mut body: impl FnMut(&mut Self, Value),
     ) -> Value {
+        let head = self.loop_head(lo);
+        let next = self.b.ins().iadd_imm_s(head.i, step);
+        let go = self.b.ins().icmp(IntCC::SignedLessThanOrEqual, next, hi);
+        self.b.ins().brif(go, head.body, &[], head.exit, &[]);
+        self.b.switch_to_block(head.body);
+        self.forget();
+        body(self, head.i);
+        self.forget();
+        let i = self.b.use_var(head.var);
+        let next = self.b.ins().iadd_imm_s(i, step);
+        self.loop_tail(&head, next);
+        self.b.use_var(head.var)
+    }
+
+    /// The head of a loop over an i64 variable starting at `lo`: its header, body and exit
+    /// blocks, with the builder left in the header, where the variable's value is `i`.
+    fn loop_head(&mut self, lo: Value) -> LoopHead {
         let var = self.b.declare_var(types::I64);
         self.b.def_var(var, lo);
         let header = self.b.create_block();
-        let body_block = self.b.create_block();
+        let body = self.b.create_block();
         let exit = self.b.create_block();
         self.b.ins().jump(header, &[]);
         self.b.switch_to_block(header);
         let i = self.b.use_var(var);
-        let next = self.b.ins().iadd_imm_s(i, step);
-        let go = self.b.ins().icmp(IntCC::SignedLessThanOrEqual, next, hi);
-        self.b.ins().brif(go, body_block, &[], exit, &[]);
-        self.b.switch_to_block(body_block);
-        self.forget();
-        body(self, i);
-        self.forget();
-        let i = self.b.use_var(var);
-        let next = self.b.ins().iadd_imm_s(i, step);
-        self.b.def_var(var, next);
-        self.b.ins().jump(header, &[]);
-        self.b.switch_to_block(exit);
-        self.b.use_var(var)
+        LoopHead {
+            var,
+            header,
+            body,
+            exit,
+            i,
+        }
+    }
+
+    /// The end of a loop's body: the variable takes `next`, back to the header; the builder
+    /// continues after the loop.
+    fn loop_tail(&mut self, head: &LoopHead, next: Value) {
+        self.b.def_var(head.var, next);
+        self.b.ins().jump(head.header, &[]);
+        self.b.switch_to_block(head.exit);
+    }
+
+    /// A stage loop above the innermost: `Var::Inner(level)` over `0..extents[level]`, `deeper`
+    /// inside (both stage loop orders nest their levels this way).
+    fn enclosing_loop(
+        &mut self,
+        level: usize,
+        extents: &[Value],
+        mut deeper: impl FnMut(&mut Self),
+    ) {
+        let zero = self.b.ins().iconst(types::I64, 0);
+        let var = Var::Inner(level as u32);
+        self.counted_loop(zero, extents[level], 1, |l, i| {
+            l.vars.insert(var, i);
+            deeper(l);
+        });
     }
 
     fn stages(&mut self, extents: &[Value]) {
@@ -590,15 +634,14 @@ impl Lowering<'_, '_, '_> {
             self.forget();
             return;
         }
-        let zero = self.b.ins().iconst(types::I64, 0);
-        let var = Var::Inner(level as u32);
         if level + 1 < extents.len() {
-            self.counted_loop(zero, extents[level], 1, |l, i| {
-                l.vars.insert(var, i);
-                l.inner_loops(level + 1, extents, vector, body);
+            self.enclosing_loop(level, extents, |l| {
+                l.inner_loops(level + 1, extents, vector, body)
             });
             return;
         }
+        let zero = self.b.ins().iconst(types::I64, 0);
+        let var = Var::Inner(level as u32);
         self.hoist_addresses();
         self.hoist_invariants();
         if !self.block_levels.is_empty() || self.fold.is_some() {
@@ -744,26 +787,17 @@ impl Lowering<'_, '_, '_> {
         step: i64,
         mut body: impl FnMut(&mut Self, Value, Value),
     ) {
-        let var = self.b.declare_var(types::I64);
-        self.b.def_var(var, lo);
-        let header = self.b.create_block();
-        let body_block = self.b.create_block();
-        let exit = self.b.create_block();
-        self.b.ins().jump(header, &[]);
-        self.b.switch_to_block(header);
-        let i = self.b.use_var(var);
-        let go = self.b.ins().icmp(IntCC::SignedLessThan, i, hi);
-        self.b.ins().brif(go, body_block, &[], exit, &[]);
-        self.b.switch_to_block(body_block);
-        let next = self.b.ins().iadd_imm_s(i, step);
+        let head = self.loop_head(lo);
+        let go = self.b.ins().icmp(IntCC::SignedLessThan, head.i, hi);
+        self.b.ins().brif(go, head.body, &[], head.exit, &[]);
+        self.b.switch_to_block(head.body);
+        let next = self.b.ins().iadd_imm_s(head.i, step);
         let full = self.b.ins().icmp(IntCC::SignedLessThan, next, hi);
         let end = self.b.ins().select(full, next, hi);
         self.forget();
-        body(self, i, end);
+        body(self, head.i, end);
         self.forget();
-        self.b.def_var(var, next);
-        self.b.ins().jump(header, &[]);
-        self.b.switch_to_block(exit);
+        self.loop_tail(&head, next);
     }
 
     /// Zeroes the block accumulators of a sum.
@@ -1204,9 +1238,9 @@ impl Lowering<'_, '_, '_> {
         }
         let uniform = mode == Mode::Scalar || self.is_uniform(e);
         let v = if uniform {
-            Val::Scalar(self.emit_scalar(e))
+            Val::Scalar(self.emit_in(e, Mode::Scalar))
         } else {
-            self.emit_vector(e)
+            Val::Vector(self.emit_in(e, Mode::Vector))
         };
         self.memo.insert(e, v);
         v
@@ -1302,14 +1336,19 @@ impl Lowering<'_, '_, '_> {
         match c.as_const() {
             Some(c) => self.b.ins().imul_imm_s(v, c * k),
             None => {
-                let c = self.sizes[c];
-                let ck = if k == 1 {
-                    c
-                } else {
-                    self.b.ins().imul_imm_s(c, k)
-                };
+                let ck = self.symbolic_times(c, k);
                 self.b.ins().imul(v, ck)
             }
+        }
+    }
+
+    /// `c · k` for a symbolic size expression `c` (computed in the entry block).
+    fn symbolic_times(&mut self, c: &SizeExpr, k: i64) -> Value {
+        let c = self.sizes[c];
+        if k == 1 {
+            c
+        } else {
+            self.b.ins().imul_imm_s(c, k)
         }
     }
 
@@ -1319,12 +1358,7 @@ impl Lowering<'_, '_, '_> {
             Some(0) => x,
             Some(c) => self.b.ins().iadd_imm_s(x, c * k),
             None => {
-                let c = self.sizes[c];
-                let ck = if k == 1 {
-                    c
-                } else {
-                    self.b.ins().imul_imm_s(c, k)
-                };
+                let ck = self.symbolic_times(c, k);
                 self.b.ins().iadd(x, ck)
             }
         }
@@ -1422,40 +1456,70 @@ impl Lowering<'_, '_, '_> {
         }
     }
 
-    fn emit_scalar(&mut self, e: ExprId) -> Value {
+    /// `e`'s operand `a` in `mode`: a scalar, or a vector (a uniform operand splat).
+    fn operand(&mut self, a: ExprId, mode: Mode) -> Value {
+        match mode {
+            Mode::Scalar => self.scalar_operand(a),
+            Mode::Vector => self.vector_operand(a),
+        }
+    }
+
+    /// The value of `e` computed once for all lanes (`Mode::Scalar`: an `F32`, `I64` or `I8`
+    /// value) or lane by lane (`Mode::Vector`: an `F32X4`, or an `I32X4` mask for bool). One
+    /// emitter serves both forms, so the scalar tail and the vector body perform the same
+    /// operations in the same order and agree bit for bit; only loads, constants, indices,
+    /// stage results, selects and casts differ by form.
+    fn emit_in(&mut self, e: ExprId, mode: Mode) -> Value {
         let ty = self.kernel.ty(e);
         match self.kernel.expr(e).clone() {
             Expr::Load {
                 buffer,
                 index,
                 indirect,
-            } => {
-                let addr = self.address(buffer, &index, indirect.as_ref(), 0);
-                self.load_scalar(buffer, addr)
-            }
+            } => match mode {
+                Mode::Scalar => {
+                    let addr = self.address(buffer, &index, indirect.as_ref(), 0);
+                    self.load_scalar(buffer, addr)
+                }
+                Mode::Vector => self.load_vector(buffer, &index, indirect.as_ref()),
+            },
+            Expr::Constant { .. } if mode == Mode::Vector => unreachable!("constants are uniform"),
             Expr::Constant { value, ty } => match ty {
                 ScalarType::F32 => self.b.ins().f32const(value as f32),
                 ScalarType::I64 => self.b.ins().iconst(types::I64, value as i64),
                 ScalarType::Bool => self.b.ins().iconst(types::I8, (value != 0.0) as i64),
             },
-            Expr::StageResult(n) if self.outer_mode => self.outer_result_scalar(n),
+            Expr::StageResult(n) if self.outer_mode => match mode {
+                Mode::Scalar => self.outer_result_scalar(n),
+                Mode::Vector => self.outer_result_vector(n),
+            },
+            Expr::StageResult(_) if mode == Mode::Vector => {
+                unreachable!("stage results are uniform outside the outer-reduction order")
+            }
             Expr::StageResult(n) => {
                 self.stage_results[n as usize].expect("stages run in dependency order")
             }
-            Expr::Index(index) => {
-                let i = self.index_value(&index);
-                match ty {
-                    ScalarType::F32 => self.b.ins().fcvt_from_sint(types::F32, i),
-                    _ => i,
+            Expr::Index(index) => match mode {
+                Mode::Scalar => {
+                    let i = self.index_value(&index);
+                    match ty {
+                        ScalarType::F32 => self.b.ins().fcvt_from_sint(types::F32, i),
+                        _ => i,
+                    }
                 }
-            }
+                Mode::Vector => self.index_vector(&index),
+            },
             Expr::Unary(op, a) => {
-                let a = self.scalar_operand(a);
+                let a = self.operand(a, mode);
                 self.unary(op, a, ty)
             }
             Expr::Binary(BinaryOp::Div, a, c) if self.divides_by_uniform(a, c, ty) => {
-                let a = self.scalar_operand(a);
+                let a = self.operand(a, mode);
                 let r = self.reciprocal(c);
+                let r = match mode {
+                    Mode::Scalar => r,
+                    Mode::Vector => self.b.ins().splat(types::F32X4, r),
+                };
                 self.b.ins().fmul(a, r)
             }
             Expr::Binary(op @ (BinaryOp::Add | BinaryOp::Sub), a, c)
@@ -1463,33 +1527,49 @@ impl Lowering<'_, '_, '_> {
             {
                 let (x, y, z, negate_product) = self.contraction(op, a, c).expect("checked");
                 let (x, y, z) = (
-                    self.scalar_operand(x),
-                    self.scalar_operand(y),
-                    self.scalar_operand(z),
+                    self.operand(x, mode),
+                    self.operand(y, mode),
+                    self.operand(z, mode),
                 );
                 self.fused(x, y, z, op, negate_product)
             }
             Expr::Binary(op, a, c) => {
-                let (a, c) = (self.scalar_operand(a), self.scalar_operand(c));
+                let (a, c) = (self.operand(a, mode), self.operand(c, mode));
                 self.binary(op, a, c, ty)
             }
             Expr::Compare(op, a, c) => {
                 let operand_ty = self.kernel.ty(a);
-                let (a, c) = (self.scalar_operand(a), self.scalar_operand(c));
-                self.compare(op, a, c, operand_ty)
+                let (a, c) = (self.operand(a, mode), self.operand(c, mode));
+                let mask = self.compare(op, a, c, operand_ty);
+                match mode {
+                    Mode::Scalar => mask,
+                    Mode::Vector => self.bitcast(types::I32X4, mask),
+                }
             }
             Expr::Where(c, a, d) => {
                 let (c, a, d) = (
-                    self.scalar_operand(c),
-                    self.scalar_operand(a),
-                    self.scalar_operand(d),
+                    self.operand(c, mode),
+                    self.operand(a, mode),
+                    self.operand(d, mode),
                 );
-                self.b.ins().select(c, a, d)
+                match mode {
+                    Mode::Scalar => self.b.ins().select(c, a, d),
+                    Mode::Vector => {
+                        // Bool operands are i32x4 masks, float ones f32x4: the mask takes their
+                        // type.
+                        let operand_type = self.b.func.dfg.value_type(a);
+                        let mask = self.bitcast(operand_type, c);
+                        self.b.ins().bitselect(mask, a, d)
+                    }
+                }
             }
             Expr::Cast(to, a) => {
                 let from = self.kernel.ty(a);
-                let a = self.scalar_operand(a);
-                self.cast_scalar(to, from, a)
+                let a = self.operand(a, mode);
+                match mode {
+                    Mode::Scalar => self.cast_scalar(to, from, a),
+                    Mode::Vector => self.cast_vector(to, from, a),
+                }
             }
         }
     }
@@ -1646,99 +1726,44 @@ impl Lowering<'_, '_, '_> {
         self.vector_of(v, ty)
     }
 
-    fn emit_vector(&mut self, e: ExprId) -> Val {
-        let ty = self.kernel.ty(e);
-        let v = match self.kernel.expr(e).clone() {
-            Expr::Load {
-                buffer,
-                index,
-                indirect,
-            } => self.load_vector(buffer, &index, indirect.as_ref()),
-            Expr::Unary(op, a) => {
-                let a = self.vector_operand(a);
-                self.unary(op, a, ty)
+    /// `x` (a vector of kernel type `from`) cast to `to`, lane by lane (`vectorizable` keeps
+    /// i64 casts scalar).
+    fn cast_vector(&mut self, to: DType, from: ScalarType, x: Value) -> Value {
+        match (to, from) {
+            (DType::F32 | DType::F16 | DType::BF16, ScalarType::F32) => self.round_to(to, x),
+            (DType::F64 | DType::F32 | DType::F16 | DType::BF16, ScalarType::Bool) => {
+                let one = self.f32_like(1.0, types::F32X4);
+                let mask = self.bitcast(types::F32X4, x);
+                self.b.ins().band(mask, one)
             }
-            Expr::Binary(BinaryOp::Div, a, c) if self.divides_by_uniform(a, c, ty) => {
-                let a = self.vector_operand(a);
-                let r = self.reciprocal(c);
-                let r = self.b.ins().splat(types::F32X4, r);
-                self.b.ins().fmul(a, r)
+            (DType::Bool, ScalarType::F32) => {
+                let zero = self.f32_like(0.0, types::F32X4);
+                let m = self.b.ins().fcmp(FloatCC::NotEqual, x, zero);
+                self.bitcast(types::I32X4, m)
             }
-            Expr::Binary(op @ (BinaryOp::Add | BinaryOp::Sub), a, c)
-                if self.contraction(op, a, c).is_some() =>
-            {
-                let (x, y, z, negate_product) = self.contraction(op, a, c).expect("checked");
-                let (x, y, z) = (
-                    self.vector_operand(x),
-                    self.vector_operand(y),
-                    self.vector_operand(z),
-                );
-                self.fused(x, y, z, op, negate_product)
-            }
-            Expr::Binary(op, a, c) => {
-                let (a, c) = (self.vector_operand(a), self.vector_operand(c));
-                self.binary(op, a, c, ty)
-            }
-            Expr::Compare(op, a, c) => {
-                let operand_ty = self.kernel.ty(a);
-                let (a, c) = (self.vector_operand(a), self.vector_operand(c));
-                let mask = self.compare(op, a, c, operand_ty);
-                self.bitcast(types::I32X4, mask)
-            }
-            Expr::Where(c, a, d) => {
-                let (c, a, d) = (
-                    self.vector_operand(c),
-                    self.vector_operand(a),
-                    self.vector_operand(d),
-                );
-                // Bool operands are i32x4 masks, float ones f32x4: the mask takes their type.
-                let operand_type = self.b.func.dfg.value_type(a);
-                let mask = self.bitcast(operand_type, c);
-                self.b.ins().bitselect(mask, a, d)
-            }
-            Expr::Cast(to, a) => {
-                let from = self.kernel.ty(a);
-                let x = self.vector_operand(a);
-                match (to, from) {
-                    (DType::F32 | DType::F16 | DType::BF16, ScalarType::F32) => {
-                        self.round_to(to, x)
-                    }
-                    (DType::F64 | DType::F32 | DType::F16 | DType::BF16, ScalarType::Bool) => {
-                        let one = self.f32_like(1.0, types::F32X4);
-                        let mask = self.bitcast(types::F32X4, x);
-                        self.b.ins().band(mask, one)
-                    }
-                    (DType::Bool, ScalarType::F32) => {
-                        let zero = self.f32_like(0.0, types::F32X4);
-                        let m = self.b.ins().fcmp(FloatCC::NotEqual, x, zero);
-                        self.bitcast(types::I32X4, m)
-                    }
-                    (DType::Bool, ScalarType::Bool) => x,
-                    _ => unreachable!("vectorizable() excludes i64 casts"),
-                }
-            }
-            Expr::Index(index) => {
-                // Lane 0's value, splat, plus [0, c, 2c, 3c] for the innermost coefficient c.
-                let inner = self.innermost.expect("vector mode has an innermost loop");
-                let c = index
-                    .coefficient(inner)
-                    .as_const()
-                    .expect("vectorizable() keeps symbolic innermost index coefficients scalar");
-                let i = self.index_value(&index);
-                let f = self.b.ins().fcvt_from_sint(types::F32, i);
-                let base = self.b.ins().splat(types::F32X4, f);
-                // One constant from the pool (inserting lanes costs an instruction each).
-                let bytes: Vec<u8> = (0..LANES)
-                    .flat_map(|lane| ((lane * c) as f32).to_le_bytes())
-                    .collect();
-                let handle = self.b.func.dfg.constants.insert(ConstantData::from(bytes));
-                let steps = self.b.ins().vconst(types::F32X4, handle);
-                self.b.ins().fadd(base, steps)
-            }
-            Expr::StageResult(n) if self.outer_mode => self.outer_result_vector(n),
-            Expr::Constant { .. } | Expr::StageResult(_) => unreachable!("uniform"),
-        };
-        Val::Vector(v)
+            (DType::Bool, ScalarType::Bool) => x,
+            _ => unreachable!("vectorizable() excludes i64 casts"),
+        }
+    }
+
+    /// The f32 vector of `index` at the current loop variables: lane 0's value, splat, plus
+    /// `[0, c, 2c, 3c]` for the innermost coefficient `c`.
+    fn index_vector(&mut self, index: &Affine) -> Value {
+        let inner = self.innermost.expect("vector mode has an innermost loop");
+        let c = index
+            .coefficient(inner)
+            .as_const()
+            .expect("vectorizable() keeps symbolic innermost index coefficients scalar");
+        let i = self.index_value(index);
+        let f = self.b.ins().fcvt_from_sint(types::F32, i);
+        let base = self.b.ins().splat(types::F32X4, f);
+        // One constant from the pool (inserting lanes costs an instruction each).
+        let bytes: Vec<u8> = (0..LANES)
+            .flat_map(|lane| ((lane * c) as f32).to_le_bytes())
+            .collect();
+        let handle = self.b.func.dfg.constants.insert(ConstantData::from(bytes));
+        let steps = self.b.ins().vconst(types::F32X4, handle);
+        self.b.ins().fadd(base, steps)
     }
 
     /// The i64 value of `index` at the current loop variables (lane 0 of the unroll slot).

@@ -211,3 +211,22 @@ fn winograd_conv2d_matches_the_interpreter_on_any_thread_count_and_frozen() {
         );
     }
 }
+
+/// Regression: under `auto`, whether a weight transformed at every call pays for itself was
+/// judged over the images *each thread* runs, so one graph took Winograd on 1 thread and the
+/// implicit GEMM on 2 (two images, 32 channels, 16x16 outputs), and its results differed in
+/// the last bits between thread counts. The choice now depends on the shape alone.
+#[test]
+fn the_convolution_algorithm_does_not_depend_on_the_thread_count() {
+    let options = ConvOptions::default().padding(1);
+    let (graph, inputs) = build(&[&[2, 32, 16, 16], &[32, 32, 3, 3], &[32]], |i| {
+        vec![i[0].conv2d(&i[1], Some(&i[2]), options)]
+    });
+    let compiled = compile(&graph).unwrap();
+    minductor_tests::assert_same_bits_on_threads(
+        &compiled,
+        &inputs,
+        &[1, 2, 3],
+        "conv2d of 2 images, 32 channels, 16x16",
+    );
+}

@@ -1,10 +1,11 @@
-//! Prints one line per golden case and suite workload: its name and a 64-bit FNV-1a digest of the
-//! bits of every output the inductor backend computes (outputs contiguous, in order). Two builds
-//! that print the same lines computed bitwise the same results; a refactoring that must not change
-//! behaviour is checked by diffing the output before and after:
+//! Prints one line per golden case and suite workload: its name, a 64-bit FNV-1a digest of the
+//! bits of every output the inductor backend computes (outputs contiguous, in order) and one of
+//! the Cranelift IR of its kernels. Two builds that print the same lines computed bitwise the same
+//! results (and emitted the same code); a refactoring that must not change behaviour is checked by
+//! diffing the output before and after:
 //! `cargo run --release -p minductor-tools --example output_digest -- [threads] > digest.txt`.
 
-use minductor::{compile_with, Backend, Tensor};
+use minductor::{compile_with, Backend, Compiled, Tensor};
 use minductor_tools::golden::{self, build_case, load_manifest, load_tensors};
 use minductor_tools::workloads;
 
@@ -21,6 +22,48 @@ fn digest(outputs: &[Tensor]) -> String {
         fnv1a(&mut hash, &t.to_bytes());
     }
     format!("{hash:016x}")
+}
+
+/// `clif` with every hexadecimal number of 9 characters or more (digits and `_` separators: an address of a math block
+/// routine, a lookup table) replaced by `0x?`, so the text is the same in every process.
+fn without_addresses(clif: &str) -> String {
+    let mut out = String::with_capacity(clif.len());
+    let mut rest = clif;
+    while let Some(at) = rest.find("0x") {
+        out.push_str(&rest[..at + 2]);
+        let digits = rest[at + 2..]
+            .bytes()
+            .take_while(|b| b.is_ascii_hexdigit() || *b == b'_')
+            .count();
+        if digits >= 9 {
+            out.push('?');
+        } else {
+            out.push_str(&rest[at + 2..at + 2 + digits]);
+        }
+        rest = &rest[at + 2 + digits..];
+    }
+    out.push_str(rest);
+    out
+}
+
+/// The digest of the kernels' Cranelift IR, in program order.
+fn code_digest(compiled: &Compiled) -> String {
+    let mut hash = 0xcbf2_9ce4_8422_2325u64;
+    for (name, clif) in &compiled.artifacts().cranelift_ir {
+        fnv1a(&mut hash, name.as_bytes());
+        fnv1a(&mut hash, without_addresses(clif).as_bytes());
+    }
+    format!("{hash:016x}")
+}
+
+/// `outputs-digest code-digest` of `compiled` on `inputs`, or the error.
+fn line(compiled: Result<Compiled, String>, inputs: &[Tensor]) -> String {
+    compiled
+        .and_then(|c| {
+            let outputs = c.call(inputs).map_err(|e| e.to_string())?;
+            Ok(format!("{} {}", digest(&outputs), code_digest(&c)))
+        })
+        .unwrap_or_else(|e| format!("error: {e}"))
 }
 
 fn main() {
@@ -51,25 +94,13 @@ fn main() {
             else {
                 continue;
             };
-            let line = match compile_with(&graph, Backend::Inductor)
-                .map_err(|e| e.to_string())
-                .and_then(|c| c.call(&inputs).map_err(|e| e.to_string()))
-            {
-                Ok(outputs) => digest(&outputs),
-                Err(e) => format!("error: {e}"),
-            };
-            println!("{} {line}", case.name);
+            let compiled = compile_with(&graph, Backend::Inductor).map_err(|e| e.to_string());
+            println!("{} {}", case.name, line(compiled, &inputs));
         }
     }
     for name in workloads::SUITE {
         let workload = workloads::by_name(name).expect("suite workload");
-        let line = match compile_with(&workload.graph, Backend::Inductor)
-            .map_err(|e| e.to_string())
-            .and_then(|c| c.call(&workload.inputs).map_err(|e| e.to_string()))
-        {
-            Ok(outputs) => digest(&outputs),
-            Err(e) => format!("error: {e}"),
-        };
-        println!("{name} {line}");
+        let compiled = compile_with(&workload.graph, Backend::Inductor).map_err(|e| e.to_string());
+        println!("{name} {}", line(compiled, &workload.inputs));
     }
 }

@@ -372,15 +372,14 @@ impl Lowering<'_, '_, '_> {
             self.forget();
             return;
         }
-        let zero = self.b.ins().iconst(types::I64, 0);
-        let var = Var::Inner(level as u32);
         if level + 1 < extents.len() {
-            self.counted_loop(zero, extents[level], 1, |l, i| {
-                l.vars.insert(var, i);
-                l.outer_rows(level + 1, extents, blocks, math, body);
+            self.enclosing_loop(level, extents, |l| {
+                l.outer_rows(level + 1, extents, blocks, math, body)
             });
             return;
         }
+        let zero = self.b.ins().iconst(types::I64, 0);
+        let var = Var::Inner(level as u32);
         match blocks {
             Some((reset, fold)) => {
                 self.block_loop(zero, extents[level], OUTER_SUM_BLOCK, |l, start, end| {

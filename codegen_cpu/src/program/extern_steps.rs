@@ -643,12 +643,11 @@ fn run_implicit_matmul(
         .iter()
         .fold(2usize, |acc, &n| acc.saturating_mul(n));
     let parallel = threads::num_threads() > 1 && flops >= PARALLEL_FLOPS_THRESHOLD;
-    let images_per_thread = images.div_ceil(if parallel { threads::num_threads() } else { 1 });
     let winograd = gemm::prefers_winograd(algorithm, kernel, &b.window, group_channels, [h, w])
         && (algorithm != gemm::ConvAlgorithm::Auto
             || matches!(prepacked, Some(Packed::WinogradWeight(_)))
             || b.window.output_size(h, w).is_some_and(|out| {
-                gemm::winograd_transform_pays_off(images_per_thread, group_channels, rows, out)
+                gemm::winograd_transform_pays_off(images, group_channels, rows, out)
             }));
     let group_weight = |g: usize| {
         let offset = a_offset + g as i64 * a_strides[1];

@@ -138,21 +138,24 @@ pub fn prefers_winograd(
 }
 
 /// Whether transforming a weight of `out_channels × channels` filters for one call pays for
-/// itself over `images_per_thread` images of `OH × OW` outputs each thread runs (a frozen
-/// weight is transformed once, at compile time, and needs no such check). Measured on Zen 4
+/// itself over the call's `images` images of `OH × OW` outputs (a frozen weight is transformed
+/// once, at compile time, and needs no such check). It is judged over all the images, not
+/// those each thread runs: the choice of algorithm must not depend on the thread count, or
+/// results would differ between thread counts (Winograd and the implicit GEMM round
+/// differently). Measured on Zen 4
 /// (`conv_probe`): the transform takes about `10 µs + 20 ns` per filter (64×64: 0.08 ms,
 /// 32×32: 0.039, 16×16: 0.015), and Winograd saves about 40% of the implicit GEMM's time,
 /// which runs at about 100 GFLOP/s: `0.4 · 18 · K · C · OH · OW / 1e11` s per image. The tiny
 /// ResNet of the examples (2 images on 2 threads, 16 to 32 channels) lost 3-5% with every
 /// eligible weight transformed at every call.
 pub fn winograd_transform_pays_off(
-    images_per_thread: usize,
+    images: usize,
     channels: usize,
     out_channels: usize,
     [oh, ow]: [usize; 2],
 ) -> bool {
     let filters = (channels * out_channels) as f64;
-    let saved_ns = images_per_thread as f64 * 0.072 * filters * (oh * ow) as f64;
+    let saved_ns = images as f64 * 0.072 * filters * (oh * ow) as f64;
     let cost_ns = 10_000.0 + 20.0 * filters;
     saved_ns > cost_ns
 }
