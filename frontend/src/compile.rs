@@ -16,7 +16,9 @@ use minductor_passes::{
     autodiff, choose_loop_order, decompose, fuse, fuse_epilogues, fuse_horizontal, partition,
     plan_buffers, simplify, store_once, AutodiffError, Joint, Partition, PartitionOptions,
 };
-use minductor_runtime::{check_inputs, interpret, Executable, RuntimeError, StepTiming, Tensor};
+use minductor_runtime::{
+    check_inputs, interpret, Executable, RuntimeError, StepPartition, StepTiming, Tensor,
+};
 use std::str::FromStr;
 use std::time::{Duration, Instant};
 use thiserror::Error;
@@ -302,6 +304,15 @@ impl Executable for WithTangents {
 
     fn arena_bytes(&self) -> usize {
         self.inner.arena_bytes()
+    }
+
+    fn partition(
+        &self,
+        inputs: &[Tensor],
+        threads: usize,
+    ) -> Result<Vec<StepPartition>, RuntimeError> {
+        let all = self.inputs(inputs);
+        self.inner.partition(&all, threads)
     }
 }
 
@@ -621,6 +632,17 @@ impl Compiled {
     ) -> Result<(Vec<Tensor>, Vec<StepTiming>), RuntimeError> {
         let inputs = self.all_inputs(inputs)?;
         self.executable.profile(&inputs)
+    }
+
+    /// How a call on `inputs` would split each step of the compiled code across `threads`
+    /// threads, by the executor's own rules, without running it (the partition report).
+    pub fn partition(
+        &self,
+        inputs: &[Tensor],
+        threads: usize,
+    ) -> Result<Vec<StepPartition>, RuntimeError> {
+        let inputs = self.all_inputs(inputs)?;
+        self.executable.partition(&inputs, threads)
     }
 
     /// Bytes the compiled code keeps allocated between calls (the intermediate-buffer arena).

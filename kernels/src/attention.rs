@@ -187,47 +187,51 @@ fn attention_on(
         out.fill(0.0);
         return Ok(());
     }
-    // Work items: (k/v head, run of query blocks), each computing those blocks for every q
-    // head of the group. An item packs its keys (transposed) and, unless their rows are
-    // contiguous, its values into a buffer of its thread, which stays in that core's cache
-    // while the item's blocks read it. A head is split into runs only as far as needed to give
-    // every thread a few items (each run packs again); where the work is split does not change
+    // Work items (see `work_items`): each packs its k/v head's keys (transposed) and, unless
+    // their rows are contiguous, its values into a buffer of its thread, which stays in that
+    // core's cache while the item's blocks read it; where the work is split does not change
     // any result.
     let (s, e, ev) = (shape.s, shape.e, shape.ev);
-    let blocks = shape.t.div_ceil(QUERY_BLOCK);
-    let kv_batches: usize = kv_batch.iter().product();
-    let threads = minductor_runtime::threads::num_threads().max(1);
-    let runs = (4 * threads).div_ceil(kv_batches.max(1)).clamp(1, blocks);
-    let run_blocks = blocks.div_ceil(runs);
-    let runs = blocks.div_ceil(run_blocks);
-    let run_len = run_blocks * QUERY_BLOCK * ev;
-    // Per q head, its output split into runs; then each item's runs, one per q head of its
-    // group (q heads `kv·group..(kv + 1)·group` are consecutive matrices).
-    let mut per_head: Vec<std::vec::IntoIter<&mut [f32]>> = out
+    let plan = ItemPlan::new(shape, minductor_runtime::threads::num_threads());
+    let run_len = plan.run_blocks * QUERY_BLOCK * ev;
+    // Per q head, its output split into runs; each item takes the runs it computes.
+    let mut per_head: Vec<Vec<Option<&mut [f32]>>> = out
         .chunks_mut(matrix)
-        .map(|m| m.chunks_mut(run_len).collect::<Vec<_>>().into_iter())
+        .map(|m| m.chunks_mut(run_len).map(Some).collect())
         .collect();
-    let mut items: Vec<Mutex<Vec<&mut [f32]>>> = Vec::with_capacity(kv_batches * runs);
-    for heads in per_head.chunks_mut(group) {
-        for _ in 0..runs {
-            let rows = heads.iter_mut().filter_map(|h| h.next()).collect();
-            items.push(Mutex::new(rows));
-        }
-    }
+    let work = plan.items();
+    // Each item's (q head, run, output rows) triples, taken by the thread running it.
+    type Parts<'o> = Mutex<Vec<(usize, usize, &'o mut [f32])>>;
+    let items: Vec<Parts> = work
+        .iter()
+        .map(|item| {
+            let parts = item
+                .parts
+                .iter()
+                .filter_map(|&(b, run)| per_head[b][run].take().map(|out| (b, run, out)))
+                .collect();
+            Mutex::new(parts)
+        })
+        .collect();
     let exp = block_routine(MathFn::Exp);
     let (v_rows, v_cols) = (v.strides[n], v.strides[n + 1]);
     let v_in_place = v_cols == 1 && v_rows >= 0;
     minductor_runtime::threads::for_each_chunk(items.len(), |item| {
-        let (kv, run) = (item / runs, item % runs);
-        let first_row = run * run_blocks * QUERY_BLOCK;
+        let kv = work[item].kv;
         let mut outs = items[item].lock().unwrap_or_else(|p| p.into_inner());
-        let rows = outs.first().map_or(0, |o| o.len() / ev);
-        // Keys after the run's last row take part in no row under a causal mask.
-        let keys = if shape.causal {
-            s.min(first_row + rows)
-        } else {
-            s
-        };
+        // Keys after a run's last row take part in no row under a causal mask.
+        let keys = outs
+            .iter()
+            .map(|(_, run, o)| {
+                let last = run * plan.run_blocks * QUERY_BLOCK + o.len() / ev.max(1);
+                if shape.causal {
+                    s.min(last)
+                } else {
+                    s
+                }
+            })
+            .max()
+            .unwrap_or(0);
         PACK.with(|pack| {
             let mut pack = pack.borrow_mut();
             let (key_len, value_len) = (keys_len(s, e), if v_in_place { 0 } else { s * ev });
@@ -253,9 +257,8 @@ fn attention_on(
             } else {
                 (&vp[..], ev)
             };
-            for (h, out) in outs.iter_mut().enumerate() {
-                // q head `b` reads k/v head `b / group`.
-                let b = kv * group + h;
+            for (b, run, out) in outs.iter_mut() {
+                let (b, first_row) = (*b, *run * plan.run_blocks * QUERY_BLOCK);
                 for (i, block) in out.chunks_mut(QUERY_BLOCK * ev).enumerate() {
                     let tile = Tile {
                         q: &q,
@@ -285,6 +288,120 @@ fn attention_on(
         });
     });
     Ok(())
+}
+
+/// How an attention's work splits into items on some number of threads: the one rule both
+/// running it and the partition report follow.
+///
+/// Each q head's query blocks are cut into `runs` runs of `run_blocks` blocks (the last one
+/// shorter), only as far as needed to give every thread a few items (four, counting a run of
+/// every k/v head; each run packs its keys and values again). Under a causal mask a query block
+/// visits the keys up to its last row, so later blocks cost more: runs are then paired, the
+/// first with the last, the second with the one before it, ..., so every item costs about the
+/// same. An item computes its runs for every q head sharing its k/v head (one packing of
+/// them), unless that leaves fewer than two items a thread: then each q head is an item of
+/// its own.
+#[derive(Clone, Copy, Debug)]
+struct ItemPlan {
+    kv_batches: usize,
+    group: usize,
+    runs: usize,
+    run_blocks: usize,
+    paired: bool,
+    per_head: bool,
+}
+
+/// One work item: k/v head `kv`, and the (q head, run) pairs it computes.
+struct WorkItem {
+    kv: usize,
+    parts: Vec<(usize, usize)>,
+}
+
+impl ItemPlan {
+    fn new(shape: &AttentionShape<'_>, threads: usize) -> ItemPlan {
+        let threads = threads.max(1);
+        let group = shape.group.max(1);
+        let kv_batches = shape.batch.iter().product::<usize>() / group;
+        let blocks = shape.t.div_ceil(QUERY_BLOCK).max(1);
+        let runs = (4 * threads).div_ceil(kv_batches.max(1)).clamp(1, blocks);
+        let run_blocks = blocks.div_ceil(runs).max(1);
+        let runs = blocks.div_ceil(run_blocks);
+        let paired = shape.causal && runs >= 2;
+        let per_kv = if paired { runs.div_ceil(2) } else { runs };
+        ItemPlan {
+            kv_batches,
+            group,
+            runs,
+            run_blocks,
+            paired,
+            per_head: group > 1 && kv_batches * per_kv < 2 * threads,
+        }
+    }
+
+    /// The items, in order: by k/v head, then (if per q head) q head, then run (pair).
+    fn items(&self) -> Vec<WorkItem> {
+        let run_sets: Vec<Vec<usize>> = if self.paired {
+            (0..self.runs.div_ceil(2))
+                .map(|r| {
+                    let last = self.runs - 1 - r;
+                    if last == r {
+                        vec![r]
+                    } else {
+                        vec![r, last]
+                    }
+                })
+                .collect()
+        } else {
+            (0..self.runs).map(|r| vec![r]).collect()
+        };
+        let mut items = Vec::new();
+        for kv in 0..self.kv_batches {
+            // q heads `kv·group..(kv + 1)·group` read k/v head `kv`.
+            let heads = kv * self.group..(kv + 1) * self.group;
+            let head_sets: Vec<Vec<usize>> = if self.per_head {
+                heads.map(|b| vec![b]).collect()
+            } else {
+                vec![heads.collect()]
+            };
+            for head_set in &head_sets {
+                for runs in &run_sets {
+                    items.push(WorkItem {
+                        kv,
+                        parts: head_set
+                            .iter()
+                            .flat_map(|&b| runs.iter().map(move |&r| (b, r)))
+                            .collect(),
+                    });
+                }
+            }
+        }
+        items
+    }
+}
+
+/// The multiply-adds (`q·kᵀ` and the product with `v`) of each work item an attention of
+/// `shape` runs on `threads` threads (see [`ItemPlan`]); under a causal mask a query block
+/// visits the keys up to its last row.
+pub fn attention_pieces(shape: &AttentionShape<'_>, threads: usize) -> Vec<u64> {
+    let plan = ItemPlan::new(shape, threads);
+    let blocks = shape.t.div_ceil(QUERY_BLOCK);
+    let run_work = |run: usize| -> u64 {
+        (run * plan.run_blocks..((run + 1) * plan.run_blocks).min(blocks))
+            .map(|block| {
+                let rows = QUERY_BLOCK.min(shape.t - block * QUERY_BLOCK);
+                let keys = if shape.causal {
+                    shape.s.min(block * QUERY_BLOCK + rows)
+                } else {
+                    shape.s
+                };
+                (rows * keys * (shape.e + shape.ev)) as u64
+            })
+            .sum::<u64>()
+    };
+    plan.items()
+        .iter()
+        .map(|item| item.parts.iter().map(|&(_, run)| run_work(run)).sum())
+        .collect()
 }
 
 thread_local! {

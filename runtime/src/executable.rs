@@ -26,6 +26,20 @@ pub trait Executable: Send + Sync {
         0
     }
 
+    /// How a call on `inputs` would split each step into pieces on `threads` threads, without
+    /// running any step: the executor's own splitting rules, asked for another thread count.
+    /// Backends without steps of their own have nothing to split.
+    fn partition(
+        &self,
+        inputs: &[Tensor],
+        threads: usize,
+    ) -> Result<Vec<StepPartition>, RuntimeError> {
+        let _ = (inputs, threads);
+        Err(RuntimeError::Unsupported(
+            "this backend runs no steps of its own to split across threads".into(),
+        ))
+    }
+
     /// Told that every call will feed `constants` as inputs `first..first + constants.len()`
     /// (a frozen compile's constants, contiguous), the executable may prepare work that depends
     /// only on them once, now (the compiled program packs the GEMM operands they are). Returns
@@ -103,6 +117,62 @@ pub fn output_destination(
 pub struct StepTiming {
     pub name: String,
     pub time: std::time::Duration,
+}
+
+/// How one step of a call splits across threads: the work of each piece the executor hands to
+/// the thread pool, in the step's own unit (multiply-adds for GEMMs and attention, elements
+/// visited for loop kernels). Pieces run in any order on any thread, each on one thread.
+#[derive(Clone, Debug, PartialEq)]
+pub struct StepPartition {
+    /// The step's name, as [`StepTiming`] spells it.
+    pub name: String,
+    /// The work of each piece; one piece when the step runs on the calling thread.
+    pub pieces: Vec<u64>,
+    /// What a unit of `pieces` counts.
+    pub unit: &'static str,
+}
+
+impl StepPartition {
+    /// The step's whole work, the sum of its pieces'.
+    pub fn total(&self) -> u64 {
+        self.pieces
+            .iter()
+            .fold(0u64, |acc, &w| acc.saturating_add(w))
+    }
+
+    /// The largest piece's work over the mean piece's (1 when the pieces are equal, or when
+    /// there is no work).
+    pub fn imbalance(&self) -> f64 {
+        let total = self.total();
+        let largest = self.pieces.iter().copied().max().unwrap_or(0);
+        if total == 0 {
+            return 1.0;
+        }
+        largest as f64 * self.pieces.len() as f64 / total as f64
+    }
+
+    /// The longest any of `threads` threads works when the pieces are handed out largest
+    /// first, each to the least loaded thread, over the work of a perfect split (`total /
+    /// threads`): 1 is perfect, 2 means the step takes twice as long as it could. A measure
+    /// of what a pool scheduling the pieces dynamically can reach.
+    pub fn schedule_overhead(&self, threads: usize) -> f64 {
+        let threads = threads.max(1);
+        let total = self.total();
+        if total == 0 {
+            return 1.0;
+        }
+        let mut pieces = self.pieces.clone();
+        pieces.sort_unstable_by(|a, b| b.cmp(a));
+        let mut loads = vec![0u64; threads.min(pieces.len()).max(1)];
+        for w in pieces {
+            let least = (0..loads.len())
+                .min_by_key(|&t| loads[t])
+                .expect("at least one thread");
+            loads[least] = loads[least].saturating_add(w);
+        }
+        let longest = loads.into_iter().max().unwrap_or(0);
+        longest as f64 * threads as f64 / total as f64
+    }
 }
 
 /// Checks arity, dtype, rank and static sizes of `inputs` against the graph's declared inputs.

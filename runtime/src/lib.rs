@@ -11,6 +11,6 @@ pub mod threads;
 
 pub use block_cache::{block_cache_limit, release_cached_blocks, set_block_cache_limit};
 pub use error::RuntimeError;
-pub use executable::{check_inputs, output_destination, Executable, StepTiming};
+pub use executable::{check_inputs, output_destination, Executable, StepPartition, StepTiming};
 pub use tensor::{byte_size, contiguous_strides, Element, Storage, Tensor, BUFFER_ALIGN};
 pub use threads::{num_threads, set_num_threads};

@@ -160,57 +160,141 @@ pub fn run_workload(
     meter: Option<&dyn HeapMeter>,
     options: BenchOptions,
 ) -> Result<WorkloadResult, BenchError> {
-    let compile = |backend: Backend| {
-        compile_with(&workload.graph, backend).map_err(|source| BenchError::Compile {
-            workload: workload.name.clone(),
-            backend: backend.name(),
-            source: Box::new(source),
+    let mut prepared = PreparedWorkload::new(workload)?;
+    prepared.time_round(options)?;
+    prepared.finish(probe, meter)
+}
+
+/// A workload compiled on both backends and checked, whose timed calls are gathered round by
+/// round (`minductor bench --rounds`: the rounds of all workloads interleave, so a slow spell of
+/// a shared machine spreads over every workload instead of falling on one).
+pub struct PreparedWorkload<'w> {
+    workload: &'w Workload,
+    eager: Compiled,
+    compiled: Compiled,
+    compile_ms: f64,
+    max_abs_error: f64,
+    /// The median seconds of each round, per backend.
+    eager_rounds: Vec<f64>,
+    compiled_rounds: Vec<f64>,
+    iterations: [usize; 2],
+}
+
+impl<'w> PreparedWorkload<'w> {
+    pub fn name(&self) -> &str {
+        &self.workload.name
+    }
+
+    /// Compiles `workload` on both backends, runs each once and checks that they agree.
+    pub fn new(workload: &'w Workload) -> Result<Self, BenchError> {
+        let compile = |backend: Backend| {
+            compile_with(&workload.graph, backend).map_err(|source| BenchError::Compile {
+                workload: workload.name.clone(),
+                backend: backend.name(),
+                source: Box::new(source),
+            })
+        };
+        let eager = compile(Backend::Eager)?;
+        let compiled = compile(Backend::Inductor)?;
+        let compile_ms = compiled.compile_time().as_secs_f64() * 1e3;
+        let expected = call(workload, &eager)?;
+        let found = call(workload, &compiled)?;
+        let max_abs_error = compare(&workload.name, &expected, &found)?;
+        Ok(PreparedWorkload {
+            workload,
+            eager,
+            compiled,
+            compile_ms,
+            max_abs_error,
+            eager_rounds: Vec::new(),
+            compiled_rounds: Vec::new(),
+            iterations: [0, 0],
         })
-    };
-    let eager = compile(Backend::Eager)?;
-    let compiled = compile(Backend::Inductor)?;
-    let compile_ms = compiled.compile_time().as_secs_f64() * 1e3;
+    }
 
-    let expected = call(workload, &eager)?;
-    let found = call(workload, &compiled)?;
-    let max_abs_error = compare(&workload.name, &expected, &found)?;
-    drop((expected, found));
+    /// One round: times each backend (a warm-up call, then calls until `options`' budget is
+    /// spent) and keeps each one's median.
+    pub fn time_round(&mut self, options: BenchOptions) -> Result<(), BenchError> {
+        for (index, backend) in [&self.eager, &self.compiled].into_iter().enumerate() {
+            let times = time_calls(self.workload, backend, options)?;
+            self.iterations[index] += times.len();
+            let median = times[times.len() / 2];
+            if index == 0 {
+                self.eager_rounds.push(median);
+            } else {
+                self.compiled_rounds.push(median);
+            }
+        }
+        Ok(())
+    }
 
-    let eager_result = time_backend(workload, &eager, probe, meter, options)?;
-    let compiled_result = time_backend(workload, &compiled, probe, meter, options)?;
-    let program = compiled.artifacts().program.as_ref();
-    let saved_activation_bytes = compiled
-        .artifacts()
-        .partition
-        .as_ref()
-        .map(|p| p.saved_bytes());
-    Ok(WorkloadResult {
-        name: workload.name.clone(),
-        bound: match workload.bound {
-            Bound::Memory => "memory",
-            Bound::Compute => "compute",
-        },
-        unit: unit(workload.bound),
-        elements: workload.elements,
-        bytes_moved: workload.bytes_moved,
-        flops: workload.flops,
-        speedup: eager_result.median_ms / compiled_result.median_ms,
-        eager: eager_result,
-        compiled: compiled_result,
-        compile_ms,
-        max_abs_error,
-        kernels: program.map_or(vec![], |p| p.kernels().map(|k| k.name.clone()).collect()),
-        gemms: program.map_or(0, |p| {
-            p.steps
-                .iter()
-                .filter(|s| {
-                    use minductor::internals::kernel_ir::Step;
-                    matches!(s, Step::Matmul(_) | Step::Attention(_))
-                })
-                .count()
-        }),
-        saved_activation_bytes,
-    })
+    /// The figures, each backend's time the median of its rounds' medians.
+    pub fn finish(
+        self,
+        probe: &MachineProbe,
+        meter: Option<&dyn HeapMeter>,
+    ) -> Result<WorkloadResult, BenchError> {
+        let workload = self.workload;
+        let median = |rounds: &[f64]| {
+            let mut rounds = rounds.to_vec();
+            rounds.sort_by(f64::total_cmp);
+            rounds
+                .get(rounds.len() / 2)
+                .copied()
+                .unwrap_or(0.0)
+                .max(1e-12)
+        };
+        let eager_result = backend_result(
+            workload,
+            &self.eager,
+            probe,
+            meter,
+            median(&self.eager_rounds),
+            self.iterations[0],
+        )?;
+        let compiled_result = backend_result(
+            workload,
+            &self.compiled,
+            probe,
+            meter,
+            median(&self.compiled_rounds),
+            self.iterations[1],
+        )?;
+        let compiled = &self.compiled;
+        let program = compiled.artifacts().program.as_ref();
+        let saved_activation_bytes = compiled
+            .artifacts()
+            .partition
+            .as_ref()
+            .map(|p| p.saved_bytes());
+        Ok(WorkloadResult {
+            name: workload.name.clone(),
+            bound: match workload.bound {
+                Bound::Memory => "memory",
+                Bound::Compute => "compute",
+            },
+            unit: unit(workload.bound),
+            elements: workload.elements,
+            bytes_moved: workload.bytes_moved,
+            flops: workload.flops,
+            speedup: eager_result.median_ms / compiled_result.median_ms,
+            eager: eager_result,
+            compiled: compiled_result,
+            compile_ms: self.compile_ms,
+            max_abs_error: self.max_abs_error,
+            kernels: program.map_or(vec![], |p| p.kernels().map(|k| k.name.clone()).collect()),
+            gemms: program.map_or(0, |p| {
+                p.steps
+                    .iter()
+                    .filter(|s| {
+                        use minductor::internals::kernel_ir::Step;
+                        matches!(s, Step::Matmul(_) | Step::Attention(_))
+                    })
+                    .count()
+            }),
+            saved_activation_bytes,
+        })
+    }
 }
 
 fn unit(bound: Bound) -> &'static str {
@@ -268,13 +352,13 @@ pub fn compare(workload: &str, expected: &[Tensor], found: &[Tensor]) -> Result<
     Ok(max_abs_error)
 }
 
-fn time_backend(
+/// A warm-up call, then timed calls until the budget is spent (at least `min_iterations`):
+/// their seconds, sorted.
+fn time_calls(
     workload: &Workload,
     compiled: &Compiled,
-    probe: &MachineProbe,
-    meter: Option<&dyn HeapMeter>,
     options: BenchOptions,
-) -> Result<BackendResult, BenchError> {
+) -> Result<Vec<f64>, BenchError> {
     drop(call(workload, compiled)?); // warmup
     let mut times = Vec::new();
     let mut spent = Duration::ZERO;
@@ -287,8 +371,18 @@ fn time_backend(
         times.push(elapsed.as_secs_f64());
     }
     times.sort_by(f64::total_cmp);
-    let median = times[times.len() / 2].max(1e-12);
+    Ok(times)
+}
 
+/// A backend's figures from its median seconds (and its peak heap, measured now).
+fn backend_result(
+    workload: &Workload,
+    compiled: &Compiled,
+    probe: &MachineProbe,
+    meter: Option<&dyn HeapMeter>,
+    median: f64,
+    iterations: usize,
+) -> Result<BackendResult, BenchError> {
     let kept_bytes = compiled.arena_bytes() as u64;
     let peak_bytes = match meter {
         Some(meter) => {
@@ -315,7 +409,7 @@ fn time_backend(
     Ok(BackendResult {
         backend: compiled.backend().name(),
         median_ms: median * 1e3,
-        iterations: times.len(),
+        iterations,
         peak_bytes,
         kept_bytes,
         achieved,
@@ -524,6 +618,85 @@ pub fn plot_speedup(
         .background_style(WHITE.mix(0.8))
         .border_style(BLACK)
         .position(SeriesLabelPosition::UpperLeft)
+        .draw()
+        .map_err(|e| plot_error(e.to_string()))?;
+    root.present().map_err(|e| plot_error(e.to_string()))?;
+    Ok(())
+}
+
+/// Writes an SVG plot of the compiled backend's speedup over threads (its median at the first
+/// thread count over its median at each), one line per workload; `runs[i]` holds the results at
+/// `threads[i]`.
+pub fn plot_thread_scaling(
+    threads: &[usize],
+    runs: &[Vec<WorkloadResult>],
+    path: &Path,
+) -> Result<(), BenchError> {
+    use plotters::prelude::*;
+    let plot_error = |message: String| BenchError::Plot {
+        path: path.display().to_string(),
+        message,
+    };
+    let (Some(&first), Some(&last)) = (threads.first(), threads.last()) else {
+        return Err(plot_error("no thread counts to plot".into()));
+    };
+    let names: Vec<&str> = runs
+        .first()
+        .map(|r| r.iter().map(|w| w.name.as_str()).collect())
+        .unwrap_or_default();
+    let series: Vec<Vec<(f64, f64)>> = names
+        .iter()
+        .enumerate()
+        .map(|(i, _)| {
+            let base = runs[0][i].compiled.median_ms;
+            threads
+                .iter()
+                .zip(runs)
+                .map(|(&t, r)| (t as f64, base / r[i].compiled.median_ms.max(1e-12)))
+                .collect()
+        })
+        .collect();
+    let top = series
+        .iter()
+        .flatten()
+        .map(|&(_, y)| y)
+        .fold(last as f64 / first as f64, f64::max)
+        * 1.1;
+    let root = SVGBackend::new(path, (900, 600)).into_drawing_area();
+    root.fill(&WHITE).map_err(|e| plot_error(e.to_string()))?;
+    let mut chart = ChartBuilder::on(&root)
+        .caption("compiled speedup over threads", ("sans-serif", 22))
+        .margin(12)
+        .x_label_area_size(40)
+        .y_label_area_size(50)
+        .build_cartesian_2d(first as f64..last as f64, 0f64..top)
+        .map_err(|e| plot_error(e.to_string()))?;
+    chart
+        .configure_mesh()
+        .x_desc("threads")
+        .y_desc(format!("median at {first} thread(s) / median"))
+        .draw()
+        .map_err(|e| plot_error(e.to_string()))?;
+    chart
+        .draw_series(LineSeries::new(
+            threads.iter().map(|&t| (t as f64, t as f64 / first as f64)),
+            BLACK.mix(0.3),
+        ))
+        .map_err(|e| plot_error(e.to_string()))?
+        .label("linear")
+        .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 16, y)], BLACK.mix(0.3)));
+    for (i, (name, points)) in names.iter().zip(series).enumerate() {
+        let color = Palette99::pick(i).to_rgba();
+        chart
+            .draw_series(LineSeries::new(points, color))
+            .map_err(|e| plot_error(e.to_string()))?
+            .label(*name)
+            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 16, y)], color));
+    }
+    chart
+        .configure_series_labels()
+        .border_style(BLACK)
+        .background_style(WHITE.mix(0.8))
         .draw()
         .map_err(|e| plot_error(e.to_string()))?;
     root.present().map_err(|e| plot_error(e.to_string()))?;

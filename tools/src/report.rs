@@ -195,3 +195,183 @@ impl fmt::Display for FusionReport {
         Ok(())
     }
 }
+
+/// The rates of the reference core the partition report estimates one-thread times with: a
+/// core of a current server at 1 thread (its GEMM reaches ~100 GFLOP/s; a stream of 20 GB/s).
+/// Fixed, not measured, so the steps a test selects by their work do not depend on the machine
+/// it runs on.
+pub const REFERENCE_GFLOPS: f64 = 100.0;
+pub const REFERENCE_GB_PER_S: f64 = 20.0;
+
+/// One step of a [`PartitionReport`]: its static cost and how it splits at each thread count.
+#[derive(Clone, Debug)]
+pub struct PartitionRow {
+    pub name: String,
+    /// The step's cost rows (a GEMM and its epilogue are two).
+    pub costs: Vec<StepCost>,
+    /// One per thread count of the report, in its order.
+    pub partitions: Vec<minductor::StepPartition>,
+}
+
+impl PartitionRow {
+    /// The step's time on one thread of the reference core, from the cost model: the longer of
+    /// its FLOPs at [`REFERENCE_GFLOPS`] and its bytes at [`REFERENCE_GB_PER_S`], in ms.
+    pub fn reference_ms(&self) -> f64 {
+        let flops: u64 = self.costs.iter().map(|c| c.flops).sum();
+        let bytes: u64 = self
+            .costs
+            .iter()
+            .map(|c| c.bytes_read + c.bytes_written)
+            .sum();
+        (flops as f64 / (REFERENCE_GFLOPS * 1e6)).max(bytes as f64 / (REFERENCE_GB_PER_S * 1e6))
+    }
+}
+
+/// How every step of a compiled graph splits across threads at several thread counts, by the
+/// executor's own rules (`Compiled::partition`), without running any kernel.
+#[derive(Clone, Debug)]
+pub struct PartitionReport {
+    pub threads: Vec<usize>,
+    pub steps: Vec<PartitionRow>,
+}
+
+/// Compiles `graph` and asks it how a call on `inputs` splits at each of `threads`.
+pub fn partition_report(
+    graph: &Graph,
+    inputs: &[Tensor],
+    threads: &[usize],
+) -> Result<PartitionReport, ReportError> {
+    let compiled: Compiled = compile(graph)?;
+    let program = compiled
+        .artifacts()
+        .program
+        .clone()
+        .ok_or(ReportError::NoProgram)?;
+    let mut per_count = Vec::with_capacity(threads.len());
+    for &t in threads {
+        per_count.push(compiled.partition(inputs, t)?);
+    }
+    let mut costs = program_cost(&program).into_iter();
+    let steps = program
+        .steps
+        .iter()
+        .enumerate()
+        .map(|(index, step)| {
+            let rows = match step {
+                Step::Matmul(m) if m.epilogue.is_some() => 2,
+                _ => 1,
+            };
+            let partitions: Vec<minductor::StepPartition> =
+                per_count.iter().map(|p| p[index].clone()).collect();
+            PartitionRow {
+                name: partitions
+                    .first()
+                    .map_or_else(String::new, |p| p.name.clone()),
+                costs: costs.by_ref().take(rows).collect(),
+                partitions,
+            }
+        })
+        .collect();
+    Ok(PartitionReport {
+        threads: threads.to_vec(),
+        steps,
+    })
+}
+
+impl fmt::Display for PartitionReport {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        writeln!(
+            f,
+            "partition by the executor's rules (no kernel run); ref ms: the cost model's time on \
+             one reference core ({REFERENCE_GFLOPS} GFLOP/s, {REFERENCE_GB_PER_S} GB/s); \
+             imbalance: largest piece / mean piece; sched: slowest thread / perfect split, \
+             pieces handed out largest first"
+        )?;
+        write!(f, "{:<44} {:>9} {:>14}", "step", "ref ms", "work")?;
+        for t in &self.threads {
+            write!(
+                f,
+                " | {:>4} thr: {:>6} {:>9} {:>6}",
+                t, "pieces", "imbalance", "sched"
+            )?;
+        }
+        writeln!(f)?;
+        for step in &self.steps {
+            let work = step.partitions.first().map_or(0, |p| p.total());
+            write!(
+                f,
+                "{:<44} {:>9.3} {:>14}",
+                step.name,
+                step.reference_ms(),
+                work
+            )?;
+            for (p, &t) in step.partitions.iter().zip(&self.threads) {
+                write!(
+                    f,
+                    " | {:>9} {:>6} {:>9.3} {:>6.3}",
+                    "",
+                    p.pieces.len(),
+                    p.imbalance(),
+                    p.schedule_overhead(t)
+                )?;
+            }
+            writeln!(f)?;
+        }
+        Ok(())
+    }
+}
+
+/// Per-step median times of one graph at several thread counts, side by side.
+#[derive(Clone, Debug)]
+pub struct ScalingReport {
+    pub threads: Vec<usize>,
+    /// One fusion report per thread count, in `threads`' order (same program, same steps).
+    pub reports: Vec<FusionReport>,
+}
+
+impl fmt::Display for ScalingReport {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let Some(first) = self.reports.first() else {
+            return Ok(());
+        };
+        write!(f, "{:<44} {:>12}", "step", "FLOPs")?;
+        for t in &self.threads {
+            write!(f, " {:>9}", format!("ms@{t}"))?;
+        }
+        for t in self.threads.iter().skip(1) {
+            write!(f, " {:>9}", format!("x@{t}"))?;
+        }
+        writeln!(f)?;
+        let mut totals = vec![Duration::ZERO; self.reports.len()];
+        for (i, step) in first.steps.iter().enumerate() {
+            let name = step.costs.first().map_or("", |c| c.name.as_str());
+            let flops: u64 = step.costs.iter().map(|c| c.flops).sum();
+            write!(f, "{:<44} {:>12}", name, flops)?;
+            let times: Vec<Duration> = self.reports.iter().map(|r| r.steps[i].median).collect();
+            for (total, t) in totals.iter_mut().zip(&times) {
+                *total += *t;
+                write!(f, " {:>9.3}", t.as_secs_f64() * 1e3)?;
+            }
+            for t in times.iter().skip(1) {
+                write!(
+                    f,
+                    " {:>9.2}",
+                    times[0].as_secs_f64() / t.as_secs_f64().max(1e-12)
+                )?;
+            }
+            writeln!(f)?;
+        }
+        write!(f, "{:<44} {:>12}", "total", "")?;
+        for t in &totals {
+            write!(f, " {:>9.3}", t.as_secs_f64() * 1e3)?;
+        }
+        for t in totals.iter().skip(1) {
+            write!(
+                f,
+                " {:>9.2}",
+                totals[0].as_secs_f64() / t.as_secs_f64().max(1e-12)
+            )?;
+        }
+        writeln!(f)
+    }
+}

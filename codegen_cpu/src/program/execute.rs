@@ -2,12 +2,16 @@
 //! arenas the intermediates live in, the steps in order with the index checks before them, JIT
 //! kernels split across threads, and fallback steps.
 
-use super::extern_steps::{run_attention, run_matmul, run_scatter_add, Prepacked};
+use super::extern_steps::{
+    attention_pieces_of, matmul_pieces, run_attention, run_matmul, run_scatter_add, Prepacked,
+};
 use super::{CompiledKernel, CompiledProgram, CompiledStep, Split};
 use minductor_ir::{checked_bytes, Dim, SymId};
 use minductor_kernel_ir::verify_program;
 use minductor_kernel_ir::{BufferId, BufferKind, FallbackStep, Program, StridedView};
-use minductor_runtime::{threads, Executable, RuntimeError, StepTiming, Storage, Tensor};
+use minductor_runtime::{
+    threads, Executable, RuntimeError, StepPartition, StepTiming, Storage, Tensor,
+};
 use std::time::Instant;
 
 /// A kernel's loop extents for one call.
@@ -16,7 +20,7 @@ pub(super) struct BoundKernel {
     /// Extent of the first outer loop, the range the function is called with (1 if none).
     pub(super) range: i64,
     /// Elements the kernel visits (all loop trip counts), to decide on threading.
-    work: i64,
+    pub(super) work: i64,
 }
 
 impl CompiledKernel {
@@ -212,9 +216,6 @@ impl Symbols {
     }
 }
 
-/// Kernels visiting fewer elements than this run on the calling thread.
-const PARALLEL_WORK_THRESHOLD: i64 = 1 << 15;
-
 /// One call's memory for the intermediates: an allocation laid out by the plan for some symbol
 /// sizes. Calls take an arena from the program's pool and give it back, so calls from several
 /// threads run at once, each in its own arena.
@@ -260,6 +261,14 @@ impl Executable for CompiledProgram {
     }
 
     /// The largest pooled arena (what one call keeps), or the plan's estimate before any call.
+    fn partition(
+        &self,
+        inputs: &[Tensor],
+        threads: usize,
+    ) -> Result<Vec<StepPartition>, RuntimeError> {
+        self.partition_steps(inputs, threads)
+    }
+
     fn arena_bytes(&self) -> usize {
         let pool = self.arenas.lock().unwrap_or_else(|p| p.into_inner());
         pool.iter()
@@ -430,24 +439,7 @@ impl CompiledProgram {
             }
             if let (Some(timings), Some(started)) = (timings.as_deref_mut(), started) {
                 timings.push(StepTiming {
-                    name: match step {
-                        CompiledStep::Kernel(k) => k.name.clone(),
-                        CompiledStep::Matmul {
-                            step,
-                            epilogue: None,
-                            ..
-                        } => format!("matmul_{}", step.out),
-                        CompiledStep::Matmul {
-                            step,
-                            epilogue: Some(e),
-                            ..
-                        } => format!("matmul_{}+{}", step.out, e.name),
-                        CompiledStep::ScatterAdd(sc) => format!("scatter_add_{}", sc.out),
-                        CompiledStep::Attention(a) => format!("attention_{}", a.out),
-                        CompiledStep::Fallback(fb) => {
-                            format!("fallback_{}_{}", fb.op.name(), fb.out)
-                        }
-                    },
+                    name: step.name(),
                     time: started.elapsed(),
                 });
             }
@@ -481,6 +473,86 @@ impl CompiledProgram {
                     .expect("output buffers are allocated")
             })
             .collect())
+    }
+}
+
+impl CompiledStep {
+    /// The step's name in timings and partitions.
+    fn name(&self) -> String {
+        match self {
+            CompiledStep::Kernel(k) => k.name.clone(),
+            CompiledStep::Matmul {
+                step,
+                epilogue: None,
+                ..
+            } => format!("matmul_{}", step.out),
+            CompiledStep::Matmul {
+                step,
+                epilogue: Some(e),
+                ..
+            } => format!("matmul_{}+{}", step.out, e.name),
+            CompiledStep::ScatterAdd(sc) => format!("scatter_add_{}", sc.out),
+            CompiledStep::Attention(a) => format!("attention_{}", a.out),
+            CompiledStep::Fallback(fb) => format!("fallback_{}_{}", fb.op.name(), fb.out),
+        }
+    }
+}
+
+impl CompiledProgram {
+    /// How a call on `inputs` splits each step on `threads` threads, by the rules the steps
+    /// run by (`kernel_pieces`, `plan_matmul`, the attention's items), without running any.
+    /// A GEMM's epilogue is not listed (its pieces are the product's rows, or the epilogue
+    /// kernel's own); scatter-adds and fallbacks run on the calling thread, one piece.
+    pub fn partition_steps(
+        &self,
+        inputs: &[Tensor],
+        threads: usize,
+    ) -> Result<Vec<StepPartition>, RuntimeError> {
+        let symbols = Symbols::bind(&self.program, &self.derived_dims, inputs)?;
+        let program = &self.program;
+        self.steps
+            .iter()
+            .map(|step| {
+                let (pieces, unit) = match step {
+                    CompiledStep::Kernel(k) => {
+                        let bound = k.bind(&symbols);
+                        let per_row = bound.work as u64 / bound.range.max(1) as u64;
+                        let pieces = kernel_pieces(k.split, &bound, threads)
+                            .into_iter()
+                            .map(|r| (r.end - r.start) as u64 * per_row)
+                            .collect();
+                        (pieces, "elements")
+                    }
+                    CompiledStep::Matmul {
+                        step, prepacked, ..
+                    } => (
+                        matmul_pieces(
+                            step,
+                            prepacked.as_ref().is_some_and(|p| p.is_winograd()),
+                            program,
+                            &symbols,
+                            threads,
+                        )?,
+                        "multiply-adds",
+                    ),
+                    CompiledStep::Attention(a) => {
+                        (attention_pieces_of(a, &symbols, threads), "multiply-adds")
+                    }
+                    CompiledStep::ScatterAdd(sc) => (
+                        vec![symbols.sizes(&sc.src.shape).iter().product::<usize>() as u64],
+                        "elements",
+                    ),
+                    CompiledStep::Fallback(fb) => {
+                        (vec![symbols.elements(program, fb.out) as u64], "elements")
+                    }
+                };
+                Ok(StepPartition {
+                    name: step.name(),
+                    pieces,
+                    unit,
+                })
+            })
+            .collect()
     }
 }
 
@@ -580,7 +652,8 @@ fn check_indices(
     }
 }
 
-/// Runs kernel `k` over outer rows `start..end`, split across threads when worth it.
+/// Runs kernel `k` over its outer rows, in the pieces [`kernel_pieces`] cuts for the thread
+/// count.
 fn run_kernel(
     k: &CompiledKernel,
     symbols: &Symbols,
@@ -591,28 +664,77 @@ fn run_kernel(
     table.extend(k.buffers.iter().map(|id| pointers[id.0 as usize]));
     let shared = SharedPointers(table.as_ptr());
     let bound = k.bind(symbols);
-    let (range, bound) = (bound.range, &bound);
-    let threads = threads::num_threads() as i64;
-    let chunks = match k.split {
-        Split::PerThread if bound.work >= PARALLEL_WORK_THRESHOLD => threads,
-        Split::PerThread | Split::Serial => 1,
+    let pieces = kernel_pieces(k.split, &bound, threads::num_threads());
+    run_pieces(k, &bound, shared, &pieces);
+}
+
+/// Calls `k` on each of `pieces` (ranges of its first outer loop), across the threads when
+/// there are several.
+pub(super) fn run_pieces(
+    k: &CompiledKernel,
+    bound: &BoundKernel,
+    shared: SharedPointers,
+    pieces: &[std::ops::Range<i64>],
+) {
+    match pieces {
+        [] => {}
+        [only] => call_kernel(k, bound, shared, only.start, only.end),
+        _ => threads::for_each_chunk(pieces.len(), |p| {
+            call_kernel(k, bound, shared, pieces[p].start, pieces[p].end)
+        }),
+    }
+}
+
+/// Elements a piece of a kernel visits at least: below this, handing a piece to another
+/// thread costs about as much as the piece saves.
+const MIN_PIECE_WORK: i64 = 1 << 14;
+
+/// Rows whose elements together span at least a cache line (16 f32s): piece boundaries fall on
+/// multiples of this many rows when rows are shorter, so two threads never write one line.
+const LINE_ELEMENTS: i64 = 16;
+
+/// The pieces (ranges of the first outer loop) kernel `k` of `bound`'s sizes runs in on
+/// `threads` threads: the one rule both running and the partition report follow.
+///
+/// - [`Split::PerThread`]: as many pieces as threads, as long as each visits at least
+///   [`MIN_PIECE_WORK`] elements (fewer pieces, down to one, for less work);
+/// - [`Split::Fine`]: four pieces per thread (finer balance for uneven rows);
+/// - [`Split::Serial`]: one piece.
+///
+/// Pieces are runs of whole rows of equal length, give or take the alignment: when a row visits
+/// fewer than [`LINE_ELEMENTS`] elements, boundaries are rounded to a multiple of enough rows to
+/// fill a cache line. Every row is computed within one call whatever the cut, so results do not
+/// depend on it.
+pub(super) fn kernel_pieces(
+    split: Split,
+    bound: &BoundKernel,
+    threads: usize,
+) -> Vec<std::ops::Range<i64>> {
+    let range = bound.range.max(0);
+    let threads = threads.max(1) as i64;
+    let wanted = match split {
+        Split::PerThread => threads.min(bound.work / MIN_PIECE_WORK),
+        Split::Serial => 1,
         Split::Fine => 4 * threads,
     };
-    if threads > 1 && range > 1 && chunks > 1 {
-        let chunks = chunks.min(range);
-        threads::for_each_chunk(chunks as usize, |c| {
-            let c = c as i64;
-            call_kernel(
-                k,
-                bound,
-                shared,
-                range * c / chunks,
-                range * (c + 1) / chunks,
-            );
-        });
+    let per_row = bound.work / range.max(1);
+    let align = if per_row >= LINE_ELEMENTS {
+        1
     } else {
-        call_kernel(k, bound, shared, 0, range);
+        (LINE_ELEMENTS / per_row.max(1)).max(1)
+    };
+    let chunks = wanted.min(range / align).max(1);
+    if threads == 1 || chunks == 1 {
+        return std::iter::once(0..range).collect();
     }
+    let boundary = |c: i64| {
+        if c == chunks {
+            range
+        } else {
+            (range * c / chunks) / align * align
+        }
+    };
+    (0..chunks).map(|c| boundary(c)..boundary(c + 1)).collect()
 }
 
 /// Calls the compiled function of `k` on outer rows `start..end`.

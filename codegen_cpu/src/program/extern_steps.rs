@@ -1,12 +1,12 @@
 //! The steps that call ahead-of-time code instead of a JIT kernel: GEMMs (with their epilogue
 //! kernels run tile by tile), implicit-GEMM convolutions, fused attention and scatter-add.
 
-use super::execute::{call_kernel, read_f32, SharedPointers, Symbols};
+use super::execute::{call_kernel, kernel_pieces, read_f32, run_pieces, SharedPointers, Symbols};
 use super::CompiledKernel;
 use minductor_ir::DType;
 use minductor_kernel_ir::{
     AttentionStep, BufferId, BufferKind, Im2colView, MaskKind, MatmulOperand, MatmulStep, Program,
-    ScatterAddStep,
+    ScatterAddStep, StridedView,
 };
 use minductor_kernels::attention::{attention, AttentionShape, Mask, MaskData};
 use minductor_kernels::gemm;
@@ -104,6 +104,37 @@ pub(super) fn run_attention(
     )
 }
 
+/// The multiply-adds of each work item of attention step `a` for a call with these sizes on
+/// `threads` threads (the partition report).
+pub(super) fn attention_pieces_of(
+    a: &AttentionStep,
+    symbols: &Symbols,
+    threads: usize,
+) -> Vec<u64> {
+    let (q, k, v) = (
+        symbols.sizes(&a.q.shape),
+        symbols.sizes(&a.k.shape),
+        symbols.sizes(&a.v.shape),
+    );
+    let rank = q.len();
+    if rank < 2 || k.len() != rank || v.len() != rank {
+        return vec![0];
+    }
+    minductor_kernels::attention::attention_pieces(
+        &AttentionShape {
+            batch: &q[..rank - 2],
+            t: q[rank - 2],
+            s: k[rank - 2],
+            e: q[rank - 1],
+            ev: v[rank - 1],
+            group: a.group,
+            scale: a.scale,
+            causal: a.causal,
+        },
+        threads,
+    )
+}
+
 /// Runs a scatter-add step on its buffers.
 pub(super) fn run_scatter_add(
     sc: &ScatterAddStep,
@@ -154,8 +185,6 @@ pub(super) fn run_scatter_add(
 /// Output units (rows, or indices of the first batch dim) per tile: one tile's GEMM output and
 /// its epilogue stay in cache together.
 const TILE_BYTES: usize = 256 << 10;
-/// GEMMs with fewer flops run on the calling thread.
-const PARALLEL_FLOPS_THRESHOLD: usize = 1 << 22;
 
 /// A GEMM operand packed once, when the program learned its value (a frozen weight,
 /// [`prepare_constants`](minductor_runtime::Executable::prepare_constants)), so calls skip
@@ -307,6 +336,11 @@ impl Prepacked {
         })
     }
 
+    /// Whether the weight was transformed for Winograd.
+    pub(in crate::program) fn is_winograd(&self) -> bool {
+        matches!(self.packed, Packed::WinogradWeight(_))
+    }
+
     /// The packing, if `pointer` (what this call bound to the operand's buffer) is the
     /// constant's storage.
     fn for_pointer(&self, pointer: *mut u8) -> Option<&Packed> {
@@ -314,12 +348,166 @@ impl Prepacked {
     }
 }
 
-/// Runs `out = a @ b` with our GEMM (`crate::gemm`) tile by tile over the output's first dim,
-/// each tile followed by the epilogue on the same rows; tiles are split across threads. `b` is
-/// packed once per product, block by block as the first tile to need each block gets to it,
-/// and shared by every tile and thread (each thread starts at its own panels). A 2-D product
-/// with too few rows for every thread splits its columns instead, and runs the epilogue after
-/// all of them.
+/// The sizes of a plain (not implicit) GEMM step for one call.
+struct MatmulSizes {
+    a_shape: Vec<usize>,
+    b_shape: Vec<usize>,
+    batch: usize,
+    rows: usize,
+    k: usize,
+    cols: usize,
+    /// Matrices in the batch (1 for a 2-D product).
+    count: usize,
+}
+
+impl MatmulSizes {
+    fn new(m: &MatmulStep, b: &StridedView, symbols: &Symbols) -> MatmulSizes {
+        let (a_shape, b_shape) = (symbols.sizes(&m.a.shape), symbols.sizes(&b.shape));
+        let batch = a_shape.len() - 2;
+        MatmulSizes {
+            rows: a_shape[batch],
+            k: a_shape[batch + 1],
+            cols: b_shape[batch + 1],
+            count: a_shape[..batch].iter().product(),
+            a_shape,
+            b_shape,
+            batch,
+        }
+    }
+
+    /// Saturating: only decides whether to split the GEMM across threads.
+    fn flops(&self) -> usize {
+        [self.count, self.rows, self.k, self.cols]
+            .iter()
+            .fold(2usize, |acc, &n| acc.saturating_mul(n))
+    }
+}
+
+/// How a GEMM step runs for one call on some number of threads: the one place its path and
+/// its cut are decided, for running it and for the partition report.
+pub(super) enum MatmulPlan {
+    /// One 2-D product of `rows` rows (all of a stacked batch's), cut by `split` (streamed:
+    /// `a` packed once and shared), on `threads` threads. With `tiles` (the pieces hold whole
+    /// rows) each piece runs the epilogue on its rows, tile by tile, right after computing
+    /// them; else the epilogue runs over all rows after the product.
+    Product {
+        rows: usize,
+        k: usize,
+        streams: bool,
+        tiles: bool,
+        split: gemm::ProductSplit,
+        threads: usize,
+    },
+    /// A batch of products, the first batch dim's units in runs, one run per piece, each
+    /// matrix on the piece's thread; `unit_work` multiply-adds per unit.
+    Units {
+        runs: Vec<std::ops::Range<usize>>,
+        unit_work: u64,
+    },
+}
+
+impl MatmulPlan {
+    /// The multiply-adds of every piece.
+    pub(super) fn pieces(&self) -> Vec<u64> {
+        match self {
+            MatmulPlan::Product { k, split, .. } => split.work(*k),
+            MatmulPlan::Units { runs, unit_work } => {
+                runs.iter().map(|r| r.len() as u64 * unit_work).collect()
+            }
+        }
+    }
+}
+
+/// Whether the batch of products of `sizes` is one product of `count · rows` rows: they share
+/// one `b` and their `a` matrices follow one another at the same row stride (a linear layer
+/// over a batch of sequences). As one product, each block of `b` is packed once for all of
+/// them, and the product's rows and columns cut into as many pieces as the threads need,
+/// where the batch alone might have fewer units than threads.
+fn is_stacked(sizes: &MatmulSizes, a_strides: &[i64], b_strides: &[i64]) -> bool {
+    let (batch, rows) = (sizes.batch, sizes.rows);
+    let row_stride = a_strides[batch];
+    batch > 0
+        && (0..batch).all(|d| {
+            let below = sizes.a_shape[d + 1..batch].iter().product::<usize>() * rows;
+            (b_strides[d] == 0 || sizes.b_shape[d] == 1)
+                && (sizes.a_shape[d] == 1 || a_strides[d] == row_stride * below as i64)
+        })
+}
+
+/// The plan of a GEMM of `sizes` on `threads` threads (see [`MatmulPlan`]).
+fn plan_matmul(
+    sizes: &MatmulSizes,
+    stacked: bool,
+    kernel: gemm::Kernel,
+    threads: usize,
+) -> MatmulPlan {
+    let threads = gemm::product_threads(sizes.flops(), threads);
+    // The rows of the one 2-D product this step is (all of a stacked batch's).
+    let product_rows = if stacked {
+        sizes.count * sizes.rows
+    } else {
+        sizes.rows
+    };
+    let streams = gemm::prefers_streaming(kernel, product_rows, sizes.cols, threads);
+    if stacked || sizes.batch == 0 {
+        let shape = [product_rows, sizes.cols, sizes.k];
+        let split = if streams {
+            gemm::streaming_split(kernel, product_rows, sizes.cols, sizes.k, threads)
+        } else {
+            gemm::ProductSplit::choose(shape, [kernel.mr(), kernel.nr()], threads, gemm::Shared::B)
+        };
+        return MatmulPlan::Product {
+            rows: product_rows,
+            k: sizes.k,
+            streams,
+            // A stacked batch's rows belong to several matrices: its epilogue runs after.
+            tiles: !streams && !stacked && split.panel_groups == 1,
+            split,
+            threads,
+        };
+    }
+    let units = sizes.a_shape[0];
+    let unit_work = (sizes.count / units.max(1)) as u64
+        * sizes.rows as u64
+        * sizes.cols as u64
+        * sizes.k as u64;
+    MatmulPlan::Units {
+        runs: gemm::unit_runs(units, threads),
+        unit_work,
+    }
+}
+
+/// The plan of GEMM step `m` for a call with these sizes on `threads` threads, and the
+/// multiply-adds of its pieces (the partition report).
+pub(super) fn matmul_pieces(
+    m: &MatmulStep,
+    prepacked_winograd: bool,
+    program: &Program,
+    symbols: &Symbols,
+    threads: usize,
+) -> Result<Vec<u64>, RuntimeError> {
+    let b = match &m.b {
+        MatmulOperand::View(view) => view,
+        MatmulOperand::Im2col(view) => {
+            return Ok(
+                implicit_plan(m, view, program, symbols, prepacked_winograd, threads)?.pieces(),
+            )
+        }
+    };
+    let sizes = MatmulSizes::new(m, b, symbols);
+    let (_, a_strides) = symbols.view(&m.a, m.out)?;
+    let (_, b_strides) = symbols.view(b, m.out)?;
+    let stacked = is_stacked(&sizes, &a_strides, &b_strides);
+    let kernel = gemm::Kernel::detect();
+    Ok(plan_matmul(&sizes, stacked, kernel, threads).pieces())
+}
+
+/// Runs `out = a @ b` with our GEMM (`crate::gemm`) as [`plan_matmul`] decides: one 2-D
+/// product cut into rows and columns of tiles, whose pieces run the epilogue on their rows
+/// tile by tile when they hold whole rows (else it runs after the product); or a batch of
+/// products, each on one thread. `b` is packed once per product (block by block as the first
+/// piece to need each block gets to it, shared by every piece), or streamed (each block packed
+/// into a per-thread buffer right before its use), or was packed at compile time.
 pub(super) fn run_matmul(
     m: &MatmulStep,
     epilogue: Option<&CompiledKernel>,
@@ -334,17 +522,13 @@ pub(super) fn run_matmul(
             return run_implicit_matmul(m, view, epilogue, prepacked, program, symbols, pointers)
         }
     };
-    let (a_shape, b_shape) = (
-        symbols.sizes(&m.a.shape),
-        symbols.sizes(&b_view_of_step.shape),
-    );
-    let batch = a_shape.len() - 2;
-    let (rows, k, cols) = (a_shape[batch], a_shape[batch + 1], b_shape[batch + 1]);
+    let sizes = MatmulSizes::new(m, b_view_of_step, symbols);
+    let (a_shape, batch) = (&sizes.a_shape, sizes.batch);
+    let (rows, k, cols, count) = (sizes.rows, sizes.k, sizes.cols, sizes.count);
     let (a_offset, a_strides) = symbols.view(&m.a, m.out)?;
     let (b_offset, b_strides) = symbols.view(b_view_of_step, m.out)?;
     debug_assert!(program.buffer(m.out).dtype == DType::F32);
     let numel = |id: BufferId| symbols.elements(program, id);
-    let count: usize = a_shape[..batch].iter().product();
     // SAFETY: each pointer is the start of a live buffer holding its planned number of f32s for
     // this call's sizes (`run_steps`; `fuse` only emits f32 GEMMs). The operands are only read
     // during this step. The output is written only through the tiles below, each made from
@@ -399,10 +583,6 @@ pub(super) fn run_matmul(
 
     let units = a_shape[0];
     let unit_bytes = count * rows * cols * std::mem::size_of::<f32>() / units.max(1);
-    // Saturating: only decides whether to split the GEMM across threads.
-    let flops = [count, rows, k, cols]
-        .iter()
-        .fold(2usize, |acc, &n| acc.saturating_mul(n));
     // At least 128 rows of a 2-D product: every tile streams all of packed `b` once, which costs
     // more than keeping the tile's output in L2 for the epilogue saves (measured on the MLP).
     let min_tile = if batch == 0 { 128 } else { 1 };
@@ -416,36 +596,18 @@ pub(super) fn run_matmul(
     let epilogue = epilogue.map(|e| (e, e.bind(symbols)));
     let shared = SharedPointers(table.as_ptr());
     let threads = threads::num_threads();
-    let parallel = threads > 1 && flops >= PARALLEL_FLOPS_THRESHOLD;
     let kernel = gemm::Kernel::detect();
-    let gemm_threads = if parallel { threads } else { 1 };
     // The epilogue over every row at once, split across the threads (after a product whose
-    // threads split columns).
+    // pieces split columns).
     let epilogue_on_all_rows = || {
         if let Some((epilogue, bound)) = &epilogue {
-            let chunks = threads.min(bound.range.max(1) as usize) as i64;
-            threads::for_each_chunk(chunks as usize, |ch| {
-                let ch = ch as i64;
-                let (s, e) = (bound.range * ch / chunks, bound.range * (ch + 1) / chunks);
-                call_kernel(epilogue, bound, shared, s, e);
-            });
+            let pieces = kernel_pieces(epilogue.split, bound, threads);
+            run_pieces(epilogue, bound, shared, &pieces);
         }
     };
 
-    // A batch of products sharing one `b` (a linear layer over a batch of sequences) whose `a`
-    // matrices follow one another at the same row stride is one product of `count · rows`
-    // rows: streamed, each block of `b` is packed once for all of them (the batched path below
-    // packs all of `b` once per thread) and the threads split its columns.
+    let stacked = is_stacked(&sizes, &a_strides, &b_strides);
     let row_stride = a_strides[batch];
-    let stacked = batch > 0
-        && (0..batch).all(|d| {
-            let below = a_shape[d + 1..batch].iter().product::<usize>() * rows;
-            (b_strides[d] == 0 || b_shape[d] == 1)
-                && (a_shape[d] == 1 || a_strides[d] == row_stride * below as i64)
-        });
-    // The rows of the one 2-D product this step is (all of a stacked batch's).
-    let product_rows = if stacked { count * rows } else { rows };
-    let streams = gemm::prefers_streaming(kernel, product_rows, cols, gemm_threads);
     // `b` packed at compile time, if this call's `b` is the constant it was packed from: the
     // products read it instead of packing it (streamed ones block by block, in the same order).
     let prepacked =
@@ -453,134 +615,126 @@ pub(super) fn run_matmul(
             Some(Packed::B(packed)) if packed.shape() == [k, cols] => Some(packed),
             _ => None,
         };
-    // The whole product on `gemm_threads` threads: streamed (each depth block of `b` packed right
-    // before its use, or read from `b` packed at compile time), or over a packed `b` split by
-    // rows or columns.
-    let whole_product = |a: &gemm::MatrixRef,
-                         b: &gemm::MatrixRef,
-                         packed: Option<&gemm::PackedB>,
-                         out: &mut gemm::MatrixMut| {
-        match packed {
-            Some(packed) if streams => {
-                gemm::multiply_streaming_packed(a, packed, out, gemm_threads)
-            }
-            Some(packed) => gemm::multiply_parallel(a, packed, out, gemm_threads),
-            None => gemm::multiply_streaming(kernel, a, b, out, gemm_threads),
+    let plan = plan_matmul(&sizes, stacked, kernel, threads);
+    let (product_rows, streams, tiles, split, gemm_threads) = match &plan {
+        MatmulPlan::Product {
+            rows,
+            streams,
+            tiles,
+            split,
+            threads,
+            ..
+        } => (*rows, *streams, *tiles, *split, *threads),
+        MatmulPlan::Units { runs, .. } => {
+            // A batch of products: each unit of the first batch dim holds `inner` matrices;
+            // each is packed and multiplied on its piece's thread (`b` is packed once and
+            // reused while consecutive matrices share it, as a broadcast operand does), the
+            // epilogue after each tile of units.
+            let inner: usize = a_shape[1..batch].iter().product();
+            let run_units = |start: usize, end: usize| -> Result<(), RuntimeError> {
+                let mut packed: Option<(i64, gemm::PackedB)> = None;
+                let mut s = start;
+                while s < end {
+                    let e = (s + tile).min(end);
+                    for n in s * inner..e * inner {
+                        // Decompose the flat batch index into per-dim offsets.
+                        let (mut rest, mut a_off, mut b_off) = (n, a_offset, b_offset);
+                        for d in (0..batch).rev() {
+                            let i = (rest % a_shape[d]) as i64;
+                            rest /= a_shape[d];
+                            a_off += i * a_strides[d];
+                            b_off += i * b_strides[d];
+                        }
+                        if packed.as_ref().is_none_or(|(at, _)| *at != b_off) {
+                            // Return the old buffer to the pool before taking one.
+                            drop(packed.take());
+                            let b = b_view(b_off).map_err(gemm_error)?;
+                            packed =
+                                Some((b_off, gemm::PackedB::lazy(&b, kernel).map_err(gemm_error)?));
+                        }
+                        let (_, b) = packed.as_ref().expect("packed above");
+                        let mut out = c_rows(n, 0, rows).map_err(gemm_error)?;
+                        gemm::multiply(&a_view(a_off).map_err(gemm_error)?, b, &mut out)
+                            .map_err(gemm_error)?;
+                    }
+                    if let Some((epilogue, bound)) = &epilogue {
+                        call_kernel(epilogue, bound, shared, s as i64, e as i64);
+                    }
+                    s = e;
+                }
+                Ok(())
+            };
+            return in_runs(runs, run_units);
         }
-        .map_err(gemm_error)
     };
-    if stacked && (prepacked.is_some() || streams) {
-        let a = gemm::MatrixRef::new(
-            a_data,
-            a_offset,
-            [count * rows, k],
-            [row_stride, a_strides[batch + 1]],
-            "a",
-        )
-        .map_err(gemm_error)?;
-        let b = b_view(b_offset).map_err(gemm_error)?;
+    // One 2-D product (a stacked batch: `count · rows` rows of `a` at one row stride).
+    let a = gemm::MatrixRef::new(
+        a_data,
+        a_offset,
+        [product_rows, k],
+        [row_stride, a_strides[batch + 1]],
+        "a",
+    )
+    .map_err(gemm_error)?;
+    let b = b_view(b_offset).map_err(gemm_error)?;
+    if streams {
         {
             // The output's unique borrow ends here, before the epilogue reads its rows.
-            let mut out = c_rows(0, 0, count * rows).map_err(gemm_error)?;
-            whole_product(&a, &b, prepacked, &mut out)?;
+            let mut out = c_rows(0, 0, product_rows).map_err(gemm_error)?;
+            match prepacked {
+                Some(packed) => gemm::multiply_streaming_packed(&a, packed, &mut out, gemm_threads),
+                None => gemm::multiply_streaming(kernel, &a, &b, &mut out, gemm_threads),
+            }
+            .map_err(gemm_error)?;
         }
         epilogue_on_all_rows();
         return Ok(());
     }
-
-    if batch == 0 {
-        let a = a_view(a_offset).map_err(gemm_error)?;
-        let b = b_view(b_offset).map_err(gemm_error)?;
-        // Packed at compile time, or as the tiles need it, once, by whichever thread gets to
-        // each block first (unless streamed: then each block is packed into a per-thread
-        // buffer right before its use, or read packed).
-        let packed_here = if streams || prepacked.is_some() {
-            None
-        } else {
-            Some(gemm::PackedB::lazy(&b, kernel).map_err(gemm_error)?)
-        };
-        let packed = prepacked.or(packed_here.as_ref());
-        let panels = cols.div_ceil(kernel.nr());
-        if streams || (parallel && rows < threads * 4 * kernel.mr()) {
-            // Few rows: every thread takes a run of columns, then the epilogue runs on whole
-            // rows.
-            {
-                // The tile's unique borrow ends here, before the epilogue reads its rows.
-                let mut out = c_rows(0, 0, rows).map_err(gemm_error)?;
-                whole_product(&a, &b, packed, &mut out)?;
-            }
-            epilogue_on_all_rows();
-            return Ok(());
+    // Packed at compile time, or as the pieces need it, once, by whichever thread gets to each
+    // block first.
+    let packed_here = match prepacked {
+        Some(_) => None,
+        None => Some(gemm::PackedB::lazy(&b, kernel).map_err(gemm_error)?),
+    };
+    let packed = prepacked
+        .or(packed_here.as_ref())
+        .expect("packed at compile time or here");
+    if !tiles {
+        {
+            // The output's unique borrow ends here, before the epilogue reads its rows.
+            let mut out = c_rows(0, 0, product_rows).map_err(gemm_error)?;
+            gemm::multiply_split(&a, packed, &mut out, &split).map_err(gemm_error)?;
         }
-        let packed = packed.expect("packed unless streamed");
-        let run_rows = |start: usize, end: usize, first_panel: usize| {
-            let mut s = start;
-            while s < end {
-                let e = (s + tile).min(end);
-                {
-                    // The tile's unique borrow ends before its epilogue reads the rows.
-                    let mut out = c_rows(0, s, e).expect("rows inside the output");
-                    gemm::multiply_from(&a.rows(s, e), packed, &mut out, first_panel)
-                        .expect("shapes agree");
-                }
-                if let Some((epilogue, bound)) = &epilogue {
-                    call_kernel(epilogue, bound, shared, s as i64, e as i64);
-                }
-                s = e;
-            }
-        };
-        if parallel && rows > 1 {
-            let chunks = threads.min(rows);
-            threads::for_each_chunk(chunks, |ch| {
-                run_rows(
-                    rows * ch / chunks,
-                    rows * (ch + 1) / chunks,
-                    panels * ch / chunks,
-                )
-            });
-        } else {
-            run_rows(0, rows, 0);
-        }
+        epilogue_on_all_rows();
         return Ok(());
     }
-
-    // Batched: each unit of the first batch dim holds `inner` matrices; each is packed and
-    // multiplied on one thread (`b` is packed once and reused while consecutive matrices share
-    // it, as a broadcast operand does).
-    let inner: usize = a_shape[1..batch].iter().product();
-    let run_units = |start: usize, end: usize| -> Result<(), RuntimeError> {
-        let mut packed: Option<(i64, gemm::PackedB)> = None;
-        let mut s = start;
-        while s < end {
-            let e = (s + tile).min(end);
-            for n in s * inner..e * inner {
-                // Decompose the flat batch index into per-dim offsets.
-                let (mut rest, mut a_off, mut b_off) = (n, a_offset, b_offset);
-                for d in (0..batch).rev() {
-                    let i = (rest % a_shape[d]) as i64;
-                    rest /= a_shape[d];
-                    a_off += i * a_strides[d];
-                    b_off += i * b_strides[d];
-                }
-                if packed.as_ref().is_none_or(|(at, _)| *at != b_off) {
-                    // Return the old buffer to the pool before taking one.
-                    drop(packed.take());
-                    let b = b_view(b_off).map_err(gemm_error)?;
-                    packed = Some((b_off, gemm::PackedB::lazy(&b, kernel).map_err(gemm_error)?));
-                }
-                let (_, b) = packed.as_ref().expect("packed above");
-                let mut out = c_rows(n, 0, rows).map_err(gemm_error)?;
-                gemm::multiply(&a_view(a_off).map_err(gemm_error)?, b, &mut out)
-                    .map_err(gemm_error)?;
+    // Each piece holds whole rows: it runs them tile by tile, each tile's epilogue right after.
+    let panels = cols.div_ceil(kernel.nr());
+    let pieces = split.pieces();
+    let run_rows = |piece: usize| {
+        let range = split.rows(piece);
+        let first_panel = panels * piece / pieces;
+        let mut s = range.start;
+        while s < range.end {
+            let e = (s + tile).min(range.end);
+            {
+                // The tile's unique borrow ends before its epilogue reads the rows.
+                let mut out = c_rows(0, s, e).expect("rows inside the output");
+                gemm::multiply_from(&a.rows(s, e), packed, &mut out, first_panel)
+                    .expect("shapes agree");
             }
             if let Some((epilogue, bound)) = &epilogue {
                 call_kernel(epilogue, bound, shared, s as i64, e as i64);
             }
             s = e;
         }
-        Ok(())
     };
-    in_unit_ranges(units, parallel, run_units)
+    if pieces > 1 {
+        threads::for_each_chunk(pieces, run_rows);
+    } else {
+        run_rows(0);
+    }
+    Ok(())
 }
 
 /// Runs `out = a @ im2col(x)` (a convolution, `b` an [`Im2colView`]) with the implicit GEMM
@@ -635,20 +789,16 @@ fn run_implicit_matmul(
     // The weight of each group, packed (or transformed) once, for all calls or here, and
     // shared by every image and thread.
     let prepacked = prepacked.and_then(|p| p.for_pointer(pointers[m.a.buffer.0 as usize]));
-    // Winograd F(2x2, 3x3) where the window allows it and it is expected to be faster,
-    // transforming the weight here included (under `auto`; unless it was transformed for all
-    // calls).
-    let algorithm = gemm::ConvAlgorithm::from_env();
-    let flops = [images, groups, rows, k, cols]
-        .iter()
-        .fold(2usize, |acc, &n| acc.saturating_mul(n));
-    let parallel = threads::num_threads() > 1 && flops >= PARALLEL_FLOPS_THRESHOLD;
-    let winograd = gemm::prefers_winograd(algorithm, kernel, &b.window, group_channels, [h, w])
-        && (algorithm != gemm::ConvAlgorithm::Auto
-            || matches!(prepacked, Some(Packed::WinogradWeight(_)))
-            || b.window.output_size(h, w).is_some_and(|out| {
-                gemm::winograd_transform_pays_off(images, group_channels, rows, out)
-            }));
+    let prepacked_winograd = matches!(prepacked, Some(Packed::WinogradWeight(_)));
+    let plan = implicit_plan(
+        m,
+        b,
+        program,
+        symbols,
+        prepacked_winograd,
+        threads::num_threads(),
+    )?;
+    let winograd = plan.winograd;
     let group_weight = |g: usize| {
         let offset = a_offset + g as i64 * a_strides[1];
         gemm::MatrixRef::new(a_data, offset, [rows, k], [a_strides[2], a_strides[3]], "a")
@@ -693,45 +843,206 @@ fn run_implicit_matmul(
     let shared = SharedPointers(table.as_ptr());
     let unit_bytes = groups * matrix * std::mem::size_of::<f32>();
     let tile = (TILE_BYTES / unit_bytes.max(1)).clamp(1, images.max(1));
-    let run_images = |start: usize, end: usize| -> Result<(), RuntimeError> {
-        let mut s = start;
-        while s < end {
-            let e = (s + tile).min(end);
-            for image in s..e {
-                for g in 0..groups {
-                    let plane_offset = (image * channels + g * group_channels) * h * w;
-                    let x = gemm::Im2colRef::new(
-                        x_data,
-                        plane_offset,
-                        group_channels,
-                        [h, w],
-                        b.window,
-                    )
-                    .map_err(gemm_error)?;
-                    let first = (image * groups + g) * matrix;
-                    // SAFETY: `first + matrix ≤ images·groups·matrix`, the output's length
-                    // (asserted above); each (image, group) matrix is borrowed by one thread
-                    // only, and the borrow ends before the epilogue reads the rows.
-                    let values = unsafe {
-                        std::slice::from_raw_parts_mut((c.get() as *mut f32).add(first), matrix)
-                    };
-                    let mut out =
-                        gemm::MatrixMut::row_major(values, rows, cols).map_err(gemm_error)?;
-                    match weights {
-                        ConvWeights::Im2col(a) => gemm::multiply_im2col(&a[g], &x, &mut out),
-                        ConvWeights::Winograd(a) => gemm::multiply_winograd(&a[g], &x, &mut out),
+    // The input of `image`'s group `g`, and the output matrix it makes.
+    let group_input = |image: usize, g: usize| {
+        let plane_offset = (image * channels + g * group_channels) * h * w;
+        gemm::Im2colRef::new(x_data, plane_offset, group_channels, [h, w], b.window)
+            .map_err(gemm_error)
+    };
+    if plan.pieces.iter().all(|(_, units)| units.is_none()) {
+        // Whole images: each piece runs its images tile by tile, each tile's epilogue right
+        // after.
+        let run_images = |start: usize, end: usize| -> Result<(), RuntimeError> {
+            let mut s = start;
+            while s < end {
+                let e = (s + tile).min(end);
+                for image in s..e {
+                    for g in 0..groups {
+                        let x = group_input(image, g)?;
+                        let first = (image * groups + g) * matrix;
+                        // SAFETY: `first + matrix ≤ images·groups·matrix`, the output's length
+                        // (asserted above); each (image, group) matrix is borrowed by one
+                        // thread only, and the borrow ends before the epilogue reads the rows.
+                        let values = unsafe {
+                            std::slice::from_raw_parts_mut((c.get() as *mut f32).add(first), matrix)
+                        };
+                        let mut out =
+                            gemm::MatrixMut::row_major(values, rows, cols).map_err(gemm_error)?;
+                        match weights {
+                            ConvWeights::Im2col(a) => gemm::multiply_im2col(&a[g], &x, &mut out),
+                            ConvWeights::Winograd(a) => {
+                                gemm::multiply_winograd(&a[g], &x, &mut out)
+                            }
+                        }
+                        .map_err(gemm_error)?;
                     }
-                    .map_err(gemm_error)?;
+                }
+                if let Some((epilogue, bound)) = &epilogue {
+                    call_kernel(epilogue, bound, shared, s as i64, e as i64);
+                }
+                s = e;
+            }
+            Ok(())
+        };
+        let runs: Vec<_> = plan.pieces.iter().map(|(r, _)| r.clone()).collect();
+        return in_runs(&runs, run_images);
+    }
+    // Parts of images: each piece computes its columns (or Winograd tiles) of one image's
+    // every group; the epilogue runs over all images after.
+    let run_part = |piece: usize| -> Result<(), RuntimeError> {
+        let (images, units) = &plan.pieces[piece];
+        let units = units.clone().expect("parts of images");
+        for image in images.clone() {
+            for g in 0..groups {
+                let x = group_input(image, g)?;
+                // SAFETY (for both calls): the matrix of (image, group) starts at `first`, and
+                // `first + matrix ≤ images·groups·matrix`, the output's length (asserted
+                // above); the checks passed; the pieces' columns (tiles) of a matrix are
+                // disjoint, so each output element is written by one piece; nothing reads the
+                // output before every piece is done.
+                let first = (image * groups + g) * matrix;
+                let c_matrix = (c.get() as *mut f32).wrapping_add(first);
+                match weights {
+                    ConvWeights::Im2col(a) => {
+                        gemm::check_im2col(&a[g], &x, [rows, cols]).map_err(gemm_error)?;
+                        let columns =
+                            (units.start * CONV_UNIT).min(cols)..(units.end * CONV_UNIT).min(cols);
+                        unsafe { gemm::multiply_im2col_columns(&a[g], &x, c_matrix, cols, columns) }
+                    }
+                    ConvWeights::Winograd(a) => {
+                        let count =
+                            gemm::check_winograd(&a[g], &x, [rows, cols]).map_err(gemm_error)?;
+                        let tiles = (units.start * CONV_UNIT).min(count)
+                            ..(units.end * CONV_UNIT).min(count);
+                        unsafe { gemm::multiply_winograd_tiles(&a[g], &x, c_matrix, cols, tiles) }
+                    }
                 }
             }
-            if let Some((epilogue, bound)) = &epilogue {
-                call_kernel(epilogue, bound, shared, s as i64, e as i64);
-            }
-            s = e;
         }
         Ok(())
     };
-    in_unit_ranges(images, parallel, run_images)
+    let failure: Mutex<Option<RuntimeError>> = Mutex::new(None);
+    threads::for_each_chunk(plan.pieces.len(), |piece| {
+        if let Err(e) = run_part(piece) {
+            *failure.lock().unwrap_or_else(|p| p.into_inner()) = Some(e);
+        }
+    });
+    if let Some(e) = failure.into_inner().unwrap_or_else(|p| p.into_inner()) {
+        return Err(e);
+    }
+    if let Some((epilogue, bound)) = &epilogue {
+        let pieces = kernel_pieces(epilogue.split, bound, threads::num_threads());
+        run_pieces(epilogue, bound, shared, &pieces);
+    }
+    Ok(())
+}
+
+/// Output columns (implicit GEMM) or 2×2 tiles (Winograd) of one image per unit of a
+/// convolution's split: a multiple of 16, so every piece's panels start where the whole
+/// image's would (the AVX-512 transforms take 16 tiles at a time).
+const CONV_UNIT: usize = 16;
+
+/// How a convolution step runs on some number of threads: its path (Winograd or the implicit
+/// GEMM) and its pieces, the one place both are decided, for running it and for the partition
+/// report. A piece is a run of whole images (each image's channel groups on the piece's
+/// thread), or, when there are too few images for the threads, a part of one image: a run of
+/// its units of [`CONV_UNIT`] output columns (Winograd: tiles), cut by `gemm::image_parts`.
+pub(super) struct ImplicitPlan {
+    winograd: bool,
+    pieces: Vec<(std::ops::Range<usize>, Option<std::ops::Range<usize>>)>,
+    /// Units of one image, and its multiply-adds (those of the direct product).
+    units: usize,
+    image_work: u64,
+}
+
+impl ImplicitPlan {
+    /// The multiply-adds of every piece (a part of an image: its share of the units).
+    fn pieces(&self) -> Vec<u64> {
+        self.pieces
+            .iter()
+            .map(|(images, units)| match units {
+                None => images.len() as u64 * self.image_work,
+                Some(units) => {
+                    (self.image_work as u128 * units.len() as u128 / self.units.max(1) as u128)
+                        as u64
+                }
+            })
+            .collect()
+    }
+}
+
+/// The plan of convolution step `m` (`b` its im2col operand) for a call with these sizes on
+/// `threads` threads; `prepacked_winograd`: the weight was transformed for Winograd once for
+/// all calls.
+fn implicit_plan(
+    m: &MatmulStep,
+    b: &Im2colView,
+    program: &Program,
+    symbols: &Symbols,
+    prepacked_winograd: bool,
+    threads: usize,
+) -> Result<ImplicitPlan, RuntimeError> {
+    let rows = symbols.sizes(&m.a.shape).get(2).copied().unwrap_or(0);
+    let source = symbols.sizes(&program.buffer(b.source).shape);
+    let (&[images, groups, k, cols], &[_, channels, h, w]) =
+        (&symbols.sizes(&b.shape)[..], &source[..])
+    else {
+        return Err(RuntimeError::Unsupported(format!(
+            "matmul {}: an im2col operand of rank {} of a source of rank {}",
+            m.out,
+            b.shape.len(),
+            source.len()
+        )));
+    };
+    let group_channels = channels / groups.max(1);
+    let flops = [images, groups, rows, k, cols]
+        .iter()
+        .fold(2usize, |acc, &n| acc.saturating_mul(n));
+    let threads = gemm::product_threads(flops, threads);
+    // Winograd F(2x2, 3x3) where the window allows it and it is expected to be faster,
+    // transforming the weight here included (under `auto`; unless it was transformed for all
+    // calls) over all the images of the call. Not over the images of a thread: the two paths
+    // sum in different orders, and the choice must not depend on the thread count.
+    let algorithm = gemm::ConvAlgorithm::from_env();
+    let kernel = gemm::Kernel::detect();
+    let winograd = gemm::prefers_winograd(algorithm, kernel, &b.window, group_channels, [h, w])
+        && (algorithm != gemm::ConvAlgorithm::Auto
+            || prepacked_winograd
+            || b.window.output_size(h, w).is_some_and(|out| {
+                gemm::winograd_transform_pays_off(images, group_channels, rows, out)
+            }));
+    let units = if winograd {
+        let [oh, ow] = b.window.output_size(h, w).unwrap_or([0, 0]);
+        (oh.div_ceil(2) * ow.div_ceil(2)).div_ceil(CONV_UNIT)
+    } else {
+        cols.div_ceil(CONV_UNIT)
+    };
+    let parts = gemm::image_parts(images, units, threads);
+    let pieces = if parts == 1 {
+        gemm::unit_runs(images, threads)
+            .into_iter()
+            .map(|r| (r, None))
+            .collect()
+    } else {
+        (0..images)
+            .flat_map(|image| {
+                (0..parts).map(move |p| {
+                    (
+                        image..image + 1,
+                        Some(units * p / parts..units * (p + 1) / parts),
+                    )
+                })
+            })
+            .collect()
+    };
+    Ok(ImplicitPlan {
+        winograd,
+        pieces,
+        units,
+        image_work: [groups, rows, k, cols]
+            .iter()
+            .fold(1u64, |acc, &n| acc.saturating_mul(n as u64)),
+    })
 }
 
 /// A convolution's weights, one per channel group, as the path that runs it reads them.
@@ -756,21 +1067,20 @@ impl PackedHere {
     }
 }
 
-/// Runs `run` over `0..units` in one contiguous range per thread when `parallel` (and there
-/// are at least two units), else in one range on the calling thread. An error of any range is
-/// the step's (the last one recorded, if several fail).
-fn in_unit_ranges(
-    units: usize,
-    parallel: bool,
+/// Runs `run` over each of `runs` (one piece each), across the threads when there are several.
+/// An error of any run is the step's (the last one recorded, if several fail).
+fn in_runs(
+    runs: &[std::ops::Range<usize>],
     run: impl Fn(usize, usize) -> Result<(), RuntimeError> + Sync,
 ) -> Result<(), RuntimeError> {
-    if !(parallel && units > 1) {
-        return run(0, units);
+    match runs {
+        [] => return Ok(()),
+        [only] => return run(only.start, only.end),
+        _ => {}
     }
     let failure: Mutex<Option<RuntimeError>> = Mutex::new(None);
-    let chunks = threads::num_threads().min(units);
-    threads::for_each_chunk(chunks, |ch| {
-        if let Err(e) = run(units * ch / chunks, units * (ch + 1) / chunks) {
+    threads::for_each_chunk(runs.len(), |piece| {
+        if let Err(e) = run(runs[piece].start, runs[piece].end) {
             *failure.lock().unwrap_or_else(|p| p.into_inner()) = Some(e);
         }
     });

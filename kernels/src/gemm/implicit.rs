@@ -162,45 +162,75 @@ thread_local! {
 
 /// `c = a · b` on the calling thread, `b` the im2col of an image (see the module doc).
 pub fn multiply_im2col(a: &PackedA, b: &Im2colRef, c: &mut MatrixMut) -> Result<(), GemmError> {
+    let n = b.shape()[1];
+    check_im2col(a, b, c.shape())?;
+    // SAFETY: the shapes agree (checked), and `c`, borrowed uniquely for the call, holds every
+    // row of `n` columns `row_stride` apart (`MatrixMut::new`).
+    unsafe { multiply_im2col_columns(a, b, c.data.as_mut_ptr(), c.row_stride, 0..n) };
+    Ok(())
+}
+
+/// Checks that `a` (`m × k`, packed) times `b` (`k × n`) makes an output of `c_shape`.
+pub fn check_im2col(a: &PackedA, b: &Im2colRef, c_shape: [usize; 2]) -> Result<(), GemmError> {
     let [k, n] = b.shape();
-    let m = a.m;
-    if a.k != k || c.rows != m || c.cols != n {
+    if a.k != k || c_shape != [a.m, n] {
         return Err(GemmError::Shape {
             a: a.shape(),
             b: b.shape(),
-            c: c.shape(),
+            c: c_shape,
         });
     }
+    Ok(())
+}
+
+/// Columns `columns` of `c = a · b` (the rest untouched): panels of `nr` columns from
+/// `columns.start` on, each column summed as [`multiply_im2col`] sums it (so pieces of columns
+/// computed apart give the same bits as the whole).
+///
+/// # Safety
+/// `check_im2col(a, b, [m, n])` passed; `columns.end ≤ n`; `c + i · ldc + j` is writable for
+/// every `i < m` and `j` in `columns`, touched by no one else during the call.
+pub unsafe fn multiply_im2col_columns(
+    a: &PackedA,
+    b: &Im2colRef,
+    c: *mut f32,
+    ldc: usize,
+    columns: std::ops::Range<usize>,
+) {
+    let k = b.shape()[0];
+    let m = a.m;
     let kernel = a.kernel;
     let nr = kernel.nr();
-    if m == 0 || n == 0 {
-        return Ok(());
+    if m == 0 || columns.is_empty() {
+        return;
     }
     if k == 0 {
         for i in 0..m {
-            c.data[i * c.row_stride..][..n].fill(0.0);
+            // SAFETY: row `i`, columns `columns` are the caller's.
+            unsafe {
+                std::slice::from_raw_parts_mut(c.add(i * ldc + columns.start), columns.len())
+            }
+            .fill(0.0);
         }
-        return Ok(());
+        return;
     }
-    let ldc = c.row_stride;
-    let c_base = c.data.as_mut_ptr();
     PANEL.with(|cell| {
         let mut panel = cell.take();
         panel.reserve(k * nr);
         let values = panel.as_mut_slice();
         let mut segments = Vec::new();
-        for q in 0..n.div_ceil(nr) {
-            let cols = nr.min(n - q * nr);
-            pack_im2col_panel(b, q * nr, cols, nr, values, &mut segments);
-            // SAFETY: `a` is `m × k` packed (checked above), the panel holds `k · nr` values,
-            // and column `q·nr + cols ≤ n` of every row of `c` (`m` rows of `n` values
-            // `row_stride` apart, checked by `MatrixMut::new`) is inside `c`, borrowed
-            // uniquely.
-            unsafe { multiply_panel(a, values, c_base.add(q * nr), ldc, cols) };
+        let mut start = columns.start;
+        while start < columns.end {
+            let cols = nr.min(columns.end - start);
+            pack_im2col_panel(b, start, cols, nr, values, &mut segments);
+            // SAFETY: `a` is `m × k` packed (the caller checked the shapes), the panel holds
+            // `k · nr` values, and columns `start..start + cols` of every row are the
+            // caller's.
+            unsafe { multiply_panel(a, values, c.add(start), ldc, cols) };
+            start += cols;
         }
         cell.set(panel);
     });
-    Ok(())
 }
 
 /// `c[0..m, 0..cols] = a · panel` by the micro-kernel: `panel` is one packed panel of `b`

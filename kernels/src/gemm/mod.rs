@@ -40,17 +40,22 @@ mod kernel_avx2;
 mod kernel_avx512;
 mod kernel_portable;
 mod pack;
+mod split;
 #[cfg(test)]
 mod tests;
 mod winograd;
 
-pub use implicit::{multiply_im2col, Im2colRef, PackedA};
+pub use implicit::{check_im2col, multiply_im2col, multiply_im2col_columns, Im2colRef, PackedA};
+pub use split::{
+    image_parts, product_threads, unit_runs, ProductSplit, Shared, PARALLEL_FLOPS_THRESHOLD,
+};
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::{Mutex, OnceLock};
 use thiserror::Error;
 pub use winograd::{
-    is_winograd_window, multiply_winograd, prefers_winograd, winograd_transform_pays_off,
-    ConvAlgorithm, WinogradWeight,
+    check_winograd, is_winograd_window, multiply_winograd, multiply_winograd_tiles,
+    prefers_winograd, winograd_tile_count, winograd_transform_pays_off, ConvAlgorithm,
+    WinogradWeight,
 };
 
 /// Columns of `a` (rows of `b`) per packed block for the AVX2 and portable kernels (their `b`
@@ -77,19 +82,22 @@ const MC: usize = 264;
 ///   stayed at 95-98.
 fn avx512_kc_max() -> usize {
     static KC_MAX: OnceLock<usize> = OnceLock::new();
-    *KC_MAX.get_or_init(|| {
-        let panel_bytes = KC * kernel_avx512::NR * std::mem::size_of::<f32>();
-        if cache::l1d_bytes().is_some_and(|l1| l1 * 2 / 3 >= panel_bytes) {
-            return KC;
+    *KC_MAX.get_or_init(|| avx512_kc_max_for(cache::l1d_bytes(), cache::l2_bytes()))
+}
+
+/// [`avx512_kc_max`] for a core whose L1 data and L2 caches hold these many bytes (when known).
+fn avx512_kc_max_for(l1d: Option<usize>, l2: Option<usize>) -> usize {
+    let panel_bytes = KC * kernel_avx512::NR * std::mem::size_of::<f32>();
+    if l1d.is_some_and(|l1| l1 * 2 / 3 >= panel_bytes) {
+        return KC;
+    }
+    match l2 {
+        Some(l2) => {
+            let values = l2 * 2 / 3 / std::mem::size_of::<f32>();
+            (values / (MC + kernel_avx512::NR) / 64 * 64).clamp(128, 512)
         }
-        match cache::l2_bytes() {
-            Some(l2) => {
-                let values = l2 * 2 / 3 / std::mem::size_of::<f32>();
-                (values / (MC + kernel_avx512::NR) / 64 * 64).clamp(128, 512)
-            }
-            None => 256,
-        }
-    })
+        None => 256,
+    }
 }
 
 /// `MINDUCTOR_GEMM_KC=n` overrides the most columns of `a` per packed block (measurements).
@@ -373,22 +381,6 @@ impl<'a> MatrixMut<'a> {
     pub fn shape(&self) -> [usize; 2] {
         [self.rows, self.cols]
     }
-
-    /// Splits off rows `0..at` (returned) from rows `at..` (kept in `self`).
-    fn split_rows(&mut self, at: usize) -> MatrixMut<'a> {
-        assert!(at <= self.rows);
-        let data = std::mem::take(&mut self.data);
-        let split = (at * self.row_stride).min(data.len());
-        let (head, tail) = data.split_at_mut(split);
-        self.data = tail;
-        self.rows -= at;
-        MatrixMut {
-            data: head,
-            rows: at,
-            cols: self.cols,
-            row_stride: self.row_stride,
-        }
-    }
 }
 
 /// `b` packed for one kernel: `ceil(n / nr)` panels, panel `q` holding values
@@ -622,52 +614,69 @@ pub fn multiply_from(
     Ok(())
 }
 
-/// `c = a · b` on `threads` threads, `b` packed: rows are split across threads when there are
-/// enough of them for every thread to get a few register tiles, else columns.
+/// `c = a · b` on `threads` threads, `b` packed: the output is cut into rows and columns of
+/// tiles by [`ProductSplit::choose`] (each piece packing its own rows of `a`).
 pub fn multiply_parallel(
     a: &MatrixRef,
     b: &PackedB,
     c: &mut MatrixMut,
     threads: usize,
 ) -> Result<(), GemmError> {
+    let split = b.split(a.rows, threads);
+    multiply_split(a, b, c, &split)
+}
+
+impl PackedB<'_> {
+    /// How a product of `m` rows of `a` by this `b` splits on `threads` threads.
+    pub fn split(&self, m: usize, threads: usize) -> ProductSplit {
+        let kernel = self.kernel;
+        ProductSplit::choose(
+            [m, self.n, self.k],
+            [kernel.mr(), kernel.nr()],
+            threads,
+            Shared::B,
+        )
+    }
+}
+
+/// `c = a · b` by the pieces of `split` (of `a.rows × b.n`), run across the threads.
+pub fn multiply_split(
+    a: &MatrixRef,
+    b: &PackedB,
+    c: &mut MatrixMut,
+    split: &ProductSplit,
+) -> Result<(), GemmError> {
     check_shapes(a, b, c)?;
-    let (m, mr, nr) = (a.rows, b.kernel.mr(), b.kernel.nr());
-    let panels = b.n.div_ceil(nr);
-    let threads = threads.max(1);
-    if threads == 1 || m * panels <= 1 {
+    if split.pieces() <= 1 {
         return multiply(a, b, c);
     }
-    if m >= threads * 4 * mr || panels < threads {
-        // Rows: whole micro-panels per thread, the last thread taking the remainder.
-        let chunks = threads.min(m.div_ceil(mr));
-        let per_thread = m.div_ceil(mr).div_ceil(chunks) * mr;
-        let mut parts = Vec::new();
-        let mut start = 0;
-        while start < m {
-            let end = (start + per_thread).min(m);
-            parts.push((start, Mutex::new(c.split_rows(end - start))));
-            start = end;
-        }
-        minductor_runtime::threads::for_each_chunk(parts.len(), |t| {
-            let (start, part) = &parts[t];
-            let mut part = part.lock().unwrap_or_else(|p| p.into_inner());
-            let rows = part.rows;
-            let first_panel = panels * t / parts.len();
-            multiply_from(&a.rows(*start, start + rows), b, &mut part, first_panel)
-                .expect("shapes checked above");
-        });
-        return Ok(());
-    }
-    // Columns: contiguous runs of panels per thread.
-    let chunks = threads.min(panels);
+    let panels = b.panels();
     let c_pointer = SharedOutput(c.data.as_mut_ptr());
     let row_stride = c.row_stride;
-    minductor_runtime::threads::for_each_chunk(chunks, |t| {
-        let range = panels * t / chunks..panels * (t + 1) / chunks;
+    minductor_runtime::threads::for_each_chunk(split.pieces(), |p| {
+        let rows = split.rows(p);
+        let range = split.panels(p);
+        // Rows of another group start at another panel, so lazily packed blocks are packed by
+        // whichever group gets there first instead of all waiting for one.
+        let group = p / split.panel_groups;
+        let rotation = range.len() * group / split.row_groups;
+        if rows.is_empty() {
+            return;
+        }
+        debug_assert!(range.end <= panels);
         // SAFETY: shapes were checked to agree and `c` (borrowed uniquely for this whole call)
-        // holds every element of the output; each thread writes only the columns of its own
-        // panels, disjoint from every other thread's.
-        unsafe { multiply_panels(a, b, c_pointer.get(), row_stride, range, 0) };
+        // holds every element of the output; the pieces of `split` cover disjoint rows ×
+        // columns, so each element is written by one piece, on one thread.
+        unsafe {
+            multiply_panels(
+                &a.rows(rows.start, rows.end),
+                b,
+                c_pointer.get().add(rows.start * row_stride),
+                row_stride,
+                range,
+                rotation,
+            )
+        };
     });
     Ok(())
 }
@@ -776,6 +785,17 @@ impl BlockSource<'_, '_> {
     }
 }
 
+/// How [`multiply_streaming`] splits an `m × n × k` product on `threads` threads.
+pub fn streaming_split(
+    kernel: Kernel,
+    m: usize,
+    n: usize,
+    k: usize,
+    threads: usize,
+) -> ProductSplit {
+    ProductSplit::choose([m, n, k], [kernel.mr(), kernel.nr()], threads, Shared::A)
+}
+
 /// [`multiply_streaming`] and [`multiply_streaming_packed`].
 fn stream(
     kernel: Kernel,
@@ -795,7 +815,7 @@ fn stream(
             c: c.shape(),
         });
     }
-    let (mr, nr) = (kernel.mr(), kernel.nr());
+    let mr = kernel.mr();
     if m == 0 || n == 0 {
         return Ok(());
     }
@@ -833,15 +853,16 @@ fn stream(
             minductor_runtime::threads::for_each_chunk(chunks, pack_blocks);
         }
     }
-    let panels = n.div_ceil(nr);
-    let chunks = threads.min(panels);
+    let split = streaming_split(kernel, m, n, k, threads);
     let c_pointer = SharedOutput(c.data.as_mut_ptr());
     let ldc = c.row_stride;
     let packed = packed_a.lines_as_slice();
-    let run = |t: usize| {
+    let run = |p: usize| {
+        let rows = split.rows(p);
         // SAFETY: `kernel` is supported (checked above); shapes agree (checked above); `c`
         // (borrowed uniquely for this whole call, its extent checked by `MatrixMut::new`)
-        // holds every output element, and each thread writes only its own panels' columns.
+        // holds every output element, and the pieces of `split` write disjoint rows ×
+        // columns.
         unsafe {
             stream_panels(
                 kernel,
@@ -850,14 +871,15 @@ fn stream(
                 c_pointer.get(),
                 ldc,
                 m,
-                panels * t / chunks..panels * (t + 1) / chunks,
+                rows.start / mr..rows.end.div_ceil(mr),
+                split.panels(p),
             )
         }
     };
-    if chunks == 1 {
+    if split.pieces() == 1 {
         run(0);
     } else {
-        minductor_runtime::threads::for_each_chunk(chunks, run);
+        minductor_runtime::threads::for_each_chunk(split.pieces(), run);
     }
     give_back(packed_a);
     Ok(())
@@ -869,14 +891,16 @@ thread_local! {
     static B_BLOCK: std::cell::Cell<AlignedBuffer> = const { std::cell::Cell::new(AlignedBuffer::new()) };
 }
 
-/// `c[:, columns of panels] = a · b[:, columns of panels]`, `a` packed whole (see
-/// [`multiply_streaming`]), each block of `b` packed here just before it is used.
+/// `c[rows of micro_panels, columns of panels] = a · b[.., columns of panels]`, `a` packed
+/// whole (see [`multiply_streaming`]), each block of `b` packed here just before it is used.
 ///
 /// # Safety
 /// `kernel` is supported; `packed_a` holds `a` (`m` rows, `b.rows` columns) packed for it in
-/// the layout [`multiply_streaming`] describes; `c + i · ldc + j` is writable for every
-/// `i < m` and every `j < b.cols` in the given panels' columns, and no other thread touches
-/// those elements during the call.
+/// the layout [`multiply_streaming`] describes; `micro_panels` lies within `0..ceil(m / mr)`;
+/// `c + i · ldc + j` is writable for every row `i < m` of the given micro-panels and every
+/// `j < b.cols` in the given panels' columns, and no other thread touches those elements during
+/// the call.
+#[allow(clippy::too_many_arguments)]
 unsafe fn stream_panels(
     kernel: Kernel,
     packed_a: &[f32],
@@ -884,11 +908,13 @@ unsafe fn stream_panels(
     c: *mut f32,
     ldc: usize,
     m: usize,
+    micro_panels: std::ops::Range<usize>,
     panels: std::ops::Range<usize>,
 ) {
     let ([k, n], mr, nr) = (b.shape(), kernel.mr(), kernel.nr());
     let padded_m = m.div_ceil(mr) * mr;
-    let micro_panels = padded_m / mr;
+    let first_micro = micro_panels.start;
+    let micro_panels = micro_panels.len();
     let kc_block = kernel.kc(k);
     B_BLOCK.with(|cell| {
         let mut block = cell.take();
@@ -914,10 +940,12 @@ unsafe fn stream_panels(
                     (panel + 1 < panels.end).then_some((panel + 1, 0))
                 };
                 let a_block = &packed_a[depth * padded_m..][..padded_m * kc];
+                let a_block = &a_block[first_micro * mr * kc..][..micro_panels * mr * kc];
                 for (r, a_panel) in a_block.chunks_exact(mr * kc).enumerate() {
+                    let r = first_micro + r;
                     if let (Some((next_panel, next_depth)), BlockSource::Pack(b)) = (next, b) {
                         let rows = next_depth..(next_depth + kc_block).min(k);
-                        prefetch_source(b, nr, next_panel, rows, r, micro_panels);
+                        prefetch_source(b, nr, next_panel, rows, r - first_micro, micro_panels);
                     }
                     let args = TileArgs {
                         kc,

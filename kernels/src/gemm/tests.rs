@@ -399,3 +399,31 @@ fn packed_micro_panels_of_a_hold_every_value_in_place() {
         }
     }
 }
+
+#[test]
+fn the_depth_blocking_follows_the_cache_sizes_of_known_cpus() {
+    const K: usize = 1 << 10;
+    const M: usize = 1 << 20;
+    // (CPU, L1d, L2 per core, the deepest block of `a` for the AVX-512 kernel)
+    let cpus = [
+        // A 48 KiB L1d holds a 128-deep panel of `b`: it stays there.
+        ("Zen 5", Some(48 * K), Some(M), 128),
+        ("Sapphire Rapids", Some(48 * K), Some(2 * M), 128),
+        ("Ice Lake-SP", Some(48 * K), Some(M + M / 4), 128),
+        // A 32 KiB L1d does not: as deep as the block of `a` and a panel fit 2/3 of L2.
+        ("Zen 4", Some(32 * K), Some(M), 512),
+        ("Skylake-SP", Some(32 * K), Some(M), 512),
+        ("Zen 4c (L2 1 MiB), L1d unknown", None, Some(M), 512),
+        ("a 512 KiB L2", Some(32 * K), Some(512 * K), 256),
+        ("a 256 KiB L2", Some(32 * K), Some(256 * K), 128),
+        ("unknown caches", None, None, 256),
+    ];
+    for (cpu, l1d, l2, expected) in cpus {
+        let kc = avx512_kc_max_for(l1d, l2);
+        assert_eq!(kc, expected, "{cpu}");
+        // The block of `a` and one panel of `b` fit two thirds of L2 (unless at the least).
+        if let (Some(l2), true) = (l2, kc > 128) {
+            assert!((MC + kernel_avx512::NR) * kc * 4 <= l2 * 2 / 3, "{cpu}");
+        }
+    }
+}

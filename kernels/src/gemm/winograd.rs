@@ -410,31 +410,96 @@ fn multiply_winograd_with(
     c: &mut MatrixMut,
     transforms: Transforms,
 ) -> Result<(), GemmError> {
+    let count = check_winograd(a, b, c.shape())?;
+    let out = Planes {
+        data: c.data.as_mut_ptr(),
+        row_stride: c.row_stride,
+    };
+    // SAFETY: the shapes agree (checked), and `c`, borrowed uniquely for the call, holds every
+    // row of `n` values `row_stride` apart (`MatrixMut::new`).
+    unsafe { winograd_tiles_with(a, b, out, 0..count, transforms) };
+    Ok(())
+}
+
+/// Checks that `a` (a transformed `K × C` weight) and `b` (the im2col of a `C`-channel image
+/// under a Winograd window) make an output of `c_shape`; returns the image's tile count.
+pub fn check_winograd(
+    a: &WinogradWeight,
+    b: &Im2colRef,
+    c_shape: [usize; 2],
+) -> Result<usize, GemmError> {
     let [k, n] = b.shape();
     let window = b.window();
     let [h, w] = b.size();
     if !is_winograd_window(&window) {
         return Err(GemmError::Window { window, h, w });
     }
-    if a.channels != b.channels() || c.rows != a.out_channels || c.cols != n {
+    if a.channels != b.channels() || c_shape != [a.out_channels, n] {
         return Err(GemmError::Shape {
             a: a.shape(),
             b: [k, n],
-            c: c.shape(),
+            c: c_shape,
         });
     }
+    Ok(winograd_tile_count(b))
+}
+
+/// The 2×2 output tiles of `b`'s image (the units [`multiply_winograd_tiles`] takes).
+pub fn winograd_tile_count(b: &Im2colRef) -> usize {
+    let [oh, ow] = b.out_size();
+    oh.div_ceil(2) * ow.div_ceil(2)
+}
+
+/// The output of a convolution as raw rows (one per output channel): `data + k · row_stride`
+/// starts channel `k`'s plane.
+#[derive(Clone, Copy)]
+struct Planes {
+    data: *mut f32,
+    row_stride: usize,
+}
+
+/// The outputs of tiles `tiles` (row-major over the output, 2×2 pixels each) of `c = a ⊛ b`,
+/// written at `c + k · ldc + pixel` (the other pixels untouched); every pixel is computed as
+/// [`multiply_winograd`] computes it, so pieces of tiles computed apart give the same bits as
+/// the whole.
+///
+/// # Safety
+/// `check_winograd(a, b, [K, n])` passed; `tiles.end` is at most the tile count;
+/// `c + k · ldc + j` is writable for every `k < K` and every pixel `j < n` of these tiles,
+/// touched by no one else during the call and overlapping neither operand.
+pub unsafe fn multiply_winograd_tiles(
+    a: &WinogradWeight,
+    b: &Im2colRef,
+    c: *mut f32,
+    ldc: usize,
+    tiles: std::ops::Range<usize>,
+) {
+    let out = Planes {
+        data: c,
+        row_stride: ldc,
+    };
+    // SAFETY: the caller's.
+    unsafe { winograd_tiles_with(a, b, out, tiles, Transforms::detect()) }
+}
+
+/// [`multiply_winograd_tiles`] with the given transforms.
+///
+/// # Safety
+/// As [`multiply_winograd_tiles`], `out` for `c` and `ldc`.
+unsafe fn winograd_tiles_with(
+    a: &WinogradWeight,
+    b: &Im2colRef,
+    out: Planes,
+    range: std::ops::Range<usize>,
+    transforms: Transforms,
+) {
+    let n = b.shape()[1];
+    let window = b.window();
+    let [h, w] = b.size();
     let (out_channels, channels) = (a.out_channels, a.channels);
-    if out_channels == 0 || n == 0 {
-        return Ok(());
+    if out_channels == 0 || n == 0 || range.is_empty() {
+        return;
     }
-    if channels == 0 {
-        for i in 0..out_channels {
-            c.data[i * c.row_stride..][..n].fill(0.0);
-        }
-        return Ok(());
-    }
-    let kernel = a.kernel();
-    let nr = kernel.nr();
     let [oh, ow] = b.out_size();
     let tiles = Tiles {
         h,
@@ -445,7 +510,22 @@ fn multiply_winograd_with(
         pw: window.padding[1],
         across: ow.div_ceil(2),
     };
-    let count = oh.div_ceil(2) * tiles.across;
+    if channels == 0 {
+        for k in 0..out_channels {
+            for t in range.clone() {
+                for q in 0..4 {
+                    if let Some(at) = tiles.output_at(t, q / 2, q % 2) {
+                        // SAFETY: pixel `at` of tile `t` in plane `k`: the caller's.
+                        unsafe { *out.data.add(k * out.row_stride + at) = 0.0 };
+                    }
+                }
+            }
+        }
+        return;
+    }
+    let kernel = a.kernel();
+    let nr = kernel.nr();
+    let count = range.end;
     // The AVX-512 transforms index planes and output rows with i32 lanes.
     let transforms =
         if nr.is_multiple_of(LANES) && h * w <= i32::MAX as usize && n <= i32::MAX as usize {
@@ -461,7 +541,7 @@ fn multiply_winograd_with(
             panels.reserve(POSITIONS * panel_len);
             products.reserve(POSITIONS * product_len);
             let (v, m) = (panels.as_mut_slice(), products.as_mut_slice());
-            for start in (0..count).step_by(nr) {
+            for start in range.clone().step_by(nr) {
                 let cols = nr.min(count - start);
                 match transforms {
                     #[cfg(target_arch = "x86_64")]
@@ -487,7 +567,10 @@ fn multiply_winograd_with(
                         prefetch(&b.plane(channel)[next_input.start * w..next_input.end * w]);
                     }
                     for k in out_channels * xi / POSITIONS..out_channels * (xi + 1) / POSITIONS {
-                        prefetch(&c.data[k * c.row_stride..][output.start * ow..output.end * ow]);
+                        for at in (output.start * ow..output.end * ow).step_by(16) {
+                            // A prefetch is only a hint, and the address is inside plane `k`.
+                            super::prefetch_line(out.data.wrapping_add(k * out.row_stride + at));
+                        }
                     }
                     let panel = &v[xi * panel_len..][..panel_len];
                     let product = &mut m[xi * product_len..][..product_len];
@@ -499,18 +582,19 @@ fn multiply_winograd_with(
                 match transforms {
                     #[cfg(target_arch = "x86_64")]
                     // SAFETY: AVX-512F is present, `nr` is a multiple of 16, output rows are
-                    // within i32 (checked above); `m` holds 16 products of `K · nr` values.
+                    // within i32 (checked above); `m` holds 16 products of `K · nr` values;
+                    // the pixels of tiles `start..start + cols` are the caller's.
                     Transforms::Avx512 => unsafe {
-                        transform_output_avx512(m, &tiles, start, cols, nr, out_channels, c)
+                        transform_output_avx512(m, &tiles, start, cols, nr, out_channels, out)
                     },
-                    _ => transform_output(m, &tiles, start, cols, nr, out_channels, c),
+                    // SAFETY: as above.
+                    _ => unsafe { transform_output(m, &tiles, start, cols, nr, out_channels, out) },
                 }
             }
             panels_cell.set(panels);
             products_cell.set(products);
         })
     });
-    Ok(())
 }
 
 /// Asks the caches (L2) for the lines of `values`.
@@ -555,18 +639,22 @@ fn transform_input(
 
 /// Writes the outputs of tiles `start..start + cols` from their 16 products `M_ξ` in `m`
 /// (product `ξ` at `ξ · K · nr`, value `(k, j)` at `k · nr + j`), one tile at a time.
-fn transform_output(
+///
+/// # Safety
+/// `c + k · row_stride + pixel` is writable for every `k < out_channels` and every pixel of
+/// tiles `start..start + cols`, touched by no one else during the call.
+unsafe fn transform_output(
     m: &[f32],
     tiles: &Tiles,
     start: usize,
     cols: usize,
     nr: usize,
     out_channels: usize,
-    c: &mut MatrixMut,
+    c: Planes,
 ) {
     let product_len = out_channels * nr;
     for k in 0..out_channels {
-        let row = &mut c.data[k * c.row_stride..][..tiles.oh * tiles.ow];
+        let row = c.data.wrapping_add(k * c.row_stride);
         for j in 0..cols {
             let mut values = [0f32; POSITIONS];
             for (xi, value) in values.iter_mut().enumerate() {
@@ -575,7 +663,8 @@ fn transform_output(
             let y = output_transform(values);
             for (q, value) in y.into_iter().enumerate() {
                 if let Some(at) = tiles.output_at(start + j, q / 2, q % 2) {
-                    row[at] = value;
+                    // SAFETY: pixel `at` of tile `start + j` in plane `k`: the caller's.
+                    unsafe { *row.add(at) = value };
                 }
             }
         }
@@ -739,7 +828,9 @@ unsafe fn transform_input_avx512(
 /// output).
 ///
 /// # Safety
-/// The CPU supports AVX-512F; `nr` is a multiple of 16; `m` holds `16 · K · nr` values.
+/// The CPU supports AVX-512F; `nr` is a multiple of 16; `m` holds `16 · K · nr` values;
+/// `c + k · row_stride + pixel` is writable for every `k < out_channels` and every pixel of
+/// tiles `start..start + cols`, touched by no one else during the call.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
 unsafe fn transform_output_avx512(
@@ -749,7 +840,7 @@ unsafe fn transform_output_avx512(
     cols: usize,
     nr: usize,
     out_channels: usize,
-    c: &mut MatrixMut,
+    c: Planes,
 ) {
     use std::arch::x86_64::*;
     let pieces = Piece::of_block(tiles, start, cols);
@@ -758,16 +849,11 @@ unsafe fn transform_output_avx512(
         m.len() >= POSITIONS * product_len,
         "the products' buffer holds 16 products"
     );
-    let n = tiles.oh * tiles.ow;
-    assert!(
-        c.rows == out_channels && c.cols == n,
-        "the output has a row per channel"
-    );
     let (add, sub) = (|x, y| _mm512_add_ps(x, y), |x, y| _mm512_sub_ps(x, y));
     let low = _mm512_setr_epi32(0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23);
     let high = _mm512_setr_epi32(8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31);
     for k in 0..out_channels {
-        let plane = c.data[k * c.row_stride..][..n].as_mut_ptr();
+        let plane = c.data.wrapping_add(k * c.row_stride);
         let mut next_piece = 0;
         for vector in 0..cols.div_ceil(LANES) {
             let mut values = [_mm512_setzero_ps(); POSITIONS];

@@ -4,7 +4,8 @@
 use clap::{Parser, Subcommand};
 use minductor::Backend;
 use minductor_tools::bench::{
-    plot_speedup, render_probe, render_table, run_workload, BenchOptions, HeapMeter, Report,
+    plot_speedup, plot_thread_scaling, render_probe, render_table, run_workload, BenchOptions,
+    HeapMeter, PreparedWorkload, Report,
 };
 use minductor_tools::golden::{default_golden_dir, run_golden};
 use minductor_tools::probe::{load_or_measure, Origin};
@@ -103,18 +104,26 @@ enum Command {
         /// Workloads to run, comma-separated (default: the whole suite).
         #[arg(long)]
         workload: Option<String>,
-        /// Threads of the rayon pool the compiled kernels and the probe use (default: all cores).
+        /// Threads the compiled kernels and the probe use, a comma-separated list: one table per
+        /// count (default: one per physical core).
         #[arg(long)]
-        threads: Option<usize>,
-        /// Write every figure as JSON to this file.
+        threads: Option<String>,
+        /// Write every figure as JSON to this file (with several thread counts, one file per
+        /// count: `NAME.tN.json`).
         #[arg(long)]
         json: Option<PathBuf>,
-        /// Also run the pointwise and softmax size sweeps and plot speedup over size (SVG).
+        /// Plot (SVG): with one thread count, also run the pointwise and softmax size sweeps and
+        /// plot speedup over size; with several, the compiled speedup over threads.
         #[arg(long)]
         plot: Option<PathBuf>,
-        /// Seconds of timed calls per backend and workload (at least 3 calls each).
+        /// Seconds of timed calls per backend and workload (at least 3 calls each), spread over
+        /// the rounds.
         #[arg(long, default_value_t = 2.0)]
         seconds: f64,
+        /// Rounds of timing: every workload is timed once per round, rounds interleaved, and
+        /// each backend's time is the median of its rounds' medians.
+        #[arg(long, default_value_t = 1)]
+        rounds: usize,
         /// Measure the machine probe again instead of reading its cache.
         #[arg(long)]
         reprobe: bool,
@@ -124,12 +133,17 @@ enum Command {
     Report {
         /// A workload name (see `bench`).
         workload: String,
-        /// Threads the kernels and the probe use (default: all cores).
+        /// Threads the kernels and the probe use, a comma-separated list: with several, each
+        /// step's median time at every count side by side (default: one per physical core).
         #[arg(long)]
-        threads: Option<usize>,
+        threads: Option<String>,
         /// Timed runs per step (the median is reported).
         #[arg(long, default_value_t = 10)]
         runs: usize,
+        /// Print how each step would split at these thread counts (comma-separated), by the
+        /// executor's own rules, without running any kernel, instead of timing.
+        #[arg(long)]
+        simulate_threads: Option<String>,
     },
 }
 
@@ -140,7 +154,8 @@ fn main() -> ExitCode {
             workload,
             threads,
             runs,
-        } => match report(&workload, threads, runs) {
+            simulate_threads,
+        } => match report(&workload, threads, runs, simulate_threads) {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {
                 eprintln!("error: {e}");
@@ -153,8 +168,9 @@ fn main() -> ExitCode {
             json,
             plot,
             seconds,
+            rounds,
             reprobe,
-        } => match bench(workload, threads, json, plot, seconds, reprobe) {
+        } => match bench(workload, threads, json, plot, seconds, rounds, reprobe) {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {
                 eprintln!("error: {e}");
@@ -190,49 +206,86 @@ fn main() -> ExitCode {
     }
 }
 
+/// A comma-separated list of thread counts, each at least 1.
+fn thread_list(flag: &str, text: &str) -> Result<Vec<usize>, Box<dyn std::error::Error>> {
+    let counts: Vec<usize> = text
+        .split(',')
+        .map(|n| {
+            n.trim()
+                .parse::<usize>()
+                .ok()
+                .filter(|&n| n >= 1)
+                .ok_or_else(|| format!("{flag} takes thread counts of at least 1, found {n:?}"))
+        })
+        .collect::<Result<_, _>>()?;
+    Ok(counts)
+}
+
 fn report(
     name: &str,
-    threads: Option<usize>,
+    threads: Option<String>,
     runs: usize,
+    simulate: Option<String>,
 ) -> Result<(), Box<dyn std::error::Error>> {
-    if threads == Some(0) {
-        return Err("--threads must be at least 1, found 0".into());
-    }
-    minductor::set_num_threads(threads.unwrap_or(0))?;
     let workload = workloads::by_name(name)?;
-    let threads = minductor::num_threads();
-    let (probe, _) = load_or_measure(threads, false)?;
-    let report = minductor_tools::report::fusion_report(
-        &workload.graph,
-        &workload.inputs,
-        runs,
-        Some(probe),
-    )?;
-    println!("{}: {}", workload.name, report);
+    if let Some(list) = simulate {
+        let counts = thread_list("--simulate-threads", &list)?;
+        let report =
+            minductor_tools::report::partition_report(&workload.graph, &workload.inputs, &counts)?;
+        println!("{}: {}", workload.name, report);
+        return Ok(());
+    }
+    let counts = match threads {
+        Some(list) => thread_list("--threads", &list)?,
+        None => vec![0],
+    };
+    let mut reports = Vec::new();
+    for &count in &counts {
+        minductor::set_num_threads(count)?;
+        let threads = minductor::num_threads();
+        let (probe, _) = load_or_measure(threads, false)?;
+        let report = minductor_tools::report::fusion_report(
+            &workload.graph,
+            &workload.inputs,
+            runs,
+            Some(probe),
+        )?;
+        println!("{} at {threads} threads: {}", workload.name, report);
+        reports.push(report);
+    }
+    if counts.len() > 1 {
+        let scaling = minductor_tools::report::ScalingReport {
+            threads: counts,
+            reports,
+        };
+        println!(
+            "{}: per-step median ms at each thread count, and speedup over the first\n{scaling}",
+            workload.name
+        );
+    }
     Ok(())
 }
 
+#[allow(clippy::too_many_arguments)]
 fn bench(
     workload: Option<String>,
-    threads: Option<usize>,
+    threads: Option<String>,
     json: Option<PathBuf>,
     plot: Option<PathBuf>,
     seconds: f64,
+    rounds: usize,
     reprobe: bool,
 ) -> Result<(), Box<dyn std::error::Error>> {
-    // The global pool is built once, before anything runs on it.
-    if let Some(n) = threads {
-        if n == 0 {
-            return Err("--threads must be at least 1, found 0".into());
-        }
-        rayon::ThreadPoolBuilder::new()
-            .num_threads(n)
-            .build_global()?;
-    }
     if !(seconds.is_finite() && seconds >= 0.0) {
         return Err(format!("--seconds must be a non-negative number, found {seconds}").into());
     }
-    let threads = rayon::current_num_threads();
+    if rounds == 0 {
+        return Err("--rounds must be at least 1, found 0".into());
+    }
+    let counts = match &threads {
+        Some(list) => thread_list("--threads", list)?,
+        None => vec![0],
+    };
     let names: Vec<String> = match &workload {
         Some(list) => list.split(',').map(|n| n.trim().to_string()).collect(),
         None => SUITE.iter().map(|n| n.to_string()).collect(),
@@ -241,62 +294,123 @@ fn bench(
     if let Some(bad) = names.iter().find(|n| !SUITE.contains(&n.as_str())) {
         return Err(WorkloadError::Unknown { found: bad.clone() }.into());
     }
-
-    let (probe, origin) = load_or_measure(threads, reprobe)?;
-    match origin {
-        Origin::Cached(path) => eprintln!("probe: cached in {}", path.display()),
-        Origin::Measured(Some(path)) => eprintln!("probe: measured, saved to {}", path.display()),
-        Origin::Measured(None) => eprintln!("probe: measured (no cache directory known)"),
-    }
-    print!("{}", render_probe(&probe));
-
-    let options = BenchOptions {
-        budget: Duration::from_secs_f64(seconds),
-        min_iterations: 3,
-    };
-    let run = |workload: Workload, options: BenchOptions| {
-        eprintln!("running {} ...", workload.name);
-        run_workload(&workload, &probe, Some(&AllocatorMeter), options)
-    };
-    let mut results = Vec::new();
-    for name in &names {
-        results.push(run(workloads::by_name(name)?, options)?);
-    }
-    println!(
-        "\n{} threads; median of timed calls; peaks are heap bytes above the pre-call baseline",
-        threads
-    );
-    print!("{}", render_table(&results));
-
-    let mut sweep = Vec::new();
-    if let Some(path) = &plot {
-        let sweep_options = BenchOptions {
-            budget: options.budget / 4,
-            ..options
-        };
-        let sweeps = [
-            workloads::pointwise_gelu_sweep(&workloads::POINTWISE_SWEEP)?,
-            workloads::softmax_sweep(&workloads::SOFTMAX_SWEEP_ROWS, 1024)?,
-        ];
-        for workload in sweeps.into_iter().flatten() {
-            sweep.push(run(workload, sweep_options)?);
+    let workloads: Vec<Workload> = names
+        .iter()
+        .map(|n| workloads::by_name(n))
+        .collect::<Result<_, _>>()?;
+    let several = counts.len() > 1;
+    let mut per_count = Vec::new();
+    let mut used = Vec::new();
+    for &count in &counts {
+        minductor::set_num_threads(count)?;
+        let threads = minductor::num_threads();
+        used.push(threads);
+        let (probe, origin) = load_or_measure(threads, reprobe)?;
+        match origin {
+            Origin::Cached(path) => eprintln!("probe: cached in {}", path.display()),
+            Origin::Measured(Some(path)) => {
+                eprintln!("probe: measured, saved to {}", path.display())
+            }
+            Origin::Measured(None) => eprintln!("probe: measured (no cache directory known)"),
         }
-        println!("\nsize sweep");
-        print!("{}", render_table(&sweep));
-        plot_speedup(&sweep, threads, path)?;
-        eprintln!("plot: {}", path.display());
-    }
+        print!("{}", render_probe(&probe));
 
-    if let Some(path) = &json {
-        let report = Report {
-            threads,
-            probe: probe.clone(),
-            workloads: results,
-            sweep,
+        let options = BenchOptions {
+            budget: Duration::from_secs_f64(seconds / rounds as f64),
+            min_iterations: 3,
         };
-        std::fs::write(path, serde_json::to_string_pretty(&report)? + "\n")
-            .map_err(|e| format!("{}: {e}", path.display()))?;
-        eprintln!("json: {}", path.display());
+        let mut prepared = Vec::new();
+        for workload in &workloads {
+            eprintln!("compiling {} ...", workload.name);
+            prepared.push(PreparedWorkload::new(workload)?);
+        }
+        for round in 0..rounds {
+            for p in &mut prepared {
+                eprintln!("round {}/{rounds}: {} ...", round + 1, p.name());
+                p.time_round(options)?;
+            }
+        }
+        let results: Vec<_> = prepared
+            .into_iter()
+            .map(|p| p.finish(&probe, Some(&AllocatorMeter)))
+            .collect::<Result<_, _>>()?;
+        println!(
+            "\n{} threads; median of timed calls{}; peaks are heap bytes above the pre-call baseline",
+            threads,
+            if rounds > 1 {
+                format!(" (median of {rounds} interleaved rounds' medians)")
+            } else {
+                String::new()
+            }
+        );
+        print!("{}", render_table(&results));
+
+        let mut sweep = Vec::new();
+        if let (Some(path), false) = (&plot, several) {
+            let sweep_options = BenchOptions {
+                budget: options.budget / 4,
+                ..options
+            };
+            let sweeps = [
+                workloads::pointwise_gelu_sweep(&workloads::POINTWISE_SWEEP)?,
+                workloads::softmax_sweep(&workloads::SOFTMAX_SWEEP_ROWS, 1024)?,
+            ];
+            for workload in sweeps.into_iter().flatten() {
+                eprintln!("running {} ...", workload.name);
+                sweep.push(run_workload(
+                    &workload,
+                    &probe,
+                    Some(&AllocatorMeter),
+                    sweep_options,
+                )?);
+            }
+            println!("\nsize sweep");
+            print!("{}", render_table(&sweep));
+            plot_speedup(&sweep, threads, path)?;
+            eprintln!("plot: {}", path.display());
+        }
+
+        if let Some(path) = &json {
+            let path = if several {
+                path.with_extension(format!("t{threads}.json"))
+            } else {
+                path.clone()
+            };
+            let report = Report {
+                threads,
+                probe: probe.clone(),
+                workloads: results.clone(),
+                sweep,
+            };
+            std::fs::write(&path, serde_json::to_string_pretty(&report)? + "\n")
+                .map_err(|e| format!("{}: {e}", path.display()))?;
+            eprintln!("json: {}", path.display());
+        }
+        per_count.push(results);
+    }
+    if several {
+        println!(
+            "\ncompiled median ms by thread count (speedup over {} threads)",
+            used[0]
+        );
+        print!("{:<28}", "workload");
+        for t in &used {
+            print!(" {:>16}", format!("{t} threads"));
+        }
+        println!();
+        for (i, w) in workloads.iter().enumerate() {
+            print!("{:<28}", w.name);
+            let base = per_count[0][i].compiled.median_ms;
+            for results in &per_count {
+                let ms = results[i].compiled.median_ms;
+                print!(" {:>16}", format!("{ms:.3} ({:.2}x)", base / ms.max(1e-12)));
+            }
+            println!();
+        }
+        if let Some(path) = &plot {
+            plot_thread_scaling(&used, &per_count, path)?;
+            eprintln!("plot: {}", path.display());
+        }
     }
     Ok(())
 }
