@@ -16,7 +16,7 @@
 //! errors of each. The pipeline's crates are reachable through [`internals`], for minductor's own
 //! tools and tests; they are not a stable API.
 
-pub use minductor_frontend::{artifact, cache, dump, logging};
+pub use minductor_frontend::{artifact, cache, dump, export, logging};
 pub use minductor_frontend::{
     compile, compile_with, compile_with_options, current_stance, explain, jit,
     reference_executable, set_stance, trace, with_stance, Artifacts, Backend, BreakReport,

@@ -236,7 +236,7 @@ pub fn reference_executable(graph: &Graph) -> CompiledFn {
 }
 
 /// `graph` with every symbolic dim replaced by the size the matching input has.
-fn specialize(graph: &Graph, inputs: &[Tensor]) -> Result<Graph, RuntimeError> {
+pub(crate) fn specialize(graph: &Graph, inputs: &[Tensor]) -> Result<Graph, RuntimeError> {
     check_inputs(graph, inputs)?;
     let sizes = input_symbol_sizes(graph, inputs);
     let size = |d: Dim| d.eval(|x| sizes.get(&x.0).map(|&n| n as i128));

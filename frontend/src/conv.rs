@@ -18,7 +18,8 @@
 //! weight of the wrong rank) are trace errors naming the op and the sizes.
 
 use crate::trace::Traced;
-use minductor_ir::{Op, Window2d};
+use minductor_ir::{Dim, Op, Window2d};
+use smallvec::smallvec;
 
 /// `stride`, `padding`, `dilation` (the same along every spatial dim) and `groups` of a
 /// convolution; `Default` is PyTorch's (1, 0, 1, 1).
@@ -121,10 +122,10 @@ fn pooled_size(size: usize, options: PoolOptions) -> Option<usize> {
 
 /// Per spatial dim (height, width) sizes of a convolution or pooling window.
 #[derive(Clone, Copy)]
-struct Window {
-    stride: (usize, usize),
-    padding: (usize, usize),
-    dilation: (usize, usize),
+pub(crate) struct Window {
+    pub(crate) stride: (usize, usize),
+    pub(crate) padding: (usize, usize),
+    pub(crate) dilation: (usize, usize),
 }
 
 impl Traced {
@@ -196,8 +197,9 @@ impl Traced {
         kernel: (usize, usize),
         w: Window,
     ) -> Result<(usize, usize), Traced> {
-        let shape = self.shape();
-        let (h, wd) = (shape[2], shape[3]);
+        // Only the spatial sizes are read as numbers: a symbolic batch dim stays symbolic.
+        let (_, spatial) = self.sizes_after(2);
+        let (h, wd) = (spatial[0], spatial[1]);
         if w.stride.0 == 0 || w.stride.1 == 0 || w.dilation.0 == 0 || w.dilation.1 == 0 {
             return Err(self.fail_msg(op, "stride and dilation must be positive".into()));
         }
@@ -228,7 +230,7 @@ impl Traced {
     }
 
     #[track_caller]
-    fn convolution(
+    pub(crate) fn convolution(
         &self,
         op: &str,
         weight: &Traced,
@@ -246,8 +248,11 @@ impl Traced {
                 ),
             );
         }
-        let (xs, ws) = (self.shape(), weight.shape());
-        let (n, c) = (xs[0], xs[1]);
+        // The batch dim stays an IR dim (it may be symbolic); channels and the spatial sizes
+        // are read as numbers.
+        let ((batch, xs), ws) = (self.sizes_after(1), weight.shape());
+        let n = batch[0];
+        let c = xs[0];
         let (o, cg, kh, kw) = (ws[0], ws[1], ws[2], ws[3]);
         if groups == 0 || c % groups != 0 || o % groups != 0 || cg * groups != c {
             return self.fail_msg(
@@ -294,9 +299,14 @@ impl Traced {
             acc.expect("a kernel has at least one offset")
         } else {
             let taps = kh * kw;
-            let direct = taps == 1 && (oh, ow) == (xs[2], xs[3]) && ph == 0 && pw == 0;
+            let direct = taps == 1 && (oh, ow) == (xs[1], xs[2]) && ph == 0 && pw == 0;
             let columns = if direct {
-                self.reshape(&[n as isize, groups as isize, cg as isize, (oh * ow) as isize])
+                self.reshape_dims(smallvec![
+                    n,
+                    Dim::Static(groups),
+                    Dim::Static(cg),
+                    Dim::Static(oh * ow)
+                ])
             } else {
                 let window = Window2d {
                     kernel: [kh, kw],
@@ -304,18 +314,22 @@ impl Traced {
                     padding: [w.padding.0, w.padding.1],
                     dilation: [w.dilation.0, w.dilation.1],
                 };
-                self.apply(Op::Im2col { window }, &[self]).reshape(&[
-                    n as isize,
-                    groups as isize,
-                    (cg * taps) as isize,
-                    (oh * ow) as isize,
-                ])
+                self.apply(Op::Im2col { window }, &[self])
+                    .reshape_dims(smallvec![
+                        n,
+                        Dim::Static(groups),
+                        Dim::Static(cg * taps),
+                        Dim::Static(oh * ow)
+                    ])
             };
             let matrix =
                 weight.reshape(&[groups as isize, (o / groups) as isize, (cg * taps) as isize]);
-            matrix
-                .matmul(&columns)
-                .reshape(&[n as isize, o as isize, oh as isize, ow as isize])
+            matrix.matmul(&columns).reshape_dims(smallvec![
+                n,
+                Dim::Static(o),
+                Dim::Static(oh),
+                Dim::Static(ow)
+            ])
         };
         match bias {
             Some(b) => out + b.reshape(&[o as isize, 1, 1]),
@@ -421,8 +435,8 @@ impl Traced {
                 ),
             );
         }
-        let shape = self.shape();
-        let (h, w) = (shape[2], shape[3]);
+        let (_, spatial) = self.sizes_after(2);
+        let (h, w) = (spatial[0], spatial[1]);
         let (Some(oh), Some(ow)) = (pooled_size(h, options), pooled_size(w, options)) else {
             return self.fail_msg(
                 op,

@@ -112,8 +112,8 @@ impl Traced {
         let Some(d) = normalize(dim, rank) else {
             return self.fail_msg(op, format!("dim {dim} out of range for rank {rank}"));
         };
-        let shape = self.shape();
-        let n = shape[d];
+        // Only the reduced dim is read as a number (other dims may stay symbolic).
+        let n = self.size_at(d);
         if n == 0 {
             return self.fail_msg(
                 op,

@@ -11,6 +11,7 @@ mod conv;
 pub mod dump;
 mod dynamic;
 mod explain;
+pub mod export;
 mod freeze;
 mod graph_break;
 mod guards;

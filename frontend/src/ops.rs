@@ -265,7 +265,7 @@ impl Traced {
                 }
                 continue;
             }
-            let n = out.shape()[d] as isize;
+            let n = out.size_at(d) as isize;
             if before + after + n < 0 {
                 return self.fail_msg(
                     "pad",
@@ -403,8 +403,9 @@ impl Traced {
     /// when the output size divides the input's).
     #[track_caller]
     pub fn adaptive_avg_pool2d(&self, size: (usize, usize)) -> Traced {
-        let shape = self.shape();
-        let fits = shape.len() == 4 && size.0 > 0 && size.1 > 0;
+        // The batch and channel dims stay IR dims (a symbolic batch is not specialized).
+        let (lead, spatial) = self.sizes_after(2);
+        let fits = lead.len() == 2 && spatial.len() == 2 && size.0 > 0 && size.1 > 0;
         if !fits {
             return self.fail_msg(
                 "adaptive_avg_pool2d",
@@ -414,19 +415,15 @@ impl Traced {
                 ),
             );
         }
-        if shape[2].is_multiple_of(size.0) && shape[3].is_multiple_of(size.1) {
+        let (h, w) = (spatial[0], spatial[1]);
+        if h.is_multiple_of(size.0) && w.is_multiple_of(size.1) {
             // Equal windows: one reshape and one mean.
-            let (kh, kw) = (shape[2] / size.0, shape[3] / size.1);
-            return self
-                .reshape(&[
-                    shape[0] as isize,
-                    shape[1] as isize,
-                    size.0 as isize,
-                    kh as isize,
-                    size.1 as isize,
-                    kw as isize,
-                ])
-                .mean(&[3, 5], false);
+            let (kh, kw) = (h / size.0, w / size.1);
+            let windows: Shape = [lead[0], lead[1]]
+                .into_iter()
+                .chain([size.0, kh, size.1, kw].map(Dim::Static))
+                .collect();
+            return self.reshape_dims(windows).mean(&[3, 5], false);
         }
         // PyTorch's windows: output i averages inputs floor(i·n/o) .. ceil((i+1)·n/o). A window
         // is a rectangle, so the mean is taken over rows, then over columns.
@@ -441,8 +438,8 @@ impl Traced {
             let refs: Vec<&Traced> = pieces.iter().collect();
             Traced::cat(&refs, dim)
         };
-        let rows = pool(self, 2, shape[2], size.0);
-        pool(&rows, 3, shape[3], size.1)
+        let rows = pool(self, 2, h, size.0);
+        pool(&rows, 3, w, size.1)
     }
 
     /// `F.scaled_dot_product_attention(q, k, v, attn_mask, is_causal)`:

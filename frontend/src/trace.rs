@@ -502,6 +502,35 @@ impl Traced {
         self.ty().map(|t| t.shape.to_vec()).unwrap_or_default()
     }
 
+    /// Sizes of dims `from..` as numbers, dims before `from` as IR dims (which may stay
+    /// symbolic): what a shape rule that computes with the trailing sizes only (convolution,
+    /// pooling) reads, so a symbolic batch dim is not specialized.
+    #[track_caller]
+    pub(crate) fn sizes_after(&self, from: usize) -> (Vec<Dim>, Vec<usize>) {
+        let location = Location::caller();
+        let dims = self.ir_dims();
+        let split = from.min(dims.len());
+        let sizes = dims[split..]
+            .iter()
+            .map(|d| match d {
+                Dim::Static(n) => *n,
+                Dim::Sym(s) => self.size_of_symbol(*s, "shape()", location),
+            })
+            .collect();
+        (dims[..split].to_vec(), sizes)
+    }
+
+    /// The size of dim `d` as a number (a symbolic one is specialized); other dims are not read.
+    #[track_caller]
+    pub(crate) fn size_at(&self, d: usize) -> usize {
+        let location = Location::caller();
+        match self.ir_dims().get(d) {
+            Some(Dim::Static(n)) => *n,
+            Some(Dim::Sym(s)) => self.size_of_symbol(*s, "shape()", location),
+            None => 0,
+        }
+    }
+
     /// The example size of symbol `sym`, read as a number by `what` (which specializes it).
     fn size_of_symbol(
         &self,

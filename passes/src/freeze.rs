@@ -61,7 +61,13 @@ fn constant_nodes(graph: &Graph, is_frozen: &dyn Fn(usize) -> bool) -> Vec<bool>
             Op::Input { .. } => position[index].is_some_and(is_frozen),
             Op::Constant { .. } => true,
             Op::Iota { .. } => false,
-            _ => !node.inputs.is_empty() && node.inputs.iter().all(|i| constant[i.index()]),
+            // A value of a symbolic shape (a constant expanded to `[s0]`) has no size until a
+            // call binds it, so it cannot be computed at compile time.
+            _ => {
+                !node.inputs.is_empty()
+                    && node.inputs.iter().all(|i| constant[i.index()])
+                    && node.ty.static_sizes().is_some()
+            }
         };
     }
     constant

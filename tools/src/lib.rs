@@ -7,5 +7,6 @@
 pub mod bench;
 pub mod golden;
 pub mod probe;
+pub mod pt2;
 pub mod report;
 pub mod workloads;

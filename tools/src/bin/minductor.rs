@@ -1,5 +1,6 @@
 //! The `minductor` command line: `minductor golden DIR` runs PyTorch reference cases;
-//! `minductor bench` runs the benchmark suite on the eager and the compiled backend.
+//! `minductor bench` runs the benchmark suite on the eager and the compiled backend;
+//! `minductor pt2 info|run|compile MODEL.pt2` imports programs saved by `torch.export`.
 
 use clap::{Parser, Subcommand};
 use minductor::Backend;
@@ -9,6 +10,7 @@ use minductor_tools::bench::{
 };
 use minductor_tools::golden::{default_golden_dir, run_golden};
 use minductor_tools::probe::{load_or_measure, Origin};
+use minductor_tools::pt2;
 use minductor_tools::workloads::{self, Workload, WorkloadError, SUITE};
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::path::PathBuf;
@@ -145,11 +147,66 @@ enum Command {
         #[arg(long)]
         simulate_threads: Option<String>,
     },
+    /// Programs saved by `torch.export.save` (`.pt2`): inspect, run or compile them.
+    Pt2 {
+        #[command(subcommand)]
+        command: Pt2Command,
+    },
+}
+
+#[derive(Subcommand)]
+enum Pt2Command {
+    /// The signature, dynamic dims and their ranges, op counts, and which ops cannot be imported.
+    Info { model: PathBuf },
+    /// Run the program on the user inputs of a safetensors file (named as the program's inputs);
+    /// write the user outputs as `out0`, `out1`, ...
+    Run {
+        model: PathBuf,
+        #[arg(long)]
+        inputs: PathBuf,
+        #[arg(long)]
+        out: PathBuf,
+        /// eager, aot_eager or inductor.
+        #[arg(long, default_value = "inductor")]
+        backend: String,
+    },
+    /// Compile with the inductor backend and save an artifact (`minductor::load`); the weights
+    /// are written beside it, as the artifact format carries no tensor data yet.
+    Compile {
+        model: PathBuf,
+        #[arg(short, long)]
+        output: PathBuf,
+    },
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
+        Command::Pt2 { command } => {
+            let result = match command {
+                Pt2Command::Info { model } => pt2::info(&model),
+                Pt2Command::Run {
+                    model,
+                    inputs,
+                    out,
+                    backend,
+                } => match backend.parse::<Backend>() {
+                    Ok(b) => pt2::run(&model, &inputs, &out, b),
+                    Err(e) => Err(e.to_string()),
+                },
+                Pt2Command::Compile { model, output } => pt2::compile_artifact(&model, &output),
+            };
+            match result {
+                Ok(text) => {
+                    println!("{text}");
+                    ExitCode::SUCCESS
+                }
+                Err(e) => {
+                    eprintln!("error: {e}");
+                    ExitCode::FAILURE
+                }
+            }
+        }
         Command::Report {
             workload,
             threads,
