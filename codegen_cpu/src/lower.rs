@@ -66,6 +66,9 @@ mod loops;
 mod memory;
 mod outer;
 mod reduce;
+mod rows;
+
+pub use rows::{kernel_vector_bits, set_row_kernels, step_vector_bits};
 
 /// Lanes of the vector type Cranelift lowers on x86-64 (128-bit).
 pub const LANES: i64 = 4;
@@ -178,6 +181,8 @@ struct Lowering<'k, 'b, 'f> {
     outer_results: Vec<Vec<Val>>,
     /// In the outer-reduction order, the column (slot of the group) being emitted.
     column: outer::Column,
+    /// The vector width (bits) each stage's loop runs at (`None`: no loop), for reports.
+    stage_bits: Vec<Option<u32>>,
 }
 
 /// A sum's accumulators: the block ones the loop body adds into, reset at each block, and the
@@ -218,8 +223,13 @@ struct BlockMath {
     buffer: Value,
 }
 
-/// Emits the body of `kernel` into `b` (whose function has the kernel signature).
-pub fn lower_kernel(b: &mut FunctionBuilder, kernel: &Kernel, program: &Program) {
+/// Emits the body of `kernel` into `b` (whose function has the kernel signature). Returns the
+/// vector width (bits) of each stage's loop (`None` for a stage without loops).
+pub fn lower_kernel(
+    b: &mut FunctionBuilder,
+    kernel: &Kernel,
+    program: &Program,
+) -> Vec<Option<u32>> {
     let entry = b.create_block();
     b.append_block_params_for_function_params(entry);
     b.switch_to_block(entry);
@@ -284,9 +294,12 @@ pub fn lower_kernel(b: &mut FunctionBuilder, kernel: &Kernel, program: &Program)
         outer_mode: false,
         outer_results: Vec::new(),
         column: outer::Column::FIRST,
+        stage_bits: vec![None; kernel.stages.len()],
     };
     let outer = kernel.outer.len();
     if kernel.order == LoopOrder::OuterReduction && outer > 0 {
+        // Cranelift's 4-lane vectors along the columns, for every stage.
+        l.stage_bits = vec![Some(128); kernel.stages.len()];
         l.outer_order(start, end, &extents);
     } else if outer == 0 {
         // Run once if the range is non-empty.
@@ -303,6 +316,7 @@ pub fn lower_kernel(b: &mut FunctionBuilder, kernel: &Kernel, program: &Program)
     }
     l.b.ins().return_(&[]);
     l.b.seal_all_blocks();
+    l.stage_bits
 }
 
 /// How often each expression of `kernel` is used: as an operand, a stage's reduced value or

@@ -485,7 +485,7 @@ fn row<'a, T: Copy>(
 }
 
 /// The CPU has what the AVX-512 form uses (F, DQ and FMA: the inlined block-math `exp`).
-fn has_avx512() -> bool {
+pub fn has_avx512() -> bool {
     #[cfg(target_arch = "x86_64")]
     {
         use std::arch::is_x86_feature_detected as has;

@@ -5,9 +5,11 @@
 //! graph nodes fused, the iteration domain, bytes read and written and FLOPs (from
 //! `passes::program_cost`), and, after running the graph, the median time per step
 //! (`Compiled::profile`) with the achieved GB/s (GFLOP/s for GEMMs) as a fraction of the probe's
-//! copy bandwidth (GEMM peak over all threads).
+//! copy bandwidth (GEMM peak over all threads), and the vector width (bits) each runs at on this
+//! CPU (`codegen_cpu::lower::step_vector_bits`).
 
 use crate::probe::MachineProbe;
+use minductor::internals::codegen_cpu::lower::step_vector_bits;
 use minductor::internals::kernel_ir::cost::{program_cost, StepCost, StepKind};
 use minductor::internals::kernel_ir::Step;
 use minductor::internals::runtime::{RuntimeError, Tensor};
@@ -33,6 +35,9 @@ pub enum ReportError {
 pub struct StepReport {
     pub costs: Vec<StepCost>,
     pub median: Duration,
+    /// The vector width (bits) of each cost row on this CPU (`None`: scalar loops), from
+    /// `codegen_cpu::lower::step_vector_bits`, which detects the CPU's features at run time.
+    pub vector_bits: Vec<Option<u32>>,
 }
 
 #[derive(Clone, Debug)]
@@ -80,6 +85,7 @@ pub fn fusion_report(
             StepReport {
                 costs: costs.by_ref().take(rows).collect(),
                 median: samples[samples.len() / 2],
+                vector_bits: step_vector_bits(step, &program),
             }
         })
         .collect();
@@ -113,8 +119,17 @@ impl fmt::Display for FusionReport {
         }
         writeln!(
             f,
-            "{:<44} {:<7} {:<26} {:>11} {:>11} {:>12} {:>9} {:>14} {:>7}",
-            "step", "kind", "domain", "read B", "written B", "FLOPs", "ms", "achieved", "of peak"
+            "{:<44} {:<7} {:>4} {:<26} {:>11} {:>11} {:>12} {:>9} {:>14} {:>7}",
+            "step",
+            "kind",
+            "vec",
+            "domain",
+            "read B",
+            "written B",
+            "FLOPs",
+            "ms",
+            "achieved",
+            "of peak"
         )?;
         let mut total = Duration::ZERO;
         for step in &self.steps {
@@ -158,11 +173,13 @@ impl fmt::Display for FusionReport {
                 } else {
                     format!("{:>9} {:>14} {:>7}", "", "", "")
                 };
+                let bits = step.vector_bits.get(i).copied().flatten();
                 writeln!(
                     f,
-                    "{:<44} {:<7} {:<26} {:>11} {:>11} {:>12} {timing}",
+                    "{:<44} {:<7} {:>4} {:<26} {:>11} {:>11} {:>12} {timing}",
                     c.name,
                     kind,
+                    bits.map_or("-".into(), |b| b.to_string()),
                     c.domain_text(),
                     c.bytes_read,
                     c.bytes_written,

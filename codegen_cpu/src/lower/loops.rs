@@ -111,7 +111,16 @@ impl Lowering<'_, '_, '_> {
         } else {
             Some(Var::Inner(depth as u32 - 1))
         };
+        if let Some(plans) = self.row_plans(stage) {
+            self.stage_bits[n] = Some(Self::row_bits());
+            for plan in &plans {
+                self.row_call(n, plan, extents[0]);
+            }
+            self.hoisted.clear();
+            return;
+        }
         let vector = depth > 0 && self.vectorizable(stage);
+        self.stage_bits[n] = (depth > 0).then_some(if vector { 128 } else { 32 });
         self.block_levels = if vector {
             self.block_math(stage)
         } else {

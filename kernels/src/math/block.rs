@@ -15,6 +15,8 @@
 use super::{FloatCmp, IntCmp};
 use super::{Lanes, MathFn};
 
+pub mod rows;
+
 /// The signature of a block routine: `dst[0..n] = f(src[0..n])`, in place when `dst == src`.
 pub type BlockFn = unsafe extern "C" fn(src: *const f32, dst: *mut f32, n: i64);
 

@@ -1,0 +1,464 @@
+//! Row stages at the CPU's full vector width: a stage whose loop is one contiguous row and
+//! whose expression has one of the shapes of `math::block::rows` (softmax's maximum, its
+//! `exp(x - max)` summed and stored and its `e * (1/sum)`, a layer norm's sums and its
+//! `(x - mean) * rstd * w + b`, an RMS norm's, SwiGLU's `silu(a) * b`) calls that routine once
+//! per row instead of running the 4-lane Cranelift loop: 16 lanes per instruction on AVX-512, 8
+//! on AVX2. Where the CPU has neither (or `MINDUCTOR_ROW_KERNELS=0`), the stage runs the
+//! Cranelift loop as before.
+//!
+//! Why ahead-of-time shapes rather than an emitter of our own: the stages of row kernels are a
+//! handful of shapes (the suite's softmax, layer norm, RMS norm and gated products are all
+//! chains of at most five steps), a routine per shape is compiled by LLVM with every value in
+//! registers (as Inductor's `Vectorized<float>` C++ is), and nothing new has to be trusted to
+//! encode instructions. A stage of another shape keeps the Cranelift loop.
+//!
+//! The matcher also answers which vector width each stage runs at ([`kernel_vector_bits`]),
+//! from the same decisions the lowering takes, for `minductor report`.
+
+use super::{lower_kernel, math_fn, Lowering};
+use crate::math::block::rows::{
+    row_routine, RowFn, RowShape, ROW_ARGS_B, ROW_ARGS_BYTES, ROW_ARGS_C, ROW_ARGS_N, ROW_ARGS_OUT,
+    ROW_ARGS_U0, ROW_ARGS_U1, ROW_ARGS_W, ROW_ARGS_X,
+};
+use crate::math::block::{block_isa, BlockIsa};
+use cranelift_codegen::ir::{
+    types, AbiParam, InstBuilder, Signature, StackSlotData, StackSlotKind, Value,
+};
+use minductor_ir::{BinaryOp, DType, ReduceOp, UnaryOp};
+use minductor_kernel_ir::*;
+use std::sync::atomic::{AtomicU8, Ordering};
+
+/// A row stage's routine and the rows and values it is given.
+pub(super) struct RowPlan {
+    routine: RowFn,
+    shape: RowShape,
+    x: (BufferId, Affine),
+    w: Option<(BufferId, Affine)>,
+    b: Option<(BufferId, Affine)>,
+    c: Option<(BufferId, Affine)>,
+    out: Option<(BufferId, Affine)>,
+    /// `u0`: the value subtracted.
+    u0: Option<ExprId>,
+    /// `u1`, the factor.
+    u1: Option<Factor>,
+}
+
+/// The factor `u1` of a row shape.
+#[derive(Clone, Copy)]
+enum Factor {
+    Value(ExprId),
+    /// `1 / value`: the Cranelift loop divides by a value uniform along the row that way.
+    Reciprocal(ExprId),
+    /// `-value` (`b - t * value` is `t * (-value) + b`, the same fused result).
+    Negated(ExprId),
+    Constant(f32),
+}
+
+/// Whether row routines may be used: `MINDUCTOR_ROW_KERNELS=0` turns them off (comparisons).
+/// Whether kernels compiled from now on may use row routines: 0 unset (then
+/// `MINDUCTOR_ROW_KERNELS=0` turns them off), 1 off, 2 on. See [`set_row_kernels`].
+static ROW_KERNELS: AtomicU8 = AtomicU8::new(0);
+
+/// Turns row routines off (`false`) or back on for the kernels compiled after the call, in this
+/// process (already compiled programs keep what they have): for comparing the two forms in one
+/// process, as benchmarks and tests do. `MINDUCTOR_ROW_KERNELS=0` is the default `false`.
+pub fn set_row_kernels(enabled: bool) {
+    ROW_KERNELS.store(if enabled { 2 } else { 1 }, Ordering::Relaxed);
+}
+
+fn row_kernels_enabled() -> bool {
+    match ROW_KERNELS.load(Ordering::Relaxed) {
+        1 => false,
+        2 => true,
+        _ => {
+            static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+            *ON.get_or_init(|| !std::env::var("MINDUCTOR_ROW_KERNELS").is_ok_and(|v| v == "0"))
+        }
+    }
+}
+
+/// Bits per vector register of `isa`.
+fn isa_bits(isa: BlockIsa) -> u32 {
+    match isa {
+        BlockIsa::Avx512 => 512,
+        BlockIsa::Avx2 => 256,
+    }
+}
+
+/// The narrowest vector width (bits) at which `kernel`'s stages with a loop run on this CPU:
+/// 512 or 256 for row routines, 128 for Cranelift's vector loops, 32 for a scalar loop; `None`
+/// for a kernel without loops. (An outer-reduction kernel's loops are Cranelift's 4-lane ones.)
+pub fn kernel_vector_bits(kernel: &Kernel, program: &Program) -> Option<u32> {
+    use cranelift_frontend::{FunctionBuilder, FunctionBuilderContext};
+    let mut func = super::kernel_function(cranelift_codegen::isa::CallConv::SystemV);
+    let mut fctx = FunctionBuilderContext::new();
+    let mut b = FunctionBuilder::new(&mut func, &mut fctx);
+    let bits = lower_kernel(&mut b, kernel, program);
+    bits.into_iter().flatten().min()
+}
+
+impl Lowering<'_, '_, '_> {
+    /// The routines for stage `stage`, one per store of a store stage (when no store writes a
+    /// buffer the stage reads, the stores are independent), if it is a row stage of shapes that
+    /// have routines.
+    pub(super) fn row_plans(&self, stage: &Stage) -> Option<Vec<RowPlan>> {
+        if let StageAction::Store(stores) = &stage.action {
+            if stores.len() > 1 {
+                let reads = self.kernel.reachable(&stage.action.roots());
+                let read = |b: BufferId| {
+                    reads.iter().any(|&r| {
+                        matches!(self.kernel.expr(r), Expr::Load { buffer, .. } if *buffer == b)
+                    })
+                };
+                if stores.iter().any(|st| read(st.buffer)) {
+                    return None;
+                }
+                return stores
+                    .iter()
+                    .map(|st| {
+                        let one = Stage {
+                            extent: stage.extent.clone(),
+                            action: StageAction::Store(vec![st.clone()]),
+                        };
+                        self.row_plan(&one)
+                    })
+                    .collect();
+            }
+        }
+        Some(vec![self.row_plan(stage)?])
+    }
+
+    /// The routine for stage `stage`, if it is a row stage of a shape that has one.
+    fn row_plan(&self, stage: &Stage) -> Option<RowPlan> {
+        if self.outer_mode || stage.extent.len() != 1 || !row_kernels_enabled() {
+            return None;
+        }
+        let isa = block_isa()?;
+        let inner = self.innermost?;
+        let mut bits = 0;
+        let mut out = None;
+        let root = match &stage.action {
+            StageAction::Reduce { op, value, stores } => {
+                let mut root = *value;
+                match op {
+                    ReduceOp::Max => bits |= RowShape::MAX,
+                    ReduceOp::Min => return None,
+                    ReduceOp::Sum => match *self.kernel.expr(*value) {
+                        Expr::Binary(BinaryOp::Mul, p, q) if p == q => {
+                            bits |= RowShape::SUM_SQUARES;
+                            root = p;
+                        }
+                        _ => bits |= RowShape::SUM,
+                    },
+                }
+                match stores.as_slice() {
+                    [] => {}
+                    [st] if st.value == root && bits & RowShape::SUM_SQUARES == 0 => {
+                        bits |= RowShape::STORE;
+                        out = Some(st);
+                    }
+                    _ => return None,
+                }
+                root
+            }
+            StageAction::Store(stores) => match stores.as_slice() {
+                [st] => {
+                    bits |= RowShape::STORE;
+                    out = Some(st);
+                    st.value
+                }
+                _ => return None,
+            },
+            StageAction::Scan(_) => return None,
+        };
+        if let Some(st) = out {
+            let f32_out = self.program.buffer(st.buffer).dtype == DType::F32;
+            if !f32_out || !st.index.coefficient(inner).is(1) {
+                return None;
+            }
+        }
+        let k = self.kernel;
+        // Row values: f32 values read by no load, uniform along the row.
+        let value = |e: ExprId| {
+            k.ty(e) == ScalarType::F32 && self.load_free[e.0 as usize] && self.is_uniform(e)
+        };
+        let varying = |e: ExprId| k.ty(e) == ScalarType::F32 && !self.is_uniform(e);
+        let mut e = root;
+        let (mut w, mut b, mut c, mut u0, mut u1) = (None, None, None, None, None);
+        // A product the Cranelift loop contracts into a fused multiply-add: `(t, factor)`.
+        let contracted = |e: ExprId| match *k.expr(e) {
+            Expr::Binary(BinaryOp::Mul, p, q) if self.contract && self.uses[e.0 as usize] == 1 => {
+                Some((p, q))
+            }
+            _ => None,
+        };
+        // `t * u + b` or `b - t * u`, fused.
+        let fused_scale = match *k.expr(e) {
+            Expr::Binary(op @ (BinaryOp::Add | BinaryOp::Sub), p, q) => {
+                let product = |m: ExprId| {
+                    let (x, y) = contracted(m)?;
+                    if value(y) && varying(x) {
+                        Some((x, y))
+                    } else if value(x) && varying(y) {
+                        Some((y, x))
+                    } else {
+                        None
+                    }
+                };
+                match op {
+                    BinaryOp::Add => match (product(p), self.row_load(q)) {
+                        (Some((t, u)), Some(row)) => Some((t, Factor::Value(u), row)),
+                        _ => match (self.row_load(p), product(q)) {
+                            (Some(row), Some((t, u))) if contracted(p).is_none() => {
+                                Some((t, Factor::Value(u), row))
+                            }
+                            _ => None,
+                        },
+                    },
+                    _ => match (self.row_load(p), product(q)) {
+                        (Some(row), Some((t, u))) => Some((t, Factor::Negated(u), row)),
+                        _ => None,
+                    },
+                }
+            }
+            _ => None,
+        };
+        if let Some((t, u, row)) = fused_scale {
+            bits |= RowShape::FUSED_SCALE | RowShape::SCALE | RowShape::ADD_ROW;
+            u1 = Some(u);
+            b = Some(row);
+            e = t;
+        }
+        // `t * w + b * c`: the product the Cranelift loop fuses is the first it can.
+        if let Expr::Binary(BinaryOp::Add, p, q) = *k.expr(e) {
+            let rows = |m: ExprId| match *k.expr(m) {
+                Expr::Binary(BinaryOp::Mul, x, y) => Some((self.row_load(x)?, self.row_load(y)?)),
+                _ => None,
+            };
+            let (fused, added) = if contracted(p).is_some() {
+                (p, q)
+            } else {
+                (q, p)
+            };
+            if bits == RowShape::STORE && contracted(fused).is_some() {
+                if let Some((rb, rc)) = rows(added) {
+                    bits |= RowShape::ADD_PRODUCT;
+                    b = Some(rb);
+                    c = Some(rc);
+                    e = fused;
+                }
+            }
+        }
+        if bits & RowShape::FUSED_SCALE != 0 || bits & RowShape::ADD_PRODUCT != 0 {
+        } else if let Expr::Binary(BinaryOp::Add, p, q) = *k.expr(e) {
+            let (row, rest) = if self.row_load(q).is_some() {
+                (q, p)
+            } else {
+                (p, q)
+            };
+            b = Some(self.row_load(row)?);
+            bits |= RowShape::ADD_ROW;
+            e = rest;
+        }
+        if bits & RowShape::FUSED_SCALE != 0 {
+        } else if let Expr::Binary(BinaryOp::Mul, p, q) = *k.expr(e) {
+            let row = [(q, p), (p, q)]
+                .into_iter()
+                .find(|&(row, rest)| self.row_load(row).is_some() && varying(rest));
+            if let Some((row, rest)) = row {
+                // With a bias, the routine fuses `t * w + b`, as the Cranelift loop contracts
+                // a product used only there.
+                if b.is_some() && contracted(e).is_none() {
+                    return None;
+                }
+                w = self.row_load(row);
+                bits |= RowShape::MUL_ROW;
+                e = rest;
+            }
+        }
+        if bits & RowShape::ADD_PRODUCT != 0 && bits & RowShape::MUL_ROW == 0 {
+            return None;
+        }
+        let scaled = match *k.expr(e) {
+            _ if bits & RowShape::FUSED_SCALE != 0 => None,
+            Expr::Binary(BinaryOp::Mul, p, q) if value(q) && varying(p) => {
+                Some((p, Factor::Value(q)))
+            }
+            Expr::Binary(BinaryOp::Mul, p, q) if value(p) && varying(q) => {
+                Some((q, Factor::Value(p)))
+            }
+            Expr::Binary(BinaryOp::Div, p, q) if value(q) && varying(p) => {
+                Some((p, Factor::Reciprocal(q)))
+            }
+            Expr::Unary(UnaryOp::Neg, p) if varying(p) => Some((p, Factor::Constant(-1.0))),
+            _ => None,
+        };
+        if let Some((p, factor)) = scaled {
+            u1 = Some(factor);
+            bits |= RowShape::SCALE;
+            e = p;
+        }
+        let function = match *k.expr(e) {
+            Expr::Unary(op, a) => math_fn(op).map(|f| (a, f)),
+            _ => self.composite(e),
+        };
+        if let Some((a, f)) = function {
+            bits |= RowShape::function(f);
+            e = a;
+        }
+        if let Expr::Binary(BinaryOp::Sub, p, q) = *k.expr(e) {
+            if value(q) && varying(p) {
+                u0 = Some(q);
+                bits |= RowShape::SUB;
+                e = p;
+            }
+        }
+        let x = self.row_load(e)?;
+        // A store in place must write each element only where the routine reads it.
+        if let Some(st) = out {
+            for row in [Some(&x), w.as_ref(), b.as_ref(), c.as_ref()]
+                .into_iter()
+                .flatten()
+            {
+                if row.0 == st.buffer && row.1 != st.index {
+                    return None;
+                }
+            }
+        }
+        let shape = RowShape(bits);
+        Some(RowPlan {
+            routine: row_routine(shape, isa)?,
+            shape,
+            x,
+            w,
+            b,
+            c,
+            out: out.map(|st| (st.buffer, st.index.clone())),
+            u0,
+            u1,
+        })
+    }
+
+    /// `e` as a load of contiguous f32s along the row: its buffer and index.
+    fn row_load(&self, e: ExprId) -> Option<(BufferId, Affine)> {
+        let inner = self.innermost?;
+        match self.kernel.expr(e) {
+            Expr::Load {
+                buffer,
+                index,
+                indirect: None,
+            } if self.program.buffer(*buffer).dtype == DType::F32
+                && index.coefficient(inner).is(1) =>
+            {
+                Some((*buffer, index.clone()))
+            }
+            _ => None,
+        }
+    }
+
+    /// The call of `plan`'s routine for the current row of stage `n` (`extent` elements):
+    /// its result is the stage's, for a reduction.
+    pub(super) fn row_call(&mut self, n: usize, plan: &RowPlan, extent: Value) {
+        self.forget();
+        let inner = self.innermost.expect("a row stage has a loop");
+        let zero = self.b.ins().iconst(types::I64, 0);
+        self.vars.insert(inner, zero);
+        let slot = self.b.create_sized_stack_slot(StackSlotData::new(
+            StackSlotKind::ExplicitSlot,
+            ROW_ARGS_BYTES,
+            3,
+        ));
+        let args = self.b.ins().stack_addr(types::I64, slot, 0);
+        let flags = self.flags;
+        let x = self.row_address(&plan.x);
+        let rows = [
+            (ROW_ARGS_X, Some(&plan.x)),
+            (ROW_ARGS_W, plan.w.as_ref()),
+            (ROW_ARGS_B, plan.b.as_ref()),
+            (ROW_ARGS_C, plan.c.as_ref()),
+            (ROW_ARGS_OUT, plan.out.as_ref()),
+        ];
+        for (at, row) in rows {
+            let p = match row {
+                Some(row) => self.row_address(row),
+                None => x,
+            };
+            self.b.ins().store(flags, p, args, at);
+        }
+        self.b.ins().store(flags, extent, args, ROW_ARGS_N);
+        let u0 = match plan.u0 {
+            Some(e) => self.scalar_operand(e),
+            None => self.b.ins().f32const(0.0),
+        };
+        let u1 = match plan.u1 {
+            Some(Factor::Value(e)) => self.scalar_operand(e),
+            Some(Factor::Reciprocal(e)) => {
+                let d = self.scalar_operand(e);
+                let one = self.b.ins().f32const(1.0);
+                self.b.ins().fdiv(one, d)
+            }
+            Some(Factor::Negated(e)) => {
+                let v = self.scalar_operand(e);
+                self.b.ins().fneg(v)
+            }
+            Some(Factor::Constant(v)) => self.b.ins().f32const(v),
+            None => self.b.ins().f32const(1.0),
+        };
+        self.b.ins().store(flags, u0, args, ROW_ARGS_U0);
+        self.b.ins().store(flags, u1, args, ROW_ARGS_U1);
+        let mut sig = Signature::new(self.b.func.signature.call_conv);
+        sig.params.push(AbiParam::new(types::I64));
+        sig.returns.push(AbiParam::new(types::F32));
+        let sig = self.b.import_signature(sig);
+        let callee = self
+            .b
+            .ins()
+            .iconst(types::I64, plan.routine as usize as i64);
+        let call = self.b.ins().call_indirect(sig, callee, &[args]);
+        if plan.shape.reduces() {
+            let result = self.b.inst_results(call)[0];
+            self.stage_results[n] = Some(self.pin(result));
+        }
+        self.forget();
+    }
+
+    /// Address of the first element of `row` in the current row.
+    fn row_address(&mut self, row: &(BufferId, Affine)) -> Value {
+        let (invariant, _) = self.split_inner(&row.1);
+        self.invariant_address(row.0, &invariant)
+    }
+
+    /// The width (bits) of stage vectors for a row routine on this CPU.
+    pub(super) fn row_bits() -> u32 {
+        block_isa().map_or(128, isa_bits)
+    }
+}
+
+/// The vector width (bits) of each cost row of `step` on this CPU, as `passes::program_cost`
+/// lists them (a GEMM with an epilogue has two rows: the micro-kernel's width, then the
+/// epilogue kernel's): see [`kernel_vector_bits`] for kernels; a GEMM's is its micro-kernel's
+/// (AVX-512 512, AVX2 256, the portable one 128); the fused attention's 512 with AVX-512 (its
+/// portable loops 128); `None` for scatter-adds and fallback steps (scalar loops).
+pub fn step_vector_bits(step: &Step, program: &Program) -> Vec<Option<u32>> {
+    match step {
+        Step::Kernel(k) => vec![kernel_vector_bits(k, program)],
+        Step::Matmul(m) => {
+            let gemm = match minductor_kernels::gemm::Kernel::detect() {
+                minductor_kernels::gemm::Kernel::Avx512 => 512,
+                minductor_kernels::gemm::Kernel::Avx2 => 256,
+                minductor_kernels::gemm::Kernel::Portable => 128,
+            };
+            let mut rows = vec![Some(gemm)];
+            if let Some(e) = &m.epilogue {
+                rows.push(kernel_vector_bits(e, program));
+            }
+            rows
+        }
+        Step::Attention(_) => vec![Some(if minductor_kernels::attention::has_avx512() {
+            512
+        } else {
+            128
+        })],
+        Step::ScatterAdd(_) | Step::Fallback(_) => vec![None],
+    }
+}

@@ -1,0 +1,650 @@
+//! Row routines: one stage of a row kernel (softmax, layer norm, RMS norm, a SwiGLU product…)
+//! over one contiguous row, compiled ahead of time at the CPU's full vector width.
+//!
+//! Cranelift emits 128-bit vectors only. A math block widens the stage's functions (`exp`,
+//! `silu`), but the stage's adds, multiplies, maxima and sums stay at 4 lanes, and on a core with
+//! full-width 512-bit FMA units (Intel's server cores) that is a quarter of its rate. Inductor's
+//! C++ backend writes such a loop body with `at::vec::Vectorized<float>` at the widest width the
+//! CPU has (16 lanes on AVX-512) and lets a C++ compiler keep every value in registers. We cannot
+//! compile C++ at run time, and an interpreter over the stage's expressions would pay a load and
+//! a store per operation, so the common *shapes* of row stages are compiled here, ahead of time,
+//! once per instruction set, and a stage whose expression has one of these shapes calls its
+//! routine once per row (the code generator's `lower/rows.rs` matches them).
+//!
+//! A shape is a chain, applied to each element `x[i]` of the row in this order (each step
+//! optional; the bits of [`RowShape`]):
+//!
+//! ```text
+//! t = x[i]; t = t - u0; t = f(t); t = t * u1; t = t * w[i]; t = t + b[i]   (t*w + b fused)
+//! ```
+//!
+//! or, instead of the last two, `t * w[i] + b[i] * c[i]` (rotary embeddings) or `t * u1 + b[i]`
+//! fused (an optimizer step),
+//!
+//! and then `t` is stored to `out[i]`, and/or reduced: summed, summed as `t * t` (fused), or its
+//! maximum taken. `u0`, `u1` are values of the row (a mean, `1/sum`, `rsqrt(var + eps)`);
+//! `w`, `b` other rows (weights, bias, the other half of a gated product).
+//!
+//! **Sums.** A sum adds blocks of [`SUM_BLOCK`] elements into four
+//! fresh accumulator registers (so each lane adds at most 16 values in a row on AVX-512), and
+//! each block's partial sums into Kahan-compensated running sums; at the end the four are added
+//! pairwise, then the lanes pairwise. The order depends only on the row's length, never on which
+//! thread runs the row, so results are the same at every thread count. (It is not the order of
+//! the 4-lane Cranelift loop, whose lanes are fewer: sums differ from it in the last bits.)
+//!
+//! **Maxima** are exact whatever the order; a NaN anywhere makes the result NaN, as in the
+//! Cranelift loop.
+
+use super::{apply, x86, Wide};
+use crate::math::FloatCmp;
+use crate::math::MathFn;
+
+/// What a row routine reads: its rows, their length and its two row values.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct RowArgs {
+    /// `n` f32s.
+    pub x: *const f32,
+    /// `n` f32s when the shape multiplies by a row, else unused.
+    pub w: *const f32,
+    /// `n` f32s when the shape adds a row, else unused.
+    pub b: *const f32,
+    /// `n` f32s when the shape adds the product of `b` and this row, else unused.
+    pub c: *const f32,
+    /// `n` writable f32s when the shape stores, else unused. May be `x`, `w`, `b` or `c` (in
+    /// place).
+    pub out: *mut f32,
+    pub n: i64,
+    pub u0: f32,
+    pub u1: f32,
+}
+
+/// Byte offsets of [`RowArgs`]' fields, for the code that fills one in.
+pub const ROW_ARGS_X: i32 = 0;
+pub const ROW_ARGS_W: i32 = 8;
+pub const ROW_ARGS_B: i32 = 16;
+pub const ROW_ARGS_C: i32 = 24;
+pub const ROW_ARGS_OUT: i32 = 32;
+pub const ROW_ARGS_N: i32 = 40;
+pub const ROW_ARGS_U0: i32 = 48;
+pub const ROW_ARGS_U1: i32 = 52;
+pub const ROW_ARGS_BYTES: u32 = 56;
+
+const _: () = {
+    assert!(std::mem::size_of::<RowArgs>() == ROW_ARGS_BYTES as usize);
+    assert!(std::mem::offset_of!(RowArgs, n) == ROW_ARGS_N as usize);
+    assert!(std::mem::offset_of!(RowArgs, u0) == ROW_ARGS_U0 as usize);
+    assert!(std::mem::offset_of!(RowArgs, u1) == ROW_ARGS_U1 as usize);
+    assert!(std::mem::offset_of!(RowArgs, out) == ROW_ARGS_OUT as usize);
+    assert!(std::mem::offset_of!(RowArgs, c) == ROW_ARGS_C as usize);
+};
+
+/// A row routine: runs the shape over `args`' row and returns the reduced value (0 for a shape
+/// that only stores).
+pub type RowFn = unsafe extern "C" fn(args: *const RowArgs) -> f32;
+
+/// The steps of a shape, as bits (see the module docs); the function of `FN` is the 4-bit field
+/// at [`RowShape::FN_SHIFT`], the [`MathFn`] at that index of `MathFn::ALL` plus one.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct RowShape(pub u32);
+
+impl RowShape {
+    pub const SUB: u32 = 1;
+    pub const SCALE: u32 = 1 << 1;
+    pub const MUL_ROW: u32 = 1 << 2;
+    pub const ADD_ROW: u32 = 1 << 3;
+    pub const STORE: u32 = 1 << 4;
+    pub const SUM: u32 = 1 << 5;
+    pub const SUM_SQUARES: u32 = 1 << 6;
+    pub const MAX: u32 = 1 << 7;
+    pub const FN_SHIFT: u32 = 8;
+    /// With `MUL_ROW`: `t * w + b * c` (the product `b * c` rounded, then one fused
+    /// multiply-add), as the Cranelift loop contracts a sum of two products (rotary embeddings'
+    /// `x * cos + rotate_half(x) * sin`).
+    pub const ADD_PRODUCT: u32 = 1 << 12;
+    /// With `SCALE` and `ADD_ROW` (no `MUL_ROW`): `t * u1 + b` fused (an optimizer's
+    /// `p - lr * g` is `g * (-lr) + p`).
+    pub const FUSED_SCALE: u32 = 1 << 13;
+
+    /// The bits of function `f`.
+    pub const fn function(f: MathFn) -> u32 {
+        let index = match f {
+            MathFn::Exp => 0,
+            MathFn::Log => 1,
+            MathFn::Tanh => 2,
+            MathFn::Erf => 3,
+            MathFn::Sin => 4,
+            MathFn::Cos => 5,
+            MathFn::Sigmoid => 6,
+            MathFn::Gelu => 7,
+            MathFn::Silu => 8,
+        };
+        (index + 1) << Self::FN_SHIFT
+    }
+
+    const fn math(bits: u32) -> Option<MathFn> {
+        match (bits >> Self::FN_SHIFT) & 0xf {
+            0 => None,
+            k => Some(MathFn::ALL[k as usize - 1]),
+        }
+    }
+
+    /// Whether the shape reduces (sum, sum of squares or maximum).
+    pub fn reduces(self) -> bool {
+        self.0 & (Self::SUM | Self::SUM_SQUARES | Self::MAX) != 0
+    }
+}
+
+/// `t` of the module docs for the elements `i..i + L::WIDTH`.
+///
+/// # Safety
+/// The CPU has `L`'s instruction set; `x` (and `w`, `b` when the shape reads them) point to
+/// `i + L::WIDTH` readable f32s.
+#[inline(always)]
+unsafe fn value<L: Wide, const S: u32>(e: &mut L, a: &RowArgs, u: (L::V, L::V), i: usize) -> L::V {
+    // SAFETY: the caller's contract.
+    unsafe {
+        let mut t = L::load(a.x.add(i));
+        if S & RowShape::SUB != 0 {
+            t = e.sub(t, u.0);
+        }
+        if let Some(f) = RowShape::math(S) {
+            t = apply(e, f, t);
+        }
+        if S & RowShape::FUSED_SCALE != 0 {
+            return e.mul_add(t, u.1, L::load(a.b.add(i)));
+        }
+        if S & RowShape::SCALE != 0 {
+            t = e.mul(t, u.1);
+        }
+        if S & RowShape::MUL_ROW != 0 {
+            let w = L::load(a.w.add(i));
+            t = if S & RowShape::ADD_PRODUCT != 0 {
+                let bc = e.mul(L::load(a.b.add(i)), L::load(a.c.add(i)));
+                e.mul_add(t, w, bc)
+            } else if S & RowShape::ADD_ROW != 0 {
+                e.mul_add(t, w, L::load(a.b.add(i)))
+            } else {
+                e.mul(t, w)
+            };
+        } else if S & RowShape::ADD_ROW != 0 {
+            t = e.add(t, L::load(a.b.add(i)));
+        }
+        t
+    }
+}
+
+/// `acc` combined with `t` for the shape's reduction (a NaN `t` of a maximum is noted in `nan`).
+#[inline(always)]
+fn combine<L: Wide, const S: u32>(e: &mut L, acc: L::V, t: L::V, nan: &mut L::V) -> L::V {
+    if S & RowShape::SUM != 0 {
+        e.add(acc, t)
+    } else if S & RowShape::SUM_SQUARES != 0 {
+        e.mul_add(t, t, acc)
+    } else if S & RowShape::MAX != 0 {
+        let unordered = e.fcmp(FloatCmp::Unordered, t, t);
+        *nan = e.bor(*nan, unordered);
+        let take = e.fcmp(FloatCmp::LessThan, acc, t);
+        e.sel(take, t, acc)
+    } else {
+        acc
+    }
+}
+
+/// The shape's reduction identity.
+const fn identity(s: u32) -> f32 {
+    if s & RowShape::MAX != 0 {
+        f32::NEG_INFINITY
+    } else {
+        0.0
+    }
+}
+
+/// The lanes of `v`, in order.
+///
+/// # Safety
+/// The CPU has `L`'s instruction set.
+#[inline(always)]
+unsafe fn lanes<L: Wide>(v: L::V) -> [f32; 16] {
+    let mut out = [0f32; 16];
+    // SAFETY: `out` holds 16 >= `L::WIDTH` f32s.
+    unsafe { L::store(out.as_mut_ptr(), v) };
+    out
+}
+
+/// Elements per block of a sum (as the code generator's 4-lane loops' `SUM_BLOCK`).
+pub const SUM_BLOCK: usize = 1024;
+
+/// Registers per step of the main loop: independent chains (four accumulators of a sum).
+const CHAINS: usize = 4;
+
+/// Runs shape `S` over the row of `a`.
+///
+/// # Safety
+/// The CPU has `L`'s instruction set; `a` holds valid rows of `a.n` elements (see [`RowArgs`]).
+#[inline(always)]
+unsafe fn run<L: Wide, const S: u32>(mut e: L, a: &RowArgs) -> f32 {
+    let n = a.n.max(0) as usize;
+    let width = L::WIDTH;
+    let u = (e.f(a.u0), e.f(a.u1));
+    let init = e.f(identity(S));
+    let zero = e.f(0.0);
+    let mut nan = e.i(0);
+    let mut running = [init; CHAINS];
+    let mut compensation = [zero; CHAINS];
+    let sums = S & (RowShape::SUM | RowShape::SUM_SQUARES) != 0;
+    let block = SUM_BLOCK;
+    let mut i = 0;
+    while i < n {
+        let end = if sums { n.min(i + block) } else { n };
+        let mut acc = [init; CHAINS];
+        while i + CHAINS * width <= end {
+            for (k, acc) in acc.iter_mut().enumerate() {
+                let at = i + k * width;
+                // SAFETY: `at + width <= end <= n`.
+                let t = unsafe { value::<L, S>(&mut e, a, u, at) };
+                if S & RowShape::STORE != 0 {
+                    // SAFETY: as above, for `out`.
+                    unsafe { L::store(a.out.add(at), t) };
+                }
+                *acc = combine::<L, S>(&mut e, *acc, t, &mut nan);
+            }
+            i += CHAINS * width;
+        }
+        while i + width <= end {
+            // SAFETY: `i + width <= end <= n`.
+            let t = unsafe { value::<L, S>(&mut e, a, u, i) };
+            if S & RowShape::STORE != 0 {
+                // SAFETY: as above, for `out`.
+                unsafe { L::store(a.out.add(i), t) };
+            }
+            acc[0] = combine::<L, S>(&mut e, acc[0], t, &mut nan);
+            i += width;
+        }
+        if i < end {
+            // The last partial register, through buffers padded with zeros.
+            let rest = end - i;
+            let mut x = [0f32; 16];
+            let mut w = [0f32; 16];
+            let mut b = [0f32; 16];
+            let mut c = [0f32; 16];
+            // SAFETY: `rest < width <= 16` elements from `i` on are inside the rows the shape
+            // reads; the padded buffers hold 16.
+            unsafe {
+                std::ptr::copy(a.x.add(i), x.as_mut_ptr(), rest);
+                if S & RowShape::MUL_ROW != 0 {
+                    std::ptr::copy(a.w.add(i), w.as_mut_ptr(), rest);
+                }
+                if S & (RowShape::ADD_ROW | RowShape::ADD_PRODUCT) != 0 {
+                    std::ptr::copy(a.b.add(i), b.as_mut_ptr(), rest);
+                }
+                if S & RowShape::ADD_PRODUCT != 0 {
+                    std::ptr::copy(a.c.add(i), c.as_mut_ptr(), rest);
+                }
+            }
+            let padded = RowArgs {
+                x: x.as_ptr(),
+                w: w.as_ptr(),
+                b: b.as_ptr(),
+                c: c.as_ptr(),
+                ..*a
+            };
+            // SAFETY: the padded buffers hold `width` f32s each.
+            let t = unsafe { value::<L, S>(&mut e, &padded, u, 0) };
+            // SAFETY: as for `lanes`.
+            let mut values = unsafe { lanes::<L>(t) };
+            if S & RowShape::STORE != 0 {
+                // SAFETY: `rest` elements from `i` are inside `out`'s row.
+                unsafe { std::ptr::copy(values.as_ptr(), a.out.add(i), rest) };
+            }
+            // Lanes past the row reduce as the identity (their square too: zero).
+            values[rest..].fill(identity(S));
+            // SAFETY: `values` holds 16 >= `width` f32s.
+            let t = unsafe { L::load(values.as_ptr()) };
+            acc[0] = combine::<L, S>(&mut e, acc[0], t, &mut nan);
+            i = end;
+        }
+        if sums {
+            // Kahan: the compensation keeps what each addition rounded away and takes it off
+            // the next block's partial sum. Past an infinity it is NaN (inf - inf): dropped.
+            for k in 0..CHAINS {
+                let y = e.sub(acc[k], compensation[k]);
+                let t = e.add(running[k], y);
+                let rounded = e.sub(t, running[k]);
+                let c = e.sub(rounded, y);
+                let d = e.sub(c, c);
+                let finite = e.fcmp(FloatCmp::Equal, d, zero);
+                compensation[k] = e.sel(finite, c, zero);
+                running[k] = t;
+            }
+        } else {
+            running = acc;
+        }
+    }
+    if S & (RowShape::SUM | RowShape::SUM_SQUARES | RowShape::MAX) == 0 {
+        return 0.0;
+    }
+    // A fixed order: the chains pairwise, then the lanes pairwise.
+    let pair = |e: &mut L, p: L::V, q: L::V, nan: &mut L::V| {
+        if sums {
+            e.add(p, q)
+        } else {
+            combine::<L, S>(e, p, q, nan)
+        }
+    };
+    let r01 = pair(&mut e, running[0], running[1], &mut nan);
+    let r23 = pair(&mut e, running[2], running[3], &mut nan);
+    let r = pair(&mut e, r01, r23, &mut nan);
+    // SAFETY: as for `lanes`.
+    let mut values = unsafe { lanes::<L>(r) };
+    let mut len = width;
+    while len > 1 {
+        len /= 2;
+        for k in 0..len {
+            let (p, q) = (values[2 * k], values[2 * k + 1]);
+            values[k] = if sums {
+                p + q
+            } else if p < q {
+                q
+            } else {
+                p
+            };
+        }
+    }
+    if S & RowShape::MAX != 0 {
+        // SAFETY: as for `lanes`.
+        let seen = unsafe { lanes::<L>(nan) };
+        if seen[..width].iter().any(|v| v.to_bits() != 0) {
+            return f32::NAN;
+        }
+    }
+    values[0]
+}
+
+/// One `extern "C"` routine per shape and instruction set.
+macro_rules! row_routines {
+    ($($isa:ident, $feature:literal, $name:ident;)*) => {
+        $(
+            /// # Safety
+            /// `args` points to a valid [`RowArgs`] for shape `S` and the CPU has the enabled
+            /// target features (checked by `block_isa`).
+            #[target_feature(enable = $feature)]
+            unsafe extern "C" fn $name<const S: u32>(args: *const RowArgs) -> f32 {
+                // A copy, so that the compiler keeps the row pointers in registers (stores
+                // through `out` could otherwise change `*args`, as far as it can tell).
+                // SAFETY: the caller's contract above.
+                let a = unsafe { *args };
+                // SAFETY: the caller's contract above.
+                unsafe { run::<x86::$isa, S>(x86::$isa::new(), &a) }
+            }
+        )*
+    };
+}
+
+#[cfg(target_arch = "x86_64")]
+row_routines! {
+    Avx512, "avx512f,avx512dq,fma", row_avx512;
+    Avx2, "avx2,fma", row_avx2;
+}
+
+/// The shapes with a routine, each for every instruction set, and [`row_routine`] over them.
+macro_rules! shapes {
+    ($($bits:expr,)*) => {
+        /// Every shape that has a routine (for tests).
+        pub const SHAPES: &[u32] = &[$($bits,)*];
+
+        /// The routine of `shape` for `isa`, if the shape has one.
+        #[cfg(target_arch = "x86_64")]
+        pub fn row_routine(shape: RowShape, isa: super::BlockIsa) -> Option<RowFn> {
+            $(
+                if shape.0 == $bits {
+                    return Some(match isa {
+                        super::BlockIsa::Avx512 => row_avx512::<{ $bits }>,
+                        super::BlockIsa::Avx2 => row_avx2::<{ $bits }>,
+                    });
+                }
+            )*
+            None
+        }
+    };
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+pub fn row_routine(_shape: RowShape, _isa: super::BlockIsa) -> Option<RowFn> {
+    None
+}
+
+use RowShape as R;
+const EXP: u32 = RowShape::function(MathFn::Exp);
+const SILU: u32 = RowShape::function(MathFn::Silu);
+const GELU: u32 = RowShape::function(MathFn::Gelu);
+const SIGMOID: u32 = RowShape::function(MathFn::Sigmoid);
+const TANH: u32 = RowShape::function(MathFn::Tanh);
+
+shapes! {
+    // Plain row reductions: a maximum (softmax), a sum (a mean), a sum of squares (RMS norm),
+    // a sum of squared deviations (a variance).
+    R::MAX,
+    R::SUM,
+    R::SUM_SQUARES,
+    R::SUB | R::SUM_SQUARES,
+    // Softmax: `exp(x - max)` summed and stored, or only summed (log-softmax, logsumexp).
+    R::SUB | EXP | R::SUM | R::STORE,
+    R::SUB | EXP | R::SUM,
+    // Stores: a row scaled (softmax's `e / sum`, RMS norm without weight), normalized
+    // (layer norm, with weight and bias or either), RMS norm with weight.
+    R::SCALE | R::STORE,
+    R::SUB | R::SCALE | R::STORE,
+    R::SUB | R::SCALE | R::MUL_ROW | R::STORE,
+    R::SUB | R::SCALE | R::ADD_ROW | R::STORE,
+    // (Not `SUB | SCALE | MUL_ROW | ADD_ROW | STORE`, a layer norm's affine store: on the Zen 4
+    // development machine its routine made layernorm_4096x1024 slower than the 4-lane loop,
+    // 1.95 against 1.35 ms at 1 thread, programs alternated in one process, for a reason not
+    // found yet; the other two stages as routines measured even, 1.44 against 1.35.)
+    R::SCALE | R::MUL_ROW | R::STORE,
+    // Log-softmax's `x - max - log(sum)`, and a row minus a value.
+    R::SUB | R::STORE,
+    // Pointwise over rows: products and sums of two rows, gated products (SwiGLU's
+    // `silu(a) * b`, GELU's and sigmoid's).
+    R::MUL_ROW | R::STORE,
+    R::ADD_ROW | R::STORE,
+    R::MUL_ROW | R::ADD_ROW | R::STORE,
+    SILU | R::MUL_ROW | R::STORE,
+    GELU | R::MUL_ROW | R::STORE,
+    SIGMOID | R::MUL_ROW | R::STORE,
+    TANH | R::MUL_ROW | R::STORE,
+    // Copies (a transposing copy of attention's output, rotate_half's halves; a negation is
+    // `SCALE` by -1).
+    R::STORE,
+    // Rotary embeddings: `x * cos + rotate_half(x) * sin`.
+    R::MUL_ROW | R::ADD_PRODUCT | R::STORE,
+    // An optimizer step: `p - lr * g`.
+    R::SCALE | R::FUSED_SCALE | R::ADD_ROW | R::STORE,
+}
+
+/// `shape` over `args`' row with the routine for `isa` (which must be supported), for tests.
+/// Returns `None` when the shape has no routine.
+///
+/// # Safety
+/// `args` describes valid rows for the shape (see [`RowArgs`]).
+pub unsafe fn run_row(shape: RowShape, isa: super::BlockIsa, args: &RowArgs) -> Option<f32> {
+    super::assert_supported(isa);
+    let routine = row_routine(shape, isa)?;
+    // SAFETY: the caller's contract; the CPU supports `isa` (asserted above).
+    Some(unsafe { routine(args) })
+}
+
+#[cfg(test)]
+mod tests {
+    //! Every shape on every instruction set this CPU has, at row lengths around the register,
+    //! chain and block boundaries: stored values bit for bit those of the same operations in
+    //! scalar f32 (the function through its block routine), sums within a few ulp of the f64
+    //! sum of the same terms, maxima exact.
+
+    use super::*;
+    use crate::math::block::{apply_block_to, block_isa, BlockIsa};
+
+    fn lengths() -> Vec<usize> {
+        let mut n: Vec<usize> = (0..=70).collect();
+        n.extend([127, 128, 129, 1023, 1024, 1025, 2047, 2048, 2049, 3001]);
+        n
+    }
+
+    fn row(n: usize, seed: f32) -> Vec<f32> {
+        (0..n)
+            .map(|i| 3.0 * ((i as f32 + 1.0) * 0.618 + seed).sin())
+            .collect()
+    }
+
+    fn isas() -> Vec<BlockIsa> {
+        match block_isa() {
+            Some(BlockIsa::Avx512) => vec![BlockIsa::Avx512, BlockIsa::Avx2],
+            Some(BlockIsa::Avx2) => vec![BlockIsa::Avx2],
+            None => vec![],
+        }
+    }
+
+    /// The values `t` of the module docs, in scalar f32 (the function by `isa`'s routine).
+    fn expected(shape: u32, isa: BlockIsa, [x, w, b, c]: [&[f32]; 4], u: (f32, f32)) -> Vec<f32> {
+        let mut t: Vec<f32> = x
+            .iter()
+            .map(|&v| {
+                if shape & RowShape::SUB != 0 {
+                    v - u.0
+                } else {
+                    v
+                }
+            })
+            .collect();
+        if let Some(f) = RowShape::math(shape) {
+            let args = t.clone();
+            apply_block_to(f, isa, &args, &mut t);
+        }
+        for (i, t) in t.iter_mut().enumerate() {
+            if shape & RowShape::FUSED_SCALE != 0 {
+                *t = t.mul_add(u.1, b[i]);
+                continue;
+            }
+            if shape & RowShape::SCALE != 0 {
+                *t *= u.1;
+            }
+            let (mul, add) = (
+                shape & RowShape::MUL_ROW != 0,
+                shape & RowShape::ADD_ROW != 0,
+            );
+            *t = match (mul, add) {
+                (true, _) if shape & RowShape::ADD_PRODUCT != 0 => t.mul_add(w[i], b[i] * c[i]),
+                (true, true) => t.mul_add(w[i], b[i]),
+                (true, false) => *t * w[i],
+                (false, true) => *t + b[i],
+                (false, false) => *t,
+            };
+        }
+        t
+    }
+
+    #[test]
+    fn every_shape_at_every_length_on_every_isa() {
+        for isa in isas() {
+            for &shape in SHAPES {
+                for n in lengths() {
+                    for in_place in [false, true] {
+                        let x = row(n, 0.3);
+                        let w = row(n, 1.1);
+                        let b = row(n, 2.7);
+                        let c = row(n, 4.1);
+                        let u = (0.25f32, 1.5f32);
+                        let want = expected(shape, isa, [&x, &w, &b, &c], u);
+                        let mut out = if in_place {
+                            x.clone()
+                        } else {
+                            vec![f32::NAN; n]
+                        };
+                        let args = RowArgs {
+                            x: if in_place { out.as_ptr() } else { x.as_ptr() },
+                            w: w.as_ptr(),
+                            b: b.as_ptr(),
+                            c: c.as_ptr(),
+                            out: out.as_mut_ptr(),
+                            n: n as i64,
+                            u0: u.0,
+                            u1: u.1,
+                        };
+                        // SAFETY: every row holds `n` f32s; `out` is written only where the
+                        // routine read `x` (in place) or is separate.
+                        let got = unsafe { run_row(RowShape(shape), isa, &args) }.unwrap();
+                        let what =
+                            format!("shape {shape:#x} on {isa:?}, n = {n}, in place {in_place}");
+                        if shape & RowShape::STORE != 0 {
+                            let same = out
+                                .iter()
+                                .zip(&want)
+                                .all(|(a, e)| a.to_bits() == e.to_bits());
+                            assert!(same, "{what}: stored values differ");
+                        }
+                        if shape & RowShape::MAX != 0 {
+                            let m = want.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+                            assert_eq!(got.to_bits(), m.to_bits(), "{what}");
+                        }
+                        let squares = shape & RowShape::SUM_SQUARES != 0;
+                        if shape & RowShape::SUM != 0 || squares {
+                            let terms = want.iter().map(|&t| {
+                                if squares {
+                                    t as f64 * t as f64
+                                } else {
+                                    t as f64
+                                }
+                            });
+                            let sum: f64 = terms.clone().sum();
+                            let scale: f64 = terms.map(f64::abs).sum::<f64>().max(1e-30);
+                            assert!(
+                                (got as f64 - sum).abs() <= 1e-6 * scale,
+                                "{what}: sum {got} against {sum}"
+                            );
+                        }
+                        if !RowShape(shape).reduces() {
+                            assert_eq!(got, 0.0, "{what}");
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn a_nan_makes_the_maximum_nan_and_sums_reach_infinity() {
+        for isa in isas() {
+            for n in [1usize, 16, 17, 100, 1500] {
+                for at in [0, n / 2, n - 1] {
+                    let mut x = row(n, 0.5);
+                    x[at] = f32::NAN;
+                    let args = RowArgs {
+                        x: x.as_ptr(),
+                        w: x.as_ptr(),
+                        b: x.as_ptr(),
+                        c: x.as_ptr(),
+                        out: std::ptr::null_mut(),
+                        n: n as i64,
+                        u0: 0.0,
+                        u1: 1.0,
+                    };
+                    // SAFETY: `x` holds `n` f32s; the shape reads only `x`.
+                    let m = unsafe { run_row(RowShape(RowShape::MAX), isa, &args) }.unwrap();
+                    assert!(m.is_nan(), "{isa:?}: max of {n} with a NaN at {at}: {m}");
+                    x[at] = f32::INFINITY;
+                    let args = RowArgs {
+                        x: x.as_ptr(),
+                        ..args
+                    };
+                    // SAFETY: as above.
+                    let s = unsafe { run_row(RowShape(RowShape::SUM), isa, &args) }.unwrap();
+                    assert_eq!(
+                        s,
+                        f32::INFINITY,
+                        "{isa:?}: sum of {n} with an infinity at {at}"
+                    );
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,90 @@
+//! Row routines (`codegen_cpu/src/lower/rows.rs`) against the Cranelift loops they replace, in
+//! one process (`set_row_kernels`; its own test binary, since the switch is process-wide):
+//! stored values of pointwise shapes bit for bit the same (the routines perform the same
+//! operations per element, FMAs where the loop contracts), and whole workloads (the LLaMA block,
+//! the train step, softmax, layer norm) within the tolerance of their different summation order.
+
+use minductor::internals::codegen_cpu::lower::{kernel_vector_bits, set_row_kernels};
+use minductor::internals::kernel_ir::Step;
+use minductor::internals::kernels::math::block::block_isa;
+use minductor::{compile, Graph, Tensor, Traced};
+use minductor_tests::Tolerance;
+use std::sync::Mutex;
+
+fn values(shape: &[usize], seed: u32) -> Tensor {
+    minductor_tests::sine_values(shape, seed, 3.0)
+}
+
+/// The outputs of `graph` compiled with row routines and without; asserts (`wide`) that with
+/// them some kernel (or GEMM epilogue) runs wider than Cranelift's 128 bits (where the CPU has
+/// AVX2 or AVX-512).
+fn both(graph: &Graph, inputs: &[Tensor], what: &str, wide: bool) -> (Vec<Tensor>, Vec<Tensor>) {
+    // The switch is process-wide and tests run on several threads: one comparison at a time.
+    static SWITCH: Mutex<()> = Mutex::new(());
+    let _one_at_a_time = SWITCH.lock().unwrap_or_else(|e| e.into_inner());
+    set_row_kernels(true);
+    let compiled = compile(graph).unwrap();
+    let program = compiled.artifacts().program.clone().unwrap();
+    let widest = program
+        .steps
+        .iter()
+        .filter_map(|s| match s {
+            Step::Kernel(k) => kernel_vector_bits(k, &program),
+            Step::Matmul(m) => m
+                .epilogue
+                .as_ref()
+                .and_then(|k| kernel_vector_bits(k, &program)),
+            _ => None,
+        })
+        .max();
+    if wide && block_isa().is_some() {
+        assert!(widest > Some(128), "{what}: no row routine\n{program}");
+    }
+    let rows = compiled.call(inputs).unwrap();
+    set_row_kernels(false);
+    let loops = compile(graph).unwrap().call(inputs).unwrap();
+    set_row_kernels(true);
+    (rows, loops)
+}
+
+#[test]
+fn pointwise_shapes_store_the_same_bits_as_the_cranelift_loop() {
+    type Build = fn(&[Traced]) -> Vec<Traced>;
+    let cases: [(&str, usize, Build); 5] = [
+        ("silu(a) * b", 2, |i| vec![i[0].silu().mul(&i[1])]),
+        ("a*b + c*d", 4, |i| {
+            vec![i[0].mul(&i[1]).add(&i[2].mul(&i[3]))]
+        }),
+        ("p - g*lr", 2, |i| vec![i[0].sub(&i[1].mul(0.001))]),
+        ("(a - 1) * 3 * b", 2, |i| {
+            vec![i[0].sub(1.0).mul(3.0).mul(&i[1])]
+        }),
+        ("a / 7", 1, |i| vec![i[0].div(7.0)]),
+    ];
+    for (what, operands, f) in cases {
+        for &n in &[1usize, 15, 16, 17, 64, 1023, 1025] {
+            let shape = [3, n];
+            let shapes: Vec<&[usize]> = vec![&shape[..]; operands];
+            let (g, inputs) = minductor_tests::build_graph(&shapes, values, f);
+            let what = format!("{what} of 3x{n}");
+            let (rows, loops) = both(&g, &inputs, &what, true);
+            minductor_tests::assert_allclose(&rows, &loops, Tolerance::EXACT, &what);
+        }
+    }
+}
+
+#[test]
+fn suite_workloads_agree_with_the_cranelift_loops() {
+    for name in [
+        "softmax_4096x1024",
+        "layernorm_4096x1024",
+        "llama_block_4x256x512",
+        "mlp_train_step_256",
+    ] {
+        let w = minductor_tools::workloads::by_name(name).unwrap();
+        // (A layer norm's kernel keeps its affine store as a 4-lane loop: not all wide.)
+        let wide = name != "layernorm_4096x1024";
+        let (rows, loops) = both(&w.graph, &w.inputs, name, wide);
+        minductor_tests::assert_allclose(&rows, &loops, Tolerance::close(2e-5), name);
+    }
+}
