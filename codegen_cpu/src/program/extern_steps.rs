@@ -922,6 +922,7 @@ fn run_implicit_matmul(
                         gemm::check_im2col(&a[g], &x, [rows, cols]).map_err(gemm_error)?;
                         let columns =
                             (units.start * CONV_UNIT).min(cols)..(units.end * CONV_UNIT).min(cols);
+                        // SAFETY: as stated above, for this piece's columns.
                         unsafe { gemm::multiply_im2col_columns(&a[g], &x, c_matrix, cols, columns) }
                     }
                     ConvWeights::Winograd(a) => {
@@ -929,6 +930,7 @@ fn run_implicit_matmul(
                             gemm::check_winograd(&a[g], &x, [rows, cols]).map_err(gemm_error)?;
                         let tiles = (units.start * CONV_UNIT).min(count)
                             ..(units.end * CONV_UNIT).min(count);
+                        // SAFETY: as stated above, for this piece's tiles.
                         unsafe { gemm::multiply_winograd_tiles(&a[g], &x, c_matrix, cols, tiles) }
                     }
                 }
