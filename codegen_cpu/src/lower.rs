@@ -42,7 +42,8 @@
 //! by concern in `lower/`: `loops.rs` (loop nests and hoisting), `emit.rs` (uniformity and the
 //! one emitter of an expression's scalar and vector forms), `address.rs` (addresses from affine
 //! indices), `memory.rs` (loads, stores and casts), `reduce.rs` (accumulators and their
-//! combination), `blocks.rs` (math blocks) and `outer.rs` (the outer-reduction loop order).
+//! combination), `blocks.rs` (math blocks), `rows.rs` (whole row stages handed to the kernel
+//! library's row routines) and `outer.rs` (the outer-reduction loop order).
 
 use crate::convert::{
     emit_bf16_to_f32, emit_f16_to_f32, emit_f32_to_bf16_bits, emit_f32_to_f16_bits,
