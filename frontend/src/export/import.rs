@@ -2133,7 +2133,12 @@ impl<'a> Importer<'a> {
                     f.amin(&dims, keepdim).gt(0.0)
                 })
             }
-            "aten.var.correction" | "aten.var.dim" | "aten.std.correction" | "aten.std.dim" => {
+            "aten.var.correction"
+            | "aten.var.dim"
+            | "aten.std.correction"
+            | "aten.std.dim"
+            | "aten.var_mean.correction"
+            | "aten.std_mean.correction" => {
                 let x = self.tensor(args, "self")?;
                 let mut dims = self.reduce_dims(&x, args, "dim")?;
                 if dims.is_empty() {
@@ -2152,36 +2157,6 @@ impl<'a> Importer<'a> {
                 if !(0..=1).contains(&correction) {
                     return Err(self.error(format!("correction {correction} (0 or 1 supported)")));
                 }
-                let axes: Vec<usize> = {
-                    let mut a: Vec<usize> = dims.iter().map(|&d| d as usize).collect();
-                    a.sort_unstable();
-                    a
-                };
-                let var = x.apply(
-                    Op::Var {
-                        axes,
-                        correction: correction as usize,
-                        keepdim,
-                    },
-                    &[&x],
-                );
-                one(if op.starts_with("aten.std") {
-                    var.sqrt()
-                } else {
-                    var
-                })
-            }
-            "aten.var_mean.correction" | "aten.std_mean.correction" => {
-                let x = self.tensor(args, "self")?;
-                let mut dims = self.reduce_dims(&x, args, "dim")?;
-                if dims.is_empty() {
-                    dims = (0..x.rank() as isize).collect();
-                }
-                let keepdim = self.boolean(args, "keepdim", false)?;
-                let correction = self.float(args, "correction", Some(1.0))? as i64;
-                if !(0..=1).contains(&correction) {
-                    return Err(self.error(format!("correction {correction} (0 or 1 supported)")));
-                }
                 let mut axes: Vec<usize> = dims.iter().map(|&d| d as usize).collect();
                 axes.sort_unstable();
                 let var = x.apply(
@@ -2197,10 +2172,14 @@ impl<'a> Importer<'a> {
                 } else {
                     var
                 };
-                Ok(vec![
-                    Value::Tensor(spread),
-                    Value::Tensor(x.mean(&dims, keepdim)),
-                ])
+                if op.contains("_mean.") {
+                    Ok(vec![
+                        Value::Tensor(spread),
+                        Value::Tensor(x.mean(&dims, keepdim)),
+                    ])
+                } else {
+                    one(spread)
+                }
             }
             "aten.linalg_vector_norm.default" => {
                 let mut x = self.tensor(args, "self")?;
