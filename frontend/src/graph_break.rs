@@ -45,9 +45,21 @@ pub(crate) enum SegmentEnd {
     },
 }
 
-/// The bits of a break's value: children are found by exact equality.
-pub(crate) fn break_key(t: &Tensor) -> Vec<u64> {
-    t.to_f64_vec().iter().map(|v| v.to_bits()).collect()
+/// The bits of a break's value: children are found by exact equality. `OutOfMemory` when
+/// they cannot be allocated (8 bytes an element).
+pub(crate) fn break_key(t: &Tensor) -> Result<Vec<u64>, RuntimeError> {
+    // Collected in place: the f64 values' allocation becomes the key's.
+    Ok(t.try_to_f64_vec()?.into_iter().map(f64::to_bits).collect())
+}
+
+/// [`break_key`] of `values`, read from the break's tensor.
+fn key_of(values: &[f64]) -> Result<Vec<u64>, RuntimeError> {
+    let mut key: Vec<u64> = Vec::new();
+    key.try_reserve_exact(values.len()).map_err(|_| {
+        RuntimeError::out_of_memory(values.len().saturating_mul(8), "a graph break's key")
+    })?;
+    key.extend(values.iter().map(|v| v.to_bits()));
+    Ok(key)
 }
 
 pub(crate) fn format_key(key: &[u64]) -> String {
@@ -110,6 +122,10 @@ pub(crate) struct Recorder {
     /// Whether a segment may be compiled; if not, needing one sets `compile_refused`.
     pub(crate) allow_compile: bool,
     pub(crate) compile_refused: Cell<bool>,
+    /// The first run at a graph break that failed, out of memory say (the segment's run or
+    /// reading its value): the call's error, which `jit` returns instead of the trace error
+    /// the tracer records for the break.
+    pub(crate) failed: RefCell<Option<RuntimeError>>,
     pub(crate) function: String,
 }
 
@@ -248,7 +264,7 @@ impl TraceHooks for Recorder {
         live: &[NodeId],
         what: &str,
         location: &'static Location<'static>,
-    ) -> Result<Tensor, IrError> {
+    ) -> Result<Vec<f64>, IrError> {
         if self.fullgraph {
             return Err(IrError::ty(
                 what,
@@ -280,15 +296,27 @@ impl TraceHooks for Recorder {
             wanted.push(node);
         }
         wanted.sort();
-        let (mut segment, reused) = self.run_segment(graph, &wanted).map_err(|m| {
-            IrError::ty(
-                what,
-                format!("graph break: the graph before it failed: {m}"),
-            )
-        })?;
+        let failed = |error: RuntimeError| {
+            let message = format!("graph break: the graph before it failed: {error}");
+            self.failed.borrow_mut().get_or_insert(error);
+            IrError::ty(what, message)
+        };
+        let (mut segment, reused) = match self.run_segment(graph, &wanted) {
+            Ok(run) => run,
+            Err(SegmentError::Runtime(error)) => return Err(failed(error)),
+            Err(m) => {
+                return Err(IrError::ty(
+                    what,
+                    format!("graph break: the graph before it failed: {m}"),
+                ))
+            }
+        };
         let read = self.slot_of.borrow()[&node];
         let value = self.env.borrow()[read].clone();
-        let key = break_key(&value);
+        let values = value
+            .try_to_f64_vec()
+            .map_err(|e| failed(e.allocating(format!("the values {what} reads"))))?;
+        let key = key_of(&values).map_err(failed)?;
         // The cached segments after this break: the one for the value read now first.
         let next = {
             let candidates = self.candidates.borrow();
@@ -319,7 +347,7 @@ impl TraceHooks for Recorder {
             break_key: Some(key),
             reused,
         });
-        Ok(value)
+        Ok(values)
     }
 
     fn specialize(&self, sym: SymId, location: &'static Location<'static>) -> Option<usize> {
@@ -481,7 +509,7 @@ pub(crate) fn replay(root: &Segment, inputs: &[Tensor]) -> Result<Replay, JitErr
                 location,
                 children,
             } => {
-                let key = break_key(&env[*read]);
+                let key = break_key(&env[*read])?;
                 match children.iter().find(|(k, _)| *k == key) {
                     Some((_, child)) => segment = child,
                     None => {

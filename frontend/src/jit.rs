@@ -632,6 +632,7 @@ where
             prefilled: resume.prefilled,
             allow_compile: resume.allow_compile,
             compile_refused: Cell::new(false),
+            failed: RefCell::new(None),
             function: self.options.name.clone(),
         });
         tracer.set_hooks(recorder.clone());
@@ -640,6 +641,10 @@ where
 
         if recorder.compile_refused.get() {
             return Err(RunFailure::CompileRefused);
+        }
+        if let Some(error) = recorder.failed.take() {
+            // A break's run failed (out of memory, say): the call's error, not the trace's.
+            return Err(RunFailure::Error(JitError::Runtime(error)));
         }
         let symbolic = is_symbolic(&typing.types);
         let specialized = recorder.specialized.borrow().clone();

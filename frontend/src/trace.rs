@@ -21,7 +21,6 @@ use minductor_ir::{
     shape_string, static_shape, BinaryOp, CompareOp, DType, Dim, Graph, IrError, NodeId, Op,
     ReduceOp, Shape, SizeExpr, SliceFrom, SymId, TensorType, UnaryOp,
 };
-use minductor_runtime::Tensor;
 use std::cell::RefCell;
 use std::fmt;
 use std::panic::Location;
@@ -54,7 +53,9 @@ struct TraceState {
 /// What a tracer driven by `jit` does where plain tracing cannot go on by itself.
 pub(crate) trait TraceHooks {
     /// A graph break: runs the graph recorded so far (`live` are the values still held by Rust
-    /// code) and returns the value of `node`. An `Err` is recorded as the trace's error.
+    /// code) and returns the values of `node` in row-major order. An `Err` is recorded as the
+    /// trace's error (a run that failed, out of memory say, is kept by the hooks, which report
+    /// it as the call's error).
     fn graph_break(
         &self,
         graph: &Graph,
@@ -62,7 +63,7 @@ pub(crate) trait TraceHooks {
         live: &[NodeId],
         what: &str,
         location: &'static Location<'static>,
-    ) -> Result<Tensor, IrError>;
+    ) -> Result<Vec<f64>, IrError>;
 
     /// The example size of a symbolic dim that Rust code reads as a number; the hook records that
     /// the symbol must be specialized (made static) for the trace to hold.
@@ -541,8 +542,9 @@ impl Traced {
         size_of_symbol(&self.state, sym, what, location)
     }
 
-    /// Reads this value (a graph break under `jit`); `None` after recording why it cannot.
-    fn read(&self, what: &str, location: &'static Location<'static>) -> Option<Tensor> {
+    /// Reads this value (a graph break under `jit`), its elements in row-major order; `None`
+    /// after recording why it cannot.
+    fn read(&self, what: &str, location: &'static Location<'static>) -> Option<Vec<f64>> {
         let id = self.id?;
         if self.state.error.borrow().is_some() {
             return None;
@@ -573,7 +575,7 @@ impl Traced {
             hooks.graph_break(&graph, id, &live, what, location)
         };
         match result {
-            Ok(tensor) => Some(tensor),
+            Ok(values) => Some(values),
             Err(error) => {
                 self.record_error(location, error);
                 None
@@ -600,13 +602,13 @@ impl Traced {
             }
         }
         match self.read("item()", location) {
-            Some(t) if t.numel() == 1 => t.to_f64_vec()[0],
-            Some(t) => {
+            Some(values) if values.len() == 1 => values[0],
+            Some(values) => {
                 self.record_error(
                     location,
                     IrError::ty(
                         "item()",
-                        format!("needs a one-element tensor, found shape {:?}", t.shape()),
+                        format!("needs a one-element tensor, found {} elements", values.len()),
                     ),
                 );
                 f64::NAN
@@ -620,9 +622,7 @@ impl Traced {
     #[track_caller]
     pub fn to_vec(&self) -> Vec<f64> {
         let location = Location::caller();
-        self.read("to_vec()", location)
-            .map(|t| t.to_f64_vec())
-            .unwrap_or_default()
+        self.read("to_vec()", location).unwrap_or_default()
     }
 
     pub fn rank(&self) -> usize {

@@ -415,6 +415,32 @@ impl Tensor {
         }
     }
 
+    /// [`Tensor::to_f64_vec`], or `OutOfMemory` when the values (8 bytes each) or the
+    /// contiguous copy they are read from cannot be allocated.
+    pub fn try_to_f64_vec(&self) -> Result<Vec<f64>, RuntimeError> {
+        let numel = self.numel();
+        let mut values: Vec<f64> = Vec::new();
+        values.try_reserve_exact(numel).map_err(|_| {
+            RuntimeError::out_of_memory(numel.saturating_mul(8), "the values read as f64")
+        })?;
+        let c = self
+            .try_contiguous()
+            .map_err(|e| e.allocating("a contiguous copy of the values read"))?;
+        match c.dtype {
+            DType::F64 => values.extend_from_slice(c.as_slice::<f64>()),
+            DType::F32 => values.extend(c.as_slice::<f32>().iter().map(|&x| x as f64)),
+            DType::F16 => values.extend(c.as_slice::<f16>().iter().map(|x| x.to_f64())),
+            DType::BF16 => values.extend(c.as_slice::<bf16>().iter().map(|x| x.to_f64())),
+            DType::I64 => values.extend(c.as_slice::<i64>().iter().map(|&x| x as f64)),
+            DType::Bool => values.extend(
+                c.as_slice::<u8>()
+                    .iter()
+                    .map(|&x| (x != 0) as u8 as f64),
+            ),
+        }
+        Ok(values)
+    }
+
     /// A contiguous tensor of `dtype` holding `values` (rounded to the dtype).
     pub fn from_f64(dtype: DType, shape: &[usize], values: &[f64]) -> Result<Tensor, RuntimeError> {
         match dtype {

@@ -215,3 +215,44 @@ fn the_memory_limit_variable_limits_what_is_compiled_while_it_is_set() {
     let unlimited = compile_with(&expand_exp(8), Backend::Inductor).unwrap();
     assert_rows_are_exp(&unlimited.call(&[column(8)]).unwrap()[0], 8);
 }
+
+/// `x + n` where `n` is the number of values Rust code read at a graph break from
+/// `read(x)` (`[rows, 2^20]` of them): the graph before the break and the read are one call's
+/// work, so a read of 4 TiB is `OutOfMemory` from `jit`, not a trace error, and the next
+/// call runs.
+fn assert_a_read_of_4_tib_is_out_of_memory(read: fn(&Traced) -> Traced, what: &str) {
+    let f = jit(move |x: &[Traced]| {
+        let n = read(&x[0]).to_vec().len();
+        vec![&x[0] + n as f64]
+    });
+    let reads_into_x_plus = |rows: usize| {
+        let got = f.call(&[column(rows)]).unwrap();
+        let values = got[0].to_vec::<f32>().unwrap();
+        let want: Vec<f32> = (0..rows)
+            .map(|i| i as f32 / rows as f32 + (rows << 20) as f32)
+            .collect();
+        assert_eq!(values, want, "{what}: {rows} rows");
+    };
+    reads_into_x_plus(2);
+    match f.call(&[column(1 << 20)]) {
+        Err(JitError::Runtime(RuntimeError::OutOfMemory { bytes, .. })) => {
+            assert!(bytes >= FOUR_TIB, "{what}: {bytes}")
+        }
+        Err(e) => panic!("{what}: expected OutOfMemory, got {e}"),
+        Ok(_) => panic!("{what}: a 4 TiB read succeeded"),
+    }
+    reads_into_x_plus(3);
+}
+
+#[test]
+fn a_graph_break_reading_a_4_tib_value_is_out_of_memory() {
+    // The value is computed by the graph before the break (its output cannot be allocated).
+    assert_a_read_of_4_tib_is_out_of_memory(|x| x.expand(&[-1, 1 << 20]).exp(), "exp");
+}
+
+#[test]
+fn a_graph_break_reading_a_4_tib_view_is_out_of_memory() {
+    // The value is a view of an input (no output to allocate; the values read are 8 TiB of
+    // f64).
+    assert_a_read_of_4_tib_is_out_of_memory(|x| x.expand(&[-1, 1 << 20]), "expand");
+}
