@@ -216,6 +216,7 @@ fn attention_on(
     let exp = block_routine(MathFn::Exp);
     let (v_rows, v_cols) = (v.strides[n], v.strides[n + 1]);
     let v_in_place = v_cols == 1 && v_rows >= 0;
+    let failed = crate::scratch::FirstError::new();
     minductor_runtime::threads::for_each_chunk(items.len(), |item| {
         let kv = work[item].kv;
         let mut outs = items[item].lock().unwrap_or_else(|p| p.into_inner());
@@ -232,15 +233,26 @@ fn attention_on(
             })
             .max()
             .unwrap_or(0);
-        PACK.with(|pack| {
-            let mut pack = pack.borrow_mut();
+        PACK.with(|cell| {
+            let mut pack = cell.take();
             let (key_len, value_len) = (keys_len(s, e), if v_in_place { 0 } else { s * ev });
-            if pack.len() < key_len + value_len {
-                pack.resize(key_len + value_len, 0.0);
+            // Sized by the keys (`s`, which an expanded view makes as large as it likes):
+            // out of memory is this call's error.
+            let prepared = key_len
+                .checked_add(value_len)
+                .ok_or(crate::scratch::ScratchError::OutOfMemory {
+                    bytes: usize::MAX,
+                    what: "attention's packed keys and values",
+                })
+                .and_then(|len| pack.prepare(len, "attention's packed keys and values"));
+            if let Err(error) = prepared {
+                cell.set(pack);
+                failed.record(Err(error));
+                return;
             }
             // Columns `0..keys` of `kt` and rows `0..keys` of `vp` are written here, and the
             // blocks read no others.
-            let (kt, vp) = pack.split_at_mut(key_len);
+            let (kt, vp) = pack.as_mut_slice().split_at_mut(key_len);
             let vp = &mut vp[..value_len];
             pack_transposed(&k, base(k.offset, k.strides, &kv_batch, kv), keys, e, kt);
             let vb = base(v.offset, v.strides, &kv_batch, kv);
@@ -285,9 +297,11 @@ fn attention_on(
                     portable_item(&tile, exp, block);
                 }
             }
+            failed.record(pack.check("attention's packed keys and values"));
+            cell.set(pack);
         });
     });
-    Ok(())
+    Ok(failed.into_result()?)
 }
 
 /// How an attention's work splits into items on some number of threads: the one rule both
@@ -407,7 +421,7 @@ pub fn attention_pieces(shape: &AttentionShape<'_>, threads: usize) -> Vec<u64> 
 thread_local! {
     /// The packed keys and values of the item a thread runs, kept for its next item (no
     /// fresh pages to fault in, and in the thread's cache).
-    static PACK: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
+    static PACK: std::cell::Cell<crate::scratch::Scratch> = const { std::cell::Cell::new(crate::scratch::Scratch::new()) };
 }
 
 /// Elements of the packed keys: `s` keys in tiles of `KEY_BLOCK`, each tile `[e][KEY_BLOCK]`

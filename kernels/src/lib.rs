@@ -6,7 +6,8 @@
 //! - [`attention`]: the fused scaled-dot-product attention step (online softmax over key blocks);
 //! - [`math`]: the transcendental functions written once over [`math::Lanes`] (the code
 //!   generator implements it for Cranelift IR) and their ahead-of-time block routines;
-//! - [`scatter`]: the scatter-add of `gather`'s and `take_along`'s derivatives.
+//! - [`scatter`]: the scatter-add of `gather`'s and `take_along`'s derivatives;
+//! - [`scratch`]: the kernels' scratch buffers (fallible, and guarded in checking mode).
 //!
 //! Architecture invariant: this crate knows nothing of graphs, kernel IR or Cranelift. Its
 //! entry points take plain slices and shapes, check (or state in their `# Safety` section) the
@@ -16,3 +17,4 @@ pub mod attention;
 pub mod gemm;
 pub mod math;
 pub mod scatter;
+pub mod scratch;

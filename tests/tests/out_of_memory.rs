@@ -256,3 +256,57 @@ fn a_graph_break_reading_a_4_tib_view_is_out_of_memory() {
     // f64).
     assert_a_read_of_4_tib_is_out_of_memory(|x| x.expand(&[-1, 1 << 20]), "expand");
 }
+
+/// Attention over `2^36` keys that are one key expanded (a view: no input or intermediate is
+/// large): the fused attention step packs the keys into per-thread scratch, 4 TiB of it,
+/// which is `OutOfMemory` naming that scratch; the next call, on few keys, runs and matches
+/// the reference interpreter.
+#[test]
+fn attention_scratch_too_large_to_allocate_is_out_of_memory() {
+    let attention = |keys: usize| {
+        let t = Tracer::new();
+        let q = t.input("q", DType::F32, &[1, 1, 4, 16]);
+        let k = t.input("k", DType::F32, &[1, 1, 1, 16]);
+        let v = t.input("v", DType::F32, &[1, 1, 1, 16]);
+        let (k, v) = (
+            k.expand(&[1, 1, keys as isize, 16]),
+            v.expand(&[1, 1, keys as isize, 16]),
+        );
+        t.finish(&[q.scaled_dot_product_attention(&k, &v, None, false)])
+            .unwrap()
+    };
+    let ramp = |shape: &[usize], scale: f32| {
+        let n: usize = shape.iter().product();
+        Tensor::from_vec(shape, (0..n).map(|i| (i as f32 * scale).sin()).collect()).unwrap()
+    };
+    let inputs = [
+        ramp(&[1, 1, 4, 16], 0.3),
+        ramp(&[1, 1, 1, 16], 0.7),
+        ramp(&[1, 1, 1, 16], 1.1),
+    ];
+    let huge = compile_with(&attention(1 << 36), Backend::Inductor).unwrap();
+    match huge.call(&inputs) {
+        Err(RuntimeError::OutOfMemory { bytes, what }) => {
+            assert!(bytes >= FOUR_TIB, "{bytes} ({what})");
+            assert!(what.contains("attention's packed keys"), "{what}");
+        }
+        other => panic!("expected OutOfMemory, got {other:?}"),
+    }
+    let graph = attention(37);
+    let got = compile_with(&graph, Backend::Inductor)
+        .unwrap()
+        .call(&inputs)
+        .unwrap();
+    let want = compile_with(&graph, Backend::Eager)
+        .unwrap()
+        .call(&inputs)
+        .unwrap();
+    // Every key is the same, so every output row is `v`'s one row.
+    let (got, want) = (
+        got[0].to_vec::<f32>().unwrap(),
+        want[0].to_vec::<f32>().unwrap(),
+    );
+    for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+        assert!((g - w).abs() <= 1e-6, "element {i}: {g} vs {w}");
+    }
+}

@@ -216,10 +216,10 @@ impl Symbols {
     }
 }
 
-/// The 4 bytes checking mode fills memory with: f32 `0x7FA5A5A5`, a signalling NaN whose
-/// payload (`0x25A5A5`) survives arithmetic (which only sets the quiet bit), so a result
-/// computed from memory no step wrote carries it.
-const UNWRITTEN: u32 = 0x7FA5_A5A5;
+/// The 4 bytes checking mode fills memory with (the kernels' scratch too): f32 `0x7FA5A5A5`, a
+/// signalling NaN whose payload (`0x25A5A5`) survives arithmetic (which only sets the quiet
+/// bit), so a result computed from memory no step wrote carries it.
+use minductor_kernels::scratch::UNWRITTEN;
 /// Bytes of guard before and after every slot of a checking arena.
 const GUARD_BYTES: usize = 64;
 
@@ -518,6 +518,11 @@ impl CompiledProgram {
         } else {
             None
         };
+        // The kernels' scratch (GEMM packing, attention's packed keys, Winograd tiles) is
+        // filled with the pattern and guarded while this call runs.
+        let _scratch_check = self
+            .check_buffers
+            .then(minductor_kernels::scratch::CheckScratch::new);
         let mut held: Vec<Option<Tensor>> = vec![None; program.buffers.len()];
         let mut pointers: Vec<*mut u8> = vec![std::ptr::null_mut(); program.buffers.len()];
         // Every buffer the compiled code touches, checked against the plan: this is the fence

@@ -117,6 +117,9 @@ fn gemm_error(out: BufferId, e: gemm::GemmError) -> RuntimeError {
         gemm::GemmError::OutOfMemory { bytes, what } => {
             RuntimeError::out_of_memory(bytes, format!("matmul {out}: packed {what}"))
         }
+        gemm::GemmError::BufferCheck(message) => {
+            RuntimeError::BufferCheck(format!("matmul {out}: {message}"))
+        }
         e => RuntimeError::Unsupported(format!("matmul {out}: {e}")),
     }
 }
@@ -924,6 +927,7 @@ fn run_implicit_matmul(
                             (units.start * CONV_UNIT).min(cols)..(units.end * CONV_UNIT).min(cols);
                         // SAFETY: as stated above, for this piece's columns.
                         unsafe { gemm::multiply_im2col_columns(&a[g], &x, c_matrix, cols, columns) }
+                            .map_err(gemm_error)?
                     }
                     ConvWeights::Winograd(a) => {
                         let count =
@@ -932,6 +936,7 @@ fn run_implicit_matmul(
                             ..(units.end * CONV_UNIT).min(count);
                         // SAFETY: as stated above, for this piece's tiles.
                         unsafe { gemm::multiply_winograd_tiles(&a[g], &x, c_matrix, cols, tiles) }
+                            .map_err(gemm_error)?
                     }
                 }
             }

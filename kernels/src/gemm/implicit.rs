@@ -130,7 +130,7 @@ impl PackedA {
         let mr = kernel.mr();
         let padded_m = m.div_ceil(mr) * mr;
         let mut values = AlignedBuffer::new();
-        values.try_reserve(padded_m * k, "weight")?;
+        values.prepare(padded_m * k, "weight")?;
         let all = values.as_mut_slice();
         let kc_block = kernel.kc(k);
         for depth in (0..k).step_by(kc_block) {
@@ -166,8 +166,7 @@ pub fn multiply_im2col(a: &PackedA, b: &Im2colRef, c: &mut MatrixMut) -> Result<
     check_im2col(a, b, c.shape())?;
     // SAFETY: the shapes agree (checked), and `c`, borrowed uniquely for the call, holds every
     // row of `n` columns `row_stride` apart (`MatrixMut::new`).
-    unsafe { multiply_im2col_columns(a, b, c.data.as_mut_ptr(), c.row_stride, 0..n) };
-    Ok(())
+    unsafe { multiply_im2col_columns(a, b, c.data.as_mut_ptr(), c.row_stride, 0..n) }
 }
 
 /// Checks that `a` (`m × k`, packed) times `b` (`k × n`) makes an output of `c_shape`.
@@ -190,19 +189,22 @@ pub fn check_im2col(a: &PackedA, b: &Im2colRef, c_shape: [usize; 2]) -> Result<(
 /// # Safety
 /// `check_im2col(a, b, [m, n])` passed; `columns.end ≤ n`; `c + i · ldc + j` is writable for
 /// every `i < m` and `j` in `columns`, touched by no one else during the call.
+///
+/// Fails only when this thread's panel buffer cannot be allocated (`OutOfMemory`), or in
+/// checking mode when a write outside it is found (`BufferCheck`).
 pub unsafe fn multiply_im2col_columns(
     a: &PackedA,
     b: &Im2colRef,
     c: *mut f32,
     ldc: usize,
     columns: std::ops::Range<usize>,
-) {
+) -> Result<(), GemmError> {
     let k = b.shape()[0];
     let m = a.m;
     let kernel = a.kernel;
     let nr = kernel.nr();
     if m == 0 || columns.is_empty() {
-        return;
+        return Ok(());
     }
     if k == 0 {
         for i in 0..m {
@@ -212,11 +214,14 @@ pub unsafe fn multiply_im2col_columns(
             }
             .fill(0.0);
         }
-        return;
+        return Ok(());
     }
     PANEL.with(|cell| {
         let mut panel = cell.take();
-        panel.reserve(k * nr);
+        if let Err(e) = panel.prepare(k * nr, "im2col panel") {
+            cell.set(panel);
+            return Err(e.into());
+        }
         let values = panel.as_mut_slice();
         let mut segments = Vec::new();
         let mut start = columns.start;
@@ -229,8 +234,10 @@ pub unsafe fn multiply_im2col_columns(
             unsafe { multiply_panel(a, values, c.add(start), ldc, cols) };
             start += cols;
         }
+        let checked = panel.check("im2col panel");
         cell.set(panel);
-    });
+        Ok(checked?)
+    })
 }
 
 /// `c[0..m, 0..cols] = a · panel` by the micro-kernel: `panel` is one packed panel of `b`
@@ -251,7 +258,7 @@ pub(super) unsafe fn multiply_panel(
     let (m, k, kernel) = (a.m, a.k, a.kernel);
     let (mr, nr) = (kernel.mr(), kernel.nr());
     let padded_m = m.div_ceil(mr) * mr;
-    let packed_a = &a.values.lines_as_slice()[..padded_m * k];
+    let packed_a = &a.values.as_slice()[..padded_m * k];
     let kc_block = kernel.kc(k);
     for depth in (0..k).step_by(kc_block) {
         let kc = kc_block.min(k - depth);

@@ -45,6 +45,7 @@ mod split;
 mod tests;
 mod winograd;
 
+use crate::scratch::{FirstError, ScratchError};
 pub use implicit::{check_im2col, multiply_im2col, multiply_im2col_columns, Im2colRef, PackedA};
 pub use split::{
     image_parts, product_threads, unit_runs, ProductSplit, Shared, PARALLEL_FLOPS_THRESHOLD,
@@ -138,6 +139,9 @@ pub enum GemmError {
     KernelMismatch { packed: Kernel, wanted: Kernel },
     #[error("gemm: no memory for {bytes} bytes of packed {what}")]
     OutOfMemory { bytes: usize, what: &'static str },
+    /// Checking mode (`crate::scratch::CheckScratch`) found a write outside a scratch buffer.
+    #[error("gemm: {0}")]
+    BufferCheck(String),
 }
 
 /// A micro-kernel family. Each computes an `mr × nr` tile of `c` from packed panels.
@@ -612,8 +616,7 @@ pub fn multiply_from(
             0..panels,
             first_panel,
         )
-    };
-    Ok(())
+    }
 }
 
 /// `c = a · b` on `threads` threads, `b` packed: the output is cut into rows and columns of
@@ -655,6 +658,7 @@ pub fn multiply_split(
     let panels = b.panels();
     let c_pointer = SharedOutput(c.data.as_mut_ptr());
     let row_stride = c.row_stride;
+    let failed = FirstError::new();
     minductor_runtime::threads::for_each_chunk(split.pieces(), |p| {
         let rows = split.rows(p);
         let range = split.panels(p);
@@ -669,7 +673,7 @@ pub fn multiply_split(
         // SAFETY: shapes were checked to agree and `c` (borrowed uniquely for this whole call)
         // holds every element of the output; the pieces of `split` cover disjoint rows ×
         // columns, so each element is written by one piece, on one thread.
-        unsafe {
+        failed.record(unsafe {
             multiply_panels(
                 &a.rows(rows.start, rows.end),
                 b,
@@ -678,9 +682,9 @@ pub fn multiply_split(
                 range,
                 rotation,
             )
-        };
+        });
     });
-    Ok(())
+    failed.into_result()
 }
 
 /// `c = a · b` for row-major `c`, packing `b` for the detected kernel, on `threads` threads.
@@ -858,14 +862,15 @@ fn stream(
     let split = streaming_split(kernel, m, n, k, threads);
     let c_pointer = SharedOutput(c.data.as_mut_ptr());
     let ldc = c.row_stride;
-    let packed = packed_a.lines_as_slice();
+    let packed = packed_a.as_slice();
+    let failed = FirstError::new();
     let run = |p: usize| {
         let rows = split.rows(p);
         // SAFETY: `kernel` is supported (checked above); shapes agree (checked above); `c`
         // (borrowed uniquely for this whole call, its extent checked by `MatrixMut::new`)
         // holds every output element, and the pieces of `split` write disjoint rows ×
         // columns.
-        unsafe {
+        failed.record(unsafe {
             stream_panels(
                 kernel,
                 packed,
@@ -876,15 +881,17 @@ fn stream(
                 rows.start / mr..rows.end.div_ceil(mr),
                 split.panels(p),
             )
-        }
+        })
     };
     if split.pieces() == 1 {
         run(0);
     } else {
         minductor_runtime::threads::for_each_chunk(split.pieces(), run);
     }
+    let checked = packed_a.check("packed a");
     give_back(packed_a);
-    Ok(())
+    failed.into_result()?;
+    Ok(checked?)
 }
 
 thread_local! {
@@ -912,7 +919,7 @@ unsafe fn stream_panels(
     m: usize,
     micro_panels: std::ops::Range<usize>,
     panels: std::ops::Range<usize>,
-) {
+) -> Result<(), GemmError> {
     let ([k, n], mr, nr) = (b.shape(), kernel.mr(), kernel.nr());
     let padded_m = m.div_ceil(mr) * mr;
     let first_micro = micro_panels.start;
@@ -920,7 +927,10 @@ unsafe fn stream_panels(
     let kc_block = kernel.kc(k);
     B_BLOCK.with(|cell| {
         let mut block = cell.take();
-        block.reserve(kc_block * nr);
+        if let Err(e) = block.prepare(kc_block * nr, "b block") {
+            cell.set(block);
+            return Err(e.into());
+        }
         let values = block.as_mut_slice();
         for panel in panels.clone() {
             let cols = nr.min(n - panel * nr);
@@ -967,8 +977,10 @@ unsafe fn stream_panels(
                 }
             }
         }
+        let checked = block.check("b block");
         cell.set(block);
-    });
+        Ok(checked?)
+    })
 }
 
 /// The output pointer handed to the column-splitting threads.
@@ -1012,11 +1024,11 @@ unsafe fn multiply_panels(
     ldc: usize,
     panels: std::ops::Range<usize>,
     rotation: usize,
-) {
+) -> Result<(), GemmError> {
     let kernel = b.kernel;
     let (m, k, n, mr, nr) = (a.rows, b.k, b.n, kernel.mr(), kernel.nr());
     if m == 0 || panels.is_empty() {
-        return;
+        return Ok(());
     }
     if k == 0 {
         for i in 0..m {
@@ -1026,7 +1038,7 @@ unsafe fn multiply_panels(
             unsafe { std::slice::from_raw_parts_mut(c.add(i * ldc + start), end - start) }
                 .fill(0.0);
         }
-        return;
+        return Ok(());
     }
     let order: Vec<usize> = (0..panels.len())
         .map(|i| panels.start + (i + rotation) % panels.len())
@@ -1041,7 +1053,14 @@ unsafe fn multiply_panels(
             let micro_panels = mc.div_ceil(mr);
             for depth in (0..k).step_by(kc_block) {
                 let kc = kc_block.min(k - depth);
-                packed_a.reserve(micro_panels * mr * kc);
+                // Checked (in checking mode) before it is laid out again for the next block.
+                let prepared = packed_a
+                    .check("packed a")
+                    .and_then(|()| packed_a.prepare(micro_panels * mr * kc, "packed a"));
+                if let Err(e) = prepared {
+                    cell.set(packed_a);
+                    return Err(e.into());
+                }
                 let a_block = &mut packed_a.as_mut_slice()[..micro_panels * mr * kc];
                 pack::pack_a(a, row..row + mc, depth..depth + kc, mr, a_block);
                 let block = depth / kc_block;
@@ -1079,8 +1098,10 @@ unsafe fn multiply_panels(
                 }
             }
         }
+        let checked = packed_a.check("packed a");
         cell.set(packed_a);
-    });
+        Ok(checked?)
+    })
 }
 
 thread_local! {
@@ -1088,16 +1109,16 @@ thread_local! {
     static PACKED_A: std::cell::Cell<AlignedBuffer> = const { std::cell::Cell::new(AlignedBuffer::new()) };
 }
 
-/// A 64-byte aligned run of f32 values: whole cache lines, aligned zmm loads.
-#[derive(Clone, Copy)]
-#[repr(C, align(64))]
-struct Line([f32; 16]);
+/// The kernels' scratch buffer type (cache-line aligned, fallible, guarded in checking mode).
+pub(crate) use crate::scratch::Scratch as AlignedBuffer;
 
-/// A growable buffer of f32 values starting on a cache line, zero-initialized when grown.
-#[derive(Default)]
-struct AlignedBuffer {
-    lines: Vec<Line>,
-    len: usize,
+impl From<ScratchError> for GemmError {
+    fn from(e: ScratchError) -> Self {
+        match e {
+            ScratchError::OutOfMemory { bytes, what } => GemmError::OutOfMemory { bytes, what },
+            e @ ScratchError::Overwritten { .. } => GemmError::BufferCheck(e.to_string()),
+        }
+    }
 }
 
 /// Packed-`b` buffers waiting for the next call (at most [`POOL_BUFFERS`]).
@@ -1105,66 +1126,20 @@ static POOL: Mutex<Vec<AlignedBuffer>> = Mutex::new(Vec::new());
 const POOL_BUFFERS: usize = 4;
 
 impl AlignedBuffer {
-    const fn new() -> Self {
-        AlignedBuffer {
-            lines: Vec::new(),
-            len: 0,
-        }
-    }
-
     /// A buffer of `len` values from the pool (the smallest one large enough), or a new one;
     /// `OutOfMemory` (naming `what`) if a new one cannot be allocated.
     fn take(len: usize, what: &'static str) -> Result<Self, GemmError> {
         let mut pool = POOL.lock().unwrap_or_else(|p| p.into_inner());
         let best = (0..pool.len())
-            .filter(|&i| pool[i].lines.len() * 16 >= len)
-            .min_by_key(|&i| pool[i].lines.len());
+            .filter(|&i| pool[i].capacity() >= len)
+            .min_by_key(|&i| pool[i].capacity());
         let mut buffer = match best {
             Some(i) => pool.swap_remove(i),
             None => pool.pop().unwrap_or_default(),
         };
         drop(pool);
-        buffer.try_reserve(len, what)?;
+        buffer.prepare(len, what)?;
         Ok(buffer)
-    }
-
-    /// Makes room for `len` values and sets the length to it (per-thread scratch, whose size
-    /// the blocking bounds; aborts if memory runs out, as `vec!` does).
-    fn reserve(&mut self, len: usize) {
-        let lines = len.div_ceil(16);
-        if self.lines.len() < lines {
-            self.lines = vec![Line([0.0; 16]); lines];
-        }
-        self.len = len;
-    }
-
-    /// [`AlignedBuffer::reserve`], or `OutOfMemory` (naming `what`) when the allocator has no
-    /// room, for buffers whose size follows an operand's.
-    fn try_reserve(&mut self, len: usize, what: &'static str) -> Result<(), GemmError> {
-        let lines = len.div_ceil(16);
-        if self.lines.len() < lines {
-            let bytes = lines.saturating_mul(std::mem::size_of::<Line>());
-            let mut grown: Vec<Line> = Vec::new();
-            grown
-                .try_reserve_exact(lines)
-                .map_err(|_| GemmError::OutOfMemory { bytes, what })?;
-            grown.resize(lines, Line([0.0; 16]));
-            self.lines = grown;
-        }
-        self.len = len;
-        Ok(())
-    }
-
-    fn lines_as_slice(&self) -> &[f32] {
-        // SAFETY: as `as_mut_slice`, shared.
-        unsafe { std::slice::from_raw_parts(self.lines.as_ptr() as *const f32, self.len) }
-    }
-
-    fn as_mut_slice(&mut self) -> &mut [f32] {
-        // SAFETY: `lines` holds `lines.len() · 16` initialized f32 values (`Line` is
-        // `repr(C)` over `[f32; 16]`, without padding), `len` never exceeds that, and
-        // `&mut self` makes the borrow unique.
-        unsafe { std::slice::from_raw_parts_mut(self.lines.as_mut_ptr() as *mut f32, self.len) }
     }
 }
 
@@ -1179,8 +1154,8 @@ fn give_back(buffer: AlignedBuffer) {
     let mut pool = POOL.lock().unwrap_or_else(|p| p.into_inner());
     if pool.len() < POOL_BUFFERS {
         pool.push(buffer);
-    } else if let Some(smallest) = (0..pool.len()).min_by_key(|&i| pool[i].lines.len()) {
-        if pool[smallest].lines.len() < buffer.lines.len() {
+    } else if let Some(smallest) = (0..pool.len()).min_by_key(|&i| pool[i].capacity()) {
+        if pool[smallest].capacity() < buffer.capacity() {
             pool[smallest] = buffer;
         }
     }
@@ -1203,9 +1178,9 @@ pub fn bench_macro_kernel(
     }
     let (mr, nr) = (kernel.mr(), kernel.nr());
     let mut a = AlignedBuffer::new();
-    a.reserve(micro_panels * mr * kc);
+    a.prepare(micro_panels * mr * kc, "a")?;
     let mut b = AlignedBuffer::new();
-    b.reserve(panels * kc * nr);
+    b.prepare(panels * kc * nr, "b")?;
     let (m, n) = (micro_panels * mr, panels * nr);
     let mut c = vec![0f32; m * n];
     for (i, v) in a.as_mut_slice().iter_mut().enumerate() {
@@ -1214,7 +1189,7 @@ pub fn bench_macro_kernel(
     for (i, v) in b.as_mut_slice().iter_mut().enumerate() {
         *v = (i % 5) as f32 * 0.125;
     }
-    let (a, b) = (a.lines_as_slice(), b.lines_as_slice());
+    let (a, b) = (a.as_slice(), b.as_slice());
     for _ in 0..reps {
         for (q, b_panel) in b.chunks_exact(kc * nr).enumerate() {
             for (r, a_panel) in a.chunks_exact(kc * mr).enumerate() {

@@ -203,7 +203,7 @@ impl WinogradWeight {
                 }
             }
         }
-        let u = buffer.lines_as_slice();
+        let u = buffer.as_slice();
         let positions = (0..POSITIONS)
             .map(|xi| {
                 let matrix = MatrixRef::new(
@@ -417,8 +417,7 @@ fn multiply_winograd_with(
     };
     // SAFETY: the shapes agree (checked), and `c`, borrowed uniquely for the call, holds every
     // row of `n` values `row_stride` apart (`MatrixMut::new`).
-    unsafe { winograd_tiles_with(a, b, out, 0..count, transforms) };
-    Ok(())
+    unsafe { winograd_tiles_with(a, b, out, 0..count, transforms) }
 }
 
 /// Checks that `a` (a transformed `K × C` weight) and `b` (the im2col of a `C`-channel image
@@ -473,7 +472,7 @@ pub unsafe fn multiply_winograd_tiles(
     c: *mut f32,
     ldc: usize,
     tiles: std::ops::Range<usize>,
-) {
+) -> Result<(), GemmError> {
     let out = Planes {
         data: c,
         row_stride: ldc,
@@ -492,13 +491,13 @@ unsafe fn winograd_tiles_with(
     out: Planes,
     range: std::ops::Range<usize>,
     transforms: Transforms,
-) {
+) -> Result<(), GemmError> {
     let n = b.shape()[1];
     let window = b.window();
     let [h, w] = b.size();
     let (out_channels, channels) = (a.out_channels, a.channels);
     if out_channels == 0 || n == 0 || range.is_empty() {
-        return;
+        return Ok(());
     }
     let [oh, ow] = b.out_size();
     let tiles = Tiles {
@@ -521,7 +520,7 @@ unsafe fn winograd_tiles_with(
                 }
             }
         }
-        return;
+        return Ok(());
     }
     let kernel = a.kernel();
     let nr = kernel.nr();
@@ -538,8 +537,14 @@ unsafe fn winograd_tiles_with(
     PANELS.with(|panels_cell| {
         PRODUCTS.with(|products_cell| {
             let (mut panels, mut products) = (panels_cell.take(), products_cell.take());
-            panels.reserve(POSITIONS * panel_len);
-            products.reserve(POSITIONS * product_len);
+            let prepared = panels
+                .prepare(POSITIONS * panel_len, "Winograd input tiles")
+                .and_then(|()| products.prepare(POSITIONS * product_len, "Winograd products"));
+            if let Err(e) = prepared {
+                panels_cell.set(panels);
+                products_cell.set(products);
+                return Err(e.into());
+            }
             let (v, m) = (panels.as_mut_slice(), products.as_mut_slice());
             for start in range.clone().step_by(nr) {
                 let cols = nr.min(count - start);
@@ -591,10 +596,14 @@ unsafe fn winograd_tiles_with(
                     _ => unsafe { transform_output(m, &tiles, start, cols, nr, out_channels, out) },
                 }
             }
+            let checked = panels
+                .check("Winograd input tiles")
+                .and_then(|()| products.check("Winograd products"));
             panels_cell.set(panels);
             products_cell.set(products);
+            Ok(checked?)
         })
-    });
+    })
 }
 
 /// Asks the caches (L2) for the lines of `values`.
