@@ -608,7 +608,10 @@ impl Traced {
                     location,
                     IrError::ty(
                         "item()",
-                        format!("needs a one-element tensor, found {} elements", values.len()),
+                        format!(
+                            "needs a one-element tensor, found {} elements",
+                            values.len()
+                        ),
                     ),
                 );
                 f64::NAN

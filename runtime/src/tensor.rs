@@ -432,11 +432,7 @@ impl Tensor {
             DType::F16 => values.extend(c.as_slice::<f16>().iter().map(|x| x.to_f64())),
             DType::BF16 => values.extend(c.as_slice::<bf16>().iter().map(|x| x.to_f64())),
             DType::I64 => values.extend(c.as_slice::<i64>().iter().map(|&x| x as f64)),
-            DType::Bool => values.extend(
-                c.as_slice::<u8>()
-                    .iter()
-                    .map(|&x| (x != 0) as u8 as f64),
-            ),
+            DType::Bool => values.extend(c.as_slice::<u8>().iter().map(|&x| (x != 0) as u8 as f64)),
         }
         Ok(values)
     }
