@@ -9,14 +9,25 @@
 //! every reduction combines its elements in an order fixed by the code, not by the split.
 
 use crate::RuntimeError;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock, RwLock};
 
 static POOL: RwLock<Option<Arc<rayon::ThreadPool>>> = RwLock::new(None);
+
+/// The size of [`POOL`]'s pool, 0 when it has none: what [`num_threads`] reads on every
+/// kernel, without the lock (a read lock still writes its count, a cache line that concurrent
+/// callers on other cores would pass back and forth).
+static POOL_THREADS: AtomicUsize = AtomicUsize::new(0);
 
 /// The default pool: `None` for rayon's global pool (when its size is the physical core count).
 static DEFAULT_POOL: OnceLock<Option<Arc<rayon::ThreadPool>>> = OnceLock::new();
 
 fn default_pool() -> Option<Arc<rayon::ThreadPool>> {
+    default_pool_ref().cloned()
+}
+
+/// [`default_pool`], borrowed (no reference count is touched).
+fn default_pool_ref() -> Option<&'static Arc<rayon::ThreadPool>> {
     DEFAULT_POOL
         .get_or_init(|| {
             let wanted = default_num_threads();
@@ -32,7 +43,7 @@ fn default_pool() -> Option<Arc<rayon::ThreadPool>> {
                 .ok()
                 .map(Arc::new)
         })
-        .clone()
+        .as_ref()
 }
 
 /// The default thread count: the physical cores this process may run on, one thread each.
@@ -115,18 +126,25 @@ pub fn set_num_threads(n: usize) -> Result<(), RuntimeError> {
             .map_err(|e| RuntimeError::Unsupported(format!("cannot start {n} threads: {e}")))?;
         Some(Arc::new(pool))
     };
-    *POOL.write().unwrap_or_else(|p| p.into_inner()) = pool;
+    let mut slot = POOL.write().unwrap_or_else(|p| p.into_inner());
+    POOL_THREADS.store(
+        pool.as_ref().map_or(0, |p| p.current_num_threads()),
+        Ordering::Relaxed,
+    );
+    *slot = pool;
     Ok(())
 }
 
 /// The number of threads kernels run on.
 pub fn num_threads() -> usize {
-    match &*POOL.read().unwrap_or_else(|p| p.into_inner()) {
-        Some(pool) => pool.current_num_threads(),
-        None => match default_pool() {
+    // Read on every step of every call, from any number of threads at once: no lock and no
+    // reference count is touched (each would be a shared write).
+    match POOL_THREADS.load(Ordering::Relaxed) {
+        0 => match default_pool_ref() {
             Some(pool) => pool.current_num_threads(),
             None => rayon::current_num_threads(),
         },
+        n => n,
     }
 }
 
@@ -143,6 +161,14 @@ pub fn on_threads<R: Send>(f: impl FnOnce() -> R + Send) -> R {
 /// Calls `f(0)`, …, `f(chunks - 1)` on the configured threads and returns when all are done.
 pub fn for_each_chunk(chunks: usize, f: impl Fn(usize) + Sync + Send) {
     use rayon::prelude::*;
+    if chunks <= 1 {
+        // One piece runs on the calling thread: no pool is entered (a small step called from
+        // several threads at once must not queue behind the pool's workers).
+        if chunks == 1 {
+            f(0);
+        }
+        return;
+    }
     let pool = POOL
         .read()
         .unwrap_or_else(|p| p.into_inner())

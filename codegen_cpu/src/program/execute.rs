@@ -412,7 +412,7 @@ impl Executable for CompiledProgram {
     }
 
     fn arena_bytes(&self) -> usize {
-        let pool = self.arenas.lock().unwrap_or_else(|p| p.into_inner());
+        let pool = self.arenas.0.lock().unwrap_or_else(|p| p.into_inner());
         pool.iter()
             .filter_map(|a| a.layout.as_ref().map(|l| l.2))
             .max()
@@ -437,7 +437,7 @@ impl CompiledProgram {
         timings: Option<&mut Vec<StepTiming>>,
         destinations: Option<&mut [Tensor]>,
     ) -> Result<Vec<Tensor>, RuntimeError> {
-        let lock = || self.arenas.lock().unwrap_or_else(|p| p.into_inner());
+        let lock = || self.arenas.0.lock().unwrap_or_else(|p| p.into_inner());
         let taken = lock().pop();
         let mut arena = taken.unwrap_or_else(|| Arena {
             storage: Storage::zeroed(0),
@@ -534,12 +534,19 @@ impl CompiledProgram {
                         expected: n + 1,
                         found: inputs.len(),
                     })?;
-                    // Dtype and sizes were checked by `Symbols::bind`.
+                    // Dtype and sizes were checked by `Symbols::bind`. Kernels only ever read
+                    // inputs (fuse never stores to an input buffer), so this pointer to
+                    // storage the caller may share is never written through. A contiguous
+                    // input is read where it is, without taking a reference: its count is
+                    // shared with every other caller passing the same tensor, and each change
+                    // would move its cache line between their cores.
+                    if t.is_contiguous() {
+                        pointers[index] = t.data_ptr() as *mut u8;
+                        continue;
+                    }
                     let t = t
                         .try_contiguous()
                         .map_err(|e| e.allocating(format!("a contiguous copy of input {n}")))?;
-                    // Kernels only ever read inputs (fuse never stores to an input buffer), so
-                    // this pointer to storage the caller may share is never written through.
                     pointers[index] = t.data_ptr() as *mut u8;
                     held[index] = Some(t);
                 }
@@ -689,10 +696,11 @@ impl CompiledProgram {
         Ok(program
             .outputs
             .iter()
-            .map(|id| {
-                held[id.0 as usize]
-                    .clone()
-                    .expect("output buffers are allocated")
+            .map(|&id| match (&held[id.0 as usize], program.buffer(id).kind) {
+                (Some(t), _) => t.clone(),
+                // An input returned as it is (contiguous, so read in place above).
+                (None, BufferKind::Input(n)) => inputs[n].clone(),
+                (None, _) => unreachable!("output buffers are allocated"),
             })
             .collect())
     }

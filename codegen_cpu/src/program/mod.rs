@@ -141,14 +141,20 @@ impl Drop for CodeOwner {
     }
 }
 
+/// The pool of arenas, aligned to (and so alone on) a pair of cache lines (an adjacent-line
+/// prefetcher fetches lines in pairs).
+#[repr(align(128))]
+struct ArenaPool(Mutex<Vec<Arena>>);
+
 pub struct CompiledProgram {
     pub program: Program,
     /// Where each intermediate lives in the arena.
     pub plan: BufferPlan,
     steps: Vec<CompiledStep>,
     /// Arenas of finished calls, kept for the next ones (grown when a call's symbolic sizes need
-    /// more); as many as calls ran at once.
-    arenas: Mutex<Vec<Arena>>,
+    /// more); as many as calls ran at once. On cache lines of its own: each call writes the
+    /// lock twice, and the fields every call reads must not share its line.
+    arenas: ArenaPool,
     /// The program's derived dims (`s0 + 1`), each once: a call checks that every one has a
     /// size (is not negative) for its inputs before any step runs.
     derived_dims: Vec<Dim>,
@@ -340,7 +346,7 @@ pub fn compile_program(program: &Program) -> Result<CompiledProgram, CodegenErro
     derived_dims.dedup();
     Ok(CompiledProgram {
         program: program.clone(),
-        arenas: Mutex::new(Vec::new()),
+        arenas: ArenaPool(Mutex::new(Vec::new())),
         derived_dims,
         plan,
         steps,
