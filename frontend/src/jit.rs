@@ -68,7 +68,7 @@ use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
 use std::fmt;
 use std::rc::Rc;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Instant;
 use thiserror::Error;
 
@@ -194,7 +194,9 @@ struct CacheEntry {
     guards: Guards,
     /// How the inputs were typed: re-traces after a new break value use the same types.
     typing: Typing,
-    root: Segment,
+    /// Shared with the calls replaying it, which run without the state's lock; a new path is
+    /// merged into a copy when a call still holds the old tree (`Arc::make_mut`).
+    root: Arc<Segment>,
 }
 
 /// One compiled graph of a traced path and what follows it.
@@ -297,39 +299,79 @@ where
     /// Calls the function: cached code when a guard set passes, otherwise compile (or run
     /// eagerly, per stance and recompile limit).
     pub fn call(&self, inputs: &[Tensor]) -> Result<Vec<Tensor>, JitError> {
+        loop {
+            if let Some(outputs) = self.call_once(inputs)? {
+                return Ok(outputs);
+            }
+        }
+    }
+
+    /// One attempt at [`Jit::call`]; `None` when the cache entry a replay ran changed before
+    /// its miss could be handled (another call merged a path into it), so the call starts over.
+    ///
+    /// The state's lock is held to pick an entry and to handle a miss (tracing and compiling
+    /// run under it), not while the cached code runs: calls from several threads that hit the
+    /// cache run at once.
+    fn call_once(&self, inputs: &[Tensor]) -> Result<Option<Vec<Tensor>>, JitError> {
         let stance = current_stance();
         let mut state = self.lock();
         state.stats.calls += 1;
         if self.options.disabled {
             state.stats.disabled_calls += 1;
             drop(state);
-            return self.run_eager(inputs);
+            return self.run_eager(inputs).map(Some);
         }
         if stance == Stance::ForceEager {
             state.stats.stance_eager_calls += 1;
             drop(state);
-            return self.run_eager(inputs);
+            return self.run_eager(inputs).map(Some);
         }
 
-        // The hit path: guards, then the cached segments.
-        for index in (0..state.entries.len()).rev() {
-            let entry = &state.entries[index];
-            if !entry.guards.check(inputs) {
-                continue;
-            }
-            return match replay(&entry.root, inputs)? {
+        // The hit path: guards, then the cached segments, run without the lock.
+        let hit = (0..state.entries.len())
+            .rev()
+            .find(|&index| state.entries[index].guards.check(inputs))
+            .map(|index| (index, state.entries[index].root.clone()));
+        if let Some((index, root)) = hit {
+            drop(state);
+            let replayed = replay(&root, inputs)?;
+            let mut state = self.lock();
+            return match replayed {
                 Replay::Hit(outputs) => {
                     state.stats.cache_hits += 1;
-                    Ok(outputs)
+                    Ok(Some(outputs))
                 }
                 Replay::NewBreakValue {
                     reason,
                     children,
                     env,
-                } => self.break_miss(state, stance, index, inputs, reason, children, env),
+                } => {
+                    let unchanged = state
+                        .entries
+                        .get(index)
+                        .is_some_and(|entry| Arc::ptr_eq(&entry.root, &root));
+                    if !unchanged {
+                        // Counted again when the call starts over.
+                        state.stats.calls -= 1;
+                        return Ok(None);
+                    }
+                    drop(root);
+                    self.break_miss(state, stance, index, inputs, reason, children, env)
+                        .map(Some)
+                }
             };
         }
+        self.miss(state, stance, inputs).map(Some)
+    }
 
+    /// A call no cache entry's guards admit: runs eagerly, refuses, or traces and compiles a
+    /// new entry, per stance and recompile limit.
+    fn miss(
+        &self,
+        mut state: std::sync::MutexGuard<'_, JitState>,
+        stance: Stance,
+        inputs: &[Tensor],
+    ) -> Result<Vec<Tensor>, JitError> {
         // No guard set holds.
         let names = self.names(inputs.len());
         if stance == Stance::EagerThenCompile {
@@ -416,7 +458,7 @@ where
         state.entries.push(CacheEntry {
             guards,
             typing,
-            root: assemble(run.chain),
+            root: Arc::new(assemble(run.chain)),
         });
         Ok(run.outputs)
     }
@@ -438,7 +480,7 @@ where
         let under_limit = children < self.options.recompile_limit;
         let entry = &state.entries[index];
         let resume = Resume {
-            candidates: vec![entry.root.clone()],
+            candidates: vec![(*entry.root).clone()],
             prefilled: env,
             allow_compile: matches!(stance, Stance::Default | Stance::EagerThenCompile)
                 && under_limit,
@@ -470,7 +512,10 @@ where
                     state.stats.break_retraces += 1;
                 }
                 if under_limit {
-                    merge(&mut state.entries[index].root, assemble(run.chain));
+                    merge(
+                        Arc::make_mut(&mut state.entries[index].root),
+                        assemble(run.chain),
+                    );
                 }
                 Ok(run.outputs)
             }
