@@ -696,12 +696,14 @@ impl CompiledProgram {
         Ok(program
             .outputs
             .iter()
-            .map(|&id| match (&held[id.0 as usize], program.buffer(id).kind) {
-                (Some(t), _) => t.clone(),
-                // An input returned as it is (contiguous, so read in place above).
-                (None, BufferKind::Input(n)) => inputs[n].clone(),
-                (None, _) => unreachable!("output buffers are allocated"),
-            })
+            .map(
+                |&id| match (&held[id.0 as usize], program.buffer(id).kind) {
+                    (Some(t), _) => t.clone(),
+                    // An input returned as it is (contiguous, so read in place above).
+                    (None, BufferKind::Input(n)) => inputs[n].clone(),
+                    (None, _) => unreachable!("output buffers are allocated"),
+                },
+            )
             .collect())
     }
 }
