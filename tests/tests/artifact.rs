@@ -160,7 +160,7 @@ fn bad_files_are_typed_errors() {
     ));
     // Another format version, before anything else is read.
     let text = String::from_utf8(bytes.clone()).unwrap();
-    let future = text.replacen("format 1\n", "format 2\n", 1);
+    let future = text.replacen("format 2\n", "format 3\n", 1);
     assert!(matches!(
         err(future.as_bytes()),
         ArtifactError::ForeignFormat { .. }
