@@ -382,6 +382,53 @@ fn a_c_program_runs_each_exported_model_from_its_artifact() {
                 case.name, check.max_abs_error, case.atol, case.rtol
             );
         }
+        // A size outside an exported range: the C program's run is refused with
+        // MINDUCTOR_ERR_SHAPE (the range is in the artifact).
+        let signature = minductor::export::load(&case.file)
+            .unwrap()
+            .signature()
+            .clone();
+        if let Some(range) = signature.symbols.iter().find(|r| r.max.is_some()) {
+            let too_big = range.max.unwrap() + 1;
+            let inputs: Vec<Tensor> = signature
+                .inputs
+                .iter()
+                .map(|input| {
+                    let shape: Vec<usize> = input
+                        .ty
+                        .shape
+                        .iter()
+                        .map(|d| match d {
+                            minductor::Dim::Sym(s) if *s == range.sym => too_big,
+                            minductor::Dim::Sym(s) => signature
+                                .symbols
+                                .iter()
+                                .find(|r| r.sym == *s)
+                                .map_or(1, |r| r.min.max(1)),
+                            d => d.as_static().unwrap_or(1),
+                        })
+                        .collect();
+                    Tensor::zeros(input.ty.dtype, &shape)
+                })
+                .collect();
+            let inputs_path = dir.join(format!("{}.out-of-range.in", case.name));
+            write_tensor_list(&inputs_path, &inputs);
+            let run = Command::new(&exe)
+                .env("LD_LIBRARY_PATH", library_dir())
+                .arg(&artifact)
+                .arg(&inputs_path)
+                .arg(dir.join("unused.out"))
+                .output()
+                .unwrap();
+            let stderr = String::from_utf8_lossy(&run.stderr);
+            assert!(
+                !run.status.success() && stderr.contains("MINDUCTOR_ERR_SHAPE"),
+                "{}: size {too_big} outside {}..={}: {stderr}",
+                case.name,
+                range.min,
+                too_big - 1
+            );
+        }
         ran.push(case.name.clone());
     }
     assert_eq!(ran.len(), cases.len());

@@ -19,7 +19,7 @@
 //! section graph <bytes>
 //! <the graph's text>
 //! section guards <bytes>
-//! <one line per input, tangent and output>
+//! <one line per input, tangent, size range and output>
 //! section program <bytes>
 //! <the kernel program's text, buffer plan included>
 //! section autotune <bytes>          (max-autotune only)
@@ -51,9 +51,11 @@
 //! - Sections: `graph` is the graph as compiled (`Graph`'s text; it gives `Compiled::graph` and
 //!   the input checks), `guards` what a call must pass (`input NAME: TYPE`, a symbolic dim `sN`
 //!   taking any size consistent across inputs), the dtype of each tangent input a joint graph is
-//!   fed with ones (`tangent f32`) and what it returns (`output TYPE`), and `program` the kernel
-//!   program with its buffer plan (`Program`'s text). Section lengths are in bytes; each
-//!   section is followed by a newline.
+//!   fed with ones (`tangent f32`), the sizes a symbolic dim may take when they are restricted
+//!   (`range s0: 2..=64`, or `range s0: 1..`: an imported program's `range_constraints`, which a
+//!   call of the loaded graph checks as the compiled one did) and what it returns
+//!   (`output TYPE`), and `program` the kernel program with its buffer plan (`Program`'s text).
+//!   Section lengths are in bytes; each section is followed by a newline.
 //! - `autotune` (written only in `max-autotune` mode) caches the thread split max-autotune chose
 //!   for each kernel step, with the thread count it was timed on. A load reuses the choices when
 //!   it runs on the same thread count and CPU features as the saving machine (the compile cache's
@@ -69,10 +71,12 @@
 //!   ([`ArtifactError::ConstantSize`] when it differs), then packs the GEMM operands among them
 //!   once, as the frozen compile did.
 
-use crate::compile::{with_tangents, Artifacts, Backend, CompileOptions, Compiled, Mode};
+use crate::compile::{
+    with_tangents, Artifacts, Backend, CompileOptions, Compiled, Mode, SizeRange,
+};
 use minductor_codegen_cpu::{compile_program, CodegenError};
 use minductor_ir::text::{Cursor, ParseError};
-use minductor_ir::{DType, Graph, TensorType};
+use minductor_ir::{DType, Dim, Graph, TensorType};
 use minductor_kernel_ir::{verify_program, BufferKind, Program, VerifyError};
 use minductor_runtime::Tensor;
 use std::path::{Path, PathBuf};
@@ -123,7 +127,9 @@ pub enum ArtifactError {
     },
     #[error("the sections disagree: {0}")]
     Inconsistent(String),
-    #[error("constant `{name}` is {ty}, which takes {expected} bytes, but the artifact holds {found}")]
+    #[error(
+        "constant `{name}` is {ty}, which takes {expected} bytes, but the artifact holds {found}"
+    )]
     ConstantSize {
         name: String,
         ty: String,
@@ -272,6 +278,9 @@ impl Artifact {
         }
         for dtype in compiled.tangent_dtypes() {
             guards.push_str(&format!("tangent {dtype}\n"));
+        }
+        for range in compiled.size_ranges() {
+            guards.push_str(&format!("range {range}\n"));
         }
         for &out in &program.outputs {
             let b = program.buffer(out);
@@ -458,7 +467,9 @@ impl Artifact {
         for name in ["graph", "guards", "program"] {
             let (found, bytes) = body.section()?;
             if found != name {
-                return Err(corrupted(format!("expected section `{name}`, found `{found}`")));
+                return Err(corrupted(format!(
+                    "expected section `{name}`, found `{found}`"
+                )));
             }
             texts.push(section_text(name, bytes)?);
         }
@@ -566,6 +577,7 @@ impl Artifact {
             ..Artifacts::default()
         };
         let executable = with_tangents(Box::new(compiled), &guards.tangents);
+        let ranges = guards.ranges;
         let mut compiled = Compiled::from_parts(
             graph,
             executable,
@@ -574,6 +586,7 @@ impl Artifact {
             guards.tangents,
             started.elapsed(),
         );
+        compiled.set_size_ranges(&ranges);
         if !constants.is_empty() {
             compiled.set_frozen(constants, started.elapsed());
         }
@@ -621,9 +634,8 @@ impl Artifact {
                         found: c.data.len(),
                     });
                 }
-                Tensor::from_bytes(ty.dtype, &shape, &c.data).map_err(|e| {
-                    ArtifactError::Corrupted(format!("constant `{name}`: {e}"))
-                })
+                Tensor::from_bytes(ty.dtype, &shape, &c.data)
+                    .map_err(|e| ArtifactError::Corrupted(format!("constant `{name}`: {e}")))
             })
             .collect()
     }
@@ -705,9 +717,10 @@ impl<'a> Reader<'a> {
     /// The next line as text, without its newline.
     fn line(&mut self, what: &str) -> Result<&'a str, ArtifactError> {
         let rest = &self.bytes[self.pos.min(self.bytes.len())..];
-        let end = rest.iter().position(|&b| b == b'\n').ok_or_else(|| {
-            ArtifactError::Corrupted(format!("the contents end before {what}"))
-        })?;
+        let end = rest
+            .iter()
+            .position(|&b| b == b'\n')
+            .ok_or_else(|| ArtifactError::Corrupted(format!("the contents end before {what}")))?;
         let line = std::str::from_utf8(&rest[..end])
             .map_err(|_| ArtifactError::Corrupted(format!("{what} is not text")))?;
         self.pos += end + 1;
@@ -730,7 +743,12 @@ impl<'a> Reader<'a> {
         let (name, len) = line
             .rsplit_once(' ')
             .and_then(|(name, len)| Some((name, len.parse::<usize>().ok()?)))
-            .ok_or_else(|| corrupted(format!("expected `section NAME <bytes>`, found `{}`", short(line))))?;
+            .ok_or_else(|| {
+                corrupted(format!(
+                    "expected `section NAME <bytes>`, found `{}`",
+                    short(line)
+                ))
+            })?;
         let end = self
             .pos
             .checked_add(len)
@@ -768,7 +786,10 @@ fn decode_constants(bytes: &[u8], start: usize) -> Result<Vec<Constant>, Artifac
     // Each table line takes at least a dozen bytes: a count beyond that is a lie, refused
     // before anything is allocated for it.
     if count > bytes.len() / 12 {
-        return Err(corrupted(format!("{count} constants in {} bytes", bytes.len())));
+        return Err(corrupted(format!(
+            "{count} constants in {} bytes",
+            bytes.len()
+        )));
     }
     let mut places = Vec::with_capacity(count);
     for k in 0..count {
@@ -777,10 +798,18 @@ fn decode_constants(bytes: &[u8], start: usize) -> Result<Vec<Constant>, Artifac
             let (declared, place) = line.rsplit_once(" offset ")?;
             let (offset, len) = place.split_once(" bytes ")?;
             let (name, ty) = declared.rsplit_once(": ")?;
-            Some((name, ty, offset.parse::<usize>().ok()?, len.parse::<usize>().ok()?))
+            Some((
+                name,
+                ty,
+                offset.parse::<usize>().ok()?,
+                len.parse::<usize>().ok()?,
+            ))
         })();
         let (name, ty, offset, len) = parsed.ok_or_else(|| {
-            corrupted(format!("expected `NAME: TYPE offset O bytes B`, found `{}`", short(line)))
+            corrupted(format!(
+                "expected `NAME: TYPE offset O bytes B`, found `{}`",
+                short(line)
+            ))
         })?;
         let mut cursor = Cursor::new(ty, k + 2);
         let ty = cursor
@@ -810,7 +839,9 @@ fn decode_constants(bytes: &[u8], start: usize) -> Result<Vec<Constant>, Artifac
         )));
     }
     if bytes[table.pos..data_at].iter().any(|&b| b != 0) {
-        return Err(corrupted("the padding before the data block is not zeros".into()));
+        return Err(corrupted(
+            "the padding before the data block is not zeros".into(),
+        ));
     }
     let data = &bytes[data_at..];
     places
@@ -882,6 +913,7 @@ fn parse_options(text: &str) -> Option<CompileOptions> {
 struct Guards {
     inputs: Vec<(String, TensorType)>,
     tangents: Vec<DType>,
+    ranges: Vec<SizeRange>,
     outputs: Vec<TensorType>,
 }
 
@@ -890,6 +922,7 @@ impl Guards {
         let mut guards = Guards {
             inputs: Vec::new(),
             tangents: Vec::new(),
+            ranges: Vec::new(),
             outputs: Vec::new(),
         };
         for (i, line) in text.lines().enumerate() {
@@ -905,11 +938,25 @@ impl Guards {
             } else if c.try_eat("tangent ") {
                 guards.tangents.push(c.dtype()?);
                 c.end()?;
+            } else if c.try_eat("range ") {
+                let Dim::Sym(sym) = c.dim()? else {
+                    return Err(c.error("a symbolic dim `sN`"));
+                };
+                c.eat(": ")?;
+                let min = c.usize()?;
+                c.eat("..")?;
+                let max = if c.try_eat("=") {
+                    Some(c.usize()?)
+                } else {
+                    None
+                };
+                c.end()?;
+                guards.ranges.push(SizeRange { sym, min, max });
             } else if c.try_eat("output ") {
                 guards.outputs.push(c.tensor_type()?);
                 c.end()?;
             } else {
-                return Err(c.error("`input`, `tangent` or `output`"));
+                return Err(c.error("`input`, `tangent`, `range` or `output`"));
             }
         }
         Ok(guards)
@@ -955,6 +1002,15 @@ impl Guards {
             .unwrap_or_default();
         if outputs != self.outputs || outputs.len() != graph.outputs().len() {
             return fail("the guards' outputs are not the program's".into());
+        }
+        for range in &self.ranges {
+            let used = self
+                .inputs
+                .iter()
+                .any(|(_, ty)| ty.shape.contains(&Dim::Sym(range.sym)));
+            if !used {
+                return fail(format!("`range {range}`: no input has that symbol"));
+            }
         }
         Ok(())
     }

@@ -165,6 +165,20 @@ fn bad_files_are_typed_errors() {
         err(future.as_bytes()),
         ArtifactError::ForeignFormat { .. }
     ));
+    // Format 1 (before the constants section) still loads and computes the same.
+    let format_1 = Artifact {
+        format_version: 1,
+        ..artifact.clone()
+    };
+    assert!(format_1
+        .to_bytes()
+        .starts_with(b"MINDUCTOR-ARTIFACT\nformat 1\n"));
+    let old = load_bytes(&format_1.to_bytes()).unwrap();
+    same(
+        &old.call(&mlp_inputs(5)).unwrap(),
+        &compiled.call(&mlp_inputs(5)).unwrap(),
+        "format 1",
+    );
     // Another minductor version, with a correct checksum.
     let older = Artifact {
         minductor_version: "0.0.1".into(),

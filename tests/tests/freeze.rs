@@ -240,7 +240,11 @@ fn bad_constants_and_bad_calls_are_typed_errors() {
     let got = loaded.call(&inputs[..1]).unwrap();
     assert_eq!(got.len(), want.len());
     for (g, w) in got.iter().zip(&want) {
-        assert_eq!(g.to_bytes(), w.to_bytes(), "the loaded frozen graph differs");
+        assert_eq!(
+            g.to_bytes(),
+            w.to_bytes(),
+            "the loaded frozen graph differs"
+        );
     }
     assert!(matches!(
         loaded.call(&inputs),

@@ -21,7 +21,10 @@ fn cases() -> Vec<Pt2Case> {
 }
 
 fn temp_dir(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("minductor-pt2-artifact-{}-{name}", std::process::id()));
+    let dir = std::env::temp_dir().join(format!(
+        "minductor-pt2-artifact-{}-{name}",
+        std::process::id()
+    ));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
     dir
@@ -35,7 +38,9 @@ fn compile_case(case: &Pt2Case) -> CompiledProgram {
 }
 
 fn single(program: &CompiledProgram) -> &Compiled {
-    program.compiled().expect("an inductor compile is one program")
+    program
+        .compiled()
+        .expect("an inductor compile is one program")
 }
 
 /// The case's input sets: `("stored", "")` and, when it has them, `("alt", "alt.")`, each with
@@ -79,7 +84,11 @@ fn every_exported_case_round_trips_through_an_artifact_with_its_constants() {
             "{}",
             case.name
         );
-        assert!(!artifact.constants.is_empty(), "{}: nothing frozen", case.name);
+        assert!(
+            !artifact.constants.is_empty(),
+            "{}: nothing frozen",
+            case.name
+        );
         for (c, t) in artifact.constants.iter().zip(compiled.frozen_constants()) {
             assert_eq!(c.data, t.to_bytes(), "{}: constant {}", case.name, c.name);
         }
@@ -116,7 +125,11 @@ fn every_exported_case_round_trips_through_an_artifact_with_its_constants() {
                 case.atol,
                 sizes,
             );
-            assert!(check.passed, "{} ({sizes} sizes): {}", case.name, check.detail);
+            assert!(
+                check.passed,
+                "{} ({sizes} sizes): {}",
+                case.name, check.detail
+            );
             println!(
                 "{:<24} {sizes:<6} {} constants, {} bytes in the file; max |err| {:.2e}",
                 case.name,
@@ -124,6 +137,58 @@ fn every_exported_case_round_trips_through_an_artifact_with_its_constants() {
                 bytes.len(),
                 check.max_abs_error
             );
+        }
+        // The exported ranges of the symbolic sizes travel in the artifact: a size outside
+        // one is the same typed error from the loaded graph as from the compiled one.
+        let signature = program.signature();
+        assert_eq!(
+            loaded.size_ranges(),
+            compiled.size_ranges(),
+            "{}",
+            case.name
+        );
+        assert_eq!(
+            loaded.size_ranges().len(),
+            signature.symbols.len(),
+            "{}",
+            case.name
+        );
+        for range in &signature.symbols {
+            let below = range.min.checked_sub(1);
+            for size in below.into_iter().chain(range.max.map(|m| m + 1)) {
+                let inputs: Vec<Tensor> = signature
+                    .inputs
+                    .iter()
+                    .map(|input| {
+                        let shape: Vec<usize> = input
+                            .ty
+                            .shape
+                            .iter()
+                            .map(|d| match d {
+                                minductor::Dim::Sym(s) if *s == range.sym => size,
+                                // Another symbol: the least size in its own range.
+                                minductor::Dim::Sym(s) => signature
+                                    .symbols
+                                    .iter()
+                                    .find(|r| r.sym == *s)
+                                    .map_or(1, |r| r.min.max(1)),
+                                d => d.as_static().unwrap_or(1),
+                            })
+                            .collect();
+                        Tensor::zeros(input.ty.dtype, &shape)
+                    })
+                    .collect();
+                let err = loaded.call(&inputs).unwrap_err();
+                assert!(
+                    matches!(err, minductor::RuntimeError::Shape { .. }),
+                    "{}: size {size}: {err}",
+                    case.name
+                );
+                assert_eq!(
+                    err.to_string(),
+                    compiled.call(&inputs).unwrap_err().to_string()
+                );
+            }
         }
         // Saving the loaded one writes the same file.
         let again = dir.join(format!("{}-again.mind", case.name));
@@ -168,7 +233,10 @@ fn data_block_start(bytes: &[u8]) -> usize {
         + contents
         + line.len();
     let end = at + bytes[at..].iter().position(|&b| b == b'\n').unwrap();
-    let len: usize = std::str::from_utf8(&bytes[at..end]).unwrap().parse().unwrap();
+    let len: usize = std::str::from_utf8(&bytes[at..end])
+        .unwrap()
+        .parse()
+        .unwrap();
     section_end - len
 }
 
@@ -229,9 +297,13 @@ fn bad_artifacts_with_constants_are_typed_errors() {
         let data_start = data_block_start(&bytes);
 
         // Truncated anywhere, the constants' data included: `Truncated`.
-        let cuts = (0..bytes.len())
-            .step_by(bytes.len() / 97 + 1)
-            .chain([contents, data_start, data_start + 1, section_end, bytes.len() - 1]);
+        let cuts = (0..bytes.len()).step_by(bytes.len() / 97 + 1).chain([
+            contents,
+            data_start,
+            data_start + 1,
+            section_end,
+            bytes.len() - 1,
+        ]);
         for len in cuts {
             match load_error(&bytes[..len]) {
                 ArtifactError::Truncated(_) => {}
@@ -382,7 +454,11 @@ fn edited_constants_never_panic() {
                 c.ty = minductor::TensorType::new(c.ty.dtype, shape.into_iter().collect());
             }
             _ => {
-                let dtypes = [minductor::DType::F32, minductor::DType::I64, minductor::DType::Bool];
+                let dtypes = [
+                    minductor::DType::F32,
+                    minductor::DType::I64,
+                    minductor::DType::Bool,
+                ];
                 c.ty = minductor::TensorType::new(dtypes[next(3)], c.ty.shape.clone());
             }
         }
