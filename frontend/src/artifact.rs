@@ -374,7 +374,7 @@ impl Artifact {
         out.extend_from_slice(format!("{prefix}{len}\n{table}").as_bytes());
         out.resize(out.len() + pad, 0);
         let data_start = out.len();
-        debug_assert_eq!(data_start % CONSTANT_ALIGNMENT, 0);
+        debug_assert!(data_start.is_multiple_of(CONSTANT_ALIGNMENT));
         out.resize(data_start + data_len, 0);
         for (c, offset) in self.constants.iter().zip(offsets) {
             out[data_start + offset..data_start + offset + c.data.len()].copy_from_slice(&c.data);
@@ -832,7 +832,7 @@ fn decode_constants(bytes: &[u8], start: usize) -> Result<Vec<Constant>, Artifac
         .checked_sub(data_len)
         .filter(|&at| at >= table.pos)
         .ok_or_else(|| corrupted(format!("a data block of {data_len} bytes does not fit")))?;
-    if (start + data_at) % CONSTANT_ALIGNMENT != 0 {
+    if !(start + data_at).is_multiple_of(CONSTANT_ALIGNMENT) {
         return Err(corrupted(format!(
             "the data block starts at file offset {}, not a multiple of {CONSTANT_ALIGNMENT}",
             start + data_at
@@ -847,7 +847,7 @@ fn decode_constants(bytes: &[u8], start: usize) -> Result<Vec<Constant>, Artifac
     places
         .into_iter()
         .map(|(name, ty, offset, len)| {
-            if offset % CONSTANT_ALIGNMENT != 0 {
+            if !offset.is_multiple_of(CONSTANT_ALIGNMENT) {
                 return Err(corrupted(format!(
                     "`{name}` at offset {offset}, not a multiple of {CONSTANT_ALIGNMENT}"
                 )));
