@@ -480,3 +480,71 @@ fn edited_constants_never_panic() {
     assert!(outcomes.contains_key("ConstantSize"), "{outcomes:?}");
     assert!(outcomes.contains_key("Inconsistent"), "{outcomes:?}");
 }
+
+/// Byte edits of the constants section's table and padding (replacements, insertions and
+/// deletions of tokens, so lengths and offsets shift), with the checksum made right again:
+/// the section is read by length and every edit is a typed error or a model that runs.
+#[test]
+fn edited_constants_table_bytes_never_panic() {
+    let case = &cases()[0];
+    let program = compile_case(case);
+    let bytes = Artifact::of(single(&program)).unwrap().to_bytes();
+    let (_, contents) = constants_section(&bytes);
+    let data_start = data_block_start(&bytes);
+    let tokens: [&[u8]; 14] = [
+        b"0",
+        b"1",
+        b"9",
+        b"64",
+        b" ",
+        b"\n",
+        b": ",
+        b" offset ",
+        b" bytes ",
+        b"data ",
+        b"count ",
+        b"f32",
+        b"[",
+        b"\0",
+    ];
+    let mut state: u64 = 0x9e37_79b9_7f4a_7c15;
+    let mut next = move |n: usize| {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        (state % n as u64) as usize
+    };
+    let data = minductor::load_safetensors(&case.data).unwrap();
+    let inputs: Vec<Tensor> = case.inputs.iter().map(|n| data[n].clone()).collect();
+    let mut outcomes = std::collections::BTreeMap::<String, usize>::new();
+    for _ in 0..400 {
+        let mut edited = bytes.clone();
+        let at = contents + next(data_start - contents);
+        let token = tokens[next(tokens.len())];
+        match next(3) {
+            0 => {
+                let end = (at + token.len()).min(data_start);
+                edited.splice(at..end, token.iter().copied());
+            }
+            1 => {
+                edited.splice(at..at, token.iter().copied());
+            }
+            _ => {
+                edited.remove(at);
+            }
+        }
+        let outcome = match load_bytes(&rechecksummed(&edited)) {
+            Ok(loaded) => {
+                let _ = loaded.call(&inputs);
+                "loaded".to_string()
+            }
+            Err(e) => {
+                let s = format!("{e:?}");
+                s[..s.find(|c: char| !c.is_alphanumeric()).unwrap_or(s.len())].to_string()
+            }
+        };
+        *outcomes.entry(outcome).or_default() += 1;
+    }
+    println!("{outcomes:?}");
+    assert!(outcomes.contains_key("Corrupted"), "{outcomes:?}");
+}
