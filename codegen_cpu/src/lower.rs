@@ -299,8 +299,6 @@ pub fn lower_kernel(
     };
     let outer = kernel.outer.len();
     if kernel.order == LoopOrder::OuterReduction && outer > 0 {
-        // Cranelift's 4-lane vectors along the columns, for every stage.
-        l.stage_bits = vec![Some(128); kernel.stages.len()];
         l.outer_order(start, end, &extents);
     } else if outer == 0 {
         // Run once if the range is non-empty.

@@ -75,7 +75,7 @@ pub fn set_row_kernels(enabled: bool) {
     ROW_KERNELS.store(if enabled { 2 } else { 1 }, Ordering::Relaxed);
 }
 
-fn row_kernels_enabled() -> bool {
+pub(super) fn row_kernels_enabled() -> bool {
     match ROW_KERNELS.load(Ordering::Relaxed) {
         1 => false,
         2 => true,
