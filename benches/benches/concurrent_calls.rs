@@ -23,7 +23,7 @@
 //! Environment: `ROUNDS` (default 15) and `CALLS` (calls per round, split between the callers;
 //! default 4000).
 
-use minductor::{compile, trace, DType, Tensor};
+use minductor::{compile, jit, trace, DType, Tensor, Traced};
 use minductor_tools::workloads::uniform;
 use std::hint::black_box;
 use std::sync::Barrier;
@@ -117,6 +117,16 @@ fn main() {
             black_box(compiled.call(&inputs).expect("runs"));
         }
     };
+    // The same function through `jit` (its cache hit: guards, then the cached code).
+    let function = jit(|x: &[Traced]| {
+        vec![(x[0].layer_norm(&[256], Some(&x[1]), None, 1e-5).gelu() * 2.0).softmax(-1)]
+    });
+    function.call(&inputs).expect("compiles and runs");
+    let call_jit = |n: usize| {
+        for _ in 0..n {
+            black_box(function.call(&inputs).expect("runs"));
+        }
+    };
     // The loop's length: about one call's time on one thread.
     let started = Instant::now();
     call(200);
@@ -134,6 +144,7 @@ fn main() {
     let (mut graph_ratio, mut loop_ratio) = (Vec::new(), Vec::new());
     let (mut graph_cpu, mut loop_cpu) = (Vec::new(), Vec::new());
     let (mut graph_one, mut graph_two) = (Vec::new(), Vec::new());
+    let (mut jit_ratio, mut jit_cpu) = (Vec::new(), Vec::new());
     for _ in 0..rounds {
         let seconds = |(wall, cpu): (Duration, Duration)| (wall.as_secs_f64(), cpu.as_secs_f64());
         let (one, one_cpu) = seconds(timed(1, calls, &call));
@@ -146,6 +157,10 @@ fn main() {
         loop_ratio.push(loop_one / loop_two);
         graph_cpu.push(one_cpu / two_cpu);
         loop_cpu.push(loop_one_cpu / loop_two_cpu);
+        let (jit_one, jit_one_cpu) = seconds(timed(1, calls, &call_jit));
+        let (jit_two, jit_two_cpu) = seconds(timed(2, calls, &call_jit));
+        jit_ratio.push(jit_one / jit_two);
+        jit_cpu.push(jit_one_cpu / jit_two_cpu);
     }
     let micros = |s: f64| s * 1e6;
     println!(
@@ -161,6 +176,11 @@ fn main() {
         median(graph_cpu.clone()),
         median(loop_cpu.clone()),
         2.0 * median(graph_cpu.clone()),
+    );
+    println!(
+        "the same function through jit: wall-time throughput {:.2}x, CPU time a call {:.2}",
+        median(jit_ratio),
+        median(jit_cpu),
     );
     println!(
         "medians of {rounds} interleaved rounds of {calls} calls; per round, wall (graph/loop): {}",
