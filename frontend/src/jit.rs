@@ -165,6 +165,9 @@ pub struct Jit<F> {
     f: F,
     options: JitOptions,
     state: Mutex<JitState>,
+    /// `JitStats::cache_hits`, counted after the cached code ran without taking the lock
+    /// again.
+    cache_hits: std::sync::atomic::AtomicU64,
 }
 
 /// Wraps `f` for compilation on first call (`torch.compile(f)`).
@@ -176,6 +179,7 @@ where
         f,
         options: JitOptions::default(),
         state: Mutex::new(JitState::default()),
+        cache_hits: std::sync::atomic::AtomicU64::new(0),
     }
 }
 
@@ -265,12 +269,17 @@ where
 
     /// A copy of the counters.
     pub fn stats(&self) -> JitStats {
-        self.lock().stats.clone()
+        let mut stats = self.lock().stats.clone();
+        stats.cache_hits = self.cache_hits.load(std::sync::atomic::Ordering::Relaxed);
+        stats
     }
 
     /// Drops every cache entry, the frame state and the counters (`torch._dynamo.reset()`).
     pub fn reset(&self) {
-        *self.lock() = JitState::default();
+        let mut state = self.lock();
+        *state = JitState::default();
+        self.cache_hits
+            .store(0, std::sync::atomic::Ordering::Relaxed);
     }
 
     /// Number of cache entries (guarded specializations at the function's entry).
@@ -334,11 +343,10 @@ where
             .map(|index| (index, state.entries[index].root.clone()));
         if let Some((index, root)) = hit {
             drop(state);
-            let replayed = replay(&root, inputs)?;
-            let mut state = self.lock();
-            return match replayed {
+            return match replay(&root, inputs)? {
                 Replay::Hit(outputs) => {
-                    state.stats.cache_hits += 1;
+                    self.cache_hits
+                        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                     Ok(Some(outputs))
                 }
                 Replay::NewBreakValue {
@@ -346,6 +354,7 @@ where
                     children,
                     env,
                 } => {
+                    let mut state = self.lock();
                     let unchanged = state
                         .entries
                         .get(index)
