@@ -616,10 +616,12 @@ impl CompiledProgram {
                     step,
                     epilogue,
                     prepacked,
+                    split,
                 } => run_matmul(
                     step,
                     epilogue.as_ref(),
                     prepacked.as_deref(),
+                    *split,
                     program,
                     &symbols,
                     &pointers,
@@ -748,11 +750,15 @@ impl CompiledProgram {
                         (pieces, "elements")
                     }
                     CompiledStep::Matmul {
-                        step, prepacked, ..
+                        step,
+                        prepacked,
+                        split,
+                        ..
                     } => (
                         matmul_pieces(
                             step,
                             prepacked.as_ref().is_some_and(|p| p.is_winograd()),
+                            *split,
                             program,
                             &symbols,
                             threads,
@@ -937,7 +943,7 @@ pub(super) fn kernel_pieces(
     let range = bound.range.max(0);
     let threads = threads.max(1) as i64;
     let wanted = match split {
-        Split::PerThread => threads.min(bound.work / MIN_PIECE_WORK),
+        Split::PerThread | Split::Gemm(_) => threads.min(bound.work / MIN_PIECE_WORK),
         Split::Serial => 1,
         Split::Fine => 4 * threads,
     };
