@@ -1,7 +1,9 @@
 //! The steps that call ahead-of-time code instead of a JIT kernel: GEMMs (with their epilogue
 //! kernels run tile by tile), implicit-GEMM convolutions, fused attention and scatter-add.
 
-use super::execute::{call_kernel, kernel_pieces, read_f32, run_pieces, SharedPointers, Symbols};
+use super::execute::{
+    call_kernel_rows, kernel_pieces, read_f32, run_pieces, SharedPointers, Symbols,
+};
 use super::{CompiledKernel, Split};
 use minductor_ir::DType;
 use minductor_kernel_ir::{
@@ -696,7 +698,7 @@ pub(super) fn run_matmul(
                             .map_err(gemm_error)?;
                     }
                     if let Some((epilogue, bound)) = &epilogue {
-                        call_kernel(epilogue, bound, shared, s as i64, e as i64);
+                        call_kernel_rows(epilogue, bound, shared, s as i64, e as i64);
                     }
                     s = e;
                 }
@@ -762,7 +764,7 @@ pub(super) fn run_matmul(
                     .expect("shapes agree");
             }
             if let Some((epilogue, bound)) = &epilogue {
-                call_kernel(epilogue, bound, shared, s as i64, e as i64);
+                call_kernel_rows(epilogue, bound, shared, s as i64, e as i64);
             }
             s = e;
         }
@@ -915,7 +917,7 @@ fn run_implicit_matmul(
                     }
                 }
                 if let Some((epilogue, bound)) = &epilogue {
-                    call_kernel(epilogue, bound, shared, s as i64, e as i64);
+                    call_kernel_rows(epilogue, bound, shared, s as i64, e as i64);
                 }
                 s = e;
             }

@@ -327,17 +327,9 @@ pub fn compile_program(program: &Program) -> Result<CompiledProgram, CodegenErro
     ))));
     let module = code.0.as_mut().expect("just created");
     let disasm = std::env::var_os("MINDUCTOR_DISASM").is_some_and(|v| v != "0");
-    // Each kernel with the outer loops its range covers: a step's `split_loops`, an epilogue's
-    // first loop (the GEMM runs it on blocks of output rows).
-    let kernels: Vec<(&Kernel, usize)> = program
-        .steps
-        .iter()
-        .filter_map(|s| match s {
-            Step::Kernel(k) => Some((k, k.split_loops())),
-            Step::Matmul(m) => m.epilogue.as_ref().map(|e| (e, e.outer.len().min(1))),
-            Step::ScatterAdd(_) | Step::Attention(_) | Step::Fallback(_) => None,
-        })
-        .collect();
+    // Each kernel with the outer loops its range covers (`split_loops`; a GEMM runs its
+    // epilogue on blocks of rows of the first loop, scaled to that range: `call_kernel_rows`).
+    let kernels: Vec<(&Kernel, usize)> = program.kernels().map(|k| (k, k.split_loops())).collect();
     // Declared in kernel order, so the ids (and below, the order code is placed in memory) are
     // those of a serial compile.
     let signature = kernel_function(isa.default_call_conv()).signature.clone();
@@ -405,10 +397,7 @@ pub fn compile_program(program: &Program) -> Result<CompiledProgram, CodegenErro
             Step::Kernel(kernel) => CompiledStep::Kernel(finished(kernel, kernel.split_loops())),
             Step::Matmul(m) => CompiledStep::Matmul {
                 step: Box::new(m.clone()),
-                epilogue: m
-                    .epilogue
-                    .as_ref()
-                    .map(|e| finished(e, e.outer.len().min(1))),
+                epilogue: m.epilogue.as_ref().map(|e| finished(e, e.split_loops())),
                 prepacked: None,
                 split: Split::PerThread,
             },
