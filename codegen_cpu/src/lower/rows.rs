@@ -102,7 +102,7 @@ pub fn kernel_vector_bits(kernel: &Kernel, program: &Program) -> Option<u32> {
     let mut func = super::kernel_function(cranelift_codegen::isa::CallConv::SystemV);
     let mut fctx = FunctionBuilderContext::new();
     let mut b = FunctionBuilder::new(&mut func, &mut fctx);
-    let bits = lower_kernel(&mut b, kernel, program);
+    let bits = lower_kernel(&mut b, kernel, program, 1);
     bits.into_iter().flatten().min()
 }
 
