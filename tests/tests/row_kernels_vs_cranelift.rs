@@ -85,7 +85,9 @@ fn suite_workloads_agree_with_the_cranelift_loops() {
         "resnet_block_8x64x56",
     ] {
         let w = minductor_tools::workloads::by_name(name).unwrap();
-        let (rows, loops) = both(&w.graph, &w.inputs, name, true);
+        // (A layer norm's kernel keeps its affine store as a 4-lane loop: not all wide.)
+        let wide = name != "layernorm_4096x1024";
+        let (rows, loops) = both(&w.graph, &w.inputs, name, wide);
         minductor_tests::assert_allclose(&rows, &loops, Tolerance::close(2e-5), name);
     }
 }
