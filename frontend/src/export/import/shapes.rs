@@ -65,11 +65,7 @@ impl<'a> Importer<'a> {
         step: i64,
     ) -> Result<Traced, ImportError> {
         let dims = x.ir_dims();
-        let d = normalize(dim, dims.len())
-            .filter(|_| !dims.is_empty())
-            .ok_or_else(|| {
-                self.error(format!("dim {dim} out of range for {}", dims_text(&dims)))
-            })?;
+        let d = self.dim_of(&dims, dim)?;
         if step <= 0 {
             return Err(self.error(format!("step {step} must be positive")));
         }
@@ -235,6 +231,13 @@ impl<'a> Importer<'a> {
         let dim = self.int(args, key, default)?;
         normalize(dim, x.rank())
             .ok_or_else(|| self.error(format!("dim {dim} out of range for rank {}", x.rank())))
+    }
+
+    /// `dim` (negative counts from the end) as an index into `dims`, which must not be empty.
+    pub(super) fn dim_of(&self, dims: &[Dim], dim: i64) -> Result<usize, ImportError> {
+        normalize(dim, dims.len())
+            .filter(|_| !dims.is_empty())
+            .ok_or_else(|| self.error(format!("dim {dim} out of range for {}", dims_text(dims))))
     }
 
     /// PyTorch's result dtype of two operands (a float wins, then i64, then bool).

@@ -1,7 +1,7 @@
 //! Shapes and views: `view`/`reshape`, `expand`, `permute`, `squeeze`/`unsqueeze`, `flatten`,
 //! slices, `select`, `split`/`chunk`/`unbind`, `cat`/`stack` and `repeat`.
 
-use super::{dims_text, normalize, Args, Importer, Value};
+use super::{normalize, Args, Importer, Value};
 use crate::export::error::ImportError;
 use crate::trace::Traced;
 use minductor_ir::{Dim, Shape, SizeExpr};
@@ -242,11 +242,7 @@ impl<'a> Importer<'a> {
     /// `x.select(dim, index)`.
     pub(super) fn select(&self, x: &Traced, dim: i64, index: i64) -> Result<Traced, ImportError> {
         let dims = x.ir_dims();
-        let d = normalize(dim, dims.len())
-            .filter(|_| !dims.is_empty())
-            .ok_or_else(|| {
-                self.error(format!("dim {dim} out of range for {}", dims_text(&dims)))
-            })?;
+        let d = self.dim_of(&dims, dim)?;
         let end = if index == -1 {
             None
         } else {
