@@ -159,8 +159,12 @@ enum Command {
     /// Compile one workload of the suite and print its fusion report: the kernel table, then
     /// each step's median time and achieved bandwidth (GFLOP/s for GEMMs) against the probe.
     Report {
-        /// A workload name (see `bench`).
+        /// A workload name (see `bench`), or with --pt2 a case of the manifest.
         workload: String,
+        /// The workload is a `.pt2` case of DIR/manifest.json (default ../shared/exported),
+        /// compiled with its weights as inputs, at the stored input sizes.
+        #[arg(long, value_name = "DIR")]
+        pt2: Option<Option<PathBuf>>,
         /// Threads the kernels and the probe use, a comma-separated list: with several, each
         /// step's median time at every count side by side (default: one per physical core).
         #[arg(long)]
@@ -235,10 +239,11 @@ fn main() -> ExitCode {
         }
         Command::Report {
             workload,
+            pt2,
             threads,
             runs,
             simulate_threads,
-        } => match report(&workload, threads, runs, simulate_threads) {
+        } => match report(&workload, pt2, threads, runs, simulate_threads) {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {
                 eprintln!("error: {e}");
@@ -320,11 +325,25 @@ fn thread_list(flag: &str, text: &str) -> Result<Vec<usize>, Box<dyn std::error:
 
 fn report(
     name: &str,
+    pt2: Option<Option<PathBuf>>,
     threads: Option<String>,
     runs: usize,
     simulate: Option<String>,
 ) -> Result<(), Box<dyn std::error::Error>> {
-    let workload = workloads::by_name(name)?;
+    let workload = match pt2 {
+        Some(dir) => {
+            let dir = dir.unwrap_or_else(pt2::default_exported_dir);
+            let Some(case) = pt2::pt2_workloads(&dir, Some(&[name.to_string()]))?.pop() else {
+                return Err(format!("no case `{name}`").into());
+            };
+            // The graph takes the weights after the user inputs.
+            let mut workload = case.workload;
+            let weights = case.program.weights().iter().map(|w| w.tensor.clone());
+            workload.inputs.extend(weights);
+            workload
+        }
+        None => workloads::by_name(name)?,
+    };
     if let Some(list) = simulate {
         let counts = thread_list("--simulate-threads", &list)?;
         let report =

@@ -6,7 +6,7 @@ use crate::export::archive::dtype_of_code;
 use crate::export::error::ImportError;
 use crate::export::json::Json;
 use crate::trace::Traced;
-use minductor_ir::{DType, Dim, Shape, SizeExpr, TensorType};
+use minductor_ir::{DType, Dim, Op, Shape, SizeExpr, SliceFrom, TensorType};
 
 impl<'a> Importer<'a> {
     pub(super) fn value_of(&self, name: &str) -> Result<Value, ImportError> {
@@ -306,10 +306,35 @@ impl<'a> Importer<'a> {
             Dim::Static(n) => self.tracer.constant(n as f64, DType::I64),
             Dim::Sym(_) => {
                 let _ = like;
-                self.tracer
-                    .constant(1.0, DType::I64)
-                    .expand_dims(std::iter::once(dim).collect())
-                    .sum(&[0], false)
+                // The last element of `0, 1, .., size`: an iota and a view, which compile (a sum
+                // of ones would be an i64 reduction, which runs interpreted), and exact at size 0.
+                let len = SizeExpr::of_dim(dim).plus(&SizeExpr::Const(1));
+                let Some(len) = Dim::of_expr(&len) else {
+                    // Not reached (a size plus one is positive); the sum says the same.
+                    return self
+                        .tracer
+                        .constant(1.0, DType::I64)
+                        .expand_dims(std::iter::once(dim).collect())
+                        .sum(&[0], false);
+                };
+                let iota = self.tracer.constant(0.0, DType::I64).apply(
+                    Op::Iota {
+                        len,
+                        dtype: DType::I64,
+                    },
+                    &[],
+                );
+                let last = iota.apply(
+                    Op::Slice {
+                        dim: 0,
+                        start: 1,
+                        end: 0,
+                        step: 1,
+                        from: SliceFrom::End,
+                    },
+                    &[&iota],
+                );
+                last.reshape(&[])
             }
         }
     }
