@@ -80,11 +80,95 @@ fn suite_workloads_agree_with_the_cranelift_loops() {
         "layernorm_4096x1024",
         "llama_block_4x256x512",
         "mlp_train_step_256",
+        "mlp_256x1024x4096",
+        "attention_8x256x512",
+        "resnet_block_8x64x56",
     ] {
         let w = minductor_tools::workloads::by_name(name).unwrap();
-        // (A layer norm's kernel keeps its affine store as a 4-lane loop: not all wide.)
-        let wide = name != "layernorm_4096x1024";
-        let (rows, loops) = both(&w.graph, &w.inputs, name, wide);
+        let (rows, loops) = both(&w.graph, &w.inputs, name, true);
         minductor_tests::assert_allclose(&rows, &loops, Tolerance::close(2e-5), name);
+    }
+}
+
+/// The shapes that start with a row product or sum (`x * p + q`, a GEMM epilogue's bias before
+/// its activation), end with a ReLU, or scale by per-channel values (a batch norm in eval mode),
+/// against the Cranelift loop, bit for bit: rows of every tail length, values with NaN, ±0 and
+/// infinities where a ReLU meets them.
+#[test]
+fn epilogue_shapes_store_the_same_bits_as_the_cranelift_loop() {
+    type Build = fn(&[Traced]) -> Vec<Traced>;
+    // (name, operand shapes as (rows, columns) with 0 for "n", the graph).
+    let cases: [(&str, &[(usize, usize)], Build); 11] = [
+        ("gelu(a*b + c)", &[(3, 0), (3, 0), (3, 0)], |i| {
+            vec![i[0].mul(&i[1]).add(&i[2]).gelu()]
+        }),
+        ("gelu(a + bias)", &[(3, 0), (1, 0)], |i| {
+            vec![i[0].add(&i[1]).gelu()]
+        }),
+        ("silu(a + bias)", &[(3, 0), (1, 0)], |i| {
+            vec![i[0].add(&i[1]).silu()]
+        }),
+        ("tanh(bias + a)", &[(3, 0), (1, 0)], |i| {
+            vec![i[1].add(&i[0]).tanh()]
+        }),
+        ("sigmoid(a)", &[(3, 0)], |i| vec![i[0].sigmoid()]),
+        ("exp(a)", &[(3, 0)], |i| vec![i[0].exp()]),
+        ("r + (a + bias)", &[(3, 0), (1, 0), (3, 0)], |i| {
+            vec![i[2].add(&i[0].add(&i[1]))]
+        }),
+        ("relu(a)", &[(3, 0)], |i| vec![i[0].relu()]),
+        ("relu(a + r)", &[(3, 0), (3, 0)], |i| {
+            vec![i[0].add(&i[1]).relu()]
+        }),
+        (
+            "relu(batch_norm(a))",
+            &[(3, 0), (3, 1), (3, 1), (3, 1), (3, 1)],
+            |i| {
+                vec![i[0]
+                    .sub(&i[1])
+                    .mul(&i[2].abs().add(1e-5).rsqrt())
+                    .mul(&i[3])
+                    .add(&i[4])
+                    .relu()]
+            },
+        ),
+        (
+            "relu(batch_norm(a) + r)",
+            &[(3, 0), (3, 1), (3, 1), (3, 1), (3, 1), (3, 0)],
+            |i| {
+                vec![i[0]
+                    .sub(&i[1])
+                    .mul(&i[2].abs().add(1e-5).rsqrt())
+                    .mul(&i[3])
+                    .add(&i[4])
+                    .add(&i[5])
+                    .relu()]
+            },
+        ),
+    ];
+    for (what, operands, f) in cases {
+        for &n in &[1usize, 15, 16, 17, 56, 64, 1023, 1025] {
+            let shapes: Vec<Vec<usize>> = operands
+                .iter()
+                .map(|&(r, c)| vec![r, if c == 0 { n } else { c }])
+                .collect();
+            let shapes: Vec<&[usize]> = shapes.iter().map(|s| &s[..]).collect();
+            let (g, mut inputs) = minductor_tests::build_graph(&shapes, values, f);
+            // NaN, infinities and both zeros in the first operand (where the ReLU sees them).
+            let mut x = inputs[0].to_vec::<f32>().unwrap();
+            for (k, v) in [f32::NAN, -0.0, 0.0, f32::INFINITY, f32::NEG_INFINITY]
+                .into_iter()
+                .enumerate()
+            {
+                if let Some(slot) = x.get_mut(k * 7) {
+                    *slot = v;
+                }
+            }
+            inputs[0] = Tensor::from_vec(&shapes[0].to_vec(), x).unwrap();
+            let what = format!("{what} of 3x{n}");
+            // (At n = 1 the per-channel values are rows of one element too: another shape.)
+            let (rows, loops) = both(&g, &inputs, &what, n > 1);
+            minductor_tests::assert_allclose(&rows, &loops, Tolerance::EXACT, &what);
+        }
     }
 }

@@ -1,7 +1,9 @@
 //! Row stages at the CPU's full vector width: a stage whose loop is one contiguous row and
 //! whose expression has one of the shapes of `math::block::rows` (softmax's maximum, its
 //! `exp(x - max)` summed and stored and its `e * (1/sum)`, a layer norm's sums and its
-//! `(x - mean) * rstd * w + b`, an RMS norm's, SwiGLU's `silu(a) * b`) calls that routine once
+//! `(x - mean) * rstd * w + b`, an RMS norm's, SwiGLU's `silu(a) * b`, a GEMM epilogue's
+//! `gelu(acc + bias)` or `acc + bias + residual`, a convolution epilogue's batch norm and ReLU,
+//! a pointwise function of a row) calls that routine once
 //! per row instead of running the 4-lane Cranelift loop: 16 lanes per instruction on AVX-512, 8
 //! on AVX2. Where the CPU has neither (or `MINDUCTOR_ROW_KERNELS=0`), the stage runs the
 //! Cranelift loop as before.
@@ -18,7 +20,8 @@
 use super::{lower_kernel, math_fn, Lowering};
 use crate::math::block::rows::{
     row_routine, RowFn, RowShape, ROW_ARGS_B, ROW_ARGS_BYTES, ROW_ARGS_C, ROW_ARGS_N, ROW_ARGS_OUT,
-    ROW_ARGS_U0, ROW_ARGS_U1, ROW_ARGS_W, ROW_ARGS_X,
+    ROW_ARGS_P, ROW_ARGS_Q, ROW_ARGS_U0, ROW_ARGS_U1, ROW_ARGS_U2, ROW_ARGS_U3, ROW_ARGS_W,
+    ROW_ARGS_X,
 };
 use crate::math::block::{block_isa, BlockIsa};
 use cranelift_codegen::ir::{
@@ -37,10 +40,16 @@ pub(super) struct RowPlan {
     b: Option<(BufferId, Affine)>,
     c: Option<(BufferId, Affine)>,
     out: Option<(BufferId, Affine)>,
+    /// The rows multiplied (`p`) and added (`q`) first.
+    p: Option<(BufferId, Affine)>,
+    q: Option<(BufferId, Affine)>,
     /// `u0`: the value subtracted.
     u0: Option<ExprId>,
     /// `u1`, the factor.
     u1: Option<Factor>,
+    /// `u2`, `u3`: the affine step's factor and addend.
+    u2: Option<ExprId>,
+    u3: Option<ExprId>,
 }
 
 /// The factor `u1` of a row shape.
@@ -178,13 +187,34 @@ impl Lowering<'_, '_, '_> {
             }
         }
         let k = self.kernel;
-        // Row values: f32 values read by no load, uniform along the row.
+        // Row values: f32 values uniform along the row that read nothing the stage stores (the
+        // routine reads them once, before the row).
+        let stored = out.map(|st| st.buffer);
         let value = |e: ExprId| {
-            k.ty(e) == ScalarType::F32 && self.load_free[e.0 as usize] && self.is_uniform(e)
+            k.ty(e) == ScalarType::F32
+                && self.is_uniform(e)
+                && (self.load_free[e.0 as usize]
+                    || !k.reachable(&[e]).iter().any(|&r| {
+                        matches!(k.expr(r), Expr::Load { buffer, .. } if Some(*buffer) == stored)
+                    }))
         };
         let varying = |e: ExprId| k.ty(e) == ScalarType::F32 && !self.is_uniform(e);
         let mut e = root;
         let (mut w, mut b, mut c, mut u0, mut u1) = (None, None, None, None, None);
+        let (mut p_row, mut q_row, mut u2, mut u3) = (None, None, None, None);
+        // `max(t, 0)`, last.
+        if bits == RowShape::STORE {
+            let zero = |x: ExprId| matches!(k.expr(x), Expr::Constant { value, .. } if value.to_bits() == 0);
+            if let Expr::Binary(BinaryOp::Maximum, p, q) = *k.expr(e) {
+                if zero(q) && varying(p) {
+                    bits |= RowShape::RELU;
+                    e = p;
+                } else if zero(p) && varying(q) {
+                    bits |= RowShape::RELU;
+                    e = q;
+                }
+            }
+        }
         // A product the Cranelift loop contracts into a fused multiply-add: `(t, factor)`.
         let contracted = |e: ExprId| match *k.expr(e) {
             Expr::Binary(BinaryOp::Mul, p, q) if self.contract && self.uses[e.0 as usize] == 1 => {
@@ -251,14 +281,18 @@ impl Lowering<'_, '_, '_> {
         }
         if bits & RowShape::FUSED_SCALE != 0 || bits & RowShape::ADD_PRODUCT != 0 {
         } else if let Expr::Binary(BinaryOp::Add, p, q) = *k.expr(e) {
-            let (row, rest) = if self.row_load(q).is_some() {
-                (q, p)
+            let row = if self.row_load(q).is_some() {
+                Some((q, p))
+            } else if self.row_load(p).is_some() {
+                Some((p, q))
             } else {
-                (p, q)
+                None
             };
-            b = Some(self.row_load(row)?);
-            bits |= RowShape::ADD_ROW;
-            e = rest;
+            if let Some((row, rest)) = row {
+                b = self.row_load(row);
+                bits |= RowShape::ADD_ROW;
+                e = rest;
+            }
         }
         if bits & RowShape::FUSED_SCALE != 0 {
         } else if let Expr::Binary(BinaryOp::Mul, p, q) = *k.expr(e) {
@@ -278,6 +312,31 @@ impl Lowering<'_, '_, '_> {
         }
         if bits & RowShape::ADD_PRODUCT != 0 && bits & RowShape::MUL_ROW == 0 {
             return None;
+        }
+        // `t * u2 + u3`, the product fused (the first of the two the loop can contract).
+        if bits & RowShape::FUSED_SCALE == 0 {
+            if let Expr::Binary(BinaryOp::Add, p, q) = *k.expr(e) {
+                let (fused, added) = if contracted(p).is_some() {
+                    (p, q)
+                } else {
+                    (q, p)
+                };
+                let scaled = contracted(fused).and_then(|(x, y)| {
+                    if value(y) && varying(x) {
+                        Some((x, y))
+                    } else if value(x) && varying(y) {
+                        Some((y, x))
+                    } else {
+                        None
+                    }
+                });
+                if let Some((t, factor)) = scaled.filter(|_| value(added)) {
+                    bits |= RowShape::AFFINE;
+                    u2 = Some(factor);
+                    u3 = Some(added);
+                    e = t;
+                }
+            }
         }
         let scaled = match *k.expr(e) {
             _ if bits & RowShape::FUSED_SCALE != 0 => None,
@@ -313,12 +372,50 @@ impl Lowering<'_, '_, '_> {
                 e = p;
             }
         }
+        // `x * p + q` fused (the first product the loop can contract), `x + q` or `x * p`.
+        match *k.expr(e) {
+            Expr::Binary(BinaryOp::Add, p, q) => {
+                let (fused, added) = if contracted(p).is_some() {
+                    (p, q)
+                } else {
+                    (q, p)
+                };
+                if let Some((x, y)) = contracted(fused) {
+                    if let (Some(_), Some(ry), Some(rq)) =
+                        (self.row_load(x), self.row_load(y), self.row_load(added))
+                    {
+                        bits |= RowShape::PRE_MUL | RowShape::PRE_ADD;
+                        (p_row, q_row) = (Some(ry), Some(rq));
+                        e = x;
+                    }
+                } else if let (Some(_), Some(rq)) = (self.row_load(p), self.row_load(q)) {
+                    bits |= RowShape::PRE_ADD;
+                    q_row = Some(rq);
+                    e = p;
+                }
+            }
+            Expr::Binary(BinaryOp::Mul, p, q) if self.row_load(p).is_some() => {
+                if let Some(rp) = self.row_load(q) {
+                    bits |= RowShape::PRE_MUL;
+                    p_row = Some(rp);
+                    e = p;
+                }
+            }
+            _ => {}
+        }
         let x = self.row_load(e)?;
         // A store in place must write each element only where the routine reads it.
         if let Some(st) = out {
-            for row in [Some(&x), w.as_ref(), b.as_ref(), c.as_ref()]
-                .into_iter()
-                .flatten()
+            for row in [
+                Some(&x),
+                w.as_ref(),
+                b.as_ref(),
+                c.as_ref(),
+                p_row.as_ref(),
+                q_row.as_ref(),
+            ]
+            .into_iter()
+            .flatten()
             {
                 if row.0 == st.buffer && row.1 != st.index {
                     return None;
@@ -334,8 +431,12 @@ impl Lowering<'_, '_, '_> {
             b,
             c,
             out: out.map(|st| (st.buffer, st.index.clone())),
+            p: p_row,
+            q: q_row,
             u0,
             u1,
+            u2,
+            u3,
         })
     }
 
@@ -377,6 +478,8 @@ impl Lowering<'_, '_, '_> {
             (ROW_ARGS_B, plan.b.as_ref()),
             (ROW_ARGS_C, plan.c.as_ref()),
             (ROW_ARGS_OUT, plan.out.as_ref()),
+            (ROW_ARGS_P, plan.p.as_ref()),
+            (ROW_ARGS_Q, plan.q.as_ref()),
         ];
         for (at, row) in rows {
             let p = match row {
@@ -406,6 +509,13 @@ impl Lowering<'_, '_, '_> {
         };
         self.b.ins().store(flags, u0, args, ROW_ARGS_U0);
         self.b.ins().store(flags, u1, args, ROW_ARGS_U1);
+        for (at, value, default) in [(ROW_ARGS_U2, plan.u2, 1.0), (ROW_ARGS_U3, plan.u3, 0.0)] {
+            let v = match value {
+                Some(e) => self.scalar_operand(e),
+                None => self.b.ins().f32const(default),
+            };
+            self.b.ins().store(flags, v, args, at);
+        }
         let mut sig = Signature::new(self.b.func.signature.call_conv);
         sig.params.push(AbiParam::new(types::I64));
         sig.returns.push(AbiParam::new(types::F32));

@@ -15,15 +15,21 @@
 //! optional; the bits of [`RowShape`]):
 //!
 //! ```text
-//! t = x[i]; t = t - u0; t = f(t); t = t * u1; t = t * w[i]; t = t + b[i]   (t*w + b fused)
+//! t = x[i]; t = t * p[i]; t = t + q[i]                      (t*p + q fused)
+//! t = t - u0; t = f(t); t = t * u1; t = t * u2 + u3         (fused)
+//! t = t * w[i]; t = t + b[i]                                (t*w + b fused)
+//! t = max(t, 0)
 //! ```
 //!
-//! or, instead of the last two, `t * w[i] + b[i] * c[i]` (rotary embeddings) or `t * u1 + b[i]`
+//! or, instead of `w` and `b`, `t * w[i] + b[i] * c[i]` (rotary embeddings) or `t * u1 + b[i]`
 //! fused (an optimizer step),
 //!
 //! and then `t` is stored to `out[i]`, and/or reduced: summed, summed as `t * t` (fused), or its
-//! maximum taken. `u0`, `u1` are values of the row (a mean, `1/sum`, `rsqrt(var + eps)`);
-//! `w`, `b` other rows (weights, bias, the other half of a gated product).
+//! maximum taken. `u0`..`u3` are values of the row (a mean, `1/sum`, `rsqrt(var + eps)`, a
+//! channel's batch-norm weight and bias); `p`, `q`, `w`, `b` other rows (weights, a GEMM
+//! epilogue's bias, a residual, the other half of a gated product). The first line is what a
+//! GEMM epilogue adds before its activation (`gelu(acc + bias)`), the last a ReLU (IEEE
+//! `maximum`, as the code generator's: NaN stays NaN, `-0` becomes `+0`).
 //!
 //! **Sums.** A sum adds blocks of [`SUM_BLOCK`] elements into four
 //! fresh accumulator registers (so each lane adds at most 16 values in a row on AVX-512), and
@@ -57,6 +63,12 @@ pub struct RowArgs {
     pub n: i64,
     pub u0: f32,
     pub u1: f32,
+    /// `n` f32s when the shape multiplies by a row first (`PRE_MUL`), else unused.
+    pub p: *const f32,
+    /// `n` f32s when the shape adds a row first (`PRE_ADD`), else unused.
+    pub q: *const f32,
+    pub u2: f32,
+    pub u3: f32,
 }
 
 /// Byte offsets of [`RowArgs`]' fields, for the code that fills one in.
@@ -68,7 +80,11 @@ pub const ROW_ARGS_OUT: i32 = 32;
 pub const ROW_ARGS_N: i32 = 40;
 pub const ROW_ARGS_U0: i32 = 48;
 pub const ROW_ARGS_U1: i32 = 52;
-pub const ROW_ARGS_BYTES: u32 = 56;
+pub const ROW_ARGS_P: i32 = 56;
+pub const ROW_ARGS_Q: i32 = 64;
+pub const ROW_ARGS_U2: i32 = 72;
+pub const ROW_ARGS_U3: i32 = 76;
+pub const ROW_ARGS_BYTES: u32 = 80;
 
 const _: () = {
     assert!(std::mem::size_of::<RowArgs>() == ROW_ARGS_BYTES as usize);
@@ -77,6 +93,10 @@ const _: () = {
     assert!(std::mem::offset_of!(RowArgs, u1) == ROW_ARGS_U1 as usize);
     assert!(std::mem::offset_of!(RowArgs, out) == ROW_ARGS_OUT as usize);
     assert!(std::mem::offset_of!(RowArgs, c) == ROW_ARGS_C as usize);
+    assert!(std::mem::offset_of!(RowArgs, p) == ROW_ARGS_P as usize);
+    assert!(std::mem::offset_of!(RowArgs, q) == ROW_ARGS_Q as usize);
+    assert!(std::mem::offset_of!(RowArgs, u2) == ROW_ARGS_U2 as usize);
+    assert!(std::mem::offset_of!(RowArgs, u3) == ROW_ARGS_U3 as usize);
 };
 
 /// A row routine: runs the shape over `args`' row and returns the reduced value (0 for a shape
@@ -105,6 +125,14 @@ impl RowShape {
     /// With `SCALE` and `ADD_ROW` (no `MUL_ROW`): `t * u1 + b` fused (an optimizer's
     /// `p - lr * g` is `g * (-lr) + p`).
     pub const FUSED_SCALE: u32 = 1 << 13;
+    /// First, `t = x * p`.
+    pub const PRE_MUL: u32 = 1 << 14;
+    /// First (after `PRE_MUL`, fused with it), `t = t + q`.
+    pub const PRE_ADD: u32 = 1 << 15;
+    /// After `SCALE`, `t * u2 + u3` fused (a batch norm's per-channel weight and bias).
+    pub const AFFINE: u32 = 1 << 16;
+    /// Last, `max(t, 0)` (a ReLU).
+    pub const RELU: u32 = 1 << 17;
 
     /// The bits of function `f`.
     pub const fn function(f: MathFn) -> u32 {
@@ -141,10 +169,20 @@ impl RowShape {
 /// The CPU has `L`'s instruction set; `x` (and `w`, `b` when the shape reads them) point to
 /// `i + L::WIDTH` readable f32s.
 #[inline(always)]
-unsafe fn value<L: Wide, const S: u32>(e: &mut L, a: &RowArgs, u: (L::V, L::V), i: usize) -> L::V {
+unsafe fn value<L: Wide, const S: u32>(e: &mut L, a: &RowArgs, u: &Values<L>, i: usize) -> L::V {
     // SAFETY: the caller's contract.
     unsafe {
         let mut t = L::load(a.x.add(i));
+        if S & RowShape::PRE_MUL != 0 {
+            let p = L::load(a.p.add(i));
+            t = if S & RowShape::PRE_ADD != 0 {
+                e.mul_add(t, p, L::load(a.q.add(i)))
+            } else {
+                e.mul(t, p)
+            };
+        } else if S & RowShape::PRE_ADD != 0 {
+            t = e.add(t, L::load(a.q.add(i)));
+        }
         if S & RowShape::SUB != 0 {
             t = e.sub(t, u.0);
         }
@@ -156,6 +194,9 @@ unsafe fn value<L: Wide, const S: u32>(e: &mut L, a: &RowArgs, u: (L::V, L::V), 
         }
         if S & RowShape::SCALE != 0 {
             t = e.mul(t, u.1);
+        }
+        if S & RowShape::AFFINE != 0 {
+            t = e.mul_add(t, u.2, u.3);
         }
         if S & RowShape::MUL_ROW != 0 {
             let w = L::load(a.w.add(i));
@@ -170,9 +211,18 @@ unsafe fn value<L: Wide, const S: u32>(e: &mut L, a: &RowArgs, u: (L::V, L::V), 
         } else if S & RowShape::ADD_ROW != 0 {
             t = e.add(t, L::load(a.b.add(i)));
         }
+        if S & RowShape::RELU != 0 {
+            // IEEE maximum with +0: `t <= 0` (so -0 too) gives +0, a NaN stays.
+            let zero = e.f(0.0);
+            let non_positive = e.fcmp(FloatCmp::LessThanOrEqual, t, zero);
+            t = e.sel(non_positive, zero, t);
+        }
         t
     }
 }
+
+/// The row values `u0`..`u3`, splat.
+struct Values<L: Wide>(L::V, L::V, L::V, L::V);
 
 /// `acc` combined with `t` for the shape's reduction (a NaN `t` of a maximum is noted in `nan`).
 #[inline(always)]
@@ -226,7 +276,7 @@ const CHAINS: usize = 4;
 unsafe fn run<L: Wide, const S: u32>(mut e: L, a: &RowArgs) -> f32 {
     let n = a.n.max(0) as usize;
     let width = L::WIDTH;
-    let u = (e.f(a.u0), e.f(a.u1));
+    let u = Values::<L>(e.f(a.u0), e.f(a.u1), e.f(a.u2), e.f(a.u3));
     let init = e.f(identity(S));
     let zero = e.f(0.0);
     let mut nan = e.i(0);
@@ -242,7 +292,7 @@ unsafe fn run<L: Wide, const S: u32>(mut e: L, a: &RowArgs) -> f32 {
             for (k, acc) in acc.iter_mut().enumerate() {
                 let at = i + k * width;
                 // SAFETY: `at + width <= end <= n`.
-                let t = unsafe { value::<L, S>(&mut e, a, u, at) };
+                let t = unsafe { value::<L, S>(&mut e, a, &u, at) };
                 if S & RowShape::STORE != 0 {
                     // SAFETY: as above, for `out`.
                     unsafe { L::store(a.out.add(at), t) };
@@ -253,7 +303,7 @@ unsafe fn run<L: Wide, const S: u32>(mut e: L, a: &RowArgs) -> f32 {
         }
         while i + width <= end {
             // SAFETY: `i + width <= end <= n`.
-            let t = unsafe { value::<L, S>(&mut e, a, u, i) };
+            let t = unsafe { value::<L, S>(&mut e, a, &u, i) };
             if S & RowShape::STORE != 0 {
                 // SAFETY: as above, for `out`.
                 unsafe { L::store(a.out.add(i), t) };
@@ -268,6 +318,8 @@ unsafe fn run<L: Wide, const S: u32>(mut e: L, a: &RowArgs) -> f32 {
             let mut w = [0f32; 16];
             let mut b = [0f32; 16];
             let mut c = [0f32; 16];
+            let mut p = [0f32; 16];
+            let mut q = [0f32; 16];
             // SAFETY: `rest < width <= 16` elements from `i` on are inside the rows the shape
             // reads; the padded buffers hold 16.
             unsafe {
@@ -281,16 +333,24 @@ unsafe fn run<L: Wide, const S: u32>(mut e: L, a: &RowArgs) -> f32 {
                 if S & RowShape::ADD_PRODUCT != 0 {
                     std::ptr::copy(a.c.add(i), c.as_mut_ptr(), rest);
                 }
+                if S & RowShape::PRE_MUL != 0 {
+                    std::ptr::copy(a.p.add(i), p.as_mut_ptr(), rest);
+                }
+                if S & RowShape::PRE_ADD != 0 {
+                    std::ptr::copy(a.q.add(i), q.as_mut_ptr(), rest);
+                }
             }
             let padded = RowArgs {
                 x: x.as_ptr(),
                 w: w.as_ptr(),
                 b: b.as_ptr(),
                 c: c.as_ptr(),
+                p: p.as_ptr(),
+                q: q.as_ptr(),
                 ..*a
             };
             // SAFETY: the padded buffers hold `width` f32s each.
-            let t = unsafe { value::<L, S>(&mut e, &padded, u, 0) };
+            let t = unsafe { value::<L, S>(&mut e, &padded, &u, 0) };
             // SAFETY: as for `lanes`.
             let mut values = unsafe { lanes::<L>(t) };
             if S & RowShape::STORE != 0 {
@@ -420,6 +480,7 @@ const SILU: u32 = RowShape::function(MathFn::Silu);
 const GELU: u32 = RowShape::function(MathFn::Gelu);
 const SIGMOID: u32 = RowShape::function(MathFn::Sigmoid);
 const TANH: u32 = RowShape::function(MathFn::Tanh);
+const LOG: u32 = RowShape::function(MathFn::Log);
 
 shapes! {
     // Plain row reductions: a maximum (softmax), a sum (a mean), a sum of squares (RMS norm),
@@ -437,10 +498,7 @@ shapes! {
     R::SUB | R::SCALE | R::STORE,
     R::SUB | R::SCALE | R::MUL_ROW | R::STORE,
     R::SUB | R::SCALE | R::ADD_ROW | R::STORE,
-    // (Not `SUB | SCALE | MUL_ROW | ADD_ROW | STORE`, a layer norm's affine store: on the Zen 4
-    // development machine its routine made layernorm_4096x1024 slower than the 4-lane loop,
-    // 1.95 against 1.35 ms at 1 thread, programs alternated in one process, for a reason not
-    // found yet; the other two stages as routines measured even, 1.44 against 1.35.)
+    R::SUB | R::SCALE | R::MUL_ROW | R::ADD_ROW | R::STORE,
     R::SCALE | R::MUL_ROW | R::STORE,
     // Log-softmax's `x - max - log(sum)`, and a row minus a value.
     R::SUB | R::STORE,
@@ -460,6 +518,31 @@ shapes! {
     R::MUL_ROW | R::ADD_PRODUCT | R::STORE,
     // An optimizer step: `p - lr * g`.
     R::SCALE | R::FUSED_SCALE | R::ADD_ROW | R::STORE,
+    // A function of a row: alone, after a GEMM epilogue's bias (`gelu(acc + bias)`), after a
+    // fused `x * y + z`.
+    EXP | R::STORE,
+    LOG | R::STORE,
+    TANH | R::STORE,
+    SIGMOID | R::STORE,
+    GELU | R::STORE,
+    SILU | R::STORE,
+    R::PRE_ADD | GELU | R::STORE,
+    R::PRE_ADD | SILU | R::STORE,
+    R::PRE_ADD | TANH | R::STORE,
+    R::PRE_ADD | SIGMOID | R::STORE,
+    R::PRE_MUL | R::PRE_ADD | GELU | R::STORE,
+    // A GEMM epilogue's bias, then a residual.
+    R::PRE_ADD | R::ADD_ROW | R::STORE,
+    // ReLU, of a row or of a sum of two (a bias, a residual).
+    R::RELU | R::STORE,
+    R::ADD_ROW | R::RELU | R::STORE,
+    R::PRE_ADD | R::ADD_ROW | R::RELU | R::STORE,
+    // A batch norm in eval mode (`(x - mean) * rstd * weight + bias` per channel), with a
+    // residual and a ReLU or either: a convolution's epilogue.
+    R::SUB | R::SCALE | R::AFFINE | R::STORE,
+    R::SUB | R::SCALE | R::AFFINE | R::RELU | R::STORE,
+    R::SUB | R::SCALE | R::AFFINE | R::ADD_ROW | R::STORE,
+    R::SUB | R::SCALE | R::AFFINE | R::ADD_ROW | R::RELU | R::STORE,
 }
 
 /// `shape` over `args`' row with the routine for `isa` (which must be supported), for tests.
@@ -505,12 +588,20 @@ mod tests {
     }
 
     /// The values `t` of the module docs, in scalar f32 (the function by `isa`'s routine).
-    fn expected(shape: u32, isa: BlockIsa, [x, w, b, c]: [&[f32]; 4], u: (f32, f32)) -> Vec<f32> {
+    fn expected(shape: u32, isa: BlockIsa, rows: [&[f32]; 6], u: [f32; 4]) -> Vec<f32> {
+        let [x, w, b, c, p, q] = rows;
         let mut t: Vec<f32> = x
             .iter()
-            .map(|&v| {
+            .enumerate()
+            .map(|(i, &v)| {
+                let v = match (shape & R::PRE_MUL != 0, shape & R::PRE_ADD != 0) {
+                    (true, true) => v.mul_add(p[i], q[i]),
+                    (true, false) => v * p[i],
+                    (false, true) => v + q[i],
+                    (false, false) => v,
+                };
                 if shape & RowShape::SUB != 0 {
-                    v - u.0
+                    v - u[0]
                 } else {
                     v
                 }
@@ -522,11 +613,14 @@ mod tests {
         }
         for (i, t) in t.iter_mut().enumerate() {
             if shape & RowShape::FUSED_SCALE != 0 {
-                *t = t.mul_add(u.1, b[i]);
+                *t = t.mul_add(u[1], b[i]);
                 continue;
             }
             if shape & RowShape::SCALE != 0 {
-                *t *= u.1;
+                *t *= u[1];
+            }
+            if shape & RowShape::AFFINE != 0 {
+                *t = t.mul_add(u[2], u[3]);
             }
             let (mul, add) = (
                 shape & RowShape::MUL_ROW != 0,
@@ -539,6 +633,9 @@ mod tests {
                 (false, true) => *t + b[i],
                 (false, false) => *t,
             };
+            if shape & RowShape::RELU != 0 && !(*t > 0.0) && !t.is_nan() {
+                *t = 0.0;
+            }
         }
         t
     }
@@ -553,8 +650,10 @@ mod tests {
                         let w = row(n, 1.1);
                         let b = row(n, 2.7);
                         let c = row(n, 4.1);
-                        let u = (0.25f32, 1.5f32);
-                        let want = expected(shape, isa, [&x, &w, &b, &c], u);
+                        let p = row(n, 5.3);
+                        let q = row(n, 6.2);
+                        let u = [0.25f32, 1.5, -0.75, 0.125];
+                        let want = expected(shape, isa, [&x, &w, &b, &c, &p, &q], u);
                         let mut out = if in_place {
                             x.clone()
                         } else {
@@ -567,8 +666,12 @@ mod tests {
                             c: c.as_ptr(),
                             out: out.as_mut_ptr(),
                             n: n as i64,
-                            u0: u.0,
-                            u1: u.1,
+                            u0: u[0],
+                            u1: u[1],
+                            p: p.as_ptr(),
+                            q: q.as_ptr(),
+                            u2: u[2],
+                            u3: u[3],
                         };
                         // SAFETY: every row holds `n` f32s; `out` is written only where the
                         // routine read `x` (in place) or is separate.
@@ -627,6 +730,10 @@ mod tests {
                         n: n as i64,
                         u0: 0.0,
                         u1: 1.0,
+                        p: x.as_ptr(),
+                        q: x.as_ptr(),
+                        u2: 1.0,
+                        u3: 0.0,
                     };
                     // SAFETY: `x` holds `n` f32s; the shape reads only `x`.
                     let m = unsafe { run_row(RowShape(RowShape::MAX), isa, &args) }.unwrap();
