@@ -1,8 +1,7 @@
 //! Identities and casts: aliases, clones, eval-mode dropout, dtype conversions, `copy`.
 
-use super::{Args, Importer, Value};
+use super::{one, Args, Importer, Value};
 use crate::export::error::ImportError;
-use crate::trace::Traced;
 use minductor_ir::DType;
 
 /// The targets imported here.
@@ -31,7 +30,6 @@ impl<'a> Importer<'a> {
         op: &str,
         args: &Args<'a>,
     ) -> Result<Vec<Value>, ImportError> {
-        let one = |t: Traced| Ok(vec![Value::Tensor(t)]);
         match op {
             // -- identities and casts
             "aten.alias.default"
@@ -87,9 +85,7 @@ impl<'a> Importer<'a> {
                 };
                 one(src.expand_dims(x.ir_dims().into_iter().collect()))
             }
-            other => Err(self.error(format!(
-                "`{other}` is listed as supported but has no import rule (an importer bug)"
-            ))),
+            other => Err(self.no_rule(other)),
         }
     }
 }

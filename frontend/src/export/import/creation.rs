@@ -1,6 +1,6 @@
 //! Creation: `arange`, `full`/`zeros`/`ones`/`empty` and their `_like` and `new_` forms, `scalar_tensor`.
 
-use super::{Args, Importer, Value};
+use super::{one, Args, Importer, Value};
 use crate::export::error::ImportError;
 use crate::export::json::Json;
 use crate::trace::Traced;
@@ -35,7 +35,6 @@ impl<'a> Importer<'a> {
         op: &str,
         args: &Args<'a>,
     ) -> Result<Vec<Value>, ImportError> {
-        let one = |t: Traced| Ok(vec![Value::Tensor(t)]);
         match op {
             // -- creation
             "aten.arange.default" | "aten.arange.start" | "aten.arange.start_step" => {
@@ -149,9 +148,7 @@ impl<'a> Importer<'a> {
                 let dtype = self.dtype(args, "dtype")?.unwrap_or(DType::F32);
                 one(self.tracer.constant(value, dtype))
             }
-            other => Err(self.error(format!(
-                "`{other}` is listed as supported but has no import rule (an importer bug)"
-            ))),
+            other => Err(self.no_rule(other)),
         }
     }
 

@@ -1,7 +1,7 @@
 //! Data movement by position: advanced indexing, `index_select`, `gather`, `embedding`,
 //! `constant_pad_nd`, `tril`/`triu`, `roll`, nearest upsampling and `diff`.
 
-use super::{normalize, Args, Importer, Value};
+use super::{normalize, one, Args, Importer, Value};
 use crate::export::error::ImportError;
 use crate::trace::Traced;
 use minductor_ir::{DType, Dim, Op, Shape, SizeExpr};
@@ -28,7 +28,6 @@ impl<'a> Importer<'a> {
         op: &str,
         args: &Args<'a>,
     ) -> Result<Vec<Value>, ImportError> {
-        let one = |t: Traced| Ok(vec![Value::Tensor(t)]);
         match op {
             "aten.index.Tensor" => {
                 let x = self.tensor(args, "self")?;
@@ -198,9 +197,7 @@ impl<'a> Importer<'a> {
                 }
                 one(y)
             }
-            other => Err(self.error(format!(
-                "`{other}` is listed as supported but has no import rule (an importer bug)"
-            ))),
+            other => Err(self.no_rule(other)),
         }
     }
 

@@ -1,7 +1,7 @@
 //! Matrix products and convolutions: `linear`, `addmm`/`baddbmm`, `mm`/`matmul`/`bmm`, convolution
 //! and `scaled_dot_product_attention`.
 
-use super::{Args, Importer, Value};
+use super::{one, Args, Importer, Value};
 use crate::conv::Window;
 use crate::export::error::ImportError;
 use crate::trace::Traced;
@@ -28,7 +28,6 @@ impl<'a> Importer<'a> {
         op: &str,
         args: &Args<'a>,
     ) -> Result<Vec<Value>, ImportError> {
-        let one = |t: Traced| Ok(vec![Value::Tensor(t)]);
         match op {
             // -- matrix products and layers
             "aten.linear.default" => {
@@ -120,9 +119,7 @@ impl<'a> Importer<'a> {
                 };
                 one(q.scaled_dot_product_attention(&k, &v, mask.as_ref(), causal))
             }
-            other => Err(self.error(format!(
-                "`{other}` is listed as supported but has no import rule (an importer bug)"
-            ))),
+            other => Err(self.no_rule(other)),
         }
     }
 

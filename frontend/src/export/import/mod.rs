@@ -151,6 +151,11 @@ pub(crate) struct Importer<'a> {
     context: NodeContext,
 }
 
+/// A node's single tensor result.
+fn one(t: Traced) -> Result<Vec<Value>, ImportError> {
+    Ok(vec![Value::Tensor(t)])
+}
+
 fn normalize(dim: i64, rank: usize) -> Option<usize> {
     let r = rank.max(1) as i64;
     let d = if dim < 0 { dim + r } else { dim };
@@ -488,10 +493,15 @@ impl<'a> Importer<'a> {
         } else if pooling::TARGETS.contains(&op) {
             self.import_pool(op, args)
         } else {
-            Err(self.error(format!(
-                "`{op}` is listed as supported but has no import rule (an importer bug)"
-            )))
+            Err(self.no_rule(op))
         }
+    }
+
+    /// The error for a target listed as supported that its family has no arm for.
+    fn no_rule(&self, op: &str) -> ImportError {
+        self.error(format!(
+            "`{op}` is listed as supported but has no import rule (an importer bug)"
+        ))
     }
 }
 

@@ -1,9 +1,8 @@
 //! Normalizations: batch norm (eval mode), layer norm and group norm, with the `native_` forms
 //! whose statistics outputs are not computed.
 
-use super::{Args, Importer, Value};
+use super::{one, Args, Importer, Value};
 use crate::export::error::ImportError;
-use crate::trace::Traced;
 use minductor_ir::Dim;
 
 /// The targets imported here.
@@ -24,7 +23,6 @@ impl<'a> Importer<'a> {
         op: &str,
         args: &Args<'a>,
     ) -> Result<Vec<Value>, ImportError> {
-        let one = |t: Traced| Ok(vec![Value::Tensor(t)]);
         match op {
             "aten.batch_norm.default"
             | "aten.native_batch_norm.default"
@@ -120,9 +118,7 @@ impl<'a> Importer<'a> {
                     Value::Missing("the rstd output of native_group_norm is not computed".into()),
                 ])
             }
-            other => Err(self.error(format!(
-                "`{other}` is listed as supported but has no import rule (an importer bug)"
-            ))),
+            other => Err(self.no_rule(other)),
         }
     }
 }

@@ -1,7 +1,7 @@
 //! Pointwise ops: unary math and activations, binary arithmetic with type promotion,
 //! comparisons, logical ops, `where` and `masked_fill`.
 
-use super::{Args, Importer, Operand, Value};
+use super::{one, Args, Importer, Operand, Value};
 use crate::export::error::ImportError;
 use crate::trace::Traced;
 use minductor_ir::DType;
@@ -106,7 +106,6 @@ impl<'a> Importer<'a> {
         op: &str,
         args: &Args<'a>,
     ) -> Result<Vec<Value>, ImportError> {
-        let one = |t: Traced| Ok(vec![Value::Tensor(t)]);
         match op {
             // -- pointwise unary
             "aten.abs.default" => one(self.tensor(args, "self")?.abs()),
@@ -426,9 +425,7 @@ impl<'a> Importer<'a> {
                 };
                 one(self.as_bool(&mask).where_(&v, &x))
             }
-            other => Err(self.error(format!(
-                "`{other}` is listed as supported but has no import rule (an importer bug)"
-            ))),
+            other => Err(self.no_rule(other)),
         }
     }
 

@@ -1,8 +1,7 @@
 //! Pooling: max, average and adaptive average pooling in 2-d.
 
-use super::{Args, Importer, Value};
+use super::{one, Args, Importer, Value};
 use crate::export::error::ImportError;
-use crate::trace::Traced;
 use crate::PoolOptions;
 
 /// The targets imported here.
@@ -21,7 +20,6 @@ impl<'a> Importer<'a> {
         op: &str,
         args: &Args<'a>,
     ) -> Result<Vec<Value>, ImportError> {
-        let one = |t: Traced| Ok(vec![Value::Tensor(t)]);
         match op {
             "aten.max_pool2d.default" | "aten.max_pool2d_with_indices.default" => {
                 let x = self.tensor(args, "self")?;
@@ -56,9 +54,7 @@ impl<'a> Importer<'a> {
                 let (h, w) = self.pair(&size, "output_size", 1)?;
                 one(x.adaptive_avg_pool2d((h, w)))
             }
-            other => Err(self.error(format!(
-                "`{other}` is listed as supported but has no import rule (an importer bug)"
-            ))),
+            other => Err(self.no_rule(other)),
         }
     }
 

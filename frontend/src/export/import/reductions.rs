@@ -1,7 +1,7 @@
 //! Reductions and scans: sums and means, extrema and their indices, `any`/`all`, variance,
 //! norms, `logsumexp`, `cumsum`, softmax and log-softmax.
 
-use super::{normalize, Args, Importer, Value};
+use super::{normalize, one, Args, Importer, Value};
 use crate::export::error::ImportError;
 use crate::trace::Traced;
 use minductor_ir::{DType, Op, Shape};
@@ -48,7 +48,6 @@ impl<'a> Importer<'a> {
         op: &str,
         args: &Args<'a>,
     ) -> Result<Vec<Value>, ImportError> {
-        let one = |t: Traced| Ok(vec![Value::Tensor(t)]);
         match op {
             // -- reductions and scans
             "aten.sum.dim_IntList" | "aten.sum.default" | "aten.mean.dim" | "aten.mean.default" => {
@@ -242,9 +241,7 @@ impl<'a> Importer<'a> {
                     x.softmax(d)
                 })
             }
-            other => Err(self.error(format!(
-                "`{other}` is listed as supported but has no import rule (an importer bug)"
-            ))),
+            other => Err(self.no_rule(other)),
         }
     }
 

@@ -75,9 +75,7 @@ impl<'a> Importer<'a> {
                 let a = self.size(&args.get(self, "a")?)?;
                 Ok(vec![Value::Size(a.scale(-1))])
             }
-            other => Err(self.error(format!(
-                "`{other}` is listed as supported but has no import rule (an importer bug)"
-            ))),
+            other => Err(self.no_rule(other)),
         }
     }
 }

@@ -1,7 +1,7 @@
 //! Shapes and views: `view`/`reshape`, `expand`, `permute`, `squeeze`/`unsqueeze`, `flatten`,
 //! slices, `select`, `split`/`chunk`/`unbind`, `cat`/`stack` and `repeat`.
 
-use super::{normalize, Args, Importer, Value};
+use super::{normalize, one, Args, Importer, Value};
 use crate::export::error::ImportError;
 use crate::trace::Traced;
 use minductor_ir::{Dim, Shape, SizeExpr};
@@ -40,7 +40,6 @@ impl<'a> Importer<'a> {
         op: &str,
         args: &Args<'a>,
     ) -> Result<Vec<Value>, ImportError> {
-        let one = |t: Traced| Ok(vec![Value::Tensor(t)]);
         match op {
             // -- shapes and data movement
             "aten.view.default" | "aten._unsafe_view.default" | "aten.reshape.default" => {
@@ -233,9 +232,7 @@ impl<'a> Importer<'a> {
                     .expand_dims(expanded)
                     .reshape_dims(merged))
             }
-            other => Err(self.error(format!(
-                "`{other}` is listed as supported but has no import rule (an importer bug)"
-            ))),
+            other => Err(self.no_rule(other)),
         }
     }
 
