@@ -21,7 +21,7 @@ pub use minductor_frontend::{
     compile, compile_with, compile_with_options, current_stance, explain, jit,
     reference_executable, set_stance, trace, with_stance, Artifacts, Backend, BreakReport,
     CompileError, CompileOptions, Compiled, CompiledFn, CustomBackend, Explanation, GraphReport,
-    Jit, JitBackend, JitError, JitOptions, JitStats, Mode, Operand, Stance, StanceGuard,
+    Jit, JitBackend, JitError, JitOptions, JitStats, Mode, Operand, SizeRange, Stance, StanceGuard,
     TraceError, Traced, TracedDim, Tracer, DEFAULT_RECOMPILE_LIMIT,
 };
 pub use minductor_frontend::{compile_frozen, compile_frozen_with_options, FreezeError};

@@ -1,8 +1,9 @@
 /*
  * minductor.h: the C ABI of minductor artifacts (libminductor_capi).
  *
- * Load an artifact written by `Compiled::save` (Rust), ask for its inputs and outputs, run it
- * on buffers the caller owns, free it. Every function returns a status (0 = MINDUCTOR_OK);
+ * Load an artifact written by `Compiled::save` (Rust) or `minductor pt2 compile` (a PyTorch
+ * program saved by torch.export, its weights inside the artifact), ask for its inputs and
+ * outputs, run it on buffers the caller owns, free it. Every function returns a status (0 = MINDUCTOR_OK);
  * on failure, minductor_last_error() describes what went wrong, on the calling thread.
  * No Rust panic crosses this boundary: one becomes MINDUCTOR_ERR_PANIC.
  *
@@ -82,8 +83,11 @@ typedef struct {
 } minductor_output;
 
 /* Loads the artifact at `path` (a NUL-terminated UTF-8 path): checks its format, version,
- * checksum and CPU, verifies its program, and generates its code. On success `*model` owns
- * the model (free it with minductor_free); on failure `*model` is set to NULL. */
+ * checksum and CPU, verifies its program, checks the frozen weights it carries (if any)
+ * against the types the program declares, and generates its code. The file is the whole
+ * model: a frozen model's weights are fed by the library, so its inputs are the user inputs
+ * only. On success `*model` owns the model (free it with minductor_free); on failure
+ * `*model` is set to NULL. */
 minductor_status minductor_load(const char *path, minductor_model **model);
 
 /* Frees a model. NULL is ignored. The model must not be used afterwards. */

@@ -177,12 +177,14 @@ fn sizes(shape: &[minductor::Dim]) -> Vec<i64> {
 impl minductor_model {
     fn new(compiled: Compiled) -> Result<Self, Error> {
         let graph = compiled.graph();
-        let inputs = graph
-            .inputs()
+        // A frozen artifact feeds its constants (the graph's last inputs) itself: the caller
+        // passes the others.
+        let count = graph.inputs().len() - compiled.frozen_constants().len();
+        let inputs = graph.inputs()[..count]
             .iter()
             .map(|&i| (graph.ty(i).dtype, sizes(&graph.ty(i).shape)))
             .collect();
-        let input_names = (0..graph.inputs().len())
+        let input_names = (0..count)
             .map(|i| {
                 CString::new(graph.input_name(i)).map_err(|_| {
                     Error::new(MINDUCTOR_ERR_BAD_ARTIFACT, "an input name holds a NUL byte")

@@ -231,3 +231,207 @@ fn hostile_c_calls_return_typed_statuses() {
     );
     std::fs::remove_dir_all(&dir).ok();
 }
+
+/// Writes `tensors` in `run_tensors.c`'s tensor-list format (see that file).
+fn write_tensor_list(path: &Path, tensors: &[Tensor]) {
+    let mut out = b"MTENSORS".to_vec();
+    out.extend_from_slice(&(tensors.len() as u64).to_le_bytes());
+    for t in tensors {
+        let code = [
+            DType::F32,
+            DType::F64,
+            DType::F16,
+            DType::BF16,
+            DType::I64,
+            DType::Bool,
+        ]
+        .iter()
+        .position(|&d| d == t.dtype())
+        .unwrap() as i32;
+        out.extend_from_slice(&code.to_le_bytes());
+        out.extend_from_slice(&(t.rank() as u32).to_le_bytes());
+        for &n in t.shape() {
+            out.extend_from_slice(&(n as i64).to_le_bytes());
+        }
+        let data = t.to_bytes();
+        out.extend_from_slice(&(data.len() as u64).to_le_bytes());
+        out.extend_from_slice(&data);
+    }
+    std::fs::write(path, out).unwrap();
+}
+
+/// Reads a tensor list `run_tensors.c` wrote.
+fn read_tensor_list(path: &Path) -> Vec<Tensor> {
+    let bytes = std::fs::read(path).unwrap();
+    assert_eq!(&bytes[..8], b"MTENSORS", "{}", path.display());
+    let mut at = 8;
+    let mut take = |n: usize| {
+        let taken = &bytes[at..at + n];
+        at += n;
+        taken
+    };
+    let word = |b: &[u8]| u64::from_le_bytes(b.try_into().unwrap());
+    let count = word(take(8));
+    (0..count)
+        .map(|_| {
+            let code = i32::from_le_bytes(take(4).try_into().unwrap());
+            let dtype = [
+                DType::F32,
+                DType::F64,
+                DType::F16,
+                DType::BF16,
+                DType::I64,
+                DType::Bool,
+            ][code as usize];
+            let rank = u32::from_le_bytes(take(4).try_into().unwrap()) as usize;
+            let shape: Vec<usize> = (0..rank)
+                .map(|_| i64::from_le_bytes(take(8).try_into().unwrap()) as usize)
+                .collect();
+            let len = word(take(8)) as usize;
+            Tensor::from_bytes(dtype, &shape, take(len)).unwrap()
+        })
+        .collect()
+}
+
+/// The deployment path of a PyTorch model: every case of `../shared/exported` is compiled by
+/// `minductor pt2 compile` into one artifact that carries its frozen weights, a C program
+/// (`run_tensors.c`) loads that file alone through the C ABI and runs it on the case's inputs
+/// (the stored sizes, and for dynamic cases the `alt.` sizes through the same artifact), and
+/// its outputs match PyTorch's at the manifest's tolerances, and this process's run of the
+/// same artifact bit for bit. No case is skipped.
+#[test]
+fn a_c_program_runs_each_exported_model_from_its_artifact() {
+    use minductor_tools::pt2;
+    let cc = find_cc();
+    let dir = std::env::temp_dir().join(format!("minductor-capi-pt2-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let exe = dir.join("run_tensors");
+    build_c_program(&cc, "run_tensors.c", &exe);
+    let cases = pt2::load_pt2_manifest(&pt2::default_exported_dir()).unwrap();
+    assert!(!cases.is_empty(), "no case in the manifest");
+    let mut ran = Vec::new();
+    for case in &cases {
+        let artifact = dir.join(format!("{}.mind", case.name));
+        let report = pt2::compile_artifact(&case.file, &artifact)
+            .unwrap_or_else(|e| panic!("{}: {e}", case.name));
+        println!("{}: {report}", case.name);
+        // No file beside the artifact: it is the whole model.
+        let beside: Vec<_> = std::fs::read_dir(&dir)
+            .unwrap()
+            .filter_map(|e| e.ok())
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .filter(|n| n.starts_with(&case.name) && *n != format!("{}.mind", case.name))
+            .collect();
+        assert!(beside.is_empty(), "{}: {beside:?}", case.name);
+        let loaded = minductor::load(&artifact).unwrap();
+        let data = minductor::load_safetensors(&case.data).unwrap();
+        let mut sets = vec![("stored", "")];
+        if case.has_alt {
+            sets.push(("alt", "alt."));
+        }
+        for (sizes, prefix) in sets {
+            let inputs: Vec<Tensor> = case
+                .inputs
+                .iter()
+                .map(|n| data[&format!("{prefix}{n}")].clone())
+                .collect();
+            let inputs_path = dir.join(format!("{}.{sizes}.in", case.name));
+            let outputs_path = dir.join(format!("{}.{sizes}.out", case.name));
+            write_tensor_list(&inputs_path, &inputs);
+            let run = Command::new(&exe)
+                .env("LD_LIBRARY_PATH", library_dir())
+                .arg(&artifact)
+                .arg(&inputs_path)
+                .arg(&outputs_path)
+                .output()
+                .unwrap();
+            let stdout = String::from_utf8_lossy(&run.stdout);
+            assert!(
+                run.status.success() && stdout.ends_with("ok\n"),
+                "{} ({sizes} sizes): the C program failed:\n{stdout}\n{}",
+                case.name,
+                String::from_utf8_lossy(&run.stderr)
+            );
+            let got = read_tensor_list(&outputs_path);
+            let check = pt2::check_outputs(
+                &data,
+                prefix,
+                &got,
+                case.outputs,
+                case.rtol,
+                case.atol,
+                sizes,
+            );
+            assert!(
+                check.passed,
+                "{} ({sizes} sizes) from C: {}",
+                case.name, check.detail
+            );
+            let here = loaded.call(&inputs).unwrap();
+            assert_eq!(got.len(), here.len(), "{}", case.name);
+            for (o, (g, h)) in got.iter().zip(&here).enumerate() {
+                assert_eq!(g.shape(), h.shape(), "{} output {o}", case.name);
+                assert!(
+                    g.to_bytes() == h.to_bytes(),
+                    "{} ({sizes} sizes) output {o}: C and Rust differ",
+                    case.name
+                );
+            }
+            println!(
+                "{} ({sizes} sizes): max |err| {:.3e} vs PyTorch (atol {:.1e}, rtol {:.1e})",
+                case.name, check.max_abs_error, case.atol, case.rtol
+            );
+        }
+        // A size outside an exported range: the C program's run is refused with
+        // MINDUCTOR_ERR_SHAPE (the range is in the artifact).
+        let signature = minductor::export::load(&case.file)
+            .unwrap()
+            .signature()
+            .clone();
+        if let Some(range) = signature.symbols.iter().find(|r| r.max.is_some()) {
+            let too_big = range.max.unwrap() + 1;
+            let inputs: Vec<Tensor> = signature
+                .inputs
+                .iter()
+                .map(|input| {
+                    let shape: Vec<usize> = input
+                        .ty
+                        .shape
+                        .iter()
+                        .map(|d| match d {
+                            minductor::Dim::Sym(s) if *s == range.sym => too_big,
+                            minductor::Dim::Sym(s) => signature
+                                .symbols
+                                .iter()
+                                .find(|r| r.sym == *s)
+                                .map_or(1, |r| r.min.max(1)),
+                            d => d.as_static().unwrap_or(1),
+                        })
+                        .collect();
+                    Tensor::zeros(input.ty.dtype, &shape)
+                })
+                .collect();
+            let inputs_path = dir.join(format!("{}.out-of-range.in", case.name));
+            write_tensor_list(&inputs_path, &inputs);
+            let run = Command::new(&exe)
+                .env("LD_LIBRARY_PATH", library_dir())
+                .arg(&artifact)
+                .arg(&inputs_path)
+                .arg(dir.join("unused.out"))
+                .output()
+                .unwrap();
+            let stderr = String::from_utf8_lossy(&run.stderr);
+            assert!(
+                !run.status.success() && stderr.contains("MINDUCTOR_ERR_SHAPE"),
+                "{}: size {too_big} outside {}..={}: {stderr}",
+                case.name,
+                range.min,
+                too_big - 1
+            );
+        }
+        ran.push(case.name.clone());
+    }
+    assert_eq!(ran.len(), cases.len());
+    assert!(ran.iter().any(|n| n == "tiny_gpt2"), "{ran:?}");
+    std::fs::remove_dir_all(&dir).ok();
+}

@@ -2,9 +2,12 @@
 //!
 //! The function's signature is `fn(buffers: *const *mut u8, params: *const i64, start: i64, end: i64)`:
 //! `buffers` holds one pointer per entry of `Kernel::buffers()`, `params` the loop extents and
-//! then the symbols the indices read, in the order of `Kernel::params()`, and `start..end` the
-//! range of the first outer loop (so the runtime can split it across threads; a kernel without
-//! outer loops runs once for any non-empty range). Symbolic index coefficients and offsets (size
+//! then the symbols the indices read, in the order of `Kernel::params()`, and `start..end` a
+//! range of the first outer loop, or of the first few outer loops' iterations flattened in
+//! row-major order (`Kernel::split_loops`), so the runtime can split them across threads (a
+//! `[4, 256]` domain into up to 1024 pieces, not 4); the loop variables of a flattened range
+//! start from `start`'s digits and advance like an odometer. A kernel without outer loops runs
+//! once for any non-empty range. Symbolic index coefficients and offsets (size
 //! expressions such as `48*s0`) are computed from those symbols once, in the entry block; the
 //! kernel-IR verifier proved, for the call's sizes, that every address they form lies inside its
 //! buffer (their products, evaluated exactly there, fit in the buffer's extent).
@@ -184,6 +187,9 @@ struct Lowering<'k, 'b, 'f> {
     column: outer::Column,
     /// The vector width (bits) each stage's loop runs at (`None`: no loop), for reports.
     stage_bits: Vec<Option<u32>>,
+    /// Leading outer loops that `start..end` ranges over, flattened in row-major order (see
+    /// [`lower_kernel`]).
+    split: usize,
 }
 
 /// A sum's accumulators: the block ones the loop body adds into, reset at each block, and the
@@ -224,12 +230,15 @@ struct BlockMath {
     buffer: Value,
 }
 
-/// Emits the body of `kernel` into `b` (whose function has the kernel signature). Returns the
-/// vector width (bits) of each stage's loop (`None` for a stage without loops).
+/// Emits the body of `kernel` into `b` (whose function has the kernel signature), its range
+/// `start..end` over the first `split` outer loops flattened in row-major order (one loop when
+/// `split <= 1`: a GEMM epilogue's blocks of rows; `Kernel::split_loops` for a step's kernel).
+/// Returns the vector width (bits) of each stage's loop (`None` for a stage without loops).
 pub fn lower_kernel(
     b: &mut FunctionBuilder,
     kernel: &Kernel,
     program: &Program,
+    split: usize,
 ) -> Vec<Option<u32>> {
     let entry = b.create_block();
     b.append_block_params_for_function_params(entry);
@@ -296,11 +305,10 @@ pub fn lower_kernel(
         outer_results: Vec::new(),
         column: outer::Column::FIRST,
         stage_bits: vec![None; kernel.stages.len()],
+        split: split.min(kernel.outer.len()),
     };
     let outer = kernel.outer.len();
     if kernel.order == LoopOrder::OuterReduction && outer > 0 {
-        // Cranelift's 4-lane vectors along the columns, for every stage.
-        l.stage_bits = vec![Some(128); kernel.stages.len()];
         l.outer_order(start, end, &extents);
     } else if outer == 0 {
         // Run once if the range is non-empty.

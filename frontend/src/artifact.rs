@@ -4,11 +4,13 @@
 //!
 //! # Format (version [`FORMAT_VERSION`])
 //!
-//! A UTF-8 text file, one header field per line, then length-prefixed sections, then a checksum:
+//! A header of text lines, then length-prefixed sections, then a checksum line. Every section
+//! is text except `constants`, whose tensor data is binary: the reader takes each section by its
+//! byte length, never by lines.
 //!
 //! ```text
 //! MINDUCTOR-ARTIFACT
-//! format 1
+//! format 2
 //! minductor 0.1.0
 //! arch x86_64
 //! requires sse2
@@ -17,49 +19,79 @@
 //! section graph <bytes>
 //! <the graph's text>
 //! section guards <bytes>
-//! <one line per input, tangent and output>
+//! <one line per input, tangent, size range and output>
 //! section program <bytes>
 //! <the kernel program's text, buffer plan included>
 //! section autotune <bytes>          (max-autotune only)
 //! <`threads N`, then one `KERNEL SPLIT` line per kernel step>
+//! section constants <bytes>         (a frozen compile only)
+//! count <N>
+//! <NAME>: <TYPE> offset <O> bytes <B>   (N lines, one per constant)
+//! data <D>
+//! <zero bytes up to the next file offset that is a multiple of 64>
+//! <D bytes of tensor data>
 //! checksum fnv1a64 <16 hex digits>
 //! ```
 //!
-//! - `format` is checked first: another format version is [`ArtifactError::ForeignFormat`];
-//!   another `minductor` version is [`ArtifactError::ForeignVersion`] (the kernel IR's meaning
-//!   may change between versions even when its text does not).
-//! - The checksum (64-bit FNV-1a of every byte before the `checksum` line) catches truncation
-//!   and accidental corruption; it is no defence against a crafted file. What makes a crafted
-//!   file harmless is that the program is re-verified (`verify_program`: every load and store
-//!   inside its buffer, the plan's slots disjoint) before any code is generated from it.
+//! - `format` is checked first: a format this build does not read is
+//!   [`ArtifactError::ForeignFormat`]. Format 1 is format 2 without a `constants` section; this
+//!   build reads both and writes 2. Another `minductor` version is
+//!   [`ArtifactError::ForeignVersion`] (the kernel IR's meaning may change between versions even
+//!   when its text does not).
+//! - The checksum (64-bit FNV-1a of every byte before the `checksum` line, the constants' data
+//!   included) catches truncation and accidental corruption; it is no defence against a crafted
+//!   file. What makes a crafted file harmless is that the program is re-verified
+//!   (`verify_program`: every load and store inside its buffer, the plan's slots disjoint)
+//!   before any code is generated from it, and that each constant's byte length is checked
+//!   against the type the graph declares for it.
 //! - No machine code is stored: loading runs Cranelift again on the kernel program, for the
 //!   loading CPU. So `requires` lists only what the code generator needs on `arch` (SSE2 on
 //!   x86-64); `compiled-with` records the saving host's features, for information (FMA
 //!   contraction and the AVX-512/AVX2 math blocks change the last bits of some results).
-//! - Sections: `graph` is the graph as traced (`Graph`'s text; it gives `Compiled::graph` and the
-//!   input checks), `guards` what a call must pass (`input NAME: TYPE`, a symbolic dim `sN`
+//! - Sections: `graph` is the graph as compiled (`Graph`'s text; it gives `Compiled::graph` and
+//!   the input checks), `guards` what a call must pass (`input NAME: TYPE`, a symbolic dim `sN`
 //!   taking any size consistent across inputs), the dtype of each tangent input a joint graph is
-//!   fed with ones (`tangent f32`) and what it returns (`output TYPE`), and `program` the kernel
-//!   program with its buffer plan (`Program`'s text). Section lengths are in bytes; each
-//!   section is followed by a newline.
+//!   fed with ones (`tangent f32`), the sizes a symbolic dim may take when they are restricted
+//!   (`range s0: 2..=64`, or `range s0: 1..`: an imported program's `range_constraints`, which a
+//!   call of the loaded graph checks as the compiled one did) and what it returns
+//!   (`output TYPE`), and `program` the kernel program with its buffer plan (`Program`'s text).
+//!   Section lengths are in bytes; each section is followed by a newline.
 //! - `autotune` (written only in `max-autotune` mode) caches the thread split max-autotune chose
 //!   for each kernel step, with the thread count it was timed on. A load reuses the choices when
 //!   it runs on the same thread count and CPU features as the saving machine (the compile cache's
 //!   case) and tunes again otherwise.
+//! - `constants` (written only for a frozen compile, `compile_frozen` or an imported `.pt2`)
+//!   holds the frozen values: the graph's last `N` inputs, which a call of the loaded graph
+//!   does not take (it feeds them itself, as the compile did). Each table line names the graph
+//!   input, its type (static sizes) and where its bytes lie in the data block: `O` from the
+//!   block's start, a multiple of 64, and `B` bytes, row-major and little-endian (bool: one byte,
+//!   0 or 1). The data block starts at a file offset that is a multiple of 64, so a constant can
+//!   be used in place once the file is mapped at an aligned address. A load checks the names and
+//!   types against the graph's last inputs and `B` against the type
+//!   ([`ArtifactError::ConstantSize`] when it differs), then packs the GEMM operands among them
+//!   once, as the frozen compile did.
 
-use crate::compile::{with_tangents, Artifacts, Backend, CompileOptions, Compiled, Mode};
+use crate::compile::{
+    with_tangents, Artifacts, Backend, CompileOptions, Compiled, Mode, SizeRange,
+};
 use minductor_codegen_cpu::{compile_program, CodegenError};
 use minductor_ir::text::{Cursor, ParseError};
-use minductor_ir::{DType, Graph, TensorType};
+use minductor_ir::{DType, Dim, Graph, TensorType};
 use minductor_kernel_ir::{verify_program, BufferKind, Program, VerifyError};
+use minductor_runtime::Tensor;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 use thiserror::Error;
 
 /// The first line of every artifact.
 pub const MAGIC: &str = "MINDUCTOR-ARTIFACT";
-/// The layout this build writes and reads.
-pub const FORMAT_VERSION: u32 = 1;
+/// The layout this build writes (it reads this one and format 1, which has no constants).
+pub const FORMAT_VERSION: u32 = 2;
+/// The oldest layout this build reads.
+pub const OLDEST_FORMAT_VERSION: u32 = 1;
+/// The alignment of the constants' data: of the data block's file offset and of each
+/// constant's offset inside it.
+pub const CONSTANT_ALIGNMENT: usize = 64;
 /// The `minductor` version this build writes and accepts.
 pub const MINDUCTOR_VERSION: &str = env!("CARGO_PKG_VERSION");
 
@@ -77,7 +109,7 @@ pub enum ArtifactError {
     Truncated(String),
     #[error("the artifact is corrupted: {0}")]
     Corrupted(String),
-    #[error("artifact format {found}, but this build reads format {expected}")]
+    #[error("artifact format {found}, but this build reads formats {OLDEST_FORMAT_VERSION} to {expected}")]
     ForeignFormat { found: String, expected: u32 },
     #[error("artifact written by minductor {found}, but this is minductor {expected}")]
     ForeignVersion { found: String, expected: String },
@@ -95,6 +127,15 @@ pub enum ArtifactError {
     },
     #[error("the sections disagree: {0}")]
     Inconsistent(String),
+    #[error(
+        "constant `{name}` is {ty}, which takes {expected} bytes, but the artifact holds {found}"
+    )]
+    ConstantSize {
+        name: String,
+        ty: String,
+        expected: usize,
+        found: usize,
+    },
     #[error("the program fails verification: {0}")]
     Verify(Box<VerifyError>),
     #[error("code generation failed: {0}")]
@@ -122,6 +163,20 @@ pub struct Artifact {
     pub program: String,
     /// Max-autotune's choices (`threads N`, then `KERNEL SPLIT` lines); empty when not tuned.
     pub autotune: String,
+    /// A frozen compile's constants, the values of the graph's last inputs in order; empty
+    /// otherwise (and in format 1).
+    pub constants: Vec<Constant>,
+}
+
+/// One frozen value of the `constants` section.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Constant {
+    /// The graph input it feeds.
+    pub name: String,
+    /// Its type as the section's table states it (a load checks it against the graph's).
+    pub ty: TensorType,
+    /// Its elements, row-major and little-endian.
+    pub data: Vec<u8>,
 }
 
 /// 64-bit FNV-1a over `bytes` (the checksum, and the compile cache's key hash).
@@ -197,13 +252,7 @@ impl Artifact {
                 compiled.backend().name()
             )));
         };
-        if !compiled.frozen_constants().is_empty() {
-            return Err(ArtifactError::Unsupported(
-                "a frozen compile's constants are tensors, which the artifact format does not \
-                 carry; save the graph compiled without freezing"
-                    .into(),
-            ));
-        }
+        let constants = constants_of(compiled)?;
         let graph = compiled.graph().to_string();
         let program_text = program.to_string();
         // Only what loads back is saved: both texts must parse to what they print.
@@ -230,6 +279,9 @@ impl Artifact {
         for dtype in compiled.tangent_dtypes() {
             guards.push_str(&format!("tangent {dtype}\n"));
         }
+        for range in compiled.size_ranges() {
+            guards.push_str(&format!("range {range}\n"));
+        }
         for &out in &program.outputs {
             let b = program.buffer(out);
             let ty = TensorType::new(b.dtype, b.shape.iter().copied().collect());
@@ -250,24 +302,29 @@ impl Artifact {
             guards,
             program: program_text,
             autotune: autotune_text(&compiled.artifacts().autotune),
+            constants,
         })
     }
 
     /// The file's bytes (see the module doc).
     pub fn to_bytes(&self) -> Vec<u8> {
-        let mut out = String::new();
-        out.push_str(&format!("{MAGIC}\nformat {}\n", self.format_version));
-        out.push_str(&format!("minductor {}\n", self.minductor_version));
-        out.push_str(&format!("arch {}\n", self.arch));
-        out.push_str(&format!("requires {}\n", self.required_features.join(" ")));
-        out.push_str(&format!("compiled-with {}\n", self.compiled_with.join(" ")));
-        out.push_str(&format!("options {}\n", self.options));
+        let mut out = Vec::new();
+        let mut header = format!("{MAGIC}\nformat {}\n", self.format_version);
+        header.push_str(&format!("minductor {}\n", self.minductor_version));
+        header.push_str(&format!("arch {}\n", self.arch));
+        header.push_str(&format!("requires {}\n", self.required_features.join(" ")));
+        header.push_str(&format!("compiled-with {}\n", self.compiled_with.join(" ")));
+        header.push_str(&format!("options {}\n", self.options));
+        out.extend_from_slice(header.as_bytes());
         for (name, text) in self.sections() {
-            out.push_str(&format!("section {name} {}\n{text}\n", text.len()));
+            out.extend_from_slice(format!("section {name} {}\n{text}\n", text.len()).as_bytes());
         }
-        let sum = fnv1a64(out.as_bytes());
-        out.push_str(&format!("checksum fnv1a64 {sum:016x}\n"));
-        out.into_bytes()
+        if !self.constants.is_empty() {
+            self.push_constants(&mut out);
+        }
+        let sum = fnv1a64(&out);
+        out.extend_from_slice(format!("checksum fnv1a64 {sum:016x}\n").as_bytes());
+        out
     }
 
     fn sections(&self) -> Vec<(&'static str, &str)> {
@@ -280,6 +337,49 @@ impl Artifact {
             sections.push(("autotune", self.autotune.as_str()));
         }
         sections
+    }
+
+    /// Appends the `constants` section: the table, zero bytes up to an aligned file offset,
+    /// the data block (each constant at an aligned offset in it), and the closing newline.
+    fn push_constants(&self, out: &mut Vec<u8>) {
+        let mut table = format!("count {}\n", self.constants.len());
+        let mut offsets = Vec::with_capacity(self.constants.len());
+        let mut data_len = 0usize;
+        for c in &self.constants {
+            let offset = data_len.next_multiple_of(CONSTANT_ALIGNMENT);
+            table.push_str(&format!(
+                "{}: {} offset {offset} bytes {}\n",
+                c.name,
+                c.ty,
+                c.data.len()
+            ));
+            offsets.push(offset);
+            data_len = offset + c.data.len();
+        }
+        table.push_str(&format!("data {data_len}\n"));
+        // The padding depends on where the section's text starts, which depends on how many
+        // digits its length has, which depends on the padding: try each digit count (and, at a
+        // power of ten, 64 more zero bytes) until the length written has the digits assumed.
+        let prefix = "section constants ";
+        let (len, pad) = (1..=20usize)
+            .flat_map(|digits| [0, 1, 2].map(|extra| (digits, extra)))
+            .find_map(|(digits, extra)| {
+                let table_end = out.len() + prefix.len() + digits + 1 + table.len();
+                let pad = table_end.next_multiple_of(CONSTANT_ALIGNMENT) - table_end
+                    + extra * CONSTANT_ALIGNMENT;
+                let len = table.len() + pad + data_len;
+                (len.to_string().len() == digits).then_some((len, pad))
+            })
+            .expect("some digit count from 1 to 20 fits a length below 2^64");
+        out.extend_from_slice(format!("{prefix}{len}\n{table}").as_bytes());
+        out.resize(out.len() + pad, 0);
+        let data_start = out.len();
+        debug_assert!(data_start.is_multiple_of(CONSTANT_ALIGNMENT));
+        out.resize(data_start + data_len, 0);
+        for (c, offset) in self.constants.iter().zip(offsets) {
+            out[data_start + offset..data_start + offset + c.data.len()].copy_from_slice(&c.data);
+        }
+        out.push(b'\n');
     }
 
     /// Decodes a file's bytes, checking magic, format, checksum and version (not the CPU nor
@@ -302,13 +402,17 @@ impl Artifact {
         let found = format_line
             .strip_prefix("format ")
             .ok_or_else(|| ArtifactError::Corrupted("the second line is not `format N`".into()))?;
-        if found != FORMAT_VERSION.to_string() {
-            return Err(ArtifactError::ForeignFormat {
+        let format_version = found
+            .parse::<u32>()
+            .ok()
+            .filter(|v| (OLDEST_FORMAT_VERSION..=FORMAT_VERSION).contains(v))
+            .filter(|v| v.to_string() == found)
+            .ok_or_else(|| ArtifactError::ForeignFormat {
                 found: found.chars().take(32).collect(),
                 expected: FORMAT_VERSION,
-            });
-        }
-        // The checksum line ends the file.
+            })?;
+        // The checksum line ends the file. Whatever else the last line is (binary data
+        // included), the file was cut short.
         let body_end = match bytes[..bytes.len().saturating_sub(1)]
             .iter()
             .rposition(|&b| b == b'\n')
@@ -320,14 +424,13 @@ impl Artifact {
                 ))
             }
         };
-        let checksum_line = std::str::from_utf8(&bytes[body_end..bytes.len() - 1])
-            .map_err(|_| ArtifactError::Corrupted("the checksum line is not text".into()))?;
-        let Some(hex) = checksum_line.strip_prefix("checksum fnv1a64 ") else {
+        let Some(hex) = bytes[body_end..bytes.len() - 1].strip_prefix(b"checksum fnv1a64 ") else {
             return Err(ArtifactError::Truncated(
                 "the file does not end with its checksum line".into(),
             ));
         };
-        let stored = u64::from_str_radix(hex, 16)
+        let hex = String::from_utf8_lossy(hex);
+        let stored = u64::from_str_radix(&hex, 16)
             .ok()
             .filter(|_| hex.len() == 16)
             .ok_or_else(|| ArtifactError::Corrupted(format!("checksum `{hex}` is malformed")))?;
@@ -338,74 +441,63 @@ impl Artifact {
                 "checksum {computed:016x} of the contents, but the file says {stored:016x}"
             )));
         }
-        let body = std::str::from_utf8(body)
-            .map_err(|e| ArtifactError::Corrupted(format!("not UTF-8 text: {e}")))?;
-        Self::decode_body(&body[magic.len() + line_end + 1..])
+        let mut reader = Reader {
+            bytes: body,
+            pos: magic.len() + line_end + 1,
+        };
+        Self::decode_body(&mut reader, format_version)
     }
 
     /// The header fields after `format` and the sections (a body whose checksum matched).
-    fn decode_body(mut body: &str) -> Result<Artifact, ArtifactError> {
-        let corrupted = |what: &str| ArtifactError::Corrupted(what.to_string());
-        // The next line, which must be `name value`: the value.
-        fn next_field(body: &mut &str, name: &str) -> Result<String, ArtifactError> {
-            let corrupted = |what: String| ArtifactError::Corrupted(what);
-            let (line, rest) = body
-                .split_once('\n')
-                .ok_or_else(|| corrupted(format!("the header ends before `{name}`")))?;
-            *body = rest;
-            let value = line
-                .strip_prefix(name)
-                .and_then(|v| v.strip_prefix(' '))
-                .ok_or_else(|| corrupted(format!("expected the `{name}` line")))?;
-            Ok(value.to_string())
-        }
-        let minductor_version = next_field(&mut body, "minductor")?;
+    fn decode_body(body: &mut Reader<'_>, format_version: u32) -> Result<Artifact, ArtifactError> {
+        let corrupted = |what: String| ArtifactError::Corrupted(what);
+        let minductor_version = body.field("minductor")?.to_string();
         if minductor_version != MINDUCTOR_VERSION {
             return Err(ArtifactError::ForeignVersion {
                 found: minductor_version.chars().take(32).collect(),
                 expected: MINDUCTOR_VERSION.to_string(),
             });
         }
-        let arch = next_field(&mut body, "arch")?;
-        let words = |s: String| -> Vec<String> { s.split_whitespace().map(String::from).collect() };
-        let required_features = words(next_field(&mut body, "requires")?);
-        let compiled_with = words(next_field(&mut body, "compiled-with")?);
-        let options = next_field(&mut body, "options")?;
-        let mut sections = Vec::new();
+        let arch = body.field("arch")?.to_string();
+        let words = |s: &str| -> Vec<String> { s.split_whitespace().map(String::from).collect() };
+        let required_features = words(body.field("requires")?);
+        let compiled_with = words(body.field("compiled-with")?);
+        let options = body.field("options")?.to_string();
+        let mut texts = Vec::new();
         for name in ["graph", "guards", "program"] {
-            let len: usize = next_field(&mut body, "section")?
-                .strip_prefix(name)
-                .and_then(|v| v.strip_prefix(' '))
-                .and_then(|v| v.parse().ok())
-                .ok_or_else(|| corrupted(&format!("expected `section {name} <bytes>`")))?;
-            let text = body
-                .get(..len)
-                .filter(|_| body.as_bytes().get(len) == Some(&b'\n'))
-                .ok_or_else(|| corrupted(&format!("section {name} is not {len} bytes long")))?;
-            sections.push(text.to_string());
-            body = &body[len + 1..];
+            let (found, bytes) = body.section()?;
+            if found != name {
+                return Err(corrupted(format!(
+                    "expected section `{name}`, found `{found}`"
+                )));
+            }
+            texts.push(section_text(name, bytes)?);
         }
-        // The optional last section.
-        let mut autotune = String::new();
-        if let Some(rest) = body.strip_prefix("section autotune ") {
-            let (len, rest) = rest
-                .split_once('\n')
-                .and_then(|(len, rest)| Some((len.parse::<usize>().ok()?, rest)))
-                .ok_or_else(|| corrupted("expected `section autotune <bytes>`"))?;
-            let text = rest
-                .get(..len)
-                .filter(|_| rest.as_bytes().get(len) == Some(&b'\n'))
-                .ok_or_else(|| corrupted(&format!("section autotune is not {len} bytes long")))?;
-            autotune = text.to_string();
-            body = &rest[len + 1..];
-        }
-        if !body.is_empty() {
-            return Err(corrupted("bytes after the last section"));
+        // The optional sections, in this order.
+        let mut autotune = None;
+        let mut constants = None;
+        while !body.at_end() {
+            let (name, bytes) = body.section()?;
+            match name {
+                "autotune" if autotune.is_none() && constants.is_none() => {
+                    autotune = Some(section_text(name, bytes)?);
+                }
+                "constants" if format_version >= 2 && constants.is_none() => {
+                    let start = body.pos - bytes.len() - 1;
+                    constants = Some(decode_constants(bytes, start)?);
+                }
+                other => {
+                    return Err(corrupted(format!(
+                        "unexpected section `{}` (format {format_version})",
+                        other.chars().take(32).collect::<String>()
+                    )))
+                }
+            }
         }
         let [graph, guards, program]: [String; 3] =
-            sections.try_into().expect("three sections were read");
+            texts.try_into().expect("three sections were read");
         Ok(Artifact {
-            format_version: FORMAT_VERSION,
+            format_version,
             minductor_version,
             arch,
             required_features,
@@ -414,7 +506,8 @@ impl Artifact {
             graph,
             guards,
             program,
-            autotune,
+            autotune: autotune.unwrap_or_default(),
+            constants: constants.unwrap_or_default(),
         })
     }
 
@@ -455,6 +548,7 @@ impl Artifact {
             ));
         }
         verify_program(&program, &[]).map_err(|e| ArtifactError::Verify(Box::new(e)))?;
+        let constants = self.constant_tensors(&graph)?;
         let options = parse_options(&self.options)
             .ok_or_else(|| ArtifactError::Corrupted(format!("options `{}`", self.options)))?;
         let mut compiled = compile_program(&program)?;
@@ -483,15 +577,103 @@ impl Artifact {
             ..Artifacts::default()
         };
         let executable = with_tangents(Box::new(compiled), &guards.tangents);
-        Ok(Compiled::from_parts(
+        let ranges = guards.ranges;
+        let mut compiled = Compiled::from_parts(
             graph,
             executable,
             artifacts,
             options,
             guards.tangents,
             started.elapsed(),
-        ))
+        );
+        compiled.set_size_ranges(&ranges);
+        if !constants.is_empty() {
+            compiled.set_frozen(constants, started.elapsed());
+        }
+        Ok(compiled)
     }
+
+    /// The constants as tensors, once each is checked against the graph input it feeds: the
+    /// graph's last inputs, in order, with the same names and types, and as many bytes as the
+    /// type takes.
+    fn constant_tensors(&self, graph: &Graph) -> Result<Vec<Tensor>, ArtifactError> {
+        let inputs = graph.inputs();
+        let Some(first) = inputs.len().checked_sub(self.constants.len()) else {
+            return Err(ArtifactError::Inconsistent(format!(
+                "{} constants for a graph of {} inputs",
+                self.constants.len(),
+                inputs.len()
+            )));
+        };
+        self.constants
+            .iter()
+            .enumerate()
+            .map(|(k, c)| {
+                let (name, ty) = (graph.input_name(first + k), graph.ty(inputs[first + k]));
+                if c.name != name || c.ty != *ty {
+                    return Err(ArtifactError::Inconsistent(format!(
+                        "constant {k} is `{}: {}`, but graph input {} is `{name}: {ty}`",
+                        c.name,
+                        c.ty,
+                        first + k
+                    )));
+                }
+                let Some(shape) = ty.static_sizes() else {
+                    return Err(ArtifactError::Inconsistent(format!(
+                        "constant `{name}` has a symbolic type {ty}"
+                    )));
+                };
+                let expected = shape
+                    .iter()
+                    .try_fold(ty.dtype.size_bytes(), |acc, &n| acc.checked_mul(n));
+                if expected != Some(c.data.len()) {
+                    return Err(ArtifactError::ConstantSize {
+                        name: name.to_string(),
+                        ty: ty.to_string(),
+                        expected: expected.unwrap_or(usize::MAX),
+                        found: c.data.len(),
+                    });
+                }
+                Tensor::from_bytes(ty.dtype, &shape, &c.data)
+                    .map_err(|e| ArtifactError::Corrupted(format!("constant `{name}`: {e}")))
+            })
+            .collect()
+    }
+}
+
+/// A frozen compile's constants as the `constants` section holds them: each named after the
+/// graph input it feeds, with that input's type.
+fn constants_of(compiled: &Compiled) -> Result<Vec<Constant>, ArtifactError> {
+    let frozen = compiled.frozen_constants();
+    if frozen.is_empty() {
+        return Ok(Vec::new());
+    }
+    if cfg!(target_endian = "big") {
+        return Err(ArtifactError::Unsupported(
+            "constants are stored little-endian; this build runs on a big-endian CPU".into(),
+        ));
+    }
+    let graph = compiled.graph();
+    let first = graph.inputs().len() - frozen.len();
+    frozen
+        .iter()
+        .enumerate()
+        .map(|(k, tensor)| {
+            let ty = graph.ty(graph.inputs()[first + k]).clone();
+            if ty.dtype != tensor.dtype() || ty.static_sizes().as_deref() != Some(tensor.shape()) {
+                return Err(ArtifactError::Unsupported(format!(
+                    "frozen constant {k} is {}{:?}, but its graph input is {ty}",
+                    tensor.dtype(),
+                    tensor.shape()
+                )));
+            }
+            Ok(Constant {
+                name: graph.input_name(first + k).to_string(),
+                ty,
+                data: tensor.to_bytes(),
+            })
+        })
+        .collect()
 }
 
 impl Artifact {
@@ -516,6 +698,175 @@ impl Artifact {
             })
             .collect()
     }
+}
+
+/// A position in an artifact's body (whose checksum matched): what is malformed there is
+/// [`ArtifactError::Corrupted`], a crafted or buggy file rather than a truncated one.
+struct Reader<'a> {
+    /// The body, from the magic line to the checksum line (excluded).
+    bytes: &'a [u8],
+    /// The offset of the next unread byte, from the file's start.
+    pos: usize,
+}
+
+impl<'a> Reader<'a> {
+    fn at_end(&self) -> bool {
+        self.pos >= self.bytes.len()
+    }
+
+    /// The next line as text, without its newline.
+    fn line(&mut self, what: &str) -> Result<&'a str, ArtifactError> {
+        let rest = &self.bytes[self.pos.min(self.bytes.len())..];
+        let end = rest
+            .iter()
+            .position(|&b| b == b'\n')
+            .ok_or_else(|| ArtifactError::Corrupted(format!("the contents end before {what}")))?;
+        let line = std::str::from_utf8(&rest[..end])
+            .map_err(|_| ArtifactError::Corrupted(format!("{what} is not text")))?;
+        self.pos += end + 1;
+        Ok(line)
+    }
+
+    /// The next line, which must be `name value`: the value.
+    fn field(&mut self, name: &str) -> Result<&'a str, ArtifactError> {
+        self.line(&format!("the `{name}` line"))?
+            .strip_prefix(name)
+            .and_then(|v| v.strip_prefix(' '))
+            .ok_or_else(|| ArtifactError::Corrupted(format!("expected the `{name}` line")))
+    }
+
+    /// The next section: `section NAME LEN`, then `LEN` bytes taken by length (they may hold
+    /// anything, line breaks included), then a newline. Its name and bytes.
+    fn section(&mut self) -> Result<(&'a str, &'a [u8]), ArtifactError> {
+        let corrupted = |what: String| ArtifactError::Corrupted(what);
+        let line = self.field("section")?;
+        let (name, len) = line
+            .rsplit_once(' ')
+            .and_then(|(name, len)| Some((name, len.parse::<usize>().ok()?)))
+            .ok_or_else(|| {
+                corrupted(format!(
+                    "expected `section NAME <bytes>`, found `{}`",
+                    short(line)
+                ))
+            })?;
+        let end = self
+            .pos
+            .checked_add(len)
+            .filter(|&end| self.bytes.get(end) == Some(&b'\n'))
+            .ok_or_else(|| corrupted(format!("section {} is not {len} bytes long", short(name))))?;
+        let bytes = &self.bytes[self.pos..end];
+        self.pos = end + 1;
+        Ok((name, bytes))
+    }
+}
+
+/// The first 32 characters of `text`, for a message about a malformed file.
+fn short(text: &str) -> String {
+    text.chars().take(32).collect()
+}
+
+/// A text section's contents.
+fn section_text(name: &str, bytes: &[u8]) -> Result<String, ArtifactError> {
+    std::str::from_utf8(bytes)
+        .map(str::to_string)
+        .map_err(|e| ArtifactError::Corrupted(format!("section {name} is not UTF-8 text: {e}")))
+}
+
+/// The `constants` section's contents (`bytes`, which start at file offset `start`): the
+/// table, the zero padding and the data block, each constant's place checked to lie inside
+/// the block at an aligned offset. Whether each byte length fits its type is [`Artifact::load`]'s
+/// check, against the graph.
+fn decode_constants(bytes: &[u8], start: usize) -> Result<Vec<Constant>, ArtifactError> {
+    let corrupted = |what: String| ArtifactError::Corrupted(format!("section constants: {what}"));
+    let mut table = Reader { bytes, pos: 0 };
+    let count: usize = table
+        .field("count")?
+        .parse()
+        .map_err(|_| corrupted("`count N` expected".into()))?;
+    // Each table line takes at least a dozen bytes: a count beyond that is a lie, refused
+    // before anything is allocated for it.
+    if count > bytes.len() / 12 {
+        return Err(corrupted(format!(
+            "{count} constants in {} bytes",
+            bytes.len()
+        )));
+    }
+    let mut places = Vec::with_capacity(count);
+    for k in 0..count {
+        let line = table.line(&format!("constant {k}"))?;
+        let parsed = (|| {
+            let (declared, place) = line.rsplit_once(" offset ")?;
+            let (offset, len) = place.split_once(" bytes ")?;
+            let (name, ty) = declared.rsplit_once(": ")?;
+            Some((
+                name,
+                ty,
+                offset.parse::<usize>().ok()?,
+                len.parse::<usize>().ok()?,
+            ))
+        })();
+        let (name, ty, offset, len) = parsed.ok_or_else(|| {
+            corrupted(format!(
+                "expected `NAME: TYPE offset O bytes B`, found `{}`",
+                short(line)
+            ))
+        })?;
+        let mut cursor = Cursor::new(ty, k + 2);
+        let ty = cursor
+            .tensor_type()
+            .and_then(|ty| cursor.end().map(|()| ty))
+            .map_err(|error| ArtifactError::Parse {
+                section: "constants",
+                error,
+            })?;
+        places.push((name.to_string(), ty, offset, len));
+    }
+    let data_len: usize = table
+        .field("data")?
+        .parse()
+        .map_err(|_| corrupted("`data <bytes>` expected".into()))?;
+    // The data block is the section's last `data_len` bytes; zeros before it up to its
+    // aligned start.
+    let data_at = bytes
+        .len()
+        .checked_sub(data_len)
+        .filter(|&at| at >= table.pos)
+        .ok_or_else(|| corrupted(format!("a data block of {data_len} bytes does not fit")))?;
+    if !(start + data_at).is_multiple_of(CONSTANT_ALIGNMENT) {
+        return Err(corrupted(format!(
+            "the data block starts at file offset {}, not a multiple of {CONSTANT_ALIGNMENT}",
+            start + data_at
+        )));
+    }
+    if bytes[table.pos..data_at].iter().any(|&b| b != 0) {
+        return Err(corrupted(
+            "the padding before the data block is not zeros".into(),
+        ));
+    }
+    let data = &bytes[data_at..];
+    places
+        .into_iter()
+        .map(|(name, ty, offset, len)| {
+            if !offset.is_multiple_of(CONSTANT_ALIGNMENT) {
+                return Err(corrupted(format!(
+                    "`{name}` at offset {offset}, not a multiple of {CONSTANT_ALIGNMENT}"
+                )));
+            }
+            let place = offset
+                .checked_add(len)
+                .and_then(|end| data.get(offset..end))
+                .ok_or_else(|| {
+                    corrupted(format!(
+                        "`{name}`: {len} bytes at offset {offset} lie outside the {data_len}-byte data block"
+                    ))
+                })?;
+            Ok(Constant {
+                name,
+                ty,
+                data: place.to_vec(),
+            })
+        })
+        .collect()
 }
 
 /// The autotune section's text for `choices` (empty when there are none).
@@ -562,6 +913,7 @@ fn parse_options(text: &str) -> Option<CompileOptions> {
 struct Guards {
     inputs: Vec<(String, TensorType)>,
     tangents: Vec<DType>,
+    ranges: Vec<SizeRange>,
     outputs: Vec<TensorType>,
 }
 
@@ -570,6 +922,7 @@ impl Guards {
         let mut guards = Guards {
             inputs: Vec::new(),
             tangents: Vec::new(),
+            ranges: Vec::new(),
             outputs: Vec::new(),
         };
         for (i, line) in text.lines().enumerate() {
@@ -585,11 +938,25 @@ impl Guards {
             } else if c.try_eat("tangent ") {
                 guards.tangents.push(c.dtype()?);
                 c.end()?;
+            } else if c.try_eat("range ") {
+                let Dim::Sym(sym) = c.dim()? else {
+                    return Err(c.error("a symbolic dim `sN`"));
+                };
+                c.eat(": ")?;
+                let min = c.usize()?;
+                c.eat("..")?;
+                let max = if c.try_eat("=") {
+                    Some(c.usize()?)
+                } else {
+                    None
+                };
+                c.end()?;
+                guards.ranges.push(SizeRange { sym, min, max });
             } else if c.try_eat("output ") {
                 guards.outputs.push(c.tensor_type()?);
                 c.end()?;
             } else {
-                return Err(c.error("`input`, `tangent` or `output`"));
+                return Err(c.error("`input`, `tangent`, `range` or `output`"));
             }
         }
         Ok(guards)
@@ -635,6 +1002,15 @@ impl Guards {
             .unwrap_or_default();
         if outputs != self.outputs || outputs.len() != graph.outputs().len() {
             return fail("the guards' outputs are not the program's".into());
+        }
+        for range in &self.ranges {
+            let used = self
+                .inputs
+                .iter()
+                .any(|(_, ty)| ty.shape.contains(&Dim::Sym(range.sym)));
+            if !used {
+                return fail(format!("`range {range}`: no input has that symbol"));
+            }
         }
         Ok(())
     }

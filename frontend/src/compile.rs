@@ -252,6 +252,26 @@ pub struct Artifacts {
     pub autotune_reused: bool,
 }
 
+/// The sizes a symbolic dim of a compiled graph's inputs may take: `min..=max` (no `max`: no
+/// upper bound).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SizeRange {
+    pub sym: minductor_ir::SymId,
+    pub min: usize,
+    pub max: Option<usize>,
+}
+
+impl std::fmt::Display for SizeRange {
+    /// `s0: 2..=64`, or `s0: 1..` without an upper bound (the artifact's `range` guard).
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}: {}..", minductor_ir::Dim::Sym(self.sym), self.min)?;
+        match self.max {
+            Some(max) => write!(f, "={max}"),
+            None => Ok(()),
+        }
+    }
+}
+
 /// A compiled graph. `call` checks the inputs against the graph and runs the backend's code.
 pub struct Compiled {
     graph: Graph,
@@ -270,6 +290,10 @@ pub struct Compiled {
     frozen: Vec<Tensor>,
     /// GEMM operands the executable packed once from `frozen` (`Executable::prepare_constants`).
     prepacked: usize,
+    /// The sizes each symbolic dim may take (an imported program's `range_constraints`),
+    /// checked on the caller's inputs before a call runs; empty when any size goes. At most one
+    /// per symbol.
+    size_ranges: Vec<SizeRange>,
     /// Shared by concurrent calls: per-call state lives in the executable's pool.
     executable: Box<dyn Executable>,
     artifacts: Artifacts,
@@ -654,6 +678,7 @@ impl Compiled {
             from_cache: false,
             frozen: Vec::new(),
             prepacked: 0,
+            size_ranges: Vec::new(),
             executable,
             artifacts,
             compile_time,
@@ -678,6 +703,50 @@ impl Compiled {
         self.prepacked
     }
 
+    /// Restricts the sizes of symbolic dims: a call whose inputs bind a symbol outside its
+    /// range is a `RuntimeError::Shape` (a later range for the same symbol replaces an earlier).
+    pub fn set_size_ranges(&mut self, ranges: &[SizeRange]) {
+        self.size_ranges.clear();
+        for range in ranges {
+            self.size_ranges.retain(|r| r.sym != range.sym);
+            self.size_ranges.push(*range);
+        }
+    }
+
+    /// The ranges `call` checks symbolic sizes against (see [`Compiled::set_size_ranges`]).
+    pub fn size_ranges(&self) -> &[SizeRange] {
+        &self.size_ranges
+    }
+
+    /// Every symbolic size the caller's `inputs` bind within its range.
+    fn check_size_ranges(&self, inputs: &[Tensor]) -> Result<(), RuntimeError> {
+        if self.size_ranges.is_empty() {
+            return Ok(());
+        }
+        for (i, (&id, tensor)) in self.graph.inputs().iter().zip(inputs).enumerate() {
+            let ty = self.graph.ty(id);
+            for (d, dim) in ty.shape.iter().enumerate() {
+                let minductor_ir::Dim::Sym(sym) = *dim else {
+                    continue;
+                };
+                let (Some(range), Some(&size)) = (
+                    self.size_ranges.iter().find(|r| r.sym == sym),
+                    tensor.shape().get(d),
+                ) else {
+                    continue;
+                };
+                if size < range.min || range.max.is_some_and(|max| size > max) {
+                    return Err(RuntimeError::Shape {
+                        name: self.graph.input_name(i).to_string(),
+                        expected: format!("{ty} with {range}"),
+                        found: tensor.shape().to_vec(),
+                    });
+                }
+            }
+        }
+        Ok(())
+    }
+
     /// The values a frozen compile feeds as the graph's last inputs (empty unless frozen).
     pub fn frozen_constants(&self) -> &[Tensor] {
         &self.frozen
@@ -690,6 +759,7 @@ impl Compiled {
     ) -> Result<std::borrow::Cow<'a, [Tensor]>, RuntimeError> {
         if self.frozen.is_empty() {
             self.check_call_inputs(inputs)?;
+            self.check_size_ranges(inputs)?;
             self.check_memory_limit(inputs)?;
             return Ok(std::borrow::Cow::Borrowed(inputs));
         }
@@ -702,6 +772,7 @@ impl Compiled {
         }
         let all: Vec<Tensor> = inputs.iter().chain(&self.frozen).cloned().collect();
         self.check_call_inputs(&all)?;
+        self.check_size_ranges(&all)?;
         self.check_memory_limit(&all)?;
         Ok(std::borrow::Cow::Owned(all))
     }

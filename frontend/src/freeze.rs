@@ -8,8 +8,9 @@
 //! leave the call: `call` takes the other inputs, in graph order, and the compiled object feeds
 //! the folded values after them.
 //!
-//! A frozen compile does not go through the compile cache and cannot be saved as an artifact
-//! (the artifact format carries no tensor data); both say so rather than lose the constants.
+//! A frozen compile does not go through the compile cache. It saves as an artifact whose
+//! `constants` section carries the folded values (`artifact.rs`), and loads back frozen: the
+//! loaded graph takes the same inputs and packs the same GEMM operands once.
 
 use crate::compile::{compile_from, verified, CompileError, CompileOptions, Compiled, Start};
 use minductor_ir::{Graph, Op};

@@ -30,7 +30,7 @@ pub use backend::{reference_executable, CompiledFn, CustomBackend, JitBackend};
 pub use cache::{CacheOutcome, CompileCache};
 pub use compile::{
     compile, compile_with, compile_with_options, Artifacts, Backend, CompileError, CompileOptions,
-    Compiled, Mode, PassTime,
+    Compiled, Mode, PassTime, SizeRange,
 };
 pub use conv::{ConvOptions, PoolOptions};
 pub use explain::{explain, BreakReport, Explanation, GraphReport};

@@ -376,6 +376,32 @@ impl Kernel {
         out
     }
 
+    /// How many leading outer loops a step's kernel splits across threads, as one range over
+    /// their iterations in row-major order (the compiled function's `start..end`): every outer
+    /// loop in the inner order, so that a `[4, 256] x [512]` row kernel has 1024 rows to share
+    /// rather than 4. Only the first where a buffer takes several stores (a cat's operands: the
+    /// verifier proves those disjoint per row of the first loop only) and in the
+    /// outer-reduction order (its last loop is the vectorised columns). A GEMM epilogue is run
+    /// on blocks of its first loop, whatever this says (see [`MatmulStep::epilogue`]).
+    pub fn split_loops(&self) -> usize {
+        if self.outer.is_empty() {
+            return 0;
+        }
+        let mut stored = Vec::new();
+        for s in &self.stages {
+            for st in s.action.stores() {
+                if stored.contains(&st.buffer) {
+                    return 1;
+                }
+                stored.push(st.buffer);
+            }
+        }
+        match self.order {
+            LoopOrder::Inner => self.outer.len(),
+            LoopOrder::OuterReduction => 1,
+        }
+    }
+
     /// Buffers the kernel stores to, in the order its stages first store them.
     pub fn stores(&self) -> Vec<BufferId> {
         let mut out = Vec::new();

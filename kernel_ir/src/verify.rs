@@ -18,10 +18,11 @@
 //!   data-dependent term), evaluated at its minimum and maximum over the loop extents of the
 //!   stage that runs it, lies inside its buffer; so does every element of a GEMM's or
 //!   scatter-add's strided views; a GEMM's shapes agree and its epilogue runs over its rows.
-//! - **Threads.** Iterations of different rows of a kernel's first outer loop (which the runtime
-//!   splits across threads) never store the same element (each store index is a mixed-radix
-//!   number over its loops; several stores to one buffer are apart or within one row), and a
-//!   buffer a kernel stores is loaded only at the element the same iteration stores.
+//! - **Threads.** Iterations of the outer loops the runtime splits across threads (the first, or
+//!   all of them flattened: `Kernel::split_loops`) never store the same element (each store
+//!   index is a mixed-radix number over its loops, moved by every split loop; several stores to
+//!   one buffer, split by the first loop only, are apart or within one row), and a buffer a
+//!   kernel stores is loaded only at the element the same iteration stores.
 //! - **Fallback steps.** The op is not an input nor `grad`; its type rule applied to the operand
 //!   buffers' types (for a constant: no operands, 0-d) gives exactly the output buffer's type (so the
 //!   interpreter's result fills it at any bound sizes); it writes no input, does not read its own
@@ -344,7 +345,12 @@ impl Verifier<'_> {
         let Some(&first) = k.outer.first() else {
             return Ok(()); // One call runs everything: no threads.
         };
-        if matches!(self.size(first), Some(0 | 1)) {
+        // The loops split across threads (`Kernel::split_loops`: the first, or every outer
+        // loop): with none of more than one iteration, one call runs everything.
+        let split = &k.outer[..k.split_loops().max(1)];
+        if split.iter().all(|&d| matches!(self.size(d), Some(0 | 1)))
+            || split.iter().any(|&d| self.size(d) == Some(0))
+        {
             return Ok(());
         }
         let row = Var::Outer(0);
@@ -377,7 +383,13 @@ impl Verifier<'_> {
             // Each store: mixed radix over the variables that move its index.
             let mut deferred = false;
             for (t, st) in &mine {
-                if !st.index.uses(row) {
+                // Every split loop of more than one iteration moves the index (else two
+                // threads' iterations write one element); the mixed radix below covers the rest.
+                let unmoved = (0..split.len()).any(|i| {
+                    let v = Var::Outer(i as u32);
+                    !st.index.uses(v) && !matches!(self.size(split[i]), Some(0 | 1))
+                });
+                if unmoved {
                     return Err(overlap(buffer));
                 }
                 let terms: Vec<(Option<i128>, Option<usize>)> = st

@@ -160,11 +160,25 @@ fn bad_files_are_typed_errors() {
     ));
     // Another format version, before anything else is read.
     let text = String::from_utf8(bytes.clone()).unwrap();
-    let future = text.replacen("format 1\n", "format 2\n", 1);
+    let future = text.replacen("format 2\n", "format 3\n", 1);
     assert!(matches!(
         err(future.as_bytes()),
         ArtifactError::ForeignFormat { .. }
     ));
+    // Format 1 (before the constants section) still loads and computes the same.
+    let format_1 = Artifact {
+        format_version: 1,
+        ..artifact.clone()
+    };
+    assert!(format_1
+        .to_bytes()
+        .starts_with(b"MINDUCTOR-ARTIFACT\nformat 1\n"));
+    let old = load_bytes(&format_1.to_bytes()).unwrap();
+    same(
+        &old.call(&mlp_inputs(5)).unwrap(),
+        &compiled.call(&mlp_inputs(5)).unwrap(),
+        "format 1",
+    );
     // Another minductor version, with a correct checksum.
     let older = Artifact {
         minductor_version: "0.0.1".into(),

@@ -63,3 +63,33 @@ fn one_thread_runs_every_step_as_one_piece() {
         }
     }
 }
+
+/// Lighter steps still split for many cores: every step with at least 0.15 ms of work on the
+/// reference core gets at least 16 pieces at 16 and 64 threads, whatever its outer loops (a
+/// LLaMA block's `[4, 256] x [512]` RMS norm and `[4, 8, 256] x [64]` rotary kernels once ran
+/// in 4 pieces, one per batch row: their outer loops are now split as one flattened range).
+#[test]
+fn steps_of_a_tenth_of_a_millisecond_split_into_16_pieces() {
+    let mut failures = Vec::new();
+    for name in SUITE {
+        let workload = by_name(name).unwrap();
+        let report = partition_report(&workload.graph, &workload.inputs, &COUNTS).unwrap();
+        for step in &report.steps {
+            if step.reference_ms() < 0.15 {
+                continue;
+            }
+            for (p, &t) in step.partitions.iter().zip(&COUNTS) {
+                if p.pieces.len() < 16 || p.imbalance() > MOST_IMBALANCE {
+                    failures.push(format!(
+                        "{name} {} ({:.2} ms): {} pieces, imbalance {:.3} at {t} threads",
+                        step.name,
+                        step.reference_ms(),
+                        p.pieces.len(),
+                        p.imbalance()
+                    ));
+                }
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}

@@ -97,8 +97,9 @@ fn suite_workloads_agree_with_the_cranelift_loops() {
 #[test]
 fn epilogue_shapes_store_the_same_bits_as_the_cranelift_loop() {
     type Build = fn(&[Traced]) -> Vec<Traced>;
-    // (name, operand shapes as (rows, columns) with 0 for "n", the graph).
-    let cases: [(&str, &[(usize, usize)], Build); 11] = [
+    // Operand shapes as (rows, columns), with 0 for "n".
+    type Shapes = &'static [(usize, usize)];
+    let cases: [(&str, Shapes, Build); 11] = [
         ("gelu(a*b + c)", &[(3, 0), (3, 0), (3, 0)], |i| {
             vec![i[0].mul(&i[1]).add(&i[2]).gelu()]
         }),
@@ -164,11 +165,38 @@ fn epilogue_shapes_store_the_same_bits_as_the_cranelift_loop() {
                     *slot = v;
                 }
             }
-            inputs[0] = Tensor::from_vec(&shapes[0].to_vec(), x).unwrap();
+            inputs[0] = Tensor::from_vec(shapes[0], x).unwrap();
             let what = format!("{what} of 3x{n}");
             // (At n = 1 the per-channel values are rows of one element too: another shape.)
             let (rows, loops) = both(&g, &inputs, &what, n > 1);
             minductor_tests::assert_allclose(&rows, &loops, Tolerance::EXACT, &what);
+        }
+    }
+}
+
+/// Column sums in the outer-reduction order (a bias gradient, `p - lr * g.sum(0)`) by the
+/// column routine against the 4-lane loop, bit for bit: row counts around its block of 64,
+/// column counts around its group of 32 (the tail columns run the loop), with an infinity and a
+/// NaN in some columns.
+#[test]
+fn column_sums_store_the_same_bits_as_the_cranelift_loop() {
+    for rows in [1usize, 3, 64, 65, 200] {
+        for columns in [32usize, 33, 70, 100] {
+            let (g, mut inputs) =
+                minductor_tests::build_graph(&[&[rows, columns], &[columns]], values, |i| {
+                    vec![i[1].sub(&i[0].sum(&[0], false).mul(0.001))]
+                });
+            let mut x = inputs[0].to_vec::<f32>().unwrap();
+            if let Some(v) = x.get_mut(columns + 2) {
+                *v = f32::INFINITY;
+            }
+            if let Some(v) = x.get_mut(2 * columns + 5) {
+                *v = f32::NAN;
+            }
+            inputs[0] = Tensor::from_vec(&[rows, columns], x).unwrap();
+            let what = format!("column sums of {rows}x{columns}");
+            let (wide, loops) = both(&g, &inputs, &what, true);
+            minductor_tests::assert_allclose(&wide, &loops, Tolerance::EXACT, &what);
         }
     }
 }

@@ -121,7 +121,7 @@ pub struct BackendResult {
     pub kept_bytes: u64,
     /// GB/s for memory-bound workloads, GFLOP/s for GEMM-dominated ones.
     pub achieved: f64,
-    /// `achieved` over the probe's copy bandwidth or all-thread vector FMA peak (the widest
+    /// `achieved` over the probe's copy bandwidth or all-thread vector FMA peak (the best
     /// width's, [`MachineProbe::compute_peak_gflops`]).
     pub fraction_of_peak: f64,
 }

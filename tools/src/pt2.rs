@@ -392,43 +392,35 @@ pub fn run(model: &Path, inputs: &Path, out: &Path, backend: Backend) -> Result<
         .join("\n"))
 }
 
-/// `minductor pt2 compile MODEL.pt2 -o MODEL.mind`: an artifact of the program compiled with the
-/// inductor backend. The artifact format carries no tensor data yet, so the weights stay graph
-/// inputs: they are written beside it (`MODEL.weights.safetensors`, by graph input name) and a
-/// call of the loaded artifact takes the user inputs, then the weights in that file's order
-/// (listed in the returned text).
+/// `minductor pt2 compile MODEL.pt2 -o MODEL.mind`: one self-contained artifact of the program
+/// compiled with the inductor backend, its weights frozen into it (the artifact's `constants`
+/// section). `minductor::load` and the C ABI's `minductor_load` read it with no other file; a
+/// call takes the user inputs in the signature's order (listed in the returned text).
 pub fn compile_artifact(model: &Path, out: &Path) -> Result<String, String> {
     let program = export::load(model).map_err(|e| e.to_string())?;
-    let compiled = program
-        .compile_with_options(ExportOptions {
-            compile: CompileOptions::default(),
-            weights: Weights::Inputs,
-        })
-        .map_err(|e| e.to_string())?;
-    compiled
+    let compiled = program.compile().map_err(|e| e.to_string())?;
+    let compiled = compiled
         .compiled()
-        .ok_or("the inductor compile has no single program")?
-        .save(out)
-        .map_err(|e| e.to_string())?;
-    let weights_path = out.with_extension("weights.safetensors");
-    let weights: Vec<(String, Tensor)> = program
-        .weights()
+        .ok_or("the inductor compile has no single program")?;
+    compiled.save(out).map_err(|e| e.to_string())?;
+    let bytes = std::fs::metadata(out).map_or(0, |m| m.len());
+    let constants = compiled.frozen_constants();
+    let constant_bytes: usize = constants
         .iter()
-        .map(|w| (w.input.clone(), w.tensor.clone()))
-        .collect();
-    save_tensors(&weights_path, &weights)?;
-    let order: Vec<String> = program
+        .map(|t| t.numel() * t.dtype().size_bytes())
+        .sum();
+    let inputs: Vec<String> = program
         .signature()
         .inputs
         .iter()
-        .map(|i| i.name.clone())
-        .chain(weights.iter().map(|(n, _)| n.clone()))
+        .map(|i| format!("{}: {}", i.name, i.ty))
         .collect();
     Ok(format!(
-        "wrote {} and {} (the artifact format has no constants section yet: weights are inputs \
-         after the user inputs)\ncall inputs in order: {}",
+        "wrote {} ({bytes} bytes; {} frozen constants, {constant_bytes} bytes, from {} weights)\n\
+         call inputs in order: {}",
         out.display(),
-        weights_path.display(),
-        order.join(", ")
+        constants.len(),
+        program.weights().len(),
+        inputs.join(", ")
     ))
 }

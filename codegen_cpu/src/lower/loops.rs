@@ -16,6 +16,10 @@ impl Lowering<'_, '_, '_> {
             self.stages(&extents[outer..]);
             return;
         }
+        if level == 0 && self.split > 1 {
+            self.flat_loops(start, end, extents);
+            return;
+        }
         let (lo, hi) = if level == 0 {
             (start, end)
         } else {
@@ -24,6 +28,47 @@ impl Lowering<'_, '_, '_> {
         self.counted_loop(lo, hi, 1, |l, i| {
             l.vars.insert(Var::Outer(level as u32), i);
             l.outer_loops(level + 1, start, end, extents);
+        });
+    }
+
+    /// The first `split` outer loops as one loop over their flattened iterations `start..end`:
+    /// the variables start at `start`'s mixed-radix digits (one division per digit, per call)
+    /// and advance like an odometer, the last fastest; the deeper loops run inside.
+    fn flat_loops(&mut self, start: Value, end: Value, extents: &[Value]) {
+        let split = self.split;
+        let digits: Vec<Variable> = (0..split).map(|_| self.b.declare_var(types::I64)).collect();
+        // (A zero extent makes the range empty; the divisor is kept at least 1 regardless.)
+        let one = self.b.ins().iconst(types::I64, 1);
+        let mut rest = start;
+        for j in (1..split).rev() {
+            let n = self.b.ins().umax(extents[j], one);
+            let digit = self.b.ins().urem(rest, n);
+            self.b.def_var(digits[j], digit);
+            rest = self.b.ins().udiv(rest, n);
+        }
+        self.b.def_var(digits[0], rest);
+        self.counted_loop(start, end, 1, |l, _| {
+            for (j, &d) in digits.iter().enumerate() {
+                let v = l.b.use_var(d);
+                l.vars.insert(Var::Outer(j as u32), v);
+            }
+            l.outer_loops(split, start, end, extents);
+            // Advance: the last digit by one, a carry into each digit whose right neighbour
+            // wrapped to 0.
+            let mut carry = l.b.ins().iconst(types::I64, 1);
+            for j in (0..split).rev() {
+                let v = l.b.use_var(digits[j]);
+                let next = l.b.ins().iadd(v, carry);
+                if j == 0 {
+                    l.b.def_var(digits[j], next);
+                } else {
+                    let wrapped = l.b.ins().icmp(IntCC::Equal, next, extents[j]);
+                    let zero = l.b.ins().iconst(types::I64, 0);
+                    let digit = l.b.ins().select(wrapped, zero, next);
+                    l.b.def_var(digits[j], digit);
+                    carry = l.b.ins().uextend(types::I64, wrapped);
+                }
+            }
         });
     }
 

@@ -30,6 +30,17 @@
 //! vectors.
 
 use super::*;
+use crate::math::block::block_isa;
+use crate::math::block::columns::{
+    column_routine, COLUMNS, COLUMN_ARGS_BYTES, COLUMN_ARGS_OUT, COLUMN_ARGS_ROWS,
+    COLUMN_ARGS_STRIDE, COLUMN_ARGS_X,
+};
+
+const _: () = assert!(COLUMNS == LANES as usize * OUTER_SLOTS);
+const _: () = assert!(
+    crate::math::block::columns::OUTER_SUM_BLOCK == OUTER_SUM_BLOCK as usize,
+    "the column routine blocks its sums as this order does"
+);
 
 /// Rows a sum's accumulator adds in a row before its partial sum goes into the running one (see
 /// the module docs): each lane adds at most this many values in a row, as in the inner order.
@@ -68,6 +79,19 @@ impl Lowering<'_, '_, '_> {
         let last = self.kernel.outer.len() - 1;
         self.outer_mode = true;
         self.innermost = Some(Var::Outer(last as u32));
+        // Cranelift's 4-lane vectors along the columns, but plain column sums at the column
+        // routine's width; a stage without loops of its own has none.
+        self.stage_bits = (self.kernel.stages.iter())
+            .map(|stage| {
+                if stage.extent.is_empty() {
+                    None
+                } else if self.column_sum_load(stage).is_some() {
+                    Some(Self::row_bits())
+                } else {
+                    Some(128)
+                }
+            })
+            .collect();
         self.outer_order_loops(0, start, end, extents);
     }
 
@@ -206,6 +230,11 @@ impl Lowering<'_, '_, '_> {
         let math = (!levels.is_empty()).then_some((levels.as_slice(), columns));
         match &stage.action {
             StageAction::Reduce { op, value, stores } => {
+                if mode == Mode::Vector && columns.len() == OUTER_SLOTS {
+                    if let Some(sum) = self.column_sum_load(stage) {
+                        return Some(self.column_sums(sum, extents[0]));
+                    }
+                }
                 let (op, value) = (*op, *value);
                 let ty = match mode {
                     Mode::Vector => types::F32X4,
@@ -290,6 +319,83 @@ impl Lowering<'_, '_, '_> {
             }
             StageAction::Scan(_) => unreachable!("the verifier keeps scans in the inner order"),
         }
+    }
+
+    /// The load a stage sums, when the stage is a plain sum of contiguous f32 columns over one
+    /// row loop that the kernel library's column routine can take (see `math::block::columns`:
+    /// the same bits as this order's loop, at the CPU's full vector width).
+    pub(super) fn column_sum_load(&self, stage: &Stage) -> Option<(BufferId, Affine)> {
+        let StageAction::Reduce {
+            op: ReduceOp::Sum,
+            value,
+            stores,
+        } = &stage.action
+        else {
+            return None;
+        };
+        if !stores.is_empty() || stage.extent.len() != 1 || !super::rows::row_kernels_enabled() {
+            return None;
+        }
+        column_routine(block_isa()?)?;
+        match self.kernel.expr(*value) {
+            Expr::Load {
+                buffer,
+                index,
+                indirect: None,
+            } if self.program.buffer(*buffer).dtype == DType::F32
+                && index.coefficient(self.innermost?).is(1) =>
+            {
+                Some((*buffer, index.clone()))
+            }
+            _ => None,
+        }
+    }
+
+    /// The sums of the current group's columns of `sum` over `rows` rows, by one call of the
+    /// column routine: a vector of each slot's sums.
+    fn column_sums(&mut self, sum: (BufferId, Affine), rows: Value) -> Vec<Value> {
+        let isa = block_isa().expect("checked by column_sum_load");
+        let routine = column_routine(isa).expect("checked by column_sum_load");
+        self.enter_column(Column::FIRST, Mode::Vector);
+        // The group's first column at rows 0 and 1: the row stride in bytes.
+        let var = Var::Inner(0);
+        let zero = self.b.ins().iconst(types::I64, 0);
+        let one = self.b.ins().iconst(types::I64, 1);
+        self.vars.insert(var, zero);
+        let first = self.address(sum.0, &sum.1, None, 0);
+        self.vars.insert(var, one);
+        let second = self.address(sum.0, &sum.1, None, 0);
+        let stride = self.b.ins().isub(second, first);
+        let args = self.b.create_sized_stack_slot(StackSlotData::new(
+            StackSlotKind::ExplicitSlot,
+            COLUMN_ARGS_BYTES,
+            3,
+        ));
+        let out = self.b.create_sized_stack_slot(StackSlotData::new(
+            StackSlotKind::ExplicitSlot,
+            (COLUMNS * 4) as u32,
+            6,
+        ));
+        let args = self.b.ins().stack_addr(types::I64, args, 0);
+        let out = self.b.ins().stack_addr(types::I64, out, 0);
+        let flags = self.flags;
+        self.b.ins().store(flags, first, args, COLUMN_ARGS_X);
+        self.b.ins().store(flags, stride, args, COLUMN_ARGS_STRIDE);
+        self.b.ins().store(flags, rows, args, COLUMN_ARGS_ROWS);
+        self.b.ins().store(flags, out, args, COLUMN_ARGS_OUT);
+        let mut sig = Signature::new(self.b.func.signature.call_conv);
+        sig.params.push(AbiParam::new(types::I64));
+        let sig = self.b.import_signature(sig);
+        let callee = self.b.ins().iconst(types::I64, routine as usize as i64);
+        self.b.ins().call_indirect(sig, callee, &[args]);
+        let results = (0..OUTER_SLOTS)
+            .map(|k| {
+                let v = self.b.ins().load(types::F32X4, flags, out, (16 * k) as i32);
+                self.pin(v)
+            })
+            .collect();
+        self.forget();
+        results
     }
 
     /// `acc` combined with the stage's value at the current column (`product`: see

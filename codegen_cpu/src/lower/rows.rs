@@ -75,7 +75,7 @@ pub fn set_row_kernels(enabled: bool) {
     ROW_KERNELS.store(if enabled { 2 } else { 1 }, Ordering::Relaxed);
 }
 
-fn row_kernels_enabled() -> bool {
+pub(super) fn row_kernels_enabled() -> bool {
     match ROW_KERNELS.load(Ordering::Relaxed) {
         1 => false,
         2 => true,
@@ -102,7 +102,7 @@ pub fn kernel_vector_bits(kernel: &Kernel, program: &Program) -> Option<u32> {
     let mut func = super::kernel_function(cranelift_codegen::isa::CallConv::SystemV);
     let mut fctx = FunctionBuilderContext::new();
     let mut b = FunctionBuilder::new(&mut func, &mut fctx);
-    let bits = lower_kernel(&mut b, kernel, program);
+    let bits = lower_kernel(&mut b, kernel, program, 1);
     bits.into_iter().flatten().min()
 }
 

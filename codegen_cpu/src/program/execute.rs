@@ -17,7 +17,8 @@ use std::time::Instant;
 /// A kernel's loop extents for one call.
 pub(super) struct BoundKernel {
     params: Vec<i64>,
-    /// Extent of the first outer loop, the range the function is called with (1 if none).
+    /// Iterations of the outer loops the function's range covers (the first, or the first few
+    /// flattened: `split_loops`), the range it is called with (1 if none).
     pub(super) range: i64,
     /// Elements the kernel visits (all loop trip counts), to decide on threading.
     pub(super) work: i64,
@@ -44,7 +45,13 @@ impl CompiledKernel {
             at += n;
         }
         BoundKernel {
-            range: if self.outer_loops > 0 { params[0] } else { 1 },
+            range: if self.split_loops > 0 {
+                params[..self.split_loops]
+                    .iter()
+                    .fold(1i64, |acc, &n| acc.saturating_mul(n))
+            } else {
+                1
+            },
             work: outer.saturating_mul(inner),
             params,
         }

@@ -62,6 +62,8 @@ pub struct CompiledKernel {
     extents: Vec<Dim>,
     /// How many of `extents` are outer loops, and how many belong to each stage after them.
     outer_loops: usize,
+    /// How many leading outer loops the function's range covers, flattened (see `lower_kernel`).
+    split_loops: usize,
     stage_loops: Vec<usize>,
     /// How the first outer loop is split across threads (`CompiledProgram::autotune` may pick
     /// another than the default).
@@ -192,6 +194,7 @@ fn compile_kernel(
     ctx: &mut cranelift_codegen::Context,
     fctx: &mut FunctionBuilderContext,
     kernel: &Kernel,
+    split: usize,
     program: &Program,
     id: FuncId,
     disasm: bool,
@@ -201,7 +204,7 @@ fn compile_kernel(
     ctx.set_disasm(disasm);
     {
         let mut b = FunctionBuilder::new(&mut ctx.func, fctx);
-        lower_kernel(&mut b, kernel, program);
+        lower_kernel(&mut b, kernel, program, split);
         b.finalize(isa.frontend_config());
     }
     let clif = ctx.func.display().to_string();
@@ -253,7 +256,17 @@ pub fn compile_program(program: &Program) -> Result<CompiledProgram, CodegenErro
     ))));
     let module = code.0.as_mut().expect("just created");
     let disasm = std::env::var_os("MINDUCTOR_DISASM").is_some_and(|v| v != "0");
-    let kernels: Vec<&Kernel> = program.kernels().collect();
+    // Each kernel with the outer loops its range covers: a step's `split_loops`, an epilogue's
+    // first loop (the GEMM runs it on blocks of output rows).
+    let kernels: Vec<(&Kernel, usize)> = program
+        .steps
+        .iter()
+        .filter_map(|s| match s {
+            Step::Kernel(k) => Some((k, k.split_loops())),
+            Step::Matmul(m) => m.epilogue.as_ref().map(|e| (e, e.outer.len().min(1))),
+            Step::ScatterAdd(_) | Step::Attention(_) | Step::Fallback(_) => None,
+        })
+        .collect();
     // Declared in kernel order, so the ids (and below, the order code is placed in memory) are
     // those of a serial compile.
     let signature = kernel_function(isa.default_call_conv()).signature.clone();
@@ -261,7 +274,7 @@ pub fn compile_program(program: &Program) -> Result<CompiledProgram, CodegenErro
         .iter()
         .map(|kernel| {
             module
-                .declare_function(&kernel.name, Linkage::Local, &signature)
+                .declare_function(&kernel.0.name, Linkage::Local, &signature)
                 .map_err(|e| CodegenError::Cranelift(e.to_string()))
         })
         .collect::<Result<Vec<FuncId>, _>>()?;
@@ -279,8 +292,8 @@ pub fn compile_program(program: &Program) -> Result<CompiledProgram, CodegenErro
                         FunctionBuilderContext::new(),
                     )
                 },
-                |(ctx, fctx), (kernel, &id)| {
-                    compile_kernel(&*isa, ctx, fctx, kernel, program, id, disasm)
+                |(ctx, fctx), (&(kernel, split), &id)| {
+                    compile_kernel(&*isa, ctx, fctx, kernel, split, program, id, disasm)
                 },
             )
             .collect::<Result<_, CodegenError>>()
@@ -296,7 +309,7 @@ pub fn compile_program(program: &Program) -> Result<CompiledProgram, CodegenErro
         .finalize_definitions()
         .map_err(|e| CodegenError::Cranelift(e.to_string()))?;
     let mut pending = pending.into_iter();
-    let mut finished = |kernel: &Kernel| -> CompiledKernel {
+    let mut finished = |kernel: &Kernel, split_loops: usize| -> CompiledKernel {
         let (id, clif, code_hash) = pending.next().expect("one function per kernel");
         let address = module.get_finalized_function(id);
         // SAFETY: `address` was compiled from `kernel_function`'s signature, which is KernelFn's.
@@ -309,6 +322,7 @@ pub fn compile_program(program: &Program) -> Result<CompiledProgram, CodegenErro
             buffers: kernel.buffers(),
             extents: kernel.params(),
             outer_loops: kernel.outer.len(),
+            split_loops,
             stage_loops: kernel.stages.iter().map(|s| s.extent.len()).collect(),
             split: Split::PerThread,
         }
@@ -317,10 +331,13 @@ pub fn compile_program(program: &Program) -> Result<CompiledProgram, CodegenErro
         .steps
         .iter()
         .map(|step| match step {
-            Step::Kernel(kernel) => CompiledStep::Kernel(finished(kernel)),
+            Step::Kernel(kernel) => CompiledStep::Kernel(finished(kernel, kernel.split_loops())),
             Step::Matmul(m) => CompiledStep::Matmul {
                 step: Box::new(m.clone()),
-                epilogue: m.epilogue.as_ref().map(&mut finished),
+                epilogue: m
+                    .epilogue
+                    .as_ref()
+                    .map(|e| finished(e, e.outer.len().min(1))),
                 prepacked: None,
             },
             Step::ScatterAdd(sc) => CompiledStep::ScatterAdd(Box::new(sc.clone())),

@@ -493,11 +493,20 @@ impl ExportedProgram {
                 cache: Mutex::new(HashMap::new()),
             }
         } else {
-            Engine::Once(Box::new(compile_graph(
-                &self.graph,
-                &self.weights_named(),
-                options,
-            )?))
+            let mut compiled = compile_graph(&self.graph, &self.weights_named(), options)?;
+            // The ranges travel with the compiled graph (and its artifact).
+            let ranges: Vec<crate::SizeRange> = self
+                .signature
+                .symbols
+                .iter()
+                .map(|r| crate::SizeRange {
+                    sym: r.sym,
+                    min: r.min,
+                    max: r.max,
+                })
+                .collect();
+            compiled.set_size_ranges(&ranges);
+            Engine::Once(Box::new(compiled))
         };
         Ok(CompiledProgram {
             engine,

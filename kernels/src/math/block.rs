@@ -15,6 +15,7 @@
 use super::{FloatCmp, IntCmp};
 use super::{Lanes, MathFn};
 
+pub mod columns;
 pub mod rows;
 
 /// The signature of a block routine: `dst[0..n] = f(src[0..n])`, in place when `dst == src`.

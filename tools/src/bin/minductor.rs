@@ -200,8 +200,8 @@ enum Pt2Command {
         #[arg(long, default_value = "inductor")]
         backend: String,
     },
-    /// Compile with the inductor backend and save an artifact (`minductor::load`); the weights
-    /// are written beside it, as the artifact format carries no tensor data yet.
+    /// Compile with the inductor backend, weights frozen, and save one self-contained artifact
+    /// (`minductor::load`, the C ABI's `minductor_load`).
     Compile {
         model: PathBuf,
         #[arg(short, long)]

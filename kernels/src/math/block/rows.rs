@@ -633,7 +633,7 @@ mod tests {
                 (false, true) => *t + b[i],
                 (false, false) => *t,
             };
-            if shape & RowShape::RELU != 0 && !(*t > 0.0) && !t.is_nan() {
+            if shape & RowShape::RELU != 0 && *t <= 0.0 {
                 *t = 0.0;
             }
         }
