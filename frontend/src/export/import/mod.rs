@@ -12,6 +12,12 @@
 //! `sym_size` nodes read a dim, `_operator.add`/`mul`/... compute on sizes. Slices of a symbolic
 //! dim keep it symbolic where the IR can say so (bounds from the end, or start to end) and
 //! otherwise take a static-length range by `gather` (never by reading a size as a number).
+//!
+//! Layout: this file walks the nodes and binds their outputs; `args` decodes arguments,
+//! `shapes` holds the slicing and promotion helpers the families share, and each op family
+//! (`sizes`, `casts`, `creation`, `pointwise`, `reductions`, `views`, `indexing`, `linalg`,
+//! `norms`, `pooling`) lists its `TARGETS` and imports them; [`SUPPORTED_TARGETS`] is the
+//! families' lists end to end, and `dispatch` hands a node to the family that lists its target.
 
 mod args;
 mod casts;
