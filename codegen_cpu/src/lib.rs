@@ -9,4 +9,6 @@ pub mod lower;
 pub mod math;
 mod program;
 
-pub use program::{compile_program, CodegenError, CompiledKernel, CompiledProgram, Split};
+pub use program::{
+    compile_program, CodegenError, CompiledKernel, CompiledProgram, GemmChoice, Split,
+};

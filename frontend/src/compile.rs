@@ -91,9 +91,10 @@ pub enum CompileError {
 ///   proved the same), so a bad input is still a typed error, naming the input by position. Pair
 ///   it with `call_into`, which writes into output tensors the caller hands back instead of
 ///   allocating new ones (PyTorch's CUDA graphs reuse static output buffers likewise).
-/// - `MaxAutotune`: at compile time, time every kernel under each way of splitting its outer loop
-///   across threads (`codegen_cpu::Split`) on zero inputs and keep the fastest per kernel
-///   (`Artifacts::autotune` lists the choices). Graphs with symbolic sizes are not tuned.
+/// - `MaxAutotune`: at compile time, time every kernel under each way of splitting its outer loops
+///   across threads, and every GEMM under each of its plans (`codegen_cpu::Split`,
+///   `GemmChoice`), on zero inputs and keep the fastest per step (`Artifacts::autotune` lists
+///   the choices). Graphs with symbolic sizes are not tuned.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub enum Mode {
     #[default]

@@ -223,14 +223,18 @@ fn the_mode_is_part_of_the_cache_key_and_the_artifact() {
 }
 
 #[test]
-fn max_autotune_keeps_a_split_for_every_kernel_step() {
+fn max_autotune_keeps_a_split_for_every_kernel_and_gemm_step() {
+    use minductor::internals::kernel_ir::{MatmulOperand, Step};
     let c = compiled(Mode::MaxAutotune);
     let program = c.artifacts().program.as_ref().unwrap();
     let kernel_steps: Vec<String> = program
         .steps
         .iter()
         .filter_map(|s| match s {
-            minductor::internals::kernel_ir::Step::Kernel(k) => Some(k.name.clone()),
+            Step::Kernel(k) => Some(k.name.clone()),
+            Step::Matmul(m) if matches!(m.b, MatmulOperand::View(_)) => {
+                Some(format!("matmul_{}", m.out))
+            }
             _ => None,
         })
         .collect();
@@ -304,26 +308,39 @@ fn max_autotune_choices_are_saved_and_reused_on_the_same_machine() {
     let loaded = load_bytes(&artifact.to_bytes()).unwrap();
     assert!(loaded.artifacts().autotune_reused);
     assert_eq!(loaded.artifacts().autotune, c.artifacts().autotune);
-    // Choices edited to all-serial load as they are, with the same results.
+    // Kernel steps and the GEMM are tuned.
     let kernels: Vec<String> = c
         .artifacts()
         .autotune
         .iter()
         .map(|(k, _)| k.clone())
         .collect();
+    assert!(
+        kernels.iter().any(|k| k.starts_with("matmul_")),
+        "{kernels:?}"
+    );
+    // Choices edited (kernels serial, the GEMM packed and cut by panels) load as they are, with
+    // the same results.
+    let edited: Vec<String> = kernels
+        .iter()
+        .map(|k| match k.starts_with("matmul_") {
+            true => format!("gemm-t{threads}-1x{threads}"),
+            false => "serial".to_string(),
+        })
+        .collect();
     artifact.autotune = std::iter::once(format!("threads {threads}"))
-        .chain(kernels.iter().map(|k| format!("{k} serial")))
+        .chain(kernels.iter().zip(&edited).map(|(k, s)| format!("{k} {s}")))
         .collect::<Vec<_>>()
         .join("\n");
     let loaded = load_bytes(&artifact.to_bytes()).unwrap();
-    let splits: Vec<&str> = loaded
+    let splits: Vec<String> = loaded
         .artifacts()
         .autotune
         .iter()
         .map(|(_, s)| s.name())
         .collect();
     assert!(loaded.artifacts().autotune_reused);
-    assert_eq!(splits, vec!["serial"; kernels.len()]);
+    assert_eq!(splits, edited);
     assert_allclose(
         &loaded.call(&inputs(0.4)).unwrap(),
         &c.call(&inputs(0.4)).unwrap(),
@@ -340,5 +357,71 @@ fn max_autotune_choices_are_saved_and_reused_on_the_same_machine() {
         let tuned: Vec<&String> = loaded.artifacts().autotune.iter().map(|(k, _)| k).collect();
         assert!(!loaded.artifacts().autotune_reused);
         assert_eq!(tuned, kernels.iter().collect::<Vec<_>>());
+    }
+}
+
+/// Every GEMM plan max-autotune may choose (streamed; packed and cut by rows, by panels, both)
+/// gives the same bits as the default plan, at 1, 2 and 4 threads, for a short and a tall
+/// product with an epilogue (bias and ReLU) and without; a plan timed on another thread count
+/// is ignored (the default runs).
+#[test]
+fn every_gemm_plan_gives_the_same_bits() {
+    use minductor::internals::codegen_cpu::{compile_program, GemmChoice, Split};
+    use minductor::internals::runtime::Executable;
+    for (m, k, n) in [(40usize, 70usize, 300usize), (300, 64, 100)] {
+        let t = Tracer::new();
+        let x = t.input("x", DType::F32, &[m, k]);
+        let w = t.input("w", DType::F32, &[n, k]);
+        let b = t.input("b", DType::F32, &[n]);
+        let g = t
+            .finish(&[x.linear(&w, Some(&b)).relu(), x.matmul(&w.transpose(0, 1))])
+            .unwrap();
+        let inputs = vec![ramp(&[m, k], 0.1), ramp(&[n, k], 0.2), ramp(&[n], 0.3)];
+        let program = minductor::compile(&g)
+            .unwrap()
+            .artifacts()
+            .program
+            .clone()
+            .unwrap();
+        let mut compiled = compile_program(&program).unwrap();
+        for threads in [1, 2, 4] {
+            minductor::set_num_threads(threads).unwrap();
+            let want = compiled.run(&inputs).unwrap();
+            let steps: Vec<String> = compiled
+                .autotune(1)
+                .unwrap()
+                .into_iter()
+                .map(|(name, _)| name)
+                .collect();
+            assert!(steps.iter().any(|s| s.starts_with("matmul_")), "{steps:?}");
+            let mut plans: Vec<Split> = GemmChoice::candidates(threads)
+                .into_iter()
+                .map(Split::Gemm)
+                .collect();
+            plans.push(Split::Gemm(GemmChoice {
+                threads: threads + 1,
+                streams: true,
+                row_groups: 1,
+                panel_groups: 1,
+            }));
+            for plan in plans {
+                let splits: Vec<(String, Split)> = steps
+                    .iter()
+                    .map(|s| match s.starts_with("matmul_") {
+                        true => (s.clone(), plan),
+                        false => (s.clone(), Split::PerThread),
+                    })
+                    .collect();
+                assert!(compiled.set_splits(&splits), "{splits:?}");
+                let got = compiled.run(&inputs).unwrap();
+                assert_allclose(
+                    &got,
+                    &want,
+                    Tolerance::EXACT,
+                    &format!("{m}x{k}x{n} on {threads} threads, plan {}", plan.name()),
+                );
+            }
+        }
+        minductor::set_num_threads(0).unwrap();
     }
 }

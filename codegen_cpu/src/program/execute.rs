@@ -22,6 +22,8 @@ pub(super) struct BoundKernel {
     pub(super) range: i64,
     /// Elements the kernel visits (all loop trip counts), to decide on threading.
     pub(super) work: i64,
+    /// Iterations of the range per iteration of the first outer loop (the other split loops').
+    per_first: i64,
 }
 
 impl CompiledKernel {
@@ -45,6 +47,9 @@ impl CompiledKernel {
             at += n;
         }
         BoundKernel {
+            per_first: params[1.min(self.split_loops)..self.split_loops]
+                .iter()
+                .fold(1i64, |acc, &n| acc.saturating_mul(n)),
             range: if self.split_loops > 0 {
                 params[..self.split_loops]
                     .iter()
@@ -616,10 +621,12 @@ impl CompiledProgram {
                     step,
                     epilogue,
                     prepacked,
+                    split,
                 } => run_matmul(
                     step,
                     epilogue.as_ref(),
                     prepacked.as_deref(),
+                    *split,
                     program,
                     &symbols,
                     &pointers,
@@ -748,11 +755,15 @@ impl CompiledProgram {
                         (pieces, "elements")
                     }
                     CompiledStep::Matmul {
-                        step, prepacked, ..
+                        step,
+                        prepacked,
+                        split,
+                        ..
                     } => (
                         matmul_pieces(
                             step,
                             prepacked.as_ref().is_some_and(|p| p.is_winograd()),
+                            *split,
                             program,
                             &symbols,
                             threads,
@@ -937,7 +948,7 @@ pub(super) fn kernel_pieces(
     let range = bound.range.max(0);
     let threads = threads.max(1) as i64;
     let wanted = match split {
-        Split::PerThread => threads.min(bound.work / MIN_PIECE_WORK),
+        Split::PerThread | Split::Gemm(_) => threads.min(bound.work / MIN_PIECE_WORK),
         Split::Serial => 1,
         Split::Fine => 4 * threads,
     };
@@ -961,6 +972,25 @@ pub(super) fn kernel_pieces(
     (0..chunks).map(|c| boundary(c)..boundary(c + 1)).collect()
 }
 
+/// Calls the compiled function of `k` (a GEMM's epilogue) on rows `start..end` of its first
+/// outer loop: the iterations of its range under them.
+pub(super) fn call_kernel_rows(
+    k: &CompiledKernel,
+    bound: &BoundKernel,
+    table: SharedPointers,
+    start: i64,
+    end: i64,
+) {
+    let p = bound.per_first;
+    call_kernel(
+        k,
+        bound,
+        table,
+        start.saturating_mul(p),
+        end.saturating_mul(p),
+    );
+}
+
 /// Calls the compiled function of `k` on outer rows `start..end`.
 pub(super) fn call_kernel(
     k: &CompiledKernel,
@@ -973,8 +1003,8 @@ pub(super) fn call_kernel(
     // the one `fuse` planned (checked for inputs in `run_steps`, allocated from the plan
     // otherwise, arena slots never overlapping while live); `fuse` guarantees each index stays
     // inside its buffer for loop extents equal to `params` (the buffers were sized for the same
-    // symbol values `bound` was made from), and `start..end` lies within the
-    // first outer loop. Threads get disjoint row ranges: a kernel's store index is the row-major
+    // symbol values `bound` was made from), and `start..end` lies within the range of its
+    // split outer loops (`bound.range`). Threads get disjoint row ranges: a kernel's store index is the row-major
     // index of its own iteration domain, so disjoint rows write disjoint elements, and a kernel
     // reads no buffer it writes except in place at the very element it writes (`plan_buffers`).
     // Each element's value, reductions included, is computed within one call, so results do not

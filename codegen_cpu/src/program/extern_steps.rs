@@ -1,8 +1,10 @@
 //! The steps that call ahead-of-time code instead of a JIT kernel: GEMMs (with their epilogue
 //! kernels run tile by tile), implicit-GEMM convolutions, fused attention and scatter-add.
 
-use super::execute::{call_kernel, kernel_pieces, read_f32, run_pieces, SharedPointers, Symbols};
-use super::CompiledKernel;
+use super::execute::{
+    call_kernel_rows, kernel_pieces, read_f32, run_pieces, SharedPointers, Symbols,
+};
+use super::{CompiledKernel, Split};
 use minductor_ir::DType;
 use minductor_kernel_ir::{
     AttentionStep, BufferId, BufferKind, Im2colView, MaskKind, MatmulOperand, MatmulStep, Program,
@@ -451,27 +453,47 @@ fn is_stacked(sizes: &MatmulSizes, a_strides: &[i64], b_strides: &[i64]) -> bool
         })
 }
 
-/// The plan of a GEMM of `sizes` on `threads` threads (see [`MatmulPlan`]).
+/// The plan of a GEMM of `sizes` on `threads` threads (see [`MatmulPlan`]): max-autotune's
+/// choice (`tuned`) when it was timed on this thread count, else the default.
 fn plan_matmul(
     sizes: &MatmulSizes,
     stacked: bool,
     kernel: gemm::Kernel,
     threads: usize,
+    tuned: Split,
 ) -> MatmulPlan {
-    let threads = gemm::product_threads(sizes.flops(), threads);
+    let tuned = match tuned {
+        Split::Gemm(g) if g.threads == threads => Some(g),
+        _ => None,
+    };
+    let threads = match tuned {
+        Some(_) => threads,
+        None => gemm::product_threads(sizes.flops(), threads),
+    };
     // The rows of the one 2-D product this step is (all of a stacked batch's).
     let product_rows = if stacked {
         sizes.count * sizes.rows
     } else {
         sizes.rows
     };
-    let streams = gemm::prefers_streaming(kernel, product_rows, sizes.cols, threads);
+    let streams = tuned.map_or_else(
+        || gemm::prefers_streaming(kernel, product_rows, sizes.cols, threads),
+        |g| g.streams,
+    );
     if stacked || sizes.batch == 0 {
         let shape = [product_rows, sizes.cols, sizes.k];
-        let split = if streams {
-            gemm::streaming_split(kernel, product_rows, sizes.cols, sizes.k, threads)
-        } else {
-            gemm::ProductSplit::choose(shape, [kernel.mr(), kernel.nr()], threads, gemm::Shared::B)
+        let tiles = [kernel.mr(), kernel.nr()];
+        let split = match tuned {
+            _ if streams => {
+                gemm::streaming_split(kernel, product_rows, sizes.cols, sizes.k, threads)
+            }
+            Some(g) => gemm::ProductSplit::with_groups(
+                [product_rows, sizes.cols],
+                tiles,
+                g.row_groups,
+                g.panel_groups,
+            ),
+            None => gemm::ProductSplit::choose(shape, tiles, threads, gemm::Shared::B),
         };
         return MatmulPlan::Product {
             rows: product_rows,
@@ -499,6 +521,7 @@ fn plan_matmul(
 pub(super) fn matmul_pieces(
     m: &MatmulStep,
     prepacked_winograd: bool,
+    tuned: Split,
     program: &Program,
     symbols: &Symbols,
     threads: usize,
@@ -516,7 +539,7 @@ pub(super) fn matmul_pieces(
     let (_, b_strides) = symbols.view(b, m.out)?;
     let stacked = is_stacked(&sizes, &a_strides, &b_strides);
     let kernel = gemm::Kernel::detect();
-    Ok(plan_matmul(&sizes, stacked, kernel, threads).pieces())
+    Ok(plan_matmul(&sizes, stacked, kernel, threads, tuned).pieces())
 }
 
 /// Runs `out = a @ b` with our GEMM (`crate::gemm`) as [`plan_matmul`] decides: one 2-D
@@ -529,6 +552,7 @@ pub(super) fn run_matmul(
     m: &MatmulStep,
     epilogue: Option<&CompiledKernel>,
     prepacked: Option<&Prepacked>,
+    tuned: Split,
     program: &Program,
     symbols: &Symbols,
     pointers: &[*mut u8],
@@ -631,7 +655,7 @@ pub(super) fn run_matmul(
             Some(Packed::B(packed)) if packed.shape() == [k, cols] => Some(packed),
             _ => None,
         };
-    let plan = plan_matmul(&sizes, stacked, kernel, threads);
+    let plan = plan_matmul(&sizes, stacked, kernel, threads, tuned);
     let (product_rows, streams, tiles, split, gemm_threads) = match &plan {
         MatmulPlan::Product {
             rows,
@@ -674,7 +698,7 @@ pub(super) fn run_matmul(
                             .map_err(gemm_error)?;
                     }
                     if let Some((epilogue, bound)) = &epilogue {
-                        call_kernel(epilogue, bound, shared, s as i64, e as i64);
+                        call_kernel_rows(epilogue, bound, shared, s as i64, e as i64);
                     }
                     s = e;
                 }
@@ -740,7 +764,7 @@ pub(super) fn run_matmul(
                     .expect("shapes agree");
             }
             if let Some((epilogue, bound)) = &epilogue {
-                call_kernel(epilogue, bound, shared, s as i64, e as i64);
+                call_kernel_rows(epilogue, bound, shared, s as i64, e as i64);
             }
             s = e;
         }
@@ -893,7 +917,7 @@ fn run_implicit_matmul(
                     }
                 }
                 if let Some((epilogue, bound)) = &epilogue {
-                    call_kernel(epilogue, bound, shared, s as i64, e as i64);
+                    call_kernel_rows(epilogue, bound, shared, s as i64, e as i64);
                 }
                 s = e;
             }

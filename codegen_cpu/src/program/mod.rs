@@ -81,22 +81,91 @@ pub enum Split {
     Serial,
     /// Four chunks per thread whatever the work (finer load balance for uneven rows).
     Fine,
+    /// A GEMM step's plan, as max-autotune timed it (a kernel step takes it as `PerThread`).
+    Gemm(GemmChoice),
+}
+
+/// A GEMM's plan at one thread count: streamed (each block of `b` packed per thread right
+/// before use) or packed once and cut into `row_groups × panel_groups` pieces. Every plan sums
+/// the same products in the same order (the same bits; see `gemm::multiply_streaming`); only
+/// the speed differs, so max-autotune times a few and keeps the fastest. At another thread
+/// count than `threads` the default plan runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct GemmChoice {
+    pub threads: usize,
+    pub streams: bool,
+    /// The cut of a packed product (ignored when it streams, whose cut is its own).
+    pub row_groups: usize,
+    pub panel_groups: usize,
+}
+
+impl GemmChoice {
+    /// The plans max-autotune times on `threads` threads besides the default: streamed, and
+    /// packed with the rows, the panels, or (from 4 threads) both cut.
+    pub fn candidates(threads: usize) -> Vec<GemmChoice> {
+        let t = threads.max(1);
+        let packed = |row_groups, panel_groups| GemmChoice {
+            threads: t,
+            streams: false,
+            row_groups,
+            panel_groups,
+        };
+        let mut out = vec![
+            GemmChoice {
+                streams: true,
+                ..packed(1, 1)
+            },
+            packed(t, 1),
+        ];
+        if t > 1 {
+            out.push(packed(1, t));
+        }
+        if t >= 4 {
+            out.push(packed(2, t / 2));
+            out.push(packed(t / 2, 2));
+        }
+        out
+    }
 }
 
 impl Split {
     /// Every split, the default first.
     pub const ALL: [Split; 3] = [Split::PerThread, Split::Serial, Split::Fine];
 
-    pub fn name(self) -> &'static str {
+    /// The split's name: `per_thread`, `serial`, `fine`, or for a GEMM plan `gemm-t2-stream`
+    /// / `gemm-t2-2x1` (threads, then streamed or the packed cut).
+    pub fn name(self) -> String {
         match self {
-            Split::PerThread => "per_thread",
-            Split::Serial => "serial",
-            Split::Fine => "fine",
+            Split::PerThread => "per_thread".into(),
+            Split::Serial => "serial".into(),
+            Split::Fine => "fine".into(),
+            Split::Gemm(g) if g.streams => format!("gemm-t{}-stream", g.threads),
+            Split::Gemm(g) => format!("gemm-t{}-{}x{}", g.threads, g.row_groups, g.panel_groups),
         }
     }
 
     /// The split named `name` (as [`Split::name`] spells it).
     pub fn from_name(name: &str) -> Option<Split> {
+        if let Some(rest) = name.strip_prefix("gemm-t") {
+            let (threads, plan) = rest.split_once('-')?;
+            let threads: usize = threads.parse().ok()?;
+            let (streams, row_groups, panel_groups) = match plan {
+                "stream" => (true, 1, 1),
+                cut => {
+                    let (r, p) = cut.split_once('x')?;
+                    (false, r.parse().ok()?, p.parse().ok()?)
+                }
+            };
+            if threads == 0 || row_groups == 0 || panel_groups == 0 {
+                return None;
+            }
+            return Some(Split::Gemm(GemmChoice {
+                threads,
+                streams,
+                row_groups,
+                panel_groups,
+            }));
+        }
         Split::ALL.into_iter().find(|s| s.name() == name)
     }
 }
@@ -109,6 +178,8 @@ enum CompiledStep {
         step: Box<MatmulStep>,
         epilogue: Option<CompiledKernel>,
         prepacked: Option<Box<Prepacked>>,
+        /// The plan max-autotune chose (`PerThread`: the default plan).
+        split: Split,
     },
     /// An extern scatter-add (`scatter::scatter_add`).
     ScatterAdd(Box<ScatterAddStep>),
@@ -188,13 +259,13 @@ struct MachineCode {
     relocs: Vec<ModuleReloc>,
 }
 
-/// Lowers `kernel` into `ctx` (reused between kernels of one thread) and compiles it for `isa`.
+/// Lowers `kernel` (its range over its first `split` outer loops) into `ctx` (reused between
+/// kernels of one thread) and compiles it for `isa`.
 fn compile_kernel(
     isa: &dyn TargetIsa,
     ctx: &mut cranelift_codegen::Context,
     fctx: &mut FunctionBuilderContext,
-    kernel: &Kernel,
-    split: usize,
+    (kernel, split): (&Kernel, usize),
     program: &Program,
     id: FuncId,
     disasm: bool,
@@ -256,17 +327,9 @@ pub fn compile_program(program: &Program) -> Result<CompiledProgram, CodegenErro
     ))));
     let module = code.0.as_mut().expect("just created");
     let disasm = std::env::var_os("MINDUCTOR_DISASM").is_some_and(|v| v != "0");
-    // Each kernel with the outer loops its range covers: a step's `split_loops`, an epilogue's
-    // first loop (the GEMM runs it on blocks of output rows).
-    let kernels: Vec<(&Kernel, usize)> = program
-        .steps
-        .iter()
-        .filter_map(|s| match s {
-            Step::Kernel(k) => Some((k, k.split_loops())),
-            Step::Matmul(m) => m.epilogue.as_ref().map(|e| (e, e.outer.len().min(1))),
-            Step::ScatterAdd(_) | Step::Attention(_) | Step::Fallback(_) => None,
-        })
-        .collect();
+    // Each kernel with the outer loops its range covers (`split_loops`; a GEMM runs its
+    // epilogue on blocks of rows of the first loop, scaled to that range: `call_kernel_rows`).
+    let kernels: Vec<(&Kernel, usize)> = program.kernels().map(|k| (k, k.split_loops())).collect();
     // Declared in kernel order, so the ids (and below, the order code is placed in memory) are
     // those of a serial compile.
     let signature = kernel_function(isa.default_call_conv()).signature.clone();
@@ -293,7 +356,7 @@ pub fn compile_program(program: &Program) -> Result<CompiledProgram, CodegenErro
                     )
                 },
                 |(ctx, fctx), (&(kernel, split), &id)| {
-                    compile_kernel(&*isa, ctx, fctx, kernel, split, program, id, disasm)
+                    compile_kernel(&*isa, ctx, fctx, (kernel, split), program, id, disasm)
                 },
             )
             .collect::<Result<_, CodegenError>>()
@@ -334,11 +397,9 @@ pub fn compile_program(program: &Program) -> Result<CompiledProgram, CodegenErro
             Step::Kernel(kernel) => CompiledStep::Kernel(finished(kernel, kernel.split_loops())),
             Step::Matmul(m) => CompiledStep::Matmul {
                 step: Box::new(m.clone()),
-                epilogue: m
-                    .epilogue
-                    .as_ref()
-                    .map(|e| finished(e, e.outer.len().min(1))),
+                epilogue: m.epilogue.as_ref().map(|e| finished(e, e.split_loops())),
                 prepacked: None,
+                split: Split::PerThread,
             },
             Step::ScatterAdd(sc) => CompiledStep::ScatterAdd(Box::new(sc.clone())),
             Step::Attention(a) => CompiledStep::Attention(Box::new(a.clone())),
@@ -373,11 +434,13 @@ impl CompiledProgram {
         self.check_buffers = on;
     }
 
-    /// Max-autotune: times every kernel step under each [`Split`] on zero-filled inputs (each
-    /// split over `runs` calls, keeping each step's fastest time) and keeps, per kernel step, the
-    /// split that was fastest (the default on a tie). Results do not depend on the choice (see
-    /// [`Split`]). Programs with symbolic sizes are left as they are (there are no sizes to
-    /// time). Returns each kernel step's name and chosen split.
+    /// Max-autotune: times every kernel step under each [`Split`] and every GEMM step (a plain
+    /// one; convolutions keep theirs) under its default plan and each of
+    /// [`GemmChoice::candidates`] at the current thread count, on zero-filled inputs (each over
+    /// `runs` calls, keeping each step's fastest time), and keeps per step what was fastest (the
+    /// default on a tie). Results do not depend on the choice (see [`Split`], [`GemmChoice`]).
+    /// Programs with symbolic sizes are left as they are (there are no sizes to time). Returns
+    /// each tuned step's name (a kernel's, `matmul_bufN` for a GEMM) and its choice.
     pub fn autotune(&mut self, runs: usize) -> Result<Vec<(String, Split)>, RuntimeError> {
         let mut inputs = Vec::new();
         for b in &self.program.buffers {
@@ -399,15 +462,31 @@ impl CompiledProgram {
         let Some(inputs) = inputs.into_iter().collect::<Option<Vec<Tensor>>>() else {
             return Ok(Vec::new());
         };
-        let kernel_steps: Vec<usize> = (0..self.steps.len())
-            .filter(|&i| matches!(self.steps[i], CompiledStep::Kernel(_)))
+        let tuned: Vec<usize> = (0..self.steps.len())
+            .filter(|&i| self.tuned_step(i).is_some())
             .collect();
-        // best[i]: the fastest (time, split) of kernel step i so far.
+        // Rounds: round r sets every kernel step to `Split::ALL[r]` and every GEMM step to its
+        // r-th plan (the default first), while there are any.
+        let kernel_splits: Vec<Split> = Split::ALL.to_vec();
+        let gemm_plans: Vec<Split> = std::iter::once(Split::PerThread)
+            .chain(
+                GemmChoice::candidates(minductor_runtime::num_threads())
+                    .into_iter()
+                    .map(Split::Gemm),
+            )
+            .collect();
+        // best[i]: the fastest (time, split) of step i so far.
         let mut best: Vec<Option<(Duration, Split)>> = vec![None; self.steps.len()];
-        for split in Split::ALL {
-            for &i in &kernel_steps {
-                if let CompiledStep::Kernel(k) = &mut self.steps[i] {
-                    k.split = split;
+        for round in 0..kernel_splits.len().max(gemm_plans.len()) {
+            let mut timed = vec![None; self.steps.len()];
+            for &i in &tuned {
+                let plans = match self.steps[i] {
+                    CompiledStep::Kernel(_) => &kernel_splits,
+                    _ => &gemm_plans,
+                };
+                if let (Some(&split), Some(slot)) = (plans.get(round), self.tuned_step(i)) {
+                    *slot = split;
+                    timed[i] = Some(split);
                 }
             }
             let mut fastest: Vec<Option<Duration>> = vec![None; self.steps.len()];
@@ -417,8 +496,8 @@ impl CompiledProgram {
                     *slot = Some(slot.map_or(t.time, |s| s.min(t.time)));
                 }
             }
-            for &i in &kernel_steps {
-                if let Some(time) = fastest[i] {
+            for &i in &tuned {
+                if let (Some(time), Some(split)) = (fastest[i], timed[i]) {
                     if best[i].is_none_or(|(b, _)| time < b) {
                         best[i] = Some((time, split));
                     }
@@ -426,37 +505,60 @@ impl CompiledProgram {
             }
         }
         let mut chosen = Vec::new();
-        for &i in &kernel_steps {
-            if let CompiledStep::Kernel(k) = &mut self.steps[i] {
-                k.split = best[i].map_or(Split::PerThread, |(_, s)| s);
-                chosen.push((k.name.clone(), k.split));
+        for &i in &tuned {
+            let name = self.tuned_name(i);
+            if let Some(slot) = self.tuned_step(i) {
+                *slot = best[i].map_or(Split::PerThread, |(_, s)| s);
+                chosen.push((name, *slot));
             }
         }
         Ok(chosen)
     }
 
-    /// Applies splits an earlier [`CompiledProgram::autotune`] chose (kernel names and splits);
-    /// `false`, changing nothing, unless they name exactly this program's kernel steps.
+    /// The split of step `i` if max-autotune tunes it: a kernel step's, a plain GEMM's plan.
+    fn tuned_step(&mut self, i: usize) -> Option<&mut Split> {
+        match &mut self.steps[i] {
+            CompiledStep::Kernel(k) => Some(&mut k.split),
+            CompiledStep::Matmul { step, split, .. }
+                if matches!(step.b, minductor_kernel_ir::MatmulOperand::View(_)) =>
+            {
+                Some(split)
+            }
+            _ => None,
+        }
+    }
+
+    /// The name max-autotune's choices use for step `i`.
+    fn tuned_name(&self, i: usize) -> String {
+        match &self.steps[i] {
+            CompiledStep::Kernel(k) => k.name.clone(),
+            CompiledStep::Matmul { step, .. } => format!("matmul_{}", step.out),
+            _ => String::new(),
+        }
+    }
+
+    /// Applies splits an earlier [`CompiledProgram::autotune`] chose (step names and splits);
+    /// `false`, changing nothing, unless they name exactly this program's tuned steps, in order.
     pub fn set_splits(&mut self, splits: &[(String, Split)]) -> bool {
-        let names: Vec<&str> = self
-            .steps
-            .iter()
-            .filter_map(|s| match s {
-                CompiledStep::Kernel(k) => Some(k.name.as_str()),
-                _ => None,
-            })
+        let tuned: Vec<usize> = (0..self.steps.len())
+            .filter(|&i| self.tuned_step(i).is_some())
             .collect();
-        let same = names.len() == splits.len()
-            && names.iter().zip(splits).all(|(n, (m, _))| *n == m.as_str());
+        let same = tuned.len() == splits.len()
+            && tuned.iter().zip(splits).all(|(&i, (name, split))| {
+                // A kernel step takes a kernel split, a GEMM its default or a GEMM plan.
+                let fits = match self.steps[i] {
+                    CompiledStep::Kernel(_) => !matches!(split, Split::Gemm(_)),
+                    _ => matches!(split, Split::PerThread | Split::Gemm(_)),
+                };
+                *name == self.tuned_name(i) && fits
+            });
         if !same {
             return false;
         }
-        let kernels = self.steps.iter_mut().filter_map(|s| match s {
-            CompiledStep::Kernel(k) => Some(k),
-            _ => None,
-        });
-        for (k, (_, split)) in kernels.zip(splits) {
-            k.split = *split;
+        for (&i, (_, split)) in tuned.iter().zip(splits) {
+            if let Some(slot) = self.tuned_step(i) {
+                *slot = *split;
+            }
         }
         true
     }

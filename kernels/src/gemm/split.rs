@@ -128,6 +128,26 @@ impl ProductSplit {
         best
     }
 
+    /// The cut of an `m × n` product into `row_groups × panel_groups` pieces, each clamped to
+    /// what the product has (at least 1, at most its micro-panels and panels): a cut
+    /// max-autotune timed.
+    pub fn with_groups(
+        [m, n]: [usize; 2],
+        [mr, nr]: [usize; 2],
+        row_groups: usize,
+        panel_groups: usize,
+    ) -> ProductSplit {
+        let (mr, nr) = (mr.max(1), nr.max(1));
+        ProductSplit {
+            m,
+            n,
+            mr,
+            nr,
+            row_groups: row_groups.clamp(1, m.div_ceil(mr).max(1)),
+            panel_groups: panel_groups.clamp(1, n.div_ceil(nr).max(1)),
+        }
+    }
+
     pub fn pieces(&self) -> usize {
         self.row_groups * self.panel_groups
     }
