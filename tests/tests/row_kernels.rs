@@ -86,7 +86,8 @@ fn layer_norm_rows_at_every_tail_length() {
         let (g, inputs) = build(&[&[3, n], &[n], &[n]], |i| {
             vec![i[0].layer_norm(&[n], Some(&i[1]), Some(&i[2]), 1e-5)]
         });
-        check(&g, &inputs, 2e-5, true, &format!("layer_norm of 3x{n}"));
+        // The affine store stays a 4-lane loop (see the shapes in `math/block/rows.rs`).
+        check(&g, &inputs, 2e-5, false, &format!("layer_norm of 3x{n}"));
         let (g, inputs) = build(&[&[3, n]], |i| {
             vec![i[0].layer_norm(&[n], None, None, 1e-5)]
         });

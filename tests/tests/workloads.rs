@@ -53,9 +53,9 @@ fn each_workload_compiles_and_agrees_with_eager_at_small_sizes() {
     }
 }
 
-#[test]
-fn harness_times_both_backends_and_reports_consistent_figures() {
-    let probe = MachineProbe {
+/// A probe with round figures (the harness's arithmetic is checked against them).
+fn test_probe() -> MachineProbe {
+    MachineProbe {
         machine: "test".into(),
         threads: 1,
         copy_bytes: 1 << 20,
@@ -69,7 +69,12 @@ fn harness_times_both_backends_and_reports_consistent_figures() {
             gflops_all_threads: 60.0,
         }],
         measured_at_unix_s: 0,
-    };
+    }
+}
+
+#[test]
+fn harness_times_both_backends_and_reports_consistent_figures() {
+    let probe = test_probe();
     let options = BenchOptions {
         budget: Duration::ZERO,
         min_iterations: 2,
@@ -171,4 +176,39 @@ fn compare_rejects_outputs_out_of_tolerance_nan_and_wrong_shapes() {
     let shape = vec![Tensor::from_vec(&[1, 3], vec![1.0f32, -100.0, 0.0]).unwrap()];
     assert!(compare("w", &want, &shape).is_err());
     assert!(compare("w", &want, &[]).is_err());
+}
+
+/// `minductor bench --pt2`: every case of the `.pt2` manifest becomes a workload of its stored
+/// user inputs, compiled with weights frozen on inductor and on eager, checked against each other
+/// and timed.
+#[test]
+fn the_pt2_bench_times_every_case_on_both_backends() {
+    use minductor_tools::bench::PreparedWorkload;
+    use minductor_tools::pt2::{default_exported_dir, load_pt2_manifest, pt2_workloads};
+    let dir = default_exported_dir();
+    let cases = load_pt2_manifest(&dir).unwrap();
+    let programs = pt2_workloads(&dir, None).unwrap();
+    assert!(!cases.is_empty());
+    assert_eq!(programs.len(), cases.len(), "a case was left out");
+    let options = BenchOptions {
+        budget: Duration::ZERO,
+        min_iterations: 2,
+    };
+    for (p, case) in programs.iter().zip(&cases) {
+        assert_eq!(p.workload.name, case.name);
+        assert_eq!(p.workload.inputs.len(), case.inputs.len(), "{}", case.name);
+        let mut prepared = PreparedWorkload::from_program(&p.workload, &p.program).unwrap();
+        prepared.time_round(options).unwrap();
+        let result = prepared.finish(&test_probe(), None).unwrap();
+        assert_eq!(result.compiled.backend, "inductor", "{}", case.name);
+        assert_eq!(result.eager.backend, "eager", "{}", case.name);
+        assert_eq!(result.compiled.iterations, 2, "{}", case.name);
+        assert!(result.eager.median_ms > 0.0 && result.compiled.median_ms > 0.0);
+        assert!(!result.kernels.is_empty(), "{}: no kernels", case.name);
+        assert!(result.max_abs_error <= 1e-3, "{}", case.name);
+    }
+    let err = pt2_workloads(&dir, Some(&["no_such_case".to_string()]))
+        .err()
+        .expect("an unknown case name is an error");
+    assert!(err.contains("no_such_case"), "{err}");
 }

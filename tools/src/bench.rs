@@ -18,7 +18,10 @@
 
 use crate::probe::MachineProbe;
 use crate::workloads::{Bound, Workload};
-use minductor::{compile_with, Backend, CompileError, Compiled, RuntimeError, Tensor};
+use minductor::export::{CompiledProgram, ExportOptions, ExportedProgram};
+use minductor::{
+    compile_with, Backend, CompileError, CompileOptions, Compiled, RuntimeError, Tensor,
+};
 use serde::Serialize;
 use std::fmt::Write as _;
 use std::path::Path;
@@ -68,6 +71,12 @@ pub enum BenchError {
         workload: String,
         backend: &'static str,
         source: RuntimeError,
+    },
+    #[error("workload {workload}: {backend}: {message}")]
+    Program {
+        workload: String,
+        backend: &'static str,
+        message: String,
     },
     #[error(
         "workload {workload}: compiled output {output} disagrees with eager at element {index}: \
@@ -170,8 +179,8 @@ pub fn run_workload(
 /// a shared machine spreads over every workload instead of falling on one).
 pub struct PreparedWorkload<'w> {
     workload: &'w Workload,
-    eager: Compiled,
-    compiled: Compiled,
+    eager: Runner,
+    compiled: Runner,
     compile_ms: f64,
     max_abs_error: f64,
     /// The median seconds of each round, per backend.
@@ -194,9 +203,47 @@ impl<'w> PreparedWorkload<'w> {
                 source: Box::new(source),
             })
         };
+        let eager = Runner::Graph(Box::new(compile(Backend::Eager)?));
+        let compiled = Runner::Graph(Box::new(compile(Backend::Inductor)?));
+        Self::checked(workload, eager, compiled)
+    }
+
+    /// A `.pt2` program (`workload.inputs` its user inputs) compiled with its weights frozen on
+    /// the eager and the inductor backend, run once each and checked.
+    pub fn from_program(
+        workload: &'w Workload,
+        program: &ExportedProgram,
+    ) -> Result<Self, BenchError> {
+        let compile = |backend: Backend| {
+            let options = ExportOptions {
+                compile: CompileOptions {
+                    backend,
+                    ..Default::default()
+                },
+                ..Default::default()
+            };
+            program
+                .compile_with_options(options)
+                .map(|p| Runner::Program(Box::new(p), backend))
+                .map_err(|e| BenchError::Program {
+                    workload: workload.name.clone(),
+                    backend: backend.name(),
+                    message: format!("failed to compile: {e}"),
+                })
+        };
         let eager = compile(Backend::Eager)?;
         let compiled = compile(Backend::Inductor)?;
-        let compile_ms = compiled.compile_time().as_secs_f64() * 1e3;
+        Self::checked(workload, eager, compiled)
+    }
+
+    fn checked(
+        workload: &'w Workload,
+        eager: Runner,
+        compiled: Runner,
+    ) -> Result<Self, BenchError> {
+        let compile_ms = compiled
+            .compiled()
+            .map_or(0.0, |c| c.compile_time().as_secs_f64() * 1e3);
         let expected = call(workload, &eager)?;
         let found = call(workload, &compiled)?;
         let max_abs_error = compare(&workload.name, &expected, &found)?;
@@ -260,12 +307,10 @@ impl<'w> PreparedWorkload<'w> {
             median(&self.compiled_rounds),
             self.iterations[1],
         )?;
-        let compiled = &self.compiled;
-        let program = compiled.artifacts().program.as_ref();
+        let compiled = self.compiled.compiled();
+        let program = compiled.and_then(|c| c.artifacts().program.as_ref());
         let saved_activation_bytes = compiled
-            .artifacts()
-            .partition
-            .as_ref()
+            .and_then(|c| c.artifacts().partition.as_ref())
             .map(|p| p.saved_bytes());
         Ok(WorkloadResult {
             name: workload.name.clone(),
@@ -304,14 +349,53 @@ fn unit(bound: Bound) -> &'static str {
     }
 }
 
-fn call(workload: &Workload, compiled: &Compiled) -> Result<Vec<Tensor>, BenchError> {
-    compiled
-        .call(&workload.inputs)
-        .map_err(|source| BenchError::Run {
-            workload: workload.name.clone(),
-            backend: compiled.backend().name(),
-            source,
-        })
+/// What a backend runs: a compiled graph (on all of the workload's inputs) or a compiled `.pt2`
+/// program (on its user inputs, the weights frozen in).
+enum Runner {
+    /// Boxed: a `Compiled` is large beside a program's handle.
+    Graph(Box<Compiled>),
+    Program(Box<CompiledProgram>, Backend),
+}
+
+impl Runner {
+    fn backend(&self) -> Backend {
+        match self {
+            Runner::Graph(c) => c.backend(),
+            Runner::Program(_, b) => *b,
+        }
+    }
+
+    /// The compiled graph, where there is one (an interpreting backend on a program with
+    /// symbolic sizes specializes per call and has none).
+    fn compiled(&self) -> Option<&Compiled> {
+        match self {
+            Runner::Graph(c) => Some(c),
+            Runner::Program(p, _) => p.compiled(),
+        }
+    }
+}
+
+fn call(workload: &Workload, runner: &Runner) -> Result<Vec<Tensor>, BenchError> {
+    match runner {
+        Runner::Graph(compiled) => {
+            compiled
+                .call(&workload.inputs)
+                .map_err(|source| BenchError::Run {
+                    workload: workload.name.clone(),
+                    backend: compiled.backend().name(),
+                    source,
+                })
+        }
+        Runner::Program(program, backend) => {
+            program
+                .call(&workload.inputs)
+                .map_err(|e| BenchError::Program {
+                    workload: workload.name.clone(),
+                    backend: backend.name(),
+                    message: format!("failed to run: {e}"),
+                })
+        }
+    }
 }
 
 /// The largest |found − expected| over all outputs, or the first element out of tolerance.
@@ -356,7 +440,7 @@ pub fn compare(workload: &str, expected: &[Tensor], found: &[Tensor]) -> Result<
 /// their seconds, sorted.
 fn time_calls(
     workload: &Workload,
-    compiled: &Compiled,
+    compiled: &Runner,
     options: BenchOptions,
 ) -> Result<Vec<f64>, BenchError> {
     drop(call(workload, compiled)?); // warmup
@@ -377,13 +461,13 @@ fn time_calls(
 /// A backend's figures from its median seconds (and its peak heap, measured now).
 fn backend_result(
     workload: &Workload,
-    compiled: &Compiled,
+    compiled: &Runner,
     probe: &MachineProbe,
     meter: Option<&dyn HeapMeter>,
     median: f64,
     iterations: usize,
 ) -> Result<BackendResult, BenchError> {
-    let kept_bytes = compiled.arena_bytes() as u64;
+    let kept_bytes = compiled.compiled().map_or(0, |c| c.arena_bytes()) as u64;
     let peak_bytes = match meter {
         Some(meter) => {
             // Outputs recycled from the block cache would not show as new heap: empty it first.

@@ -4,7 +4,8 @@
 //! `alt.` sizes through the same compile.
 
 use crate::golden::{compare, load_tensors};
-use minductor::export::{self, ExportOptions, Weights};
+use crate::workloads::{Bound, Workload};
+use minductor::export::{self, ExportOptions, ExportedProgram, Weights};
 use minductor::{Backend, CompileOptions, Tensor};
 use serde_json::Value;
 use std::collections::HashMap;
@@ -197,6 +198,60 @@ pub fn check_outputs(
         }
     }
     run
+}
+
+/// A case of the manifest as a benchmark workload (`minductor bench --pt2`): the imported
+/// program, and a [`Workload`] whose graph is the program's and whose inputs are the stored user
+/// inputs.
+pub struct Pt2Workload {
+    pub workload: Workload,
+    pub program: ExportedProgram,
+}
+
+/// Every case of `dir/manifest.json` whose name is in `names` (all when `None`), loaded as a
+/// benchmark workload. `bytes_moved` counts the user inputs, the weights and the stored outputs
+/// once; the cases are reported as memory-bound (no GEMM count is derived from an imported graph).
+pub fn pt2_workloads(dir: &Path, names: Option<&[String]>) -> Result<Vec<Pt2Workload>, String> {
+    let cases = load_pt2_manifest(dir)?;
+    if let Some(names) = names {
+        if let Some(bad) = names.iter().find(|n| !cases.iter().any(|c| &c.name == *n)) {
+            let known: Vec<&str> = cases.iter().map(|c| c.name.as_str()).collect();
+            return Err(format!(
+                "no case `{bad}` in {}/manifest.json (cases: {})",
+                dir.display(),
+                known.join(", ")
+            ));
+        }
+    }
+    let bytes = |t: &Tensor| (t.numel() * t.dtype().size_bytes()) as u64;
+    let mut out = Vec::new();
+    for case in cases {
+        if names.is_some_and(|n| !n.contains(&case.name)) {
+            continue;
+        }
+        let program = export::load(&case.file).map_err(|e| format!("{}: {e}", case.name))?;
+        let data = load_tensors(&case.data)?;
+        let inputs = named(&data, "", &case.inputs)?;
+        let outputs: Vec<String> = (0..case.outputs).map(|i| format!("out{i}")).collect();
+        let outputs = named(&data, "", &outputs)?;
+        let bytes_moved = inputs.iter().chain(&outputs).map(bytes).sum::<u64>()
+            + program
+                .weights()
+                .iter()
+                .map(|w| bytes(&w.tensor))
+                .sum::<u64>();
+        let workload = Workload {
+            name: case.name.clone(),
+            graph: program.graph().clone(),
+            elements: inputs.first().map_or(0, |t| t.numel()),
+            inputs,
+            bytes_moved,
+            flops: 0,
+            bound: Bound::Memory,
+        };
+        out.push(Pt2Workload { workload, program });
+    }
+    Ok(out)
 }
 
 // ---- the `minductor pt2` command line --------------------------------------------------------

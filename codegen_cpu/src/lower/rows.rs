@@ -18,12 +18,14 @@
 //! from the same decisions the lowering takes, for `minductor report`.
 
 use super::{lower_kernel, math_fn, Lowering};
+use crate::math::block::rows::TWO_OVER_SQRT_PI;
 use crate::math::block::rows::{
     row_routine, RowFn, RowShape, ROW_ARGS_B, ROW_ARGS_BYTES, ROW_ARGS_C, ROW_ARGS_N, ROW_ARGS_OUT,
     ROW_ARGS_P, ROW_ARGS_Q, ROW_ARGS_U0, ROW_ARGS_U1, ROW_ARGS_U2, ROW_ARGS_U3, ROW_ARGS_W,
     ROW_ARGS_X,
 };
 use crate::math::block::{block_isa, BlockIsa};
+use crate::math::GELU_SCALE;
 use cranelift_codegen::ir::{
     types, AbiParam, InstBuilder, Signature, StackSlotData, StackSlotKind, Value,
 };
@@ -215,6 +217,18 @@ impl Lowering<'_, '_, '_> {
                 }
             }
         }
+        // GELU's gradient times a row, alone after the first steps.
+        let mut gelu_grad = false;
+        if bits == RowShape::STORE {
+            if let Some((t, g)) = self.gelu_grad(e) {
+                if let Some(row) = self.row_load(g) {
+                    bits |= RowShape::GELU_GRAD;
+                    w = Some(row);
+                    e = t;
+                    gelu_grad = true;
+                }
+            }
+        }
         // A product the Cranelift loop contracts into a fused multiply-add: `(t, factor)`.
         let contracted = |e: ExprId| match *k.expr(e) {
             Expr::Binary(BinaryOp::Mul, p, q) if self.contract && self.uses[e.0 as usize] == 1 => {
@@ -224,6 +238,7 @@ impl Lowering<'_, '_, '_> {
         };
         // `t * u + b` or `b - t * u`, fused.
         let fused_scale = match *k.expr(e) {
+            _ if gelu_grad => None,
             Expr::Binary(op @ (BinaryOp::Add | BinaryOp::Sub), p, q) => {
                 let product = |m: ExprId| {
                     let (x, y) = contracted(m)?;
@@ -279,7 +294,7 @@ impl Lowering<'_, '_, '_> {
                 }
             }
         }
-        if bits & RowShape::FUSED_SCALE != 0 || bits & RowShape::ADD_PRODUCT != 0 {
+        if gelu_grad || bits & RowShape::FUSED_SCALE != 0 || bits & RowShape::ADD_PRODUCT != 0 {
         } else if let Expr::Binary(BinaryOp::Add, p, q) = *k.expr(e) {
             let row = if self.row_load(q).is_some() {
                 Some((q, p))
@@ -294,7 +309,7 @@ impl Lowering<'_, '_, '_> {
                 e = rest;
             }
         }
-        if bits & RowShape::FUSED_SCALE != 0 {
+        if gelu_grad || bits & RowShape::FUSED_SCALE != 0 {
         } else if let Expr::Binary(BinaryOp::Mul, p, q) = *k.expr(e) {
             let row = [(q, p), (p, q)]
                 .into_iter()
@@ -314,7 +329,7 @@ impl Lowering<'_, '_, '_> {
             return None;
         }
         // `t * u2 + u3`, the product fused (the first of the two the loop can contract).
-        if bits & RowShape::FUSED_SCALE == 0 {
+        if !gelu_grad && bits & RowShape::FUSED_SCALE == 0 {
             if let Expr::Binary(BinaryOp::Add, p, q) = *k.expr(e) {
                 let (fused, added) = if contracted(p).is_some() {
                     (p, q)
@@ -339,7 +354,7 @@ impl Lowering<'_, '_, '_> {
             }
         }
         let scaled = match *k.expr(e) {
-            _ if bits & RowShape::FUSED_SCALE != 0 => None,
+            _ if gelu_grad || bits & RowShape::FUSED_SCALE != 0 => None,
             Expr::Binary(BinaryOp::Mul, p, q) if value(q) && varying(p) => {
                 Some((p, Factor::Value(q)))
             }
@@ -358,6 +373,7 @@ impl Lowering<'_, '_, '_> {
             e = p;
         }
         let function = match *k.expr(e) {
+            _ if gelu_grad => None,
             Expr::Unary(op, a) => math_fn(op).map(|f| (a, f)),
             _ => self.composite(e),
         };
@@ -366,7 +382,7 @@ impl Lowering<'_, '_, '_> {
             e = a;
         }
         if let Expr::Binary(BinaryOp::Sub, p, q) = *k.expr(e) {
-            if value(q) && varying(p) {
+            if !gelu_grad && value(q) && varying(p) {
                 u0 = Some(q);
                 bits |= RowShape::SUB;
                 e = p;
@@ -438,6 +454,82 @@ impl Lowering<'_, '_, '_> {
             u2,
             u3,
         })
+    }
+
+    /// `e` as GELU's gradient at `t` times `g`, in the operations autodiff writes it in and with
+    /// the product the loop contracts (see `math::block::rows::gelu_backward`): `(t, g)`.
+    fn gelu_grad(&self, e: ExprId) -> Option<(ExprId, ExprId)> {
+        let k = self.kernel;
+        if !self.contract || k.ty(e) != ScalarType::F32 {
+            return None;
+        }
+        let mul = |x: ExprId| match *k.expr(x) {
+            Expr::Binary(BinaryOp::Mul, a, b) => Some((a, b)),
+            _ => None,
+        };
+        let konst = |x: ExprId, c: f32| matches!(k.expr(x), Expr::Constant { value, .. } if *value as f32 == c);
+        // `x * c` or `c * x`: `x`.
+        let times = |x: ExprId, c: f32| {
+            let (a, b) = mul(x)?;
+            if konst(b, c) {
+                Some(a)
+            } else if konst(a, c) {
+                Some(b)
+            } else {
+                None
+            }
+        };
+        let Expr::Binary(BinaryOp::Add, first, second) = *k.expr(e) else {
+            return None;
+        };
+        // The loop contracts the first operand, a product used only here: `fma(p, 0.5, second)`.
+        if self.uses[first.0 as usize] != 1 {
+            return None;
+        }
+        let p = times(first, 0.5)?;
+        // `p = g * (erf(s) + 1)`: `s`.
+        let erf_plus_one = |x: ExprId| {
+            let Expr::Binary(BinaryOp::Add, a, b) = *k.expr(x) else {
+                return None;
+            };
+            let erf = if konst(b, 1.0) {
+                a
+            } else if konst(a, 1.0) {
+                b
+            } else {
+                return None;
+            };
+            match *k.expr(erf) {
+                Expr::Unary(UnaryOp::Erf, s) => Some(s),
+                _ => None,
+            }
+        };
+        let (a, b) = mul(p)?;
+        let (g, s) = match (erf_plus_one(b), erf_plus_one(a)) {
+            (Some(s), _) => (a, s),
+            (None, Some(s)) => (b, s),
+            _ => return None,
+        };
+        let t = times(s, GELU_SCALE)?;
+        // `second = ((g * (t * 0.5)) * (exp(-(s * s)) * 2/√π)) * (1/√2)`.
+        let (m, n) = mul(times(second, GELU_SCALE)?)?;
+        let gauss = |x: ExprId| {
+            let Some(exp) = times(x, TWO_OVER_SQRT_PI) else {
+                return false;
+            };
+            let Expr::Unary(UnaryOp::Exp, neg) = *k.expr(exp) else {
+                return false;
+            };
+            matches!(*k.expr(neg), Expr::Unary(UnaryOp::Neg, sq) if mul(sq) == Some((s, s)))
+        };
+        let h = match (gauss(n), gauss(m)) {
+            (true, _) => m,
+            (false, true) => n,
+            _ => return None,
+        };
+        let (x, y) = mul(h)?;
+        let half_t = |z: ExprId| times(z, 0.5) == Some(t);
+        ((x == g && half_t(y)) || (y == g && half_t(x))).then_some((t, g))
     }
 
     /// `e` as a load of contiguous f32s along the row: its buffer and index.

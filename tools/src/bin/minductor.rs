@@ -1,5 +1,6 @@
 //! The `minductor` command line: `minductor golden DIR` runs PyTorch reference cases;
-//! `minductor bench` runs the benchmark suite on the eager and the compiled backend;
+//! `minductor bench` runs the benchmark suite (or, with `--pt2`, the `.pt2` cases) on the eager
+//! and the compiled backend;
 //! `minductor compile` times compiles of the GPT-style decoder at several depths.
 //! `minductor pt2 info|run|compile MODEL.pt2` imports programs saved by `torch.export`.
 
@@ -104,9 +105,14 @@ enum Command {
     },
     /// Run the benchmark suite on the eager and the compiled backend and print a table.
     Bench {
-        /// Workloads to run, comma-separated (default: the whole suite).
+        /// Workloads to run, comma-separated (default: the whole suite; with --pt2, case names).
         #[arg(long)]
         workload: Option<String>,
+        /// Instead of the suite, time every case of DIR/manifest.json (programs saved by
+        /// `torch.export`; default DIR: ../shared/exported): compiled with the inductor backend,
+        /// weights frozen, against minductor eager, at the stored input sizes.
+        #[arg(long, value_name = "DIR")]
+        pt2: Option<Option<PathBuf>>,
         /// Threads the compiled kernels and the probe use, a comma-separated list: one table per
         /// count (default: one per physical core).
         #[arg(long)]
@@ -153,8 +159,12 @@ enum Command {
     /// Compile one workload of the suite and print its fusion report: the kernel table, then
     /// each step's median time and achieved bandwidth (GFLOP/s for GEMMs) against the probe.
     Report {
-        /// A workload name (see `bench`).
+        /// A workload name (see `bench`), or with --pt2 a case of the manifest.
         workload: String,
+        /// The workload is a `.pt2` case of DIR/manifest.json (default ../shared/exported),
+        /// compiled with its weights as inputs, at the stored input sizes.
+        #[arg(long, value_name = "DIR")]
+        pt2: Option<Option<PathBuf>>,
         /// Threads the kernels and the probe use, a comma-separated list: with several, each
         /// step's median time at every count side by side (default: one per physical core).
         #[arg(long)]
@@ -229,10 +239,11 @@ fn main() -> ExitCode {
         }
         Command::Report {
             workload,
+            pt2,
             threads,
             runs,
             simulate_threads,
-        } => match report(&workload, threads, runs, simulate_threads) {
+        } => match report(&workload, pt2, threads, runs, simulate_threads) {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {
                 eprintln!("error: {e}");
@@ -254,13 +265,14 @@ fn main() -> ExitCode {
         },
         Command::Bench {
             workload,
+            pt2,
             threads,
             json,
             plot,
             seconds,
             rounds,
             reprobe,
-        } => match bench(workload, threads, json, plot, seconds, rounds, reprobe) {
+        } => match bench(workload, pt2, threads, json, plot, seconds, rounds, reprobe) {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {
                 eprintln!("error: {e}");
@@ -313,11 +325,25 @@ fn thread_list(flag: &str, text: &str) -> Result<Vec<usize>, Box<dyn std::error:
 
 fn report(
     name: &str,
+    pt2: Option<Option<PathBuf>>,
     threads: Option<String>,
     runs: usize,
     simulate: Option<String>,
 ) -> Result<(), Box<dyn std::error::Error>> {
-    let workload = workloads::by_name(name)?;
+    let workload = match pt2 {
+        Some(dir) => {
+            let dir = dir.unwrap_or_else(pt2::default_exported_dir);
+            let Some(case) = pt2::pt2_workloads(&dir, Some(&[name.to_string()]))?.pop() else {
+                return Err(format!("no case `{name}`").into());
+            };
+            // The graph takes the weights after the user inputs.
+            let mut workload = case.workload;
+            let weights = case.program.weights().iter().map(|w| w.tensor.clone());
+            workload.inputs.extend(weights);
+            workload
+        }
+        None => workloads::by_name(name)?,
+    };
     if let Some(list) = simulate {
         let counts = thread_list("--simulate-threads", &list)?;
         let report =
@@ -406,6 +432,7 @@ fn compile_bench(
 #[allow(clippy::too_many_arguments)]
 fn bench(
     workload: Option<String>,
+    pt2: Option<Option<PathBuf>>,
     threads: Option<String>,
     json: Option<PathBuf>,
     plot: Option<PathBuf>,
@@ -423,18 +450,37 @@ fn bench(
         Some(list) => thread_list("--threads", list)?,
         None => vec![0],
     };
-    let names: Vec<String> = match &workload {
-        Some(list) => list.split(',').map(|n| n.trim().to_string()).collect(),
-        None => SUITE.iter().map(|n| n.to_string()).collect(),
+    let listed: Option<Vec<String>> = workload
+        .as_ref()
+        .map(|list| list.split(',').map(|n| n.trim().to_string()).collect());
+    let programs = match &pt2 {
+        Some(dir) => {
+            if plot.is_some() {
+                return Err("--plot goes with the suite, not with --pt2".into());
+            }
+            let dir = dir.clone().unwrap_or_else(pt2::default_exported_dir);
+            pt2::pt2_workloads(&dir, listed.as_deref())?
+        }
+        None => Vec::new(),
     };
-    // Unknown names fail before anything is measured.
-    if let Some(bad) = names.iter().find(|n| !SUITE.contains(&n.as_str())) {
-        return Err(WorkloadError::Unknown { found: bad.clone() }.into());
-    }
-    let workloads: Vec<Workload> = names
+    let workloads: Vec<Workload> = if pt2.is_some() {
+        Vec::new()
+    } else {
+        let names = listed.unwrap_or_else(|| SUITE.iter().map(|n| n.to_string()).collect());
+        // Unknown names fail before anything is measured.
+        if let Some(bad) = names.iter().find(|n| !SUITE.contains(&n.as_str())) {
+            return Err(WorkloadError::Unknown { found: bad.clone() }.into());
+        }
+        names
+            .iter()
+            .map(|n| workloads::by_name(n))
+            .collect::<Result<_, _>>()?
+    };
+    let names: Vec<&str> = programs
         .iter()
-        .map(|n| workloads::by_name(n))
-        .collect::<Result<_, _>>()?;
+        .map(|p| p.workload.name.as_str())
+        .chain(workloads.iter().map(|w| w.name.as_str()))
+        .collect();
     let several = counts.len() > 1;
     let mut per_count = Vec::new();
     let mut used = Vec::new();
@@ -460,6 +506,10 @@ fn bench(
         for workload in &workloads {
             eprintln!("compiling {} ...", workload.name);
             prepared.push(PreparedWorkload::new(workload)?);
+        }
+        for p in &programs {
+            eprintln!("compiling {} ...", p.workload.name);
+            prepared.push(PreparedWorkload::from_program(&p.workload, &p.program)?);
         }
         for round in 0..rounds {
             for p in &mut prepared {
@@ -535,8 +585,8 @@ fn bench(
             print!(" {:>16}", format!("{t} threads"));
         }
         println!();
-        for (i, w) in workloads.iter().enumerate() {
-            print!("{:<28}", w.name);
+        for (i, name) in names.iter().enumerate() {
+            print!("{:<28}", name);
             let base = per_count[0][i].compiled.median_ms;
             for results in &per_count {
                 let ms = results[i].compiled.median_ms;
