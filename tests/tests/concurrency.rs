@@ -93,7 +93,7 @@ fn jit_calls_from_several_threads_with_a_graph_break_give_each_callers_result() 
     let input = |seed: u64| {
         let t = minductor_tools::workloads::uniform(&[8, 16], -1.0, 1.0, seed);
         // Shifted up or down so the sum's sign follows the seed's parity.
-        let shift = if seed % 2 == 0 { 2.0 } else { -2.0 };
+        let shift = if seed.is_multiple_of(2) { 2.0 } else { -2.0 };
         let values: Vec<f32> = t
             .to_vec::<f32>()
             .unwrap()
@@ -104,7 +104,7 @@ fn jit_calls_from_several_threads_with_a_graph_break_give_each_callers_result() 
     };
     let want = |seed: u64| -> Vec<f32> {
         let x = input(seed).to_vec::<f32>().unwrap();
-        if seed % 2 == 0 {
+        if seed.is_multiple_of(2) {
             x.iter().map(|v| (v * 2.0).exp()).collect()
         } else {
             x.iter().map(|v| (v * -1.0).tanh()).collect()
