@@ -455,7 +455,15 @@ impl CompiledProgram {
             storage: Storage::zeroed(0),
             layout: None,
         });
-        let result = self.run_steps(&mut arena, inputs, timings, destinations);
+        // A program with a step large enough to split runs its steps on a worker of the pool,
+        // whose other workers then pick up each step's pieces without being woken (see
+        // `threads::in_pool`); a small one stays on the caller (concurrent callers of a small
+        // graph never queue behind the pool).
+        let result = if self.splits && threads::num_threads() > 1 {
+            threads::in_pool(|| self.run_steps(&mut arena, inputs, timings, destinations))
+        } else {
+            self.run_steps(&mut arena, inputs, timings, destinations)
+        };
         lock().push(arena);
         result
     }
@@ -937,7 +945,7 @@ pub(super) fn run_pieces(
 
 /// Elements a piece of a kernel visits at least: below this, handing a piece to another
 /// thread costs about as much as the piece saves.
-const MIN_PIECE_WORK: i64 = 1 << 14;
+pub(super) const MIN_PIECE_WORK: i64 = 1 << 14;
 
 /// Rows whose elements together span at least a cache line (16 f32s): piece boundaries fall on
 /// multiples of this many rows when rows are shorter, so two threads never write one line.
