@@ -236,24 +236,26 @@ pub struct CompiledProgram {
     /// a signalling-NaN pattern and fenced by guard bytes, checked after every step, and f32
     /// outputs are checked for the pattern after the call (`execute.rs: CheckedArena`).
     check_buffers: bool,
-    /// Whether some step is large enough to split across threads (see [`splits_across_threads`]):
-    /// then a call runs its steps on a worker of the pool.
-    splits: bool,
+    /// Whether some step is large enough to split across threads (see [`splits_across_threads`];
+    /// `None`: it depends on the sizes of a call): then a call runs its steps on a worker of the
+    /// pool.
+    splits: Option<bool>,
     pub compile_time: Duration,
     _code: CodeOwner,
 }
 
-/// Whether some step of `program` may split across threads: a kernel visiting, or an extern
-/// step producing (a GEMM: times its depth), at least two pieces' worth of elements
-/// (`execute::MIN_PIECE_WORK`), or sizes only known at a call.
-fn splits_across_threads(program: &Program) -> bool {
+/// Whether some step of `program` splits across threads: a kernel visiting, or an extern step
+/// producing (a GEMM: times its depth), at least two pieces' worth of elements
+/// (`execute::MIN_PIECE_WORK`); `None` when that depends on sizes only known at a call.
+fn splits_across_threads(program: &Program) -> Option<bool> {
     let least = 2 * execute::MIN_PIECE_WORK as usize;
     let product = |dims: &[Dim]| -> Option<usize> {
         dims.iter()
             .try_fold(1usize, |acc, d| acc.checked_mul(d.as_static()?))
     };
     let numel = |b: BufferId| product(&program.buffer(b).shape);
-    program.steps.iter().any(|step| {
+    let mut symbolic = false;
+    let large = program.steps.iter().any(|step| {
         let work = match step {
             Step::Kernel(k) => k.stages.iter().try_fold(0usize, |acc, s| {
                 let trips = product(&k.outer)?.checked_mul(product(&s.extent)?)?;
@@ -268,8 +270,16 @@ fn splits_across_threads(program: &Program) -> bool {
             Step::Attention(a) => numel(a.out),
             Step::ScatterAdd(_) | Step::Fallback(_) => Some(0),
         };
-        work.is_none_or(|w| w >= least)
-    })
+        symbolic |= work.is_none();
+        work.is_some_and(|w| w >= least)
+    });
+    if large {
+        Some(true)
+    } else if symbolic {
+        None
+    } else {
+        Some(false)
+    }
 }
 
 fn isa() -> Result<std::sync::Arc<dyn cranelift_codegen::isa::TargetIsa>, CodegenError> {
