@@ -25,6 +25,23 @@ pub type BlockFn = unsafe extern "C" fn(src: *const f32, dst: *mut f32, n: i64);
 /// masks of all ones / all zeros, by use, like the untyped registers of the inline form).
 /// Its methods are only sound to call where the CPU has the instruction set: inside the
 /// `#[target_feature]` routines below, after [`block_isa`] checked it.
+/// Adds a block's partial sums `partial` into `running` with Kahan compensation, lane by lane,
+/// as the code generator's `kahan_add` does: the compensation keeps what each addition rounded
+/// away and takes it off the next block's partial sum; past an infinity it is NaN (inf - inf)
+/// and is dropped. Shared by the row and column routines, whose sums must keep those bits.
+#[inline(always)]
+fn kahan_fold<L: Lanes>(e: &mut L, running: &mut L::V, compensation: &mut L::V, partial: L::V) {
+    let zero = e.f(0.0);
+    let y = e.sub(partial, *compensation);
+    let t = e.add(*running, y);
+    let rounded = e.sub(t, *running);
+    let c = e.sub(rounded, y);
+    let d = e.sub(c, c);
+    let finite = e.fcmp(FloatCmp::Equal, d, zero);
+    *compensation = e.sel(finite, c, zero);
+    *running = t;
+}
+
 trait Wide: Lanes + Sized {
     /// Lanes per register.
     const WIDTH: usize;

@@ -11,8 +11,7 @@
 //! only does it for 16 (AVX-512) or 8 (AVX2) columns per instruction, so a column gives the
 //! same bits whether the routine, a 4-lane vector or a scalar tail sums it, at any thread count.
 
-use super::{x86, Wide};
-use crate::math::FloatCmp;
+use super::{kahan_fold, x86, Wide};
 
 /// Columns per call: the code generator's column group (`OUTER_SLOTS` vectors of 4 lanes).
 pub const COLUMNS: usize = 32;
@@ -82,15 +81,7 @@ unsafe fn run<L: Wide>(mut e: L, a: &ColumnArgs) {
             r += 1;
         }
         for k in 0..registers {
-            // Kahan, as `kahan_add` in the code generator.
-            let y = e.sub(acc[k], compensation[k]);
-            let t = e.add(running[k], y);
-            let rounded = e.sub(t, running[k]);
-            let c = e.sub(rounded, y);
-            let d = e.sub(c, c);
-            let finite = e.fcmp(FloatCmp::Equal, d, zero);
-            compensation[k] = e.sel(finite, c, zero);
-            running[k] = t;
+            kahan_fold(&mut e, &mut running[k], &mut compensation[k], acc[k]);
         }
     }
     for (k, v) in running.iter().enumerate().take(registers) {

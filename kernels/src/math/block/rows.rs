@@ -41,7 +41,7 @@
 //! **Maxima** are exact whatever the order; a NaN anywhere makes the result NaN, as in the
 //! Cranelift loop.
 
-use super::{apply, x86, Wide};
+use super::{apply, kahan_fold, x86, Wide};
 use crate::math::FloatCmp;
 use crate::math::MathFn;
 
@@ -396,17 +396,8 @@ unsafe fn run<L: Wide, const S: u32>(mut e: L, a: &RowArgs) -> f32 {
             i = end;
         }
         if sums {
-            // Kahan: the compensation keeps what each addition rounded away and takes it off
-            // the next block's partial sum. Past an infinity it is NaN (inf - inf): dropped.
             for k in 0..CHAINS {
-                let y = e.sub(acc[k], compensation[k]);
-                let t = e.add(running[k], y);
-                let rounded = e.sub(t, running[k]);
-                let c = e.sub(rounded, y);
-                let d = e.sub(c, c);
-                let finite = e.fcmp(FloatCmp::Equal, d, zero);
-                compensation[k] = e.sel(finite, c, zero);
-                running[k] = t;
+                kahan_fold(&mut e, &mut running[k], &mut compensation[k], acc[k]);
             }
         } else {
             running = acc;
