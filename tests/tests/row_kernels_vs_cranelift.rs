@@ -50,7 +50,7 @@ fn both(graph: &Graph, inputs: &[Tensor], what: &str, wide: bool) -> (Vec<Tensor
 #[test]
 fn pointwise_shapes_store_the_same_bits_as_the_cranelift_loop() {
     type Build = fn(&[Traced]) -> Vec<Traced>;
-    let cases: [(&str, usize, Build); 5] = [
+    let cases: [(&str, usize, Build); 6] = [
         ("silu(a) * b", 2, |i| vec![i[0].silu().mul(&i[1])]),
         ("a*b + c*d", 4, |i| {
             vec![i[0].mul(&i[1]).add(&i[2].mul(&i[3]))]
@@ -60,6 +60,10 @@ fn pointwise_shapes_store_the_same_bits_as_the_cranelift_loop() {
             vec![i[0].sub(1.0).mul(3.0).mul(&i[1])]
         }),
         ("a / 7", 1, |i| vec![i[0].div(7.0)]),
+        // A layer norm's affine store: `(x - mean) * rstd * weight + bias`.
+        ("(a - 1) * 3 * b + c", 3, |i| {
+            vec![i[0].sub(1.0).mul(3.0).mul(&i[1]).add(&i[2])]
+        }),
     ];
     for (what, operands, f) in cases {
         for &n in &[1usize, 15, 16, 17, 64, 1023, 1025] {
@@ -85,9 +89,7 @@ fn suite_workloads_agree_with_the_cranelift_loops() {
         "resnet_block_8x64x56",
     ] {
         let w = minductor_tools::workloads::by_name(name).unwrap();
-        // (A layer norm's kernel keeps its affine store as a 4-lane loop: not all wide.)
-        let wide = name != "layernorm_4096x1024";
-        let (rows, loops) = both(&w.graph, &w.inputs, name, wide);
+        let (rows, loops) = both(&w.graph, &w.inputs, name, true);
         minductor_tests::assert_allclose(&rows, &loops, Tolerance::close(2e-5), name);
     }
 }

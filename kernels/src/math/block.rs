@@ -711,12 +711,16 @@ pub enum BlockIsa {
 }
 
 /// The best instruction set this CPU offers the routines, or `None` (no routines: kernels
-/// compute inline). `MINDUCTOR_MATH_BLOCKS=0` turns them off (for comparisons).
+/// compute inline). For comparisons, `MINDUCTOR_MATH_BLOCKS=0` turns them off and
+/// `MINDUCTOR_MATH_BLOCKS=avx2` keeps them at 256 bits on an AVX-512 CPU.
 pub fn block_isa() -> Option<BlockIsa> {
     static ISA: std::sync::OnceLock<Option<BlockIsa>> = std::sync::OnceLock::new();
     *ISA.get_or_init(|| {
         if std::env::var("MINDUCTOR_MATH_BLOCKS").is_ok_and(|v| v == "0") {
             return None;
+        }
+        if std::env::var("MINDUCTOR_MATH_BLOCKS").is_ok_and(|v| v == "avx2") {
+            return detect().map(|_| BlockIsa::Avx2);
         }
         detect()
     })
