@@ -72,7 +72,7 @@ mod outer;
 mod reduce;
 mod rows;
 
-pub use rows::{kernel_vector_bits, set_row_kernels, step_vector_bits};
+pub use rows::{kernel_vector_bits, set_row_kernels, stage_vector_bits, step_vector_bits};
 
 /// Lanes of the vector type Cranelift lowers on x86-64 (128-bit).
 pub const LANES: i64 = 4;
@@ -185,6 +185,10 @@ struct Lowering<'k, 'b, 'f> {
     outer_results: Vec<Vec<Val>>,
     /// In the outer-reduction order, the column (slot of the group) being emitted.
     column: outer::Column,
+    /// In the outer-reduction order, for each stage whose sums the column routine computes
+    /// for several groups in one call (see `outer::routine_sums`), while those groups are
+    /// emitted: the address of the call's sums and the call's first column.
+    routine_sums: Vec<Option<(Value, Value)>>,
     /// The vector width (bits) each stage's loop runs at (`None`: no loop), for reports.
     stage_bits: Vec<Option<u32>>,
     /// Leading outer loops that `start..end` ranges over, flattened in row-major order (see
@@ -304,6 +308,7 @@ pub fn lower_kernel(
         outer_mode: false,
         outer_results: Vec::new(),
         column: outer::Column::FIRST,
+        routine_sums: vec![None; kernel.stages.len()],
         stage_bits: vec![None; kernel.stages.len()],
         split: split.min(kernel.outer.len()),
     };

@@ -4,12 +4,17 @@
 //! operations per element, FMAs where the loop contracts), and whole workloads (the LLaMA block,
 //! the train step, softmax, layer norm) within the tolerance of their different summation order.
 
-use minductor::internals::codegen_cpu::lower::{kernel_vector_bits, set_row_kernels};
+use minductor::internals::codegen_cpu::lower::{
+    kernel_vector_bits, set_row_kernels, stage_vector_bits,
+};
 use minductor::internals::kernel_ir::Step;
 use minductor::internals::kernels::math::block::block_isa;
 use minductor::{compile, Graph, Tensor, Traced};
 use minductor_tests::Tolerance;
 use std::sync::Mutex;
+
+/// The switch is process-wide and tests run on several threads: one comparison at a time.
+static SWITCH: Mutex<()> = Mutex::new(());
 
 fn values(shape: &[usize], seed: u32) -> Tensor {
     minductor_tests::sine_values(shape, seed, 3.0)
@@ -19,8 +24,6 @@ fn values(shape: &[usize], seed: u32) -> Tensor {
 /// them some kernel (or GEMM epilogue) runs wider than Cranelift's 128 bits (where the CPU has
 /// AVX2 or AVX-512).
 fn both(graph: &Graph, inputs: &[Tensor], what: &str, wide: bool) -> (Vec<Tensor>, Vec<Tensor>) {
-    // The switch is process-wide and tests run on several threads: one comparison at a time.
-    static SWITCH: Mutex<()> = Mutex::new(());
     let _one_at_a_time = SWITCH.lock().unwrap_or_else(|e| e.into_inner());
     set_row_kernels(true);
     let compiled = compile(graph).unwrap();
@@ -180,12 +183,13 @@ fn epilogue_shapes_store_the_same_bits_as_the_cranelift_loop() {
 
 /// Column sums in the outer-reduction order (a bias gradient, `p - lr * g.sum(0)`) by the
 /// column routine against the 4-lane loop, bit for bit: row counts around its block of 64,
-/// column counts around its group of 32 (the tail columns run the loop), with an infinity and a
-/// NaN in some columns.
+/// column counts around its group of 32 (the tail columns run the loop) and its calls of up to
+/// 256 columns (a full call, a short last one, one of 8 groups less one), with an infinity and
+/// a NaN in some columns.
 #[test]
 fn column_sums_store_the_same_bits_as_the_cranelift_loop() {
     for rows in [1usize, 3, 64, 65, 200] {
-        for columns in [32usize, 33, 70, 100] {
+        for columns in [32usize, 33, 70, 100, 255, 256, 257, 300, 520, 1001] {
             let (g, mut inputs) =
                 minductor_tests::build_graph(&[&[rows, columns], &[columns]], values, |i| {
                     vec![i[1].sub(&i[0].sum(&[0], false).mul(0.001))]
@@ -202,6 +206,45 @@ fn column_sums_store_the_same_bits_as_the_cranelift_loop() {
             let (wide, loops) = both(&g, &inputs, &what, true);
             minductor_tests::assert_allclose(&wide, &loops, Tolerance::EXACT, &what);
         }
+    }
+}
+
+/// A column sum whose kernel goes on to read the summed buffer again (`x - x.mean(0)`: the
+/// routine sums a call's columns before the groups' store stage runs) and whose columns the
+/// runtime splits across threads: the 4-lane loop's bits, at 1 to 3 threads, with a NaN and
+/// infinities in some columns.
+#[test]
+fn column_sums_read_again_by_their_kernel_give_the_loops_bits_on_any_thread_count() {
+    for (rows, columns) in [(65usize, 1001usize), (300, 2080)] {
+        let (g, mut inputs) = minductor_tests::build_graph(&[&[rows, columns]], values, |i| {
+            vec![i[0].sub(&i[0].mean(&[0], true))]
+        });
+        let mut x = inputs[0].to_vec::<f32>().unwrap();
+        x[3 * columns + 300] = f32::NAN;
+        x[64 * columns + 7] = f32::INFINITY;
+        x[64 * columns + 700] = f32::NEG_INFINITY;
+        inputs[0] = Tensor::from_vec(&[rows, columns], x).unwrap();
+        let what = format!("x - x.mean(0) of {rows}x{columns}");
+        // (The store stage runs Cranelift's loop: the kernel's narrowest stage is 128 bits.)
+        let (wide, loops) = both(&g, &inputs, &what, false);
+        minductor_tests::assert_allclose(&wide, &loops, Tolerance::EXACT, &what);
+        let compiled = {
+            let _routines_on = SWITCH.lock().unwrap_or_else(|e| e.into_inner());
+            compile(&g).unwrap()
+        };
+        if block_isa().is_some() {
+            let program = compiled.artifacts().program.clone().unwrap();
+            let [Step::Kernel(k)] = program.steps.as_slice() else {
+                panic!("{what}: one kernel\n{program}");
+            };
+            let bits = stage_vector_bits(k, &program);
+            assert!(
+                bits[0] > Some(128),
+                "{what}: no column routine {bits:?}\n{program}"
+            );
+        }
+        let one = minductor_tests::assert_same_bits_on_threads(&compiled, &inputs, &[2, 3], &what);
+        minductor_tests::assert_allclose(&one, &wide, Tolerance::EXACT, &what);
     }
 }
 

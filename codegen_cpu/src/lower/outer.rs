@@ -24,6 +24,15 @@
 //! results, as the inner order does along a row. The routines compute what the inline form
 //! does, bit for bit, so narrower groups, which compute inline, agree with them.
 //!
+//! **Column routines.** A stage that is a plain sum of an f32 load (a bias gradient) takes its
+//! sums from the kernel library's column routine (`math::block::columns`: the same bits, at
+//! the CPU's full vector width). The whole groups of the range run in runs of up to
+//! [`WIDE_COLUMNS`] columns: one call per such stage sums the run's columns into a stack buffer
+//! (one pass down the rows reading a kilobyte of each, where a group's 128 bytes per row would
+//! leave the pass waiting on every load), then the run's groups are emitted as usual, each
+//! reading its columns' sums from the buffer. The call reads the summed buffer before the run's
+//! earlier stages write anything, so a kernel that stores to the buffer it sums keeps the loop.
+//!
 //! A stage with a value that has no 4-lane form (an i64 or bool store, an i64 value varying
 //! along the columns) runs, in vector groups, one column at a time: scalar code at each lane's
 //! column, reading earlier stages' results from their lanes; its results are gathered back into
@@ -32,11 +41,15 @@
 use super::*;
 use crate::math::block::block_isa;
 use crate::math::block::columns::{
-    column_routine, COLUMNS, COLUMN_ARGS_BYTES, COLUMN_ARGS_OUT, COLUMN_ARGS_ROWS,
-    COLUMN_ARGS_STRIDE, COLUMN_ARGS_X,
+    column_routine, COLUMNS, COLUMN_ARGS_BYTES, COLUMN_ARGS_COLUMNS, COLUMN_ARGS_OUT,
+    COLUMN_ARGS_ROWS, COLUMN_ARGS_STRIDE, COLUMN_ARGS_X, WIDE_COLUMNS,
 };
 
 const _: () = assert!(COLUMNS == LANES as usize * OUTER_SLOTS);
+const _: () = assert!(
+    WIDE_COLUMNS.is_multiple_of(COLUMNS),
+    "a routine call covers whole groups"
+);
 const _: () = assert!(
     crate::math::block::columns::OUTER_SUM_BLOCK == OUTER_SUM_BLOCK as usize,
     "the column routine blocks its sums as this order does"
@@ -85,7 +98,7 @@ impl Lowering<'_, '_, '_> {
             .map(|stage| {
                 if stage.extent.is_empty() {
                     None
-                } else if self.column_sum_load(stage).is_some() {
+                } else if self.routine_sum(stage).is_some() {
                     Some(Self::row_bits())
                 } else {
                     Some(128)
@@ -113,10 +126,35 @@ impl Lowering<'_, '_, '_> {
         let stage_extents = &extents[outer..outer + self.stage_loop_count()];
         let vector = self.kernel.stages.iter().any(|s| self.vectorizable(s));
         let tail = if vector {
-            let unrolled_end = self.counted_loop(lo, hi, LANES * OUTER_SLOTS as i64, |l, i| {
-                l.vars.insert(var, i);
-                l.column_group(OUTER_SLOTS, Mode::Vector, stage_extents);
-            });
+            let group = LANES * OUTER_SLOTS as i64;
+            let summed = self.routine_sums(stage_extents);
+            let unrolled_end = if summed.is_empty() {
+                self.counted_loop(lo, hi, group, |l, i| {
+                    l.vars.insert(var, i);
+                    l.column_group(OUTER_SLOTS, Mode::Vector, stage_extents);
+                })
+            } else {
+                // Every whole group of `lo..hi`, in runs of up to `WIDE_COLUMNS` columns.
+                let zero = self.b.ins().iconst(types::I64, 0);
+                let width = self.b.ins().isub(hi, lo);
+                let width = self.b.ins().smax(width, zero);
+                let whole = self.b.ins().band_imm_s(width, -group);
+                let groups_end = self.b.ins().iadd(lo, whole);
+                self.block_loop(lo, groups_end, WIDE_COLUMNS as i64, |l, first, last| {
+                    l.vars.insert(var, first);
+                    let columns = l.b.ins().isub(last, first);
+                    for (n, sum, rows) in &summed {
+                        let sums = l.column_sums(sum.clone(), *rows, columns);
+                        l.routine_sums[*n] = Some((sums, first));
+                    }
+                    l.counted_loop(first, last, group, |l, i| {
+                        l.vars.insert(var, i);
+                        l.column_group(OUTER_SLOTS, Mode::Vector, stage_extents);
+                    });
+                    l.routine_sums.iter_mut().for_each(|s| *s = None);
+                });
+                groups_end
+            };
             self.counted_loop(unrolled_end, hi, LANES, |l, i| {
                 l.vars.insert(var, i);
                 l.column_group(1, Mode::Vector, stage_extents);
@@ -143,6 +181,11 @@ impl Lowering<'_, '_, '_> {
         for (n, stage) in kernel.stages.iter().enumerate() {
             let ext = &extents[offset..offset + stage.extent.len()];
             offset += stage.extent.len();
+            if let (Mode::Vector, OUTER_SLOTS, Some(sums)) = (mode, slots, self.routine_sums[n]) {
+                self.outer_results[n] =
+                    self.group_sums(sums).into_iter().map(Val::Vector).collect();
+                continue;
+            }
             let results = if mode == Mode::Vector && !self.vectorizable(stage) {
                 // One column at a time, each lane of each slot.
                 let mut lanes: Vec<Vec<Value>> = vec![Vec::new(); slots];
@@ -230,11 +273,6 @@ impl Lowering<'_, '_, '_> {
         let math = (!levels.is_empty()).then_some((levels.as_slice(), columns));
         match &stage.action {
             StageAction::Reduce { op, value, stores } => {
-                if mode == Mode::Vector && columns.len() == OUTER_SLOTS {
-                    if let Some(sum) = self.column_sum_load(stage) {
-                        return Some(self.column_sums(sum, extents[0]));
-                    }
-                }
                 let (op, value) = (*op, *value);
                 let ty = match mode {
                     Mode::Vector => types::F32X4,
@@ -323,8 +361,10 @@ impl Lowering<'_, '_, '_> {
 
     /// The load a stage sums, when the stage is a plain sum of contiguous f32 columns over one
     /// row loop that the kernel library's column routine can take (see `math::block::columns`:
-    /// the same bits as this order's loop, at the CPU's full vector width).
-    pub(super) fn column_sum_load(&self, stage: &Stage) -> Option<(BufferId, Affine)> {
+    /// the same bits as this order's loop, at the CPU's full vector width), and no stage of the
+    /// kernel stores to the summed buffer (the routine reads a run's columns before the run's
+    /// stages run: see the module docs).
+    pub(super) fn routine_sum(&self, stage: &Stage) -> Option<(BufferId, Affine)> {
         let StageAction::Reduce {
             op: ReduceOp::Sum,
             value,
@@ -343,7 +383,9 @@ impl Lowering<'_, '_, '_> {
                 index,
                 indirect: None,
             } if self.program.buffer(*buffer).dtype == DType::F32
-                && index.coefficient(self.innermost?).is(1) =>
+                && index.coefficient(self.innermost?).is(1)
+                && !(self.kernel.stages.iter())
+                    .any(|s| s.action.stores().iter().any(|st| st.buffer == *buffer)) =>
             {
                 Some((*buffer, index.clone()))
             }
@@ -351,13 +393,28 @@ impl Lowering<'_, '_, '_> {
         }
     }
 
-    /// The sums of the current group's columns of `sum` over `rows` rows, by one call of the
-    /// column routine: a vector of each slot's sums.
-    fn column_sums(&mut self, sum: (BufferId, Affine), rows: Value) -> Vec<Value> {
-        let isa = block_isa().expect("checked by column_sum_load");
-        let routine = column_routine(isa).expect("checked by column_sum_load");
+    /// The stages whose sums the column routine computes (see [`Self::routine_sum`]): each
+    /// one's index, summed load and row count (from `extents`, the stages' loop extents).
+    fn routine_sums(&self, extents: &[Value]) -> Vec<(usize, (BufferId, Affine), Value)> {
+        let mut offset = 0;
+        let mut summed = Vec::new();
+        for (n, stage) in self.kernel.stages.iter().enumerate() {
+            if let Some(sum) = self.routine_sum(stage) {
+                summed.push((n, sum, extents[offset]));
+            }
+            offset += stage.extent.len();
+        }
+        summed
+    }
+
+    /// The sums of `columns` columns (a whole number of groups, at most [`WIDE_COLUMNS`]) of
+    /// `sum` from the current column, over `rows` rows, by one call of the column routine:
+    /// the address of a stack buffer holding them.
+    fn column_sums(&mut self, sum: (BufferId, Affine), rows: Value, columns: Value) -> Value {
+        let isa = block_isa().expect("checked by routine_sum");
+        let routine = column_routine(isa).expect("checked by routine_sum");
         self.enter_column(Column::FIRST, Mode::Vector);
-        // The group's first column at rows 0 and 1: the row stride in bytes.
+        // The first column at rows 0 and 1: the row stride in bytes.
         let var = Var::Inner(0);
         let zero = self.b.ins().iconst(types::I64, 0);
         let one = self.b.ins().iconst(types::I64, 1);
@@ -373,7 +430,7 @@ impl Lowering<'_, '_, '_> {
         ));
         let out = self.b.create_sized_stack_slot(StackSlotData::new(
             StackSlotKind::ExplicitSlot,
-            (COLUMNS * 4) as u32,
+            (WIDE_COLUMNS * 4) as u32,
             6,
         ));
         let args = self.b.ins().stack_addr(types::I64, args, 0);
@@ -383,14 +440,31 @@ impl Lowering<'_, '_, '_> {
         self.b.ins().store(flags, stride, args, COLUMN_ARGS_STRIDE);
         self.b.ins().store(flags, rows, args, COLUMN_ARGS_ROWS);
         self.b.ins().store(flags, out, args, COLUMN_ARGS_OUT);
+        self.b
+            .ins()
+            .store(flags, columns, args, COLUMN_ARGS_COLUMNS);
         let mut sig = Signature::new(self.b.func.signature.call_conv);
         sig.params.push(AbiParam::new(types::I64));
         let sig = self.b.import_signature(sig);
         let callee = self.b.ins().iconst(types::I64, routine as usize as i64);
         self.b.ins().call_indirect(sig, callee, &[args]);
+        self.forget();
+        out
+    }
+
+    /// The current group's sums from a column routine's call (`sums`: the address of its
+    /// buffer and its first column): a vector of each slot's sums.
+    fn group_sums(&mut self, (sums, first): (Value, Value)) -> Vec<Value> {
+        let column = self.vars[&self.innermost.expect("the column variable")];
+        let offset = self.b.ins().isub(column, first);
+        let bytes = self.b.ins().ishl_imm_u(offset, 2);
+        let at = self.b.ins().iadd(sums, bytes);
         let results = (0..OUTER_SLOTS)
             .map(|k| {
-                let v = self.b.ins().load(types::F32X4, flags, out, (16 * k) as i32);
+                let v = self
+                    .b
+                    .ins()
+                    .load(types::F32X4, self.flags, at, (16 * k) as i32);
                 self.pin(v)
             })
             .collect();

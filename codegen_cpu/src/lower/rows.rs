@@ -100,12 +100,20 @@ fn isa_bits(isa: BlockIsa) -> u32 {
 /// 512 or 256 for row routines, 128 for Cranelift's vector loops, 32 for a scalar loop; `None`
 /// for a kernel without loops. (An outer-reduction kernel's loops are Cranelift's 4-lane ones.)
 pub fn kernel_vector_bits(kernel: &Kernel, program: &Program) -> Option<u32> {
+    stage_vector_bits(kernel, program)
+        .into_iter()
+        .flatten()
+        .min()
+}
+
+/// The vector width (bits) at which each stage of `kernel` runs on this CPU (as
+/// [`kernel_vector_bits`]; `None` for a stage without loops).
+pub fn stage_vector_bits(kernel: &Kernel, program: &Program) -> Vec<Option<u32>> {
     use cranelift_frontend::{FunctionBuilder, FunctionBuilderContext};
     let mut func = super::kernel_function(cranelift_codegen::isa::CallConv::SystemV);
     let mut fctx = FunctionBuilderContext::new();
     let mut b = FunctionBuilder::new(&mut func, &mut fctx);
-    let bits = lower_kernel(&mut b, kernel, program, 1);
-    bits.into_iter().flatten().min()
+    lower_kernel(&mut b, kernel, program, 1)
 }
 
 impl Lowering<'_, '_, '_> {
