@@ -343,8 +343,16 @@ impl Team {
         let epoch = (self.ticket.load(Ordering::Relaxed) >> (2 * COUNT_BITS)) + 1;
         self.ticket.store(pack(epoch, chunks, 0), Ordering::Release);
         self.claim_and_run();
+        // The last pieces are running on members; spin, then yield the core (to them, when
+        // there are more threads than cores).
+        let mut spins = 0u32;
         while self.done.load(Ordering::Acquire) < chunks {
-            std::hint::spin_loop();
+            if spins < SPINS_BEFORE_YIELD {
+                spins += 1;
+                std::hint::spin_loop();
+            } else {
+                std::thread::yield_now();
+            }
         }
         // Every piece is finished: no member reads `job` again before the next step.
         let panic = self.panic.lock().unwrap_or_else(|p| p.into_inner()).take();
