@@ -61,6 +61,19 @@ pub fn fusion_report(
     Ok(timer.finish(probe))
 }
 
+/// `graph` compiled, and its kernel program.
+fn compile_program(
+    graph: &Graph,
+) -> Result<(Compiled, minductor::internals::kernel_ir::Program), ReportError> {
+    let compiled: Compiled = compile(graph)?;
+    let program = compiled
+        .artifacts()
+        .program
+        .clone()
+        .ok_or(ReportError::NoProgram)?;
+    Ok((compiled, program))
+}
+
 /// A compiled graph and the per-step times of its runs so far: [`StepTimer::time`] may be
 /// called in several rounds (interleaved with other timers, at other thread counts), and the
 /// report takes each step's median over every run.
@@ -73,12 +86,7 @@ pub struct StepTimer {
 impl StepTimer {
     /// Compiles `graph` (at the thread count set now).
     pub fn new(graph: &Graph) -> Result<StepTimer, ReportError> {
-        let compiled: Compiled = compile(graph)?;
-        let program = compiled
-            .artifacts()
-            .program
-            .clone()
-            .ok_or(ReportError::NoProgram)?;
+        let (compiled, program) = compile_program(graph)?;
         let times = vec![Vec::new(); program.steps.len()];
         Ok(StepTimer {
             compiled,
@@ -275,12 +283,7 @@ pub fn partition_report(
     inputs: &[Tensor],
     threads: &[usize],
 ) -> Result<PartitionReport, ReportError> {
-    let compiled: Compiled = compile(graph)?;
-    let program = compiled
-        .artifacts()
-        .program
-        .clone()
-        .ok_or(ReportError::NoProgram)?;
+    let (compiled, program) = compile_program(graph)?;
     let mut per_count = Vec::with_capacity(threads.len());
     for &t in threads {
         per_count.push(compiled.partition(inputs, t)?);
