@@ -56,46 +56,88 @@ pub fn fusion_report(
     runs: usize,
     probe: Option<MachineProbe>,
 ) -> Result<FusionReport, ReportError> {
+    let mut timer = StepTimer::new(graph)?;
+    timer.time(inputs, runs)?;
+    Ok(timer.finish(probe))
+}
+
+/// `graph` compiled, and its kernel program.
+fn compile_program(
+    graph: &Graph,
+) -> Result<(Compiled, minductor::internals::kernel_ir::Program), ReportError> {
     let compiled: Compiled = compile(graph)?;
     let program = compiled
         .artifacts()
         .program
         .clone()
         .ok_or(ReportError::NoProgram)?;
-    let runs = runs.max(1);
-    let mut times: Vec<Vec<Duration>> = vec![Vec::new(); program.steps.len()];
-    compiled.call(inputs)?; // warm-up: first-touch of the arena and outputs
-    for _ in 0..runs {
-        let (_, timings) = compiled.profile(inputs)?;
-        for (slot, t) in times.iter_mut().zip(timings) {
-            slot.push(t.time);
+    Ok((compiled, program))
+}
+
+/// A compiled graph and the per-step times of its runs so far: [`StepTimer::time`] may be
+/// called in several rounds (interleaved with other timers, at other thread counts), and the
+/// report takes each step's median over every run.
+pub struct StepTimer {
+    compiled: Compiled,
+    program: minductor::internals::kernel_ir::Program,
+    times: Vec<Vec<Duration>>,
+}
+
+impl StepTimer {
+    /// Compiles `graph` (at the thread count set now).
+    pub fn new(graph: &Graph) -> Result<StepTimer, ReportError> {
+        let (compiled, program) = compile_program(graph)?;
+        let times = vec![Vec::new(); program.steps.len()];
+        Ok(StepTimer {
+            compiled,
+            program,
+            times,
+        })
+    }
+
+    /// One warm-up call (first touch of the arena and outputs, the pool's threads), then `runs`
+    /// timed runs.
+    pub fn time(&mut self, inputs: &[Tensor], runs: usize) -> Result<(), ReportError> {
+        self.compiled.call(inputs)?;
+        for _ in 0..runs.max(1) {
+            let (_, timings) = self.compiled.profile(inputs)?;
+            for (slot, t) in self.times.iter_mut().zip(timings) {
+                slot.push(t.time);
+            }
+        }
+        Ok(())
+    }
+
+    /// The report: each step's median over every timed run.
+    pub fn finish(self, probe: Option<MachineProbe>) -> FusionReport {
+        let program = &self.program;
+        let runs = self.times.first().map_or(0, Vec::len);
+        let mut costs = program_cost(program).into_iter();
+        let steps = program
+            .steps
+            .iter()
+            .zip(self.times)
+            .map(|(step, mut samples)| {
+                let rows = match step {
+                    Step::Matmul(m) if m.epilogue.is_some() => 2,
+                    _ => 1,
+                };
+                samples.sort();
+                StepReport {
+                    costs: costs.by_ref().take(rows).collect(),
+                    median: samples.get(samples.len() / 2).copied().unwrap_or_default(),
+                    vector_bits: step_vector_bits(step, program),
+                }
+            })
+            .collect();
+        FusionReport {
+            steps,
+            arena_bytes: self.compiled.arena_bytes(),
+            compile: self.compiled.compile_time(),
+            runs,
+            probe,
         }
     }
-    let mut costs = program_cost(&program).into_iter();
-    let steps = program
-        .steps
-        .iter()
-        .zip(times)
-        .map(|(step, mut samples)| {
-            let rows = match step {
-                Step::Matmul(m) if m.epilogue.is_some() => 2,
-                _ => 1,
-            };
-            samples.sort();
-            StepReport {
-                costs: costs.by_ref().take(rows).collect(),
-                median: samples[samples.len() / 2],
-                vector_bits: step_vector_bits(step, &program),
-            }
-        })
-        .collect();
-    Ok(FusionReport {
-        steps,
-        arena_bytes: compiled.arena_bytes(),
-        compile: compiled.compile_time(),
-        runs,
-        probe,
-    })
 }
 
 impl fmt::Display for FusionReport {
@@ -241,12 +283,7 @@ pub fn partition_report(
     inputs: &[Tensor],
     threads: &[usize],
 ) -> Result<PartitionReport, ReportError> {
-    let compiled: Compiled = compile(graph)?;
-    let program = compiled
-        .artifacts()
-        .program
-        .clone()
-        .ok_or(ReportError::NoProgram)?;
+    let (compiled, program) = compile_program(graph)?;
     let mut per_count = Vec::with_capacity(threads.len());
     for &t in threads {
         per_count.push(compiled.partition(inputs, t)?);
