@@ -248,6 +248,26 @@ fn column_sums_read_again_by_their_kernel_give_the_loops_bits_on_any_thread_coun
     }
 }
 
+/// A sum over a middle axis (`[batch, rows, columns]` over the rows: the column loop inside a
+/// batch loop) by the column routine against the 4-lane loop, bit for bit, with column counts
+/// that end in a short call and a tail.
+#[test]
+fn middle_axis_sums_store_the_same_bits_as_the_cranelift_loop() {
+    for (batch, rows, columns) in [(3usize, 70usize, 300usize), (2, 129, 545)] {
+        let (g, mut inputs) =
+            minductor_tests::build_graph(&[&[batch, rows, columns]], values, |i| {
+                vec![i[0].sum(&[1], false)]
+            });
+        let mut x = inputs[0].to_vec::<f32>().unwrap();
+        x[rows * columns + 5 * columns + 290] = f32::NAN;
+        x[rows * columns + 64 * columns + 3] = f32::INFINITY;
+        inputs[0] = Tensor::from_vec(&[batch, rows, columns], x).unwrap();
+        let what = format!("sum over the middle axis of {batch}x{rows}x{columns}");
+        let (wide, loops) = both(&g, &inputs, &what, true);
+        minductor_tests::assert_allclose(&wide, &loops, Tolerance::EXACT, &what);
+    }
+}
+
 /// GELU's gradient as autodiff writes it (`gelu(acc + bias)` backward, a GEMM epilogue of a
 /// training step), against the Cranelift loop, bit for bit, at row lengths around the register
 /// and block boundaries.
