@@ -596,21 +596,26 @@ impl CompiledProgram {
                     .map(Split::Attention),
             )
             .collect();
-        let rounds = kernel_splits
-            .len()
-            .max(gemm_plans.len())
-            .max(attention_tilings.len());
+        // Each tuned step's plans, the default first; an attention times only the tilings that
+        // cut its work differently from those before them (at a few threads, for many heads,
+        // the items per thread change nothing).
+        let mut plans_of: Vec<Vec<Split>> = vec![Vec::new(); self.steps.len()];
+        for &i in &tuned {
+            plans_of[i] = match self.steps[i] {
+                CompiledStep::Kernel(_) => kernel_splits.clone(),
+                CompiledStep::Attention { .. } => {
+                    self.distinct_tilings(i, &inputs, threads, &attention_tilings)?
+                }
+                _ => gemm_plans.clone(),
+            };
+        }
+        let rounds = plans_of.iter().map(Vec::len).max().unwrap_or(0);
         // best[i]: the fastest (time, split) of step i so far.
         let mut best: Vec<Option<(Duration, Split)>> = vec![None; self.steps.len()];
         for round in 0..rounds {
             let mut timed = vec![None; self.steps.len()];
             for &i in &tuned {
-                let plans = match self.steps[i] {
-                    CompiledStep::Kernel(_) => &kernel_splits,
-                    CompiledStep::Attention { .. } => &attention_tilings,
-                    _ => &gemm_plans,
-                };
-                if let (Some(&split), Some(slot)) = (plans.get(round), self.tuned_step(i)) {
+                if let (Some(&split), Some(slot)) = (plans_of[i].get(round), self.tuned_step(i)) {
                     *slot = split;
                     timed[i] = Some(split);
                 }
@@ -639,6 +644,38 @@ impl CompiledProgram {
             }
         }
         Ok(chosen)
+    }
+
+    /// The tilings of `all` (the default first) that cut attention step `i`'s work on `inputs`
+    /// differently (other query blocks, or other work items on `threads` threads) from every
+    /// tiling before them. Leaves the step at its default tiling.
+    fn distinct_tilings(
+        &mut self,
+        i: usize,
+        inputs: &[Tensor],
+        threads: usize,
+        all: &[Split],
+    ) -> Result<Vec<Split>, RuntimeError> {
+        let mut cuts: Vec<(usize, Vec<u64>)> = Vec::new();
+        let mut distinct = Vec::new();
+        for &split in all {
+            if let Some(slot) = self.tuned_step(i) {
+                *slot = split;
+            }
+            let query_block = match split {
+                Split::Attention(a) => a.query_block,
+                _ => AttentionTiling::DEFAULT.query_block,
+            };
+            let pieces = self.partition_steps(inputs, threads)?.swap_remove(i).pieces;
+            if !cuts.contains(&(query_block, pieces.clone())) {
+                cuts.push((query_block, pieces));
+                distinct.push(split);
+            }
+        }
+        if let Some(slot) = self.tuned_step(i) {
+            *slot = Split::PerThread;
+        }
+        Ok(distinct)
     }
 
     /// The split of step `i` if max-autotune tunes it: a kernel step's, a plain GEMM's plan,
