@@ -14,7 +14,7 @@ use minductor::internals::kernel_ir::cost::{program_cost, StepCost, StepKind};
 use minductor::internals::kernel_ir::Step;
 use minductor::internals::runtime::{RuntimeError, Tensor};
 use minductor::Graph;
-use minductor::{compile, CompileError, Compiled};
+use minductor::{compile, compile_with_options, CompileError, CompileOptions, Compiled, Mode};
 use std::fmt;
 use std::time::Duration;
 use thiserror::Error;
@@ -47,6 +47,9 @@ pub struct FusionReport {
     pub compile: Duration,
     pub runs: usize,
     pub probe: Option<MachineProbe>,
+    /// Max-autotune's choice for each step it tuned (its name, the choice's name); empty in
+    /// the other modes.
+    pub autotune: Vec<(String, String)>,
 }
 
 /// Compiles `graph`, runs it `runs` times on `inputs` with per-step timing, and reports.
@@ -56,7 +59,27 @@ pub fn fusion_report(
     runs: usize,
     probe: Option<MachineProbe>,
 ) -> Result<FusionReport, ReportError> {
-    let compiled: Compiled = compile(graph)?;
+    fusion_report_in(graph, inputs, runs, probe, Mode::Default)
+}
+
+/// [`fusion_report`] of `graph` compiled in `mode` (under max-autotune, with its choices).
+pub fn fusion_report_in(
+    graph: &Graph,
+    inputs: &[Tensor],
+    runs: usize,
+    probe: Option<MachineProbe>,
+    mode: Mode,
+) -> Result<FusionReport, ReportError> {
+    let compiled: Compiled = match mode {
+        Mode::Default => compile(graph)?,
+        mode => compile_with_options(
+            graph,
+            CompileOptions {
+                mode,
+                ..CompileOptions::default()
+            },
+        )?,
+    };
     let program = compiled
         .artifacts()
         .program
@@ -95,6 +118,12 @@ pub fn fusion_report(
         compile: compiled.compile_time(),
         runs,
         probe,
+        autotune: compiled
+            .artifacts()
+            .autotune
+            .iter()
+            .map(|(step, choice)| (step.clone(), choice.name()))
+            .collect(),
     })
 }
 
@@ -116,6 +145,14 @@ impl fmt::Display for FusionReport {
                 p.gemm_gflops_all_threads,
                 p.compute_peak_gflops()
             )?;
+        }
+        if !self.autotune.is_empty() {
+            let chosen: Vec<String> = self
+                .autotune
+                .iter()
+                .map(|(step, choice)| format!("{step} {choice}"))
+                .collect();
+            writeln!(f, "max-autotune chose: {}", chosen.join(", "))?;
         }
         writeln!(
             f,

@@ -176,6 +176,11 @@ enum Command {
         /// executor's own rules, without running any kernel, instead of timing.
         #[arg(long)]
         simulate_threads: Option<String>,
+        /// The compile mode: default, reduce-overhead or max-autotune (which times each step's
+        /// splits, GEMM plans and attention tilings at each thread count and lists its
+        /// choices).
+        #[arg(long, default_value = "default")]
+        mode: String,
     },
     /// Programs saved by `torch.export.save` (`.pt2`): inspect, run or compile them.
     Pt2 {
@@ -243,7 +248,8 @@ fn main() -> ExitCode {
             threads,
             runs,
             simulate_threads,
-        } => match report(&workload, pt2, threads, runs, simulate_threads) {
+            mode,
+        } => match report(&workload, pt2, threads, runs, simulate_threads, &mode) {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {
                 eprintln!("error: {e}");
@@ -329,7 +335,9 @@ fn report(
     threads: Option<String>,
     runs: usize,
     simulate: Option<String>,
+    mode: &str,
 ) -> Result<(), Box<dyn std::error::Error>> {
+    let mode: minductor::Mode = mode.parse()?;
     let workload = match pt2 {
         Some(dir) => {
             let dir = dir.unwrap_or_else(pt2::default_exported_dir);
@@ -360,11 +368,12 @@ fn report(
         minductor::set_num_threads(count)?;
         let threads = minductor::num_threads();
         let (probe, _) = load_or_measure(threads, false)?;
-        let report = minductor_tools::report::fusion_report(
+        let report = minductor_tools::report::fusion_report_in(
             &workload.graph,
             &workload.inputs,
             runs,
             Some(probe),
+            mode,
         )?;
         println!("{} at {threads} threads: {}", workload.name, report);
         reports.push(report);
