@@ -9,8 +9,9 @@
 //! every reduction combines its elements in an order fixed by the code, not by the split.
 
 use crate::RuntimeError;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, OnceLock, RwLock};
+use std::cell::Cell;
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, OnceLock, RwLock};
 
 static POOL: RwLock<Option<Arc<rayon::ThreadPool>>> = RwLock::new(None);
 
@@ -164,15 +165,221 @@ pub fn on_threads<R: Send>(f: impl FnOnce() -> R + Send) -> R {
 /// pool hands every piece over and wakes workers that have gone to sleep. Measured on the 2-core
 /// development VM (`tools/examples/pool_latency.rs`), per parallel step of 50 µs pieces with
 /// 100 µs of serial work between steps: 62 µs of overhead from outside, 22 µs from inside.
+/// [`in_team`] goes further, for a whole program call.
 pub fn in_pool<R: Send>(f: impl FnOnce() -> R + Send) -> R {
-    let pool = POOL
-        .read()
-        .unwrap_or_else(|p| p.into_inner())
-        .clone()
-        .or_else(default_pool);
-    match pool {
+    match current_pool() {
         Some(pool) => pool.install(f),
         None => f(),
+    }
+}
+
+/// The pool kernels run on: the configured one, the default one, or `None` for rayon's global
+/// pool.
+fn current_pool() -> Option<Arc<rayon::ThreadPool>> {
+    POOL.read()
+        .unwrap_or_else(|p| p.into_inner())
+        .clone()
+        .or_else(default_pool)
+}
+
+/// Runs `f` on a worker of the pool with the pool's other workers held in a *team* for its
+/// duration, OpenMP-style: every [`for_each_chunk`] that `f` itself calls (one per parallel
+/// step of a program) publishes its pieces to the team, whose members are spinning for them,
+/// and they claim pieces from a shared counter; between steps (while `f` runs a serial step)
+/// the members keep spinning instead of going to sleep. A program call is one team: it costs
+/// one wake-up of the workers, not one per step. (Inductor's C++ gets this from OpenMP, whose
+/// workers spin between parallel regions, `GOMP_SPINCOUNT` / `KMP_BLOCKTIME`; rayon's idle
+/// workers fall asleep within microseconds and each step then waits for the kernel to wake
+/// them, which on the development VM took up to hundreds of microseconds a step.)
+///
+/// Members spin with `spin_loop` first, then yield their core (`rayon::yield_now`, so that
+/// other work in the pool still runs, then the OS's), so a long serial step costs the other
+/// cores' time but never blocks anything. Which thread runs a piece changes no result: pieces
+/// are what the step's own split made them. Nested calls (a piece that itself splits, a team
+/// asked for inside a team) run as before, on rayon.
+pub fn in_team<R: Send>(f: impl FnOnce() -> R + Send) -> R {
+    let body = || {
+        let members = rayon::current_num_threads().saturating_sub(1);
+        if members == 0 || BUSY.get() {
+            return f();
+        }
+        let team = Team::new();
+        rayon::scope(|s| {
+            for _ in 0..members {
+                s.spawn(|_| team.member());
+            }
+            // Dropped when `f` returns or unwinds: stops the members before the scope waits
+            // for them.
+            let _leader = Leader::enter(&team);
+            f()
+        })
+    };
+    match current_pool() {
+        Some(pool) => pool.install(body),
+        None => rayon::scope(|_| body()),
+    }
+}
+
+thread_local! {
+    /// The team this thread leads (set by [`in_team`] while its `f` runs), or null.
+    static LEADING: Cell<*const Team> = const { Cell::new(std::ptr::null()) };
+    /// This thread is a team's leader or member: a team asked for now runs without one, and a
+    /// member's job starting here returns at once (a thread in a team's work never joins another
+    /// team's, nor its own twice, from a nested rayon wait).
+    static BUSY: Cell<bool> = const { Cell::new(false) };
+    /// This thread is running a piece its team handed out: a [`for_each_chunk`] inside it is
+    /// nested and goes to rayon (the team's one job slot is taken).
+    static IN_PIECE: Cell<bool> = const { Cell::new(false) };
+}
+
+/// The ticket word: `epoch | chunks | next` in [`EPOCH_BITS`], [`COUNT_BITS`], [`COUNT_BITS`]
+/// bits. One word, so that a piece is claimed (compare-and-swap of `next`) only while its step
+/// is still the current one.
+const COUNT_BITS: u32 = 19;
+const EPOCH_BITS: u32 = 64 - 2 * COUNT_BITS;
+/// The most pieces a team hands out in one step (more go to rayon).
+const MAX_TEAM_CHUNKS: usize = (1 << COUNT_BITS) - 1;
+const COUNT_MASK: u64 = (1 << COUNT_BITS) - 1;
+
+fn pack(epoch: u64, chunks: usize, next: usize) -> u64 {
+    ((epoch & ((1 << EPOCH_BITS) - 1)) << (2 * COUNT_BITS))
+        | ((chunks as u64) << COUNT_BITS)
+        | next as u64
+}
+
+/// Spins before a waiting member starts yielding its core.
+const SPINS_BEFORE_YIELD: u32 = 1 << 14;
+
+/// A job: the leader's step closure, lent to the team for one step.
+type Job<'a> = &'a (dyn Fn(usize) + Sync);
+
+/// The shared state of a team (see [`in_team`]).
+struct Team {
+    /// `epoch | chunks | next` (see [`pack`]): the current step's piece count and the next
+    /// piece to claim.
+    ticket: AtomicU64,
+    /// Pieces of the current step finished.
+    done: AtomicUsize,
+    /// Points to the leader's [`Job`] of the current step, on the leader's stack.
+    job: AtomicPtr<()>,
+    /// The leader is done: members return.
+    stop: AtomicBool,
+    /// The first panic of a piece, resumed by the leader once every piece has finished.
+    panic: Mutex<Option<Box<dyn std::any::Any + Send>>>,
+}
+
+impl Team {
+    fn new() -> Team {
+        Team {
+            ticket: AtomicU64::new(0),
+            done: AtomicUsize::new(0),
+            job: AtomicPtr::new(std::ptr::null_mut()),
+            stop: AtomicBool::new(false),
+            panic: Mutex::new(None),
+        }
+    }
+
+    /// A member's life: claim and run pieces as steps are published, until the leader stops.
+    fn member(&self) {
+        if BUSY.get() || self.stop.load(Ordering::Acquire) {
+            return;
+        }
+        BUSY.set(true);
+        let mut idle = 0u32;
+        while !self.stop.load(Ordering::Acquire) {
+            if self.claim_and_run() {
+                idle = 0;
+            } else if idle < SPINS_BEFORE_YIELD {
+                idle += 1;
+                std::hint::spin_loop();
+            } else if !matches!(rayon::yield_now(), Some(rayon::Yield::Executed)) {
+                std::thread::yield_now();
+            }
+        }
+        BUSY.set(false);
+    }
+
+    /// Claims and runs pieces of the current step until none is left; whether it ran any.
+    fn claim_and_run(&self) -> bool {
+        let mut ran = false;
+        loop {
+            let ticket = self.ticket.load(Ordering::Acquire);
+            let chunks = ((ticket >> COUNT_BITS) & COUNT_MASK) as usize;
+            let next = (ticket & COUNT_MASK) as usize;
+            if next >= chunks {
+                return ran;
+            }
+            if self
+                .ticket
+                .compare_exchange_weak(ticket, ticket + 1, Ordering::AcqRel, Ordering::Acquire)
+                .is_err()
+            {
+                continue;
+            }
+            // SAFETY: piece `next` of the current step is claimed and not finished, so the
+            // leader is still inside `run` for this step (it returns only when `done` counts
+            // every piece), and `job` points to its live `Job` (stored before the ticket this
+            // compare-and-swap acquired was published).
+            let job: Job<'_> = unsafe { *(self.job.load(Ordering::Acquire) as *const Job<'_>) };
+            let outer = IN_PIECE.replace(true);
+            let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| job(next)));
+            IN_PIECE.set(outer);
+            if let Err(payload) = result {
+                let mut first = self.panic.lock().unwrap_or_else(|p| p.into_inner());
+                first.get_or_insert(payload);
+            }
+            self.done.fetch_add(1, Ordering::Release);
+            ran = true;
+        }
+    }
+
+    /// The leader's step: publishes `chunks` pieces of `f`, runs pieces itself, and returns
+    /// when every piece has finished (resuming a piece's panic).
+    fn run(&self, chunks: usize, f: Job<'_>) {
+        let job: Job<'_> = f;
+        self.job
+            .store(&job as *const Job<'_> as *mut (), Ordering::Relaxed);
+        self.done.store(0, Ordering::Relaxed);
+        let epoch = (self.ticket.load(Ordering::Relaxed) >> (2 * COUNT_BITS)) + 1;
+        self.ticket.store(pack(epoch, chunks, 0), Ordering::Release);
+        self.claim_and_run();
+        // The last pieces are running on members; spin, then yield the core (to them, when
+        // there are more threads than cores).
+        let mut spins = 0u32;
+        while self.done.load(Ordering::Acquire) < chunks {
+            if spins < SPINS_BEFORE_YIELD {
+                spins += 1;
+                std::hint::spin_loop();
+            } else {
+                std::thread::yield_now();
+            }
+        }
+        // Every piece is finished: no member reads `job` again before the next step.
+        let panic = self.panic.lock().unwrap_or_else(|p| p.into_inner()).take();
+        if let Some(payload) = panic {
+            std::panic::resume_unwind(payload);
+        }
+    }
+}
+
+/// The leader's registration (see [`in_team`]); dropping it stops the team.
+struct Leader<'a> {
+    team: &'a Team,
+}
+
+impl<'a> Leader<'a> {
+    fn enter(team: &'a Team) -> Leader<'a> {
+        LEADING.set(team);
+        BUSY.set(true);
+        Leader { team }
+    }
+}
+
+impl Drop for Leader<'_> {
+    fn drop(&mut self) {
+        LEADING.set(std::ptr::null());
+        BUSY.set(false);
+        self.team.stop.store(true, Ordering::Release);
     }
 }
 
@@ -187,13 +394,22 @@ pub fn for_each_chunk(chunks: usize, f: impl Fn(usize) + Sync + Send) {
         }
         return;
     }
-    let pool = POOL
-        .read()
-        .unwrap_or_else(|p| p.into_inner())
-        .clone()
-        .or_else(default_pool);
+    let leading = LEADING.get();
+    if !leading.is_null() && !IN_PIECE.get() && chunks <= MAX_TEAM_CHUNKS {
+        // SAFETY: `LEADING` points to the team of the `in_team` call this thread is inside
+        // (cleared before that team is dropped).
+        let team = unsafe { &*leading };
+        IN_PIECE.set(true);
+        let result =
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| team.run(chunks, &f)));
+        IN_PIECE.set(false);
+        if let Err(payload) = result {
+            std::panic::resume_unwind(payload);
+        }
+        return;
+    }
     let run = || (0..chunks).into_par_iter().for_each(&f);
-    match pool {
+    match current_pool() {
         Some(pool) => pool.install(run),
         None => run(),
     }
@@ -217,6 +433,85 @@ mod tests {
         assert_eq!(physical_threads(3, 2), 1);
         assert_eq!(physical_threads(1, 2), 1);
         assert_eq!(threads_per_core(&[]), 1);
+    }
+
+    /// Runs `steps` steps of `chunks(step)` pieces in one team, each piece counting itself and
+    /// (every third step) splitting again inside; every piece must run exactly once.
+    fn team_counts(steps: usize, chunks: impl Fn(usize) -> usize + Sync + Send) {
+        use std::sync::atomic::AtomicUsize;
+        let total: usize = (0..steps).map(&chunks).sum();
+        let runs: Vec<AtomicUsize> = (0..total).map(|_| AtomicUsize::new(0)).collect();
+        let nested = AtomicUsize::new(0);
+        in_team(|| {
+            let mut first = 0;
+            for step in 0..steps {
+                let n = chunks(step);
+                for_each_chunk(n, |i| {
+                    runs[first + i].fetch_add(1, Ordering::Relaxed);
+                    if step % 3 == 0 {
+                        for_each_chunk(3, |_| {
+                            nested.fetch_add(1, Ordering::Relaxed);
+                        });
+                    }
+                });
+                // Every piece of the step has finished when the call returns.
+                assert!(runs[first..first + n]
+                    .iter()
+                    .all(|r| r.load(Ordering::Relaxed) == 1));
+                first += n;
+            }
+        });
+        assert!(runs.iter().all(|r| r.load(Ordering::Relaxed) == 1));
+        let nested_steps: usize = (0..steps).step_by(3).map(&chunks).sum();
+        assert_eq!(nested.load(Ordering::Relaxed), 3 * nested_steps);
+    }
+
+    #[test]
+    fn a_team_runs_every_piece_once() {
+        for threads in [2, 3, 5] {
+            let pool = rayon::ThreadPoolBuilder::new()
+                .num_threads(threads)
+                .build()
+                .unwrap();
+            pool.install(|| {
+                team_counts(200, |step| 2 + step % 17);
+                team_counts(3, |step| [1, 1000, 64][step]);
+            });
+        }
+        // From outside any pool, and several teams at once.
+        std::thread::scope(|s| {
+            for _ in 0..3 {
+                s.spawn(|| team_counts(100, |step| 1 + step % 9));
+            }
+        });
+    }
+
+    #[test]
+    fn a_panicking_piece_reaches_the_leader_after_every_piece_ends() {
+        use std::sync::atomic::AtomicUsize;
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(3)
+            .build()
+            .unwrap();
+        let finished = AtomicUsize::new(0);
+        let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            pool.install(|| {
+                in_team(|| {
+                    for_each_chunk(8, |i| {
+                        if i == 5 {
+                            panic!("piece 5");
+                        }
+                        std::thread::sleep(std::time::Duration::from_millis(2));
+                        finished.fetch_add(1, Ordering::Relaxed);
+                    });
+                })
+            })
+        }));
+        let payload = result.expect_err("the piece's panic reaches the caller");
+        assert_eq!(payload.downcast_ref::<&str>(), Some(&"piece 5"));
+        assert_eq!(finished.load(Ordering::Relaxed), 7);
+        // The pool still works, in a new team.
+        pool.install(|| team_counts(10, |_| 4));
     }
 
     #[test]

@@ -14,7 +14,7 @@ use minductor::internals::kernel_ir::cost::{program_cost, StepCost, StepKind};
 use minductor::internals::kernel_ir::Step;
 use minductor::internals::runtime::{RuntimeError, Tensor};
 use minductor::Graph;
-use minductor::{compile, compile_with_options, CompileError, CompileOptions, Compiled, Mode};
+use minductor::{compile_with_options, CompileError, CompileOptions, Compiled, Mode};
 use std::fmt;
 use std::time::Duration;
 use thiserror::Error;
@@ -59,72 +59,105 @@ pub fn fusion_report(
     runs: usize,
     probe: Option<MachineProbe>,
 ) -> Result<FusionReport, ReportError> {
-    fusion_report_in(graph, inputs, runs, probe, Mode::Default)
+    let mut timer = StepTimer::new(graph)?;
+    timer.time(inputs, runs)?;
+    Ok(timer.finish(probe))
 }
 
-/// [`fusion_report`] of `graph` compiled in `mode` (under max-autotune, with its choices).
-pub fn fusion_report_in(
+/// `graph` compiled in `mode`, and its kernel program.
+fn compile_program(
     graph: &Graph,
-    inputs: &[Tensor],
-    runs: usize,
-    probe: Option<MachineProbe>,
     mode: Mode,
-) -> Result<FusionReport, ReportError> {
-    let compiled: Compiled = match mode {
-        Mode::Default => compile(graph)?,
-        mode => compile_with_options(
-            graph,
-            CompileOptions {
-                mode,
-                ..CompileOptions::default()
-            },
-        )?,
+) -> Result<(Compiled, minductor::internals::kernel_ir::Program), ReportError> {
+    let options = CompileOptions {
+        mode,
+        ..CompileOptions::default()
     };
+    let compiled: Compiled = compile_with_options(graph, options)?;
     let program = compiled
         .artifacts()
         .program
         .clone()
         .ok_or(ReportError::NoProgram)?;
-    let runs = runs.max(1);
-    let mut times: Vec<Vec<Duration>> = vec![Vec::new(); program.steps.len()];
-    compiled.call(inputs)?; // warm-up: first-touch of the arena and outputs
-    for _ in 0..runs {
-        let (_, timings) = compiled.profile(inputs)?;
-        for (slot, t) in times.iter_mut().zip(timings) {
-            slot.push(t.time);
+    Ok((compiled, program))
+}
+
+/// A compiled graph and the per-step times of its runs so far: [`StepTimer::time`] may be
+/// called in several rounds (interleaved with other timers, at other thread counts), and the
+/// report takes each step's median over every run.
+pub struct StepTimer {
+    compiled: Compiled,
+    program: minductor::internals::kernel_ir::Program,
+    times: Vec<Vec<Duration>>,
+}
+
+impl StepTimer {
+    /// Compiles `graph` (at the thread count set now).
+    pub fn new(graph: &Graph) -> Result<StepTimer, ReportError> {
+        StepTimer::new_in(graph, Mode::Default)
+    }
+
+    /// Compiles `graph` in `mode` (at the thread count set now: max-autotune tunes for it).
+    pub fn new_in(graph: &Graph, mode: Mode) -> Result<StepTimer, ReportError> {
+        let (compiled, program) = compile_program(graph, mode)?;
+        let times = vec![Vec::new(); program.steps.len()];
+        Ok(StepTimer {
+            compiled,
+            program,
+            times,
+        })
+    }
+
+    /// One warm-up call (first touch of the arena and outputs, the pool's threads), then `runs`
+    /// timed runs.
+    pub fn time(&mut self, inputs: &[Tensor], runs: usize) -> Result<(), ReportError> {
+        self.compiled.call(inputs)?;
+        for _ in 0..runs.max(1) {
+            let (_, timings) = self.compiled.profile(inputs)?;
+            for (slot, t) in self.times.iter_mut().zip(timings) {
+                slot.push(t.time);
+            }
+        }
+        Ok(())
+    }
+
+    /// The report: each step's median over every timed run.
+    pub fn finish(self, probe: Option<MachineProbe>) -> FusionReport {
+        let program = &self.program;
+        let runs = self.times.first().map_or(0, Vec::len);
+        let mut costs = program_cost(program).into_iter();
+        let steps = program
+            .steps
+            .iter()
+            .zip(self.times)
+            .map(|(step, mut samples)| {
+                let rows = match step {
+                    Step::Matmul(m) if m.epilogue.is_some() => 2,
+                    _ => 1,
+                };
+                samples.sort();
+                StepReport {
+                    costs: costs.by_ref().take(rows).collect(),
+                    median: samples.get(samples.len() / 2).copied().unwrap_or_default(),
+                    vector_bits: step_vector_bits(step, program),
+                }
+            })
+            .collect();
+        FusionReport {
+            steps,
+            arena_bytes: self.compiled.arena_bytes(),
+            compile: self.compiled.compile_time(),
+            runs,
+            probe,
+            autotune: self
+                .compiled
+                .artifacts()
+                .autotune
+                .iter()
+                .map(|(step, choice)| (step.clone(), choice.name()))
+                .collect(),
         }
     }
-    let mut costs = program_cost(&program).into_iter();
-    let steps = program
-        .steps
-        .iter()
-        .zip(times)
-        .map(|(step, mut samples)| {
-            let rows = match step {
-                Step::Matmul(m) if m.epilogue.is_some() => 2,
-                _ => 1,
-            };
-            samples.sort();
-            StepReport {
-                costs: costs.by_ref().take(rows).collect(),
-                median: samples[samples.len() / 2],
-                vector_bits: step_vector_bits(step, &program),
-            }
-        })
-        .collect();
-    Ok(FusionReport {
-        steps,
-        arena_bytes: compiled.arena_bytes(),
-        compile: compiled.compile_time(),
-        runs,
-        probe,
-        autotune: compiled
-            .artifacts()
-            .autotune
-            .iter()
-            .map(|(step, choice)| (step.clone(), choice.name()))
-            .collect(),
-    })
 }
 
 impl fmt::Display for FusionReport {
@@ -278,12 +311,7 @@ pub fn partition_report(
     inputs: &[Tensor],
     threads: &[usize],
 ) -> Result<PartitionReport, ReportError> {
-    let compiled: Compiled = compile(graph)?;
-    let program = compiled
-        .artifacts()
-        .program
-        .clone()
-        .ok_or(ReportError::NoProgram)?;
+    let (compiled, program) = compile_program(graph, Mode::Default)?;
     let mut per_count = Vec::with_capacity(threads.len());
     for &t in threads {
         per_count.push(compiled.partition(inputs, t)?);

@@ -456,8 +456,9 @@ impl CompiledProgram {
             layout: None,
         });
         // A program with a step large enough to split runs its steps on a worker of the pool,
-        // whose other workers then pick up each step's pieces without being woken (see
-        // `threads::in_pool`); a small one stays on the caller (concurrent callers of a small
+        // with the pool's other workers held in a team for the call: they spin for each step's
+        // pieces instead of falling asleep between steps (see `threads::in_team`); a small one
+        // stays on the caller (concurrent callers of a small
         // graph never queue behind the pool, and a call of a few microseconds does not pay
         // for the hand-over). With symbolic sizes, a call whose inputs hold fewer elements
         // than two pieces' worth counts as small.
@@ -466,7 +467,7 @@ impl CompiledProgram {
             elements >= 2 * MIN_PIECE_WORK as usize
         });
         let result = if splits && threads::num_threads() > 1 {
-            threads::in_pool(|| self.run_steps(&mut arena, inputs, timings, destinations))
+            threads::in_team(|| self.run_steps(&mut arena, inputs, timings, destinations))
         } else {
             self.run_steps(&mut arena, inputs, timings, destinations)
         };

@@ -172,6 +172,11 @@ enum Command {
         /// Timed runs per step (the median is reported).
         #[arg(long, default_value_t = 10)]
         runs: usize,
+        /// Rounds of timing: each round times `runs` runs at every thread count in turn, and
+        /// each step's median is over all its runs (so a slow moment of a noisy machine falls
+        /// on every count alike).
+        #[arg(long, default_value_t = 1)]
+        rounds: usize,
         /// Print how each step would split at these thread counts (comma-separated), by the
         /// executor's own rules, without running any kernel, instead of timing.
         #[arg(long)]
@@ -247,9 +252,18 @@ fn main() -> ExitCode {
             pt2,
             threads,
             runs,
+            rounds,
             simulate_threads,
             mode,
-        } => match report(&workload, pt2, threads, runs, simulate_threads, &mode) {
+        } => match report(
+            &workload,
+            pt2,
+            threads,
+            runs,
+            rounds,
+            simulate_threads,
+            &mode,
+        ) {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {
                 eprintln!("error: {e}");
@@ -334,10 +348,14 @@ fn report(
     pt2: Option<Option<PathBuf>>,
     threads: Option<String>,
     runs: usize,
+    rounds: usize,
     simulate: Option<String>,
     mode: &str,
 ) -> Result<(), Box<dyn std::error::Error>> {
     let mode: minductor::Mode = mode.parse()?;
+    if rounds == 0 {
+        return Err("--rounds must be at least 1, found 0".into());
+    }
     let workload = match pt2 {
         Some(dir) => {
             let dir = dir.unwrap_or_else(pt2::default_exported_dir);
@@ -363,18 +381,27 @@ fn report(
         Some(list) => thread_list("--threads", &list)?,
         None => vec![0],
     };
-    let mut reports = Vec::new();
+    // One compiled program per count, then the rounds: every count timed once per round.
+    let mut timers = Vec::new();
     for &count in &counts {
         minductor::set_num_threads(count)?;
         let threads = minductor::num_threads();
         let (probe, _) = load_or_measure(threads, false)?;
-        let report = minductor_tools::report::fusion_report_in(
-            &workload.graph,
-            &workload.inputs,
-            runs,
-            Some(probe),
-            mode,
-        )?;
+        let timer = minductor_tools::report::StepTimer::new_in(&workload.graph, mode)?;
+        timers.push((count, threads, probe, timer));
+    }
+    for round in 0..rounds {
+        for (count, _, _, timer) in &mut timers {
+            if rounds > 1 {
+                eprintln!("round {}/{rounds}: {count} threads ...", round + 1);
+            }
+            minductor::set_num_threads(*count)?;
+            timer.time(&workload.inputs, runs)?;
+        }
+    }
+    let mut reports = Vec::new();
+    for (_, threads, probe, timer) in timers {
+        let report = timer.finish(Some(probe));
         println!("{} at {threads} threads: {}", workload.name, report);
         reports.push(report);
     }
