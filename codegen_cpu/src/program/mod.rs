@@ -557,8 +557,8 @@ impl CompiledProgram {
     /// [`GemmChoice::candidates`] and every attention step under its default tiling and each of
     /// [`AttentionChoice::candidates`] at the current thread count, on zero-filled inputs (each
     /// over `runs` calls, keeping each step's fastest time), and keeps per step what was fastest
-    /// (the default on a tie; an attention's default unless another tiling was 5% faster:
-    /// `ATTENTION_MARGIN`). Results do not depend on the choice (see [`Split`],
+    /// (the default on a tie; an attention's default, timed first and last, unless another
+    /// tiling was 5% faster: `ATTENTION_MARGIN`). Results do not depend on the choice (see [`Split`],
     /// [`GemmChoice`], [`AttentionChoice`]). Programs with symbolic sizes are left as they are
     /// (there are no sizes to time). Returns each tuned step's name (a kernel's, `matmul_bufN`
     /// for a GEMM, `attention_bufN` for an attention) and its choice.
@@ -603,13 +603,18 @@ impl CompiledProgram {
             .collect();
         // Each tuned step's plans, the default first; an attention times only the tilings that
         // cut its work differently from those before them (at a few threads, for many heads,
-        // the items per thread change nothing).
+        // the items per thread change nothing), then its default again (see below).
         let mut plans_of: Vec<Vec<Split>> = vec![Vec::new(); self.steps.len()];
         for &i in &tuned {
             plans_of[i] = match self.steps[i] {
                 CompiledStep::Kernel(_) => kernel_splits.clone(),
                 CompiledStep::Attention { .. } => {
-                    self.distinct_tilings(i, &inputs, threads, &attention_tilings)?
+                    let mut tilings =
+                        self.distinct_tilings(i, &inputs, threads, &attention_tilings)?;
+                    if tilings.len() > 1 {
+                        tilings.push(Split::PerThread);
+                    }
+                    tilings
                 }
                 _ => gemm_plans.clone(),
             };
@@ -617,7 +622,7 @@ impl CompiledProgram {
         let rounds = plans_of.iter().map(Vec::len).max().unwrap_or(0);
         // best[i]: the fastest (time, split) of step i so far.
         let mut best: Vec<Option<(Duration, Split)>> = vec![None; self.steps.len()];
-        // The default's time of each step (round 0).
+        // The default's fastest time of each step (its rounds).
         let mut default_time: Vec<Option<Duration>> = vec![None; self.steps.len()];
         for round in 0..rounds {
             let mut timed = vec![None; self.steps.len()];
@@ -636,8 +641,8 @@ impl CompiledProgram {
             }
             for &i in &tuned {
                 if let (Some(time), Some(split)) = (fastest[i], timed[i]) {
-                    if round == 0 {
-                        default_time[i] = Some(time);
+                    if split == Split::PerThread {
+                        default_time[i] = Some(default_time[i].map_or(time, |d| d.min(time)));
                     }
                     if best[i].is_none_or(|(b, _)| time < b) {
                         best[i] = Some((time, split));
@@ -645,9 +650,10 @@ impl CompiledProgram {
                 }
             }
         }
-        // An attention keeps its default tiling unless another was clearly faster: measured on
-        // the suite (`tools/examples/attention_tilings`), no tiling beats the default by more
-        // than the noise of two calls, which alone made max-autotune pick a slower one.
+        // An attention keeps its default tiling unless another was clearly faster than the
+        // default's best of its two rounds: measured on the suite (`tools/examples/
+        // attention_tilings`), no tiling beats the default by more than the noise of two
+        // calls, which alone made max-autotune pick a slower one.
         for &i in &tuned {
             if let (CompiledStep::Attention { .. }, Some((time, _)), Some(default)) =
                 (&self.steps[i], best[i], default_time[i])
