@@ -10,5 +10,6 @@ pub mod math;
 mod program;
 
 pub use program::{
-    compile_program, CodegenError, CompiledKernel, CompiledProgram, GemmChoice, Split,
+    compile_program, AttentionChoice, CodegenError, CompiledKernel, CompiledProgram, GemmChoice,
+    Split,
 };

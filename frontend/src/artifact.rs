@@ -57,7 +57,8 @@
 //!   (`output TYPE`), and `program` the kernel program with its buffer plan (`Program`'s text).
 //!   Section lengths are in bytes; each section is followed by a newline.
 //! - `autotune` (written only in `max-autotune` mode) caches the thread split max-autotune chose
-//!   for each kernel step, with the thread count it was timed on. A load reuses the choices when
+//!   for each kernel step (a GEMM's plan, an attention's tiling), with the thread count it was
+//!   timed on. A load reuses the choices when
 //!   it runs on the same thread count and CPU features as the saving machine (the compile cache's
 //!   case) and tunes again otherwise.
 //! - `constants` (written only for a frozen compile, `compile_frozen` or an imported `.pt2`)

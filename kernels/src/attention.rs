@@ -5,7 +5,8 @@
 //! `for_each_chunk`; an item computes its blocks for every q head sharing the k/v head. It
 //! packs the keys transposed, in tiles of `KEY_BLOCK` (`[e][KEY_BLOCK]` each, contiguous), and
 //! the values unless their rows are already contiguous, into a buffer of its thread that stays
-//! in cache while its blocks read it. A block of `QUERY_BLOCK` query rows packs its rows times
+//! in cache while its blocks read it. A block of query rows (`AttentionTiling::query_block`, 64
+//! unless max-autotune chose another) packs its rows times
 //! the scale (folded in once), then for each key tile (the tiles entirely above the diagonal
 //! skipped under a causal mask) computes the scores `q·kᵀ`, applies the mask (an additive f32
 //! mask, or a bool one: masked scores are −inf; with the causal limit as one bit per key of
@@ -30,10 +31,84 @@ use crate::scatter::View;
 use minductor_runtime::RuntimeError;
 use std::sync::Mutex;
 
-/// Query rows per work item.
-const QUERY_BLOCK: usize = 64;
-/// Keys per score tile (at most 64: a row's bool mask of a tile is one `u64`).
+/// Keys per score tile (at most 64: a row's bool mask of a tile is one `u64`). Fixed, unlike
+/// the query block: every row visits the key tiles `0, 64, 128, ...` in this order and its
+/// online softmax rescales once per tile, so another key block would round differently.
 const KEY_BLOCK: usize = 64;
+
+/// How an attention's work is cut: `query_block` query rows per block (the rows that share one
+/// pass over each key tile), and about `items_per_thread` work items per thread (see
+/// [`ItemPlan`]). Every tiling gives bitwise the same results: each output row is computed by
+/// one block, over the key tiles in the same order, with the same operations in the same order
+/// (under a causal mask the tiles past a row's diagonal add nothing to it: its probabilities
+/// there are 0 and it skips their values), and the micro-kernels' row groups start at multiples
+/// of four rows whatever the block. Only the speed differs, so max-autotune times a few.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct AttentionTiling {
+    /// Query rows per block: a multiple of 4 (the AVX-512 micro-kernel's rows), at least 4.
+    pub query_block: usize,
+    /// Work items per thread the split aims for (at least 1).
+    pub items_per_thread: usize,
+}
+
+impl AttentionTiling {
+    /// The tiling the library uses unless told otherwise: blocks of 64 rows, four items a
+    /// thread.
+    pub const DEFAULT: AttentionTiling = AttentionTiling {
+        query_block: 64,
+        items_per_thread: 4,
+    };
+
+    /// The query blocks max-autotune may time.
+    pub const QUERY_BLOCKS: [usize; 3] = [32, 64, 128];
+
+    /// The work items per thread max-autotune may time.
+    pub const ITEMS_PER_THREAD: [usize; 3] = [2, 4, 8];
+
+    /// A tiling of `query_block` rows (a multiple of 4, from 4 to 4096) and `items_per_thread`
+    /// items (1 to 64); `None` outside those.
+    pub fn new(query_block: usize, items_per_thread: usize) -> Option<AttentionTiling> {
+        let fits = query_block.is_multiple_of(4)
+            && (4..=4096).contains(&query_block)
+            && (1..=64).contains(&items_per_thread);
+        fits.then_some(AttentionTiling {
+            query_block,
+            items_per_thread,
+        })
+    }
+
+    /// Every tiling max-autotune times: each of [`Self::QUERY_BLOCKS`] with each of
+    /// [`Self::ITEMS_PER_THREAD`], the default first.
+    pub fn candidates() -> Vec<AttentionTiling> {
+        let mut out = vec![AttentionTiling::DEFAULT];
+        for query_block in AttentionTiling::QUERY_BLOCKS {
+            for items_per_thread in AttentionTiling::ITEMS_PER_THREAD {
+                let tiling = AttentionTiling {
+                    query_block,
+                    items_per_thread,
+                };
+                if tiling != AttentionTiling::DEFAULT {
+                    out.push(tiling);
+                }
+            }
+        }
+        out
+    }
+
+    /// The tiling with its fields brought into range (a public struct may hold anything).
+    fn checked(self) -> AttentionTiling {
+        AttentionTiling {
+            query_block: self.query_block.clamp(4, 4096).next_multiple_of(4),
+            items_per_thread: self.items_per_thread.clamp(1, 64),
+        }
+    }
+}
+
+impl Default for AttentionTiling {
+    fn default() -> Self {
+        AttentionTiling::DEFAULT
+    }
+}
 
 /// The sizes of one attention: `q [batch.., t, e]`, `k [batch_kv.., s, e]`, `v [batch_kv.., s,
 /// ev]`, `out [batch.., t, ev]` (contiguous); q head `h` (the last batch dim) reads k/v head
@@ -127,28 +202,32 @@ impl<'a> Mask<'a> {
     }
 }
 
-/// `out = softmax(q·kᵀ·scale [+ mask] [causal])·v`. Checks every view against its buffer and
-/// `out`'s length first (an error, and nothing written, when one does not fit); then all
-/// accesses are checked slice indexing or inside the checked packed buffers.
+/// `out = softmax(q·kᵀ·scale [+ mask] [causal])·v`, cut into work by `tiling` (which changes
+/// no result). Checks every view against its buffer and `out`'s length first (an error, and
+/// nothing written, when one does not fit); then all accesses are checked slice indexing or
+/// inside the checked packed buffers.
 pub fn attention(
     q: View<'_, f32>,
     k: View<'_, f32>,
     v: View<'_, f32>,
     mask: Option<Mask<'_>>,
     shape: &AttentionShape<'_>,
+    tiling: AttentionTiling,
     out: &mut [f32],
 ) -> Result<(), RuntimeError> {
-    attention_on(q, k, v, mask, shape, out, has_avx512())
+    attention_on(q, k, v, mask, shape, tiling, out, has_avx512())
 }
 
 /// [`attention`], with the AVX-512 micro-kernels only when `avx512` (which the caller has
 /// checked the CPU supports: [`has_avx512`]).
+#[allow(clippy::too_many_arguments)]
 fn attention_on(
     q: View<'_, f32>,
     k: View<'_, f32>,
     v: View<'_, f32>,
     mask: Option<Mask<'_>>,
     shape: &AttentionShape<'_>,
+    tiling: AttentionTiling,
     out: &mut [f32],
     avx512: bool,
 ) -> Result<(), RuntimeError> {
@@ -192,8 +271,9 @@ fn attention_on(
     // core's cache while the item's blocks read it; where the work is split does not change
     // any result.
     let (s, e, ev) = (shape.s, shape.e, shape.ev);
-    let plan = ItemPlan::new(shape, minductor_runtime::threads::num_threads());
-    let run_len = plan.run_blocks * QUERY_BLOCK * ev;
+    let plan = ItemPlan::new(shape, minductor_runtime::threads::num_threads(), tiling);
+    let query_block = plan.query_block;
+    let run_len = plan.run_blocks * query_block * ev;
     // Per q head, its output split into runs; each item takes the runs it computes.
     let mut per_head: Vec<Vec<Option<&mut [f32]>>> = out
         .chunks_mut(matrix)
@@ -224,7 +304,7 @@ fn attention_on(
         let keys = outs
             .iter()
             .map(|(_, run, o)| {
-                let last = run * plan.run_blocks * QUERY_BLOCK + o.len() / ev.max(1);
+                let last = run * plan.run_blocks * query_block + o.len() / ev.max(1);
                 if shape.causal {
                     s.min(last)
                 } else {
@@ -270,8 +350,8 @@ fn attention_on(
                 (&vp[..], ev)
             };
             for (b, run, out) in outs.iter_mut() {
-                let (b, first_row) = (*b, *run * plan.run_blocks * QUERY_BLOCK);
-                for (i, block) in out.chunks_mut(QUERY_BLOCK * ev).enumerate() {
+                let (b, first_row) = (*b, *run * plan.run_blocks * query_block);
+                for (i, block) in out.chunks_mut(query_block * ev).enumerate() {
                     let tile = Tile {
                         q: &q,
                         q_base: base(q.offset, q.strides, shape.batch, b),
@@ -283,7 +363,7 @@ fn attention_on(
                         values,
                         value_rows,
                         shape,
-                        first_row: first_row + i * QUERY_BLOCK,
+                        first_row: first_row + i * query_block,
                     };
                     if avx512 {
                         #[cfg(target_arch = "x86_64")]
@@ -307,9 +387,10 @@ fn attention_on(
 /// How an attention's work splits into items on some number of threads: the one rule both
 /// running it and the partition report follow.
 ///
-/// Each q head's query blocks are cut into `runs` runs of `run_blocks` blocks (the last one
-/// shorter), only as far as needed to give every thread a few items (four, counting a run of
-/// every k/v head; each run packs its keys and values again). Under a causal mask a query block
+/// Each q head's query blocks (of the tiling's `query_block` rows) are cut into `runs` runs of
+/// `run_blocks` blocks (the last one shorter), only as far as needed to give every thread a few
+/// items (the tiling's `items_per_thread`, four by default, counting a run of every k/v head;
+/// each run packs its keys and values again). Under a causal mask a query block
 /// visits the keys up to its last row, so later blocks cost more: runs are then paired, the
 /// first with the last, the second with the one before it, ..., so every item costs about the
 /// same. An item computes its runs for every q head sharing its k/v head (one packing of
@@ -317,6 +398,7 @@ fn attention_on(
 /// its own.
 #[derive(Clone, Copy, Debug)]
 struct ItemPlan {
+    query_block: usize,
     kv_batches: usize,
     group: usize,
     runs: usize,
@@ -332,17 +414,21 @@ struct WorkItem {
 }
 
 impl ItemPlan {
-    fn new(shape: &AttentionShape<'_>, threads: usize) -> ItemPlan {
+    fn new(shape: &AttentionShape<'_>, threads: usize, tiling: AttentionTiling) -> ItemPlan {
+        let tiling = tiling.checked();
         let threads = threads.max(1);
         let group = shape.group.max(1);
         let kv_batches = shape.batch.iter().product::<usize>() / group;
-        let blocks = shape.t.div_ceil(QUERY_BLOCK).max(1);
-        let runs = (4 * threads).div_ceil(kv_batches.max(1)).clamp(1, blocks);
+        let blocks = shape.t.div_ceil(tiling.query_block).max(1);
+        let runs = (tiling.items_per_thread * threads)
+            .div_ceil(kv_batches.max(1))
+            .clamp(1, blocks);
         let run_blocks = blocks.div_ceil(runs).max(1);
         let runs = blocks.div_ceil(run_blocks);
         let paired = shape.causal && runs >= 2;
         let per_kv = if paired { runs.div_ceil(2) } else { runs };
         ItemPlan {
+            query_block: tiling.query_block,
             kv_batches,
             group,
             runs,
@@ -394,17 +480,22 @@ impl ItemPlan {
 }
 
 /// The multiply-adds (`q·kᵀ` and the product with `v`) of each work item an attention of
-/// `shape` runs on `threads` threads (see [`ItemPlan`]); under a causal mask a query block
-/// visits the keys up to its last row.
-pub fn attention_pieces(shape: &AttentionShape<'_>, threads: usize) -> Vec<u64> {
-    let plan = ItemPlan::new(shape, threads);
-    let blocks = shape.t.div_ceil(QUERY_BLOCK);
+/// `shape` runs on `threads` threads cut by `tiling` (see [`ItemPlan`]); under a causal mask a
+/// query block visits the keys up to its last row.
+pub fn attention_pieces(
+    shape: &AttentionShape<'_>,
+    threads: usize,
+    tiling: AttentionTiling,
+) -> Vec<u64> {
+    let plan = ItemPlan::new(shape, threads, tiling);
+    let query_block = plan.query_block;
+    let blocks = shape.t.div_ceil(query_block);
     let run_work = |run: usize| -> u64 {
         (run * plan.run_blocks..((run + 1) * plan.run_blocks).min(blocks))
             .map(|block| {
-                let rows = QUERY_BLOCK.min(shape.t - block * QUERY_BLOCK);
+                let rows = query_block.min(shape.t - block * query_block);
                 let keys = if shape.causal {
-                    shape.s.min(block * QUERY_BLOCK + rows)
+                    shape.s.min(block * query_block + rows)
                 } else {
                     shape.s
                 };
@@ -747,18 +838,40 @@ fn portable_item(tile: &Tile<'_>, exp: Option<BlockFn>, out: &mut [f32]) {
             }
             sum[i] += lane_sum(&scores[i * KEY_BLOCK..(i + 1) * KEY_BLOCK]);
         }
-        product(
-            &scores,
-            KEY_BLOCK,
-            &tile.values[s0 * tile.value_rows..],
-            tile.value_rows,
-            bk,
-            rows,
-            ev,
-            &mut acc,
-            ev,
-            true,
-        );
+        let values = &tile.values[s0 * tile.value_rows..];
+        if sh.causal {
+            // Row by row, the keys up to the row's own position only: the others have p = 0,
+            // and skipping them makes the row's sums the same whatever block it is in (a
+            // product of 0 with an infinite value would be NaN).
+            for i in 0..rows {
+                let seen = bk.min((t0 + i + 1).saturating_sub(s0));
+                product(
+                    &scores[i * KEY_BLOCK..],
+                    KEY_BLOCK,
+                    values,
+                    tile.value_rows,
+                    seen,
+                    1,
+                    ev,
+                    &mut acc[i * ev..],
+                    ev,
+                    true,
+                );
+            }
+        } else {
+            product(
+                &scores,
+                KEY_BLOCK,
+                values,
+                tile.value_rows,
+                bk,
+                rows,
+                ev,
+                &mut acc,
+                ev,
+                true,
+            );
+        }
         s0 += bk;
     }
     finish(&acc, &sum, out);
@@ -1239,6 +1352,7 @@ mod tests {
                         view(&v, &vs),
                         mask,
                         &sh,
+                        AttentionTiling::DEFAULT,
                         &mut out,
                         avx512,
                     )
@@ -1259,6 +1373,119 @@ mod tests {
                         0
                     };
                     assert!(nan >= empty, "mask {name}: {nan} NaNs");
+                }
+            }
+        }
+    }
+
+    /// Every tiling max-autotune may choose (and a few odd ones) gives bitwise the default's
+    /// results, in the portable and (where the CPU has it) the AVX-512 form, with and without
+    /// masks, causal or not, at odd sequence lengths, and under a causal mask with an infinite
+    /// value in a key row that earlier rows must not see (a block that reaches past a row's
+    /// diagonal must not multiply it by 0).
+    #[test]
+    fn every_tiling_gives_the_default_bits() {
+        let mut tilings = AttentionTiling::candidates();
+        tilings.extend([
+            AttentionTiling::new(4, 1).unwrap(),
+            AttentionTiling::new(36, 64).unwrap(),
+            AttentionTiling::new(256, 3).unwrap(),
+        ]);
+        assert_eq!(AttentionTiling::new(30, 4), None);
+        assert_eq!(AttentionTiling::new(64, 0), None);
+        for &(t, s, e, ev, group, causal) in &[
+            (37, 37, 17, 9, 2, true),
+            (201, 201, 24, 20, 1, true),
+            (131, 67, 32, 16, 1, false),
+            (150, 190, 16, 70, 2, false),
+            (97, 130, 8, 8, 1, true),
+        ] {
+            let batch = [2usize, 2 * group];
+            let kv = [2usize, 2];
+            let (q, k) = (data(4 * group * t * e, 0.0), data(4 * s * e, 1.0));
+            let mut v = data(4 * s * ev, 2.0);
+            let sh = AttentionShape {
+                batch: &batch,
+                t,
+                s,
+                e,
+                ev,
+                group,
+                scale: 1.0 / (e as f32).sqrt(),
+                causal,
+            };
+            let strides = |rows: usize, cols: usize, heads: usize| {
+                vec![
+                    (heads * rows * cols) as i64,
+                    (rows * cols) as i64,
+                    cols as i64,
+                    1,
+                ]
+            };
+            let (qs, ks, vs) = (
+                strides(t, e, batch[1]),
+                strides(s, e, kv[1]),
+                strides(s, ev, kv[1]),
+            );
+            let added = data(t * s, 3.0);
+            let kept: Vec<u8> = (0..t * s).map(|i| u8::from((i * 7 + 3) % 5 != 0)).collect();
+            let mask_strides = [0, 0, s as i64, 1];
+            let mut values = vec![v.clone()];
+            if causal {
+                // Key row s − 3 of the first k/v head: infinite in column 1.
+                v[(s - 3) * ev + 1] = f32::INFINITY;
+                values.push(v.clone());
+            }
+            let mut forms = vec![false];
+            if has_avx512() {
+                forms.push(true);
+            }
+            for v in &values {
+                for name in ["none", "add", "keep"] {
+                    for &avx512 in &forms {
+                        let run = |tiling: AttentionTiling| {
+                            let view = |data, strides| View {
+                                data,
+                                offset: 0,
+                                strides,
+                            };
+                            let mask = match name {
+                                "add" => Some(Mask::Add(view(&added, &mask_strides[..]))),
+                                "keep" => Some(Mask::Keep(View {
+                                    data: &kept[..],
+                                    offset: 0,
+                                    strides: &mask_strides[..],
+                                })),
+                                _ => None,
+                            };
+                            let mut out = vec![0f32; 4 * group * t * ev];
+                            attention_on(
+                                view(&q, &qs),
+                                view(&k, &ks),
+                                view(v, &vs),
+                                mask,
+                                &sh,
+                                tiling,
+                                &mut out,
+                                avx512,
+                            )
+                            .unwrap();
+                            out
+                        };
+                        let want = run(AttentionTiling::DEFAULT);
+                        for &tiling in &tilings {
+                            let got = run(tiling);
+                            let differ = got
+                                .iter()
+                                .zip(&want)
+                                .position(|(g, w)| g.to_bits() != w.to_bits());
+                            assert!(
+                                differ.is_none(),
+                                "t {t} s {s} causal {causal} mask {name} avx512 {avx512} \
+                                 {tiling:?}: element {differ:?} differs"
+                            );
+                        }
+                    }
                 }
             }
         }
@@ -1302,6 +1529,7 @@ mod tests {
                 view(&empty, &vs),
                 None,
                 &sh,
+                AttentionTiling::DEFAULT,
                 &mut out,
                 avx512,
             )
@@ -1346,6 +1574,7 @@ mod tests {
                     view(&v, &vs),
                     None,
                     &sh,
+                    AttentionTiling::DEFAULT,
                     &mut out,
                     avx512,
                 )

@@ -26,6 +26,14 @@ fn inputs(seed: f32) -> Vec<Tensor> {
     vec![ramp(&[64, 48], seed), ramp(&[32, 48], seed + 1.0)]
 }
 
+/// Held by the tests that set the thread count or read it across compiles (max-autotune's
+/// choices are named by it), so that they do not change it under one another.
+static THREAD_COUNT: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn thread_count_lock() -> std::sync::MutexGuard<'static, ()> {
+    THREAD_COUNT.lock().unwrap_or_else(|p| p.into_inner())
+}
+
 fn compiled(mode: Mode) -> Compiled {
     compile_with_options(
         &graph(),
@@ -182,6 +190,7 @@ fn unusable_output_tensors_are_typed_errors() {
 
 #[test]
 fn the_mode_is_part_of_the_cache_key_and_the_artifact() {
+    let _threads = thread_count_lock();
     let graph = graph();
     let keys: Vec<String> = [Mode::Default, Mode::ReduceOverhead, Mode::MaxAutotune]
         .into_iter()
@@ -224,6 +233,7 @@ fn the_mode_is_part_of_the_cache_key_and_the_artifact() {
 
 #[test]
 fn max_autotune_keeps_a_split_for_every_kernel_and_gemm_step() {
+    let _threads = thread_count_lock();
     use minductor::internals::kernel_ir::{MatmulOperand, Step};
     let c = compiled(Mode::MaxAutotune);
     let program = c.artifacts().program.as_ref().unwrap();
@@ -294,6 +304,7 @@ fn jit_functions_compile_in_their_mode() {
 
 #[test]
 fn max_autotune_choices_are_saved_and_reused_on_the_same_machine() {
+    let _threads = thread_count_lock();
     let c = compiled(Mode::MaxAutotune);
     let mut artifact = Artifact::of(&c).unwrap();
     let threads = minductor::num_threads();
@@ -366,6 +377,7 @@ fn max_autotune_choices_are_saved_and_reused_on_the_same_machine() {
 /// is ignored (the default runs).
 #[test]
 fn every_gemm_plan_gives_the_same_bits() {
+    let _threads = thread_count_lock();
     use minductor::internals::codegen_cpu::{compile_program, GemmChoice, Split};
     use minductor::internals::runtime::Executable;
     for (m, k, n) in [(40usize, 70usize, 300usize), (300, 64, 100)] {
@@ -424,4 +436,241 @@ fn every_gemm_plan_gives_the_same_bits() {
         }
         minductor::set_num_threads(0).unwrap();
     }
+}
+
+/// An attention of q `[1, 4, t, 24]`, k and v `[1, 4 / group, s, 24 | 20]` (repeated along the
+/// heads when `group > 1`), with a mask when `mask` says (`"add"`: an f32 `[t, s]` added to the
+/// scores; `"keep"`: a bool `[t, s]`, true takes part), and its inputs.
+fn attention_graph(
+    t: usize,
+    s: usize,
+    group: usize,
+    causal: bool,
+    mask: &str,
+) -> (Graph, Vec<Tensor>) {
+    use minductor_tests::wide_ramp;
+    let (h, e, ev) = (4, 24, 20);
+    let kv = h / group;
+    let tracer = Tracer::new();
+    let q = tracer.input("q", DType::F32, &[1, h, t, e]);
+    let k = tracer.input("k", DType::F32, &[1, kv, s, e]);
+    let v = tracer.input("v", DType::F32, &[1, kv, s, ev]);
+    let mut inputs = vec![
+        wide_ramp(&[1, h, t, e], 0.0),
+        wide_ramp(&[1, kv, s, e], 1.0),
+        wide_ramp(&[1, kv, s, ev], 2.0),
+    ];
+    let m = match mask {
+        "add" => {
+            inputs.push(wide_ramp(&[t, s], 3.0));
+            Some(tracer.input("m", DType::F32, &[t, s]))
+        }
+        "keep" => {
+            let kept: Vec<bool> = (0..t * s).map(|i| (i * 7 + 3) % 5 != 0).collect();
+            inputs.push(Tensor::from_vec(&[t, s], kept).unwrap());
+            Some(tracer.input("m", DType::Bool, &[t, s]))
+        }
+        _ => None,
+    };
+    let (k, v) = if group > 1 {
+        (k.repeat_interleave(group, 1), v.repeat_interleave(group, 1))
+    } else {
+        (k, v)
+    };
+    let out = q.scaled_dot_product_attention(&k, &v, m.as_ref(), causal);
+    (tracer.finish(&[out]).unwrap(), inputs)
+}
+
+/// Every attention tiling max-autotune may choose (query rows per block, items per thread),
+/// and one timed on another thread count, gives bitwise what the default tiling gives on one
+/// thread, on 1, 2 and 4 threads: causal (with grouped-query heads) and not, without a mask,
+/// with an additive and with a bool one, at odd sequence lengths.
+#[test]
+fn every_attention_tiling_gives_the_same_bits() {
+    let _threads = thread_count_lock();
+    use minductor::internals::codegen_cpu::{compile_program, AttentionChoice, Split};
+    use minductor::internals::kernel_ir::Step;
+    use minductor::internals::runtime::Executable;
+    for (t, s, group, causal, mask) in [
+        (201, 201, 2, true, "none"),
+        (131, 77, 1, false, "none"),
+        (150, 190, 1, false, "keep"),
+        (97, 97, 1, true, "add"),
+    ] {
+        let what = format!("t {t} s {s} group {group} causal {causal} mask {mask}");
+        let (g, inputs) = attention_graph(t, s, group, causal, mask);
+        let program = minductor::compile(&g)
+            .unwrap()
+            .artifacts()
+            .program
+            .clone()
+            .unwrap();
+        assert!(
+            program
+                .steps
+                .iter()
+                .any(|s| matches!(s, Step::Attention(_))),
+            "{what}: not fused:\n{program}"
+        );
+        let mut compiled = compile_program(&program).unwrap();
+        minductor::set_num_threads(1).unwrap();
+        let want = compiled.run(&inputs).unwrap();
+        for threads in [1, 2, 4] {
+            minductor::set_num_threads(threads).unwrap();
+            let steps: Vec<String> = compiled
+                .autotune(1)
+                .unwrap()
+                .into_iter()
+                .map(|(name, _)| name)
+                .collect();
+            assert!(
+                steps.iter().any(|s| s.starts_with("attention_")),
+                "{what}: {steps:?}"
+            );
+            let mut tilings: Vec<Split> = AttentionChoice::candidates(threads)
+                .into_iter()
+                .map(Split::Attention)
+                .collect();
+            assert_eq!(tilings.len(), 8);
+            tilings.push(Split::PerThread);
+            tilings.push(Split::Attention(AttentionChoice {
+                threads: threads + 1,
+                query_block: 32,
+                items_per_thread: 8,
+            }));
+            // The work items each tiling cuts the attention into (the executor's own rule).
+            let mut cuts = std::collections::HashSet::new();
+            for tiling in tilings {
+                let splits: Vec<(String, Split)> = steps
+                    .iter()
+                    .map(|s| match s.starts_with("attention_") {
+                        true => (s.clone(), tiling),
+                        false => (s.clone(), Split::PerThread),
+                    })
+                    .collect();
+                assert!(compiled.set_splits(&splits), "{splits:?}");
+                let partition = compiled.partition_steps(&inputs, threads).unwrap();
+                cuts.extend(
+                    partition
+                        .into_iter()
+                        .filter(|p| p.name.starts_with("attention_"))
+                        .map(|p| p.pieces),
+                );
+                let got = compiled.run(&inputs).unwrap();
+                assert_allclose(
+                    &got,
+                    &want,
+                    Tolerance::EXACT,
+                    &format!("{what} on {threads} threads, {}", tiling.name()),
+                );
+            }
+            assert!(cuts.len() > 1, "{what}: every tiling cuts the same way");
+        }
+        minductor::set_num_threads(0).unwrap();
+    }
+}
+
+/// Max-autotune tunes an attention step; its tiling is saved in the artifact and in the compile
+/// cache and reused on the same thread count (an edited one exactly as written, with the same
+/// results), named by the thread count it was timed on; from another thread count, or when
+/// not a tiling, it is timed again.
+#[test]
+fn an_attention_tiling_survives_the_artifact_and_the_cache() {
+    let _threads = thread_count_lock();
+    use minductor::internals::codegen_cpu::Split;
+    let (g, inputs) = attention_graph(133, 133, 2, true, "none");
+    let options = CompileOptions {
+        mode: Mode::MaxAutotune,
+        ..CompileOptions::default()
+    };
+    let dir =
+        std::env::temp_dir().join(format!("minductor-attention-tiling-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let cache = CompileCache::new(&dir);
+    let (c, outcome) = cache.compile(&g, options).unwrap();
+    assert_eq!(outcome, minductor::CacheOutcome::Miss);
+    let threads = minductor::num_threads();
+    let tuned = &c.artifacts().autotune;
+    let Some(at) = tuned.iter().position(|(k, _)| k.starts_with("attention_")) else {
+        panic!("no attention step tuned: {tuned:?}")
+    };
+    // The choice is the default or a tiling timed on this thread count.
+    match tuned[at].1 {
+        Split::PerThread => {}
+        Split::Attention(a) => assert_eq!(a.threads, threads),
+        other => panic!("attention tuned as {}", other.name()),
+    }
+    let want = c.call(&inputs).unwrap();
+    // An edited choice (blocks of 32 rows, 8 items a thread) written into the cache entry.
+    let edited = format!("attention-t{threads}-rows32-items8");
+    let entry = cache.path(&CompileCache::key(&g, &options));
+    let mut artifact = Artifact::from_bytes(&std::fs::read(&entry).unwrap()).unwrap();
+    let lines: Vec<String> = std::iter::once(format!("threads {threads}"))
+        .chain(tuned.iter().enumerate().map(|(i, (k, s))| match i == at {
+            true => format!("{k} {edited}"),
+            false => format!("{k} {}", s.name()),
+        }))
+        .collect();
+    artifact.autotune = lines.join("\n");
+    std::fs::write(&entry, artifact.to_bytes()).unwrap();
+    let (hit, outcome) = cache.compile(&g, options).unwrap();
+    assert_eq!(outcome, minductor::CacheOutcome::Hit);
+    assert!(hit.artifacts().autotune_reused);
+    assert_eq!(hit.artifacts().autotune[at].1.name(), edited);
+    assert_allclose(
+        &hit.call(&inputs).unwrap(),
+        &want,
+        Tolerance::EXACT,
+        "cached tiling",
+    );
+    // Saved again from the loaded program, and loaded: the same choice.
+    let again = Artifact::of(&hit).unwrap();
+    assert!(again.autotune.contains(&edited), "{}", again.autotune);
+    let loaded = load_bytes(&again.to_bytes()).unwrap();
+    assert!(loaded.artifacts().autotune_reused);
+    assert_eq!(loaded.artifacts().autotune[at].1.name(), edited);
+    assert_allclose(
+        &loaded.call(&inputs).unwrap(),
+        &want,
+        Tolerance::EXACT,
+        "loaded tiling",
+    );
+    // Timed on another thread count, or a GEMM plan given to the attention: timed again.
+    for (what, stale) in [
+        (
+            "threads",
+            artifact.autotune.replacen(
+                &format!("threads {threads}"),
+                &format!("threads {}", threads + 3),
+                1,
+            ),
+        ),
+        (
+            "gemm plan",
+            artifact
+                .autotune
+                .replace(&edited, &format!("gemm-t{threads}-stream")),
+        ),
+    ] {
+        let mut artifact = artifact.clone();
+        artifact.autotune = stale;
+        let loaded = load_bytes(&artifact.to_bytes()).unwrap();
+        assert!(!loaded.artifacts().autotune_reused, "{what}");
+        assert_eq!(loaded.artifacts().autotune.len(), tuned.len(), "{what}");
+        assert_allclose(
+            &loaded.call(&inputs).unwrap(),
+            &want,
+            Tolerance::EXACT,
+            what,
+        );
+    }
+    // A tiling out of range does not parse.
+    for bad in [
+        "attention-t2-rows30-items4",
+        "attention-t0-rows32-items4",
+        "attention-t2-rows32-items0",
+    ] {
+        assert_eq!(Split::from_name(bad), None, "{bad}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
 }

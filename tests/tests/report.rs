@@ -48,3 +48,47 @@ fn report_lists_every_step_with_its_cost_and_time() {
     assert_eq!(gemm.vector_bits.len(), 2, "{text}");
     assert!(text.contains(" vec "), "{text}");
 }
+
+/// `report --mode max-autotune`: the report of a program compiled in that mode lists the
+/// choice of every tuned step (the GEMM's plan, the attention's tiling), and says so in its
+/// text; the default mode lists none.
+#[test]
+fn a_max_autotune_report_lists_its_choices() {
+    use minductor::Mode;
+    use minductor_tools::report::StepTimer;
+    let graph = trace(|t| {
+        let x = t.input("x", DType::F32, &[2, 4, 70, 16]);
+        let w = t.input("w", DType::F32, &[16, 16]);
+        let q = x.matmul(&w);
+        vec![q.scaled_dot_product_attention(&x, &x, None, true)]
+    })
+    .unwrap();
+    let ramp = |shape: &[usize], seed: f32| {
+        let n: usize = shape.iter().product();
+        Tensor::from_vec(
+            shape,
+            (0..n).map(|i| (i as f32 * 0.37 + seed).sin()).collect(),
+        )
+        .unwrap()
+    };
+    let inputs = [ramp(&[2, 4, 70, 16], 0.0), ramp(&[16, 16], 1.0)];
+    let mut timer = StepTimer::new_in(&graph, Mode::MaxAutotune).unwrap();
+    timer.time(&inputs, 1).unwrap();
+    let report = timer.finish(None);
+    let steps: Vec<&str> = report.autotune.iter().map(|(s, _)| s.as_str()).collect();
+    assert!(
+        steps.iter().any(|s| s.starts_with("attention_"))
+            && steps.iter().any(|s| s.starts_with("matmul_")),
+        "{report}"
+    );
+    let text = report.to_string();
+    assert!(text.contains("max-autotune chose: "), "{text}");
+    for (step, choice) in &report.autotune {
+        assert!(text.contains(&format!("{step} {choice}")), "{text}");
+    }
+    let mut timer = StepTimer::new(&graph).unwrap();
+    timer.time(&inputs, 1).unwrap();
+    let report = timer.finish(None);
+    assert!(report.autotune.is_empty());
+    assert!(!report.to_string().contains("max-autotune"), "{report}");
+}

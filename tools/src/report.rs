@@ -14,7 +14,7 @@ use minductor::internals::kernel_ir::cost::{program_cost, StepCost, StepKind};
 use minductor::internals::kernel_ir::Step;
 use minductor::internals::runtime::{RuntimeError, Tensor};
 use minductor::Graph;
-use minductor::{compile, CompileError, Compiled};
+use minductor::{compile_with_options, CompileError, CompileOptions, Compiled, Mode};
 use std::fmt;
 use std::time::Duration;
 use thiserror::Error;
@@ -47,6 +47,9 @@ pub struct FusionReport {
     pub compile: Duration,
     pub runs: usize,
     pub probe: Option<MachineProbe>,
+    /// Max-autotune's choice for each step it tuned (its name, the choice's name); empty in
+    /// the other modes.
+    pub autotune: Vec<(String, String)>,
 }
 
 /// Compiles `graph`, runs it `runs` times on `inputs` with per-step timing, and reports.
@@ -61,11 +64,16 @@ pub fn fusion_report(
     Ok(timer.finish(probe))
 }
 
-/// `graph` compiled, and its kernel program.
+/// `graph` compiled in `mode`, and its kernel program.
 fn compile_program(
     graph: &Graph,
+    mode: Mode,
 ) -> Result<(Compiled, minductor::internals::kernel_ir::Program), ReportError> {
-    let compiled: Compiled = compile(graph)?;
+    let options = CompileOptions {
+        mode,
+        ..CompileOptions::default()
+    };
+    let compiled: Compiled = compile_with_options(graph, options)?;
     let program = compiled
         .artifacts()
         .program
@@ -86,7 +94,12 @@ pub struct StepTimer {
 impl StepTimer {
     /// Compiles `graph` (at the thread count set now).
     pub fn new(graph: &Graph) -> Result<StepTimer, ReportError> {
-        let (compiled, program) = compile_program(graph)?;
+        StepTimer::new_in(graph, Mode::Default)
+    }
+
+    /// Compiles `graph` in `mode` (at the thread count set now: max-autotune tunes for it).
+    pub fn new_in(graph: &Graph, mode: Mode) -> Result<StepTimer, ReportError> {
+        let (compiled, program) = compile_program(graph, mode)?;
         let times = vec![Vec::new(); program.steps.len()];
         Ok(StepTimer {
             compiled,
@@ -136,6 +149,13 @@ impl StepTimer {
             compile: self.compiled.compile_time(),
             runs,
             probe,
+            autotune: self
+                .compiled
+                .artifacts()
+                .autotune
+                .iter()
+                .map(|(step, choice)| (step.clone(), choice.name()))
+                .collect(),
         }
     }
 }
@@ -158,6 +178,14 @@ impl fmt::Display for FusionReport {
                 p.gemm_gflops_all_threads,
                 p.compute_peak_gflops()
             )?;
+        }
+        if !self.autotune.is_empty() {
+            let chosen: Vec<String> = self
+                .autotune
+                .iter()
+                .map(|(step, choice)| format!("{step} {choice}"))
+                .collect();
+            writeln!(f, "max-autotune chose: {}", chosen.join(", "))?;
         }
         writeln!(
             f,
@@ -283,7 +311,7 @@ pub fn partition_report(
     inputs: &[Tensor],
     threads: &[usize],
 ) -> Result<PartitionReport, ReportError> {
-    let (compiled, program) = compile_program(graph)?;
+    let (compiled, program) = compile_program(graph, Mode::Default)?;
     let mut per_count = Vec::with_capacity(threads.len());
     for &t in threads {
         per_count.push(compiled.partition(inputs, t)?);

@@ -659,7 +659,9 @@ impl CompiledProgram {
                     &pointers,
                 )?,
                 CompiledStep::ScatterAdd(sc) => run_scatter_add(sc, program, &symbols, &pointers)?,
-                CompiledStep::Attention(a) => run_attention(a, program, &symbols, &pointers)?,
+                CompiledStep::Attention { step, split } => {
+                    run_attention(step, *split, program, &symbols, &pointers)?
+                }
                 CompiledStep::Fallback(fb) => run_fallback(fb, program, &symbols, &pointers)?,
             }
             #[cfg(test)]
@@ -753,7 +755,7 @@ impl CompiledStep {
                 ..
             } => format!("matmul_{}+{}", step.out, e.name),
             CompiledStep::ScatterAdd(sc) => format!("scatter_add_{}", sc.out),
-            CompiledStep::Attention(a) => format!("attention_{}", a.out),
+            CompiledStep::Attention { step, .. } => format!("attention_{}", step.out),
             CompiledStep::Fallback(fb) => format!("fallback_{}_{}", fb.op.name(), fb.out),
         }
     }
@@ -800,9 +802,10 @@ impl CompiledProgram {
                         )?,
                         "multiply-adds",
                     ),
-                    CompiledStep::Attention(a) => {
-                        (attention_pieces_of(a, &symbols, threads), "multiply-adds")
-                    }
+                    CompiledStep::Attention { step, split } => (
+                        attention_pieces_of(step, *split, &symbols, threads),
+                        "multiply-adds",
+                    ),
                     CompiledStep::ScatterAdd(sc) => (
                         vec![symbols.sizes(&sc.src.shape).iter().product::<usize>() as u64],
                         "elements",
@@ -978,7 +981,9 @@ pub(super) fn kernel_pieces(
     let range = bound.range.max(0);
     let threads = threads.max(1) as i64;
     let wanted = match split {
-        Split::PerThread | Split::Gemm(_) => threads.min(bound.work / MIN_PIECE_WORK),
+        Split::PerThread | Split::Gemm(_) | Split::Attention(_) => {
+            threads.min(bound.work / MIN_PIECE_WORK)
+        }
         Split::Serial => 1,
         Split::Fine => 4 * threads,
     };

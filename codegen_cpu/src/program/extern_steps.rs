@@ -10,15 +10,26 @@ use minductor_kernel_ir::{
     AttentionStep, BufferId, BufferKind, Im2colView, MaskKind, MatmulOperand, MatmulStep, Program,
     ScatterAddStep, StridedView,
 };
-use minductor_kernels::attention::{attention, AttentionShape, Mask, MaskData};
+use minductor_kernels::attention::{attention, AttentionShape, AttentionTiling, Mask, MaskData};
 use minductor_kernels::gemm;
 use minductor_kernels::scatter::{scatter_add, View};
 use minductor_runtime::{threads, RuntimeError, Tensor};
 use std::sync::Mutex;
 
-/// Runs a fused attention step on its buffers.
+/// The tiling of an attention on `threads` threads: max-autotune's choice (`tuned`) when it was
+/// timed on this thread count, else the default.
+fn attention_tiling(tuned: Split, threads: usize) -> AttentionTiling {
+    match tuned {
+        Split::Attention(a) if a.threads == threads => a.tiling().unwrap_or_default(),
+        _ => AttentionTiling::DEFAULT,
+    }
+}
+
+/// Runs a fused attention step on its buffers, tiled as `tuned` says (see
+/// [`attention_tiling`]).
 pub(super) fn run_attention(
     a: &AttentionStep,
+    tuned: Split,
     program: &Program,
     symbols: &Symbols,
     pointers: &[*mut u8],
@@ -109,6 +120,7 @@ pub(super) fn run_attention(
         view(v, v_offset, &v_strides),
         mask,
         &shape,
+        attention_tiling(tuned, threads::num_threads()),
         out,
     )
 }
@@ -126,10 +138,11 @@ fn gemm_error(out: BufferId, e: gemm::GemmError) -> RuntimeError {
     }
 }
 
-/// The multiply-adds of each work item of attention step `a` for a call with these sizes on
-/// `threads` threads (the partition report).
+/// The multiply-adds of each work item of attention step `a` (tiled as `tuned` says) for a
+/// call with these sizes on `threads` threads (the partition report).
 pub(super) fn attention_pieces_of(
     a: &AttentionStep,
+    tuned: Split,
     symbols: &Symbols,
     threads: usize,
 ) -> Vec<u64> {
@@ -154,6 +167,7 @@ pub(super) fn attention_pieces_of(
             causal: a.causal,
         },
         threads,
+        attention_tiling(tuned, threads),
     )
 }
 

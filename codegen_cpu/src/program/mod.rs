@@ -26,6 +26,7 @@ use minductor_kernel_ir::{
     AttentionStep, BufferId, BufferKind, FallbackStep, Kernel, MatmulStep, Program, ScatterAddStep,
     Step,
 };
+use minductor_kernels::attention::AttentionTiling;
 use minductor_runtime::{Executable, RuntimeError, Tensor};
 use rayon::prelude::*;
 use std::sync::Mutex;
@@ -83,6 +84,9 @@ pub enum Split {
     Fine,
     /// A GEMM step's plan, as max-autotune timed it (a kernel step takes it as `PerThread`).
     Gemm(GemmChoice),
+    /// An attention step's tiling, as max-autotune timed it (a kernel step takes it as
+    /// `PerThread`).
+    Attention(AttentionChoice),
 }
 
 /// A GEMM's plan at one thread count: streamed (each block of `b` packed per thread right
@@ -128,12 +132,49 @@ impl GemmChoice {
     }
 }
 
+/// An attention step's tiling at one thread count: query rows per block and work items per
+/// thread (`minductor_kernels::attention::AttentionTiling`). Every tiling computes each output
+/// row by the same operations in the same order (the same bits; the key block, which would
+/// change the online softmax's rescaling order, is not a choice); only the speed differs, so
+/// max-autotune times a few and keeps the fastest. At another thread count than `threads` the
+/// default tiling runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct AttentionChoice {
+    pub threads: usize,
+    /// Query rows per block: a multiple of 4 from 4 to 4096.
+    pub query_block: usize,
+    /// Work items per thread the split aims for: 1 to 64.
+    pub items_per_thread: usize,
+}
+
+impl AttentionChoice {
+    /// The tilings max-autotune times on `threads` threads besides the default: blocks of 32,
+    /// 64 and 128 rows, each with 2, 4 and 8 items a thread.
+    pub fn candidates(threads: usize) -> Vec<AttentionChoice> {
+        AttentionTiling::candidates()
+            .into_iter()
+            .filter(|&t| t != AttentionTiling::DEFAULT)
+            .map(|t| AttentionChoice {
+                threads: threads.max(1),
+                query_block: t.query_block,
+                items_per_thread: t.items_per_thread,
+            })
+            .collect()
+    }
+
+    /// The library's tiling (`None` when a field is out of its range).
+    pub(crate) fn tiling(self) -> Option<AttentionTiling> {
+        AttentionTiling::new(self.query_block, self.items_per_thread)
+    }
+}
+
 impl Split {
     /// Every split, the default first.
     pub const ALL: [Split; 3] = [Split::PerThread, Split::Serial, Split::Fine];
 
-    /// The split's name: `per_thread`, `serial`, `fine`, or for a GEMM plan `gemm-t2-stream`
-    /// / `gemm-t2-2x1` (threads, then streamed or the packed cut).
+    /// The split's name: `per_thread`, `serial`, `fine`, for a GEMM plan `gemm-t2-stream` /
+    /// `gemm-t2-2x1` (threads, then streamed or the packed cut), for an attention tiling
+    /// `attention-t2-rows32-items8` (threads, query rows per block, items per thread).
     pub fn name(self) -> String {
         match self {
             Split::PerThread => "per_thread".into(),
@@ -141,11 +182,28 @@ impl Split {
             Split::Fine => "fine".into(),
             Split::Gemm(g) if g.streams => format!("gemm-t{}-stream", g.threads),
             Split::Gemm(g) => format!("gemm-t{}-{}x{}", g.threads, g.row_groups, g.panel_groups),
+            Split::Attention(a) => format!(
+                "attention-t{}-rows{}-items{}",
+                a.threads, a.query_block, a.items_per_thread
+            ),
         }
     }
 
     /// The split named `name` (as [`Split::name`] spells it).
     pub fn from_name(name: &str) -> Option<Split> {
+        if let Some(rest) = name.strip_prefix("attention-t") {
+            let (threads, rest) = rest.split_once("-rows")?;
+            let (query_block, items_per_thread) = rest.split_once("-items")?;
+            let choice = AttentionChoice {
+                threads: threads.parse().ok()?,
+                query_block: query_block.parse().ok()?,
+                items_per_thread: items_per_thread.parse().ok()?,
+            };
+            if choice.threads == 0 || choice.tiling().is_none() {
+                return None;
+            }
+            return Some(Split::Attention(choice));
+        }
         if let Some(rest) = name.strip_prefix("gemm-t") {
             let (threads, plan) = rest.split_once('-')?;
             let threads: usize = threads.parse().ok()?;
@@ -184,7 +242,11 @@ enum CompiledStep {
     /// An extern scatter-add (`scatter::scatter_add`).
     ScatterAdd(Box<ScatterAddStep>),
     /// A fused attention (`attention::attention`).
-    Attention(Box<AttentionStep>),
+    Attention {
+        step: Box<AttentionStep>,
+        /// The tiling max-autotune chose (`PerThread`: the default tiling).
+        split: Split,
+    },
     /// A node the reference interpreter runs (`run_fallback`).
     Fallback(Box<FallbackStep>),
 }
@@ -450,7 +512,10 @@ pub fn compile_program(program: &Program) -> Result<CompiledProgram, CodegenErro
                 split: Split::PerThread,
             },
             Step::ScatterAdd(sc) => CompiledStep::ScatterAdd(Box::new(sc.clone())),
-            Step::Attention(a) => CompiledStep::Attention(Box::new(a.clone())),
+            Step::Attention(a) => CompiledStep::Attention {
+                step: Box::new(a.clone()),
+                split: Split::PerThread,
+            },
             Step::Fallback(fb) => CompiledStep::Fallback(Box::new(fb.clone())),
         })
         .collect();
@@ -477,19 +542,26 @@ pub fn compile_program(program: &Program) -> Result<CompiledProgram, CodegenErro
     })
 }
 
+/// How much faster than its default tiling (a fraction of the tiling's time) another tiling
+/// of an attention step must run for max-autotune to choose it.
+const ATTENTION_MARGIN: f64 = 0.05;
+
 impl CompiledProgram {
     /// Turns checking mode on or off (see `MINDUCTOR_CHECK_BUFFERS`).
     pub fn set_check_buffers(&mut self, on: bool) {
         self.check_buffers = on;
     }
 
-    /// Max-autotune: times every kernel step under each [`Split`] and every GEMM step (a plain
+    /// Max-autotune: times every kernel step under each [`Split`], every GEMM step (a plain
     /// one; convolutions keep theirs) under its default plan and each of
-    /// [`GemmChoice::candidates`] at the current thread count, on zero-filled inputs (each over
-    /// `runs` calls, keeping each step's fastest time), and keeps per step what was fastest (the
-    /// default on a tie). Results do not depend on the choice (see [`Split`], [`GemmChoice`]).
-    /// Programs with symbolic sizes are left as they are (there are no sizes to time). Returns
-    /// each tuned step's name (a kernel's, `matmul_bufN` for a GEMM) and its choice.
+    /// [`GemmChoice::candidates`] and every attention step under its default tiling and each of
+    /// [`AttentionChoice::candidates`] at the current thread count, on zero-filled inputs (each
+    /// over `runs` calls, keeping each step's fastest time), and keeps per step what was fastest
+    /// (the default on a tie; an attention's default, timed first and last, unless another
+    /// tiling was 5% faster: `ATTENTION_MARGIN`). Results do not depend on the choice (see [`Split`],
+    /// [`GemmChoice`], [`AttentionChoice`]). Programs with symbolic sizes are left as they are
+    /// (there are no sizes to time). Returns each tuned step's name (a kernel's, `matmul_bufN`
+    /// for a GEMM, `attention_bufN` for an attention) and its choice.
     pub fn autotune(&mut self, runs: usize) -> Result<Vec<(String, Split)>, RuntimeError> {
         let mut inputs = Vec::new();
         for b in &self.program.buffers {
@@ -514,26 +586,48 @@ impl CompiledProgram {
         let tuned: Vec<usize> = (0..self.steps.len())
             .filter(|&i| self.tuned_step(i).is_some())
             .collect();
-        // Rounds: round r sets every kernel step to `Split::ALL[r]` and every GEMM step to its
-        // r-th plan (the default first), while there are any.
+        // Rounds: round r sets every kernel step to `Split::ALL[r]`, every GEMM step to its r-th
+        // plan and every attention step to its r-th tiling (the default first), while there
+        // are any.
+        let threads = minductor_runtime::num_threads();
         let kernel_splits: Vec<Split> = Split::ALL.to_vec();
         let gemm_plans: Vec<Split> = std::iter::once(Split::PerThread)
+            .chain(GemmChoice::candidates(threads).into_iter().map(Split::Gemm))
+            .collect();
+        let attention_tilings: Vec<Split> = std::iter::once(Split::PerThread)
             .chain(
-                GemmChoice::candidates(minductor_runtime::num_threads())
+                AttentionChoice::candidates(threads)
                     .into_iter()
-                    .map(Split::Gemm),
+                    .map(Split::Attention),
             )
             .collect();
+        // Each tuned step's plans, the default first; an attention times only the tilings that
+        // cut its work differently from those before them (at a few threads, for many heads,
+        // the items per thread change nothing), then its default again (see below).
+        let mut plans_of: Vec<Vec<Split>> = vec![Vec::new(); self.steps.len()];
+        for &i in &tuned {
+            plans_of[i] = match self.steps[i] {
+                CompiledStep::Kernel(_) => kernel_splits.clone(),
+                CompiledStep::Attention { .. } => {
+                    let mut tilings =
+                        self.distinct_tilings(i, &inputs, threads, &attention_tilings)?;
+                    if tilings.len() > 1 {
+                        tilings.push(Split::PerThread);
+                    }
+                    tilings
+                }
+                _ => gemm_plans.clone(),
+            };
+        }
+        let rounds = plans_of.iter().map(Vec::len).max().unwrap_or(0);
         // best[i]: the fastest (time, split) of step i so far.
         let mut best: Vec<Option<(Duration, Split)>> = vec![None; self.steps.len()];
-        for round in 0..kernel_splits.len().max(gemm_plans.len()) {
+        // The default's fastest time of each step (its rounds).
+        let mut default_time: Vec<Option<Duration>> = vec![None; self.steps.len()];
+        for round in 0..rounds {
             let mut timed = vec![None; self.steps.len()];
             for &i in &tuned {
-                let plans = match self.steps[i] {
-                    CompiledStep::Kernel(_) => &kernel_splits,
-                    _ => &gemm_plans,
-                };
-                if let (Some(&split), Some(slot)) = (plans.get(round), self.tuned_step(i)) {
+                if let (Some(&split), Some(slot)) = (plans_of[i].get(round), self.tuned_step(i)) {
                     *slot = split;
                     timed[i] = Some(split);
                 }
@@ -547,9 +641,25 @@ impl CompiledProgram {
             }
             for &i in &tuned {
                 if let (Some(time), Some(split)) = (fastest[i], timed[i]) {
+                    if split == Split::PerThread {
+                        default_time[i] = Some(default_time[i].map_or(time, |d| d.min(time)));
+                    }
                     if best[i].is_none_or(|(b, _)| time < b) {
                         best[i] = Some((time, split));
                     }
+                }
+            }
+        }
+        // An attention keeps its default tiling unless another was clearly faster than the
+        // default's best of its two rounds: measured on the suite (`tools/examples/
+        // attention_tilings`), no tiling beats the default by more than the noise of two
+        // calls, which alone made max-autotune pick a slower one.
+        for &i in &tuned {
+            if let (CompiledStep::Attention { .. }, Some((time, _)), Some(default)) =
+                (&self.steps[i], best[i], default_time[i])
+            {
+                if time.as_secs_f64() * (1.0 + ATTENTION_MARGIN) > default.as_secs_f64() {
+                    best[i] = Some((default, Split::PerThread));
                 }
             }
         }
@@ -564,10 +674,44 @@ impl CompiledProgram {
         Ok(chosen)
     }
 
-    /// The split of step `i` if max-autotune tunes it: a kernel step's, a plain GEMM's plan.
+    /// The tilings of `all` (the default first) that cut attention step `i`'s work on `inputs`
+    /// differently (other query blocks, or other work items on `threads` threads) from every
+    /// tiling before them. Leaves the step at its default tiling.
+    fn distinct_tilings(
+        &mut self,
+        i: usize,
+        inputs: &[Tensor],
+        threads: usize,
+        all: &[Split],
+    ) -> Result<Vec<Split>, RuntimeError> {
+        let mut cuts: Vec<(usize, Vec<u64>)> = Vec::new();
+        let mut distinct = Vec::new();
+        for &split in all {
+            if let Some(slot) = self.tuned_step(i) {
+                *slot = split;
+            }
+            let query_block = match split {
+                Split::Attention(a) => a.query_block,
+                _ => AttentionTiling::DEFAULT.query_block,
+            };
+            let pieces = self.partition_steps(inputs, threads)?.swap_remove(i).pieces;
+            if !cuts.contains(&(query_block, pieces.clone())) {
+                cuts.push((query_block, pieces));
+                distinct.push(split);
+            }
+        }
+        if let Some(slot) = self.tuned_step(i) {
+            *slot = Split::PerThread;
+        }
+        Ok(distinct)
+    }
+
+    /// The split of step `i` if max-autotune tunes it: a kernel step's, a plain GEMM's plan,
+    /// an attention's tiling.
     fn tuned_step(&mut self, i: usize) -> Option<&mut Split> {
         match &mut self.steps[i] {
             CompiledStep::Kernel(k) => Some(&mut k.split),
+            CompiledStep::Attention { split, .. } => Some(split),
             CompiledStep::Matmul { step, split, .. }
                 if matches!(step.b, minductor_kernel_ir::MatmulOperand::View(_)) =>
             {
@@ -582,6 +726,7 @@ impl CompiledProgram {
         match &self.steps[i] {
             CompiledStep::Kernel(k) => k.name.clone(),
             CompiledStep::Matmul { step, .. } => format!("matmul_{}", step.out),
+            CompiledStep::Attention { step, .. } => format!("attention_{}", step.out),
             _ => String::new(),
         }
     }
@@ -594,9 +739,15 @@ impl CompiledProgram {
             .collect();
         let same = tuned.len() == splits.len()
             && tuned.iter().zip(splits).all(|(&i, (name, split))| {
-                // A kernel step takes a kernel split, a GEMM its default or a GEMM plan.
+                // A kernel step takes a kernel split, a GEMM its default or a GEMM plan, an
+                // attention its default or a tiling.
                 let fits = match self.steps[i] {
-                    CompiledStep::Kernel(_) => !matches!(split, Split::Gemm(_)),
+                    CompiledStep::Kernel(_) => {
+                        !matches!(split, Split::Gemm(_) | Split::Attention(_))
+                    }
+                    CompiledStep::Attention { .. } => {
+                        matches!(split, Split::PerThread | Split::Attention(_))
+                    }
                     _ => matches!(split, Split::PerThread | Split::Gemm(_)),
                 };
                 *name == self.tuned_name(i) && fits
@@ -617,7 +768,7 @@ impl CompiledProgram {
             CompiledStep::Kernel(k) => Some(k),
             CompiledStep::Matmul { epilogue, .. } => epilogue.as_ref(),
             CompiledStep::ScatterAdd(_)
-            | CompiledStep::Attention(_)
+            | CompiledStep::Attention { .. }
             | CompiledStep::Fallback(_) => None,
         })
     }

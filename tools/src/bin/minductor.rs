@@ -181,6 +181,11 @@ enum Command {
         /// executor's own rules, without running any kernel, instead of timing.
         #[arg(long)]
         simulate_threads: Option<String>,
+        /// The compile mode: default, reduce-overhead or max-autotune (which times each step's
+        /// splits, GEMM plans and attention tilings at each thread count and lists its
+        /// choices).
+        #[arg(long, default_value = "default")]
+        mode: String,
     },
     /// Programs saved by `torch.export.save` (`.pt2`): inspect, run or compile them.
     Pt2 {
@@ -249,7 +254,16 @@ fn main() -> ExitCode {
             runs,
             rounds,
             simulate_threads,
-        } => match report(&workload, pt2, threads, runs, rounds, simulate_threads) {
+            mode,
+        } => match report(
+            &workload,
+            pt2,
+            threads,
+            runs,
+            rounds,
+            simulate_threads,
+            &mode,
+        ) {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {
                 eprintln!("error: {e}");
@@ -336,7 +350,9 @@ fn report(
     runs: usize,
     rounds: usize,
     simulate: Option<String>,
+    mode: &str,
 ) -> Result<(), Box<dyn std::error::Error>> {
+    let mode: minductor::Mode = mode.parse()?;
     if rounds == 0 {
         return Err("--rounds must be at least 1, found 0".into());
     }
@@ -371,7 +387,7 @@ fn report(
         minductor::set_num_threads(count)?;
         let threads = minductor::num_threads();
         let (probe, _) = load_or_measure(threads, false)?;
-        let timer = minductor_tools::report::StepTimer::new(&workload.graph)?;
+        let timer = minductor_tools::report::StepTimer::new_in(&workload.graph, mode)?;
         timers.push((count, threads, probe, timer));
     }
     for round in 0..rounds {
