@@ -72,7 +72,9 @@ mod outer;
 mod reduce;
 mod rows;
 
-pub use rows::{kernel_vector_bits, set_row_kernels, stage_vector_bits, step_vector_bits};
+pub use rows::{
+    kernel_vector_bits, set_row_kernels, set_row_shapes_by_cpu, stage_vector_bits, step_vector_bits,
+};
 
 /// Lanes of the vector type Cranelift lowers on x86-64 (128-bit).
 pub const LANES: i64 = 4;

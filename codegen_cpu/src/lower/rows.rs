@@ -24,14 +24,14 @@ use crate::math::block::rows::{
     ROW_ARGS_P, ROW_ARGS_Q, ROW_ARGS_U0, ROW_ARGS_U1, ROW_ARGS_U2, ROW_ARGS_U3, ROW_ARGS_W,
     ROW_ARGS_X,
 };
-use crate::math::block::{block_isa, BlockIsa};
+use crate::math::block::{block_isa, splits_512_bit_operations, BlockIsa};
 use crate::math::GELU_SCALE;
 use cranelift_codegen::ir::{
     types, AbiParam, InstBuilder, Signature, StackSlotData, StackSlotKind, Value,
 };
 use minductor_ir::{BinaryOp, DType, ReduceOp, UnaryOp};
 use minductor_kernel_ir::*;
-use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 
 /// A row stage's routine and the rows and values it is given.
 pub(super) struct RowPlan {
@@ -86,6 +86,32 @@ pub(super) fn row_kernels_enabled() -> bool {
             *ON.get_or_init(|| !std::env::var("MINDUCTOR_ROW_KERNELS").is_ok_and(|v| v == "0"))
         }
     }
+}
+
+/// A layer norm's affine store, `(x - mean) * rstd * weight + bias`. Where the CPU splits
+/// 512-bit operations in two ([`splits_512_bit_operations`]: Zen 4) it stays the 4-lane loop:
+/// there the routine gains no compute rate, and in the suite's full run (its 16 MiB output
+/// coming cold from the block cache) it measured slower, layernorm_4096x1024 at 1.65-1.82 ms
+/// against 1.19-1.26 ms (`minductor bench --threads 1 --rounds 3`, two alternated runs of
+/// each build, 2026-11-27), though alone, with the output in cache, the two tie. A store-only
+/// pass missing to memory ran 25-40% slower with 512-bit stores than with 128-bit ones on that
+/// core in a stand-alone probe. On cores with full-width units the loop is a quarter of the
+/// routine's rate, so it runs there.
+const LAYER_NORM_AFFINE_STORE: u32 =
+    RowShape::SUB | RowShape::SCALE | RowShape::MUL_ROW | RowShape::ADD_ROW | RowShape::STORE;
+
+/// Whether the shapes chosen per CPU follow the CPU (see [`set_row_shapes_by_cpu`]).
+static BY_CPU: AtomicBool = AtomicBool::new(true);
+
+/// `false`: every shape with a routine gets it whatever the CPU (for tests that compare each
+/// routine with its loop on any machine); `true` (the default) restores the per-CPU choice.
+/// For the kernels compiled after the call, in this process.
+pub fn set_row_shapes_by_cpu(by_cpu: bool) {
+    BY_CPU.store(by_cpu, Ordering::Relaxed);
+}
+
+fn by_cpu() -> bool {
+    BY_CPU.load(Ordering::Relaxed)
 }
 
 /// Bits per vector register of `isa`.
@@ -447,6 +473,9 @@ impl Lowering<'_, '_, '_> {
             }
         }
         let shape = RowShape(bits);
+        if shape.0 == LAYER_NORM_AFFINE_STORE && by_cpu() && splits_512_bit_operations() {
+            return None;
+        }
         Some(RowPlan {
             routine: row_routine(shape, isa)?,
             shape,

@@ -520,15 +520,8 @@ shapes! {
     R::SUB | R::SCALE | R::STORE,
     R::SUB | R::SCALE | R::MUL_ROW | R::STORE,
     R::SUB | R::SCALE | R::ADD_ROW | R::STORE,
-    // A layer norm's affine store. Two earlier sessions measured its routine slower than the
-    // 4-lane loop on the Zen 4 development machine; on 2026-11-26, 10 alternated runs each
-    // (`minductor report`, 1 thread) gave medians of 1.216 ms (loop) and 1.222 ms (routine) for
-    // layernorm_4096x1024 and 0.346/0.310 against 0.351/0.298 ms for attention's two norms: no
-    // difference on a core that splits 512-bit operations in two, where the 16 MiB case is
-    // bound by memory; on cores with full-width units the loop is a quarter of the rate.
-    // (Alone, a store pass over 4 KiB rows that miss to DRAM measured about 25% slower with
-    // 512-bit stores than with 128- or 256-bit ones on that Zen 4; after the norm's two sums
-    // have brought the row in, it is not.)
+    // A layer norm's affine store (the code generator keeps it a loop on Zen 4, where it
+    // measured slower: see `LAYER_NORM_AFFINE_STORE` in `codegen_cpu/src/lower/rows.rs`).
     R::SUB | R::SCALE | R::MUL_ROW | R::ADD_ROW | R::STORE,
     R::SCALE | R::MUL_ROW | R::STORE,
     // Log-softmax's `x - max - log(sum)`, and a row minus a value.
