@@ -82,6 +82,13 @@ fn compile_program(
     Ok((compiled, program))
 }
 
+/// How long [`StepTimer::time`] calls the program before timing it. On the 2-core VM a pool
+/// just started ran single-kernel programs at 2 threads no faster than at 1 for its first tens
+/// of milliseconds (softmax_4096x1024's kernel: 1.3-1.7 ms in a report of 20 runs, 0.87 ms
+/// in the bench's second of calls); a quarter second of calls first brings the report to the
+/// bench's figures.
+pub const WARM_UP: Duration = Duration::from_millis(250);
+
 /// A compiled graph and the per-step times of its runs so far: [`StepTimer::time`] may be
 /// called in several rounds (interleaved with other timers, at other thread counts), and the
 /// report takes each step's median over every run.
@@ -108,10 +115,16 @@ impl StepTimer {
         })
     }
 
-    /// One warm-up call (first touch of the arena and outputs, the pool's threads), then `runs`
-    /// timed runs.
+    /// Warm-up calls (first touch of the arena and outputs, the pool's threads) for at least
+    /// [`WARM_UP`] and one call, then `runs` timed runs.
     pub fn time(&mut self, inputs: &[Tensor], runs: usize) -> Result<(), ReportError> {
-        self.compiled.call(inputs)?;
+        let started = std::time::Instant::now();
+        loop {
+            self.compiled.call(inputs)?;
+            if started.elapsed() >= WARM_UP {
+                break;
+            }
+        }
         for _ in 0..runs.max(1) {
             let (_, timings) = self.compiled.profile(inputs)?;
             for (slot, t) in self.times.iter_mut().zip(timings) {
