@@ -457,11 +457,11 @@ impl CompiledProgram {
         });
         // A program with a step large enough to split runs its steps on a worker of the pool,
         // with the pool's other workers held in a team for the call: they spin for each step's
-        // pieces instead of falling asleep between steps (see `threads::in_team`); a small one
-        // stays on the caller (concurrent callers of a small
-        // graph never queue behind the pool, and a call of a few microseconds does not pay
-        // for the hand-over). With symbolic sizes, a call whose inputs hold fewer elements
-        // than two pieces' worth counts as small.
+        // pieces instead of falling asleep between steps (see `threads::in_team`). A small one
+        // stays on the caller (concurrent callers of a small graph never queue behind the
+        // pool, and a call of a few microseconds does not pay for the hand-over). With
+        // symbolic sizes, a call whose inputs hold fewer elements than two pieces' worth counts
+        // as small.
         let splits = self.splits.unwrap_or_else(|| {
             let elements: usize = inputs.iter().map(|t| t.numel()).sum();
             elements >= 2 * MIN_PIECE_WORK as usize
