@@ -1255,6 +1255,16 @@ mod tests {
         out
     }
 
+    /// The strides of a contiguous `[2, heads, rows, cols]` tensor.
+    fn head_strides(rows: usize, cols: usize, heads: usize) -> Vec<i64> {
+        vec![
+            (heads * rows * cols) as i64,
+            (rows * cols) as i64,
+            cols as i64,
+            1,
+        ]
+    }
+
     fn data(n: usize, seed: f32) -> Vec<f32> {
         (0..n)
             .map(|i| ((i as f32 + 1.0) * 0.37 + seed).sin())
@@ -1288,18 +1298,10 @@ mod tests {
                 scale: 1.0 / (e as f32).sqrt(),
                 causal,
             };
-            let strides = |rows: usize, cols: usize, heads: usize| {
-                vec![
-                    (heads * rows * cols) as i64,
-                    (rows * cols) as i64,
-                    cols as i64,
-                    1,
-                ]
-            };
             let (qs, ks, vs) = (
-                strides(t, e, batch[1]),
-                strides(s, e, kv[1]),
-                strides(s, ev, kv[1]),
+                head_strides(t, e, batch[1]),
+                head_strides(s, e, kv[1]),
+                head_strides(s, ev, kv[1]),
             );
             // An additive mask [2, 1, t, s] and a bool one [t, s] (row 1 all false, when there
             // is a row 1), broadcast over the heads (and the batch).
@@ -1414,18 +1416,10 @@ mod tests {
                 scale: 1.0 / (e as f32).sqrt(),
                 causal,
             };
-            let strides = |rows: usize, cols: usize, heads: usize| {
-                vec![
-                    (heads * rows * cols) as i64,
-                    (rows * cols) as i64,
-                    cols as i64,
-                    1,
-                ]
-            };
             let (qs, ks, vs) = (
-                strides(t, e, batch[1]),
-                strides(s, e, kv[1]),
-                strides(s, ev, kv[1]),
+                head_strides(t, e, batch[1]),
+                head_strides(s, e, kv[1]),
+                head_strides(s, ev, kv[1]),
             );
             let added = data(t * s, 3.0);
             let kept: Vec<u8> = (0..t * s).map(|i| u8::from((i * 7 + 3) % 5 != 0)).collect();

@@ -399,13 +399,8 @@ pub fn for_each_chunk(chunks: usize, f: impl Fn(usize) + Sync + Send) {
         // SAFETY: `LEADING` points to the team of the `in_team` call this thread is inside
         // (cleared before that team is dropped).
         let team = unsafe { &*leading };
-        IN_PIECE.set(true);
-        let result =
-            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| team.run(chunks, &f)));
-        IN_PIECE.set(false);
-        if let Err(payload) = result {
-            std::panic::resume_unwind(payload);
-        }
+        // (`claim_and_run` marks the leader as in a piece while it runs one.)
+        team.run(chunks, &f);
         return;
     }
     let run = || (0..chunks).into_par_iter().for_each(&f);

@@ -3,6 +3,7 @@
 //! default mode computes. `call_into` writes into the caller's tensors (the same memory, checked
 //! by pointer) and rejects unusable ones with typed errors; max-autotune records its choices.
 
+use minductor::internals::codegen_cpu::{CompiledProgram, Split};
 use minductor::{
     compile_with_options, load_bytes, Artifact, Backend, CompileCache, CompileError,
     CompileOptions, Compiled, DType, Graph, Mode, RuntimeError, Tensor, Tracer,
@@ -378,7 +379,7 @@ fn max_autotune_choices_are_saved_and_reused_on_the_same_machine() {
 #[test]
 fn every_gemm_plan_gives_the_same_bits() {
     let _threads = thread_count_lock();
-    use minductor::internals::codegen_cpu::{compile_program, GemmChoice, Split};
+    use minductor::internals::codegen_cpu::{compile_program, GemmChoice};
     use minductor::internals::runtime::Executable;
     for (m, k, n) in [(40usize, 70usize, 300usize), (300, 64, 100)] {
         let t = Tracer::new();
@@ -399,12 +400,7 @@ fn every_gemm_plan_gives_the_same_bits() {
         for threads in [1, 2, 4] {
             minductor::set_num_threads(threads).unwrap();
             let want = compiled.run(&inputs).unwrap();
-            let steps: Vec<String> = compiled
-                .autotune(1)
-                .unwrap()
-                .into_iter()
-                .map(|(name, _)| name)
-                .collect();
+            let steps = tuned_steps(&mut compiled);
             assert!(steps.iter().any(|s| s.starts_with("matmul_")), "{steps:?}");
             let mut plans: Vec<Split> = GemmChoice::candidates(threads)
                 .into_iter()
@@ -417,13 +413,7 @@ fn every_gemm_plan_gives_the_same_bits() {
                 panel_groups: 1,
             }));
             for plan in plans {
-                let splits: Vec<(String, Split)> = steps
-                    .iter()
-                    .map(|s| match s.starts_with("matmul_") {
-                        true => (s.clone(), plan),
-                        false => (s.clone(), Split::PerThread),
-                    })
-                    .collect();
+                let splits = only_steps(&steps, "matmul_", plan);
                 assert!(compiled.set_splits(&splits), "{splits:?}");
                 let got = compiled.run(&inputs).unwrap();
                 assert_allclose(
@@ -488,7 +478,7 @@ fn attention_graph(
 #[test]
 fn every_attention_tiling_gives_the_same_bits() {
     let _threads = thread_count_lock();
-    use minductor::internals::codegen_cpu::{compile_program, AttentionChoice, Split};
+    use minductor::internals::codegen_cpu::{compile_program, AttentionChoice};
     use minductor::internals::kernel_ir::Step;
     use minductor::internals::runtime::Executable;
     for (t, s, group, causal, mask) in [
@@ -517,12 +507,7 @@ fn every_attention_tiling_gives_the_same_bits() {
         let want = compiled.run(&inputs).unwrap();
         for threads in [1, 2, 4] {
             minductor::set_num_threads(threads).unwrap();
-            let steps: Vec<String> = compiled
-                .autotune(1)
-                .unwrap()
-                .into_iter()
-                .map(|(name, _)| name)
-                .collect();
+            let steps = tuned_steps(&mut compiled);
             assert!(
                 steps.iter().any(|s| s.starts_with("attention_")),
                 "{what}: {steps:?}"
@@ -541,13 +526,7 @@ fn every_attention_tiling_gives_the_same_bits() {
             // The work items each tiling cuts the attention into (the executor's own rule).
             let mut cuts = std::collections::HashSet::new();
             for tiling in tilings {
-                let splits: Vec<(String, Split)> = steps
-                    .iter()
-                    .map(|s| match s.starts_with("attention_") {
-                        true => (s.clone(), tiling),
-                        false => (s.clone(), Split::PerThread),
-                    })
-                    .collect();
+                let splits = only_steps(&steps, "attention_", tiling);
                 assert!(compiled.set_splits(&splits), "{splits:?}");
                 let partition = compiled.partition_steps(&inputs, threads).unwrap();
                 cuts.extend(
@@ -577,7 +556,6 @@ fn every_attention_tiling_gives_the_same_bits() {
 #[test]
 fn an_attention_tiling_survives_the_artifact_and_the_cache() {
     let _threads = thread_count_lock();
-    use minductor::internals::codegen_cpu::Split;
     let (g, inputs) = attention_graph(133, 133, 2, true, "none");
     let options = CompileOptions {
         mode: Mode::MaxAutotune,
@@ -673,4 +651,25 @@ fn an_attention_tiling_survives_the_artifact_and_the_cache() {
         assert_eq!(Split::from_name(bad), None, "{bad}");
     }
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The steps max-autotune tunes in `compiled` (after one round of it).
+fn tuned_steps(compiled: &mut CompiledProgram) -> Vec<String> {
+    compiled
+        .autotune(1)
+        .unwrap()
+        .into_iter()
+        .map(|(name, _)| name)
+        .collect()
+}
+
+/// `split` for the steps whose names start with `prefix`, the default for the others.
+fn only_steps(steps: &[String], prefix: &str, split: Split) -> Vec<(String, Split)> {
+    steps
+        .iter()
+        .map(|s| match s.starts_with(prefix) {
+            true => (s.clone(), split),
+            false => (s.clone(), Split::PerThread),
+        })
+        .collect()
 }

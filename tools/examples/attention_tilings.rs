@@ -9,7 +9,7 @@
 //! each tiling's figure is the median over the rounds. The other steps keep their default
 //! splits.
 
-use minductor::internals::codegen_cpu::{compile_program, AttentionChoice, Split};
+use minductor::internals::codegen_cpu::{compile_program, Split};
 use minductor::internals::runtime::Executable;
 use minductor_tools::workloads;
 
@@ -47,13 +47,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 .into_iter()
                 .map(|(step, _)| step)
                 .collect();
-            let all: Vec<Split> = std::iter::once(Split::PerThread)
-                .chain(
-                    AttentionChoice::candidates(threads)
-                        .into_iter()
-                        .map(Split::Attention),
-                )
-                .collect();
+            let all = Split::attention_plans(threads);
             let splits_with = |tiling: Split| -> Vec<(String, Split)> {
                 steps
                     .iter()

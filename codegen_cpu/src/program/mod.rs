@@ -172,6 +172,18 @@ impl Split {
     /// Every split, the default first.
     pub const ALL: [Split; 3] = [Split::PerThread, Split::Serial, Split::Fine];
 
+    /// The plans max-autotune times for an attention step on `threads` threads: its default
+    /// tiling (`PerThread`) first, then every [`AttentionChoice`] candidate.
+    pub fn attention_plans(threads: usize) -> Vec<Split> {
+        std::iter::once(Split::PerThread)
+            .chain(
+                AttentionChoice::candidates(threads)
+                    .into_iter()
+                    .map(Split::Attention),
+            )
+            .collect()
+    }
+
     /// The split's name: `per_thread`, `serial`, `fine`, for a GEMM plan `gemm-t2-stream` /
     /// `gemm-t2-2x1` (threads, then streamed or the packed cut), for an attention tiling
     /// `attention-t2-rows32-items8` (threads, query rows per block, items per thread).
@@ -594,13 +606,7 @@ impl CompiledProgram {
         let gemm_plans: Vec<Split> = std::iter::once(Split::PerThread)
             .chain(GemmChoice::candidates(threads).into_iter().map(Split::Gemm))
             .collect();
-        let attention_tilings: Vec<Split> = std::iter::once(Split::PerThread)
-            .chain(
-                AttentionChoice::candidates(threads)
-                    .into_iter()
-                    .map(Split::Attention),
-            )
-            .collect();
+        let attention_tilings = Split::attention_plans(threads);
         // Each tuned step's plans, the default first; an attention times only the tilings that
         // cut its work differently from those before them (at a few threads, for many heads,
         // the items per thread change nothing), then its default again (see below).
