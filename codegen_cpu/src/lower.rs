@@ -73,7 +73,8 @@ mod reduce;
 mod rows;
 
 pub use rows::{
-    kernel_vector_bits, set_row_kernels, set_row_shapes_by_cpu, stage_vector_bits, step_vector_bits,
+    kernel_vector_bits, set_row_kernels, set_row_shapes_by_cpu, stage_streams, stage_vector_bits,
+    step_streams, step_vector_bits,
 };
 
 /// Lanes of the vector type Cranelift lowers on x86-64 (128-bit).
@@ -193,6 +194,8 @@ struct Lowering<'k, 'b, 'f> {
     routine_sums: Vec<Option<(Value, Value)>>,
     /// The vector width (bits) each stage's loop runs at (`None`: no loop), for reports.
     stage_bits: Vec<Option<u32>>,
+    /// Whether each stage's stores bypass the caches (a row routine's `ROW_STREAM`).
+    stage_streams: Vec<bool>,
     /// Leading outer loops that `start..end` ranges over, flattened in row-major order (see
     /// [`lower_kernel`]).
     split: usize,
@@ -245,7 +248,7 @@ pub fn lower_kernel(
     kernel: &Kernel,
     program: &Program,
     split: usize,
-) -> Vec<Option<u32>> {
+) -> StageForms {
     let entry = b.create_block();
     b.append_block_params_for_function_params(entry);
     b.switch_to_block(entry);
@@ -312,6 +315,7 @@ pub fn lower_kernel(
         column: outer::Column::FIRST,
         routine_sums: vec![None; kernel.stages.len()],
         stage_bits: vec![None; kernel.stages.len()],
+        stage_streams: vec![false; kernel.stages.len()],
         split: split.min(kernel.outer.len()),
     };
     let outer = kernel.outer.len();
@@ -332,7 +336,18 @@ pub fn lower_kernel(
     }
     l.b.ins().return_(&[]);
     l.b.seal_all_blocks();
-    l.stage_bits
+    StageForms {
+        bits: l.stage_bits,
+        streams: l.stage_streams,
+    }
+}
+
+/// How [`lower_kernel`] lowered each stage of a kernel, for reports and tests.
+pub struct StageForms {
+    /// The vector width (bits) of each stage's loop (`None`: no loop).
+    pub bits: Vec<Option<u32>>,
+    /// Whether each stage's stores bypass the caches.
+    pub streams: Vec<bool>,
 }
 
 /// How often each expression of `kernel` is used: as an operand, a stage's reduced value or

@@ -14,6 +14,7 @@
 //! bounds they rely on, and every `unsafe` block says why it is sound.
 
 pub mod attention;
+pub mod cache;
 pub mod gemm;
 pub mod math;
 pub mod scatter;

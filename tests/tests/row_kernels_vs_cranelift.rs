@@ -324,3 +324,60 @@ fn a_layer_norms_affine_store_follows_the_cpu() {
     };
     assert_eq!(bits, vec![expected], "{program}");
 }
+
+/// Stores around the caches (`ROW_STREAM`, chosen for outputs larger than the last-level
+/// cache, here forced for every output with `set_stream_bytes`) give the cached stores' bits:
+/// rows whose start is aligned to a register (non-temporal stores) and rows that are not (the
+/// routine falls back), tails of every length, a row product, a reduction that also stores
+/// (softmax's `exp(x - max)`), at 1, 2 and 3 threads.
+#[test]
+fn streamed_stores_give_the_cached_stores_bits() {
+    use minductor::internals::codegen_cpu::lower::stage_streams;
+    use minductor::internals::kernels::math::block::rows::set_stream_bytes;
+    type Build = fn(&[Traced]) -> Vec<Traced>;
+    let cases: [(&str, usize, Build); 3] = [
+        ("gelu(a*b + c)", 3, |i| {
+            vec![i[0].mul(&i[1]).add(&i[2]).gelu()]
+        }),
+        ("a * w + b", 3, |i| vec![i[0].mul(&i[1]).add(&i[2])]),
+        ("softmax(a)", 1, |i| vec![i[0].softmax(-1)]),
+    ];
+    let _one_at_a_time = SWITCH.lock().unwrap_or_else(|e| e.into_inner());
+    set_row_kernels(true);
+    for (what, operands, f) in cases {
+        for n in [1000usize, 1024, 1041] {
+            let shape = [37, n];
+            let shapes: Vec<&[usize]> = vec![&shape[..]; operands];
+            let (g, inputs) = minductor_tests::build_graph(&shapes, values, f);
+            let what = format!("{what} of 37x{n}");
+            let mut outputs = Vec::new();
+            for threshold in [0, usize::MAX] {
+                set_stream_bytes(Some(threshold));
+                let compiled = compile(&g);
+                let program = compiled
+                    .as_ref()
+                    .ok()
+                    .and_then(|c| c.artifacts().program.clone());
+                let streams = program.iter().flat_map(|p| &p.steps).any(|s| match s {
+                    Step::Kernel(k) => stage_streams(k, program.as_ref().unwrap()).contains(&true),
+                    _ => false,
+                });
+                set_stream_bytes(None);
+                let (compiled, program) = (compiled.unwrap(), program.unwrap());
+                let expected = threshold == 0 && block_isa().is_some();
+                assert_eq!(
+                    streams, expected,
+                    "{what}, threshold {threshold}\n{program}"
+                );
+                let what = format!("{what}, threshold {threshold}");
+                outputs.push(minductor_tests::assert_same_bits_on_threads(
+                    &compiled,
+                    &inputs,
+                    &[2, 3],
+                    &what,
+                ));
+            }
+            minductor_tests::assert_allclose(&outputs[0], &outputs[1], Tolerance::EXACT, &what);
+        }
+    }
+}

@@ -6,10 +6,11 @@
 //! `passes::program_cost`), and, after running the graph, the median time per step
 //! (`Compiled::profile`) with the achieved GB/s (GFLOP/s for GEMMs) as a fraction of the probe's
 //! copy bandwidth (GEMM peak over all threads), and the vector width (bits) each runs at on this
-//! CPU (`codegen_cpu::lower::step_vector_bits`).
+//! CPU (`codegen_cpu::lower::step_vector_bits`), marked `nt` where its stores bypass the caches
+//! (non-temporal: an output larger than the last-level cache; `step_streams`).
 
 use crate::probe::MachineProbe;
-use minductor::internals::codegen_cpu::lower::step_vector_bits;
+use minductor::internals::codegen_cpu::lower::{step_streams, step_vector_bits};
 use minductor::internals::kernel_ir::cost::{program_cost, StepCost, StepKind};
 use minductor::internals::kernel_ir::Step;
 use minductor::internals::runtime::{RuntimeError, Tensor};
@@ -38,6 +39,8 @@ pub struct StepReport {
     /// The vector width (bits) of each cost row on this CPU (`None`: scalar loops), from
     /// `codegen_cpu::lower::step_vector_bits`, which detects the CPU's features at run time.
     pub vector_bits: Vec<Option<u32>>,
+    /// Whether each cost row's stores bypass the caches (`codegen_cpu::lower::step_streams`).
+    pub streams: Vec<bool>,
 }
 
 #[derive(Clone, Debug)]
@@ -153,6 +156,7 @@ impl StepTimer {
                     costs: costs.by_ref().take(rows).collect(),
                     median: samples.get(samples.len() / 2).copied().unwrap_or_default(),
                     vector_bits: step_vector_bits(step, program),
+                    streams: step_streams(step, program),
                 }
             })
             .collect();
@@ -202,7 +206,7 @@ impl fmt::Display for FusionReport {
         }
         writeln!(
             f,
-            "{:<44} {:<7} {:>4} {:<26} {:>11} {:>11} {:>12} {:>9} {:>14} {:>7}",
+            "{:<44} {:<7} {:>6} {:<26} {:>11} {:>11} {:>12} {:>9} {:>14} {:>7}",
             "step",
             "kind",
             "vec",
@@ -257,12 +261,15 @@ impl fmt::Display for FusionReport {
                     format!("{:>9} {:>14} {:>7}", "", "", "")
                 };
                 let bits = step.vector_bits.get(i).copied().flatten();
+                let streams = step.streams.get(i).copied().unwrap_or(false);
                 writeln!(
                     f,
-                    "{:<44} {:<7} {:>4} {:<26} {:>11} {:>11} {:>12} {timing}",
+                    "{:<44} {:<7} {:>6} {:<26} {:>11} {:>11} {:>12} {timing}",
                     c.name,
                     kind,
-                    bits.map_or("-".into(), |b| b.to_string()),
+                    bits.map_or("-".into(), |b| {
+                        format!("{b}{}", if streams { "nt" } else { "" })
+                    }),
                     c.domain_text(),
                     c.bytes_read,
                     c.bytes_written,

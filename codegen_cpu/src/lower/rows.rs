@@ -20,9 +20,9 @@
 use super::{lower_kernel, math_fn, Lowering};
 use crate::math::block::rows::TWO_OVER_SQRT_PI;
 use crate::math::block::rows::{
-    row_routine, RowFn, RowShape, ROW_ARGS_B, ROW_ARGS_BYTES, ROW_ARGS_C, ROW_ARGS_N, ROW_ARGS_OUT,
-    ROW_ARGS_P, ROW_ARGS_Q, ROW_ARGS_U0, ROW_ARGS_U1, ROW_ARGS_U2, ROW_ARGS_U3, ROW_ARGS_W,
-    ROW_ARGS_X,
+    row_routine, streams_stores, RowFn, RowShape, ROW_ARGS_B, ROW_ARGS_BYTES, ROW_ARGS_C,
+    ROW_ARGS_FLAGS, ROW_ARGS_N, ROW_ARGS_OUT, ROW_ARGS_P, ROW_ARGS_Q, ROW_ARGS_U0, ROW_ARGS_U1,
+    ROW_ARGS_U2, ROW_ARGS_U3, ROW_ARGS_W, ROW_ARGS_X, ROW_STREAM,
 };
 use crate::math::block::{block_isa, splits_512_bit_operations, BlockIsa};
 use crate::math::GELU_SCALE;
@@ -52,6 +52,8 @@ pub(super) struct RowPlan {
     /// `u2`, `u3`: the affine step's factor and addend.
     u2: Option<ExprId>,
     u3: Option<ExprId>,
+    /// Whether the stores bypass the caches (`ROW_STREAM`): the output is too large for them.
+    stream: bool,
 }
 
 /// The factor `u1` of a row shape.
@@ -135,11 +137,28 @@ pub fn kernel_vector_bits(kernel: &Kernel, program: &Program) -> Option<u32> {
 /// The vector width (bits) at which each stage of `kernel` runs on this CPU (as
 /// [`kernel_vector_bits`]; `None` for a stage without loops).
 pub fn stage_vector_bits(kernel: &Kernel, program: &Program) -> Vec<Option<u32>> {
+    stage_forms(kernel, program).bits
+}
+
+/// Whether each stage of `kernel` stores around the caches on this CPU (its output is larger
+/// than the last-level cache: see `math::block::rows::streams_stores`).
+pub fn stage_streams(kernel: &Kernel, program: &Program) -> Vec<bool> {
+    stage_forms(kernel, program).streams
+}
+
+fn stage_forms(kernel: &Kernel, program: &Program) -> super::StageForms {
     use cranelift_frontend::{FunctionBuilder, FunctionBuilderContext};
     let mut func = super::kernel_function(cranelift_codegen::isa::CallConv::SystemV);
     let mut fctx = FunctionBuilderContext::new();
     let mut b = FunctionBuilder::new(&mut func, &mut fctx);
     lower_kernel(&mut b, kernel, program, 1)
+}
+
+impl RowPlan {
+    /// Whether the routine's stores bypass the caches.
+    pub(super) fn streams(&self) -> bool {
+        self.stream
+    }
 }
 
 impl Lowering<'_, '_, '_> {
@@ -476,7 +495,17 @@ impl Lowering<'_, '_, '_> {
         if shape.0 == LAYER_NORM_AFFINE_STORE && by_cpu() && splits_512_bit_operations() {
             return None;
         }
+        // An output whose static size says it cannot stay in the last-level cache until it is
+        // read (see `streams_stores`).
+        let stream = out.is_some_and(|st| {
+            let buffer = self.program.buffer(st.buffer);
+            buffer
+                .numel()
+                .and_then(|n| n.checked_mul(buffer.dtype.size_bytes()))
+                .is_some_and(streams_stores)
+        });
         Some(RowPlan {
+            stream,
             routine: row_routine(shape, isa)?,
             shape,
             x,
@@ -618,6 +647,9 @@ impl Lowering<'_, '_, '_> {
             self.b.ins().store(flags, p, args, at);
         }
         self.b.ins().store(flags, extent, args, ROW_ARGS_N);
+        let row_flags = if plan.stream { ROW_STREAM } else { 0 };
+        let row_flags = self.b.ins().iconst(types::I32, row_flags as i64);
+        self.b.ins().store(flags, row_flags, args, ROW_ARGS_FLAGS);
         let u0 = match plan.u0 {
             Some(e) => self.scalar_operand(e),
             None => self.b.ins().f32const(0.0),
@@ -670,6 +702,23 @@ impl Lowering<'_, '_, '_> {
     /// The width (bits) of stage vectors for a row routine on this CPU.
     pub(super) fn row_bits() -> u32 {
         block_isa().map_or(128, isa_bits)
+    }
+}
+
+/// Whether each cost row of `step` (as [`step_vector_bits`] lists them) stores around the
+/// caches on this CPU: a kernel's or an epilogue's stage that does (see [`stage_streams`]).
+pub fn step_streams(step: &Step, program: &Program) -> Vec<bool> {
+    let streams = |k: &Kernel| stage_streams(k, program).contains(&true);
+    match step {
+        Step::Kernel(k) => vec![streams(k)],
+        Step::Matmul(m) => {
+            let mut rows = vec![false];
+            if let Some(e) = &m.epilogue {
+                rows.push(streams(e));
+            }
+            rows
+        }
+        Step::Attention(_) | Step::ScatterAdd(_) | Step::Fallback(_) => vec![false],
     }
 }
 

@@ -34,7 +34,6 @@
 //! element of a view inside its slice, [`MatrixMut::new`] proves the output rows inside theirs,
 //! and the packed buffers are sized here from the same shapes the loops run over.
 
-mod cache;
 mod implicit;
 mod kernel_avx2;
 mod kernel_avx512;
@@ -83,7 +82,7 @@ const MC: usize = 264;
 ///   stayed at 95-98.
 fn avx512_kc_max() -> usize {
     static KC_MAX: OnceLock<usize> = OnceLock::new();
-    *KC_MAX.get_or_init(|| avx512_kc_max_for(cache::l1d_bytes(), cache::l2_bytes()))
+    *KC_MAX.get_or_init(|| avx512_kc_max_for(crate::cache::l1d_bytes(), crate::cache::l2_bytes()))
 }
 
 /// [`avx512_kc_max`] for a core whose L1 data and L2 caches hold these many bytes (when known).

@@ -55,6 +55,16 @@ trait Wide: Lanes + Sized {
     /// # Safety
     /// `p` points to `Self::WIDTH` writable f32s.
     unsafe fn store(p: *mut f32, v: Self::V);
+    /// Stores `Self::WIDTH` f32s with a non-temporal hint (around the caches).
+    ///
+    /// # Safety
+    /// `p` points to `Self::WIDTH` writable f32s and is aligned to `Self::WIDTH · 4` bytes.
+    unsafe fn stream(p: *mut f32, v: Self::V);
+    /// Orders the non-temporal stores before it before every store after it.
+    ///
+    /// # Safety
+    /// The CPU has the instruction set (as every method).
+    unsafe fn fence();
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -281,6 +291,16 @@ mod x86 {
             // SAFETY: an `Avx512` exists only on a CPU with AVX-512F/DQ and FMA (`Avx512::new`).
             unsafe { _mm512_storeu_ps(p, _mm512_castsi512_ps(v)) }
         }
+        #[inline(always)]
+        unsafe fn stream(p: *mut f32, v: __m512i) {
+            // SAFETY: as `store`; the caller aligned `p` to 64 bytes.
+            unsafe { _mm512_stream_ps(p, _mm512_castsi512_ps(v)) }
+        }
+        #[inline(always)]
+        unsafe fn fence() {
+            // SAFETY: SSE is part of x86-64.
+            unsafe { _mm_sfence() }
+        }
     }
 
     /// AVX2 with FMA lanes. Only made by [`Avx2::new`], whose caller vouches for the CPU.
@@ -487,6 +507,16 @@ mod x86 {
             // SAFETY: an `Avx2` exists only on a CPU with AVX2 and FMA (`Avx2::new`).
             unsafe { _mm256_storeu_ps(p, _mm256_castsi256_ps(v)) }
         }
+        #[inline(always)]
+        unsafe fn stream(p: *mut f32, v: __m256i) {
+            // SAFETY: as `store`; the caller aligned `p` to 32 bytes.
+            unsafe { _mm256_stream_ps(p, _mm256_castsi256_ps(v)) }
+        }
+        #[inline(always)]
+        unsafe fn fence() {
+            // SAFETY: SSE is part of x86-64.
+            unsafe { _mm_sfence() }
+        }
     }
 }
 
@@ -583,6 +613,19 @@ impl<L: Wide> Wide for Twice<L> {
             L::store(p, v[0]);
             L::store(p.add(L::WIDTH), v[1]);
         }
+    }
+    #[inline(always)]
+    unsafe fn stream(p: *mut f32, v: Self::V) {
+        // SAFETY: as `store`; `p` is aligned to twice `L`'s register, so `p + L::WIDTH` is to one.
+        unsafe {
+            L::stream(p, v[0]);
+            L::stream(p.add(L::WIDTH), v[1]);
+        }
+    }
+    #[inline(always)]
+    unsafe fn fence() {
+        // SAFETY: the caller's contract.
+        unsafe { L::fence() }
     }
 }
 

@@ -70,6 +70,47 @@ pub struct RowArgs {
     pub q: *const f32,
     pub u2: f32,
     pub u3: f32,
+    /// [`ROW_STREAM`] or 0.
+    pub flags: u32,
+    /// Keeps the struct a multiple of 8 bytes; unused.
+    pub reserved: u32,
+}
+
+/// A [`RowArgs`] flag: the row's stores bypass the caches (non-temporal stores of whole
+/// registers, where `out` is aligned to a register), for an output larger than the last-level
+/// cache. Writing to memory directly saves reading each line of `out` in first (a cached store
+/// fills the line before it writes it), a third of a pointwise kernel's memory traffic; the
+/// values are the same.
+pub const ROW_STREAM: u32 = 1;
+
+/// Whether a kernel storing `bytes` bytes of one output should stream them ([`ROW_STREAM`]):
+/// when they are at least the last-level cache's size (`crate::cache::l3_bytes`), so the
+/// output's first lines would be evicted before anything read them back anyway. Unknown
+/// cache: never. `MINDUCTOR_STREAM_BYTES=n` sets the threshold instead (for measurements), and
+/// [`set_stream_bytes`] over both.
+pub fn streams_stores(bytes: usize) -> bool {
+    static THRESHOLD: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
+    let threshold = match FORCED_STREAM_BYTES.load(std::sync::atomic::Ordering::Relaxed) {
+        0 => *THRESHOLD.get_or_init(|| {
+            std::env::var("MINDUCTOR_STREAM_BYTES")
+                .ok()
+                .and_then(|v| v.parse().ok())
+                .or_else(crate::cache::l3_bytes)
+        }),
+        forced => Some(forced - 1),
+    };
+    threshold.is_some_and(|t| bytes >= t)
+}
+
+/// [`set_stream_bytes`]'s threshold plus one; 0 when unset.
+static FORCED_STREAM_BYTES: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+/// Makes kernels compiled from now on, in this process, stream outputs of at least `threshold`
+/// bytes (`Some(0)`: every output; `Some(usize::MAX)`: none), or (`None`) go back to the cache
+/// size's rule: for tests and benchmarks that compare the two forms.
+pub fn set_stream_bytes(threshold: Option<usize>) {
+    let stored = threshold.map_or(0, |t| t.saturating_add(1));
+    FORCED_STREAM_BYTES.store(stored, std::sync::atomic::Ordering::Relaxed);
 }
 
 /// Byte offsets of [`RowArgs`]' fields, for the code that fills one in.
@@ -85,7 +126,8 @@ pub const ROW_ARGS_P: i32 = 56;
 pub const ROW_ARGS_Q: i32 = 64;
 pub const ROW_ARGS_U2: i32 = 72;
 pub const ROW_ARGS_U3: i32 = 76;
-pub const ROW_ARGS_BYTES: u32 = 80;
+pub const ROW_ARGS_FLAGS: i32 = 80;
+pub const ROW_ARGS_BYTES: u32 = 88;
 
 const _: () = {
     assert!(std::mem::size_of::<RowArgs>() == ROW_ARGS_BYTES as usize);
@@ -98,6 +140,7 @@ const _: () = {
     assert!(std::mem::offset_of!(RowArgs, q) == ROW_ARGS_Q as usize);
     assert!(std::mem::offset_of!(RowArgs, u2) == ROW_ARGS_U2 as usize);
     assert!(std::mem::offset_of!(RowArgs, u3) == ROW_ARGS_U3 as usize);
+    assert!(std::mem::offset_of!(RowArgs, flags) == ROW_ARGS_FLAGS as usize);
 };
 
 /// A row routine: runs the shape over `args`' row and returns the reduced value (0 for a shape
@@ -293,6 +336,23 @@ unsafe fn lanes<L: Wide>(v: L::V) -> [f32; 16] {
     out
 }
 
+/// Stores a register to `p`, bypassing the caches if `stream`.
+///
+/// # Safety
+/// The CPU has `L`'s instruction set; `p` points to `L::WIDTH` writable f32s, aligned to
+/// `L::WIDTH · 4` bytes if `stream`.
+#[inline(always)]
+unsafe fn store<L: Wide>(p: *mut f32, v: L::V, stream: bool) {
+    // SAFETY: the caller's contract above.
+    unsafe {
+        if stream {
+            L::stream(p, v)
+        } else {
+            L::store(p, v)
+        }
+    }
+}
+
 /// Elements per block of a sum (as the code generator's 4-lane loops' `SUM_BLOCK`).
 pub const SUM_BLOCK: usize = 1024;
 
@@ -314,6 +374,11 @@ unsafe fn run<L: Wide, const S: u32>(mut e: L, a: &RowArgs) -> f32 {
     let mut running = [init; CHAINS];
     let mut compensation = [zero; CHAINS];
     let sums = S & (RowShape::SUM | RowShape::SUM_SQUARES) != 0;
+    // Non-temporal stores need `out` aligned to a register; every full register is stored at
+    // a multiple of `width` from it.
+    let stream = S & RowShape::STORE != 0
+        && a.flags & ROW_STREAM != 0
+        && (a.out as usize).is_multiple_of(width * std::mem::size_of::<f32>());
     let block = SUM_BLOCK;
     let mut i = 0;
     while i < n {
@@ -325,8 +390,8 @@ unsafe fn run<L: Wide, const S: u32>(mut e: L, a: &RowArgs) -> f32 {
                 // SAFETY: `at + width <= end <= n`.
                 let t = unsafe { value::<L, S>(&mut e, a, &u, at) };
                 if S & RowShape::STORE != 0 {
-                    // SAFETY: as above, for `out`.
-                    unsafe { L::store(a.out.add(at), t) };
+                    // SAFETY: as above, for `out` (aligned for `stream`, see there).
+                    unsafe { store::<L>(a.out.add(at), t, stream) };
                 }
                 *acc = combine::<L, S>(&mut e, *acc, t, &mut nan);
             }
@@ -336,8 +401,8 @@ unsafe fn run<L: Wide, const S: u32>(mut e: L, a: &RowArgs) -> f32 {
             // SAFETY: `i + width <= end <= n`.
             let t = unsafe { value::<L, S>(&mut e, a, &u, i) };
             if S & RowShape::STORE != 0 {
-                // SAFETY: as above, for `out`.
-                unsafe { L::store(a.out.add(i), t) };
+                // SAFETY: as above, for `out` (aligned for `stream`, see there).
+                unsafe { store::<L>(a.out.add(i), t, stream) };
             }
             acc[0] = combine::<L, S>(&mut e, acc[0], t, &mut nan);
             i += width;
@@ -402,6 +467,12 @@ unsafe fn run<L: Wide, const S: u32>(mut e: L, a: &RowArgs) -> f32 {
         } else {
             running = acc;
         }
+    }
+    if stream {
+        // Non-temporal stores are weakly ordered: make them visible before whatever tells
+        // another thread that the row is done.
+        // SAFETY: the CPU has `L`'s instruction set.
+        unsafe { L::fence() };
     }
     if S & (RowShape::SUM | RowShape::SUM_SQUARES | RowShape::MAX) == 0 {
         return 0.0;
@@ -691,7 +762,16 @@ mod tests {
         for isa in isas() {
             for &shape in SHAPES {
                 for n in lengths() {
-                    for in_place in [false, true] {
+                    // Cached stores, then non-temporal ones (the flag) to an aligned row and
+                    // to a row one element past alignment (where the routine falls back).
+                    let cases = [
+                        (false, 0, 0),
+                        (true, 0, 0),
+                        (false, ROW_STREAM, 0),
+                        (true, ROW_STREAM, 0),
+                        (false, ROW_STREAM, 1),
+                    ];
+                    for (in_place, flags, shift) in cases {
                         let x = row(n, 0.3);
                         let w = row(n, 1.1);
                         let b = row(n, 2.7);
@@ -700,11 +780,12 @@ mod tests {
                         let q = row(n, 6.2);
                         let u = [0.25f32, 1.5, -0.75, 0.125];
                         let want = expected(shape, isa, [&x, &w, &b, &c, &p, &q], u);
-                        let mut out = if in_place {
-                            x.clone()
-                        } else {
-                            vec![f32::NAN; n]
-                        };
+                        let mut storage = vec![f32::NAN; n + 32];
+                        let start = storage.as_ptr().align_offset(64).min(16) + shift;
+                        let out = &mut storage[start..start + n];
+                        if in_place {
+                            out.copy_from_slice(&x);
+                        }
                         let args = RowArgs {
                             x: if in_place { out.as_ptr() } else { x.as_ptr() },
                             w: w.as_ptr(),
@@ -718,12 +799,19 @@ mod tests {
                             q: q.as_ptr(),
                             u2: u[2],
                             u3: u[3],
+                            flags,
+                            reserved: 0,
                         };
                         // SAFETY: every row holds `n` f32s; `out` is written only where the
                         // routine read `x` (in place) or is separate.
                         let got = unsafe { run_row(RowShape(shape), isa, &args) }.unwrap();
-                        let what =
-                            format!("shape {shape:#x} on {isa:?}, n = {n}, in place {in_place}");
+                        let what = format!(
+                            "shape {shape:#x} on {isa:?}, n = {n}, in place {in_place}, \
+                             flags {flags}, {shift} past alignment"
+                        );
+                        let mut outside = storage[..start].iter().chain(&storage[start + n..]);
+                        assert!(outside.all(|v| v.is_nan()), "{what}: wrote outside the row");
+                        let out = &storage[start..start + n];
                         if shape & RowShape::STORE != 0 {
                             let same = out
                                 .iter()
@@ -780,6 +868,8 @@ mod tests {
                         q: x.as_ptr(),
                         u2: 1.0,
                         u3: 0.0,
+                        flags: 0,
+                        reserved: 0,
                     };
                     // SAFETY: `x` holds `n` f32s; the shape reads only `x`.
                     let m = unsafe { run_row(RowShape(RowShape::MAX), isa, &args) }.unwrap();

@@ -1,18 +1,32 @@
-//! The sizes of this CPU's L1 data and L2 caches, read at run time (they choose the GEMM's
-//! blocking): from Linux's sysfs, else from CPUID (leaf 4 on Intel, 0x8000001D on AMD).
+//! The sizes of this CPU's caches, read at run time: the L1 data and L2 caches choose the
+//! GEMM's blocking, the last level which stores bypass it (see `math::block::rows`). From
+//! Linux's sysfs, else from CPUID (leaf 4 on Intel, 0x8000001D on AMD).
+
+use std::sync::OnceLock;
 
 /// Bytes of the L2 (unified) cache of one core, if the system says.
-pub(super) fn l2_bytes() -> Option<usize> {
+pub fn l2_bytes() -> Option<usize> {
     sysfs_size(2)
         .or_else(|| cpuid_size(2))
         .filter(|&bytes| bytes >= 64 * 1024)
 }
 
 /// Bytes of the L1 data cache of one core, if the system says.
-pub(super) fn l1d_bytes() -> Option<usize> {
+pub fn l1d_bytes() -> Option<usize> {
     sysfs_size(1)
         .or_else(|| cpuid_size(1))
         .filter(|&bytes| bytes >= 4 * 1024)
+}
+
+/// Bytes of the L3 cache that cpu0 shares with its neighbours (a socket's, or on AMD one core
+/// complex's), if the system says; read once.
+pub fn l3_bytes() -> Option<usize> {
+    static L3: OnceLock<Option<usize>> = OnceLock::new();
+    *L3.get_or_init(|| {
+        sysfs_size(3)
+            .or_else(|| cpuid_size(3))
+            .filter(|&bytes| bytes >= 256 * 1024)
+    })
 }
 
 /// `/sys/devices/system/cpu/cpu0/cache/index*/`: the `size` ("1024K") of the data or unified
@@ -107,7 +121,7 @@ mod tests {
     #[cfg(target_arch = "x86_64")]
     #[test]
     fn cpuid_and_sysfs_agree_when_both_answer() {
-        for level in [1, 2] {
+        for level in [1, 2, 3] {
             if let (Some(sysfs), Some(cpuid)) = (sysfs_size(level), cpuid_size(level)) {
                 assert_eq!(sysfs, cpuid, "L{level}");
             }
