@@ -496,13 +496,17 @@ impl Lowering<'_, '_, '_> {
             return None;
         }
         // An output whose static size says it cannot stay in the last-level cache until it is
-        // read (see `streams_stores`).
+        // read (see `streams_stores`), and that this kernel does not read (a softmax reads
+        // back the exponentials it stored: they must stay in cache).
         let stream = out.is_some_and(|st| {
             let buffer = self.program.buffer(st.buffer);
-            buffer
-                .numel()
-                .and_then(|n| n.checked_mul(buffer.dtype.size_bytes()))
-                .is_some_and(streams_stores)
+            let read_here = (k.exprs.iter())
+                .any(|e| matches!(e, Expr::Load { buffer, .. } if *buffer == st.buffer));
+            !read_here
+                && buffer
+                    .numel()
+                    .and_then(|n| n.checked_mul(buffer.dtype.size_bytes()))
+                    .is_some_and(streams_stores)
         });
         Some(RowPlan {
             stream,
