@@ -1070,6 +1070,9 @@ impl Verifier<'_> {
 
     fn outputs_and_checks(&self) -> Result<(), VerifyError> {
         let p = self.program;
+        // Every buffer some step writes, gathered once (a training step has an output per
+        // parameter: asking every step per output would be quadratic).
+        let written: HashSet<BufferId> = p.steps.iter().flat_map(|s| s.writes()).collect();
         for &o in &p.outputs {
             let b = self.buffer(o, "outputs")?;
             if b.kind == BufferKind::Intermediate {
@@ -1078,7 +1081,7 @@ impl Verifier<'_> {
             // Outputs are allocated without zeroing, so some step must write them. (That it
             // writes every element is `fuse`'s guarantee, not checked here: an unwritten
             // element holds stale but initialised bytes, zero for bool outputs.)
-            if b.kind == BufferKind::Output && !p.steps.iter().any(|s| s.writes().contains(&o)) {
+            if b.kind == BufferKind::Output && !written.contains(&o) {
                 return Err(malformed("outputs", format!("no step writes output {o}")));
             }
         }
@@ -1118,6 +1121,13 @@ impl Verifier<'_> {
             ));
         }
         let live = steps_using(p);
+        // Each slot's members as one set (a slot may hold hundreds of buffers).
+        let member_of: HashSet<(usize, BufferId)> = plan
+            .slots
+            .iter()
+            .enumerate()
+            .flat_map(|(s, slot)| slot.members.iter().map(move |&m| (s, m)))
+            .collect();
         for (i, (b, slot)) in p.buffers.iter().zip(&plan.slot_of).enumerate() {
             let id = BufferId(i as u32);
             match (b.kind, slot) {
@@ -1129,10 +1139,10 @@ impl Verifier<'_> {
                 (_, None) => {}
             }
             if let Some(s) = *slot {
-                let Some(slot) = plan.slots.get(s) else {
+                if s >= plan.slots.len() {
                     return fail(format!("{id} is in slot {s}, which does not exist"));
-                };
-                if !slot.members.contains(&id) {
+                }
+                if !member_of.contains(&(s, id)) {
                     return fail(format!("{id} is in slot {s} but not among its members"));
                 }
             }
@@ -1150,6 +1160,42 @@ impl Verifier<'_> {
                     ));
                 }
             }
+            // Overlapping lifetimes: only an in-place pair, at the step where the input's life
+            // ends and the output's begins, with a safe access pattern.
+            let pair = |written: BufferId,
+                        input: BufferId,
+                        lw: (usize, usize),
+                        li: (usize, usize)| {
+                li.1 == lw.0
+                    && plan.in_place.contains(&(written, input, lw.0))
+                    && in_place_allowed(p, &p.steps[lw.0], written, input)
+            };
+            // A slot may hold hundreds of buffers one after another (a deep training step), so
+            // the overlapping pairs are found by a sweep over the members sorted by their first
+            // step rather than by comparing every pair; only when one is refused does the
+            // member-by-member walk below run, to name the first refused pair in member order.
+            let mut spans: Vec<(usize, usize, BufferId)> = slot
+                .members
+                .iter()
+                .filter_map(|&m| live[m.0 as usize].map(|(first, last)| (first, last, m)))
+                .collect();
+            spans.sort_unstable_by_key(|&(first, last, m)| (first, last, m.0));
+            let mut active: Vec<(usize, usize, BufferId)> = Vec::new();
+            let mut refused = false;
+            'sweep: for &(first, last, b) in &spans {
+                active.retain(|&(_, end, _)| end >= first);
+                for &(afirst, alast, a) in &active {
+                    let (la, lb) = ((afirst, alast), (first, last));
+                    if !(pair(b, a, lb, la) || pair(a, b, la, lb)) {
+                        refused = true;
+                        break 'sweep;
+                    }
+                }
+                active.push((first, last, b));
+            }
+            if !refused {
+                continue;
+            }
             for (x, &a) in slot.members.iter().enumerate() {
                 for &b in &slot.members[x + 1..] {
                     let (Some(la), Some(lb)) = (live[a.0 as usize], live[b.0 as usize]) else {
@@ -1158,16 +1204,6 @@ impl Verifier<'_> {
                     if la.1 < lb.0 || lb.1 < la.0 {
                         continue;
                     }
-                    // Overlapping lifetimes: only an in-place pair, at the step where the input's
-                    // life ends and the output's begins, with a safe access pattern.
-                    let pair = |written: BufferId,
-                                input: BufferId,
-                                lw: (usize, usize),
-                                li: (usize, usize)| {
-                        li.1 == lw.0
-                            && plan.in_place.contains(&(written, input, lw.0))
-                            && in_place_allowed(p, &p.steps[lw.0], written, input)
-                    };
                     if !(pair(b, a, lb, la) || pair(a, b, la, lb)) {
                         return fail(format!(
                             "{a} (steps {}..={}) and {b} (steps {}..={}) share slot {s} while both \
