@@ -46,7 +46,7 @@ use crate::attention::{find_attention, AttentionPattern};
 use minductor_ir::{DType, Dim, Graph, NodeId, Op, SizeExpr, SliceFrom};
 use minductor_kernel_ir::*;
 use smallvec::SmallVec;
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeSet, HashMap, HashSet};
 
 /// Why `fuse` cannot schedule a graph.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
@@ -87,11 +87,12 @@ pub fn fuse(graph: &Graph) -> Result<Program, FuseError> {
         realized.insert(id);
         realized.extend(graph.node(id).inputs.iter().copied());
     }
-    // Each retry realizes nodes at or before the node whose kernel asked for it, and what is
-    // scheduled before the first of them does not depend on it (a step reads only nodes before
-    // its own): the scheduler rewinds to there instead of starting again, so the retries cost
-    // the steps after the rewind point, not the whole graph each (the program is the one a
-    // restart from scratch builds).
+    // A retry realizes nodes; the steps of a node depend only on the nodes its build asked
+    // about (whether they are realized, whether an earlier step inlines them), so a retry
+    // builds again only the steps of the new nodes and of the builds that asked about what
+    // changed, rather than everything after the first new node: a training step's optimizer
+    // updates, which each realize a gradient deep in the backward, cost their own kernels, not
+    // the rest of the backward each (the program is the one a restart from scratch builds).
     let mut scheduler = Scheduler::new(graph, realized, fallbacks, &attention);
     loop {
         match scheduler.run() {
@@ -233,51 +234,87 @@ impl RowLoop {
 struct Scheduler<'g> {
     graph: &'g Graph,
     /// Nodes written to buffers: inputs, outputs, GEMMs, cats, scatter-adds, scans, fallbacks
-    /// and their operands, and whatever retries asked for.
+    /// and their operands, and whatever retries asked for. It only grows.
     realized: HashSet<NodeId>,
     /// Nodes run as fallback steps (all realized, as are their operands), with the reason.
     fallbacks: HashMap<NodeId, String>,
     /// Fused attentions, keyed by their final GEMM (realized, the others not).
     attention: &'g HashMap<NodeId, AttentionPattern>,
     outputs: HashSet<NodeId>,
-    buffers: Vec<Buffer>,
-    buffer_of: HashMap<NodeId, BufferId>,
-    steps: Vec<Step>,
-    /// For each inlined computing node, a step that recomputes it (once per kernel and node at
-    /// least), in the order the kernels were built.
-    inlined_in: Vec<Inlined>,
-    /// The first step in `inlined_in` that recomputes each node.
-    first_inlined_in: HashMap<NodeId, usize>,
+    /// The graph's inputs (realized from the start, with buffers of their own and no steps).
+    inputs: HashSet<NodeId>,
+    /// Per node: the steps built for it, if it is realized and not an input, as a run from
+    /// scratch builds them but numbered by node (see [`Built`]); out of date while it is in
+    /// `pending`.
+    built: Vec<Option<Built>>,
+    /// Realized nodes (not inputs) whose steps are missing or may be out of date, built again in
+    /// node order by `run`.
+    pending: BTreeSet<NodeId>,
+    /// Per node: the builds that asked about it (whether it is realized, whether a step before
+    /// theirs inlines it, whether a reduction is reached through it), as the node whose steps
+    /// were built and that build's `generation`; an entry of an older generation no longer
+    /// counts.
+    dependents: Vec<Vec<(NodeId, u32)>>,
+    /// Per node: how many times its steps were built.
+    generation: Vec<u32>,
+    /// Per node: the nodes whose steps' kernels inline it (build its definition), in node order.
+    inliners: Vec<SmallVec<[NodeId; 1]>>,
     /// Per node: whether no reduction is reached from it through nodes that are not realized
     /// ([`Scheduler::reduce_free`]), and the `realized_version` it was found at. A `true` stays
     /// true as more nodes are realized; a `false` is found again once they change.
     reduce_free: Vec<Option<(bool, u64)>>,
+    /// Per node found not reduce-free at the current version: the operand through which a
+    /// reduction is reached (none for a reduction), so that the path can be followed.
+    reduce_path: Vec<Option<NodeId>>,
     /// Counts the changes of `realized`.
     realized_version: u64,
-    index_checks: Vec<IndexCheck>,
-    /// Where scheduling stood before each realized node's steps, in node order (for `rewind`).
-    checkpoints: Vec<Checkpoint>,
-    /// The first node the next `run` schedules (the nodes before it are scheduled).
-    resume: u32,
+    /// The build in progress.
+    current: Current,
 }
 
-/// `node` is computed inside the kernel of step `step`. `skipped`: its definition was not built
-/// there (see `KernelBuilder::emit`), so every node it reaches through nodes that are not
-/// realized is recomputed by that step too.
+/// The steps of one realized node, numbered independently of the rest of the program: a buffer
+/// is `BufferId(node)` of the node it holds, a step's number counts from the node's first step
+/// (in index checks and `Inlined`), and a kernel's name lacks its `k{step}_` prefix. `assemble`
+/// numbers them as a run from scratch does.
+#[derive(Default)]
+struct Built {
+    steps: Vec<Step>,
+    inlined: Vec<Inlined>,
+    index_checks: Vec<IndexCheck>,
+}
+
+/// What the build of one node's steps has asked and made so far.
+struct Current {
+    owner: NodeId,
+    /// Every node whose state the build read (see `Scheduler::dependents`).
+    asked: HashSet<NodeId>,
+    /// Nodes whose reduction paths are already in `asked`.
+    paths: HashSet<NodeId>,
+    /// Computing nodes inlined (not skipped) by the node's finished kernels.
+    inlined_here: HashSet<NodeId>,
+    built: Built,
+}
+
+impl Current {
+    fn new(owner: NodeId) -> Self {
+        Current {
+            owner,
+            asked: HashSet::new(),
+            paths: HashSet::new(),
+            inlined_here: HashSet::new(),
+            built: Built::default(),
+        }
+    }
+}
+
+/// `node` is computed inside the kernel of step `step` (of the node whose steps hold it).
+/// `skipped`: its definition was not built there (see `KernelBuilder::emit`), so every node it
+/// reaches through nodes that are not realized is recomputed by that step too.
 #[derive(Clone, Copy)]
 struct Inlined {
     node: NodeId,
     step: usize,
     skipped: bool,
-}
-
-/// The scheduler's lengths before the steps of `node` were built.
-struct Checkpoint {
-    node: NodeId,
-    buffers: usize,
-    steps: usize,
-    inlined: usize,
-    index_checks: usize,
 }
 
 impl<'g> Scheduler<'g> {
@@ -287,99 +324,151 @@ impl<'g> Scheduler<'g> {
         fallbacks: HashMap<NodeId, String>,
         attention: &'g HashMap<NodeId, AttentionPattern>,
     ) -> Self {
-        let mut scheduler = Scheduler {
+        let inputs: HashSet<NodeId> = graph.inputs().iter().copied().collect();
+        let pending = realized
+            .iter()
+            .copied()
+            .filter(|n| !inputs.contains(n))
+            .collect();
+        let n = graph.len();
+        Scheduler {
             graph,
             realized,
             fallbacks,
             attention,
             outputs: graph.outputs().iter().copied().collect(),
-            buffers: Vec::new(),
-            buffer_of: HashMap::new(),
-            steps: Vec::new(),
-            inlined_in: Vec::new(),
-            first_inlined_in: HashMap::new(),
-            reduce_free: vec![None; graph.len()],
+            inputs,
+            built: (0..n).map(|_| None).collect(),
+            pending,
+            dependents: vec![Vec::new(); n],
+            generation: vec![0; n],
+            inliners: vec![SmallVec::new(); n],
+            reduce_free: vec![None; n],
+            reduce_path: vec![None; n],
             realized_version: 0,
-            index_checks: Vec::new(),
-            checkpoints: Vec::new(),
-            resume: 0,
-        };
-        for (n, &id) in graph.inputs().iter().enumerate() {
-            scheduler.new_buffer(id, BufferKind::Input(n));
+            current: Current::new(NodeId(0)),
         }
-        scheduler
     }
 
-    /// Realizes `nodes` (some at least not realized yet) and rewinds to the first new one.
+    /// Realizes `nodes` (some at least not realized yet): each needs steps of its own, and
+    /// the builds that asked about one are out of date.
     fn realize(&mut self, nodes: Vec<NodeId>) {
         self.realized_version += 1;
-        let first = nodes
-            .into_iter()
-            .filter(|&n| self.realized.insert(n))
-            .min()
-            .expect("fuse: a retry must realize a new node");
-        self.rewind(first);
+        let mut fresh = false;
+        for n in nodes {
+            if self.realized.insert(n) {
+                fresh = true;
+                self.now_realized(n);
+            }
+        }
+        assert!(fresh, "fuse: a retry must realize a new node");
     }
 
-    /// Makes `node` a fallback step (its operands realized) and rewinds to it or to the first
-    /// operand that was not realized yet.
+    /// Makes `node` a fallback step (its operands realized): its steps and those of the builds
+    /// that asked about a node realized now are out of date.
     fn fall_back(&mut self, node: NodeId, why: String) {
         let fresh = self.fallbacks.insert(node, why).is_none();
         assert!(fresh, "fuse: a node falls back once");
         self.realized_version += 1;
-        let mut first = node;
-        self.realized.insert(node);
+        if self.realized.insert(node) {
+            self.now_realized(node);
+        } else {
+            self.pending.insert(node);
+        }
         for &i in &self.graph.node(node).inputs {
             if self.realized.insert(i) {
-                first = first.min(i);
+                self.now_realized(i);
             }
         }
-        self.rewind(first);
     }
 
-    /// Forgets every step built for nodes from `node` on: what a run from scratch has when it
-    /// reaches `node` (the steps before it read nodes before it only, whose realization did not
-    /// change).
-    fn rewind(&mut self, node: NodeId) {
-        // A run that stopped at a node has built part of its steps: forget those too.
-        let node = node.min(NodeId(self.resume));
-        let at = self.checkpoints.partition_point(|c| c.node < node);
-        if let Some(c) = self.checkpoints.get(at) {
-            for b in self.buffers.drain(c.buffers..) {
-                self.buffer_of.remove(&b.node);
+    fn now_realized(&mut self, node: NodeId) {
+        if !self.inputs.contains(&node) {
+            self.pending.insert(node);
+        }
+        self.out_of_date(node, |_| true);
+    }
+
+    /// Marks out of date the current builds that asked about `node` and that `which` selects.
+    fn out_of_date(&mut self, node: NodeId, which: impl Fn(NodeId) -> bool) {
+        let generation = &self.generation;
+        let asked = &mut self.dependents[node.index()];
+        asked.retain(|&(owner, g)| generation[owner.index()] == g);
+        for &(owner, _) in asked.iter() {
+            if which(owner) {
+                self.pending.insert(owner);
             }
-            self.steps.truncate(c.steps);
-            for gone in self.inlined_in.drain(c.inlined..) {
-                if self.first_inlined_in.get(&gone.node) == Some(&gone.step) {
-                    self.first_inlined_in.remove(&gone.node);
+        }
+    }
+
+    /// Builds the steps of the pending nodes in node order (stopping at the first that asks for
+    /// a retry), then checks that no inlined node is computed by two steps and numbers the
+    /// program. A node's steps depend only on what its build asked about (recorded in
+    /// `dependents`), so the steps of nodes no retry touched are kept, and the program is the one
+    /// a run from scratch with the same realized nodes builds.
+    fn run(&mut self) -> Retry<Program> {
+        while let Some(owner) = self.pending.first().copied() {
+            self.current = Current::new(owner);
+            self.schedule(owner)?;
+            self.pending.remove(&owner);
+            let current = std::mem::replace(&mut self.current, Current::new(owner));
+            self.generation[owner.index()] += 1;
+            let generation = self.generation[owner.index()];
+            for &n in &current.asked {
+                self.dependents[n.index()].push((owner, generation));
+            }
+            let old = self.built[owner.index()].take();
+            let inlined_set = |b: &Built| -> Vec<NodeId> {
+                let mut v: Vec<NodeId> = b
+                    .inlined
+                    .iter()
+                    .filter(|i| !i.skipped)
+                    .map(|i| i.node)
+                    .collect();
+                v.sort_unstable();
+                v.dedup();
+                v
+            };
+            let before = old.as_ref().map(inlined_set).unwrap_or_default();
+            let after = inlined_set(&current.built);
+            self.built[owner.index()] = Some(current.built);
+            // The nodes this build inlines that the last one did not, or the other way: the
+            // later builds that asked whether a step before theirs inlines them may have an
+            // other answer now.
+            let (mut a, mut b) = (0, 0);
+            loop {
+                match (before.get(a).copied(), after.get(b).copied()) {
+                    (None, None) => break,
+                    (Some(x), Some(y)) if x == y => {
+                        a += 1;
+                        b += 1;
+                    }
+                    (Some(x), y) if y.is_none_or(|y| x < y) => {
+                        self.inliner_changed(owner, x, false);
+                        a += 1;
+                    }
+                    (_, Some(y)) => {
+                        self.inliner_changed(owner, y, true);
+                        b += 1;
+                    }
+                    (Some(_), None) => unreachable!("handled above"),
                 }
             }
-            self.index_checks.truncate(c.index_checks);
-            self.checkpoints.truncate(at);
         }
-        self.resume = node.0;
-    }
-
-    fn run(&mut self) -> Retry<Program> {
-        let g = self.graph;
-        for id in (self.resume..g.len() as u32).map(NodeId) {
-            if !self.realized.contains(&id) || self.buffer_of.contains_key(&id) {
-                continue;
+        // Nodes computed by two steps are realized.
+        let mut steps_of: HashMap<NodeId, HashSet<(NodeId, usize)>> = HashMap::new();
+        let mut skipped: Vec<NodeId> = Vec::new();
+        for (owner, built) in self.built.iter().enumerate() {
+            let Some(built) = built else { continue };
+            for i in &built.inlined {
+                steps_of
+                    .entry(i.node)
+                    .or_default()
+                    .insert((NodeId(owner as u32), i.step));
+                if i.skipped {
+                    skipped.push(i.node);
+                }
             }
-            self.checkpoints.push(Checkpoint {
-                node: id,
-                buffers: self.buffers.len(),
-                steps: self.steps.len(),
-                inlined: self.inlined_in.len(),
-                index_checks: self.index_checks.len(),
-            });
-            self.resume = id.0;
-            self.schedule(id)?;
-        }
-        self.resume = g.len() as u32;
-        let mut steps_of: HashMap<NodeId, HashSet<usize>> = HashMap::new();
-        for i in &self.inlined_in {
-            steps_of.entry(i.node).or_default().insert(i.step);
         }
         let mut shared: HashSet<NodeId> = steps_of
             .into_iter()
@@ -388,102 +477,170 @@ impl<'g> Scheduler<'g> {
             .collect();
         // A skipped definition was built by an earlier step: everything it reaches is recomputed
         // by two steps.
-        let skipped: Vec<NodeId> = self
-            .inlined_in
-            .iter()
-            .filter(|i| i.skipped)
-            .map(|i| i.node)
-            .collect();
         shared.extend(self.reached(&skipped));
         let shared: Vec<NodeId> = shared.into_iter().collect();
         if !shared.is_empty() {
             return Err(Reject::Realize(shared));
         }
-        let outputs = g.outputs().iter().map(|o| self.buffer_of[o]).collect();
-        Ok(Program {
-            buffers: std::mem::take(&mut self.buffers),
-            steps: std::mem::take(&mut self.steps),
-            index_checks: std::mem::take(&mut self.index_checks),
-            outputs,
-            plan: None,
-        })
+        Ok(self.assemble())
     }
 
-    /// Builds the steps computing the realized node `id` into a new buffer.
+    /// Whether the kernels of `owner` inline `node` changed (`now`: they do now): the builds of
+    /// later nodes that asked whether a step before theirs inlines it, and whose answer changes,
+    /// are out of date (those after the next other node inlining it had it before them anyway).
+    fn inliner_changed(&mut self, owner: NodeId, node: NodeId, now: bool) {
+        let list = &mut self.inliners[node.index()];
+        match list.binary_search(&owner) {
+            Ok(at) if !now => {
+                list.remove(at);
+            }
+            Err(at) if now => list.insert(at, owner),
+            _ => unreachable!("fuse: inliners out of step"),
+        }
+        if list.first().is_some_and(|&o| o < owner) {
+            return;
+        }
+        let next = list.iter().copied().find(|&o| o > owner);
+        self.out_of_date(node, |asking| {
+            asking > owner && next.is_none_or(|next| asking <= next)
+        });
+    }
+
+    /// The program: buffers for the inputs in order, then for the realized nodes in node order;
+    /// the steps of each node in node order, numbered so.
+    fn assemble(&mut self) -> Program {
+        let g = self.graph;
+        let mut number = vec![u32::MAX; g.len()];
+        let mut buffers = Vec::new();
+        let mut buffer = |node: NodeId, kind: BufferKind| {
+            number[node.index()] = buffers.len() as u32;
+            let ty = g.ty(node);
+            buffers.push(Buffer {
+                dtype: ty.dtype,
+                shape: ty.shape.to_vec(),
+                kind,
+            node,
+            });
+        };
+        for (n, &id) in g.inputs().iter().enumerate() {
+            buffer(id, BufferKind::Input(n));
+        }
+        for id in g.ids() {
+            if self.built[id.index()].is_some() {
+                let kind = if self.outputs.contains(&id) {
+                    BufferKind::Output
+                } else {
+                    BufferKind::Intermediate
+                };
+                buffer(id, kind);
+            }
+        }
+        let renumber = |b: &mut BufferId| *b = BufferId(number[b.0 as usize]);
+        let mut steps = Vec::new();
+        let mut index_checks = Vec::new();
+        for built in self.built.iter_mut() {
+            let Some(built) = built.take() else { continue };
+            let first = steps.len();
+            for mut check in built.index_checks {
+                check.step += first;
+                renumber(&mut check.buffer);
+                index_checks.push(check);
+            }
+            for mut step in built.steps {
+                renumber_buffers(&mut step, &renumber);
+                if let Step::Kernel(k) = &mut step {
+                    k.name = format!("k{}_{}", steps.len(), k.name);
+                }
+                steps.push(step);
+            }
+        }
+        let outputs = g
+            .outputs()
+            .iter()
+            .map(|o| BufferId(number[o.index()]))
+            .collect();
+        Program {
+            buffers,
+            steps,
+            index_checks,
+            outputs,
+            plan: None,
+        }
+    }
+
+    /// Whether `node` is realized, recorded as asked by the current build.
+    fn is_realized(&mut self, node: NodeId) -> bool {
+        self.current.asked.insert(node);
+        self.realized.contains(&node)
+    }
+
+    /// Whether a step before the current one inlines `node` (builds its definition), recorded as
+    /// asked by the current build.
+    fn inlined_before(&mut self, node: NodeId) -> bool {
+        self.current.asked.insert(node);
+        self.current.inlined_here.contains(&node)
+            || self.inliners[node.index()]
+                .first()
+                .is_some_and(|&o| o < self.current.owner)
+    }
+
+    /// Builds the steps computing the realized node `id` into its buffer.
     fn schedule(&mut self, id: NodeId) -> Retry<()> {
         let g = self.graph;
-        let kind = if self.outputs.contains(&id) {
-            BufferKind::Output
-        } else {
-            BufferKind::Intermediate
-        };
-        let buffer = self.new_buffer(id, kind);
+        let buffer = BufferId(id.0);
         if let Some(reason) = self.fallbacks.get(&id) {
             let node = g.node(id);
-            self.steps.push(Step::Fallback(FallbackStep {
+            let step = Step::Fallback(FallbackStep {
                 op: node.op.clone(),
-                inputs: node.inputs.iter().map(|i| self.buffer_of[i]).collect(),
+                inputs: node.inputs.iter().map(|i| BufferId(i.0)).collect(),
                 out: buffer,
                 node: id,
                 reason: reason.clone(),
-            }));
+            });
+            self.current.built.steps.push(step);
             return Ok(());
         }
-        match &g.node(id).op {
+        let step = self.current.built.steps.len();
+        let steps: Vec<Step> = match &g.node(id).op {
             Op::Matmul => match self.attention.get(&id) {
-                Some(pattern) => {
-                    let step = self.attention_step(id, buffer, pattern)?;
-                    self.steps.push(Step::Attention(step))
-                }
-                None => {
-                    let step = self.matmul(id, buffer)?;
-                    self.steps.push(Step::Matmul(step))
-                }
+                Some(pattern) => vec![Step::Attention(self.attention_step(id, buffer, pattern)?)],
+                None => vec![Step::Matmul(self.matmul(id, buffer)?)],
             },
             Op::ScatterAdd { dim, .. } => {
-                let step = self.scatter_add(id, *dim, buffer)?;
-                self.steps.push(Step::ScatterAdd(step))
+                vec![Step::ScatterAdd(self.scatter_add(id, *dim, buffer)?)]
             }
-            Op::CumSum { dim } => {
-                let kernel = self.scan_kernel(id, *dim, buffer, self.steps.len())?;
-                self.steps.push(Step::Kernel(kernel));
-            }
+            Op::CumSum { dim } => vec![Step::Kernel(self.scan_kernel(id, *dim, buffer, step)?)],
             Op::Cat { dim } => {
                 // Each operand starts where the previous ones end: a size expression when
                 // one of them is symbolic (`s0` for the new row after a `[.., s0, ..]` cache).
                 let mut offset = SizeExpr::Const(0);
                 for &operand in &g.node(id).inputs {
-                    let kernel = self.kernel(
-                        id,
-                        operand,
-                        buffer,
-                        Some((*dim, offset.clone())),
-                        self.steps.len(),
-                    )?;
+                    let step = self.current.built.steps.len();
+                    let kernel =
+                        self.kernel(id, operand, buffer, Some((*dim, offset.clone())), step)?;
                     offset = offset.plus(&SizeExpr::of_dim(dims(g, operand)[*dim]));
-                    self.steps.push(Step::Kernel(kernel));
+                    self.current.built.steps.push(Step::Kernel(kernel));
                 }
+                Vec::new()
             }
-            _ => {
-                let kernel = self.kernel(id, id, buffer, None, self.steps.len())?;
-                self.steps.push(Step::Kernel(kernel));
-            }
-        }
+            _ => vec![Step::Kernel(self.kernel(id, id, buffer, None, step)?)],
+        };
+        self.current.built.steps.extend(steps);
         Ok(())
     }
 
     /// Records the nodes the kernel of step `step` recomputes.
     fn record_inlined(&mut self, builder: &KernelBuilder, step: usize) {
         for &node in &builder.inlined {
-            self.first_inlined_in.entry(node).or_insert(step);
-            self.inlined_in.push(Inlined {
+            self.current.inlined_here.insert(node);
+            self.current.built.inlined.push(Inlined {
                 node,
                 step,
                 skipped: false,
             });
         }
         for &node in &builder.skipped {
-            self.inlined_in.push(Inlined {
+            self.current.built.inlined.push(Inlined {
                 node,
                 step,
                 skipped: true,
@@ -495,19 +652,41 @@ impl<'g> Scheduler<'g> {
     /// realized: then building its definition in a kernel fails (asks for a retry) for reasons
     /// that do not depend on the kernel's loops or the index it is read at, only on the graph
     /// and the realized nodes (a gather's table, a reshape's shapes): a kernel that built it
-    /// once shows it builds.
+    /// once shows it builds. A `false` is recorded as asked about every node of the path to the
+    /// reduction it found (realizing one of them may make it `true`); a `true` stays true.
     fn reduce_free(&mut self, node: NodeId) -> bool {
+        let free = self.find_reduce_free(node);
+        if !free {
+            let mut on = Some(node);
+            while let Some(n) = on {
+                if !self.current.paths.insert(n) {
+                    break;
+                }
+                self.current.asked.insert(n);
+                on = self.reduce_path[n.index()];
+            }
+        }
+        free
+    }
+
+    fn find_reduce_free(&mut self, node: NodeId) -> bool {
         match self.reduce_free[node.index()] {
             Some((true, _)) => return true,
             Some((false, version)) if version == self.realized_version => return false,
             _ => {}
         }
         let n = self.graph.node(node);
+        let mut path = None;
         let free = !matches!(n.op, Op::Reduce { .. })
-            && n.inputs
-                .iter()
-                .all(|&i| self.realized.contains(&i) || self.reduce_free(i));
+            && n.inputs.iter().all(|&i| {
+                let free = self.realized.contains(&i) || self.find_reduce_free(i);
+                if !free {
+                    path = Some(i);
+                }
+                free
+            });
         self.reduce_free[node.index()] = Some((free, self.realized_version));
+        self.reduce_path[node.index()] = path;
         free
     }
 
@@ -528,19 +707,6 @@ impl<'g> Scheduler<'g> {
             stack.extend(n.inputs.iter().copied());
         }
         found
-    }
-
-    fn new_buffer(&mut self, node: NodeId, kind: BufferKind) -> BufferId {
-        let ty = self.graph.ty(node);
-        let id = BufferId(self.buffers.len() as u32);
-        self.buffers.push(Buffer {
-            dtype: ty.dtype,
-            shape: ty.shape.to_vec(),
-            kind,
-            node,
-        });
-        self.buffer_of.insert(node, id);
-        id
     }
 
     fn matmul(&mut self, id: NodeId, out: BufferId) -> Retry<MatmulStep> {
@@ -668,12 +834,12 @@ impl<'g> Scheduler<'g> {
         let Op::Im2col { window } = im2col.op else {
             return Ok(None);
         };
-        if self.realized.contains(&reshape.inputs[0]) {
+        if self.is_realized(reshape.inputs[0]) {
             // Written out (a fallback step computes it): an ordinary strided operand.
             return Ok(None);
         }
         let source = im2col.inputs[0];
-        if !self.realized.contains(&source) {
+        if !self.is_realized(source) {
             return retry(source);
         }
         let shape = dims(g, b);
@@ -681,7 +847,7 @@ impl<'g> Scheduler<'g> {
             return unsupported(format!("an im2col operand of shape {shape:?}"));
         };
         Ok(Some(Im2colView {
-            source: self.buffer_of[&source],
+            source: BufferId(source.0),
             window,
             groups,
             shape,
@@ -768,9 +934,9 @@ impl<'g> Scheduler<'g> {
     /// Where element `idx` of `node` lives, following views down to a realized buffer.
     fn address(&mut self, node: NodeId, idx: Vec<Affine>) -> Retry<(BufferId, Affine)> {
         let g = self.graph;
-        if self.realized.contains(&node) {
+        if self.is_realized(node) {
             return Ok((
-                self.buffer_of[&node],
+                BufferId(node.0),
                 linear(&idx, &contiguous(&dims(g, node)))?,
             ));
         }
@@ -780,10 +946,10 @@ impl<'g> Scheduler<'g> {
         }
         let operand = n.inputs[0];
         if let Op::Reshape { .. } = n.op {
-            if self.realized.contains(&operand) {
+            if self.is_realized(operand) {
                 // A reshape of a contiguous buffer is the same linear index.
                 return Ok((
-                    self.buffer_of[&operand],
+                    BufferId(operand.0),
                     linear(&idx, &contiguous(&dims(g, node)))?,
                 ));
             }
@@ -1017,7 +1183,7 @@ impl<'g> Scheduler<'g> {
         let mut seen = HashSet::new();
         let mut stack = vec![value];
         while let Some(id) = stack.pop() {
-            if !seen.insert(id) || (id != value && self.realized.contains(&id)) {
+            if !seen.insert(id) || (id != value && self.is_realized(id)) {
                 continue;
             }
             // Nothing to find below a node that reaches no reduction.
@@ -1255,7 +1421,7 @@ impl<'g> KernelBuilder<'g> {
             names.join("_")
         };
         Kernel {
-            name: format!("k{}_{}", self.step, label),
+            name: label,
             outer,
             order: LoopOrder::Inner,
             stages: self.stages,
@@ -1309,7 +1475,7 @@ impl<'g> KernelBuilder<'g> {
     fn check_indices(&self, s: &mut Scheduler, indices: NodeId, bound: i64) -> Retry<()> {
         let g = s.graph;
         let mut v = indices;
-        while !s.realized.contains(&v) {
+        while !s.is_realized(v) {
             match g.node(v).op {
                 Op::Reshape { .. } | Op::Permute { .. } | Op::Expand { .. } => {
                     v = g.node(v).inputs[0]
@@ -1318,21 +1484,21 @@ impl<'g> KernelBuilder<'g> {
             }
         }
         let check = IndexCheck {
-            buffer: s.buffer_of[&v],
+            buffer: BufferId(v.0),
             bound,
             step: self.step,
         };
-        if !s.index_checks.contains(&check) {
-            s.index_checks.push(check);
+        if !s.current.built.index_checks.contains(&check) {
+            s.current.built.index_checks.push(check);
         }
         Ok(())
     }
 
     /// Value of `node` at `idx`: a load if it is realized, else its inlined definition.
     fn emit(&mut self, s: &mut Scheduler, node: NodeId, idx: &[Affine]) -> Retry<ExprId> {
-        if s.realized.contains(&node) {
+        if s.is_realized(node) {
             let (buffer, index) = s.address(node, idx.to_vec())?;
-            let ty = ScalarType::of(s.buffers[buffer.0 as usize].dtype);
+            let ty = ScalarType::of(self.graph.ty(NodeId(buffer.0)).dtype);
             return Ok(self.push(
                 Expr::Load {
                     buffer,
@@ -1351,7 +1517,7 @@ impl<'g> KernelBuilder<'g> {
         let n = self.graph.node(node);
         if !matches!(n.op, Op::Constant { .. } | Op::Iota { .. })
             && !n.op.is_view()
-            && s.first_inlined_in.contains_key(&node)
+            && s.inlined_before(node)
             && s.reduce_free(node)
         {
             self.skipped.push(node);
@@ -1416,7 +1582,7 @@ impl<'g> KernelBuilder<'g> {
             Op::Cast { dtype }
                 if *dtype == DType::F32
                     && matches!(g.node(n.inputs[0]).op, Op::Iota { .. })
-                    && !s.realized.contains(&n.inputs[0]) =>
+                    && !s.is_realized(n.inputs[0]) =>
             {
                 // An integer arange read as floats is the float arange (vectorizable); exact
                 // below 2^24, far beyond any length a kernel indexes.
@@ -1484,7 +1650,7 @@ impl<'g> KernelBuilder<'g> {
                 let index_rank = g.ty(indices).rank();
                 let i = self.emit(s, indices, &idx[..index_rank])?;
                 let table_shape = dims(g, table);
-                if !s.realized.contains(&table) {
+                if !s.is_realized(table) {
                     return retry(table);
                 }
                 let strides = contiguous(&table_shape);
@@ -1504,7 +1670,7 @@ impl<'g> KernelBuilder<'g> {
                     stride,
                     bound,
                 };
-                let buffer = s.buffer_of[&table];
+                let buffer = BufferId(table.0);
                 self.push(
                     Expr::Load {
                         buffer,
@@ -1516,8 +1682,8 @@ impl<'g> KernelBuilder<'g> {
             }
             Op::Reshape { .. } | Op::Permute { .. } | Op::Expand { .. } | Op::Slice { .. } => {
                 let operand = n.inputs[0];
-                if let (Op::Reshape { .. }, true) = (&n.op, s.realized.contains(&operand)) {
-                    let buffer = s.buffer_of[&operand];
+                if let (Op::Reshape { .. }, true) = (&n.op, s.is_realized(operand)) {
+                    let buffer = BufferId(operand.0);
                     let index = linear(idx, &contiguous(&out_shape))?;
                     let ty = ScalarType::of(g.ty(operand).dtype);
                     self.push(
@@ -1537,7 +1703,7 @@ impl<'g> KernelBuilder<'g> {
             Op::TakeAlong { dim } => {
                 let (source, indices) = (n.inputs[0], n.inputs[1]);
                 let i = self.emit(s, indices, idx)?;
-                if !s.realized.contains(&source) {
+                if !s.is_realized(source) {
                     return retry(source);
                 }
                 let source_shape = dims(g, source);
@@ -1552,7 +1718,7 @@ impl<'g> KernelBuilder<'g> {
                 };
                 let bound = bound as i64;
                 self.check_indices(s, indices, bound)?;
-                let buffer = s.buffer_of[&source];
+                let buffer = BufferId(source.0);
                 self.push(
                     Expr::Load {
                         buffer,
@@ -1623,4 +1789,57 @@ fn expr_hash(expr: &Expr, ty: ScalarType) -> u64 {
         Expr::Cast(dtype, a) => (dtype, a).hash(&mut h),
     }
     h.finish()
+}
+
+/// Applies `renumber` to every buffer `step` names.
+fn renumber_buffers(step: &mut Step, renumber: &impl Fn(&mut BufferId)) {
+    let view = |v: &mut StridedView| renumber(&mut v.buffer);
+    match step {
+        Step::Kernel(k) => renumber_kernel(k, renumber),
+        Step::Matmul(m) => {
+            view(&mut m.a);
+            match &mut m.b {
+                MatmulOperand::View(v) => view(v),
+                MatmulOperand::Im2col(v) => renumber(&mut v.source),
+            }
+            renumber(&mut m.out);
+            if let Some(e) = &mut m.epilogue {
+                renumber_kernel(e, renumber);
+            }
+        }
+        Step::ScatterAdd(sc) => {
+            view(&mut sc.index);
+            view(&mut sc.src);
+            renumber(&mut sc.out);
+        }
+        Step::Attention(a) => {
+            view(&mut a.q);
+            view(&mut a.k);
+            view(&mut a.v);
+            if let Some(m) = &mut a.mask {
+                view(m);
+            }
+            renumber(&mut a.out);
+        }
+        Step::Fallback(fb) => {
+            fb.inputs.iter_mut().for_each(renumber);
+            renumber(&mut fb.out);
+        }
+    }
+}
+
+fn renumber_kernel(k: &mut Kernel, renumber: &impl Fn(&mut BufferId)) {
+    for e in &mut k.exprs {
+        if let Expr::Load { buffer, .. } = e {
+            renumber(buffer);
+        }
+    }
+    for stage in &mut k.stages {
+        match &mut stage.action {
+            StageAction::Reduce { stores, .. } | StageAction::Store(stores) => {
+                stores.iter_mut().for_each(|st| renumber(&mut st.buffer))
+            }
+            StageAction::Scan(st) => renumber(&mut st.buffer),
+        }
+    }
 }
