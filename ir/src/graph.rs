@@ -199,19 +199,27 @@ impl fmt::Display for Graph {
             .map(|i| format!("{}: {}", self.input_name(i), self.ty(self.inputs[i])))
             .collect();
         writeln!(f, "graph({}) {{", params.join(", "))?;
+        // Operands are written one by one, not gathered into strings first: a training step's
+        // `grad` nodes each list every parameter, so they hold most of a deep model's operands.
+        let list = |f: &mut fmt::Formatter<'_>, ids: &[NodeId]| -> fmt::Result {
+            for (k, id) in ids.iter().enumerate() {
+                if k > 0 {
+                    f.write_str(", ")?;
+                }
+                write!(f, "{id}")?;
+            }
+            Ok(())
+        };
         for (index, node) in self.nodes.iter().enumerate() {
-            let operands: Vec<String> = node.inputs.iter().map(|i| i.to_string()).collect();
-            let sep = if operands.is_empty() { "" } else { " " };
-            writeln!(
-                f,
-                "  %{index} = {}{sep}{} : {}",
-                node.op,
-                operands.join(", "),
-                node.ty
-            )?;
+            write!(f, "  %{index} = {}", node.op)?;
+            if !node.inputs.is_empty() {
+                f.write_str(" ")?;
+            }
+            list(f, &node.inputs)?;
+            writeln!(f, " : {}", node.ty)?;
         }
-        let outs: Vec<String> = self.outputs.iter().map(|o| o.to_string()).collect();
-        writeln!(f, "  return {}", outs.join(", "))?;
-        f.write_str("}")
+        f.write_str("  return ")?;
+        list(f, &self.outputs)?;
+        f.write_str("\n}")
     }
 }
