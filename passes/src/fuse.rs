@@ -55,7 +55,23 @@ pub enum FuseError {
     Unsupported(String),
 }
 
+/// How much work one `fuse` did: `builds` counts the builds of realized nodes' steps that were
+/// started (each node's once, again whenever a retry changed what its build asked about, and
+/// those a retry interrupted), `retries` the retries (nodes realized, or made fallback steps,
+/// after the first schedule). Both grow linearly with the graph, which `tests/large_graphs.rs`
+/// checks on deep training steps.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct FuseStats {
+    pub builds: usize,
+    pub retries: usize,
+}
+
 pub fn fuse(graph: &Graph) -> Result<Program, FuseError> {
+    fuse_counting(graph).map(|(program, _)| program)
+}
+
+/// [`fuse`], with the work it did.
+pub fn fuse_counting(graph: &Graph) -> Result<(Program, FuseStats), FuseError> {
     // Nodes no kernel computes run as fallback steps; more are found while scheduling.
     let fallbacks: HashMap<NodeId, String> = graph
         .ids()
@@ -94,13 +110,21 @@ pub fn fuse(graph: &Graph) -> Result<Program, FuseError> {
     // updates, which each realize a gradient deep in the backward, cost their own kernels, not
     // the rest of the backward each (the program is the one a restart from scratch builds).
     let mut scheduler = Scheduler::new(graph, realized, fallbacks, &attention);
+    let mut retries = 0;
     loop {
         match scheduler.run() {
-            Ok(program) => return Ok(program),
+            Ok(program) => {
+                let stats = FuseStats {
+                    builds: scheduler.builds,
+                    retries,
+                };
+                return Ok((program, stats));
+            }
             Err(Reject::Unsupported(what)) => return Err(FuseError::Unsupported(what)),
             Err(Reject::Fallback(node, why)) => scheduler.fall_back(node, why),
             Err(Reject::Realize(nodes)) => scheduler.realize(nodes),
         }
+        retries += 1;
     }
 }
 
@@ -270,6 +294,8 @@ struct Scheduler<'g> {
     realized_version: u64,
     /// The build in progress.
     current: Current,
+    /// How many builds were started (see [`FuseStats`]).
+    builds: usize,
 }
 
 /// The steps of one realized node, numbered independently of the rest of the program: a buffer
@@ -347,6 +373,7 @@ impl<'g> Scheduler<'g> {
             reduce_path: vec![None; n],
             realized_version: 0,
             current: Current::new(NodeId(0)),
+            builds: 0,
         }
     }
 
@@ -409,6 +436,7 @@ impl<'g> Scheduler<'g> {
     fn run(&mut self) -> Retry<Program> {
         while let Some(owner) = self.pending.first().copied() {
             self.current = Current::new(owner);
+            self.builds += 1;
             self.schedule(owner)?;
             self.pending.remove(&owner);
             let current = std::mem::replace(&mut self.current, Current::new(owner));
@@ -519,7 +547,7 @@ impl<'g> Scheduler<'g> {
                 dtype: ty.dtype,
                 shape: ty.shape.to_vec(),
                 kind,
-            node,
+                node,
             });
         };
         for (n, &id) in g.inputs().iter().enumerate() {
@@ -935,10 +963,7 @@ impl<'g> Scheduler<'g> {
     fn address(&mut self, node: NodeId, idx: Vec<Affine>) -> Retry<(BufferId, Affine)> {
         let g = self.graph;
         if self.is_realized(node) {
-            return Ok((
-                BufferId(node.0),
-                linear(&idx, &contiguous(&dims(g, node)))?,
-            ));
+            return Ok((BufferId(node.0), linear(&idx, &contiguous(&dims(g, node)))?));
         }
         let n = g.node(node);
         if !n.op.is_view() {

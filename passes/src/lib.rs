@@ -24,7 +24,7 @@ pub use autodiff::{autodiff, AutodiffError, Joint};
 pub use decompose::decompose;
 pub use epilogue::fuse_epilogues;
 pub use freeze::{freeze, Frozen};
-pub use fuse::{fuse, FuseError};
+pub use fuse::{fuse, fuse_counting, FuseError, FuseStats};
 pub use horizontal::fuse_horizontal;
 pub use loop_order::{choose_loop_order, wants_outer_reduction};
 pub use partition::{partition, Partition, PartitionOptions, SavedValue};

@@ -1,12 +1,14 @@
 //! Large graphs: a GPT-style decoder of 96 layers (over 4000 traced nodes) compiles and computes
-//! what the reference interpreter computes, and code generation on several threads makes the same
-//! machine code as on one. How long compiles take is the compile benchmark's business
+//! what the reference interpreter computes, code generation on several threads makes the same
+//! machine code as on one, and scheduling a deep training step does work linear in its depth
+//! (counted, not timed). How long compiles take is the compile benchmark's business
 //! (`minductor compile`), not a test's.
 
 use minductor::internals::codegen_cpu::compile_program;
+use minductor::internals::passes::{fuse, fuse_counting, FuseStats};
 use minductor::{compile_with, set_num_threads, Backend};
 use minductor_tests::{assert_allclose, Tolerance};
-use minductor_tools::workloads::gpt_decoder;
+use minductor_tools::workloads::{gpt_decoder, gpt_decoder_train_step};
 
 #[test]
 fn a_96_layer_decoder_compiles_and_matches_the_interpreter() {
@@ -138,4 +140,53 @@ fn code_generation_on_several_threads_makes_the_code_of_one_thread() {
     let a = compiled.call(&decoder.inputs).unwrap();
     let b = again.call(&decoder.inputs).unwrap();
     assert_allclose(&a, &b, Tolerance::EXACT, "compiled on 3 threads");
+}
+
+/// The prim graph of the decoder's SGD step at `layers` layers (after autodiff and partition,
+/// what `fuse` schedules), its `fuse` work and its program's step count.
+fn fused_train_step(layers: usize) -> (usize, usize, FuseStats) {
+    let step = gpt_decoder_train_step(layers, 1e-3).unwrap();
+    let compiled = compile_with(&step.graph, Backend::AotEager).unwrap();
+    let prims = compiled.artifacts().prim_graph.clone().unwrap();
+    let (program, stats) = fuse_counting(&prims).unwrap();
+    assert_eq!(program, fuse(&prims).unwrap(), "fuse_counting is fuse");
+    (prims.len(), program.steps.len(), stats)
+}
+
+/// Scheduling a training step builds each kernel a bounded number of times, however deep the
+/// model. The optimizer updates at the end of the graph each realize a gradient deep inside the
+/// backward (a bias's column sum, a layer norm's parameter gradient); a scheduler that rebuilt
+/// every step after such a node built the whole backward again per parameter, so its builds grew
+/// with the square of the depth (measured: 3,213 builds at 4 layers, 38,493 at 16, for 1,106 and
+/// 4,022 prim nodes). Builds, not time, are compared, so the test cannot fail on a slow machine.
+#[test]
+fn scheduling_a_deep_training_step_builds_each_kernel_a_bounded_number_of_times() {
+    let (shallow_nodes, shallow_steps, shallow) = fused_train_step(4);
+    let (deep_nodes, deep_steps, deep) = fused_train_step(16);
+    assert!(
+        deep_nodes > 3 * shallow_nodes,
+        "{deep_nodes} vs {shallow_nodes} nodes"
+    );
+    // Each realized node's steps are built once, and again only when a retry changes what
+    // their build read: at both depths, fewer builds than 1.5 per step of the program...
+    for (builds, steps) in [(shallow.builds, shallow_steps), (deep.builds, deep_steps)] {
+        assert!(
+            2 * builds < 3 * steps,
+            "{builds} builds for {steps} steps (4 and 16 layers: {shallow:?}, {deep:?})"
+        );
+    }
+    // ...and per graph node, as many at 16 layers as at 4 (within 10%): linear in the depth.
+    let per_node = |s: FuseStats, nodes: usize| s.builds as f64 / nodes as f64;
+    let (shallow_rate, deep_rate) = (per_node(shallow, shallow_nodes), per_node(deep, deep_nodes));
+    assert!(
+        deep_rate <= 1.1 * shallow_rate,
+        "builds per node: {shallow_rate:.3} at 4 layers, {deep_rate:.3} at 16 ({shallow:?}, {deep:?})"
+    );
+    // Retries (each a realized gradient or fallback) grow with the graph, not faster.
+    assert!(
+        deep.retries * shallow_nodes <= 11 * deep_nodes * shallow.retries / 10,
+        "retries: {} at 4 layers, {} at 16",
+        shallow.retries,
+        deep.retries
+    );
 }
