@@ -1162,14 +1162,12 @@ impl Verifier<'_> {
             }
             // Overlapping lifetimes: only an in-place pair, at the step where the input's life
             // ends and the output's begins, with a safe access pattern.
-            let pair = |written: BufferId,
-                        input: BufferId,
-                        lw: (usize, usize),
-                        li: (usize, usize)| {
-                li.1 == lw.0
-                    && plan.in_place.contains(&(written, input, lw.0))
-                    && in_place_allowed(p, &p.steps[lw.0], written, input)
-            };
+            let pair =
+                |written: BufferId, input: BufferId, lw: (usize, usize), li: (usize, usize)| {
+                    li.1 == lw.0
+                        && plan.in_place.contains(&(written, input, lw.0))
+                        && in_place_allowed(p, &p.steps[lw.0], written, input)
+                };
             // A slot may hold hundreds of buffers one after another (a deep training step), so
             // the overlapping pairs are found by a sweep over the members sorted by their first
             // step rather than by comparing every pair; only when one is refused does the
