@@ -136,6 +136,10 @@ enum Command {
         /// Measure the machine probe again instead of reading its cache.
         #[arg(long)]
         reprobe: bool,
+        /// The compiled backend's mode: default, reduce-overhead or max-autotune (which tunes
+        /// each step at each thread count while compiling).
+        #[arg(long, default_value = "default")]
+        mode: String,
     },
     /// Time compiles: the GPT-style decoder at several depths (and, with --suite, the suite's
     /// workloads), printing graph nodes, the median compile time and microseconds per node.
@@ -292,7 +296,10 @@ fn main() -> ExitCode {
             seconds,
             rounds,
             reprobe,
-        } => match bench(workload, pt2, threads, json, plot, seconds, rounds, reprobe) {
+            mode,
+        } => match bench(
+            workload, pt2, threads, json, plot, seconds, rounds, reprobe, &mode,
+        ) {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {
                 eprintln!("error: {e}");
@@ -475,7 +482,9 @@ fn bench(
     seconds: f64,
     rounds: usize,
     reprobe: bool,
+    mode: &str,
 ) -> Result<(), Box<dyn std::error::Error>> {
+    let mode: minductor::Mode = mode.parse()?;
     if !(seconds.is_finite() && seconds >= 0.0) {
         return Err(format!("--seconds must be a non-negative number, found {seconds}").into());
     }
@@ -541,11 +550,15 @@ fn bench(
         let mut prepared = Vec::new();
         for workload in &workloads {
             eprintln!("compiling {} ...", workload.name);
-            prepared.push(PreparedWorkload::new(workload)?);
+            prepared.push(PreparedWorkload::new(workload, mode)?);
         }
         for p in &programs {
             eprintln!("compiling {} ...", p.workload.name);
-            prepared.push(PreparedWorkload::from_program(&p.workload, &p.program)?);
+            prepared.push(PreparedWorkload::from_program(
+                &p.workload,
+                &p.program,
+                mode,
+            )?);
         }
         for round in 0..rounds {
             for p in &mut prepared {
@@ -558,8 +571,13 @@ fn bench(
             .map(|p| p.finish(&probe, Some(&AllocatorMeter)))
             .collect::<Result<_, _>>()?;
         println!(
-            "\n{} threads; median of timed calls{}; peaks are heap bytes above the pre-call baseline",
+            "\n{} threads{}; median of timed calls{}; peaks are heap bytes above the pre-call baseline",
             threads,
+            if mode == minductor::Mode::Default {
+                String::new()
+            } else {
+                format!(", compiled in mode {mode}")
+            },
             if rounds > 1 {
                 format!(" (median of {rounds} interleaved rounds' medians)")
             } else {
@@ -601,6 +619,7 @@ fn bench(
             };
             let report = Report {
                 threads,
+                mode: mode.to_string(),
                 probe: probe.clone(),
                 workloads: results.clone(),
                 sweep,
