@@ -1579,7 +1579,14 @@ impl<'g> KernelBuilder<'g> {
                     "im2col is compiled only as a GEMM's right operand (an implicit GEMM)",
                 )
             }
-            composite => panic!("fuse: {composite} reached fusion; run decompose first"),
+            // The pipeline decomposes composites first; a graph that was not (through
+            // `internals`) runs them as fallback steps rather than failing.
+            composite => {
+                return fallback(
+                    node,
+                    format!("{composite} is a composite op: `decompose` compiles it"),
+                )
+            }
         };
         self.memo.insert(key, e);
         Ok(e)

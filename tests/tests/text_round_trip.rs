@@ -254,3 +254,33 @@ fn a_graph_with_derived_dims_round_trips() {
         .unwrap_or_else(|e| panic!("{e}"));
     }
 }
+
+/// `fuse` on a graph that was not decomposed (reachable through `internals`) runs its composite
+/// ops as fallback steps instead of panicking, and the program computes what the pipeline's does.
+#[test]
+fn fuse_runs_composites_it_meets_as_fallback_steps() {
+    let (graph, inputs) = minductor_tests::build_graph(
+        &[&[4, 33], &[33]],
+        |shape, seed| minductor_tests::sine_values(shape, seed, 2.0),
+        |i| {
+            vec![i[0]
+                .softmax(-1)
+                .add(&i[1])
+                .layer_norm(&[33], Some(&i[1]), None, 1e-5)]
+        },
+    );
+    let mut program = fuse(&graph).unwrap();
+    program.plan = Some(plan_buffers(&program));
+    assert!(
+        program.to_string().contains("fallback"),
+        "composites run as fallback steps:\n{program}"
+    );
+    let want = compile(&graph).unwrap().call(&inputs).unwrap();
+    compare_outputs(
+        &run_program(&program, &inputs),
+        &want,
+        Tolerance::close(1e-6),
+        "softmax and layer norm as fallback steps",
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+}
