@@ -837,25 +837,45 @@ fn stream(
     // `d · kc · padded_m` on: the layout of `implicit::PackedA`.
     let mut packed_a = AlignedBuffer::take(padded_m * k, "a")?;
     {
-        let blocks: Vec<Mutex<&mut [f32]>> = packed_a
+        // Packed in units of (depth block, run of micro-panels): each depth block cut into as
+        // many runs as it takes to give every thread a unit, so that on many cores a product
+        // of few depth blocks (the MLP's: 2) does not wait for two threads to pack all of `a`.
+        let depth_blocks = k.div_ceil(kc_block);
+        let micro_panels = padded_m / mr;
+        let runs = threads.div_ceil(depth_blocks).clamp(1, micro_panels.max(1));
+        let mut units: Vec<Mutex<(usize, std::ops::Range<usize>, &mut [f32])>> = Vec::new();
+        for (d, block) in packed_a
             .as_mut_slice()
             .chunks_mut(padded_m * kc_block)
-            .map(Mutex::new)
-            .collect();
-        let chunks = threads.min(blocks.len());
-        let pack_blocks = |t: usize| {
-            let first = blocks.len() * t / chunks;
-            let end = blocks.len() * (t + 1) / chunks;
-            for (d, block) in blocks.iter().enumerate().take(end).skip(first) {
-                let mut block = block.lock().unwrap_or_else(|p| p.into_inner());
-                let depth = d * kc_block;
-                pack::pack_a(a, 0..m, depth..(depth + kc_block).min(k), mr, &mut block);
+            .enumerate()
+        {
+            let kc = kc_block.min(k - d * kc_block);
+            let mut rest = block;
+            for run in 0..runs {
+                let (start, end) = (micro_panels * run / runs, micro_panels * (run + 1) / runs);
+                let (unit, tail) = rest.split_at_mut((end - start) * mr * kc);
+                rest = tail;
+                units.push(Mutex::new((d, start * mr..(end * mr).min(m), unit)));
+            }
+        }
+        let chunks = threads.min(units.len());
+        let pack_units = |t: usize| {
+            let first = units.len() * t / chunks;
+            let end = units.len() * (t + 1) / chunks;
+            for unit in &units[first..end] {
+                let mut unit = unit.lock().unwrap_or_else(|p| p.into_inner());
+                let (d, rows, values) = &mut *unit;
+                let depth = *d * kc_block;
+                if rows.start < rows.end {
+                    let depth = depth..(depth + kc_block).min(k);
+                    pack::pack_a(a, rows.clone(), depth, mr, values);
+                }
             }
         };
         if chunks == 1 {
-            pack_blocks(0);
+            pack_units(0);
         } else {
-            minductor_runtime::threads::for_each_chunk(chunks, pack_blocks);
+            minductor_runtime::threads::for_each_chunk(chunks, pack_units);
         }
     }
     let split = streaming_split(kernel, m, n, k, threads);
