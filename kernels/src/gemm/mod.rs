@@ -843,7 +843,9 @@ fn stream(
         let depth_blocks = k.div_ceil(kc_block);
         let micro_panels = padded_m / mr;
         let runs = threads.div_ceil(depth_blocks).clamp(1, micro_panels.max(1));
-        let mut units: Vec<Mutex<(usize, std::ops::Range<usize>, &mut [f32])>> = Vec::new();
+        // (depth block, rows of `a`, their packed values)
+        type Unit<'v> = (usize, std::ops::Range<usize>, &'v mut [f32]);
+        let mut units: Vec<Mutex<Unit>> = Vec::new();
         for (d, block) in packed_a
             .as_mut_slice()
             .chunks_mut(padded_m * kc_block)
