@@ -8,80 +8,19 @@ use clap::{Parser, Subcommand};
 use minductor::Backend;
 use minductor_tools::bench::{
     plot_speedup, plot_thread_scaling, render_probe, render_table, run_workload, BenchOptions,
-    HeapMeter, PreparedWorkload, Report,
+    PreparedWorkload, Report,
 };
 use minductor_tools::golden::{default_golden_dir, run_golden};
+use minductor_tools::heap::{AllocatorMeter, CountingAllocator};
 use minductor_tools::probe::{load_or_measure, Origin};
 use minductor_tools::pt2;
 use minductor_tools::workloads::{self, Workload, WorkloadError, SUITE};
-use std::alloc::{GlobalAlloc, Layout, System};
 use std::path::PathBuf;
 use std::process::ExitCode;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
-
-/// The system allocator, counting live heap bytes and their peak, so `bench` can report the peak
-/// bytes each backend allocates during a call.
-struct CountingAllocator;
-
-static LIVE_BYTES: AtomicUsize = AtomicUsize::new(0);
-static PEAK_BYTES: AtomicUsize = AtomicUsize::new(0);
-
-fn allocated(bytes: usize) {
-    let live = LIVE_BYTES.fetch_add(bytes, Ordering::Relaxed) + bytes;
-    PEAK_BYTES.fetch_max(live, Ordering::Relaxed);
-}
-
-// SAFETY: every call is forwarded unchanged to `System`, which upholds GlobalAlloc's contract;
-// the counters only observe sizes.
-unsafe impl GlobalAlloc for CountingAllocator {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        let ptr = System.alloc(layout);
-        if !ptr.is_null() {
-            allocated(layout.size());
-        }
-        ptr
-    }
-
-    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
-        let ptr = System.alloc_zeroed(layout);
-        if !ptr.is_null() {
-            allocated(layout.size());
-        }
-        ptr
-    }
-
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        System.dealloc(ptr, layout);
-        LIVE_BYTES.fetch_sub(layout.size(), Ordering::Relaxed);
-    }
-
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        let new = System.realloc(ptr, layout, new_size);
-        if !new.is_null() {
-            LIVE_BYTES.fetch_sub(layout.size(), Ordering::Relaxed);
-            allocated(new_size);
-        }
-        new
-    }
-}
 
 #[global_allocator]
 static ALLOCATOR: CountingAllocator = CountingAllocator;
-
-struct AllocatorMeter;
-
-impl HeapMeter for AllocatorMeter {
-    fn reset_peak(&self) -> usize {
-        let live = LIVE_BYTES.load(Ordering::Relaxed);
-        PEAK_BYTES.store(live, Ordering::Relaxed);
-        live
-    }
-
-    fn peak(&self) -> usize {
-        PEAK_BYTES.load(Ordering::Relaxed)
-    }
-}
 
 #[derive(Parser)]
 #[command(
