@@ -274,12 +274,10 @@ pub fn lower_kernel(
         .map(|(i, &s)| (s, extents[first_symbol + i]))
         .collect();
     let mut sizes = HashMap::new();
-    for index in kernel.indices() {
-        for e in index.size_exprs() {
-            if e.as_const().is_none() && !sizes.contains_key(e) {
-                let v = emit_size_expr(b, e, &symbol_values);
-                sizes.insert(e.clone(), v);
-            }
+    for e in kernel.size_exprs() {
+        if e.as_const().is_none() && !sizes.contains_key(e) {
+            let v = emit_size_expr(b, e, &symbol_values);
+            sizes.insert(e.clone(), v);
         }
     }
     let mut l = Lowering {

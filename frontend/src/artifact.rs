@@ -534,8 +534,21 @@ impl Artifact {
     }
 
     /// Rebuilds the compiled graph: checks the CPU, parses the sections, checks them against
-    /// each other, verifies the program and generates its code.
+    /// each other, verifies the program and generates its code. The constants are copied into
+    /// the graph's tensors; [`Artifact::into_compiled`] moves them instead.
     pub fn load(&self) -> Result<Compiled, ArtifactError> {
+        self.load_with(None)
+    }
+
+    /// [`Artifact::load`], consuming the artifact: each constant's bytes are freed as soon as
+    /// its tensor is made, so loading a frozen model holds its weights about once, not twice.
+    pub fn into_compiled(mut self) -> Result<Compiled, ArtifactError> {
+        let constants = std::mem::take(&mut self.constants);
+        self.load_with(Some(constants))
+    }
+
+    /// [`Artifact::load`], with the constants given (`Some`, then consumed) or read from `self`.
+    fn load_with(&self, owned: Option<Vec<Constant>>) -> Result<Compiled, ArtifactError> {
         let started = Instant::now();
         self.check_cpu()?;
         let parse = |section: &'static str| move |error| ArtifactError::Parse { section, error };
@@ -549,7 +562,10 @@ impl Artifact {
             ));
         }
         verify_program(&program, &[]).map_err(|e| ArtifactError::Verify(Box::new(e)))?;
-        let constants = self.constant_tensors(&graph)?;
+        let constants = match owned {
+            Some(owned) => constant_tensors(&graph, owned.len(), owned.into_iter().map(Ok))?,
+            None => constant_tensors(&graph, self.constants.len(), self.constants.iter().map(Err))?,
+        };
         let options = parse_options(&self.options)
             .ok_or_else(|| ArtifactError::Corrupted(format!("options `{}`", self.options)))?;
         let mut compiled = compile_program(&program)?;
@@ -593,53 +609,60 @@ impl Artifact {
         }
         Ok(compiled)
     }
+}
 
-    /// The constants as tensors, once each is checked against the graph input it feeds: the
-    /// graph's last inputs, in order, with the same names and types, and as many bytes as the
-    /// type takes.
-    fn constant_tensors(&self, graph: &Graph) -> Result<Vec<Tensor>, ArtifactError> {
-        let inputs = graph.inputs();
-        let Some(first) = inputs.len().checked_sub(self.constants.len()) else {
-            return Err(ArtifactError::Inconsistent(format!(
-                "{} constants for a graph of {} inputs",
-                self.constants.len(),
-                inputs.len()
-            )));
-        };
-        self.constants
-            .iter()
-            .enumerate()
-            .map(|(k, c)| {
-                let (name, ty) = (graph.input_name(first + k), graph.ty(inputs[first + k]));
-                if c.name != name || c.ty != *ty {
-                    return Err(ArtifactError::Inconsistent(format!(
-                        "constant {k} is `{}: {}`, but graph input {} is `{name}: {ty}`",
-                        c.name,
-                        c.ty,
-                        first + k
-                    )));
-                }
-                let Some(shape) = ty.static_sizes() else {
-                    return Err(ArtifactError::Inconsistent(format!(
-                        "constant `{name}` has a symbolic type {ty}"
-                    )));
-                };
-                let expected = shape
-                    .iter()
-                    .try_fold(ty.dtype.size_bytes(), |acc, &n| acc.checked_mul(n));
-                if expected != Some(c.data.len()) {
-                    return Err(ArtifactError::ConstantSize {
-                        name: name.to_string(),
-                        ty: ty.to_string(),
-                        expected: expected.unwrap_or(usize::MAX),
-                        found: c.data.len(),
-                    });
-                }
-                Tensor::from_bytes(ty.dtype, &shape, &c.data)
-                    .map_err(|e| ArtifactError::Corrupted(format!("constant `{name}`: {e}")))
-            })
-            .collect()
-    }
+/// The constants as tensors, once each is checked against the graph input it feeds: the graph's
+/// last `count` inputs, in order, with the same names and types, and as many bytes as the type
+/// takes. Each constant is owned (`Ok`: its bytes are freed once its tensor is made) or borrowed
+/// (`Err`).
+fn constant_tensors<'c>(
+    graph: &Graph,
+    count: usize,
+    constants: impl Iterator<Item = Result<Constant, &'c Constant>>,
+) -> Result<Vec<Tensor>, ArtifactError> {
+    let inputs = graph.inputs();
+    let Some(first) = inputs.len().checked_sub(count) else {
+        return Err(ArtifactError::Inconsistent(format!(
+            "{count} constants for a graph of {} inputs",
+            inputs.len()
+        )));
+    };
+    constants
+        .enumerate()
+        .map(|(k, c)| {
+            let c: &Constant = match &c {
+                Ok(owned) => owned,
+                Err(borrowed) => borrowed,
+            };
+            let (name, ty) = (graph.input_name(first + k), graph.ty(inputs[first + k]));
+            if c.name != name || c.ty != *ty {
+                return Err(ArtifactError::Inconsistent(format!(
+                    "constant {k} is `{}: {}`, but graph input {} is `{name}: {ty}`",
+                    c.name,
+                    c.ty,
+                    first + k
+                )));
+            }
+            let Some(shape) = ty.static_sizes() else {
+                return Err(ArtifactError::Inconsistent(format!(
+                    "constant `{name}` has a symbolic type {ty}"
+                )));
+            };
+            let expected = shape
+                .iter()
+                .try_fold(ty.dtype.size_bytes(), |acc, &n| acc.checked_mul(n));
+            if expected != Some(c.data.len()) {
+                return Err(ArtifactError::ConstantSize {
+                    name: name.to_string(),
+                    ty: ty.to_string(),
+                    expected: expected.unwrap_or(usize::MAX),
+                    found: c.data.len(),
+                });
+            }
+            Tensor::from_bytes(ty.dtype, &shape, &c.data)
+                .map_err(|e| ArtifactError::Corrupted(format!("constant `{name}`: {e}")))
+        })
+        .collect()
 }
 
 /// A frozen compile's constants as the `constants` section holds them: each named after the
@@ -1024,7 +1047,11 @@ pub fn load(path: impl AsRef<Path>) -> Result<Compiled, ArtifactError> {
         path: path.to_path_buf(),
         source,
     })?;
-    load_bytes(&bytes)
+    let artifact = Artifact::from_bytes(&bytes)?;
+    // The file's bytes go before the constants become tensors: a frozen model's weights are
+    // held once in the decoded constants, then moved into tensors one at a time.
+    drop(bytes);
+    artifact.into_compiled()
 }
 
 /// Loads an artifact from its bytes.

@@ -112,7 +112,7 @@ impl CompileCache {
             if artifact.graph != graph.to_string() || artifact.options != options_text(options) {
                 return Ok(None);
             }
-            artifact.load().map(|mut compiled| {
+            artifact.into_compiled().map(|mut compiled| {
                 compiled.mark_from_cache();
                 Some(compiled)
             })

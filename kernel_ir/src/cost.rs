@@ -82,6 +82,13 @@ fn extent(d: &Dim) -> u64 {
     d.as_static().unwrap_or(1) as u64
 }
 
+/// A size expression's value (at least 0) with each symbol counted as 1, as [`extent`] counts
+/// symbolic dims.
+fn symbols_as_one(e: &minductor_ir::SizeExpr) -> u64 {
+    e.eval(|_| Some(1))
+        .map_or(1, |v| v.clamp(0, u64::MAX as i128) as u64)
+}
+
 /// A stride or offset with each symbol counted as 1, as [`extent`] counts symbolic dims.
 fn nominal(e: &minductor_ir::SizeExpr) -> i64 {
     e.eval(|_| Some(1))
@@ -259,7 +266,7 @@ fn kernel_cost(program: &Program, kernel: &Kernel) -> StepCost {
                                 .terms
                                 .iter()
                                 .copied()
-                                .chain([(ind.stride, ind.bound.max(0) as u64)]),
+                                .chain([(ind.stride, symbols_as_one(&ind.bound))]),
                         );
                     }
                     reads.entry(*buffer).or_default().insert(pattern);

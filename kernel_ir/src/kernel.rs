@@ -175,11 +175,13 @@ impl ScalarType {
 }
 
 /// A data-dependent part of a load index: `clamp(value, 0, bound - 1) * stride` (embedding).
+/// The bound is the table's rows: a number, or a size expression of the call's symbols (a
+/// table whose length follows the input, as a mask's or a position table's).
 #[derive(Clone, Debug, PartialEq)]
 pub struct Indirect {
     pub value: ExprId,
     pub stride: i64,
-    pub bound: i64,
+    pub bound: SizeExpr,
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -334,12 +336,23 @@ impl Kernel {
         exprs.chain(stores)
     }
 
-    /// The symbols the kernel's index coefficients and offsets read, sorted and unique.
+    /// Every size expression the kernel's code computes: its indices' coefficients and offsets,
+    /// and the bounds of its data-dependent loads.
+    pub fn size_exprs(&self) -> impl Iterator<Item = &SizeExpr> {
+        let bounds = self.exprs.iter().filter_map(|e| match e {
+            Expr::Load {
+                indirect: Some(ind),
+                ..
+            } => Some(&ind.bound),
+            _ => None,
+        });
+        self.indices().flat_map(|i| i.size_exprs()).chain(bounds)
+    }
+
+    /// The symbols the kernel's size expressions read ([`Kernel::size_exprs`]), sorted and
+    /// unique.
     pub fn index_symbols(&self) -> Vec<SymId> {
-        let mut out: Vec<SymId> = self
-            .indices()
-            .flat_map(|i| i.size_exprs().flat_map(|e| e.symbols()).collect::<Vec<_>>())
-            .collect();
+        let mut out: Vec<SymId> = self.size_exprs().flat_map(|e| e.symbols()).collect();
         out.sort();
         out.dedup();
         out
@@ -650,7 +663,8 @@ impl Step {
 #[derive(Clone, Debug, PartialEq)]
 pub struct IndexCheck {
     pub buffer: BufferId,
-    pub bound: i64,
+    /// A number, or a size expression of the call's symbols.
+    pub bound: SizeExpr,
     pub step: usize,
 }
 

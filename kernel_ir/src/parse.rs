@@ -137,7 +137,7 @@ impl<'a> Parser<'a> {
             self.at += 1;
             let buffer = self.buffer(&mut c)?;
             c.eat(" in 0..")?;
-            let bound = c.i64()?;
+            let bound = SizeExpr::parse(&mut c)?;
             c.eat(" before step ")?;
             let step = c.usize()?;
             c.end()?;
@@ -754,7 +754,7 @@ fn affine(c: &mut Cursor, indirect: bool) -> Result<(Affine, Option<Indirect>), 
                 };
                 let value = expr_id(c)?;
                 c.eat(", 0, ")?;
-                let bound = c.i64()?;
+                let bound = SizeExpr::parse(c)?;
                 c.eat(")")?;
                 let data = Indirect {
                     value,

@@ -152,7 +152,13 @@ impl Verifier<'_> {
 
     /// The value of a size expression (a stride or offset), if its symbols are known.
     fn value(&self, e: &SizeExpr) -> Option<i128> {
-        e.eval(|s| self.input_size(s))
+        e.eval(|s| {
+            if s.is_derived() {
+                Dim::Sym(s).eval(|s| self.input_size(s))
+            } else {
+                self.input_size(s)
+            }
+        })
     }
 
     fn buffer(&self, id: BufferId, at: &str) -> Result<&Buffer, VerifyError> {
@@ -291,11 +297,23 @@ impl Verifier<'_> {
                     } => {
                         let access = format!("load e{}", id.0);
                         self.vars(&at, &access, k, stage, index)?;
-                        let extra = indirect.as_ref().map(|ind| (ind.stride, ind.bound));
-                        if !matches!(extra, Some((_, bound)) if bound < 1)
-                            || !self.step_never_runs(step, extra.map_or(0, |e| e.1))
-                        {
-                            self.range(&at, &access, k, stage, *buffer, index, extra)?;
+                        // A symbolic bound is known once the symbols are bound (checked again
+                        // then, as every symbolic range is).
+                        let extra = match indirect {
+                            None => Some(None),
+                            Some(ind) => self.value(&ind.bound).map(|b| {
+                                Some((
+                                    ind.stride,
+                                    b.clamp(i64::MIN as i128, i64::MAX as i128) as i64,
+                                ))
+                            }),
+                        };
+                        if let Some(extra) = extra {
+                            if !matches!(extra, Some((_, bound)) if bound < 1)
+                                || !self.step_never_runs(step, extra.map_or(0, |e| e.1))
+                            {
+                                self.range(&at, &access, k, stage, *buffer, index, extra)?;
+                            }
                         }
                     }
                     _ => {}
@@ -616,7 +634,7 @@ impl Verifier<'_> {
     fn step_never_runs(&self, step: usize, bound: i64) -> bool {
         self.program.index_checks.iter().any(|c| {
             c.step == step
-                && c.bound == bound
+                && self.value(&c.bound) == Some(bound as i128)
                 && bound < 1
                 && (c.buffer.0 as usize) < self.program.buffers.len()
                 && self.numel(c.buffer).is_some_and(|n| n > 0)

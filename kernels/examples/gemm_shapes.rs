@@ -4,7 +4,8 @@
 //! alone, the multiply with `b` packed beforehand, lazily packed `b` and the multiply together
 //! (`multiply_parallel`), and `multiply_streaming`. Times are medians of CPU time per thread
 //! (wall time with `WALL=1`). `SHAPES=name,name` keeps the shapes whose names contain one of
-//! them, `MODES=multiply,streaming` (for example) the given measurements:
+//! them, `MODES=multiply,streaming` (for example) the given measurements; `COLD=1` evicts
+//! every operand from the caches before each timed call (writing 96 MiB), as in a program:
 //! `cargo run --release -p minductor-codegen-cpu --example gemm_shapes [-- rounds]`.
 
 use minductor_kernels::gemm::{
@@ -42,8 +43,14 @@ fn process_cpu_seconds() -> f64 {
 fn median(f: &mut dyn FnMut()) -> f64 {
     f();
     let threads = minductor_runtime::threads::num_threads() as f64;
+    let cold = std::env::var("COLD").is_ok();
+    let mut flush = vec![0u8; if cold { 96 << 20 } else { 0 }];
     let mut times: Vec<f64> = (0..15)
-        .map(|_| {
+        .map(|i| {
+            // `COLD=1`: every operand evicted from the caches first, as in a program whose
+            // other steps ran in between.
+            flush.iter_mut().for_each(|x| *x = x.wrapping_add(i as u8));
+            std::hint::black_box(&flush);
             let (t, cpu) = (Instant::now(), process_cpu_seconds());
             f();
             let (wall, cpu) = (t.elapsed().as_secs_f64(), process_cpu_seconds() - cpu);

@@ -1497,7 +1497,7 @@ impl<'g> KernelBuilder<'g> {
     /// The check reads a realized buffer: the indices themselves, or the buffer under a chain of
     /// reshapes, permutes and expands (views that read every element); computed or sliced
     /// indices are realized first (a retry), so that they can be checked.
-    fn check_indices(&self, s: &mut Scheduler, indices: NodeId, bound: i64) -> Retry<()> {
+    fn check_indices(&self, s: &mut Scheduler, indices: NodeId, bound: SizeExpr) -> Retry<()> {
         let g = s.graph;
         let mut v = indices;
         while !s.is_realized(v) {
@@ -1680,16 +1680,16 @@ impl<'g> KernelBuilder<'g> {
                 }
                 let strides = contiguous(&table_shape);
                 let index = linear(&idx[index_rank..], &strides[1..])?;
-                let (Some(rows), Some(stride)) =
-                    (table_shape[0].as_static(), strides[0].as_const())
-                else {
+                // The rows may be symbolic (a table as long as the input: a mask's, a position
+                // table's); the row width must be a number.
+                let Some(stride) = strides[0].as_const() else {
                     return fallback(
                         node,
-                        "embedding tables with symbolic sizes are not compiled",
+                        "embedding tables of rows of symbolic width are not compiled",
                     );
                 };
-                let bound = rows as i64;
-                self.check_indices(s, indices, bound)?;
+                let bound = SizeExpr::of_dim(table_shape[0]);
+                self.check_indices(s, indices, bound.clone())?;
                 let indirect = Indirect {
                     value: i,
                     stride,
@@ -1736,13 +1736,14 @@ impl<'g> KernelBuilder<'g> {
                 let mut rest = idx.to_vec();
                 rest[*dim] = Affine::constant(0);
                 let index = linear(&rest, &strides)?;
-                let (Some(bound), Some(stride)) =
-                    (source_shape[*dim].as_static(), strides[*dim].as_const())
-                else {
-                    return fallback(node, "take_along over a symbolic dim is not compiled");
+                let Some(stride) = strides[*dim].as_const() else {
+                    return fallback(
+                        node,
+                        "take_along with a symbolic stride along its dim is not compiled",
+                    );
                 };
-                let bound = bound as i64;
-                self.check_indices(s, indices, bound)?;
+                let bound = SizeExpr::of_dim(source_shape[*dim]);
+                self.check_indices(s, indices, bound.clone())?;
                 let buffer = BufferId(source.0);
                 self.push(
                     Expr::Load {
@@ -1770,7 +1771,14 @@ impl<'g> KernelBuilder<'g> {
                     "im2col is compiled only as a GEMM's right operand (an implicit GEMM)",
                 )
             }
-            composite => panic!("fuse: {composite} reached fusion; run decompose first"),
+            // The pipeline decomposes composites first; a graph that was not (through
+            // `internals`) runs them as fallback steps rather than failing.
+            composite => {
+                return fallback(
+                    node,
+                    format!("{composite} is a composite op: `decompose` compiles it"),
+                )
+            }
         };
         self.memo.insert(key, e);
         Ok(e)

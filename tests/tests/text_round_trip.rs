@@ -254,3 +254,87 @@ fn a_graph_with_derived_dims_round_trips() {
         .unwrap_or_else(|e| panic!("{e}"));
     }
 }
+
+/// `fuse` on a graph that was not decomposed (reachable through `internals`) runs its composite
+/// ops as fallback steps instead of panicking, and the program computes what the pipeline's does.
+#[test]
+fn fuse_runs_composites_it_meets_as_fallback_steps() {
+    let (graph, inputs) = minductor_tests::build_graph(
+        &[&[4, 33], &[33]],
+        |shape, seed| minductor_tests::sine_values(shape, seed, 2.0),
+        |i| {
+            vec![i[0]
+                .softmax(-1)
+                .add(&i[1])
+                .layer_norm(&[33], Some(&i[1]), None, 1e-5)]
+        },
+    );
+    let mut program = fuse(&graph).unwrap();
+    program.plan = Some(plan_buffers(&program));
+    assert!(
+        program.to_string().contains("fallback"),
+        "composites run as fallback steps:\n{program}"
+    );
+    let want = compile(&graph).unwrap().call(&inputs).unwrap();
+    compare_outputs(
+        &run_program(&program, &inputs),
+        &want,
+        Tolerance::close(1e-6),
+        "softmax and layer norm as fallback steps",
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+}
+
+/// A gather from a table whose rows are symbolic prints its bound and its index check as size
+/// expressions (`clamp(e1, 0, s0)`, `in 0..2*s0`), which parse back to the same program, and the
+/// parsed program computes what the compiled one does.
+#[test]
+fn a_gather_from_a_symbolic_table_round_trips() {
+    let text = "graph(table: f32[s0, 4], ids: i64[s1]) {
+  %0 = input[table] : f32[s0, 4]
+  %1 = input[ids] : i64[s1]
+  %2 = gather %0, %1 : f32[s1, 4]
+  %3 = reshape[[4*s0]] %0 : f32[4*s0]
+  %4 = gather %3, %1 : f32[s1]
+  return %2, %4
+}";
+    let graph: Graph = round_trip(text, "graph gathering from symbolic tables");
+    graph.verify().unwrap();
+    let mut program = fuse(&simplify(&graph)).unwrap();
+    program.plan = Some(plan_buffers(&program));
+    let printed = program.to_string();
+    assert!(
+        printed.contains("clamp(") && printed.contains("index check"),
+        "{printed}"
+    );
+    let parsed: Program = round_trip(&printed, "program gathering from symbolic tables");
+    assert_eq!(parsed, program);
+    let compiled = compile(&graph).unwrap();
+    assert!(
+        compiled.fallbacks().is_empty(),
+        "{:?}",
+        compiled.fallbacks()
+    );
+    for rows in [3, 7] {
+        let inputs = [
+            minductor_tests::sine_values(&[rows, 4], 1, 1.0),
+            Tensor::from_vec(&[5], vec![0i64, rows as i64 - 1, 1, 2, 0]).unwrap(),
+        ];
+        let want = compiled.call(&inputs).unwrap();
+        let table = inputs[0].to_vec::<f32>().unwrap();
+        let first: Vec<f32> = [0, rows - 1, 1, 2, 0]
+            .iter()
+            .flat_map(|&r| table[r * 4..r * 4 + 4].to_vec())
+            .collect();
+        assert_eq!(want[0].to_vec::<f32>().unwrap(), first, "{rows} rows");
+        let flat: Vec<f32> = [0, rows - 1, 1, 2, 0].iter().map(|&i| table[i]).collect();
+        assert_eq!(want[1].to_vec::<f32>().unwrap(), flat, "{rows} rows");
+        compare_outputs(
+            &run_program(&parsed, &inputs),
+            &want,
+            Tolerance::close(0.0),
+            &format!("{rows} rows"),
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+    }
+}

@@ -98,6 +98,30 @@ fn harness_times_both_backends_and_reports_consistent_figures() {
     }
 }
 
+/// `minductor bench --mode`: the compiled backend is compiled in the mode asked for (checked
+/// against eager, as every bench run is), and max-autotune's choices are kept.
+#[test]
+fn the_harness_compiles_in_the_mode_asked_for() {
+    use minductor::Mode;
+    use minductor_tools::bench::PreparedWorkload;
+    let options = BenchOptions {
+        budget: Duration::ZERO,
+        min_iterations: 1,
+    };
+    for workload in small_workloads() {
+        for mode in [Mode::Default, Mode::ReduceOverhead, Mode::MaxAutotune] {
+            let mut prepared = PreparedWorkload::new(&workload, mode).unwrap();
+            prepared.time_round(options).unwrap();
+            let result = prepared.finish(&test_probe(), None).unwrap();
+            assert!(
+                result.compiled.median_ms > 0.0,
+                "{} in {mode}",
+                workload.name
+            );
+        }
+    }
+}
+
 #[test]
 fn suite_names_build_with_the_stated_sizes_and_costs() {
     for name in SUITE {
@@ -197,7 +221,9 @@ fn the_pt2_bench_times_every_case_on_both_backends() {
     for (p, case) in programs.iter().zip(&cases) {
         assert_eq!(p.workload.name, case.name);
         assert_eq!(p.workload.inputs.len(), case.inputs.len(), "{}", case.name);
-        let mut prepared = PreparedWorkload::from_program(&p.workload, &p.program).unwrap();
+        let mut prepared =
+            PreparedWorkload::from_program(&p.workload, &p.program, minductor::Mode::Default)
+                .unwrap();
         prepared.time_round(options).unwrap();
         let result = prepared.finish(&test_probe(), None).unwrap();
         assert_eq!(result.compiled.backend, "inductor", "{}", case.name);

@@ -20,7 +20,8 @@ use crate::probe::MachineProbe;
 use crate::workloads::{Bound, Workload};
 use minductor::export::{CompiledProgram, ExportOptions, ExportedProgram};
 use minductor::{
-    compile_with, Backend, CompileError, CompileOptions, Compiled, RuntimeError, Tensor,
+    compile_with, compile_with_options, Backend, CompileError, CompileOptions, Compiled, Mode,
+    RuntimeError, Tensor,
 };
 use serde::Serialize;
 use std::fmt::Write as _;
@@ -156,6 +157,8 @@ pub struct WorkloadResult {
 #[derive(Clone, Debug, Serialize)]
 pub struct Report {
     pub threads: usize,
+    /// The compiled backend's mode (`default`, `reduce-overhead`, `max-autotune`).
+    pub mode: String,
     pub probe: MachineProbe,
     pub workloads: Vec<WorkloadResult>,
     /// The pointwise and softmax sweeps (empty unless a plot was asked for).
@@ -169,7 +172,7 @@ pub fn run_workload(
     meter: Option<&dyn HeapMeter>,
     options: BenchOptions,
 ) -> Result<WorkloadResult, BenchError> {
-    let mut prepared = PreparedWorkload::new(workload)?;
+    let mut prepared = PreparedWorkload::new(workload, Mode::Default)?;
     prepared.time_round(options)?;
     prepared.finish(probe, meter)
 }
@@ -194,10 +197,20 @@ impl<'w> PreparedWorkload<'w> {
         &self.workload.name
     }
 
-    /// Compiles `workload` on both backends, runs each once and checks that they agree.
-    pub fn new(workload: &'w Workload) -> Result<Self, BenchError> {
+    /// Compiles `workload` on both backends (the inductor one in `mode`), runs each once and
+    /// checks that they agree.
+    pub fn new(workload: &'w Workload, mode: Mode) -> Result<Self, BenchError> {
         let compile = |backend: Backend| {
-            compile_with(&workload.graph, backend).map_err(|source| BenchError::Compile {
+            let options = CompileOptions {
+                backend,
+                mode: if backend == Backend::Inductor {
+                    mode
+                } else {
+                    Mode::Default
+                },
+                ..Default::default()
+            };
+            compile_with_options(&workload.graph, options).map_err(|source| BenchError::Compile {
                 workload: workload.name.clone(),
                 backend: backend.name(),
                 source: Box::new(source),
@@ -213,11 +226,17 @@ impl<'w> PreparedWorkload<'w> {
     pub fn from_program(
         workload: &'w Workload,
         program: &ExportedProgram,
+        mode: Mode,
     ) -> Result<Self, BenchError> {
         let compile = |backend: Backend| {
             let options = ExportOptions {
                 compile: CompileOptions {
                     backend,
+                    mode: if backend == Backend::Inductor {
+                        mode
+                    } else {
+                        Mode::Default
+                    },
                     ..Default::default()
                 },
                 ..Default::default()

@@ -138,7 +138,13 @@ impl Lowering<'_, '_, '_> {
             // Clamp the data-dependent index into the table: JIT code never reads outside a buffer.
             let i = self.scalar_operand(ind.value);
             let zero = self.b.ins().iconst(types::I64, 0);
-            let last = self.b.ins().iconst(types::I64, ind.bound - 1);
+            let last = match ind.bound.as_const() {
+                Some(bound) => self.b.ins().iconst(types::I64, bound - 1),
+                None => {
+                    let bound = self.sizes[&ind.bound];
+                    self.b.ins().iadd_imm_s(bound, -1)
+                }
+            };
             let i = self.b.ins().smax(i, zero);
             let i = self.b.ins().smin(i, last);
             let scaled = self.b.ins().imul_imm_s(i, ind.stride * size);

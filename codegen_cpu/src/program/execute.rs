@@ -87,6 +87,20 @@ impl Symbols {
             .map(|n| n as i128)
     }
 
+    /// The value of a size expression over this call's symbols (input or derived), if each
+    /// has a size and the value fits an i64.
+    pub(super) fn value(&self, e: &minductor_ir::SizeExpr) -> Option<i64> {
+        e.eval_i64(|s| {
+            if s.is_derived() {
+                (self.1.iter().find(|(x, _)| *x == s))
+                    .map(|&(_, n)| n as i128)
+                    .or_else(|| Dim::Sym(s).eval(|s| self.input_size(s)))
+            } else {
+                self.input_size(s)
+            }
+        })
+    }
+
     /// The size of `d` for this call. A derived symbol's size was evaluated from its
     /// definition by `bind` (which checked that every derived dim of the program has one).
     pub(super) fn size(&self, d: Dim) -> usize {
@@ -627,7 +641,7 @@ impl CompiledProgram {
         let mut table: Vec<*mut u8> = Vec::with_capacity(8);
         for (n, step) in self.steps.iter().enumerate() {
             for check in program.index_checks.iter().filter(|c| c.step == n) {
-                check_indices(&pointers, program, &symbols, check.buffer, check.bound)?;
+                check_indices(&pointers, program, &symbols, check.buffer, &check.bound)?;
             }
             let started = timings.is_some().then(Instant::now);
             #[cfg(test)]
@@ -902,8 +916,13 @@ fn check_indices(
     program: &Program,
     symbols: &Symbols,
     buffer: BufferId,
-    bound: i64,
+    bound: &minductor_ir::SizeExpr,
 ) -> Result<(), RuntimeError> {
+    let Some(bound) = symbols.value(bound) else {
+        return Err(RuntimeError::Unsupported(format!(
+            "a gather's table size {bound} overflows for these sizes"
+        )));
+    };
     let n: usize = symbols
         .sizes(&program.buffer(buffer).shape)
         .iter()

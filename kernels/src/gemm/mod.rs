@@ -49,7 +49,7 @@ pub use implicit::{check_im2col, multiply_im2col, multiply_im2col_columns, Im2co
 pub use split::{
     image_parts, product_threads, unit_runs, ProductSplit, Shared, PARALLEL_FLOPS_THRESHOLD,
 };
-use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Mutex, OnceLock};
 use thiserror::Error;
 pub use winograd::{
@@ -391,8 +391,11 @@ impl<'a> MatrixMut<'a> {
 /// `b` packed for one kernel: `ceil(n / nr)` panels, panel `q` holding values
 /// `(p, q · nr + j)` at `q · k · nr + p · nr + j` for `p < k`, `j < nr` (zeros past column `n`).
 ///
-/// Packing is lazy, one depth block ([`Kernel::kc`] rows) of one panel at a time, by the first thread that needs
-/// it (the others wait for it); so the packing of a large `b` is spread over the whole product,
+/// Packing is lazy, one depth block ([`Kernel::kc`] rows) of one panel at a time, by the threads
+/// that need it: each claims runs of [`PACK_ROWS`] rows of the block until none is left, then
+/// waits for the runs others claimed (on many cores, the threads that all start on one panel
+/// pack it together instead of one packing while the rest wait); so the packing of a large `b`
+/// is spread over the whole product,
 /// and the reads of `b` it needs are prefetched while the micro-kernels run on the block before
 /// (`multiply_panels`). Every block is packed exactly once per `PackedB`, shared by every tile
 /// and thread. The buffer comes from a pool and returns to it when dropped, so repeated calls of
@@ -406,17 +409,22 @@ pub struct PackedB<'a> {
     buffer: AlignedBuffer,
     /// The start of `buffer`'s `panels · k · nr` values.
     base: *mut f32,
-    /// `EMPTY`, `PACKING` or `READY` for block `(panel, depth)` at `panel · blocks + depth`. A
-    /// block's values are written only by the thread that moved it from `EMPTY` to `PACKING`,
-    /// and read only after its state was seen `READY` (release/acquire).
-    states: Vec<AtomicU8>,
+    /// For block `(panel, depth)` at `panel · blocks + depth`: the runs of [`PACK_ROWS`] rows
+    /// claimed (low 16 bits) and packed (high 16 bits). A run's values are written only by the
+    /// thread whose compare-and-swap claimed it, and the block is read only after all its runs
+    /// were seen packed (each packer's release increment, one acquire load).
+    states: Vec<AtomicU32>,
     /// Depth blocks per panel: `ceil(k / kc)`, `kc` = [`Kernel::kc`].
     blocks: usize,
 }
 
-const EMPTY: u8 = 0;
-const PACKING: u8 = 1;
-const READY: u8 = 2;
+/// Rows of `b` per run a thread claims when packing a block of [`PackedB`] (16 KiB of packed
+/// AVX-512 values): a 512-deep block is 8 runs.
+const PACK_ROWS: usize = 64;
+
+/// The runs claimed (`state & CLAIMED`) and packed (`state >> PACKED_SHIFT`) of a block state.
+const CLAIMED: u32 = 0xffff;
+const PACKED_SHIFT: u32 = 16;
 
 // SAFETY: the packed values are shared under the protocol of `states` (each block written by
 // one thread before any thread reads it); the rest is read-only.
@@ -441,7 +449,7 @@ impl<'a> PackedB<'a> {
             source: *b,
             buffer,
             base,
-            states: (0..panels * blocks).map(|_| AtomicU8::new(EMPTY)).collect(),
+            states: (0..panels * blocks).map(|_| AtomicU32::new(0)).collect(),
             blocks,
         })
     }
@@ -492,42 +500,60 @@ impl<'a> PackedB<'a> {
 
     /// Whether block `(panel, depth)` is still to be packed by someone.
     fn is_empty(&self, panel: usize, depth: usize) -> bool {
-        self.states[panel * self.blocks + depth].load(Ordering::Relaxed) == EMPTY
+        self.states[panel * self.blocks + depth].load(Ordering::Relaxed) & CLAIMED == 0
     }
 
-    /// The packed block `(panel, depth)`: `kc · nr` values, `kc` its rows. Packs it here if no
-    /// thread has started to, else waits until the thread that did is done.
+    /// The packed block `(panel, depth)`: `kc · nr` values, `kc` its rows. Packs the runs of
+    /// it no thread has claimed yet, then waits until the runs others claimed are packed.
     fn block(&self, panel: usize, depth: usize) -> &[f32] {
         let nr = self.kernel.nr();
         let rows = self.block_rows(depth);
         let at = panel * self.k * nr + rows.start * nr;
         let len = rows.len() * nr;
+        // Runs of `PACK_ROWS` rows (8 of a 512-deep block), longer if a block were so deep (a
+        // forced `MINDUCTOR_GEMM_KC`) that their count would not fit its 16 bits.
+        let run_rows = PACK_ROWS.max(rows.len().div_ceil(CLAIMED as usize));
+        let runs = rows.len().div_ceil(run_rows) as u32;
         let state = &self.states[panel * self.blocks + depth];
-        if state.load(Ordering::Acquire) != READY {
-            if state
-                .compare_exchange(EMPTY, PACKING, Ordering::Acquire, Ordering::Acquire)
-                .is_ok()
+        let mut seen = state.load(Ordering::Acquire);
+        while seen & CLAIMED < runs {
+            let run = seen & CLAIMED;
+            match state.compare_exchange_weak(seen, seen + 1, Ordering::Acquire, Ordering::Acquire)
             {
-                // SAFETY: `at + len ≤ panels · k · nr`, inside the buffer; this thread moved the
-                // block from EMPTY to PACKING, so it alone writes these values, and no thread
-                // reads them before the READY below.
-                let values = unsafe { std::slice::from_raw_parts_mut(self.base.add(at), len) };
-                pack::pack_b(&self.source.rows(rows.start, rows.end), nr, panel, values);
-                state.store(READY, Ordering::Release);
-            } else {
-                let mut spins = 0u32;
-                while state.load(Ordering::Acquire) != READY {
-                    spins += 1;
-                    if spins < 1 << 12 {
-                        std::hint::spin_loop();
-                    } else {
-                        std::thread::yield_now();
-                    }
+                Ok(_) => {
+                    let first = rows.start + run as usize * run_rows;
+                    let end = (first + run_rows).min(rows.end);
+                    // SAFETY: rows `first..end` of the block are its values
+                    // `(first - rows.start) · nr ..` of `len`, inside the buffer (`at + len ≤
+                    // panels · k · nr`); this thread's compare-and-swap claimed run `run`, so it
+                    // alone writes them, and no thread reads the block before every run is
+                    // counted packed (below).
+                    let values = unsafe {
+                        std::slice::from_raw_parts_mut(
+                            self.base.add(at + (first - rows.start) * nr),
+                            (end - first) * nr,
+                        )
+                    };
+                    pack::pack_b(&self.source.rows(first, end), nr, panel, values);
+                    seen =
+                        state.fetch_add(1 << PACKED_SHIFT, Ordering::AcqRel) + (1 << PACKED_SHIFT);
                 }
+                Err(now) => seen = now,
             }
         }
-        // SAFETY: the block is READY (seen with acquire ordering after its writer's release),
-        // so no thread writes it any more; it lies inside the buffer (see above).
+        let mut spins = 0u32;
+        while seen >> PACKED_SHIFT < runs {
+            spins += 1;
+            if spins < 1 << 12 {
+                std::hint::spin_loop();
+            } else {
+                std::thread::yield_now();
+            }
+            seen = state.load(Ordering::Acquire);
+        }
+        // SAFETY: every run of the block was counted packed, seen with acquire ordering after
+        // each packer's release (the counts' read-modify-writes form one release sequence), so
+        // no thread writes it any more; it lies inside the buffer (see above).
         unsafe { std::slice::from_raw_parts(self.base.add(at), len) }
     }
 
@@ -837,25 +863,47 @@ fn stream(
     // `d · kc · padded_m` on: the layout of `implicit::PackedA`.
     let mut packed_a = AlignedBuffer::take(padded_m * k, "a")?;
     {
-        let blocks: Vec<Mutex<&mut [f32]>> = packed_a
+        // Packed in units of (depth block, run of micro-panels): each depth block cut into as
+        // many runs as it takes to give every thread a unit, so that on many cores a product
+        // of few depth blocks (the MLP's: 2) does not wait for two threads to pack all of `a`.
+        let depth_blocks = k.div_ceil(kc_block);
+        let micro_panels = padded_m / mr;
+        let runs = threads.div_ceil(depth_blocks).clamp(1, micro_panels.max(1));
+        // (depth block, rows of `a`, their packed values)
+        type Unit<'v> = (usize, std::ops::Range<usize>, &'v mut [f32]);
+        let mut units: Vec<Mutex<Unit>> = Vec::new();
+        for (d, block) in packed_a
             .as_mut_slice()
             .chunks_mut(padded_m * kc_block)
-            .map(Mutex::new)
-            .collect();
-        let chunks = threads.min(blocks.len());
-        let pack_blocks = |t: usize| {
-            let first = blocks.len() * t / chunks;
-            let end = blocks.len() * (t + 1) / chunks;
-            for (d, block) in blocks.iter().enumerate().take(end).skip(first) {
-                let mut block = block.lock().unwrap_or_else(|p| p.into_inner());
-                let depth = d * kc_block;
-                pack::pack_a(a, 0..m, depth..(depth + kc_block).min(k), mr, &mut block);
+            .enumerate()
+        {
+            let kc = kc_block.min(k - d * kc_block);
+            let mut rest = block;
+            for run in 0..runs {
+                let (start, end) = (micro_panels * run / runs, micro_panels * (run + 1) / runs);
+                let (unit, tail) = rest.split_at_mut((end - start) * mr * kc);
+                rest = tail;
+                units.push(Mutex::new((d, start * mr..(end * mr).min(m), unit)));
+            }
+        }
+        let chunks = threads.min(units.len());
+        let pack_units = |t: usize| {
+            let first = units.len() * t / chunks;
+            let end = units.len() * (t + 1) / chunks;
+            for unit in &units[first..end] {
+                let mut unit = unit.lock().unwrap_or_else(|p| p.into_inner());
+                let (d, rows, values) = &mut *unit;
+                let depth = *d * kc_block;
+                if rows.start < rows.end {
+                    let depth = depth..(depth + kc_block).min(k);
+                    pack::pack_a(a, rows.clone(), depth, mr, values);
+                }
             }
         };
         if chunks == 1 {
-            pack_blocks(0);
+            pack_units(0);
         } else {
-            minductor_runtime::threads::for_each_chunk(chunks, pack_blocks);
+            minductor_runtime::threads::for_each_chunk(chunks, pack_units);
         }
     }
     let split = streaming_split(kernel, m, n, k, threads);

@@ -195,7 +195,9 @@ fn results_are_the_same_bits_on_any_number_of_threads() {
                 out.iter().map(|v| v.to_bits()).collect::<Vec<_>>()
             };
             let one = run(1, false);
-            for threads in [1, 2, 3] {
+            // 5 and 8 threads: more threads than depth blocks, so the streamed path packs `a`
+            // in runs of micro-panels.
+            for threads in [1, 2, 3, 5, 8] {
                 for streamed in [false, true] {
                     assert!(
                         run(threads, streamed) == one,
@@ -351,7 +353,7 @@ fn streaming_matches_the_packed_path_bit_for_bit_at_tail_sizes_and_odd_strides()
                     // Several depth blocks at any block size (up to 512 deep).
                     [9, 1100, 70],
                 ] {
-                    for threads in [1, 2, 3] {
+                    for threads in [1, 2, 3, 7] {
                         check_streaming(kernel, [m, k, n], [a_layout, b_layout], threads);
                     }
                 }

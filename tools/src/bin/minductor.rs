@@ -8,80 +8,19 @@ use clap::{Parser, Subcommand};
 use minductor::Backend;
 use minductor_tools::bench::{
     plot_speedup, plot_thread_scaling, render_probe, render_table, run_workload, BenchOptions,
-    HeapMeter, PreparedWorkload, Report,
+    PreparedWorkload, Report,
 };
 use minductor_tools::golden::{default_golden_dir, run_golden};
+use minductor_tools::heap::{AllocatorMeter, CountingAllocator};
 use minductor_tools::probe::{load_or_measure, Origin};
 use minductor_tools::pt2;
 use minductor_tools::workloads::{self, Workload, WorkloadError, SUITE};
-use std::alloc::{GlobalAlloc, Layout, System};
 use std::path::PathBuf;
 use std::process::ExitCode;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
-
-/// The system allocator, counting live heap bytes and their peak, so `bench` can report the peak
-/// bytes each backend allocates during a call.
-struct CountingAllocator;
-
-static LIVE_BYTES: AtomicUsize = AtomicUsize::new(0);
-static PEAK_BYTES: AtomicUsize = AtomicUsize::new(0);
-
-fn allocated(bytes: usize) {
-    let live = LIVE_BYTES.fetch_add(bytes, Ordering::Relaxed) + bytes;
-    PEAK_BYTES.fetch_max(live, Ordering::Relaxed);
-}
-
-// SAFETY: every call is forwarded unchanged to `System`, which upholds GlobalAlloc's contract;
-// the counters only observe sizes.
-unsafe impl GlobalAlloc for CountingAllocator {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        let ptr = System.alloc(layout);
-        if !ptr.is_null() {
-            allocated(layout.size());
-        }
-        ptr
-    }
-
-    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
-        let ptr = System.alloc_zeroed(layout);
-        if !ptr.is_null() {
-            allocated(layout.size());
-        }
-        ptr
-    }
-
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        System.dealloc(ptr, layout);
-        LIVE_BYTES.fetch_sub(layout.size(), Ordering::Relaxed);
-    }
-
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        let new = System.realloc(ptr, layout, new_size);
-        if !new.is_null() {
-            LIVE_BYTES.fetch_sub(layout.size(), Ordering::Relaxed);
-            allocated(new_size);
-        }
-        new
-    }
-}
 
 #[global_allocator]
 static ALLOCATOR: CountingAllocator = CountingAllocator;
-
-struct AllocatorMeter;
-
-impl HeapMeter for AllocatorMeter {
-    fn reset_peak(&self) -> usize {
-        let live = LIVE_BYTES.load(Ordering::Relaxed);
-        PEAK_BYTES.store(live, Ordering::Relaxed);
-        live
-    }
-
-    fn peak(&self) -> usize {
-        PEAK_BYTES.load(Ordering::Relaxed)
-    }
-}
 
 #[derive(Parser)]
 #[command(
@@ -136,6 +75,10 @@ enum Command {
         /// Measure the machine probe again instead of reading its cache.
         #[arg(long)]
         reprobe: bool,
+        /// The compiled backend's mode: default, reduce-overhead or max-autotune (which tunes
+        /// each step at each thread count while compiling).
+        #[arg(long, default_value = "default")]
+        mode: String,
     },
     /// Time compiles: the GPT-style decoder at several depths (and, with --suite, the suite's
     /// workloads), printing graph nodes, the median compile time and microseconds per node.
@@ -292,7 +235,10 @@ fn main() -> ExitCode {
             seconds,
             rounds,
             reprobe,
-        } => match bench(workload, pt2, threads, json, plot, seconds, rounds, reprobe) {
+            mode,
+        } => match bench(
+            workload, pt2, threads, json, plot, seconds, rounds, reprobe, &mode,
+        ) {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {
                 eprintln!("error: {e}");
@@ -475,7 +421,9 @@ fn bench(
     seconds: f64,
     rounds: usize,
     reprobe: bool,
+    mode: &str,
 ) -> Result<(), Box<dyn std::error::Error>> {
+    let mode: minductor::Mode = mode.parse()?;
     if !(seconds.is_finite() && seconds >= 0.0) {
         return Err(format!("--seconds must be a non-negative number, found {seconds}").into());
     }
@@ -541,11 +489,15 @@ fn bench(
         let mut prepared = Vec::new();
         for workload in &workloads {
             eprintln!("compiling {} ...", workload.name);
-            prepared.push(PreparedWorkload::new(workload)?);
+            prepared.push(PreparedWorkload::new(workload, mode)?);
         }
         for p in &programs {
             eprintln!("compiling {} ...", p.workload.name);
-            prepared.push(PreparedWorkload::from_program(&p.workload, &p.program)?);
+            prepared.push(PreparedWorkload::from_program(
+                &p.workload,
+                &p.program,
+                mode,
+            )?);
         }
         for round in 0..rounds {
             for p in &mut prepared {
@@ -558,8 +510,13 @@ fn bench(
             .map(|p| p.finish(&probe, Some(&AllocatorMeter)))
             .collect::<Result<_, _>>()?;
         println!(
-            "\n{} threads; median of timed calls{}; peaks are heap bytes above the pre-call baseline",
+            "\n{} threads{}; median of timed calls{}; peaks are heap bytes above the pre-call baseline",
             threads,
+            if mode == minductor::Mode::Default {
+                String::new()
+            } else {
+                format!(", compiled in mode {mode}")
+            },
             if rounds > 1 {
                 format!(" (median of {rounds} interleaved rounds' medians)")
             } else {
@@ -601,6 +558,7 @@ fn bench(
             };
             let report = Report {
                 threads,
+                mode: mode.to_string(),
                 probe: probe.clone(),
                 workloads: results.clone(),
                 sweep,
