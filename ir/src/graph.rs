@@ -206,7 +206,20 @@ impl fmt::Display for Graph {
                 if k > 0 {
                     f.write_str(", ")?;
                 }
-                write!(f, "{id}")?;
+                // `%{id}`, its digits made here rather than through the formatting machinery.
+                let mut text = [0u8; 11];
+                let (mut at, mut n) = (text.len(), id.0);
+                loop {
+                    at -= 1;
+                    text[at] = b'0' + (n % 10) as u8;
+                    n /= 10;
+                    if n == 0 {
+                        break;
+                    }
+                }
+                at -= 1;
+                text[at] = b'%';
+                f.write_str(std::str::from_utf8(&text[at..]).expect("ASCII digits"))?;
             }
             Ok(())
         };
