@@ -13,7 +13,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .unwrap_or_else(minductor_tools::pt2::default_exported_dir);
     let case = minductor_tools::pt2::pt2_workloads(&dir, Some(&[name]))?.remove(0);
     let program = case.program.compile()?;
-    let compiled = program.compiled().ok_or("no compiled program for symbolic sizes")?;
+    let compiled = program
+        .compiled()
+        .ok_or("no compiled program for symbolic sizes")?;
     const CALLS: u32 = 300;
     let mut steps: Vec<(String, f64)> = Vec::new();
     for _ in 0..CALLS {
