@@ -146,8 +146,8 @@ fn fallback_reason(graph: &Graph, id: NodeId) -> Option<String> {
         Op::Reduce { .. } if !dtype.is_float() => Some(format!(
             "reductions over {dtype} values are not compiled (kernels reduce in f32)"
         )),
-        Op::CumSum { .. } if !dtype.is_float() => Some(format!(
-            "scans of {dtype} values are not compiled (kernels scan in f32)"
+        Op::CumSum { .. } if !dtype.is_float() && dtype != DType::I64 => Some(format!(
+            "scans of {dtype} values are not compiled (kernels scan in f32 or i64)"
         )),
         Op::ScatterAdd { .. } if dtype != DType::F32 => Some(format!(
             "the extern scatter-add adds f32 values, not {dtype}"
@@ -945,7 +945,12 @@ impl<'g> Scheduler<'g> {
         builder.inlined.push(id);
         builder.names.push(g.node(id).op.name());
         let value = builder.emit(self, operand, &idx)?;
-        let value = builder.convert(value, ScalarType::F32);
+        // Floats scan in f32 values (summed in f64), integers (an i64 output) in i64.
+        let ty = match g.ty(id).dtype {
+            DType::I64 => ScalarType::I64,
+            _ => ScalarType::F32,
+        };
+        let value = builder.convert(value, ty);
         let index = linear(&idx, &contiguous(&shape))?;
         builder.stages.push(Stage {
             extent: vec![shape[dim]],

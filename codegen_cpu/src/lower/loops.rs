@@ -334,6 +334,19 @@ impl Lowering<'_, '_, '_> {
                 };
                 self.stage_results[n] = Some(self.pin(result));
             }
+            StageAction::Scan(store) if self.kernel.ty(store.value) == ScalarType::I64 => {
+                // An integer scan: an i64 running sum (wrapping on overflow, as PyTorch's).
+                let acc = self.b.declare_var(types::I64);
+                let zero = self.b.ins().iconst(types::I64, 0);
+                self.b.def_var(acc, zero);
+                self.inner_loops(0, extents, false, &mut |l, _, _| {
+                    let x = l.scalar_operand(store.value);
+                    let sum = l.b.use_var(acc);
+                    let sum = l.b.ins().iadd(sum, x);
+                    l.b.def_var(acc, sum);
+                    l.store(store, Val::Scalar(sum), Mode::Scalar);
+                });
+            }
             StageAction::Scan(store) => {
                 // One element at a time, in order: the running sum lives in a variable, in f64
                 // (as PyTorch's CPU cumsum accumulates floats in `acc_type`, double), each
