@@ -1,12 +1,17 @@
 //! Where a `.pt2` case's call spends its time: each step's mean wall time over 300 profiled
 //! calls (`Compiled::profile`) of the case compiled with its weights frozen, slowest first, with
 //! the fallback steps (nodes the interpreter runs) among them:
-//! `cargo run --release -p minductor-tools --example pt2_profile -- tiny_gpt2 [DIR]`
-//! (DIR: `../shared/exported` by default).
+//! `cargo run --release -p minductor-tools --example pt2_profile -- tiny_gpt2 [THREADS [DIR]]`
+//! (THREADS: one per physical core by default; DIR: `../shared/exported`).
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut args = std::env::args().skip(1);
-    let name = args.next().ok_or("usage: pt2_profile CASE [DIR]")?;
+    let name = args
+        .next()
+        .ok_or("usage: pt2_profile CASE [THREADS [DIR]]")?;
+    if let Some(threads) = args.next() {
+        minductor::set_num_threads(threads.parse()?)?;
+    }
     let dir = args
         .next()
         .map(std::path::PathBuf::from)
