@@ -297,7 +297,7 @@ fn attention_on(
     let (v_rows, v_cols) = (v.strides[n], v.strides[n + 1]);
     let v_in_place = v_cols == 1 && v_rows >= 0;
     let failed = crate::scratch::FirstError::new();
-    minductor_runtime::threads::for_each_chunk(items.len(), |item| {
+    let run_item = |item: usize| {
         let kv = work[item].kv;
         let mut outs = items[item].lock().unwrap_or_else(|p| p.into_inner());
         // Keys after a run's last row take part in no row under a causal mask.
@@ -380,7 +380,12 @@ fn attention_on(
             failed.record(pack.check("attention's packed keys and values"));
             cell.set(pack);
         });
-    });
+    };
+    if plan.serial {
+        (0..items.len()).for_each(run_item);
+    } else {
+        minductor_runtime::threads::for_each_chunk(items.len(), run_item);
+    }
     Ok(failed.into_result()?)
 }
 
@@ -398,6 +403,9 @@ fn attention_on(
 /// its own.
 #[derive(Clone, Copy, Debug)]
 struct ItemPlan {
+    /// Whether the items run one after the other on the calling thread: one thread, or too
+    /// little work to pay for handing items to others (see [`MIN_THREAD_WORK`]).
+    serial: bool,
     query_block: usize,
     kv_batches: usize,
     group: usize,
@@ -406,6 +414,12 @@ struct ItemPlan {
     paired: bool,
     per_head: bool,
 }
+
+/// Multiply-adds (`q·kᵀ` and `p·v`) a thread should get at least before an attention is
+/// split across threads: about 4 µs of one core's work, where handing items to the pool's
+/// workers from outside a team costs tens of microseconds (a small model's attention took
+/// 22 µs at 2 threads against 3 µs at 1 before this: ops_mix.pt2, `pt2_profile`).
+const MIN_THREAD_WORK: u64 = 1 << 18;
 
 /// One work item: k/v head `kv`, and the (q head, run) pairs it computes.
 struct WorkItem {
@@ -416,7 +430,14 @@ struct WorkItem {
 impl ItemPlan {
     fn new(shape: &AttentionShape<'_>, threads: usize, tiling: AttentionTiling) -> ItemPlan {
         let tiling = tiling.checked();
-        let threads = threads.max(1);
+        // As many threads as have `MIN_THREAD_WORK` multiply-adds each (at least one).
+        let work = (shape.batch.iter().product::<usize>() as u64)
+            .saturating_mul(shape.t as u64)
+            .saturating_mul(shape.s as u64)
+            .saturating_mul((shape.e + shape.ev) as u64);
+        let threads = threads
+            .max(1)
+            .min((work / MIN_THREAD_WORK).clamp(1, usize::MAX as u64) as usize);
         let group = shape.group.max(1);
         let kv_batches = shape.batch.iter().product::<usize>() / group;
         let blocks = shape.t.div_ceil(tiling.query_block).max(1);
@@ -428,6 +449,7 @@ impl ItemPlan {
         let paired = shape.causal && runs >= 2;
         let per_kv = if paired { runs.div_ceil(2) } else { runs };
         ItemPlan {
+            serial: threads == 1,
             query_block: tiling.query_block,
             kv_batches,
             group,
@@ -503,10 +525,17 @@ pub fn attention_pieces(
             })
             .sum::<u64>()
     };
-    plan.items()
+    let items: Vec<u64> = plan
+        .items()
         .iter()
         .map(|item| item.parts.iter().map(|&(_, run)| run_work(run)).sum())
-        .collect()
+        .collect();
+    if plan.serial {
+        // One piece: the items run in order on the calling thread.
+        vec![items.iter().sum()]
+    } else {
+        items
+    }
 }
 
 thread_local! {
