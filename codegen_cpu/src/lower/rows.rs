@@ -21,8 +21,8 @@ use super::{lower_kernel, math_fn, Lowering};
 use crate::math::block::rows::TWO_OVER_SQRT_PI;
 use crate::math::block::rows::{
     row_routine, streams_stores, RowFn, RowShape, ROW_ARGS_B, ROW_ARGS_BYTES, ROW_ARGS_C,
-    ROW_ARGS_FLAGS, ROW_ARGS_N, ROW_ARGS_OUT, ROW_ARGS_P, ROW_ARGS_Q, ROW_ARGS_U0, ROW_ARGS_U1,
-    ROW_ARGS_U2, ROW_ARGS_U3, ROW_ARGS_W, ROW_ARGS_X, ROW_STREAM,
+    ROW_ARGS_FLAGS, ROW_ARGS_N, ROW_ARGS_OUT, ROW_ARGS_P, ROW_ARGS_Q, ROW_ARGS_RESERVED,
+    ROW_ARGS_U0, ROW_ARGS_U1, ROW_ARGS_U2, ROW_ARGS_U3, ROW_ARGS_W, ROW_ARGS_X, ROW_STREAM,
 };
 use crate::math::block::{block_isa, splits_512_bit_operations, BlockIsa};
 use crate::math::GELU_SCALE;
@@ -140,8 +140,9 @@ pub fn stage_vector_bits(kernel: &Kernel, program: &Program) -> Vec<Option<u32>>
     stage_forms(kernel, program).bits
 }
 
-/// Whether each stage of `kernel` stores around the caches on this CPU (its output is larger
-/// than the last-level cache: see `math::block::rows::streams_stores`).
+/// Whether each stage of `kernel` stores around the caches on this CPU (an output of at least
+/// half the last-level cache that the kernel does not read: see
+/// `math::block::rows::streams_stores`).
 pub fn stage_streams(kernel: &Kernel, program: &Program) -> Vec<bool> {
     stage_forms(kernel, program).streams
 }
@@ -654,6 +655,9 @@ impl Lowering<'_, '_, '_> {
         let row_flags = if plan.stream { ROW_STREAM } else { 0 };
         let row_flags = self.b.ins().iconst(types::I32, row_flags as i64);
         self.b.ins().store(flags, row_flags, args, ROW_ARGS_FLAGS);
+        // Every byte of the arguments is written: the routine copies the whole struct.
+        let zero = self.b.ins().iconst(types::I32, 0);
+        self.b.ins().store(flags, zero, args, ROW_ARGS_RESERVED);
         let u0 = match plan.u0 {
             Some(e) => self.scalar_operand(e),
             None => self.b.ins().f32const(0.0),

@@ -77,8 +77,8 @@ pub struct RowArgs {
 }
 
 /// A [`RowArgs`] flag: the row's stores bypass the caches (non-temporal stores of whole
-/// registers, where `out` is aligned to a register), for an output larger than the last-level
-/// cache. Writing to memory directly saves reading each line of `out` in first (a cached store
+/// registers, where `out` is aligned to a register), for an output of at least half the
+/// last-level cache ([`streams_stores`]). Writing to memory directly saves reading each line of `out` in first (a cached store
 /// fills the line before it writes it), a third of a pointwise kernel's memory traffic; the
 /// values are the same.
 pub const ROW_STREAM: u32 = 1;
@@ -134,6 +134,7 @@ pub const ROW_ARGS_Q: i32 = 64;
 pub const ROW_ARGS_U2: i32 = 72;
 pub const ROW_ARGS_U3: i32 = 76;
 pub const ROW_ARGS_FLAGS: i32 = 80;
+pub const ROW_ARGS_RESERVED: i32 = 84;
 pub const ROW_ARGS_BYTES: u32 = 88;
 
 const _: () = {
@@ -148,6 +149,7 @@ const _: () = {
     assert!(std::mem::offset_of!(RowArgs, u2) == ROW_ARGS_U2 as usize);
     assert!(std::mem::offset_of!(RowArgs, u3) == ROW_ARGS_U3 as usize);
     assert!(std::mem::offset_of!(RowArgs, flags) == ROW_ARGS_FLAGS as usize);
+    assert!(std::mem::offset_of!(RowArgs, reserved) == ROW_ARGS_RESERVED as usize);
 };
 
 /// A row routine: runs the shape over `args`' row and returns the reduced value (0 for a shape
