@@ -230,6 +230,22 @@ thread_local! {
     /// This thread is running a piece its team handed out: a [`for_each_chunk`] inside it is
     /// nested and goes to rayon (the team's one job slot is taken).
     static IN_PIECE: Cell<bool> = const { Cell::new(false) };
+    /// Inside [`serially`]: every [`for_each_chunk`] runs its pieces here, in order.
+    static SERIAL: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Runs `f` with every [`for_each_chunk`] it calls on this thread running its pieces here, in
+/// order: for a call too small to pay for waking the pool's workers (the executor decides).
+pub fn serially<R>(f: impl FnOnce() -> R) -> R {
+    /// Restores the flag when dropped (also when `f` panics).
+    struct Restore(bool);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            SERIAL.set(self.0);
+        }
+    }
+    let _restore = Restore(SERIAL.replace(true));
+    f()
 }
 
 /// The ticket word: `epoch | chunks | next` in [`EPOCH_BITS`], [`COUNT_BITS`], [`COUNT_BITS`]
@@ -400,7 +416,7 @@ pub fn for_each_chunk(chunks: usize, f: impl Fn(usize) + Sync + Send) {
         Some(_) => rayon::current_num_threads(),
         None => num_threads(),
     };
-    if threads <= 1 {
+    if threads <= 1 || SERIAL.get() {
         // One thread: the pieces run here, in order. Handing them to a pool of one worker would
         // only add its wake-up, tens of microseconds a call from outside the pool: a fused
         // attention of a small model (8 work items whatever the thread count) took 96 µs at one

@@ -469,24 +469,70 @@ impl CompiledProgram {
             storage: Storage::zeroed(0),
             layout: None,
         });
-        // A program with a step large enough to split runs its steps on a worker of the pool,
+        // A call whose steps split enough to pay for it runs its steps on a worker of the pool,
         // with the pool's other workers held in a team for the call: they spin for each step's
         // pieces instead of falling asleep between steps (see `threads::in_team`). A small one
         // stays on the caller (concurrent callers of a small graph never queue behind the
-        // pool, and a call of a few microseconds does not pay for the hand-over). With
-        // symbolic sizes, a call whose inputs hold fewer elements than two pieces' worth counts
-        // as small.
-        let splits = self.splits.unwrap_or_else(|| {
-            let elements: usize = inputs.iter().map(|t| t.numel()).sum();
-            elements >= 2 * MIN_PIECE_WORK as usize
-        });
-        let result = if splits && threads::num_threads() > 1 {
+        // pool, and a call of a few microseconds does not pay for the hand-over).
+        let result = if self.runs_as_team(inputs) {
             threads::in_team(|| self.run_steps(&mut arena, inputs, timings, destinations))
         } else {
-            self.run_steps(&mut arena, inputs, timings, destinations)
+            // Steps that still cut pieces run them here, in order: handing a piece to a
+            // sleeping worker costs more than such a call saves.
+            threads::serially(|| self.run_steps(&mut arena, inputs, timings, destinations))
         };
         lock().push(arena);
         result
+    }
+
+    /// Whether a call on `inputs` runs as a team: when splitting its steps across the threads
+    /// saves more than waking the team costs ([`TEAM_WAKE_NS`]), by the pieces the steps cut
+    /// (`partition_steps`, the executor's own rules) at about [`NS_PER_ELEMENT`] a kernel's
+    /// element and [`NS_PER_MULTIPLY_ADD`] a GEMM's or an attention's multiply-add. Decided once
+    /// per input shapes and thread count (remembered by a hash of them).
+    pub fn runs_as_team(&self, inputs: &[Tensor]) -> bool {
+        let threads = threads::num_threads();
+        if threads <= 1 || self.splits == Some(false) {
+            return false;
+        }
+        let key = {
+            use std::hash::{Hash, Hasher};
+            let mut h = std::collections::hash_map::DefaultHasher::new();
+            threads.hash(&mut h);
+            for t in inputs {
+                t.shape().hash(&mut h);
+            }
+            h.finish()
+        };
+        let choices = || self.team_choices.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(&(_, team)) = choices().iter().find(|(k, _)| *k == key) {
+            return team;
+        }
+        // Inputs that do not bind (their error comes from the call itself) run on the caller.
+        let team = self.partition_steps(inputs, threads).is_ok_and(|steps| {
+            let saved: f64 = steps
+                .iter()
+                .filter(|p| p.pieces.len() > 1)
+                .map(|p| {
+                    let total = p.total();
+                    let largest = p.pieces.iter().copied().max().unwrap_or(0);
+                    let slowest = largest.max(total.div_ceil(threads as u64));
+                    let per_unit = if p.unit == "elements" {
+                        NS_PER_ELEMENT
+                    } else {
+                        NS_PER_MULTIPLY_ADD
+                    };
+                    (total - slowest) as f64 * per_unit
+                })
+                .sum();
+            saved > TEAM_WAKE_NS
+        });
+        let mut choices = choices();
+        if choices.len() >= 8 {
+            choices.remove(0);
+        }
+        choices.push((key, team));
+        team
     }
 
     /// Binds every buffer to memory (inputs: the caller's, contiguous; outputs: fresh, or the
@@ -971,6 +1017,18 @@ pub(super) fn run_pieces(
         }),
     }
 }
+
+/// What running a call as a team costs (waking the pool's workers, handing them the steps),
+/// in nanoseconds: small models ran 8-10 µs slower at 2 threads than at 1 as teams
+/// (tiny_gpt2.pt2, tiny_bert.pt2, `minductor bench --pt2 --threads 1,2`).
+const TEAM_WAKE_NS: f64 = 10_000.0;
+
+/// Nanoseconds of one core per element a kernel visits (a rough mean over pointwise and row
+/// kernels: 0.5 ns, 2 GB/s of f32 read and written).
+const NS_PER_ELEMENT: f64 = 0.5;
+
+/// Nanoseconds of one core per multiply-add of a GEMM or an attention (50 G a second).
+const NS_PER_MULTIPLY_ADD: f64 = 0.02;
 
 /// Elements a piece of a kernel visits at least: below this, handing a piece to another
 /// thread costs about as much as the piece saves.

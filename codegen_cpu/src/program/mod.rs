@@ -311,9 +311,11 @@ pub struct CompiledProgram {
     /// outputs are checked for the pattern after the call (`execute.rs: CheckedArena`).
     check_buffers: bool,
     /// Whether some step is large enough to split across threads (see [`splits_across_threads`];
-    /// `None`: it depends on the sizes of a call): then a call runs its steps on a worker of the
-    /// pool.
+    /// `None`: it depends on the sizes of a call): if not, a call never runs as a team.
     splits: Option<bool>,
+    /// Whether a call runs as a team, for recent (input shapes, thread count) pairs, by hash
+    /// (see `execute.rs: CompiledProgram::runs_as_team`).
+    team_choices: std::sync::Mutex<Vec<(u64, bool)>>,
     pub compile_time: Duration,
     _code: CodeOwner,
 }
@@ -549,6 +551,7 @@ pub fn compile_program(program: &Program) -> Result<CompiledProgram, CodegenErro
         steps,
         check_buffers: execute::check_buffers_from_env(),
         splits: splits_across_threads(program),
+        team_choices: std::sync::Mutex::new(Vec::new()),
         compile_time: started.elapsed(),
         _code: code,
     })

@@ -1,0 +1,43 @@
+//! Whether a call runs as a team (`CompiledProgram::runs_as_team`): its own test binary, since
+//! it sets the process-wide thread count and asserts what depends on it.
+
+use minductor::Executable;
+
+/// A call runs as a team only when splitting its steps saves more than waking the team costs:
+/// never at one thread, not for a small program at two (it runs on the caller, its pieces in
+/// order), and for a large pointwise kernel at two; the small program's results are the same
+/// bits either way.
+#[test]
+fn only_calls_that_gain_from_it_run_as_a_team() {
+    use minductor::internals::codegen_cpu::compile_program;
+    use minductor::internals::passes::{fuse, plan_buffers, simplify};
+    let program_of = |n: usize| {
+        let (graph, inputs) = minductor_tests::build_graph(
+            &[&[n], &[n]],
+            |shape, seed| minductor_tests::sine_values(shape, seed, 2.0),
+            |i| vec![i[0].mul(&i[1]).add(&i[0]).gelu()],
+        );
+        let mut program = fuse(&simplify(&graph)).unwrap();
+        program.plan = Some(plan_buffers(&program));
+        (compile_program(&program).unwrap(), inputs)
+    };
+    let (small, small_inputs) = program_of(40_000);
+    let (large, large_inputs) = program_of(1 << 20);
+    minductor::set_num_threads(1).unwrap();
+    let serial = small.run(&small_inputs).unwrap();
+    let verdicts = [
+        small.runs_as_team(&small_inputs),
+        large.runs_as_team(&large_inputs),
+    ];
+    minductor::set_num_threads(2).unwrap();
+    let two = [
+        small.runs_as_team(&small_inputs),
+        large.runs_as_team(&large_inputs),
+    ];
+    let again = small.run(&small_inputs).unwrap();
+    minductor::set_num_threads(0).unwrap();
+    assert_eq!(verdicts, [false, false], "one thread");
+    assert_eq!(two, [false, true], "two threads");
+    let bits = |t: &[minductor::Tensor]| t[0].to_vec::<f32>().unwrap();
+    assert_eq!(bits(&serial), bits(&again));
+}
