@@ -182,12 +182,33 @@ pub struct Constant {
 
 /// 64-bit FNV-1a over `bytes` (the checksum, and the compile cache's key hash).
 pub(crate) fn fnv1a64(bytes: &[u8]) -> u64 {
-    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
-    for &b in bytes {
-        hash ^= b as u64;
-        hash = hash.wrapping_mul(0x0000_0100_0000_01b3);
+    let mut hash = Fnv1a::new();
+    hash.add(bytes);
+    hash.0
+}
+
+/// 64-bit FNV-1a, fed a piece at a time; as a `fmt::Write`, it hashes text as it is written
+/// (a dump name hashes a graph's text without holding it whole).
+pub(crate) struct Fnv1a(pub(crate) u64);
+
+impl Fnv1a {
+    pub(crate) fn new() -> Fnv1a {
+        Fnv1a(0xcbf2_9ce4_8422_2325)
     }
-    hash
+
+    pub(crate) fn add(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 ^= b as u64;
+            self.0 = self.0.wrapping_mul(0x0000_0100_0000_01b3);
+        }
+    }
+}
+
+impl std::fmt::Write for Fnv1a {
+    fn write_str(&mut self, s: &str) -> std::fmt::Result {
+        self.add(s.as_bytes());
+        Ok(())
+    }
 }
 
 /// What the code generator needs on this architecture (Cranelift's x86-64 backend: SSE2).

@@ -71,17 +71,7 @@ pub fn dump_compiled(dir: &Path, compiled: &Compiled) -> Vec<PathBuf> {
 fn graph_name(graph: &Graph, counter: usize) -> String {
     // The text is hashed as it is written, never held whole (a deep training step's text is
     // tens of megabytes: each `grad` node lists every parameter).
-    struct Fnv1a(u64);
-    impl std::fmt::Write for Fnv1a {
-        fn write_str(&mut self, s: &str) -> std::fmt::Result {
-            for byte in s.bytes() {
-                self.0 ^= byte as u64;
-                self.0 = self.0.wrapping_mul(0x0000_0100_0000_01b3);
-            }
-            Ok(())
-        }
-    }
-    let mut hash = Fnv1a(0xcbf2_9ce4_8422_2325);
+    let mut hash = crate::artifact::Fnv1a::new();
     std::fmt::Write::write_fmt(&mut hash, format_args!("{graph}"))
         .expect("hashing a graph's text does not fail");
     format!("graph_{counter:03}_{:08x}", hash.0 as u32)

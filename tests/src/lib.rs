@@ -3,6 +3,15 @@
 
 use minductor::{Compiled, DType, Graph, Tensor, Traced, Tracer};
 
+/// The kernel program the pipeline's scheduling passes make of `graph` (simplified, fused,
+/// buffers planned), for tests that print, parse or compile programs directly.
+pub fn fused_and_planned(graph: &Graph) -> minductor::internals::kernel_ir::Program {
+    use minductor::internals::passes::{fuse, plan_buffers, simplify};
+    let mut program = fuse(&simplify(graph)).expect("the graph fuses");
+    program.plan = Some(plan_buffers(&program));
+    program
+}
+
 /// How close a result must be to the reference: `|got - want| <= atol + rtol · |want|` for each
 /// element.
 #[derive(Clone, Copy, Debug, PartialEq)]

@@ -10,15 +10,13 @@ use minductor::Executable;
 #[test]
 fn only_calls_that_gain_from_it_run_as_a_team() {
     use minductor::internals::codegen_cpu::compile_program;
-    use minductor::internals::passes::{fuse, plan_buffers, simplify};
     let program_of = |n: usize| {
         let (graph, inputs) = minductor_tests::build_graph(
             &[&[n], &[n]],
             |shape, seed| minductor_tests::sine_values(shape, seed, 2.0),
             |i| vec![i[0].mul(&i[1]).add(&i[0]).gelu()],
         );
-        let mut program = fuse(&simplify(&graph)).unwrap();
-        program.plan = Some(plan_buffers(&program));
+        let program = minductor_tests::fused_and_planned(&graph);
         (compile_program(&program).unwrap(), inputs)
     };
     let (small, small_inputs) = program_of(40_000);

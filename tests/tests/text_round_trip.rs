@@ -231,8 +231,7 @@ fn a_graph_with_derived_dims_round_trips() {
 }";
     let graph: Graph = round_trip(text, "graph with derived dims");
     graph.verify().unwrap();
-    let mut program = fuse(&simplify(&graph)).unwrap();
-    program.plan = Some(plan_buffers(&program));
+    let program = minductor_tests::fused_and_planned(&graph);
     let parsed: Program = round_trip(&program.to_string(), "program with derived dims");
     assert_eq!(parsed, program);
     let compiled = compile(&graph).unwrap();
@@ -300,8 +299,7 @@ fn a_gather_from_a_symbolic_table_round_trips() {
 }";
     let graph: Graph = round_trip(text, "graph gathering from symbolic tables");
     graph.verify().unwrap();
-    let mut program = fuse(&simplify(&graph)).unwrap();
-    program.plan = Some(plan_buffers(&program));
+    let program = minductor_tests::fused_and_planned(&graph);
     let printed = program.to_string();
     assert!(
         printed.contains("clamp(") && printed.contains("index check"),

@@ -192,6 +192,20 @@ pub struct PreparedWorkload<'w> {
     iterations: [usize; 2],
 }
 
+/// The options a bench compiles `backend` with: the inductor backend in `mode`, the eager
+/// one (the reference every run is checked against) in the default mode.
+fn options_for(backend: Backend, mode: Mode) -> CompileOptions {
+    CompileOptions {
+        backend,
+        mode: if backend == Backend::Inductor {
+            mode
+        } else {
+            Mode::Default
+        },
+        ..Default::default()
+    }
+}
+
 impl<'w> PreparedWorkload<'w> {
     pub fn name(&self) -> &str {
         &self.workload.name
@@ -201,19 +215,12 @@ impl<'w> PreparedWorkload<'w> {
     /// checks that they agree.
     pub fn new(workload: &'w Workload, mode: Mode) -> Result<Self, BenchError> {
         let compile = |backend: Backend| {
-            let options = CompileOptions {
-                backend,
-                mode: if backend == Backend::Inductor {
-                    mode
-                } else {
-                    Mode::Default
-                },
-                ..Default::default()
-            };
-            compile_with_options(&workload.graph, options).map_err(|source| BenchError::Compile {
-                workload: workload.name.clone(),
-                backend: backend.name(),
-                source: Box::new(source),
+            compile_with_options(&workload.graph, options_for(backend, mode)).map_err(|source| {
+                BenchError::Compile {
+                    workload: workload.name.clone(),
+                    backend: backend.name(),
+                    source: Box::new(source),
+                }
             })
         };
         let eager = Runner::Graph(Box::new(compile(Backend::Eager)?));
@@ -230,15 +237,7 @@ impl<'w> PreparedWorkload<'w> {
     ) -> Result<Self, BenchError> {
         let compile = |backend: Backend| {
             let options = ExportOptions {
-                compile: CompileOptions {
-                    backend,
-                    mode: if backend == Backend::Inductor {
-                        mode
-                    } else {
-                        Mode::Default
-                    },
-                    ..Default::default()
-                },
+                compile: options_for(backend, mode),
                 ..Default::default()
             };
             program

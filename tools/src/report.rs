@@ -7,10 +7,10 @@
 //! (`Compiled::profile`) with the achieved GB/s (GFLOP/s for GEMMs) as a fraction of the probe's
 //! copy bandwidth (GEMM peak over all threads), and the vector width (bits) each runs at on this
 //! CPU (`codegen_cpu::lower::step_vector_bits`), marked `nt` where its stores bypass the caches
-//! (non-temporal: an output larger than the last-level cache; `step_streams`).
+//! (non-temporal: an output of at least half the last-level cache; `step_forms`).
 
 use crate::probe::MachineProbe;
-use minductor::internals::codegen_cpu::lower::{step_streams, step_vector_bits};
+use minductor::internals::codegen_cpu::lower::step_forms;
 use minductor::internals::kernel_ir::cost::{program_cost, StepCost, StepKind};
 use minductor::internals::kernel_ir::Step;
 use minductor::internals::runtime::{RuntimeError, Tensor};
@@ -39,7 +39,7 @@ pub struct StepReport {
     /// The vector width (bits) of each cost row on this CPU (`None`: scalar loops), from
     /// `codegen_cpu::lower::step_vector_bits`, which detects the CPU's features at run time.
     pub vector_bits: Vec<Option<u32>>,
-    /// Whether each cost row's stores bypass the caches (`codegen_cpu::lower::step_streams`).
+    /// Whether each cost row's stores bypass the caches (`codegen_cpu::lower::step_forms`).
     pub streams: Vec<bool>,
 }
 
@@ -152,11 +152,12 @@ impl StepTimer {
                     _ => 1,
                 };
                 samples.sort();
+                let (vector_bits, streams) = step_forms(step, program).into_iter().unzip();
                 StepReport {
                     costs: costs.by_ref().take(rows).collect(),
                     median: samples.get(samples.len() / 2).copied().unwrap_or_default(),
-                    vector_bits: step_vector_bits(step, program),
-                    streams: step_streams(step, program),
+                    vector_bits,
+                    streams,
                 }
             })
             .collect();

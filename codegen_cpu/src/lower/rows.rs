@@ -713,48 +713,46 @@ impl Lowering<'_, '_, '_> {
     }
 }
 
-/// Whether each cost row of `step` (as [`step_vector_bits`] lists them) stores around the
-/// caches on this CPU: a kernel's or an epilogue's stage that does (see [`stage_streams`]).
-pub fn step_streams(step: &Step, program: &Program) -> Vec<bool> {
-    let streams = |k: &Kernel| stage_streams(k, program).contains(&true);
-    match step {
-        Step::Kernel(k) => vec![streams(k)],
-        Step::Matmul(m) => {
-            let mut rows = vec![false];
-            if let Some(e) = &m.epilogue {
-                rows.push(streams(e));
-            }
-            rows
-        }
-        Step::Attention(_) | Step::ScatterAdd(_) | Step::Fallback(_) => vec![false],
-    }
-}
-
 /// The vector width (bits) of each cost row of `step` on this CPU, as `passes::program_cost`
 /// lists them (a GEMM with an epilogue has two rows: the micro-kernel's width, then the
 /// epilogue kernel's): see [`kernel_vector_bits`] for kernels; a GEMM's is its micro-kernel's
 /// (AVX-512 512, AVX2 256, the portable one 128); the fused attention's 512 with AVX-512 (its
 /// portable loops 128); `None` for scatter-adds and fallback steps (scalar loops).
 pub fn step_vector_bits(step: &Step, program: &Program) -> Vec<Option<u32>> {
+    step_forms(step, program).into_iter().map(|r| r.0).collect()
+}
+
+/// For each cost row of `step`: its vector width ([`step_vector_bits`]) and whether it stores
+/// around the caches on this CPU (a kernel's or an epilogue's stage does: [`stage_streams`]),
+/// lowering each kernel once (for reports, which show both).
+pub fn step_forms(step: &Step, program: &Program) -> Vec<(Option<u32>, bool)> {
+    let kernel = |k: &Kernel| {
+        let forms = stage_forms(k, program);
+        let bits = forms.bits.into_iter().flatten().min();
+        (bits, forms.streams.contains(&true))
+    };
     match step {
-        Step::Kernel(k) => vec![kernel_vector_bits(k, program)],
+        Step::Kernel(k) => vec![kernel(k)],
         Step::Matmul(m) => {
             let gemm = match minductor_kernels::gemm::Kernel::detect() {
                 minductor_kernels::gemm::Kernel::Avx512 => 512,
                 minductor_kernels::gemm::Kernel::Avx2 => 256,
                 minductor_kernels::gemm::Kernel::Portable => 128,
             };
-            let mut rows = vec![Some(gemm)];
+            let mut rows = vec![(Some(gemm), false)];
             if let Some(e) = &m.epilogue {
-                rows.push(kernel_vector_bits(e, program));
+                rows.push(kernel(e));
             }
             rows
         }
-        Step::Attention(_) => vec![Some(if minductor_kernels::attention::has_avx512() {
-            512
-        } else {
-            128
-        })],
-        Step::ScatterAdd(_) | Step::Fallback(_) => vec![None],
+        Step::Attention(_) => {
+            let bits = if minductor_kernels::attention::has_avx512() {
+                512
+            } else {
+                128
+            };
+            vec![(Some(bits), false)]
+        }
+        Step::ScatterAdd(_) | Step::Fallback(_) => vec![(None, false)],
     }
 }

@@ -87,18 +87,22 @@ impl Symbols {
             .map(|n| n as i128)
     }
 
+    /// The size of symbol `s` for this call, input or derived (the size `bind` evaluated, else
+    /// its definition on the input sizes), if it has one.
+    fn symbol_size(&self, s: SymId) -> Option<i128> {
+        if !s.is_derived() {
+            return self.input_size(s);
+        }
+        match self.1.iter().find(|(x, _)| *x == s) {
+            Some(&(_, n)) => Some(n as i128),
+            None => Dim::Sym(s).eval(|s| self.input_size(s)),
+        }
+    }
+
     /// The value of a size expression over this call's symbols (input or derived), if each
     /// has a size and the value fits an i64.
     pub(super) fn value(&self, e: &minductor_ir::SizeExpr) -> Option<i64> {
-        e.eval_i64(|s| {
-            if s.is_derived() {
-                (self.1.iter().find(|(x, _)| *x == s))
-                    .map(|&(_, n)| n as i128)
-                    .or_else(|| Dim::Sym(s).eval(|s| self.input_size(s)))
-            } else {
-                self.input_size(s)
-            }
-        })
+        e.eval_i64(|s| self.symbol_size(s))
     }
 
     /// The size of `d` for this call. A derived symbol's size was evaluated from its
@@ -106,13 +110,10 @@ impl Symbols {
     pub(super) fn size(&self, d: Dim) -> usize {
         match d {
             Dim::Static(n) => n,
-            Dim::Sym(s) if s.is_derived() => match self.1.iter().find(|(x, _)| *x == s) {
-                Some(&(_, n)) => n,
-                None => d
-                    .eval(|s| self.input_size(s))
-                    .and_then(|n| usize::try_from(n).ok())
-                    .expect("every derived symbol is sized by bind"),
-            },
+            Dim::Sym(s) if s.is_derived() => self
+                .symbol_size(s)
+                .and_then(|n| usize::try_from(n).ok())
+                .expect("every derived symbol is sized by bind"),
             Dim::Sym(s) => self.0[s.0 as usize].expect("every symbol is bound by an input"),
         }
     }

@@ -892,19 +892,15 @@ fn stream(
             let end = units.len() * (t + 1) / chunks;
             for unit in &units[first..end] {
                 let mut unit = unit.lock().unwrap_or_else(|p| p.into_inner());
+                // Every run holds at least one micro-panel (`runs ≤ micro_panels`), whose first
+                // row is below `m`.
                 let (d, rows, values) = &mut *unit;
-                let depth = *d * kc_block;
-                if rows.start < rows.end {
-                    let depth = depth..(depth + kc_block).min(k);
-                    pack::pack_a(a, rows.clone(), depth, mr, values);
-                }
+                let depth = *d * kc_block..(*d * kc_block + kc_block).min(k);
+                pack::pack_a(a, rows.clone(), depth, mr, values);
             }
         };
-        if chunks == 1 {
-            pack_units(0);
-        } else {
-            minductor_runtime::threads::for_each_chunk(chunks, pack_units);
-        }
+        // (One chunk runs on this thread.)
+        minductor_runtime::threads::for_each_chunk(chunks, pack_units);
     }
     let split = streaming_split(kernel, m, n, k, threads);
     let c_pointer = SharedOutput(c.data.as_mut_ptr());
