@@ -51,7 +51,6 @@
 use crate::convert::{
     emit_bf16_to_f32, emit_f16_to_f32, emit_f32_to_bf16_bits, emit_f32_to_f16_bits,
 };
-use crate::math::block::rows::RowStores;
 use crate::math::block::{block_routine, BlockFn};
 use crate::math::{emit_math, emit_pow, host_has_fma, MathFn, GELU_SCALE};
 use cranelift_codegen::ir::condcodes::{FloatCC, IntCC};
@@ -74,7 +73,7 @@ mod reduce;
 mod rows;
 
 pub use rows::{
-    kernel_vector_bits, set_row_kernels, set_row_shapes_by_cpu, stage_stores, stage_vector_bits,
+    kernel_vector_bits, set_row_kernels, set_row_shapes_by_cpu, stage_streams, stage_vector_bits,
     step_forms, step_vector_bits,
 };
 
@@ -195,8 +194,8 @@ struct Lowering<'k, 'b, 'f> {
     routine_sums: Vec<Option<(Value, Value)>>,
     /// The vector width (bits) each stage's loop runs at (`None`: no loop), for reports.
     stage_bits: Vec<Option<u32>>,
-    /// How each stage's row routine stores (around the caches, in pieces, or whole).
-    stage_stores: Vec<RowStores>,
+    /// Whether each stage's stores bypass the caches (a row routine's `ROW_STREAM`).
+    stage_streams: Vec<bool>,
     /// Leading outer loops that `start..end` ranges over, flattened in row-major order (see
     /// [`lower_kernel`]).
     split: usize,
@@ -314,7 +313,7 @@ pub fn lower_kernel(
         column: outer::Column::FIRST,
         routine_sums: vec![None; kernel.stages.len()],
         stage_bits: vec![None; kernel.stages.len()],
-        stage_stores: vec![RowStores::Cached; kernel.stages.len()],
+        stage_streams: vec![false; kernel.stages.len()],
         split: split.min(kernel.outer.len()),
     };
     let outer = kernel.outer.len();
@@ -337,7 +336,7 @@ pub fn lower_kernel(
     l.b.seal_all_blocks();
     StageForms {
         bits: l.stage_bits,
-        stores: l.stage_stores,
+        streams: l.stage_streams,
     }
 }
 
@@ -345,8 +344,8 @@ pub fn lower_kernel(
 pub struct StageForms {
     /// The vector width (bits) of each stage's loop (`None`: no loop).
     pub bits: Vec<Option<u32>>,
-    /// How each stage stores its output (`Cached` for every stage not run by a row routine).
-    pub stores: Vec<RowStores>,
+    /// Whether each stage's stores bypass the caches.
+    pub streams: Vec<bool>,
 }
 
 /// How often each expression of `kernel` is used: as an operand, a stage's reduced value or

@@ -7,14 +7,12 @@
 //! (`Compiled::profile`) with the achieved GB/s (GFLOP/s for GEMMs) as a fraction of the probe's
 //! copy bandwidth (GEMM peak over all threads), and the vector width (bits) each runs at on this
 //! CPU (`codegen_cpu::lower::step_vector_bits`), marked `nt` where its stores bypass the caches
-//! (non-temporal: an output too large for the last-level cache) and `q` where it stores in
-//! 128-bit pieces (`step_forms`).
+//! (non-temporal: an output of at least half the last-level cache; `step_forms`).
 
 use crate::probe::MachineProbe;
 use minductor::internals::codegen_cpu::lower::step_forms;
 use minductor::internals::kernel_ir::cost::{program_cost, StepCost, StepKind};
 use minductor::internals::kernel_ir::Step;
-use minductor::internals::kernels::math::block::rows::RowStores;
 use minductor::internals::runtime::{RuntimeError, Tensor};
 use minductor::Graph;
 use minductor::{compile_with_options, CompileError, CompileOptions, Compiled, Mode};
@@ -41,9 +39,8 @@ pub struct StepReport {
     /// The vector width (bits) of each cost row on this CPU (`None`: scalar loops), from
     /// `codegen_cpu::lower::step_vector_bits`, which detects the CPU's features at run time.
     pub vector_bits: Vec<Option<u32>>,
-    /// How each cost row stores: whole registers, around the caches (printed `nt`) or in
-    /// 128-bit pieces (`q`) (`codegen_cpu::lower::step_forms`).
-    pub stores: Vec<RowStores>,
+    /// Whether each cost row's stores bypass the caches (`codegen_cpu::lower::step_forms`).
+    pub streams: Vec<bool>,
 }
 
 #[derive(Clone, Debug)]
@@ -155,12 +152,12 @@ impl StepTimer {
                     _ => 1,
                 };
                 samples.sort();
-                let (vector_bits, stores) = step_forms(step, program).into_iter().unzip();
+                let (vector_bits, streams) = step_forms(step, program).into_iter().unzip();
                 StepReport {
                     costs: costs.by_ref().take(rows).collect(),
                     median: samples.get(samples.len() / 2).copied().unwrap_or_default(),
                     vector_bits,
-                    stores,
+                    streams,
                 }
             })
             .collect();
@@ -265,13 +262,15 @@ impl fmt::Display for FusionReport {
                     format!("{:>9} {:>14} {:>7}", "", "", "")
                 };
                 let bits = step.vector_bits.get(i).copied().flatten();
-                let stores = step.stores.get(i).copied().unwrap_or_default();
+                let streams = step.streams.get(i).copied().unwrap_or(false);
                 writeln!(
                     f,
                     "{:<44} {:<7} {:>6} {:<26} {:>11} {:>11} {:>12} {timing}",
                     c.name,
                     kind,
-                    bits.map_or("-".into(), |b| { format!("{b}{}", stores.suffix()) }),
+                    bits.map_or("-".into(), |b| {
+                        format!("{b}{}", if streams { "nt" } else { "" })
+                    }),
                     c.domain_text(),
                     c.bytes_read,
                     c.bytes_written,

@@ -158,7 +158,7 @@ impl Lowering<'_, '_, '_> {
         };
         if let Some(plans) = self.row_plans(stage) {
             self.stage_bits[n] = Some(Self::row_bits());
-            self.stage_stores[n] = plans.iter().map(|p| p.stores()).max().unwrap_or_default();
+            self.stage_streams[n] = plans.iter().any(|p| p.streams());
             for plan in &plans {
                 self.row_call(n, plan, extents[0]);
             }

@@ -20,9 +20,9 @@
 use super::{lower_kernel, math_fn, Lowering};
 use crate::math::block::rows::TWO_OVER_SQRT_PI;
 use crate::math::block::rows::{
-    row_routine, streams_stores, RowFn, RowShape, RowStores, ROW_ARGS_B, ROW_ARGS_BYTES,
-    ROW_ARGS_C, ROW_ARGS_FLAGS, ROW_ARGS_N, ROW_ARGS_OUT, ROW_ARGS_P, ROW_ARGS_Q,
-    ROW_ARGS_RESERVED, ROW_ARGS_U0, ROW_ARGS_U1, ROW_ARGS_U2, ROW_ARGS_U3, ROW_ARGS_W, ROW_ARGS_X,
+    row_routine, streams_stores, RowFn, RowShape, ROW_ARGS_B, ROW_ARGS_BYTES, ROW_ARGS_C,
+    ROW_ARGS_FLAGS, ROW_ARGS_N, ROW_ARGS_OUT, ROW_ARGS_P, ROW_ARGS_Q, ROW_ARGS_RESERVED,
+    ROW_ARGS_U0, ROW_ARGS_U1, ROW_ARGS_U2, ROW_ARGS_U3, ROW_ARGS_W, ROW_ARGS_X, ROW_STREAM,
 };
 use crate::math::block::{block_isa, splits_512_bit_operations, BlockIsa};
 use crate::math::GELU_SCALE;
@@ -31,7 +31,6 @@ use cranelift_codegen::ir::{
 };
 use minductor_ir::{BinaryOp, DType, ReduceOp, UnaryOp};
 use minductor_kernel_ir::*;
-use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 
 /// A row stage's routine and the rows and values it is given.
@@ -53,9 +52,8 @@ pub(super) struct RowPlan {
     /// `u2`, `u3`: the affine step's factor and addend.
     u2: Option<ExprId>,
     u3: Option<ExprId>,
-    /// How the routine stores its registers: around the caches (`ROW_STREAM`, the output is
-    /// too large for them), in 128-bit pieces (`ROW_QUARTERS`), or whole.
-    stores: RowStores,
+    /// Whether the stores bypass the caches (`ROW_STREAM`): the output is too large for them.
+    stream: bool,
 }
 
 /// The factor `u1` of a row shape.
@@ -93,15 +91,14 @@ pub(super) fn row_kernels_enabled() -> bool {
 }
 
 /// A layer norm's affine store, `(x - mean) * rstd * weight + bias`. Where the CPU splits
-/// 512-bit operations in two ([`splits_512_bit_operations`]: Zen 4) its routine stores each
-/// register in 128-bit pieces (`ROW_QUARTERS`), at the full width otherwise: on that core a
-/// store-only pass missing to memory ran 25-40% slower with 512-bit stores than with 128-bit
-/// ones (a stand-alone probe), and the shape had stayed the 4-lane loop for that reason.
-/// layernorm_4096x1024 (16 MiB out), `minductor bench --threads 1,2 --rounds 5`, seven
-/// alternated runs of each form, medians at 1 and 2 threads: the 4-lane loop 1.047 and 0.558
-/// ms, the routine storing whole registers 1.074 and 0.573 ms, storing quarters 1.024 and
-/// 0.535 ms (2026-11-27; the three within the machine's noise of each other, the whole
-/// registers the slowest and the most variable).
+/// 512-bit operations in two ([`splits_512_bit_operations`]: Zen 4) it stays the 4-lane loop:
+/// there the routine gains no compute rate, and in the suite's full run (its 16 MiB output
+/// coming cold from the block cache) it measured slower, layernorm_4096x1024 at 1.65-1.82 ms
+/// against 1.19-1.26 ms (`minductor bench --threads 1 --rounds 3`, two alternated runs of
+/// each build, 2026-11-27), though alone, with the output in cache, the two tie. A store-only
+/// pass missing to memory ran 25-40% slower with 512-bit stores than with 128-bit ones on that
+/// core in a stand-alone probe. On cores with full-width units the loop is a quarter of the
+/// routine's rate, so it runs there.
 const LAYER_NORM_AFFINE_STORE: u32 =
     RowShape::SUB | RowShape::SCALE | RowShape::MUL_ROW | RowShape::ADD_ROW | RowShape::STORE;
 
@@ -143,12 +140,11 @@ pub fn stage_vector_bits(kernel: &Kernel, program: &Program) -> Vec<Option<u32>>
     stage_forms(kernel, program).bits
 }
 
-/// How each stage of `kernel` stores its output on this CPU: around the caches (an output too
-/// large for the last-level cache that the kernel does not read: see
-/// `math::block::rows::streams_stores`), in 128-bit pieces, or whole (also every stage that is
-/// not a row routine's).
-pub fn stage_stores(kernel: &Kernel, program: &Program) -> Vec<RowStores> {
-    stage_forms(kernel, program).stores
+/// Whether each stage of `kernel` stores around the caches on this CPU (an output of at least
+/// half the last-level cache that the kernel does not read: see
+/// `math::block::rows::streams_stores`).
+pub fn stage_streams(kernel: &Kernel, program: &Program) -> Vec<bool> {
+    stage_forms(kernel, program).streams
 }
 
 fn stage_forms(kernel: &Kernel, program: &Program) -> super::StageForms {
@@ -160,9 +156,9 @@ fn stage_forms(kernel: &Kernel, program: &Program) -> super::StageForms {
 }
 
 impl RowPlan {
-    /// How the routine stores its registers.
-    pub(super) fn stores(&self) -> RowStores {
-        self.stores
+    /// Whether the routine's stores bypass the caches.
+    pub(super) fn streams(&self) -> bool {
+        self.stream
     }
 }
 
@@ -497,27 +493,24 @@ impl Lowering<'_, '_, '_> {
             }
         }
         let shape = RowShape(bits);
+        if shape.0 == LAYER_NORM_AFFINE_STORE && by_cpu() && splits_512_bit_operations() {
+            return None;
+        }
         // An output whose static size says it cannot stay in the last-level cache until it is
         // read (see `streams_stores`), and that this kernel does not read (a softmax reads
         // back the exponentials it stored: they must stay in cache).
         let stream = out.is_some_and(|st| {
+            let buffer = self.program.buffer(st.buffer);
             let read_here = (k.exprs.iter())
                 .any(|e| matches!(e, Expr::Load { buffer, .. } if *buffer == st.buffer));
             !read_here
-                && self
-                    .bytes(st.buffer)
-                    .zip(self.traffic())
-                    .is_some_and(|(written, traffic)| streams_stores(written, traffic))
+                && buffer
+                    .numel()
+                    .and_then(|n| n.checked_mul(buffer.dtype.size_bytes()))
+                    .is_some_and(streams_stores)
         });
-        let stores = if stream {
-            RowStores::Streamed
-        } else if shape.0 == LAYER_NORM_AFFINE_STORE && by_cpu() && splits_512_bit_operations() {
-            RowStores::Quarters
-        } else {
-            RowStores::Cached
-        };
         Some(RowPlan {
-            stores,
+            stream,
             routine: row_routine(shape, isa)?,
             shape,
             x,
@@ -610,29 +603,6 @@ impl Lowering<'_, '_, '_> {
         ((x == g && half_t(y)) || (y == g && half_t(x))).then_some((t, g))
     }
 
-    /// The bytes of `buffer`, if its size is static.
-    fn bytes(&self, buffer: BufferId) -> Option<usize> {
-        let buffer = self.program.buffer(buffer);
-        buffer.numel()?.checked_mul(buffer.dtype.size_bytes())
-    }
-
-    /// The bytes the kernel moves in all: every buffer it loads and every buffer it stores, each
-    /// once, if their sizes are static.
-    fn traffic(&self) -> Option<usize> {
-        let k = self.kernel;
-        let loaded = k.exprs.iter().filter_map(|e| match e {
-            Expr::Load { buffer, .. } => Some(*buffer),
-            _ => None,
-        });
-        let stored = (k.stages.iter())
-            .flat_map(|stage| stage.action.stores())
-            .map(|st| st.buffer);
-        let buffers: BTreeSet<BufferId> = loaded.chain(stored).collect();
-        buffers
-            .into_iter()
-            .try_fold(0usize, |sum, b| sum.checked_add(self.bytes(b)?))
-    }
-
     /// `e` as a load of contiguous f32s along the row: its buffer and index.
     fn row_load(&self, e: ExprId) -> Option<(BufferId, Affine)> {
         let inner = self.innermost?;
@@ -682,7 +652,8 @@ impl Lowering<'_, '_, '_> {
             self.b.ins().store(flags, p, args, at);
         }
         self.b.ins().store(flags, extent, args, ROW_ARGS_N);
-        let row_flags = self.b.ins().iconst(types::I32, plan.stores.flags() as i64);
+        let row_flags = if plan.stream { ROW_STREAM } else { 0 };
+        let row_flags = self.b.ins().iconst(types::I32, row_flags as i64);
         self.b.ins().store(flags, row_flags, args, ROW_ARGS_FLAGS);
         // Every byte of the arguments is written: the routine copies the whole struct.
         let zero = self.b.ins().iconst(types::I32, 0);
@@ -752,14 +723,13 @@ pub fn step_vector_bits(step: &Step, program: &Program) -> Vec<Option<u32>> {
 }
 
 /// For each cost row of `step`: its vector width ([`step_vector_bits`]) and whether it stores
-/// around the caches or in pieces on this CPU (a kernel's or an epilogue's stage does:
-/// [`stage_stores`]; the most telling form of its stages),
+/// around the caches on this CPU (a kernel's or an epilogue's stage does: [`stage_streams`]),
 /// lowering each kernel once (for reports, which show both).
-pub fn step_forms(step: &Step, program: &Program) -> Vec<(Option<u32>, RowStores)> {
+pub fn step_forms(step: &Step, program: &Program) -> Vec<(Option<u32>, bool)> {
     let kernel = |k: &Kernel| {
         let forms = stage_forms(k, program);
         let bits = forms.bits.into_iter().flatten().min();
-        (bits, forms.stores.into_iter().max().unwrap_or_default())
+        (bits, forms.streams.contains(&true))
     };
     match step {
         Step::Kernel(k) => vec![kernel(k)],
@@ -769,7 +739,7 @@ pub fn step_forms(step: &Step, program: &Program) -> Vec<(Option<u32>, RowStores
                 minductor_kernels::gemm::Kernel::Avx2 => 256,
                 minductor_kernels::gemm::Kernel::Portable => 128,
             };
-            let mut rows = vec![(Some(gemm), RowStores::Cached)];
+            let mut rows = vec![(Some(gemm), false)];
             if let Some(e) = &m.epilogue {
                 rows.push(kernel(e));
             }
@@ -781,8 +751,8 @@ pub fn step_forms(step: &Step, program: &Program) -> Vec<(Option<u32>, RowStores
             } else {
                 128
             };
-            vec![(Some(bits), RowStores::Cached)]
+            vec![(Some(bits), false)]
         }
-        Step::ScatterAdd(_) | Step::Fallback(_) => vec![(None, RowStores::Cached)],
+        Step::ScatterAdd(_) | Step::Fallback(_) => vec![(None, false)],
     }
 }

@@ -60,11 +60,6 @@ trait Wide: Lanes + Sized {
     /// # Safety
     /// `p` points to `Self::WIDTH` writable f32s and is aligned to `Self::WIDTH · 4` bytes.
     unsafe fn stream(p: *mut f32, v: Self::V);
-    /// Stores `Self::WIDTH` f32s as 128-bit pieces, in order (see `rows::ROW_QUARTERS`).
-    ///
-    /// # Safety
-    /// `p` points to `Self::WIDTH` writable f32s.
-    unsafe fn store_quarters(p: *mut f32, v: Self::V);
     /// Orders the non-temporal stores before it before every store after it.
     ///
     /// # Safety
@@ -297,17 +292,6 @@ mod x86 {
             unsafe { _mm512_storeu_ps(p, _mm512_castsi512_ps(v)) }
         }
         #[inline(always)]
-        unsafe fn store_quarters(p: *mut f32, v: __m512i) {
-            // SAFETY: as `store` (`p` points to 16 writable f32s: four quarters of 4).
-            unsafe {
-                let f = _mm512_castsi512_ps(v);
-                _mm_storeu_ps(p, _mm512_extractf32x4_ps::<0>(f));
-                _mm_storeu_ps(p.add(4), _mm512_extractf32x4_ps::<1>(f));
-                _mm_storeu_ps(p.add(8), _mm512_extractf32x4_ps::<2>(f));
-                _mm_storeu_ps(p.add(12), _mm512_extractf32x4_ps::<3>(f));
-            }
-        }
-        #[inline(always)]
         unsafe fn stream(p: *mut f32, v: __m512i) {
             // SAFETY: as `store`; the caller aligned `p` to 64 bytes.
             unsafe { _mm512_stream_ps(p, _mm512_castsi512_ps(v)) }
@@ -524,15 +508,6 @@ mod x86 {
             unsafe { _mm256_storeu_ps(p, _mm256_castsi256_ps(v)) }
         }
         #[inline(always)]
-        unsafe fn store_quarters(p: *mut f32, v: __m256i) {
-            // SAFETY: as `store` (`p` points to 8 writable f32s: two halves of 4).
-            unsafe {
-                let f = _mm256_castsi256_ps(v);
-                _mm_storeu_ps(p, _mm256_castps256_ps128(f));
-                _mm_storeu_ps(p.add(4), _mm256_extractf128_ps::<1>(f));
-            }
-        }
-        #[inline(always)]
         unsafe fn stream(p: *mut f32, v: __m256i) {
             // SAFETY: as `store`; the caller aligned `p` to 32 bytes.
             unsafe { _mm256_stream_ps(p, _mm256_castsi256_ps(v)) }
@@ -637,14 +612,6 @@ impl<L: Wide> Wide for Twice<L> {
         unsafe {
             L::store(p, v[0]);
             L::store(p.add(L::WIDTH), v[1]);
-        }
-    }
-    #[inline(always)]
-    unsafe fn store_quarters(p: *mut f32, v: Self::V) {
-        // SAFETY: `p` points to `2 * L::WIDTH` writable f32s (this method's contract).
-        unsafe {
-            L::store_quarters(p, v[0]);
-            L::store_quarters(p.add(L::WIDTH), v[1]);
         }
     }
     #[inline(always)]

@@ -77,101 +77,44 @@ pub struct RowArgs {
 }
 
 /// A [`RowArgs`] flag: the row's stores bypass the caches (non-temporal stores of whole
-/// registers, where `out` is aligned to a register), for an output too large to stay in the
+/// registers, where `out` is aligned to a register), for an output of at least half the
 /// last-level cache ([`streams_stores`]). Writing to memory directly saves reading each line of `out` in first (a cached store
 /// fills the line before it writes it), a third of a pointwise kernel's memory traffic; the
 /// values are the same.
 pub const ROW_STREAM: u32 = 1;
 
-/// A [`RowArgs`] flag: the row's full registers are stored as 128-bit pieces. The code
-/// generator asks for it where a CPU that splits 512-bit operations (Zen 4) stores a fresh
-/// output that misses the caches: there 512-bit stores missing to memory measured slower
-/// than 128-bit ones, while the computation keeps the full width (see `lower/rows.rs`,
-/// `LAYER_NORM_AFFINE_STORE`). The values are the same. [`ROW_STREAM`] takes precedence.
-pub const ROW_QUARTERS: u32 = 2;
-
-/// How a row routine stores its output's full registers (the flags of [`RowArgs`]; reports
-/// print a stage's form after its width: `512nt`, `512q`).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub enum RowStores {
-    /// Whole registers, through the caches.
-    #[default]
-    Cached,
-    /// 128-bit pieces, through the caches ([`ROW_QUARTERS`]).
-    Quarters,
-    /// Whole registers, around the caches ([`ROW_STREAM`]).
-    Streamed,
-}
-
-impl RowStores {
-    /// The [`RowArgs`] flags that ask for this form.
-    pub fn flags(self) -> u32 {
-        match self {
-            RowStores::Cached => 0,
-            RowStores::Quarters => ROW_QUARTERS,
-            RowStores::Streamed => ROW_STREAM,
-        }
-    }
-
-    /// The suffix reports print after a stage's vector width.
-    pub fn suffix(self) -> &'static str {
-        match self {
-            RowStores::Cached => "",
-            RowStores::Quarters => "q",
-            RowStores::Streamed => "nt",
-        }
-    }
-}
-
-/// Whether a kernel storing `written` bytes of one output, and moving `traffic` bytes in all
-/// (every buffer it reads, and its outputs), should stream that output ([`ROW_STREAM`]): when
-/// the output is at least half the last-level cache (`crate::cache::l3_bytes`) and the
-/// kernel's traffic is at least 1.25 times that cache. Then the output's first lines are
-/// evicted before anything could read them back, and a cached store only adds a read of each
-/// line before it writes it. Below that, the output largely survives in the cache for its
-/// reader (or the next call), and streaming it would send it to memory and back. Unknown
-/// cache: never. `MINDUCTOR_STREAM_BYTES=n` instead streams every output of at least `n` bytes
-/// (for measurements), and [`set_stream_bytes`] over both. (The code generator never streams
-/// a buffer its kernel also reads: see `lower/rows.rs`.)
+/// Whether a kernel storing `bytes` bytes of one output should stream them ([`ROW_STREAM`]):
+/// when they are at least half the last-level cache (`crate::cache::l3_bytes`). A routine that
+/// stores a row reads at least one row of the same length, so at least the whole cache's worth
+/// of lines passes through such a kernel, and the output's first lines are evicted before
+/// anything could read them back. Unknown cache: never. `MINDUCTOR_STREAM_BYTES=n` sets the
+/// threshold instead (for measurements), and [`set_stream_bytes`] over both. (The code
+/// generator never streams a buffer its kernel also reads: see `lower/rows.rs`.)
 ///
-/// Measured on Zen 4 (32 MiB L3, `minductor report` and `bench`, alternated runs):
-/// - the train step's two weight updates (16 MiB outputs of GEMM epilogues, 50 MiB of
-///   traffic) went from 22.4-23.1 to 21.3-22.0 ms at 1 thread and 11.7-12.0 to 10.9-12.0 ms at
-///   2; pointwise_gelu_16m (64 MiB out, 256 MiB of traffic) from ~10.3 to ~9.7 ms at 1 and
-///   ~7.3 to ~6.3 ms at 2 (medians of six);
-/// - layernorm_4096x1024 (16 MiB in, 16 MiB out: the cache's size) went the other way when
-///   streamed, 0.54-0.57 ms at 2 threads against 0.70-0.80 (`bench --rounds 3`, three
-///   alternated runs): its output stays in the cache from one call to the next otherwise.
-pub fn streams_stores(written: usize, traffic: usize) -> bool {
-    static L3: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
-    static FROM_ENV: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
-    let forced = match FORCED_STREAM_BYTES.load(std::sync::atomic::Ordering::Relaxed) {
-        0 => *FROM_ENV.get_or_init(|| {
+/// Measured on Zen 4 (32 MiB L3, 2 threads, `minductor report`, three alternated runs each):
+/// the train step's two weight updates (16 MiB outputs of GEMM epilogues) went from 22.4-23.1
+/// to 21.3-22.0 ms at 1 thread and 11.7-12.0 to 10.9-12.0 ms at 2; pointwise_gelu_16m (64 MiB)
+/// from ~10.3 to ~9.7 ms at 1 and ~7.3 to ~6.3 ms at 2 (medians of six).
+pub fn streams_stores(bytes: usize) -> bool {
+    static THRESHOLD: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
+    let threshold = match FORCED_STREAM_BYTES.load(std::sync::atomic::Ordering::Relaxed) {
+        0 => *THRESHOLD.get_or_init(|| {
             std::env::var("MINDUCTOR_STREAM_BYTES")
                 .ok()
                 .and_then(|v| v.parse().ok())
+                .or_else(|| crate::cache::l3_bytes().map(|l3| l3 / 2))
         }),
         forced => Some(forced - 1),
     };
-    if let Some(threshold) = forced {
-        return written >= threshold;
-    }
-    L3.get_or_init(crate::cache::l3_bytes)
-        .is_some_and(|l3| streams_past(l3, written, traffic))
-}
-
-/// [`streams_stores`]' rule for a last-level cache of `l3` bytes.
-fn streams_past(l3: usize, written: usize, traffic: usize) -> bool {
-    written >= l3 / 2 && traffic >= l3.saturating_add(l3 / 4)
+    threshold.is_some_and(|t| bytes >= t)
 }
 
 /// [`set_stream_bytes`]'s threshold plus one; 0 when unset.
 static FORCED_STREAM_BYTES: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
 
 /// Makes kernels compiled from now on, in this process, stream outputs of at least `threshold`
-/// bytes whatever their traffic (`Some(0)`: every output; `Some(usize::MAX)`: none), or
-/// (`None`) go back to the cache size's rule: for tests and benchmarks that compare the two
-/// forms.
+/// bytes (`Some(0)`: every output; `Some(usize::MAX)`: none), or (`None`) go back to the cache
+/// size's rule: for tests and benchmarks that compare the two forms.
 pub fn set_stream_bytes(threshold: Option<usize>) {
     let stored = threshold.map_or(0, |t| t.saturating_add(1));
     FORCED_STREAM_BYTES.store(stored, std::sync::atomic::Ordering::Relaxed);
@@ -402,19 +345,19 @@ unsafe fn lanes<L: Wide>(v: L::V) -> [f32; 16] {
     out
 }
 
-/// Stores a register to `p` in the form `stores` says.
+/// Stores a register to `p`, bypassing the caches if `stream`.
 ///
 /// # Safety
 /// The CPU has `L`'s instruction set; `p` points to `L::WIDTH` writable f32s, aligned to
-/// `L::WIDTH · 4` bytes if `stores` is [`RowStores::Streamed`].
+/// `L::WIDTH · 4` bytes if `stream`.
 #[inline(always)]
-unsafe fn store<L: Wide>(p: *mut f32, v: L::V, stores: RowStores) {
+unsafe fn store<L: Wide>(p: *mut f32, v: L::V, stream: bool) {
     // SAFETY: the caller's contract above.
     unsafe {
-        match stores {
-            RowStores::Cached => L::store(p, v),
-            RowStores::Streamed => L::stream(p, v),
-            RowStores::Quarters => L::store_quarters(p, v),
+        if stream {
+            L::stream(p, v)
+        } else {
+            L::store(p, v)
         }
     }
 }
@@ -442,17 +385,9 @@ unsafe fn run<L: Wide, const S: u32>(mut e: L, a: &RowArgs) -> f32 {
     let sums = S & (RowShape::SUM | RowShape::SUM_SQUARES) != 0;
     // Non-temporal stores need `out` aligned to a register; every full register is stored at
     // a multiple of `width` from it.
-    let stores = if S & RowShape::STORE == 0 {
-        RowStores::Cached
-    } else if a.flags & ROW_STREAM != 0
-        && (a.out as usize).is_multiple_of(width * std::mem::size_of::<f32>())
-    {
-        RowStores::Streamed
-    } else if a.flags & ROW_QUARTERS != 0 {
-        RowStores::Quarters
-    } else {
-        RowStores::Cached
-    };
+    let stream = S & RowShape::STORE != 0
+        && a.flags & ROW_STREAM != 0
+        && (a.out as usize).is_multiple_of(width * std::mem::size_of::<f32>());
     let block = SUM_BLOCK;
     let mut i = 0;
     while i < n {
@@ -464,8 +399,8 @@ unsafe fn run<L: Wide, const S: u32>(mut e: L, a: &RowArgs) -> f32 {
                 // SAFETY: `at + width <= end <= n`.
                 let t = unsafe { value::<L, S>(&mut e, a, &u, at) };
                 if S & RowShape::STORE != 0 {
-                    // SAFETY: as above, for `out` (aligned when streamed, see there).
-                    unsafe { store::<L>(a.out.add(at), t, stores) };
+                    // SAFETY: as above, for `out` (aligned for `stream`, see there).
+                    unsafe { store::<L>(a.out.add(at), t, stream) };
                 }
                 *acc = combine::<L, S>(&mut e, *acc, t, &mut nan);
             }
@@ -475,8 +410,8 @@ unsafe fn run<L: Wide, const S: u32>(mut e: L, a: &RowArgs) -> f32 {
             // SAFETY: `i + width <= end <= n`.
             let t = unsafe { value::<L, S>(&mut e, a, &u, i) };
             if S & RowShape::STORE != 0 {
-                // SAFETY: as above, for `out` (aligned when streamed, see there).
-                unsafe { store::<L>(a.out.add(i), t, stores) };
+                // SAFETY: as above, for `out` (aligned for `stream`, see there).
+                unsafe { store::<L>(a.out.add(i), t, stream) };
             }
             acc[0] = combine::<L, S>(&mut e, acc[0], t, &mut nan);
             i += width;
@@ -542,7 +477,7 @@ unsafe fn run<L: Wide, const S: u32>(mut e: L, a: &RowArgs) -> f32 {
             running = acc;
         }
     }
-    if stores == RowStores::Streamed {
+    if stream {
         // Non-temporal stores are weakly ordered: make them visible before whatever tells
         // another thread that the row is done.
         // SAFETY: the CPU has `L`'s instruction set.
@@ -831,40 +766,19 @@ mod tests {
         t
     }
 
-    /// The suite's cases of `streams_stores`, on a 32 MiB cache and on a 300 MiB one.
-    #[test]
-    fn outputs_stream_when_the_kernel_overflows_the_cache() {
-        const M: usize = 1 << 20;
-        // layernorm_4096x1024: 16 MiB in, 16 MiB out (and the weights).
-        assert!(!streams_past(32 * M, 16 * M, 32 * M + 8192));
-        // The train step's weight update: 16 MiB out, 48 MiB in all.
-        assert!(streams_past(32 * M, 16 * M, 48 * M));
-        // pointwise_gelu_16m: 64 MiB out, 128 MiB in all.
-        assert!(streams_past(32 * M, 64 * M, 128 * M));
-        // A small output of a large reduction, and every case on a server's cache.
-        assert!(!streams_past(32 * M, M, 256 * M));
-        assert!(!streams_past(300 * M, 64 * M, 128 * M));
-        assert!(streams_past(300 * M, 256 * M, 512 * M));
-    }
-
     #[test]
     fn every_shape_at_every_length_on_every_isa() {
         for isa in isas() {
             for &shape in SHAPES {
                 for n in lengths() {
                     // Cached stores, then non-temporal ones (the flag) to an aligned row and
-                    // to a row one element past alignment (where the routine falls back), then
-                    // stores in 128-bit pieces, aligned or not, and both flags at once.
+                    // to a row one element past alignment (where the routine falls back).
                     let cases = [
                         (false, 0, 0),
                         (true, 0, 0),
                         (false, ROW_STREAM, 0),
                         (true, ROW_STREAM, 0),
                         (false, ROW_STREAM, 1),
-                        (false, ROW_QUARTERS, 0),
-                        (true, ROW_QUARTERS, 0),
-                        (false, ROW_QUARTERS, 1),
-                        (false, ROW_STREAM | ROW_QUARTERS, 1),
                     ];
                     for (in_place, flags, shift) in cases {
                         let x = row(n, 0.3);
