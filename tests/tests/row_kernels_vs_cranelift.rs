@@ -325,7 +325,7 @@ fn a_layer_norms_affine_store_follows_the_cpu() {
     assert_eq!(bits, vec![expected], "{program}");
 }
 
-/// Stores around the caches (`ROW_STREAM`, chosen for outputs of at least half the last-level
+/// Stores around the caches (`ROW_STREAM`, chosen for outputs too large for the last-level
 /// cache, here forced for every output with `set_stream_bytes`) give the cached stores' bits:
 /// rows whose start is aligned to a register (non-temporal stores) and rows that are not (the
 /// routine falls back), tails of every length, a GELU and a row product, at 1, 2 and 3 threads.

@@ -7,7 +7,7 @@
 //! (`Compiled::profile`) with the achieved GB/s (GFLOP/s for GEMMs) as a fraction of the probe's
 //! copy bandwidth (GEMM peak over all threads), and the vector width (bits) each runs at on this
 //! CPU (`codegen_cpu::lower::step_vector_bits`), marked `nt` where its stores bypass the caches
-//! (non-temporal: an output of at least half the last-level cache; `step_forms`).
+//! (non-temporal: an output too large for the last-level cache; `step_forms`).
 
 use crate::probe::MachineProbe;
 use minductor::internals::codegen_cpu::lower::step_forms;

@@ -31,6 +31,7 @@ use cranelift_codegen::ir::{
 };
 use minductor_ir::{BinaryOp, DType, ReduceOp, UnaryOp};
 use minductor_kernel_ir::*;
+use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 
 /// A row stage's routine and the rows and values it is given.
@@ -97,8 +98,13 @@ pub(super) fn row_kernels_enabled() -> bool {
 /// against 1.19-1.26 ms (`minductor bench --threads 1 --rounds 3`, two alternated runs of
 /// each build, 2026-11-27), though alone, with the output in cache, the two tie. A store-only
 /// pass missing to memory ran 25-40% slower with 512-bit stores than with 128-bit ones on that
-/// core in a stand-alone probe. On cores with full-width units the loop is a quarter of the
-/// routine's rate, so it runs there.
+/// core in a stand-alone probe. Measured again after softmax_4096x1024 (whose 16 MiB output
+/// block the layer norm's output reuses), `bench --workload softmax_4096x1024,
+/// layernorm_4096x1024,llama_block_4x256x512 --threads 1,2 --rounds 3`, three alternated runs
+/// (2026-11-27): the loop 1.030-1.054 ms at 1 thread and 0.539-0.649 at 2; the routine storing
+/// its 512-bit registers as 128-bit quarters 1.093-1.277 and 0.569-0.669 (alone, the forms
+/// tie within noise). On cores with full-width units the loop is a quarter of the routine's
+/// rate, so it runs there.
 const LAYER_NORM_AFFINE_STORE: u32 =
     RowShape::SUB | RowShape::SCALE | RowShape::MUL_ROW | RowShape::ADD_ROW | RowShape::STORE;
 
@@ -500,14 +506,13 @@ impl Lowering<'_, '_, '_> {
         // read (see `streams_stores`), and that this kernel does not read (a softmax reads
         // back the exponentials it stored: they must stay in cache).
         let stream = out.is_some_and(|st| {
-            let buffer = self.program.buffer(st.buffer);
             let read_here = (k.exprs.iter())
                 .any(|e| matches!(e, Expr::Load { buffer, .. } if *buffer == st.buffer));
             !read_here
-                && buffer
-                    .numel()
-                    .and_then(|n| n.checked_mul(buffer.dtype.size_bytes()))
-                    .is_some_and(streams_stores)
+                && self
+                    .bytes(st.buffer)
+                    .zip(self.traffic())
+                    .is_some_and(|(written, traffic)| streams_stores(written, traffic))
         });
         Some(RowPlan {
             stream,
@@ -601,6 +606,29 @@ impl Lowering<'_, '_, '_> {
         let (x, y) = mul(h)?;
         let half_t = |z: ExprId| times(z, 0.5) == Some(t);
         ((x == g && half_t(y)) || (y == g && half_t(x))).then_some((t, g))
+    }
+
+    /// The bytes of `buffer`, if its size is static.
+    fn bytes(&self, buffer: BufferId) -> Option<usize> {
+        let buffer = self.program.buffer(buffer);
+        buffer.numel()?.checked_mul(buffer.dtype.size_bytes())
+    }
+
+    /// The bytes the kernel moves in all: every buffer it loads and every buffer it stores, each
+    /// once, if their sizes are static.
+    fn traffic(&self) -> Option<usize> {
+        let k = self.kernel;
+        let loaded = k.exprs.iter().filter_map(|e| match e {
+            Expr::Load { buffer, .. } => Some(*buffer),
+            _ => None,
+        });
+        let stored = (k.stages.iter())
+            .flat_map(|stage| stage.action.stores())
+            .map(|st| st.buffer);
+        let buffers: BTreeSet<BufferId> = loaded.chain(stored).collect();
+        buffers
+            .into_iter()
+            .try_fold(0usize, |sum, b| sum.checked_add(self.bytes(b)?))
     }
 
     /// `e` as a load of contiguous f32s along the row: its buffer and index.

@@ -77,44 +77,62 @@ pub struct RowArgs {
 }
 
 /// A [`RowArgs`] flag: the row's stores bypass the caches (non-temporal stores of whole
-/// registers, where `out` is aligned to a register), for an output of at least half the
+/// registers, where `out` is aligned to a register), for an output too large to stay in the
 /// last-level cache ([`streams_stores`]). Writing to memory directly saves reading each line of `out` in first (a cached store
 /// fills the line before it writes it), a third of a pointwise kernel's memory traffic; the
 /// values are the same.
 pub const ROW_STREAM: u32 = 1;
 
-/// Whether a kernel storing `bytes` bytes of one output should stream them ([`ROW_STREAM`]):
-/// when they are at least half the last-level cache (`crate::cache::l3_bytes`). A routine that
-/// stores a row reads at least one row of the same length, so at least the whole cache's worth
-/// of lines passes through such a kernel, and the output's first lines are evicted before
-/// anything could read them back. Unknown cache: never. `MINDUCTOR_STREAM_BYTES=n` sets the
-/// threshold instead (for measurements), and [`set_stream_bytes`] over both. (The code
-/// generator never streams a buffer its kernel also reads: see `lower/rows.rs`.)
+/// Whether a kernel storing `written` bytes of one output, and moving `traffic` bytes in all
+/// (every buffer it reads, and its outputs), should stream that output ([`ROW_STREAM`]): when
+/// the output is at least half the last-level cache (`crate::cache::l3_bytes`) and the
+/// kernel's traffic is at least 1.25 times that cache. Then the output's first lines are
+/// evicted before anything could read them back, and a cached store only adds a read of each
+/// line before it writes it. Below that, the output largely survives in the cache for its
+/// reader (or the next call), and streaming it would send it to memory and back. Unknown
+/// cache: never. `MINDUCTOR_STREAM_BYTES=n` instead streams every output of at least `n` bytes
+/// (for measurements), and [`set_stream_bytes`] over both. (The code generator never streams
+/// a buffer its kernel also reads: see `lower/rows.rs`.)
 ///
-/// Measured on Zen 4 (32 MiB L3, 2 threads, `minductor report`, three alternated runs each):
-/// the train step's two weight updates (16 MiB outputs of GEMM epilogues) went from 22.4-23.1
-/// to 21.3-22.0 ms at 1 thread and 11.7-12.0 to 10.9-12.0 ms at 2; pointwise_gelu_16m (64 MiB)
-/// from ~10.3 to ~9.7 ms at 1 and ~7.3 to ~6.3 ms at 2 (medians of six).
-pub fn streams_stores(bytes: usize) -> bool {
-    static THRESHOLD: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
-    let threshold = match FORCED_STREAM_BYTES.load(std::sync::atomic::Ordering::Relaxed) {
-        0 => *THRESHOLD.get_or_init(|| {
+/// Measured on Zen 4 (32 MiB L3, `minductor report` and `bench`, alternated runs):
+/// - the train step's two weight updates (16 MiB outputs of GEMM epilogues, 50 MiB of
+///   traffic) went from 22.4-23.1 to 21.3-22.0 ms at 1 thread and 11.7-12.0 to 10.9-12.0 ms at
+///   2; pointwise_gelu_16m (64 MiB out, 256 MiB of traffic) from ~10.3 to ~9.7 ms at 1 and
+///   ~7.3 to ~6.3 ms at 2 (medians of six);
+/// - a layer norm's affine store run by its routine over layernorm_4096x1024 (16 MiB in,
+///   16 MiB out: the cache's size) went the other way when streamed, 0.70-0.80 ms at 2
+///   threads against 0.55-0.57 cached (`bench --rounds 3`, three alternated runs): its output
+///   stays in the cache from one call to the next otherwise.
+pub fn streams_stores(written: usize, traffic: usize) -> bool {
+    static L3: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
+    static FROM_ENV: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
+    let forced = match FORCED_STREAM_BYTES.load(std::sync::atomic::Ordering::Relaxed) {
+        0 => *FROM_ENV.get_or_init(|| {
             std::env::var("MINDUCTOR_STREAM_BYTES")
                 .ok()
                 .and_then(|v| v.parse().ok())
-                .or_else(|| crate::cache::l3_bytes().map(|l3| l3 / 2))
         }),
         forced => Some(forced - 1),
     };
-    threshold.is_some_and(|t| bytes >= t)
+    if let Some(threshold) = forced {
+        return written >= threshold;
+    }
+    L3.get_or_init(crate::cache::l3_bytes)
+        .is_some_and(|l3| streams_past(l3, written, traffic))
+}
+
+/// [`streams_stores`]' rule for a last-level cache of `l3` bytes.
+fn streams_past(l3: usize, written: usize, traffic: usize) -> bool {
+    written >= l3 / 2 && traffic >= l3.saturating_add(l3 / 4)
 }
 
 /// [`set_stream_bytes`]'s threshold plus one; 0 when unset.
 static FORCED_STREAM_BYTES: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
 
 /// Makes kernels compiled from now on, in this process, stream outputs of at least `threshold`
-/// bytes (`Some(0)`: every output; `Some(usize::MAX)`: none), or (`None`) go back to the cache
-/// size's rule: for tests and benchmarks that compare the two forms.
+/// bytes whatever their traffic (`Some(0)`: every output; `Some(usize::MAX)`: none), or
+/// (`None`) go back to the cache size's rule: for tests and benchmarks that compare the two
+/// forms.
 pub fn set_stream_bytes(threshold: Option<usize>) {
     let stored = threshold.map_or(0, |t| t.saturating_add(1));
     FORCED_STREAM_BYTES.store(stored, std::sync::atomic::Ordering::Relaxed);
@@ -764,6 +782,22 @@ mod tests {
             }
         }
         t
+    }
+
+    /// The suite's cases of `streams_stores`, on a 32 MiB cache and on a 300 MiB one.
+    #[test]
+    fn outputs_stream_when_the_kernel_overflows_the_cache() {
+        const M: usize = 1 << 20;
+        // layernorm_4096x1024: 16 MiB in, 16 MiB out (and the weights).
+        assert!(!streams_past(32 * M, 16 * M, 32 * M + 8192));
+        // The train step's weight update: 16 MiB out, 48 MiB in all.
+        assert!(streams_past(32 * M, 16 * M, 48 * M));
+        // pointwise_gelu_16m: 64 MiB out, 256 MiB in all.
+        assert!(streams_past(32 * M, 64 * M, 256 * M));
+        // A small output of a large reduction, and every case on a server's cache.
+        assert!(!streams_past(32 * M, M, 256 * M));
+        assert!(!streams_past(300 * M, 64 * M, 256 * M));
+        assert!(streams_past(300 * M, 256 * M, 512 * M));
     }
 
     #[test]
