@@ -14,7 +14,8 @@ use minductor_ir::{Graph, IrError};
 use minductor_kernel_ir::{verify_program, Program, VerifyError};
 use minductor_passes::{
     autodiff, choose_loop_order, decompose, fuse, fuse_epilogues, fuse_horizontal, partition,
-    plan_buffers, simplify, store_once, AutodiffError, Joint, Partition, PartitionOptions,
+    plan_buffers, simplify, sink_cats, store_once, AutodiffError, Joint, Partition,
+    PartitionOptions,
 };
 use minductor_runtime::{
     check_inputs, interpret, Executable, RuntimeError, StepPartition, StepTiming, Tensor,
@@ -238,7 +239,8 @@ pub struct Artifacts {
     /// a frozen compile (whose graph `freeze` decomposed and simplified before compiling it).
     pub decomposed: Option<Graph>,
     /// The prim graph the backend runs: after `decompose` and `simplify` (and `partition`, for a
-    /// joint graph); empty for `eager`.
+    /// joint graph; and `sink_cats`, for inductor: the graph `fuse` schedules); empty for
+    /// `eager`.
     pub prim_graph: Option<Graph>,
     /// The kernel program code generation compiled (inductor only): after every kernel-IR pass,
     /// `fuse` to `choose_loop_order`, with the buffer plan of `plan_buffers`.
@@ -545,6 +547,8 @@ pub(crate) fn compile_from(
         }
         Backend::Inductor => {
             let prims = prims_of(&mut artifacts, &mut timer)?;
+            let prims = timer.graph("sink_cats", || sink_cats(&prims), Graph::len);
+            let prims = verified("sink_cats", prims)?;
             let fuse_started = Instant::now();
             let fused = fuse(&prims).map_err(|e| CompileError::Unsupported {
                 backend: backend.name(),

@@ -8,7 +8,7 @@
 //! | file | contents | backends |
 //! |---|---|---|
 //! | `0_captured.txt` | the traced graph | all |
-//! | `1_decompose.txt`, `2_simplify.txt` | the graph after each pass | aot_eager, inductor |
+//! | `1_decompose.txt`, `2_simplify.txt` | the graph after each pass (for inductor, `2_simplify.txt` after `sink_cats` too: the graph `fuse` schedules) | aot_eager, inductor |
 //! | `3_program.txt` | the kernel program code generation compiled: after every kernel-IR pass, with its buffer plan | inductor |
 //! | `kernels.txt` | per step: kind, iteration domain, bytes read/written, FLOPs, fused nodes; each fallback step with its op and reason | inductor |
 //! | `buffer_plan.txt` | every buffer: kind, dtype, shape, bytes, the steps it is live across | inductor |

@@ -392,10 +392,12 @@ impl Kernel {
     /// How many leading outer loops a step's kernel splits across threads, as one range over
     /// their iterations in row-major order (the compiled function's `start..end`): every outer
     /// loop in the inner order, so that a `[4, 256] x [512]` row kernel has 1024 rows to share
-    /// rather than 4. Only the first where a buffer takes several stores (a cat's operands: the
-    /// verifier proves those disjoint per row of the first loop only) and in the
-    /// outer-reduction order (its last loop is the vectorised columns). A GEMM epilogue is run
-    /// on blocks of its first loop, whatever this says (see [`MatmulStep::epilogue`]).
+    /// rather than 4. Only the first where a buffer takes several stores (a cat's operands:
+    /// the verifier proves those disjoint per row of the first loop) unless
+    /// [`Kernel::stores_apart`] proves each iteration of all the outer loops writes its own
+    /// elements of it, and in the outer-reduction order (its last loop is the vectorised
+    /// columns). A GEMM epilogue is run on blocks of its first loop, whatever this says (see
+    /// [`MatmulStep::epilogue`]).
     pub fn split_loops(&self) -> usize {
         if self.outer.is_empty() {
             return 0;
@@ -403,7 +405,7 @@ impl Kernel {
         let mut stored = Vec::new();
         for s in &self.stages {
             for st in s.action.stores() {
-                if stored.contains(&st.buffer) {
+                if stored.contains(&st.buffer) && !self.stores_apart(st.buffer) {
                     return 1;
                 }
                 stored.push(st.buffer);
@@ -413,6 +415,95 @@ impl Kernel {
             LoopOrder::Inner => self.outer.len(),
             LoopOrder::OuterReduction => 1,
         }
+    }
+
+    /// Whether the stores to `buffer`, all sizes static, write each iteration of the outer
+    /// loops (all of them) into a window of its own: every store moves with the same outer
+    /// terms; every store's elements of one iteration (its offset plus its inner terms over
+    /// their extents) lie in `[0, c)` past the iteration's base, `c` the smallest outer
+    /// coefficient; and the outer terms sorted by coefficient form a mixed-radix number over
+    /// those windows (each coefficient exceeds the span of the smaller ones plus the window).
+    /// A rotary embedding's halves, `[.., 64*o2 + i0]` and `[.., 64*o2 + i0 + 32]` over 32
+    /// elements each, qualify: their windows fill `[0, 64)`.
+    pub fn stores_apart(&self, buffer: BufferId) -> bool {
+        let outer_terms = |st: &Store| -> Vec<(Var, SizeExpr)> {
+            (st.index.terms.iter())
+                .filter(|(v, _)| matches!(v, Var::Outer(_)))
+                .cloned()
+                .collect()
+        };
+        let mut shared: Option<Vec<(Var, SizeExpr)>> = None;
+        let mut top: i128 = -1;
+        for stage in &self.stages {
+            for st in stage
+                .action
+                .stores()
+                .iter()
+                .filter(|st| st.buffer == buffer)
+            {
+                let terms = outer_terms(st);
+                if shared.as_ref().is_some_and(|s| *s != terms) {
+                    return false;
+                }
+                shared = Some(terms);
+                let Some(mut low) = st.index.offset.as_const().map(i128::from) else {
+                    return false;
+                };
+                let mut high = low;
+                for (v, c) in st.index.terms.iter() {
+                    let Var::Inner(i) = v else { continue };
+                    let (Some(c), Some(n)) = (
+                        c.as_const().map(i128::from),
+                        stage.extent.get(*i as usize).and_then(|d| d.as_static()),
+                    ) else {
+                        return false;
+                    };
+                    let span = c * (n as i128 - 1).max(0);
+                    if span < 0 {
+                        low += span;
+                    } else {
+                        high += span;
+                    }
+                }
+                if low < 0 {
+                    return false;
+                }
+                top = top.max(high);
+            }
+        }
+        // The outer terms, smallest coefficient first: each above everything below it.
+        let mut radix: Vec<(i128, usize)> = Vec::new();
+        for (v, c) in shared.unwrap_or_default() {
+            let Var::Outer(i) = v else { continue };
+            let (Some(c), Some(n)) = (
+                c.as_const().map(i128::from),
+                self.outer.get(i as usize).and_then(|d| d.as_static()),
+            ) else {
+                return false;
+            };
+            radix.push((c, n));
+        }
+        // Every outer loop of more than one iteration moves the stores.
+        let moved = |i: usize| {
+            self.outer[i].as_static() == Some(1)
+                || self.stages.iter().all(|stage| {
+                    (stage.action.stores().iter())
+                        .filter(|st| st.buffer == buffer)
+                        .all(|st| st.index.uses(Var::Outer(i as u32)))
+                })
+        };
+        if !(0..self.outer.len()).all(moved) {
+            return false;
+        }
+        radix.sort();
+        let mut span = top;
+        for (c, n) in radix {
+            if n > 1 && c <= span {
+                return false;
+            }
+            span += c * (n as i128 - 1).max(0);
+        }
+        true
     }
 
     /// Buffers the kernel stores to, in the order its stages first store them.

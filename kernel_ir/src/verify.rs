@@ -440,7 +440,12 @@ impl Verifier<'_> {
             if deferred {
                 continue;
             }
-            if mine.len() > 1 {
+            if mine.len() > 1 && split.len() > 1 {
+                // Split over every outer loop: each iteration's window is its own.
+                if !k.stores_apart(buffer) {
+                    return Err(overlap(buffer));
+                }
+            } else if mine.len() > 1 {
                 // Several stores (a cat's operands in one kernel), pairwise: either they never
                 // write the same element at all (disjoint ranges over every row: a cat along the
                 // first dim), or each row's elements of both lie within one stride of the row's

@@ -1,5 +1,6 @@
 //! The pass pipeline over the graph IR and the kernel IR (`minductor_kernel_ir`):
-//! graph passes `decompose` → `autodiff` → `simplify` → `partition` (joint graphs), `freeze`;
+//! graph passes `decompose` → `autodiff` → `simplify` → `partition` (joint graphs), `freeze`,
+//! `sink_cats` (before `fuse`);
 //! scheduling passes `fuse` (graph → kernel IR) → `fuse_horizontal` → `fuse_epilogues` →
 //! `store_once` → `choose_loop_order` → `plan_buffers`.
 //!
@@ -18,6 +19,7 @@ mod loop_order;
 mod partition;
 mod plan_buffers;
 mod simplify;
+mod sink_cats;
 mod store_once;
 
 pub use autodiff::{autodiff, AutodiffError, Joint};
@@ -30,4 +32,5 @@ pub use loop_order::{choose_loop_order, wants_outer_reduction};
 pub use partition::{partition, Partition, PartitionOptions, SavedValue};
 pub use plan_buffers::plan_buffers;
 pub use simplify::simplify;
+pub use sink_cats::sink_cats;
 pub use store_once::store_once;

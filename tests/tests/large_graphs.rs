@@ -46,6 +46,7 @@ fn a_compile_records_each_pass_with_its_time_and_sizes() {
     let expected = [
         "decompose",
         "simplify",
+        "sink_cats",
         "fuse",
         "verify_program",
         "fuse_horizontal",
@@ -70,7 +71,9 @@ fn a_compile_records_each_pass_with_its_time_and_sizes() {
             .find(|p| p.pass == name)
             .unwrap()
     };
-    assert_eq!(of("simplify").nodes, prims.len());
+    // `sink_cats` simplifies again, which may drop nodes the first `simplify` left dead.
+    assert!(of("simplify").nodes >= prims.len());
+    assert_eq!(of("sink_cats").nodes, prims.len());
     assert_eq!(of("fuse").nodes, prims.len());
     let codegen = of("codegen");
     assert_eq!(codegen.steps, program.steps.len());

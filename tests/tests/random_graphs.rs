@@ -54,6 +54,13 @@ enum Step {
     Matmul,
     /// `cat([v, v / 2], d)` then every other element along `d`: a cat and a stepped slice.
     CatStepped(usize),
+    /// `tanh(cat([v, v / 2], d) · 1.5 + cat([v / 4, v], d))`, every other element along `d`:
+    /// pointwise ops reading `cat`s of the same pieces, which `sink_cats` moves onto the pieces.
+    CatPointwise(usize),
+    /// `v + cat([−v[1:], v[:1]], d) · 0.5` along `d` (a rotation by one, as rotary embeddings'
+    /// `rotate_half`): a `cat` of unequal pieces read by a product, then a sum with `v`, which
+    /// `sink_cats` moves onto the pieces, slicing `v`.
+    Rotate(usize),
     /// `index_select` along `d` at reversed positions (an i64 index computed in the graph).
     Reverse(usize),
     /// `+ 0.01 · cumsum(x > y)` along `d` in i64: an integer scan, a fallback step.
@@ -90,6 +97,8 @@ fn step_strategy() -> impl Strategy<Value = Step> {
         Just(Step::Silu),
         Just(Step::Matmul),
         (0usize..3).prop_map(Step::CatStepped),
+        (0usize..3).prop_map(Step::CatPointwise),
+        (0usize..3).prop_map(Step::Rotate),
         (0usize..3).prop_map(Step::Reverse),
         (0usize..3).prop_map(Step::CountGreater),
         (0usize..3).prop_map(Step::IntegerRowMax),
@@ -159,6 +168,19 @@ fn apply(step: Step, v: &Traced, x: &Traced, y: &Traced, w: &Traced) -> Traced {
             // sum of that cancels to rounding noise larger than any tolerance of zero.
             Traced::cat(&[v, &(v * 0.5)], d).slice(d, None, None, 2)
         }
+        Step::CatPointwise(d) => {
+            let d = dim(d);
+            let first = Traced::cat(&[v, &(v * 0.5)], d) * 1.5;
+            (first + Traced::cat(&[&(v * 0.25), v], d))
+                .tanh()
+                .slice(d, None, None, 2)
+        }
+        Step::Rotate(d) => {
+            let d = dim(d);
+            let rest = v.slice(d, Some(1), None, 1);
+            let first = v.slice(d, None, Some(1), 1);
+            v + &(Traced::cat(&[&-rest, &first], d) * 0.5)
+        }
         Step::Reverse(d) => {
             let d = dim(d);
             let n = v.shape()[d as usize];
@@ -196,7 +218,7 @@ fn symbolic_safe(step: Step, rank: usize) -> bool {
     match step {
         // These read `v.shape()`, every dim of it.
         Step::ReshapeRoundTrip | Step::AddArange(_) | Step::Reverse(_) | Step::Triu => false,
-        Step::CatStepped(d) => !along_first(d),
+        Step::CatStepped(d) | Step::CatPointwise(d) | Step::Rotate(d) => !along_first(d),
         // A transposed value puts the symbol inside a buffer if it is realized (before a GEMM,
         // say), which `fuse` refuses (strides are numbers); `jit` falls back to static shapes
         // for such graphs.
@@ -422,6 +444,9 @@ fn apply_symbolic(
     let rank = v.rank();
     match step {
         Step::ReshapeRoundTrip | Step::Reverse(_) => v.tanh(),
+        // A `cat` along the symbolic dim has no static pieces to move onto (and `Rotate`'s
+        // slice would need the dim's size).
+        Step::CatPointwise(d) | Step::Rotate(d) if d % rank == symbolic => v.tanh(),
         Step::CatStepped(d) if d % rank == symbolic => {
             // `cat([v, v / 2], d)` along the symbolic dim has the derived size `2*s0`; a
             // reshape splits it back into `[2, s0]` and a sum over the 2 gives `1.5 * v`.

@@ -334,10 +334,22 @@ impl Lowering<'_, '_, '_> {
             b = Some(row);
             e = t;
         }
-        // `t * w + b * c`: the product the Cranelift loop fuses is the first it can.
+        // `t * w + b * c`: the product the Cranelift loop fuses is the first it can. One
+        // factor of `b * c` may be negated (`NEG_PRODUCT`; it is then `b`).
         if let Expr::Binary(BinaryOp::Add, p, q) = *k.expr(e) {
+            let negated = |x: ExprId| match *k.expr(x) {
+                Expr::Unary(UnaryOp::Neg, y) => self.row_load(y),
+                _ => None,
+            };
             let rows = |m: ExprId| match *k.expr(m) {
-                Expr::Binary(BinaryOp::Mul, x, y) => Some((self.row_load(x)?, self.row_load(y)?)),
+                Expr::Binary(BinaryOp::Mul, x, y) => {
+                    match (self.row_load(x), self.row_load(y), negated(x), negated(y)) {
+                        (Some(rx), Some(ry), _, _) => Some((rx, ry, false)),
+                        (None, Some(ry), Some(nx), _) => Some((nx, ry, true)),
+                        (Some(rx), None, _, Some(ny)) => Some((ny, rx, true)),
+                        _ => None,
+                    }
+                }
                 _ => None,
             };
             let (fused, added) = if contracted(p).is_some() {
@@ -346,8 +358,11 @@ impl Lowering<'_, '_, '_> {
                 (q, p)
             };
             if bits == RowShape::STORE && contracted(fused).is_some() {
-                if let Some((rb, rc)) = rows(added) {
+                if let Some((rb, rc, negated)) = rows(added) {
                     bits |= RowShape::ADD_PRODUCT;
+                    if negated {
+                        bits |= RowShape::NEG_PRODUCT;
+                    }
                     b = Some(rb);
                     c = Some(rc);
                     e = fused;

@@ -207,6 +207,9 @@ impl RowShape {
     /// After the first steps, GELU's gradient times the row `w` (the incoming gradient), in
     /// the operations autodiff writes it in (see [`gelu_backward`]); nothing after it.
     pub const GELU_GRAD: u32 = 1 << 18;
+    /// With `ADD_PRODUCT`: the product negated, `t * w + (-b) * c` (rotary embeddings' first
+    /// half, `x1 * cos + (-x2) * sin`; `(-b) * c` is `-(b * c)`, bit for bit).
+    pub const NEG_PRODUCT: u32 = 1 << 19;
 
     /// The bits of function `f`.
     pub const fn function(f: MathFn) -> u32 {
@@ -278,7 +281,10 @@ unsafe fn value<L: Wide, const S: u32>(e: &mut L, a: &RowArgs, u: &Values<L>, i:
         if S & RowShape::MUL_ROW != 0 {
             let w = L::load(a.w.add(i));
             t = if S & RowShape::ADD_PRODUCT != 0 {
-                let bc = e.mul(L::load(a.b.add(i)), L::load(a.c.add(i)));
+                let mut bc = e.mul(L::load(a.b.add(i)), L::load(a.c.add(i)));
+                if S & RowShape::NEG_PRODUCT != 0 {
+                    bc = e.neg(bc);
+                }
                 e.mul_add(t, w, bc)
             } else if S & RowShape::ADD_ROW != 0 {
                 e.mul_add(t, w, L::load(a.b.add(i)))
@@ -636,8 +642,10 @@ shapes! {
     // Copies (a transposing copy of attention's output, rotate_half's halves; a negation is
     // `SCALE` by -1).
     R::STORE,
-    // Rotary embeddings: `x * cos + rotate_half(x) * sin`.
+    // Rotary embeddings: `x * cos + rotate_half(x) * sin`, and its halves apart (after
+    // `sink_cats`, `x1 * cos + (-x2) * sin` and `x2 * cos + x1 * sin`).
     R::MUL_ROW | R::ADD_PRODUCT | R::STORE,
+    R::MUL_ROW | R::ADD_PRODUCT | R::NEG_PRODUCT | R::STORE,
     // An optimizer step: `p - lr * g`.
     R::SCALE | R::FUSED_SCALE | R::ADD_ROW | R::STORE,
     // A function of a row: alone, after a GEMM epilogue's bias (`gelu(acc + bias)`), after a
@@ -771,6 +779,7 @@ mod tests {
                 shape & RowShape::ADD_ROW != 0,
             );
             *t = match (mul, add) {
+                (true, _) if shape & RowShape::NEG_PRODUCT != 0 => t.mul_add(w[i], -b[i] * c[i]),
                 (true, _) if shape & RowShape::ADD_PRODUCT != 0 => t.mul_add(w[i], b[i] * c[i]),
                 (true, true) => t.mul_add(w[i], b[i]),
                 (true, false) => *t * w[i],
