@@ -35,7 +35,7 @@ pub use minductor_ir::{DType, Dim, Graph, IrError, SymId, TensorType};
 pub use minductor_passes::PartitionOptions;
 pub use minductor_runtime::{
     interpret, num_threads, set_num_threads, Executable, RuntimeError, StepPartition, StepTiming,
-    Tensor,
+    Tensor, WorkUnit,
 };
 
 /// The pipeline's crates, for minductor's own tools, tests and benchmarks (the golden runner, the

@@ -170,7 +170,25 @@ pub struct StepPartition {
     /// The work of each piece; one piece when the step runs on the calling thread.
     pub pieces: Vec<u64>,
     /// What a unit of `pieces` counts.
-    pub unit: &'static str,
+    pub unit: WorkUnit,
+}
+
+/// What the work of a [`StepPartition`]'s pieces counts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WorkUnit {
+    /// Elements a kernel (or a scatter-add, or a fallback step) computes.
+    Elements,
+    /// Multiply-adds of a GEMM or of the fused attention.
+    MultiplyAdds,
+}
+
+impl std::fmt::Display for WorkUnit {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            WorkUnit::Elements => "elements",
+            WorkUnit::MultiplyAdds => "multiply-adds",
+        })
+    }
 }
 
 impl StepPartition {

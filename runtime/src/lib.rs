@@ -13,7 +13,7 @@ pub use block_cache::{block_cache_limit, release_cached_blocks, set_block_cache_
 pub use error::RuntimeError;
 pub use executable::{
     check_inputs, memory_limit_from_env, output_destination, parse_memory_size, Executable,
-    StepPartition, StepTiming,
+    StepPartition, StepTiming, WorkUnit,
 };
 pub use tensor::{byte_size, contiguous_strides, Element, Storage, Tensor, BUFFER_ALIGN};
 pub use threads::{num_threads, set_num_threads};

@@ -10,7 +10,7 @@ use minductor_ir::{checked_bytes, Dim, SymId};
 use minductor_kernel_ir::verify_program;
 use minductor_kernel_ir::{BufferId, BufferKind, FallbackStep, Program, StridedView};
 use minductor_runtime::{
-    threads, Executable, RuntimeError, StepPartition, StepTiming, Storage, Tensor,
+    threads, Executable, RuntimeError, StepPartition, StepTiming, Storage, Tensor, WorkUnit,
 };
 use std::time::Instant;
 
@@ -518,7 +518,7 @@ impl CompiledProgram {
                     let total = p.total();
                     let largest = p.pieces.iter().copied().max().unwrap_or(0);
                     let slowest = largest.max(total.div_ceil(threads as u64));
-                    let per_unit = if p.unit == "elements" {
+                    let per_unit = if p.unit == WorkUnit::Elements {
                         NS_PER_ELEMENT
                     } else {
                         NS_PER_MULTIPLY_ADD
@@ -845,7 +845,7 @@ impl CompiledProgram {
                             .into_iter()
                             .map(|r| (r.end - r.start) as u64 * per_row)
                             .collect();
-                        (pieces, "elements")
+                        (pieces, WorkUnit::Elements)
                     }
                     CompiledStep::Matmul {
                         step,
@@ -861,19 +861,20 @@ impl CompiledProgram {
                             &symbols,
                             threads,
                         )?,
-                        "multiply-adds",
+                        WorkUnit::MultiplyAdds,
                     ),
                     CompiledStep::Attention { step, split } => (
                         attention_pieces_of(step, *split, &symbols, threads),
-                        "multiply-adds",
+                        WorkUnit::MultiplyAdds,
                     ),
                     CompiledStep::ScatterAdd(sc) => (
                         vec![symbols.sizes(&sc.src.shape).iter().product::<usize>() as u64],
-                        "elements",
+                        WorkUnit::Elements,
                     ),
-                    CompiledStep::Fallback(fb) => {
-                        (vec![symbols.elements(program, fb.out) as u64], "elements")
-                    }
+                    CompiledStep::Fallback(fb) => (
+                        vec![symbols.elements(program, fb.out) as u64],
+                        WorkUnit::Elements,
+                    ),
                 };
                 Ok(StepPartition {
                     name: step.name(),
