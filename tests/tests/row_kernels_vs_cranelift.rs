@@ -231,10 +231,10 @@ fn column_sums_read_again_by_their_kernel_give_the_loops_bits_on_any_thread_coun
         // (The store stage runs Cranelift's loop: the kernel's narrowest stage is 128 bits.)
         let (wide, loops) = both(&g, &inputs, &what, false);
         minductor_tests::assert_allclose(&wide, &loops, Tolerance::EXACT, &what);
-        let compiled = {
-            let _routines_on = SWITCH.lock().unwrap_or_else(|e| e.into_inner());
-            compile(&g).unwrap()
-        };
+        // `stage_vector_bits` lowers the kernel again under the switches of the moment: under
+        // the lock too, or another test's loop compile turns the routines off meanwhile.
+        let routines_on = SWITCH.lock().unwrap_or_else(|e| e.into_inner());
+        let compiled = compile(&g).unwrap();
         if block_isa().is_some() {
             let program = compiled.artifacts().program.clone().unwrap();
             let [Step::Kernel(k)] = program.steps.as_slice() else {
@@ -246,6 +246,7 @@ fn column_sums_read_again_by_their_kernel_give_the_loops_bits_on_any_thread_coun
                 "{what}: no column routine {bits:?}\n{program}"
             );
         }
+        drop(routines_on);
         let one = minductor_tests::assert_same_bits_on_threads(&compiled, &inputs, &[2, 3], &what);
         minductor_tests::assert_allclose(&one, &wide, Tolerance::EXACT, &what);
     }
