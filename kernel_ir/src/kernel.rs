@@ -471,7 +471,7 @@ impl Kernel {
                 top = top.max(high);
             }
         }
-        // The outer terms, smallest coefficient first: each above everything below it.
+        // The outer terms: each above the window and the smaller ones.
         let mut radix: Vec<(i128, usize)> = Vec::new();
         for (v, c) in shared.unwrap_or_default() {
             let Var::Outer(i) = v else { continue };
@@ -492,18 +492,7 @@ impl Kernel {
                         .all(|st| st.index.uses(Var::Outer(i as u32)))
                 })
         };
-        if !(0..self.outer.len()).all(moved) {
-            return false;
-        }
-        radix.sort();
-        let mut span = top;
-        for (c, n) in radix {
-            if n > 1 && c <= span {
-                return false;
-            }
-            span += c * (n as i128 - 1).max(0);
-        }
-        true
+        (0..self.outer.len()).all(moved) && mixed_radix(radix, top)
     }
 
     /// Buffers the kernel stores to, in the order its stages first store them.
@@ -527,6 +516,21 @@ impl Kernel {
         out.dedup();
         out
     }
+}
+
+/// Whether `Σ cᵢ·vᵢ` over `0 <= vᵢ < nᵢ` (the `(cᵢ, nᵢ)` of `terms`), plus any offset in
+/// `[0, below]`, takes a different value at every point: sorted by coefficient, each term of
+/// more than one value exceeds the largest value of the smaller terms (and `below`).
+pub(crate) fn mixed_radix(mut terms: Vec<(i128, usize)>, below: i128) -> bool {
+    terms.sort();
+    let mut span = below;
+    for (c, n) in terms {
+        if n > 1 && c <= span {
+            return false;
+        }
+        span += c * (n as i128 - 1).max(0);
+    }
+    true
 }
 
 /// `out[batch..., m, n] = a[batch..., m, k] @ b[batch..., k, n]` on strided views, by an extern GEMM.

@@ -423,18 +423,12 @@ impl Verifier<'_> {
                     deferred = true; // Checked again once the symbols are bound.
                     continue;
                 }
-                let mut terms: Vec<(i128, Option<usize>)> = terms
+                let terms = terms
                     .into_iter()
-                    .map(|(c, n)| (c.expect("known above"), n))
+                    .map(|(c, n)| (c.expect("known above"), n.expect("known above")))
                     .collect();
-                terms.sort();
-                let mut span: i128 = 0;
-                for (c, n) in terms {
-                    let n = n.expect("known above") as i128;
-                    if n > 1 && c <= span {
-                        return Err(overlap(buffer));
-                    }
-                    span += c * (n - 1);
+                if !mixed_radix(terms, 0) {
+                    return Err(overlap(buffer));
                 }
             }
             if deferred {

@@ -42,20 +42,26 @@ fn sunk(graph: &Graph, inputs: &[Tensor], what: &str) -> (Graph, Graph) {
     (prims, after)
 }
 
+/// Rotary embeddings over `x: [2, 3, t, d]` with `cos` and `sin` tables of `[t, d / 2]`:
+/// `x * cat(cos, cos) + cat(-x2, x1) * cat(sin, sin)`.
+fn rotary(t: usize, d: usize) -> (Graph, Vec<Tensor>) {
+    let half = d / 2;
+    build(&[&[2, 3, t, d], &[t, half], &[t, half]], |i| {
+        let (x, cos, sin) = (&i[0], &i[1], &i[2]);
+        let x1 = x.slice(-1, None, Some(half as isize), 1);
+        let x2 = x.slice(-1, Some(half as isize), None, 1);
+        let cos = Traced::cat(&[cos, cos], -1);
+        let sin = Traced::cat(&[sin, sin], -1);
+        vec![x * &cos + Traced::cat(&[&-x2, &x1], -1) * &sin]
+    })
+}
+
 /// Rotary embeddings, `x * cat(cos, cos) + cat(-x2, x1) * cat(sin, sin)`: after the pass the
 /// only `cat` left is the result's, and the rotated copy is gone.
 #[test]
 fn rotary_embeddings_keep_one_cat() {
     for (t, d) in [(5, 8), (3, 2), (4, 64)] {
-        let half = d / 2;
-        let (g, inputs) = build(&[&[2, 3, t, d], &[t, half], &[t, half]], |i| {
-            let (x, cos, sin) = (&i[0], &i[1], &i[2]);
-            let x1 = x.slice(-1, None, Some(half as isize), 1);
-            let x2 = x.slice(-1, Some(half as isize), None, 1);
-            let cos = Traced::cat(&[cos, cos], -1);
-            let sin = Traced::cat(&[sin, sin], -1);
-            vec![x * &cos + Traced::cat(&[&-x2, &x1], -1) * &sin]
-        });
+        let (g, inputs) = rotary(t, d);
         let what = format!("rotary embeddings over {t}x{d}");
         let (before, after) = sunk(&g, &inputs, &what);
         assert_eq!(cat_sizes(&before).len(), 3, "{what}\n{before}");
@@ -129,16 +135,9 @@ fn chains_run_on_pieces_of_the_same_split_only() {
 fn the_halves_of_a_rotary_kernel_split_over_every_loop() {
     use minductor::internals::ir::SizeExpr;
     use minductor::internals::kernel_ir::StageAction;
-    let (t, d) = (6, 16);
+    let d = 16;
+    let (g, _) = rotary(6, d);
     let half = d / 2;
-    let (g, _) = build(&[&[2, 3, t, d], &[t, half], &[t, half]], |i| {
-        let (x, cos, sin) = (&i[0], &i[1], &i[2]);
-        let x1 = x.slice(-1, None, Some(half as isize), 1);
-        let x2 = x.slice(-1, Some(half as isize), None, 1);
-        let cos = Traced::cat(&[cos, cos], -1);
-        let sin = Traced::cat(&[sin, sin], -1);
-        vec![x * &cos + Traced::cat(&[&-x2, &x1], -1) * &sin]
-    });
     let program = compile(&g).unwrap().artifacts().program.clone().unwrap();
     let mut kernel = (program.kernels())
         .find(|k| k.stores().len() == 1 && k.stages[0].action.stores().len() == 2)

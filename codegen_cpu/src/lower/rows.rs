@@ -31,7 +31,6 @@ use cranelift_codegen::ir::{
 };
 use minductor_ir::{BinaryOp, DType, ReduceOp, UnaryOp};
 use minductor_kernel_ir::*;
-use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 
 /// A row stage's routine and the rows and values it is given.
@@ -632,17 +631,7 @@ impl Lowering<'_, '_, '_> {
     /// The bytes the kernel moves in all: every buffer it loads and every buffer it stores, each
     /// once, if their sizes are static.
     fn traffic(&self) -> Option<usize> {
-        let k = self.kernel;
-        let loaded = k.exprs.iter().filter_map(|e| match e {
-            Expr::Load { buffer, .. } => Some(*buffer),
-            _ => None,
-        });
-        let stored = (k.stages.iter())
-            .flat_map(|stage| stage.action.stores())
-            .map(|st| st.buffer);
-        let buffers: BTreeSet<BufferId> = loaded.chain(stored).collect();
-        buffers
-            .into_iter()
+        (self.kernel.buffers().into_iter())
             .try_fold(0usize, |sum, b| sum.checked_add(self.bytes(b)?))
     }
 
