@@ -1,0 +1,66 @@
+//! The nesting of a kernel's outer loops (`choose_loop_order`, `passes/src/loop_order.rs`): a
+//! kernel loading a transposed view and storing contiguously (rotary embeddings on a projection
+//! `[b, t, h·d]` read as `[b, h, t, d]`) runs its outer loops in the load's address order; a
+//! copy transposing the other way keeps its order. Either way the results are the
+//! interpreter's, and the same bits at every thread count.
+
+use minductor::internals::kernel_ir::{Program, Step};
+use minductor::{compile, interpret, Graph, Tensor};
+use minductor_tests::{wide_sine_values, Tolerance};
+
+/// The outer extents of each kernel step of `program` (static sizes).
+fn outer_loops(program: &Program) -> Vec<Vec<usize>> {
+    (program.steps.iter())
+        .filter_map(|s| match s {
+            Step::Kernel(k) => Some(k.outer.iter().map(|d| d.as_static().unwrap()).collect()),
+            _ => None,
+        })
+        .collect()
+}
+
+/// Compiles `graph`, returns the outer extents of its kernels, and checks the results against
+/// the interpreter and across thread counts.
+fn compiled_loops(graph: &Graph, inputs: &[Tensor]) -> Vec<Vec<usize>> {
+    let compiled = compile(graph).unwrap();
+    let program = compiled.artifacts().program.clone().unwrap();
+    let got = minductor_tests::assert_same_bits_on_threads(&compiled, inputs, &[2, 3], "threads");
+    let want = interpret(graph, inputs).unwrap();
+    minductor_tests::assert_allclose(&got, &want, Tolerance::close(1e-6), &program.to_string());
+    outer_loops(&program)
+}
+
+/// `x` `[b, t, h·d]` seen as `[b, h, t, d]`, times `cos` `[t, d]` plus `tanh(x)` times `sin`:
+/// the rotary kernel's accesses.
+#[test]
+fn a_kernel_loading_a_transposed_view_nests_its_loops_in_the_loads_order() {
+    for (b, t, h, d) in [(2, 64, 8, 32), (1, 40, 3, 48), (3, 16, 4, 64)] {
+        let (graph, inputs) = minductor_tests::build_graph(
+            &[&[b, t, h * d], &[t, d], &[t, d]],
+            wide_sine_values,
+            |i| {
+                let q = (i[0].reshape(&[b as isize, t as isize, h as isize, d as isize]))
+                    .permute(&[0, 2, 1, 3]);
+                vec![&q * &i[1] + &q.tanh() * &i[2]]
+            },
+        );
+        let loops = compiled_loops(&graph, &inputs);
+        assert_eq!(loops, vec![vec![b, t, h]], "{b}x{t}x{h}x{d}");
+    }
+}
+
+/// Attention's output `[b, h, t, d]` copied to `[b, t, h, d]` (then read as `[b, t, h·d]`):
+/// the store is one stream and the load `h` streams, and the copy keeps that order (nested
+/// `b, h, t`, its store would be `t` streams 1 KiB apart).
+#[test]
+fn a_copy_storing_a_transposed_view_keeps_the_stores_order() {
+    let (b, t, h, d) = (2, 64, 8, 32);
+    let (graph, inputs) = minductor_tests::build_graph(&[&[b, h, t, d]], wide_sine_values, |i| {
+        let o = i[0]
+            .permute(&[0, 2, 1, 3])
+            .reshape(&[b as isize, t as isize, (h * d) as isize]);
+        vec![o.tanh()]
+    });
+    // The copy (then `tanh` over `[b, t]` rows of `h·d`).
+    let loops = compiled_loops(&graph, &inputs);
+    assert_eq!(loops[0], vec![b, t, h], "{graph}");
+}
