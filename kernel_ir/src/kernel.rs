@@ -254,6 +254,14 @@ impl StageAction {
         }
     }
 
+    /// [`StageAction::stores`], to change in place (a renumbering, a renaming of loops).
+    pub fn stores_mut(&mut self) -> &mut [Store] {
+        match self {
+            StageAction::Reduce { stores, .. } | StageAction::Store(stores) => stores,
+            StageAction::Scan(store) => std::slice::from_mut(store),
+        }
+    }
+
     /// The values the stage computes: the reduced value first, then each stored one.
     pub fn roots(&self) -> Vec<ExprId> {
         let mut roots = match self {

@@ -1873,11 +1873,6 @@ fn renumber_kernel(k: &mut Kernel, renumber: &impl Fn(&mut BufferId)) {
         }
     }
     for stage in &mut k.stages {
-        match &mut stage.action {
-            StageAction::Reduce { stores, .. } | StageAction::Store(stores) => {
-                stores.iter_mut().for_each(|st| renumber(&mut st.buffer))
-            }
-            StageAction::Scan(st) => renumber(&mut st.buffer),
-        }
+        (stage.action.stores_mut().iter_mut()).for_each(|st| renumber(&mut st.buffer));
     }
 }

@@ -217,11 +217,6 @@ fn permute_outer(k: &mut Kernel, perm: &[usize]) {
         }
     }
     for stage in &mut k.stages {
-        match &mut stage.action {
-            StageAction::Reduce { stores, .. } | StageAction::Store(stores) => {
-                stores.iter_mut().for_each(|st| rename(&mut st.index))
-            }
-            StageAction::Scan(st) => rename(&mut st.index),
-        }
+        (stage.action.stores_mut().iter_mut()).for_each(|st| rename(&mut st.index));
     }
 }
