@@ -101,6 +101,11 @@ pub fn wants_outer_reduction(k: &Kernel) -> bool {
 /// lines, which the hardware's stream prefetchers follow.
 const NEAR: i64 = 512;
 
+/// The size a symbolic dim counts as when choosing a nesting (a sequence of a few dozen
+/// tokens or more; Inductor orders loops by the example inputs' sizes, which a compile for
+/// every size does not have).
+const SIZE_HINT: u64 = 64;
+
 /// How many interleaved streams an access with outer-loop steps `steps` (bytes, by old loop
 /// number) makes when the outer loops run in `order` (outermost first): walking out from the
 /// innermost loop, each loop stepping further than [`NEAR`] splits the access into as many
@@ -120,22 +125,26 @@ fn streams(steps: &[i64], extents: &[u64], order: &[usize]) -> u64 {
 
 /// The order of `k`'s outer loops (old loop numbers, outermost first) whose accesses make the
 /// fewest interleaved memory streams, if it makes fewer than the present order (see
-/// [`streams`]). Each distinct access (buffer and outer steps) counts once.
+/// [`streams`]). Each distinct access (buffer and outer steps) counts once; a symbolic size
+/// counts as [`SIZE_HINT`].
 fn stream_order(k: &Kernel, program: &Program) -> Option<Vec<usize>> {
     let n = k.outer.len();
     if !(2..=6).contains(&n) {
         return None;
     }
     let extents: Vec<u64> = (k.outer.iter())
-        .map(|d| d.as_static().map(|e| e as u64))
-        .collect::<Option<_>>()?;
+        .map(|d| d.as_static().map_or(SIZE_HINT, |e| e as u64))
+        .collect();
     let elem = |b: BufferId| {
         (program.buffers.get(b.0 as usize)).map_or(4, |buf| buf.dtype.size_bytes() as i64)
     };
     let mut accesses: Vec<Vec<i64>> = Vec::new();
     let mut add = |buffer: BufferId, index: &Affine| {
         let Some(steps) = (0..n)
-            .map(|i| index.coefficient(Var::Outer(i as u32)).as_const())
+            .map(|i| {
+                let step = index.coefficient(Var::Outer(i as u32));
+                step.eval_i64(|_| Some(SIZE_HINT as i128))
+            })
             .collect::<Option<Vec<i64>>>()
         else {
             return;

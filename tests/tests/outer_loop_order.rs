@@ -5,7 +5,7 @@
 //! interpreter's, and the same bits at every thread count.
 
 use minductor::internals::kernel_ir::{Program, Step};
-use minductor::{compile, interpret, Graph, Tensor};
+use minductor::{compile, interpret, DType, Dim, Graph, SymId, Tensor, TensorType, Tracer};
 use minductor_tests::{wide_sine_values, Tolerance};
 
 /// The outer extents of each kernel step of `program` (static sizes).
@@ -63,4 +63,50 @@ fn a_copy_storing_a_transposed_view_keeps_the_stores_order() {
     // The copy (then `tanh` over `[b, t]` rows of `h·d`).
     let loops = compiled_loops(&graph, &inputs);
     assert_eq!(loops[0], vec![b, t, h], "{graph}");
+}
+
+/// The rotary kernel's graph with sequence length `seq`: `x` `[b, seq, h·d]` seen as `[b, h,
+/// seq, d]`, times `cos` plus `tanh(x)` times `sin`.
+fn rotary(b: usize, seq: Dim, h: usize, d: usize) -> Graph {
+    let tracer = Tracer::new();
+    let typed = |shape: Vec<Dim>| TensorType::new(DType::F32, shape.into_iter().collect());
+    let x = tracer.input_typed("x", typed(vec![Dim::Static(b), seq, Dim::Static(h * d)]));
+    let cos = tracer.input_typed("cos", typed(vec![seq, Dim::Static(d)]));
+    let sin = tracer.input_typed("sin", typed(vec![seq, Dim::Static(d)]));
+    let q = x
+        .reshape(&[b as isize, -1, h as isize, d as isize])
+        .permute(&[0, 2, 1, 3]);
+    tracer.finish(&[&q * &cos + &q.tanh() * &sin]).unwrap()
+}
+
+/// The rotary kernel with a symbolic sequence length (one compile for every length): the
+/// nesting is chosen with the length counted as `SIZE_HINT`, and every length computes the
+/// interpreter's values on a static graph of that length.
+#[test]
+fn a_symbolic_sequence_length_gets_the_same_nesting() {
+    let (b, h, d) = (2, 8, 32);
+    let seq = Dim::Sym(SymId(0));
+    let compiled = compile(&rotary(b, seq, h, d)).unwrap();
+    let program = compiled.artifacts().program.clone().unwrap();
+    let outer: Vec<&Vec<Dim>> = (program.steps.iter())
+        .filter_map(|s| match s {
+            Step::Kernel(k) => Some(&k.outer),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        outer,
+        [&vec![Dim::Static(b), seq, Dim::Static(h)]],
+        "{program}"
+    );
+    for t in [1, 5, 64, 130] {
+        let inputs = [
+            wide_sine_values(&[b, t, h * d], 0),
+            wide_sine_values(&[t, d], 1),
+            wide_sine_values(&[t, d], 2),
+        ];
+        let got = compiled.call(&inputs).unwrap();
+        let want = interpret(&rotary(b, Dim::Static(t), h, d), &inputs).unwrap();
+        minductor_tests::assert_allclose(&got, &want, Tolerance::close(1e-6), &format!("t={t}"));
+    }
 }
