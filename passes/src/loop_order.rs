@@ -177,12 +177,23 @@ fn stream_order(k: &Kernel, program: &Program) -> Option<Vec<usize>> {
             c.saturating_add(streams(steps, &extents, order))
         })
     };
+    // A kernel that splits across threads over its first loop only (stores into one buffer
+    // that `Kernel::stores_apart` cannot prove apart) has that loop's iterations as its
+    // pieces: another loop may come first only if it has as many, known at compile time.
+    let first_only = k.split_loops() < n;
+    let as_many = |l: usize| match (k.outer[l].as_static(), k.outer[0].as_static()) {
+        (Some(new), Some(old)) => new >= old,
+        _ => false,
+    };
     let present: Vec<usize> = (0..n).collect();
     let mut best = (cost(&present), present.clone());
     let mut order = present.clone();
     // Every permutation (n <= 6: at most 720), in lexicographic order; the first of the least
     // cost wins, and the present order on a tie.
     while next_permutation(&mut order) {
+        if first_only && order[0] != 0 && !as_many(order[0]) {
+            continue;
+        }
         let c = cost(&order);
         if c < best.0 {
             best = (c, order.clone());

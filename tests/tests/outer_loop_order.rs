@@ -5,7 +5,7 @@
 //! interpreter's, and the same bits at every thread count.
 
 use minductor::internals::kernel_ir::{Program, Step};
-use minductor::{compile, interpret, DType, Dim, Graph, SymId, Tensor, TensorType, Tracer};
+use minductor::{compile, interpret, DType, Dim, Graph, SymId, Tensor, TensorType, Traced, Tracer};
 use minductor_tests::{wide_sine_values, Tolerance};
 
 /// The outer extents of each kernel step of `program` (static sizes).
@@ -107,6 +107,68 @@ fn a_symbolic_sequence_length_gets_the_same_nesting() {
         ];
         let got = compiled.call(&inputs).unwrap();
         let want = interpret(&rotary(b, Dim::Static(t), h, d), &inputs).unwrap();
+        minductor_tests::assert_allclose(&got, &want, Tolerance::close(1e-6), &format!("t={t}"));
+    }
+}
+
+/// Rotary embeddings on `x` `[t, h·d]` seen as `[h, t, d]`, `x · cat(cos, cos) + cat(−x2, x1) ·
+/// cat(sin, sin)` (`rotate_half`): after `sink_cats`, one kernel storing both halves of each row, over outer
+/// loops `[h, t]`. With a static `t` its stores are proved apart and it splits over both
+/// loops, so it takes the nesting `[t, h]` (the load in order); with a symbolic `t` it splits
+/// over its first loop only, which stays first (a symbolic `t` might have fewer iterations).
+fn rotate_half(seq: Dim, h: usize, d: usize) -> Graph {
+    let tracer = Tracer::new();
+    let typed = |shape: Vec<Dim>| TensorType::new(DType::F32, shape.into_iter().collect());
+    let x = tracer.input_typed("x", typed(vec![seq, Dim::Static(h * d)]));
+    let cos = tracer.input_typed("cos", typed(vec![seq, Dim::Static(d / 2)]));
+    let sin = tracer.input_typed("sin", typed(vec![seq, Dim::Static(d / 2)]));
+    let q = x.reshape(&[-1, h as isize, d as isize]).permute(&[1, 0, 2]);
+    let half = (d / 2) as isize;
+    let (q1, q2) = (
+        q.slice(-1, None, Some(half), 1),
+        q.slice(-1, Some(half), None, 1),
+    );
+    let rotated = Traced::cat(&[&-q2, &q1], -1);
+    let (cos, sin) = (
+        Traced::cat(&[&cos, &cos], -1),
+        Traced::cat(&[&sin, &sin], -1),
+    );
+    tracer.finish(&[&q * &cos + rotated * &sin]).unwrap()
+}
+
+#[test]
+fn a_kernel_split_over_its_first_loop_only_keeps_that_loop_first() {
+    let (h, d, t) = (8, 64, 48);
+    let kernels = |graph: &Graph| -> (Vec<Vec<Dim>>, usize) {
+        let compiled = compile(graph).unwrap();
+        let program = compiled.artifacts().program.clone().unwrap();
+        let (outer, split): (Vec<Vec<Dim>>, Vec<usize>) = (program.steps.iter())
+            .filter_map(|s| match s {
+                Step::Kernel(k) if k.outer.len() == 2 => Some((k.outer.clone(), k.split_loops())),
+                _ => None,
+            })
+            .unzip();
+        assert_eq!(outer.len(), 1, "one rotary kernel\n{program}");
+        (outer, split[0])
+    };
+    let (outer, split) = kernels(&rotate_half(Dim::Static(t), h, d));
+    assert_eq!(
+        (outer[0].clone(), split),
+        (vec![Dim::Static(t), Dim::Static(h)], 2)
+    );
+    let seq = Dim::Sym(SymId(0));
+    let symbolic = rotate_half(seq, h, d);
+    let (outer, split) = kernels(&symbolic);
+    assert_eq!((outer[0].clone(), split), (vec![Dim::Static(h), seq], 1));
+    let compiled = compile(&symbolic).unwrap();
+    for t in [1, 7, 48] {
+        let inputs = [
+            wide_sine_values(&[t, h * d], 0),
+            wide_sine_values(&[t, d / 2], 1),
+            wide_sine_values(&[t, d / 2], 2),
+        ];
+        let got = minductor_tests::assert_same_bits_on_threads(&compiled, &inputs, &[2, 3], "t");
+        let want = interpret(&rotate_half(Dim::Static(t), h, d), &inputs).unwrap();
         minductor_tests::assert_allclose(&got, &want, Tolerance::close(1e-6), &format!("t={t}"));
     }
 }
