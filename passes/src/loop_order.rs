@@ -33,7 +33,7 @@
 //! alternated runs; at 2 threads 31.3–31.5 against 31.0–31.4 ms). A copy that transposes the
 //! other way (attention's output `[b, h, t, d]` stored as `[b, t, h, d]`) keeps its order:
 //! there the store is already the one stream and the load `h` streams (nested `b, h, t` instead
-//! measured 0.14–0.22 ms against 0.08). Inductor orders a kernel's loops by a vote of its
+//! measured 0.14–0.22 ms against 0.08–0.13). Inductor orders a kernel's loops by a vote of its
 //! accesses' strides (`pick_loop_order`), which ties on both kernels.
 
 use minductor_ir::SizeExpr;
