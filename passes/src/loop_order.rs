@@ -178,20 +178,17 @@ fn stream_order(k: &Kernel, program: &Program) -> Option<Vec<usize>> {
         })
     };
     // A kernel that splits across threads over its first loop only (stores into one buffer
-    // that `Kernel::stores_apart` cannot prove apart) has that loop's iterations as its
-    // pieces: another loop may come first only if it has as many, known at compile time.
-    let first_only = k.split_loops() < n;
-    let as_many = |l: usize| match (k.outer[l].as_static(), k.outer[0].as_static()) {
-        (Some(new), Some(old)) => new >= old,
-        _ => false,
-    };
+    // that `Kernel::stores_apart` cannot prove apart) keeps that loop first: the verifier
+    // proves its stores apart per row of that loop, which another first loop need not keep
+    // (the pieces of a `cat` along the first dim), and its pieces are that loop's iterations.
+    let first_fixed = k.split_loops() < n;
     let present: Vec<usize> = (0..n).collect();
     let mut best = (cost(&present), present.clone());
     let mut order = present.clone();
     // Every permutation (n <= 6: at most 720), in lexicographic order; the first of the least
     // cost wins, and the present order on a tie.
     while next_permutation(&mut order) {
-        if first_only && order[0] != 0 && !as_many(order[0]) {
+        if first_fixed && order[0] != 0 {
             continue;
         }
         let c = cost(&order);

@@ -115,7 +115,7 @@ fn a_symbolic_sequence_length_gets_the_same_nesting() {
 /// cat(sin, sin)` (`rotate_half`): after `sink_cats`, one kernel storing both halves of each row, over outer
 /// loops `[h, t]`. With a static `t` its stores are proved apart and it splits over both
 /// loops, so it takes the nesting `[t, h]` (the load in order); with a symbolic `t` it splits
-/// over its first loop only, which stays first (a symbolic `t` might have fewer iterations).
+/// over its first loop only, which stays first.
 fn rotate_half(seq: Dim, h: usize, d: usize) -> Graph {
     let tracer = Tracer::new();
     let typed = |shape: Vec<Dim>| TensorType::new(DType::F32, shape.into_iter().collect());
@@ -171,4 +171,19 @@ fn a_kernel_split_over_its_first_loop_only_keeps_that_loop_first() {
         let want = interpret(&rotate_half(Dim::Static(t), h, d), &inputs).unwrap();
         minductor_tests::assert_allclose(&got, &want, Tolerance::close(1e-6), &format!("t={t}"));
     }
+}
+
+/// Found by the random graphs (`SwappedSoftmax` then `CatStepped(1)` on `[12, 13, 11]`): a
+/// kernel storing both pieces of a `cat` into one buffer, split over its first loop only,
+/// whose stores the verifier proves apart per row of that first loop. A nesting that put
+/// another loop first (even one with more iterations) broke that proof, and the compile
+/// failed in the verifier. Such a kernel keeps its first loop first.
+#[test]
+fn a_cat_kernel_split_over_its_first_loop_compiles_and_matches() {
+    let (graph, inputs) = minductor_tests::build_graph(&[&[12, 13, 11]], wide_sine_values, |i| {
+        let v = i[0].transpose(0, 1).softmax(-1).transpose(0, 1);
+        vec![Traced::cat(&[&v, &(&v * 0.5)], 1).slice(1, None, None, 2)]
+    });
+    let loops = compiled_loops(&graph, &inputs);
+    assert!(!loops.is_empty(), "{graph}");
 }

@@ -71,6 +71,10 @@ enum Step {
     IntegerRowMax(usize),
     /// `+ 0.01 · sum(x > y)` along `d` in i64: an integer reduction, a fallback step.
     IntegerRowSum(usize),
+    /// A row softmax of `v` with its first two dims swapped, swapped back (attention's heads):
+    /// a kernel loading rows a whole `[b, c]` slab apart along one outer loop, which
+    /// `choose_loop_order` may nest the other way; a plain row softmax below rank 3.
+    SwappedSoftmax,
 }
 
 fn step_strategy() -> impl Strategy<Value = Step> {
@@ -105,6 +109,7 @@ fn step_strategy() -> impl Strategy<Value = Step> {
         (0usize..3).prop_map(Step::CountGreater),
         (0usize..3).prop_map(Step::IntegerRowMax),
         (0usize..3).prop_map(Step::IntegerRowSum),
+        Just(Step::SwappedSoftmax),
     ]
 }
 
@@ -210,6 +215,8 @@ fn apply(step: Step, v: &Traced, x: &Traced, y: &Traced, w: &Traced) -> Traced {
                 .cast(DType::F32)
                 * 0.01
         }
+        Step::SwappedSoftmax if rank >= 3 => v.transpose(0, 1).softmax(-1).transpose(0, 1),
+        Step::SwappedSoftmax => v.softmax(-1),
     }
 }
 
@@ -224,7 +231,7 @@ fn symbolic_safe(step: Step, rank: usize) -> bool {
         // A transposed value puts the symbol inside a buffer if it is realized (before a GEMM,
         // say), which `fuse` refuses (strides are numbers); `jit` falls back to static shapes
         // for such graphs.
-        Step::TransposeRoundTrip => false,
+        Step::TransposeRoundTrip | Step::SwappedSoftmax => false,
         _ => true,
     }
 }
@@ -286,6 +293,10 @@ fn shape_strategy() -> impl Strategy<Value = Vec<usize>> {
         8 => prop::collection::vec(1usize..24, 1..4),
         1 => (1usize..4, 90usize..200, 100usize..180).prop_map(|(a, b, c)| vec![a, b, c]),
         1 => (200usize..300, 130usize..260).prop_map(|(a, b)| vec![a, b]),
+        // A long first dim over a short middle one and rows of at most 512 bytes: swapped, a
+        // row's neighbour along the first dim is more than 512 bytes away, and the kernel of
+        // `SwappedSoftmax` is nested the other way.
+        1 => (90usize..200, 4usize..7, 40usize..128).prop_map(|(a, b, c)| vec![a, b, c]),
     ]
 }
 
