@@ -34,7 +34,8 @@
 //! other way (attention's output `[b, h, t, d]` stored as `[b, t, h, d]`) keeps its order:
 //! there the store is already the one stream and the load `h` streams (nested `b, h, t` instead
 //! measured 0.14–0.22 ms against 0.08–0.13). Inductor orders a kernel's loops by a vote of its
-//! accesses' strides (`pick_loop_order`), which ties on both kernels.
+//! accesses' strides (`pick_loop_order`), which ties on both kernels. A kernel split across
+//! threads over its first loop only (`Kernel::split_loops`) keeps that loop first.
 
 use minductor_ir::SizeExpr;
 use minductor_kernel_ir::*;

@@ -1,8 +1,9 @@
 //! The nesting of a kernel's outer loops (`choose_loop_order`, `passes/src/loop_order.rs`): a
 //! kernel loading a transposed view and storing contiguously (rotary embeddings on a projection
 //! `[b, t, h·d]` read as `[b, h, t, d]`) runs its outer loops in the load's address order; a
-//! copy transposing the other way keeps its order. Either way the results are the
-//! interpreter's, and the same bits at every thread count.
+//! copy transposing the other way keeps its order; a kernel split over its first loop only
+//! keeps that loop first. Every case compares with the interpreter, and across thread counts
+//! bit for bit.
 
 use minductor::internals::kernel_ir::{Program, Step};
 use minductor::{compile, interpret, DType, Dim, Graph, SymId, Tensor, TensorType, Traced, Tracer};
