@@ -126,8 +126,9 @@ fn streams(steps: &[i64], extents: &[u64], order: &[usize]) -> u64 {
 
 /// The order of `k`'s outer loops (old loop numbers, outermost first) whose accesses make the
 /// fewest interleaved memory streams, if it makes fewer than the present order (see
-/// [`streams`]). Each distinct access (buffer and outer steps) counts once; a symbolic size
-/// counts as [`SIZE_HINT`].
+/// [`streams`]). Each distinct pattern of outer steps (in bytes) counts once, whatever buffer it
+/// reads or writes: a `cat`'s two halves of a row are one access, and so are two tables read
+/// alike (rotary embeddings' `cos` and `sin`). A symbolic size counts as [`SIZE_HINT`].
 fn stream_order(k: &Kernel, program: &Program) -> Option<Vec<usize>> {
     let n = k.outer.len();
     if !(2..=6).contains(&n) {
@@ -136,9 +137,7 @@ fn stream_order(k: &Kernel, program: &Program) -> Option<Vec<usize>> {
     let extents: Vec<u64> = (k.outer.iter())
         .map(|d| d.as_static().map_or(SIZE_HINT, |e| e as u64))
         .collect();
-    let elem = |b: BufferId| {
-        (program.buffers.get(b.0 as usize)).map_or(4, |buf| buf.dtype.size_bytes() as i64)
-    };
+    let elem = |b: BufferId| program.buffer(b).dtype.size_bytes() as i64;
     let mut accesses: Vec<Vec<i64>> = Vec::new();
     let mut add = |buffer: BufferId, index: &Affine| {
         let Some(steps) = (0..n)
