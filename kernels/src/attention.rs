@@ -5,9 +5,10 @@
 //! `for_each_chunk`; an item computes its blocks for every q head sharing the k/v head. It
 //! packs the keys transposed, in tiles of `KEY_BLOCK` (`[e][KEY_BLOCK]` each, contiguous), and
 //! the values unless their rows are already contiguous, into a buffer of its thread that stays
-//! in cache while its blocks read it. A block of query rows (`AttentionTiling::query_block`, 64
-//! unless max-autotune chose another) packs its rows times
-//! the scale (folded in once), then for each key tile (the tiles entirely above the diagonal
+//! in cache while its blocks read it; the keys are packed times the scale (folded in once per
+//! key). A block of query rows (`AttentionTiling::query_block`, 64 unless max-autotune chose
+//! another) reads its rows where they are (packing them only when a row's elements are not
+//! contiguous), then for each key tile (the tiles entirely above the diagonal
 //! skipped under a causal mask) computes the scores `q·kᵀ`, applies the mask (an additive f32
 //! mask, or a bool one: masked scores are −inf; with the causal limit as one bit per key of
 //! the tile), and updates each row's running maximum, its running sum of `exp(score − max)`
@@ -20,10 +21,11 @@
 //! With AVX-512 (F, DQ and FMA, detected at run time) a block works on `GROUP` rows at a
 //! time: their scores stay in registers (a `GROUP × 64` micro-kernel of FMAs), the softmax step
 //! runs on those registers (mask, row maxima, the rescaling factors of the group in one
-//! register, exponentials with the block math's algorithm inlined: the same results and error
-//! bound as `math::block`), and `p·v` is a second register-blocked micro-kernel that rescales
-//! the accumulator rows as it loads them. Elsewhere portable loops compute the same steps a
-//! tile at a time, with the block math routine (or `f32::exp`).
+//! register, exponentials by a short form for non-positive arguments, within 3 ulp:
+//! `avx512::exp_nonpositive`), and `p·v` is a second register-blocked micro-kernel that
+//! rescales the accumulator rows as it loads them and, on the last key tile, writes the output
+//! rows (accumulator over sum) from its registers. Elsewhere portable loops compute the same
+//! steps a tile at a time, with the block math routine (or `f32::exp`).
 
 use crate::math::block::{block_routine, BlockFn};
 use crate::math::MathFn;
@@ -334,7 +336,8 @@ fn attention_on(
             // blocks read no others.
             let (kt, vp) = pack.as_mut_slice().split_at_mut(key_len);
             let vp = &mut vp[..value_len];
-            pack_transposed(&k, base(k.offset, k.strides, &kv_batch, kv), keys, e, kt);
+            let kb = base(k.offset, k.strides, &kv_batch, kv);
+            pack_transposed(&k, kb, keys, e, shape.scale, kt, avx512);
             let vb = base(v.offset, v.strides, &kv_batch, kv);
             if !v_in_place {
                 for j in 0..keys {
@@ -556,12 +559,23 @@ fn key_index(j: usize, c: usize, e: usize) -> usize {
     (j / KEY_BLOCK) * e * KEY_BLOCK + c * KEY_BLOCK + j % KEY_BLOCK
 }
 
-/// Packs rows `j < keys` of the `[s, e]` matrix at `base` of `k` transposed, in tiles (see
-/// [`keys_len`]).
-fn pack_transposed(k: &View<'_, f32>, base: i64, keys: usize, e: usize, kt: &mut [f32]) {
+/// Packs rows `j < keys` of the `[s, e]` matrix at `base` of `k`, times `scale`, transposed
+/// in tiles (see [`keys_len`]). The scale is folded in here, once per key and item, rather
+/// than into the queries: a k/v head's keys serve every query row of the item (and, grouped,
+/// several q heads), and the queries are then read where they are.
+#[allow(clippy::too_many_arguments)]
+fn pack_transposed(
+    k: &View<'_, f32>,
+    base: i64,
+    keys: usize,
+    e: usize,
+    scale: f32,
+    kt: &mut [f32],
+    avx512: bool,
+) {
     let n = k.strides.len();
     let (rs, cs) = (k.strides[n - 2], k.strides[n - 1]);
-    if cs == 1 && rs >= 0 {
+    if cs == 1 && rs >= 0 && e > 0 {
         // Rows of `e` contiguous elements, 16 at a time (a run inside one tile, as 16 divides
         // `KEY_BLOCK`): each column of the run is written as 16 contiguous elements (one cache
         // line) from 16 rows in cache.
@@ -569,18 +583,24 @@ fn pack_transposed(k: &View<'_, f32>, base: i64, keys: usize, e: usize, kt: &mut
         let mut j0 = 0;
         while j0 < keys {
             let n = KEYS.min(keys - j0);
-            let rows: [&[f32]; KEYS] = std::array::from_fn(|r| {
-                if r < n {
-                    let start = (base + (j0 + r) as i64 * rs) as usize;
-                    &k.data[start..start + e]
-                } else {
-                    &[]
+            // In bounds: `k.check` saw the whole view, and these are rows of it.
+            let starts: [usize; KEYS] =
+                std::array::from_fn(|r| (base + (j0 + r.min(n - 1)) as i64 * rs) as usize);
+            if avx512 {
+                #[cfg(target_arch = "x86_64")]
+                {
+                    // SAFETY: the CPU has AVX-512F (`avx512` is only set after `has_avx512`
+                    // said so); the routine checks its bounds.
+                    unsafe { avx512::pack_keys(k.data, &starts, n, e, scale, j0, kt) };
+                    j0 += n;
+                    continue;
                 }
-            });
+            }
+            let rows: [&[f32]; KEYS] = std::array::from_fn(|r| &k.data[starts[r]..starts[r] + e]);
             for c in 0..e {
                 let at = key_index(j0, c, e);
                 for (o, r) in kt[at..at + n].iter_mut().zip(&rows) {
-                    *o = r[c];
+                    *o = r[c] * scale;
                 }
             }
             j0 += n;
@@ -588,7 +608,7 @@ fn pack_transposed(k: &View<'_, f32>, base: i64, keys: usize, e: usize, kt: &mut
     } else {
         for j in 0..keys {
             for (c, x) in row(k, base, j, e).enumerate() {
-                kt[key_index(j, c, e)] = x;
+                kt[key_index(j, c, e)] = x * scale;
             }
         }
     }
@@ -618,7 +638,7 @@ fn row<'a, T: Copy>(
     (0..cols).map(move |c| view.data[(start + c as i64 * cs) as usize])
 }
 
-/// The CPU has what the AVX-512 form uses (F, DQ and FMA: the inlined block-math `exp`).
+/// The CPU has what the AVX-512 form uses (F, DQ and FMA; the form is compiled with all three).
 pub fn has_avx512() -> bool {
     #[cfg(target_arch = "x86_64")]
     {
@@ -648,31 +668,34 @@ struct Tile<'a> {
 }
 
 impl Tile<'_> {
-    /// The item's query rows times the scale, `[rows][e]`.
-    fn packed_queries(&self, rows: usize) -> Vec<f32> {
+    /// The item's query rows, as a slice and the distance between its rows: where the rows
+    /// are contiguous (and not reversed), the view's data from the first row on; else packed,
+    /// `[rows][e]`. (The scale is in the packed keys: [`pack_transposed`].)
+    fn queries(&self, rows: usize) -> (std::borrow::Cow<'_, [f32]>, usize) {
         let e = self.shape.e;
-        let mut qp = vec![0f32; rows * e];
         let n = self.q.strides.len();
         let (rs, cs) = (self.q.strides[n - 2], self.q.strides[n - 1]);
-        if cs == 1 {
-            // Contiguous rows: slices.
-            for (i, packed) in qp.chunks_exact_mut(e.max(1)).enumerate() {
-                let start = (self.q_base + (self.first_row + i) as i64 * rs) as usize;
-                for (o, &x) in packed.iter_mut().zip(&self.q.data[start..start + e]) {
-                    *o = x * self.shape.scale;
-                }
-            }
-            return qp;
+        if e == 0 {
+            return (std::borrow::Cow::Borrowed(&[]), 0);
         }
+        if (cs == 1 || e == 1) && rs >= 0 {
+            // In bounds: `q.check` saw the whole view, and these are rows of it.
+            let start = (self.q_base + self.first_row as i64 * rs) as usize;
+            return (
+                std::borrow::Cow::Borrowed(&self.q.data[start..]),
+                rs as usize,
+            );
+        }
+        let mut qp = vec![0f32; rows * e];
         for (i, packed) in qp.chunks_exact_mut(e.max(1)).enumerate() {
             for (o, x) in packed
                 .iter_mut()
                 .zip(row(self.q, self.q_base, self.first_row + i, e))
             {
-                *o = x * self.shape.scale;
+                *o = x;
             }
         }
-        qp
+        (std::borrow::Cow::Owned(qp), e)
     }
 
     /// The keys of rows `0..rows` visible in the tile of `bk` keys at `s0`: bit `j` of
@@ -807,7 +830,7 @@ fn portable_item(tile: &Tile<'_>, exp: Option<BlockFn>, out: &mut [f32]) {
     let (e, ev) = (sh.e, sh.ev);
     let rows = out.len() / ev;
     let t0 = tile.first_row;
-    let qp = tile.packed_queries(rows);
+    let (qs, q_rows) = tile.queries(rows);
     let mut acc = vec![0f32; rows * ev];
     let mut max = vec![f32::NEG_INFINITY; rows];
     let mut sum = vec![0f32; rows];
@@ -825,8 +848,8 @@ fn portable_item(tile: &Tile<'_>, exp: Option<BlockFn>, out: &mut [f32]) {
         let bk = KEY_BLOCK.min(keys - s0);
         tile.mask_tile(rows, s0, bk, &mut keep, &mut add);
         product(
-            &qp,
-            e,
+            &qs,
+            q_rows,
             &tile.keys[key_index(s0, 0, e)..],
             KEY_BLOCK,
             e,
@@ -923,7 +946,6 @@ fn finish(acc: &[f32], sum: &[f32], out: &mut [f32]) {
 #[cfg(target_arch = "x86_64")]
 mod avx512 {
     use super::{finish, key_index, keys_len, Mask, Tile, KEY_BLOCK};
-    use crate::math::block::exp_avx512_lanes;
     use std::arch::x86_64::*;
 
     /// Query rows per micro-kernel call: `GROUP × 64` scores in 4·`GROUP` registers.
@@ -931,8 +953,9 @@ mod avx512 {
 
     /// What a group of rows reads, all checked once per item (see [`item`]).
     struct Operands<'a> {
-        /// Packed, scaled query rows `[rows][e]`.
-        qp: &'a [f32],
+        /// The item's query rows: row `r` at `r * q_rows`, `e` elements.
+        qs: &'a [f32],
+        q_rows: usize,
         e: usize,
         /// Keys packed transposed in tiles (`key_index`).
         keys: &'a [f32],
@@ -948,11 +971,14 @@ mod avx512 {
         causal_from: Option<usize>,
     }
 
-    /// The running state of the item's rows.
+    /// The running state of the item's rows, and where they end.
     struct Rows<'a> {
         acc: &'a mut [f32],
         max: &'a mut [f32],
         sum: &'a mut [f32],
+        /// The item's output rows (`ev` each), written by the last key tile: the accumulator
+        /// over the sum (what [`finish`] computes), straight from the registers.
+        out: &'a mut [f32],
     }
 
     /// One item (see the module documentation).
@@ -965,7 +991,7 @@ mod avx512 {
         let (e, ev, s) = (sh.e, sh.ev, sh.s);
         let rows = out.len() / ev;
         let t0 = tile.first_row;
-        let qp = tile.packed_queries(rows);
+        let (qs, q_rows) = tile.queries(rows);
         let mut acc = vec![0f32; rows * ev];
         let mut max = vec![f32::NEG_INFINITY; rows];
         let mut sum = vec![0f32; rows];
@@ -977,19 +1003,25 @@ mod avx512 {
         // exactly these sizes; checked here so that a mistake panics instead of reading out of
         // bounds).
         assert!(
-            qp.len() >= rows * e
+            (e == 0 || qs.len() >= (rows - 1) * q_rows + e)
                 && tile.keys.len() >= keys_len(s, e)
                 && (s == 0 || tile.values.len() >= (s - 1) * tile.value_rows + ev)
-                && acc.len() >= rows * ev,
+                && acc.len() >= rows * ev
+                && out.len() >= rows * ev,
             "attention: an item's packed buffers are too small"
         );
         let keys_end = if sh.causal { s.min(t0 + rows) } else { s };
+        if keys_end == 0 {
+            finish(&acc, &sum, out);
+            return;
+        }
         let mut s0 = 0;
         while s0 < keys_end {
             let bk = KEY_BLOCK.min(keys_end - s0);
             tile.mask_tile(rows, s0, bk, &mut keep, &mut add);
             let ops = Operands {
-                qp: &qp,
+                qs: &qs,
+                q_rows,
                 e,
                 keys: tile.keys,
                 values: tile.values,
@@ -1003,7 +1035,9 @@ mod avx512 {
                 acc: &mut acc,
                 max: &mut max,
                 sum: &mut sum,
+                out: &mut *out,
             };
+            let last = s0 + bk == keys_end;
             let mut r0 = 0;
             while r0 < rows {
                 // SAFETY: the caller's CPU contract; rows `r0..r0 + n` are the item's, keys
@@ -1011,17 +1045,150 @@ mod avx512 {
                 // sizes asserted above.
                 unsafe {
                     match (rows - r0).min(GROUP) {
-                        1 => group::<1>(&ops, &mut state, &mut p, r0, s0, bk),
-                        2 => group::<2>(&ops, &mut state, &mut p, r0, s0, bk),
-                        3 => group::<3>(&ops, &mut state, &mut p, r0, s0, bk),
-                        _ => group::<GROUP>(&ops, &mut state, &mut p, r0, s0, bk),
+                        1 => group::<1>(&ops, &mut state, &mut p, r0, s0, bk, last),
+                        2 => group::<2>(&ops, &mut state, &mut p, r0, s0, bk, last),
+                        3 => group::<3>(&ops, &mut state, &mut p, r0, s0, bk, last),
+                        _ => group::<GROUP>(&ops, &mut state, &mut p, r0, s0, bk, last),
                     }
                 }
                 r0 += GROUP;
             }
             s0 += bk;
         }
-        finish(&acc, &sum, out);
+    }
+
+    /// Packs keys `j0..j0 + n` (`n <= 16`, `j0` a multiple of 16: a run inside one key tile)
+    /// times `scale` into `kt` at [`key_index`]; key `j0 + r` is `data[starts[r]..starts[r] +
+    /// e]`. Sixteen columns at a time: 16 rows loaded, transposed in registers, and each
+    /// column's 16 keys stored as one vector (the same values as the scalar loop: `x · scale`).
+    ///
+    /// # Safety
+    /// The CPU has AVX-512F. (Bounds are checked here.)
+    #[target_feature(enable = "avx512f")]
+    pub(super) unsafe fn pack_keys(
+        data: &[f32],
+        starts: &[usize; 16],
+        n: usize,
+        e: usize,
+        scale: f32,
+        j0: usize,
+        kt: &mut [f32],
+    ) {
+        assert!(
+            n <= 16
+                && j0.is_multiple_of(16)
+                && starts[..n].iter().all(|&at| at + e <= data.len())
+                && (n == 0 || e == 0 || key_index(j0 + n - 1, e - 1, e) < kt.len()),
+            "attention: packing keys out of bounds"
+        );
+        let sv = _mm512_set1_ps(scale);
+        let stored = lanes(n);
+        let mut c0 = 0;
+        while c0 < e {
+            let width = lanes(e - c0);
+            // SAFETY: the CPU contract; the masked loads read columns `c0..e` of rows `< n`
+            // (asserted inside `data`), the stores lanes `< n` of columns `< e` (asserted
+            // inside `kt`: a column's run of 16 stays in its tile as `j0 % 16 == 0`).
+            unsafe {
+                let rows: [__m512; 16] = std::array::from_fn(|r| {
+                    if r < n {
+                        let x = _mm512_maskz_loadu_ps(width, data.as_ptr().add(starts[r] + c0));
+                        _mm512_mul_ps(x, sv)
+                    } else {
+                        _mm512_setzero_ps()
+                    }
+                });
+                let columns = transpose16(rows);
+                for (c, &column) in columns.iter().enumerate().take(e - c0) {
+                    let at = key_index(j0, c0 + c, e);
+                    _mm512_mask_storeu_ps(kt.as_mut_ptr().add(at), stored, column);
+                }
+            }
+            c0 += 16;
+        }
+    }
+
+    /// The 16×16 transpose of `r` (row `i` lane `j` becomes row `j` lane `i`): 32-bit then
+    /// 64-bit interleaves within 128-bit lanes, then two rounds of 128-bit lane shuffles.
+    #[target_feature(enable = "avx512f")]
+    #[inline]
+    fn transpose16(r: [__m512; 16]) -> [__m512; 16] {
+        // t[2i], t[2i + 1]: rows 2i and 2i + 1 interleaved; in lane k, columns 4k, 4k + 1
+        // and 4k + 2, 4k + 3.
+        let t: [__m512d; 16] = std::array::from_fn(|i| {
+            let (a, b) = (r[i & !1], r[i | 1]);
+            _mm512_castps_pd(if i % 2 == 0 {
+                _mm512_unpacklo_ps(a, b)
+            } else {
+                _mm512_unpackhi_ps(a, b)
+            })
+        });
+        // u[4j + m], lane k: rows 4j..4j + 4 of column 4k + m.
+        let u: [__m512; 16] = std::array::from_fn(|i| {
+            let (j, m) = (i / 4, i % 4);
+            let (a, b) = (t[4 * j + m / 2], t[4 * j + 2 + m / 2]);
+            _mm512_castpd_ps(if m % 2 == 0 {
+                _mm512_unpacklo_pd(a, b)
+            } else {
+                _mm512_unpackhi_pd(a, b)
+            })
+        });
+        // Column 4k + m: lane k of u[m], u[4 + m], u[8 + m], u[12 + m], in that order.
+        let mut out = [_mm512_setzero_ps(); 16];
+        for m in 0..4 {
+            let a = _mm512_shuffle_f32x4::<0x44>(u[m], u[4 + m]);
+            let b = _mm512_shuffle_f32x4::<0xEE>(u[m], u[4 + m]);
+            let c = _mm512_shuffle_f32x4::<0x44>(u[8 + m], u[12 + m]);
+            let d = _mm512_shuffle_f32x4::<0xEE>(u[8 + m], u[12 + m]);
+            out[m] = _mm512_shuffle_f32x4::<0x88>(a, c);
+            out[4 + m] = _mm512_shuffle_f32x4::<0xDD>(a, c);
+            out[8 + m] = _mm512_shuffle_f32x4::<0x88>(b, d);
+            out[12 + m] = _mm512_shuffle_f32x4::<0xDD>(b, d);
+        }
+        out
+    }
+
+    /// `e^r ≈ 1 + r·(c1 + r·(c2 + r·(c3 + r·(c4 + r·c5))))` on `|r| <= ln 2 / 2`: a minimax fit
+    /// of relative error 9.5e-8 with the coefficients rounded to f32 (a Lawson iteration over
+    /// 4001 Chebyshev points; PyTorch's `exp_u20` uses the same polynomial).
+    const EXP_POLY: [f32; 5] = [
+        0.999_999_7,
+        0.499_991_5,
+        0.166_676_36,
+        0.041_897_93,
+        0.008_290_315,
+    ];
+    /// `ln 2` in two parts: `n · LN2_HI` is exact for `|n| < 2^15`.
+    const LN2_HI: f32 = 0.693_359_4;
+    const LN2_LO: f32 = -2.121_944_4e-4;
+
+    /// `exp` of the 16 lanes of `x`, for `x <= 0` (a score minus its row's maximum, an old
+    /// maximum minus a new one): `−inf` gives 0 exactly (a masked key), NaN gives NaN. Within
+    /// 3 ulp of `exp` (2 measured: the test `attention_exp_is_within_3_ulp`), in 11 vector
+    /// operations: the attention step computes one per score, and the block math's
+    /// general-purpose `exp` (19 operations, clamping both ways) made the softmax a third of
+    /// the time outside the two products. As `math::block`: `n = round(x·log2 e)`, `r = x −
+    /// n·ln 2` in two steps, `e^r` by [`EXP_POLY`], times `2^n` (`scalef`).
+    ///
+    /// # Safety
+    /// The CPU has AVX-512F and FMA, and the caller is compiled with them enabled.
+    #[target_feature(enable = "avx512f,fma")]
+    #[inline]
+    pub(super) fn exp_nonpositive(x: __m512) -> __m512 {
+        // Below −110 the result rounds to 0 (under half the smallest subnormal); `max` keeps
+        // its second operand when one is NaN, so NaN stays NaN.
+        let x = _mm512_max_ps(_mm512_set1_ps(-110.0), x);
+        let n = _mm512_roundscale_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(
+            _mm512_mul_ps(x, _mm512_set1_ps(std::f32::consts::LOG2_E)),
+        );
+        let r = _mm512_fmadd_ps(n, _mm512_set1_ps(-LN2_HI), x);
+        let r = _mm512_fmadd_ps(n, _mm512_set1_ps(-LN2_LO), r);
+        let mut p = _mm512_set1_ps(EXP_POLY[4]);
+        for &c in EXP_POLY[..4].iter().rev() {
+            p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(c));
+        }
+        let p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0));
+        _mm512_scalef_ps(p, n)
     }
 
     /// `(1 << n) - 1` for `n <= 16`.
@@ -1056,16 +1223,18 @@ mod avx512 {
         }
     }
 
-    /// The scores of `N` packed query rows at `qp` (`e` apart) against the first `16·V`
-    /// keys of the packed key tile at `kp` (`[e][KEY_BLOCK]`), keys past `key_lanes` 0; the
-    /// other registers 0.
+    /// The scores of `N` query rows at `qp` (`q_rows` apart, `e` elements each) against the
+    /// first `16·V` keys of the packed key tile at `kp` (`[e][KEY_BLOCK]`), keys past
+    /// `key_lanes` 0; the other registers 0.
     ///
     /// # Safety
-    /// The CPU has AVX-512F; `qp` points to `N·e` and `kp` to `e·KEY_BLOCK` readable f32s.
+    /// The CPU has AVX-512F; `qp` points to `(N − 1)·q_rows + e` and `kp` to `e·KEY_BLOCK`
+    /// readable f32s.
     #[target_feature(enable = "avx512f,avx512dq,fma")]
     #[inline]
     unsafe fn scores<const N: usize, const V: usize>(
         qp: *const f32,
+        q_rows: usize,
         kp: *const f32,
         e: usize,
         key_lanes: &[__mmask16; 4],
@@ -1073,12 +1242,13 @@ mod avx512 {
         let mut x = [[_mm512_setzero_ps(); 4]; N];
         // SAFETY: the contract; masked loads touch only their enabled lanes.
         unsafe {
+            let q: [*const f32; N] = std::array::from_fn(|r| qp.add(r * q_rows));
             for l in 0..e {
                 let b = kp.add(l * KEY_BLOCK);
                 let bv: [__m512; V] =
                     std::array::from_fn(|v| _mm512_maskz_loadu_ps(key_lanes[v], b.add(v * 16)));
-                for (r, row) in x.iter_mut().enumerate() {
-                    let a = _mm512_set1_ps(*qp.add(r * e + l));
+                for (row, &q) in x.iter_mut().zip(&q) {
+                    let a = _mm512_set1_ps(*q.add(l));
                     for (acc, &y) in row.iter_mut().zip(&bv) {
                         *acc = _mm512_fmadd_ps(a, y, *acc);
                     }
@@ -1088,15 +1258,16 @@ mod avx512 {
         x
     }
 
-    /// Rows `r0..r0 + N` against the keys `s0..s0 + bk`: scores, softmax step, `p·v`.
+    /// Rows `r0..r0 + N` against the keys `s0..s0 + bk`: scores, softmax step, `p·v`; on the
+    /// `last` key tile of the item the rows' outputs (accumulator over sum) go to `state.out`.
     ///
     /// # Safety
     /// The CPU has AVX-512F, AVX-512DQ and FMA; `N <= GROUP` (checked when compiled); `r0 +
-    /// N` rows are inside `ops.qp`,
-    /// `state.acc` (`ev` per row), `state.max`, `state.sum`, `ops.keep` and `ops.add`
-    /// (`KEY_BLOCK` per row); `s0 + bk <= s`, `s0` a multiple of `KEY_BLOCK`, `bk <=
-    /// KEY_BLOCK`; `ops.keys` holds `keys_len(s, e)` elements and `ops.values` `(s −
-    /// 1)·value_rows + ev`.
+    /// N` rows are inside `ops.qs` (`q_rows` apart, `e` each), `state.acc` and `state.out`
+    /// (`ev` per row), `state.max`, `state.sum`, `ops.keep` and `ops.add` (`KEY_BLOCK` per
+    /// row); `s0 + bk <= s`, `s0` a multiple of `KEY_BLOCK`, `bk <= KEY_BLOCK`; `ops.keys`
+    /// holds `keys_len(s, e)` elements and `ops.values` `(s − 1)·value_rows + ev`.
+    #[allow(clippy::too_many_arguments)]
     #[target_feature(enable = "avx512f,avx512dq,fma")]
     unsafe fn group<const N: usize>(
         ops: &Operands<'_>,
@@ -1105,6 +1276,7 @@ mod avx512 {
         r0: usize,
         s0: usize,
         bk: usize,
+        last: bool,
     ) {
         // `p` holds `GROUP` rows.
         const { assert!(N <= GROUP) };
@@ -1120,20 +1292,105 @@ mod avx512 {
                 Some(t0) => bk.min((t0 + r0 + N).saturating_sub(s0)),
                 None => bk,
             };
-            // Scores: x[r] = q[r0 + r] · kᵀ[.., s0..s0 + seen] (0 after `seen`).
-            let (qp, kp) = (
-                ops.qp.as_ptr().add(r0 * e),
-                ops.keys.as_ptr().add(key_index(s0, 0, e)),
-            );
-            let mut x = match seen.div_ceil(16) {
-                0 => [[_mm512_setzero_ps(); 4]; N],
-                1 => scores::<N, 1>(qp, kp, e, &key_lanes),
-                2 => scores::<N, 2>(qp, kp, e, &key_lanes),
-                3 => scores::<N, 3>(qp, kp, e, &key_lanes),
-                _ => scores::<N, 4>(qp, kp, e, &key_lanes),
-            };
-            // The softmax step. First each row's mask and new maximum, and the rescaling
-            // factors `exp(old max − new max)` of all rows in one register.
+            let mut alpha = [1f32; 16];
+            if seen > 0 {
+                // Scores: x[r] = q[r0 + r] · kᵀ[.., s0..s0 + seen] (0 after `seen`).
+                let (qp, kp) = (
+                    ops.qs.as_ptr().add(r0 * ops.q_rows),
+                    ops.keys.as_ptr().add(key_index(s0, 0, e)),
+                );
+                let q_rows = ops.q_rows;
+                let mut x = match seen.div_ceil(16) {
+                    1 => scores::<N, 1>(qp, q_rows, kp, e, &key_lanes),
+                    2 => scores::<N, 2>(qp, q_rows, kp, e, &key_lanes),
+                    3 => scores::<N, 3>(qp, q_rows, kp, e, &key_lanes),
+                    _ => scores::<N, 4>(qp, q_rows, kp, e, &key_lanes),
+                };
+                softmax_step::<N>(ops, state, &mut x, p, &key_lanes, r0, &mut alpha, neg);
+            }
+            // Else (every key of the tile is past the group's rows: a causal mask) the rows
+            // are as they were: their probabilities here are 0, their maxima and sums stay,
+            // and only the last tile has anything to do, to write them out.
+            if seen == 0 && !last {
+                return;
+            }
+            // acc[r] = acc[r]·alpha[r] + p[r]·v[s0..s0 + seen], 64 columns at a time; on the
+            // last tile, out[r] = that / sum[r].
+            let rescale = alpha[..N].iter().any(|&a| a != 1.0);
+            let inverse: [f32; N] = std::array::from_fn(|r| 1.0 / state.sum[r0 + r]);
+            let vp = ops.values.as_ptr().add(s0 * ops.value_rows);
+            let ap = state.acc.as_mut_ptr().add(r0 * ev);
+            let op = state.out.as_mut_ptr().add(r0 * ev);
+            let mut j = 0;
+            while j < ev {
+                let col_lanes: [__mmask16; 4] =
+                    std::array::from_fn(|v| lanes((ev - j).saturating_sub(v * 16)));
+                let mut o = [[_mm512_setzero_ps(); 4]; N];
+                for (r, row) in o.iter_mut().enumerate() {
+                    let scale = _mm512_set1_ps(alpha[r]);
+                    for (v, acc) in row.iter_mut().enumerate() {
+                        let old = _mm512_maskz_loadu_ps(col_lanes[v], ap.add(r * ev + j + v * 16));
+                        // `old · 1` is `old`: the multiply only where a factor differs.
+                        *acc = if rescale {
+                            _mm512_mul_ps(old, scale)
+                        } else {
+                            old
+                        };
+                    }
+                }
+                for l in 0..seen {
+                    let b = vp.add(l * ops.value_rows + j);
+                    let bv: [__m512; 4] =
+                        std::array::from_fn(|v| _mm512_maskz_loadu_ps(col_lanes[v], b.add(v * 16)));
+                    for (r, row) in o.iter_mut().enumerate() {
+                        let a = _mm512_set1_ps(p[r * KEY_BLOCK + l]);
+                        for (acc, &y) in row.iter_mut().zip(&bv) {
+                            *acc = _mm512_fmadd_ps(a, y, *acc);
+                        }
+                    }
+                }
+                for (r, row) in o.iter().enumerate() {
+                    let inv = _mm512_set1_ps(inverse[r]);
+                    for (v, &acc) in row.iter().enumerate() {
+                        let at = r * ev + j + v * 16;
+                        if last {
+                            _mm512_mask_storeu_ps(
+                                op.add(at),
+                                col_lanes[v],
+                                _mm512_mul_ps(acc, inv),
+                            );
+                        } else {
+                            _mm512_mask_storeu_ps(ap.add(at), col_lanes[v], acc);
+                        }
+                    }
+                }
+                j += 64;
+            }
+        }
+    }
+
+    /// The softmax step of rows `r0..r0 + N` on their scores `x`: each row's mask and new
+    /// maximum, the rescaling factors `exp(old max − new max)` of all rows in one register
+    /// (into `alpha`, 1 where the maximum stays), then `p = exp(x − max)` into `p` and the
+    /// row sums.
+    ///
+    /// # Safety
+    /// As [`group`].
+    #[allow(clippy::too_many_arguments)]
+    #[target_feature(enable = "avx512f,avx512dq,fma")]
+    #[inline]
+    unsafe fn softmax_step<const N: usize>(
+        ops: &Operands<'_>,
+        state: &mut Rows<'_>,
+        x: &mut [[__m512; 4]; N],
+        p: &mut [f32; GROUP * KEY_BLOCK],
+        key_lanes: &[__mmask16; 4],
+        r0: usize,
+        alpha: &mut [f32; 16],
+        neg: __m512,
+    ) {
+        // SAFETY: as `group`.
+        unsafe {
             let mut new_max = [f32::NEG_INFINITY; N];
             let mut shift = [0f32; 16];
             for (r, row) in x.iter_mut().enumerate() {
@@ -1159,10 +1416,8 @@ mod avx512 {
                     shift[r] = old - new_max[r];
                 }
             }
-            let factors = exp_avx512_lanes(_mm512_loadu_ps(shift.as_ptr()));
-            let mut alpha = [1f32; 16];
+            let factors = exp_nonpositive(_mm512_loadu_ps(shift.as_ptr()));
             _mm512_storeu_ps(alpha.as_mut_ptr(), factors);
-            // Then p = exp(x − max) and the row sums.
             for (r, row) in x.iter().enumerate() {
                 let i = r0 + r;
                 let new = new_max[r];
@@ -1180,7 +1435,7 @@ mod avx512 {
                 }
                 let nv = _mm512_set1_ps(new);
                 let pv: [__m512; 4] =
-                    std::array::from_fn(|v| exp_avx512_lanes(_mm512_sub_ps(row[v], nv)));
+                    std::array::from_fn(|v| exp_nonpositive(_mm512_sub_ps(row[v], nv)));
                 for (v, &y) in pv.iter().enumerate() {
                     _mm512_storeu_ps(pr.add(v * 16), y);
                 }
@@ -1190,39 +1445,6 @@ mod avx512 {
                 ));
                 state.sum[i] = state.sum[i] * alpha[r] + total;
                 state.max[i] = new;
-            }
-            // acc[r] = acc[r]·alpha[r] + p[r]·v[s0..s0 + seen], 64 columns at a time.
-            let vp = ops.values.as_ptr().add(s0 * ops.value_rows);
-            let ap = state.acc.as_mut_ptr().add(r0 * ev);
-            let mut j = 0;
-            while j < ev {
-                let col_lanes: [__mmask16; 4] =
-                    std::array::from_fn(|v| lanes((ev - j).saturating_sub(v * 16)));
-                let mut o = [[_mm512_setzero_ps(); 4]; N];
-                for (r, row) in o.iter_mut().enumerate() {
-                    let scale = _mm512_set1_ps(alpha[r]);
-                    for (v, acc) in row.iter_mut().enumerate() {
-                        let old = _mm512_maskz_loadu_ps(col_lanes[v], ap.add(r * ev + j + v * 16));
-                        *acc = _mm512_mul_ps(old, scale);
-                    }
-                }
-                for l in 0..seen {
-                    let b = vp.add(l * ops.value_rows + j);
-                    let bv: [__m512; 4] =
-                        std::array::from_fn(|v| _mm512_maskz_loadu_ps(col_lanes[v], b.add(v * 16)));
-                    for (r, row) in o.iter_mut().enumerate() {
-                        let a = _mm512_set1_ps(p[r * KEY_BLOCK + l]);
-                        for (acc, &y) in row.iter_mut().zip(&bv) {
-                            *acc = _mm512_fmadd_ps(a, y, *acc);
-                        }
-                    }
-                }
-                for (r, row) in o.iter().enumerate() {
-                    for (v, &acc) in row.iter().enumerate() {
-                        _mm512_mask_storeu_ps(ap.add(r * ev + j + v * 16), col_lanes[v], acc);
-                    }
-                }
-                j += 64;
             }
         }
     }
@@ -1298,6 +1520,130 @@ mod tests {
         (0..n)
             .map(|i| ((i as f32 + 1.0) * 0.37 + seed).sin())
             .collect()
+    }
+
+    /// Queries and keys read through views whose rows are not contiguous (stored `[.., e, t]`
+    /// and seen transposed: the queries are packed and the keys take the scalar packing),
+    /// and keys of more than 16 rows with a partial last run, in both forms, against the
+    /// reference on the same values stored contiguously.
+    #[test]
+    fn transposed_queries_and_keys_match_the_reference() {
+        for &(t, s, e, ev, causal) in &[(19, 37, 20, 24, false), (45, 45, 33, 16, true)] {
+            let batch = [2usize, 2];
+            let (q, k, v) = (
+                data(4 * t * e, 0.5),
+                data(4 * s * e, 1.5),
+                data(4 * s * ev, 2.5),
+            );
+            let sh = AttentionShape {
+                batch: &batch,
+                t,
+                s,
+                e,
+                ev,
+                group: 1,
+                scale: 0.3,
+                causal,
+            };
+            let want = reference(&q, &k, &v, &sh, &|_: usize, _: usize, _: usize| Some(0.0));
+            // `x [4][rows][cols]` stored as `[4][cols][rows]`, and the strides that read it back.
+            let transposed = |x: &[f32], rows: usize, cols: usize| -> (Vec<f32>, Vec<i64>) {
+                let mut out = vec![0f32; x.len()];
+                for h in 0..4 {
+                    for r in 0..rows {
+                        for c in 0..cols {
+                            out[h * rows * cols + c * rows + r] = x[h * rows * cols + r * cols + c];
+                        }
+                    }
+                }
+                let m = (rows * cols) as i64;
+                (out, vec![2 * m, m, 1, rows as i64])
+            };
+            let (qt, qs) = transposed(&q, t, e);
+            let (kt, ks) = transposed(&k, s, e);
+            let vs = head_strides(s, ev, 2);
+            let mut forms = vec![false];
+            if has_avx512() {
+                forms.push(true);
+            }
+            for avx512 in forms {
+                let view = |data, strides| View {
+                    data,
+                    offset: 0,
+                    strides,
+                };
+                let mut out = vec![0f32; want.len()];
+                attention_on(
+                    view(&qt, &qs),
+                    view(&kt, &ks),
+                    view(&v, &vs),
+                    None,
+                    &sh,
+                    AttentionTiling::DEFAULT,
+                    &mut out,
+                    avx512,
+                )
+                .unwrap();
+                for (i, (&g, &w)) in out.iter().zip(&want).enumerate() {
+                    assert!(
+                        (g - w).abs() <= 1e-5 * (1.0 + w.abs()),
+                        "t {t} s {s} avx512 {avx512}: element {i}: {g} vs {w}"
+                    );
+                }
+            }
+        }
+    }
+
+    /// The attention step's `exp` (AVX-512 only) against `f64::exp`: within 3 ulp of the f32
+    /// result over `[−110, 0]` (every 61st float, and every float in `[−1, 0]` a 16th apart in
+    /// bits), 0 for `−inf` and below −104, 1 for ±0, NaN for NaN.
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn attention_exp_is_within_3_ulp() {
+        use std::arch::x86_64::*;
+        if !has_avx512() {
+            return;
+        }
+        let exp16 = |x: &[f32; 16]| -> [f32; 16] {
+            let mut out = [0f32; 16];
+            // SAFETY: the CPU has AVX-512F and FMA (checked above); 16 lanes in and out.
+            unsafe {
+                let y = avx512::exp_nonpositive(_mm512_loadu_ps(x.as_ptr()));
+                _mm512_storeu_ps(out.as_mut_ptr(), y);
+            }
+            out
+        };
+        let ulp = |want: f64| -> f64 {
+            let w = want as f32;
+            let next = f32::from_bits(w.to_bits() + 1);
+            (next as f64 - w as f64).max(f32::from_bits(1) as f64)
+        };
+        let mut worst = 0f64;
+        let mut check = |xs: &[f32]| {
+            for chunk in xs.chunks(16) {
+                let mut x = [0f32; 16];
+                x[..chunk.len()].copy_from_slice(chunk);
+                let y = exp16(&x);
+                for (&x, &y) in x.iter().zip(&y).take(chunk.len()) {
+                    let want = (x as f64).exp();
+                    let err = (y as f64 - want).abs() / ulp(want);
+                    worst = worst.max(err);
+                    assert!(err <= 3.0, "exp({x:e}) = {y:e}, want {want:e} ({err} ulp)");
+                }
+            }
+        };
+        // Negative floats' bits grow with their magnitude: -0 is 0x8000_0000, -110 about
+        // 0xc2dc_0000.
+        let bits = |lo: u32, hi: u32, step: usize| (lo..=hi).step_by(step).map(f32::from_bits);
+        check(&bits(0x8000_0000, (-110f32).to_bits(), 61).collect::<Vec<_>>());
+        check(&bits(0x8000_0000, (-1f32).to_bits(), 16).collect::<Vec<_>>());
+        assert!(worst > 0.0);
+        let specials = [f32::NEG_INFINITY, -104.0, -200.0, -0.0, 0.0, f32::NAN];
+        let mut x = [0f32; 16];
+        x[..specials.len()].copy_from_slice(&specials);
+        let y = exp16(&x);
+        assert_eq!(&y[..5], &[0.0, 0.0, 0.0, 1.0, 1.0]);
+        assert!(y[5].is_nan());
     }
 
     /// The portable loops and (where the CPU has it) the AVX-512 micro-kernels, at sizes that

@@ -730,22 +730,6 @@ routines! {
     silu_avx2 => MathFn::Silu, Avx2, "avx2,fma";
 }
 
-/// `exp` of the 16 lanes of `x`: the algorithm of the AVX-512 block routine, inlined into the
-/// caller (a kernel that keeps its values in registers, like the attention tile), with the same
-/// results bit for bit and so the same accuracy.
-///
-/// # Safety
-/// The CPU has AVX-512F, AVX-512DQ and FMA, and the caller is compiled with them enabled.
-#[cfg(target_arch = "x86_64")]
-#[inline(always)]
-pub(crate) unsafe fn exp_avx512_lanes(x: std::arch::x86_64::__m512) -> std::arch::x86_64::__m512 {
-    use std::arch::x86_64::{_mm512_castps_si512, _mm512_castsi512_ps};
-    // SAFETY: the caller's contract: the CPU has AVX-512F, AVX-512DQ and FMA.
-    let mut e = unsafe { x86::Avx512::new() };
-    // SAFETY: bit casts between register types; the caller's contract covers the operations.
-    unsafe { _mm512_castsi512_ps(super::exp(&mut e, _mm512_castps_si512(x), None)) }
-}
-
 /// Which instruction set the block routines use on this CPU.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum BlockIsa {
