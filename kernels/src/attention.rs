@@ -974,7 +974,9 @@ mod avx512 {
     /// The running state of the item's rows, and where they end.
     struct Rows<'a> {
         acc: &'a mut [f32],
+        /// Row `i`'s maximum at `i` (16 readable from any row of a group).
         max: &'a mut [f32],
+        /// Row `i`'s sum as 16 partial sums at `16·i`.
         sum: &'a mut [f32],
         /// The item's output rows (`ev` each), written by the last key tile: the accumulator
         /// over the sum (what [`finish`] computes), straight from the registers.
@@ -993,8 +995,10 @@ mod avx512 {
         let t0 = tile.first_row;
         let (qs, q_rows) = tile.queries(rows);
         let mut acc = vec![0f32; rows * ev];
-        let mut max = vec![f32::NEG_INFINITY; rows];
-        let mut sum = vec![0f32; rows];
+        // Each row's running maximum (16 more: a group's are loaded and stored as 16 lanes).
+        let mut max = vec![f32::NEG_INFINITY; rows + 16];
+        // Each row's running sum as 16 partial sums (added up once, for the output).
+        let mut sum = vec![0f32; rows * 16];
         let mut keep = vec![0u64; rows];
         let additive = matches!(tile.mask, Some((Mask::Add(_), _)));
         let mut add = vec![0f32; if additive { rows * KEY_BLOCK } else { 0 }];
@@ -1007,12 +1011,16 @@ mod avx512 {
                 && tile.keys.len() >= keys_len(s, e)
                 && (s == 0 || tile.values.len() >= (s - 1) * tile.value_rows + ev)
                 && acc.len() >= rows * ev
-                && out.len() >= rows * ev,
+                && out.len() >= rows * ev
+                && max.len() >= rows + 16
+                && sum.len() >= rows * 16,
             "attention: an item's packed buffers are too small"
         );
         let keys_end = if sh.causal { s.min(t0 + rows) } else { s };
         if keys_end == 0 {
-            finish(&acc, &sum, out);
+            // No key for any row (not reached: `s > 0` here and a causal block sees its own
+            // rows): 0/0, as the tiles would give.
+            finish(&acc, &vec![0.0; rows], out);
             return;
         }
         let mut s0 = 0;
@@ -1197,19 +1205,6 @@ mod avx512 {
         ((1u32 << n.min(16)) - 1) as __mmask16
     }
 
-    /// The maximum of the 16 lanes, in a fixed order.
-    #[inline(always)]
-    unsafe fn hmax(v: __m512) -> f32 {
-        // SAFETY: register operations the caller's target features provide.
-        unsafe {
-            let a = _mm512_max_ps(v, _mm512_shuffle_f32x4::<0b0100_1110>(v, v));
-            let a = _mm512_max_ps(a, _mm512_shuffle_f32x4::<0b1011_0001>(a, a));
-            let a = _mm512_max_ps(a, _mm512_permute_ps::<0b0100_1110>(a));
-            let a = _mm512_max_ps(a, _mm512_permute_ps::<0b1011_0001>(a));
-            _mm512_cvtss_f32(a)
-        }
-    }
-
     /// The sum of the 16 lanes, in a fixed order.
     #[inline(always)]
     unsafe fn hsum(v: __m512) -> f32 {
@@ -1317,7 +1312,12 @@ mod avx512 {
             // acc[r] = acc[r]·alpha[r] + p[r]·v[s0..s0 + seen], 64 columns at a time; on the
             // last tile, out[r] = that / sum[r].
             let rescale = alpha[..N].iter().any(|&a| a != 1.0);
-            let inverse: [f32; N] = std::array::from_fn(|r| 1.0 / state.sum[r0 + r]);
+            let mut inverse = [0f32; N];
+            if last {
+                for (r, inverse) in inverse.iter_mut().enumerate() {
+                    *inverse = 1.0 / hsum(_mm512_loadu_ps(state.sum.as_ptr().add((r0 + r) * 16)));
+                }
+            }
             let vp = ops.values.as_ptr().add(s0 * ops.value_rows);
             let ap = state.acc.as_mut_ptr().add(r0 * ev);
             let op = state.out.as_mut_ptr().add(r0 * ev);
@@ -1369,13 +1369,13 @@ mod avx512 {
         }
     }
 
-    /// The softmax step of rows `r0..r0 + N` on their scores `x`: each row's mask and new
-    /// maximum, the rescaling factors `exp(old max − new max)` of all rows in one register
-    /// (into `alpha`, 1 where the maximum stays), then `p = exp(x − max)` into `p` and the
-    /// row sums.
+    /// The softmax step of rows `r0..r0 + N` on their scores `x`: each row's mask, the new
+    /// maxima of the group's rows and their rescaling factors `exp(old max − new max)` in
+    /// one register each (into `alpha`; 1 where the maximum stays), then `p = exp(x − max)`
+    /// into `p` and the rows' partial sums.
     ///
     /// # Safety
-    /// As [`group`].
+    /// As [`group`], and `state.max` holds 16 elements from `r0`.
     #[allow(clippy::too_many_arguments)]
     #[target_feature(enable = "avx512f,avx512dq,fma")]
     #[inline]
@@ -1391,8 +1391,7 @@ mod avx512 {
     ) {
         // SAFETY: as `group`.
         unsafe {
-            let mut new_max = [f32::NEG_INFINITY; N];
-            let mut shift = [0f32; 16];
+            let mut tile_max = [neg; GROUP];
             for (r, row) in x.iter_mut().enumerate() {
                 let i = r0 + r;
                 let keep = ops.keep[i];
@@ -1408,45 +1407,68 @@ mod avx512 {
                         *xv = _mm512_mask_blend_ps((keep >> (v * 16)) as __mmask16, neg, *xv);
                     }
                 }
-                let m = _mm512_max_ps(_mm512_max_ps(row[0], row[1]), _mm512_max_ps(row[2], row[3]));
-                let old = state.max[i];
-                new_max[r] = old.max(hmax(m));
-                if new_max[r] != old {
-                    // Finite: a grown maximum (−inf when nothing was visible before: factor 0).
-                    shift[r] = old - new_max[r];
-                }
+                tile_max[r] =
+                    _mm512_max_ps(_mm512_max_ps(row[0], row[1]), _mm512_max_ps(row[2], row[3]));
             }
-            let factors = exp_nonpositive(_mm512_loadu_ps(shift.as_ptr()));
+            // Lane r < N: row r0 + r. `max` keeps its second operand when one is NaN, so a
+            // row's maximum stays what it was where its scores' is NaN (as `f32::max` did).
+            let old = _mm512_loadu_ps(state.max.as_ptr().add(r0));
+            let new = _mm512_max_ps(hmax4(tile_max), old);
+            // `old − new` where the maximum grew (−inf when nothing was visible before: factor
+            // 0), else 0 (factor 1; also where both are −inf).
+            let same = _mm512_cmp_ps_mask::<_CMP_EQ_OQ>(new, old);
+            let factors = exp_nonpositive(_mm512_maskz_sub_ps(!same, old, new));
             _mm512_storeu_ps(alpha.as_mut_ptr(), factors);
+            _mm512_mask_storeu_ps(state.max.as_mut_ptr().add(r0), lanes(N), new);
+            let mut new_max = [0f32; 16];
+            _mm512_storeu_ps(new_max.as_mut_ptr(), new);
             for (r, row) in x.iter().enumerate() {
                 let i = r0 + r;
-                let new = new_max[r];
                 let pr = p.as_mut_ptr().add(r * KEY_BLOCK);
-                if new == f32::NEG_INFINITY {
-                    // Nothing visible yet: no probability mass, nothing to rescale.
+                if new_max[r] == f32::NEG_INFINITY {
+                    // Nothing visible yet: no probability mass, nothing to rescale (alpha 1).
                     for v in 0..4 {
                         _mm512_storeu_ps(pr.add(v * 16), _mm512_setzero_ps());
                     }
-                    alpha[r] = 1.0;
                     continue;
                 }
-                if new == state.max[i] {
-                    alpha[r] = 1.0;
-                }
-                let nv = _mm512_set1_ps(new);
+                let nv = _mm512_set1_ps(new_max[r]);
                 let pv: [__m512; 4] =
                     std::array::from_fn(|v| exp_nonpositive(_mm512_sub_ps(row[v], nv)));
                 for (v, &y) in pv.iter().enumerate() {
                     _mm512_storeu_ps(pr.add(v * 16), y);
                 }
-                let total = hsum(_mm512_add_ps(
-                    _mm512_add_ps(pv[0], pv[1]),
-                    _mm512_add_ps(pv[2], pv[3]),
-                ));
-                state.sum[i] = state.sum[i] * alpha[r] + total;
-                state.max[i] = new;
+                let total = _mm512_add_ps(_mm512_add_ps(pv[0], pv[1]), _mm512_add_ps(pv[2], pv[3]));
+                let sp = state.sum.as_mut_ptr().add(i * 16);
+                let sum = _mm512_fmadd_ps(_mm512_loadu_ps(sp), _mm512_set1_ps(alpha[r]), total);
+                _mm512_storeu_ps(sp, sum);
             }
         }
+    }
+
+    /// The maxima of the four registers `m` in lanes 0 to 3 (and again in each 128-bit lane):
+    /// interleaves within 128-bit lanes, then across them, 13 operations for the four.
+    #[target_feature(enable = "avx512f")]
+    #[inline]
+    fn hmax4(m: [__m512; 4]) -> __m512 {
+        // Lane k of `a`: the maxima of m0's and of m1's elements 4k, 4k + 2 and of their
+        // 4k + 1, 4k + 3, interleaved (`b`: m2's and m3's).
+        let a = _mm512_max_ps(
+            _mm512_unpacklo_ps(m[0], m[1]),
+            _mm512_unpackhi_ps(m[0], m[1]),
+        );
+        let b = _mm512_max_ps(
+            _mm512_unpacklo_ps(m[2], m[3]),
+            _mm512_unpackhi_ps(m[2], m[3]),
+        );
+        let (a, b) = (_mm512_castps_pd(a), _mm512_castps_pd(b));
+        // Lane k: the maxima of m0..m3 over their 128-bit lane k.
+        let c = _mm512_max_ps(
+            _mm512_castpd_ps(_mm512_unpacklo_pd(a, b)),
+            _mm512_castpd_ps(_mm512_unpackhi_pd(a, b)),
+        );
+        let c = _mm512_max_ps(c, _mm512_shuffle_f32x4::<0b0100_1110>(c, c));
+        _mm512_max_ps(c, _mm512_shuffle_f32x4::<0b1011_0001>(c, c))
     }
 }
 
