@@ -8,12 +8,9 @@
 //! (1 GiB unless [`set_block_cache_limit`] says otherwise); beyond it, dropped blocks are freed.
 //! Reuse is exact-size. [`release_cached_blocks`] frees everything the cache holds.
 
-use std::alloc::{dealloc, Layout};
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
-
-use crate::tensor::BUFFER_ALIGN;
 
 /// Blocks at least this large are cached when dropped.
 pub const CACHE_MIN_BYTES: usize = 1 << 20;
@@ -42,15 +39,10 @@ fn lock() -> std::sync::MutexGuard<'static, BlockCache> {
 /// Frees `block` of `bytes` bytes.
 ///
 /// # Safety
-/// `block` was allocated with `bytes` bytes and `BUFFER_ALIGN`, and no one uses it any more.
+/// `block` was allocated by `pages::allocate_zeroed(bytes)`, and no one uses it any more.
 unsafe fn free(bytes: usize, block: NonNull<u8>) {
     // SAFETY: the caller's contract.
-    unsafe {
-        dealloc(
-            block.as_ptr(),
-            Layout::from_size_align_unchecked(bytes, BUFFER_ALIGN),
-        )
-    }
+    unsafe { crate::pages::deallocate(block, bytes) }
 }
 
 /// The most bytes the cache holds.

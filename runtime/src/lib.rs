@@ -5,6 +5,7 @@ mod block_cache;
 mod error;
 mod executable;
 mod interpret;
+mod pages;
 pub use interpret::{interpret, interpret_within, interpreter_peak_bytes};
 mod tensor;
 pub mod threads;

@@ -5,10 +5,11 @@
 //! contiguous buffers, so the runtime copies (`contiguous`) where a view is passed in.
 
 use crate::block_cache::{self, CACHE_MIN_BYTES};
+use crate::pages;
 use crate::RuntimeError;
 use half::{bf16, f16};
 use minductor_ir::{checked_bytes, static_shape, DType, TensorType, MAX_TENSOR_BYTES};
-use std::alloc::{alloc_zeroed, dealloc, Layout};
+use std::alloc::Layout;
 use std::ptr::NonNull;
 use std::sync::Arc;
 
@@ -46,15 +47,13 @@ impl Storage {
                 cached: false,
             });
         }
-        let layout = Layout::from_size_align(bytes, BUFFER_ALIGN).map_err(|_| {
+        Layout::from_size_align(bytes, BUFFER_ALIGN).map_err(|_| {
             RuntimeError::SizeOverflow(format!("a buffer of {bytes} bytes cannot be allocated"))
         })?;
-        // SAFETY: layout has non-zero size.
-        let ptr = unsafe { alloc_zeroed(layout) };
         // A failed allocation is a typed error, not an abort: the caller's call fails and the
         // process goes on to serve the next one.
-        let ptr =
-            NonNull::new(ptr).ok_or_else(|| RuntimeError::out_of_memory(bytes, "a buffer"))?;
+        let ptr = pages::allocate_zeroed(bytes)
+            .ok_or_else(|| RuntimeError::out_of_memory(bytes, "a buffer"))?;
         Ok(Storage {
             ptr,
             bytes,
@@ -109,13 +108,8 @@ impl Drop for Storage {
             return;
         }
         if self.bytes > 0 {
-            // SAFETY: allocated in `zeroed` with this very layout.
-            unsafe {
-                dealloc(
-                    self.ptr.as_ptr(),
-                    Layout::from_size_align_unchecked(self.bytes, BUFFER_ALIGN),
-                )
-            }
+            // SAFETY: allocated in `try_zeroed` by `pages::allocate_zeroed(self.bytes)`.
+            unsafe { pages::deallocate(self.ptr, self.bytes) }
         }
     }
 }
