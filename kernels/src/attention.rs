@@ -1528,6 +1528,15 @@ mod tests {
         out
     }
 
+    /// The forms to test on this CPU: portable, and AVX-512 where it has it (`avx512`).
+    fn forms() -> Vec<bool> {
+        let mut forms = vec![false];
+        if has_avx512() {
+            forms.push(true);
+        }
+        forms
+    }
+
     /// The strides of a contiguous `[2, heads, rows, cols]` tensor.
     fn head_strides(rows: usize, cols: usize, heads: usize) -> Vec<i64> {
         vec![
@@ -1584,10 +1593,7 @@ mod tests {
             let (qt, qs) = transposed(&q, t, e);
             let (kt, ks) = transposed(&k, s, e);
             let vs = head_strides(s, ev, 2);
-            let mut forms = vec![false];
-            if has_avx512() {
-                forms.push(true);
-            }
+            let forms = forms();
             for avx512 in forms {
                 let view = |data, strides| View {
                     data,
@@ -1723,10 +1729,7 @@ mod tests {
             ];
             for (name, visible) in cases {
                 let want = reference(&q, &k, &v, &sh, visible);
-                let mut forms = vec![false];
-                if has_avx512() {
-                    forms.push(true);
-                }
+                let forms = forms();
                 for avx512 in forms {
                     let mut out = vec![0f32; want.len()];
                     let view = |data, strides| View {
@@ -1827,10 +1830,7 @@ mod tests {
                 v[(s - 3) * ev + 1] = f32::INFINITY;
                 values.push(v.clone());
             }
-            let mut forms = vec![false];
-            if has_avx512() {
-                forms.push(true);
-            }
+            let forms = forms();
             for v in &values {
                 for name in ["none", "add", "keep"] {
                     for &avx512 in &forms {
@@ -1908,10 +1908,7 @@ mod tests {
             [0i64, e as i64, 1],
             [0i64, ev as i64, 1],
         );
-        let mut forms = vec![false];
-        if has_avx512() {
-            forms.push(true);
-        }
+        let forms = forms();
         for avx512 in forms {
             let mut out = vec![f32::NAN; 2 * t * ev];
             attention_on(
@@ -1953,10 +1950,7 @@ mod tests {
                 scale: 0.5,
                 causal,
             };
-            let mut forms = vec![false];
-            if has_avx512() {
-                forms.push(true);
-            }
+            let forms = forms();
             for avx512 in forms {
                 let mut out = vec![f32::NAN; t * ev];
                 attention_on(
