@@ -73,8 +73,8 @@ mod reduce;
 mod rows;
 
 pub use rows::{
-    kernel_vector_bits, set_row_kernels, stage_streams, stage_vector_bits, step_forms,
-    step_vector_bits,
+    kernel_vector_bits, set_row_kernels, set_row_shapes_by_cpu, stage_streams, stage_vector_bits,
+    step_forms, step_vector_bits,
 };
 
 /// Lanes of the vector type Cranelift lowers on x86-64 (128-bit).

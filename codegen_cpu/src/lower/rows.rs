@@ -24,14 +24,14 @@ use crate::math::block::rows::{
     ROW_ARGS_FLAGS, ROW_ARGS_N, ROW_ARGS_OUT, ROW_ARGS_P, ROW_ARGS_Q, ROW_ARGS_RESERVED,
     ROW_ARGS_U0, ROW_ARGS_U1, ROW_ARGS_U2, ROW_ARGS_U3, ROW_ARGS_W, ROW_ARGS_X, ROW_STREAM,
 };
-use crate::math::block::{block_isa, BlockIsa};
+use crate::math::block::{block_isa, splits_512_bit_operations, BlockIsa};
 use crate::math::GELU_SCALE;
 use cranelift_codegen::ir::{
     types, AbiParam, InstBuilder, Signature, StackSlotData, StackSlotKind, Value,
 };
 use minductor_ir::{BinaryOp, DType, ReduceOp, UnaryOp};
 use minductor_kernel_ir::*;
-use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 
 /// A row stage's routine and the rows and values it is given.
 pub(super) struct RowPlan {
@@ -88,6 +88,40 @@ pub(super) fn row_kernels_enabled() -> bool {
             *ON.get_or_init(|| !std::env::var("MINDUCTOR_ROW_KERNELS").is_ok_and(|v| v == "0"))
         }
     }
+}
+
+/// A layer norm's affine store, `(x - mean) * rstd * weight + bias`. Where the CPU splits
+/// 512-bit operations in two ([`splits_512_bit_operations`]: Zen 4) it stays the 4-lane loop:
+/// there the routine gains no compute rate, and in the suite's full run (its 16 MiB output
+/// coming cold from the block cache) it measured slower, layernorm_4096x1024 at 1.65-1.82 ms
+/// against 1.19-1.26 ms (`minductor bench --threads 1 --rounds 3`, two alternated runs of
+/// each build, 2026-11-27), though alone, with the output in cache, the two tie. A store-only
+/// pass missing to memory ran 25-40% slower with 512-bit stores than with 128-bit ones on that
+/// core in a stand-alone probe. Measured again after softmax_4096x1024 (whose 16 MiB output
+/// block the layer norm's output reuses), `bench --workload softmax_4096x1024,
+/// layernorm_4096x1024,llama_block_4x256x512 --threads 1,2 --rounds 3`, three alternated runs
+/// (2026-11-27): the loop 1.030-1.054 ms at 1 thread and 0.539-0.649 at 2; the routine storing
+/// its 512-bit registers as 128-bit quarters 1.093-1.277 and 0.569-0.669 (alone, the forms
+/// tie within noise). With buffers on huge pages (`runtime/src/pages.rs`) the routine still
+/// lost in the full suite (`bench --threads 1,2 --rounds 3`, two alternated runs of each
+/// build, 2026-11-27): 1.41-1.51 ms against 1.00-1.02 at 1 thread, 0.70-0.85 against 0.61 at 2,
+/// though after softmax alone the two tied. On cores with full-width units the loop is a
+/// quarter of the routine's rate, so it runs there.
+const LAYER_NORM_AFFINE_STORE: u32 =
+    RowShape::SUB | RowShape::SCALE | RowShape::MUL_ROW | RowShape::ADD_ROW | RowShape::STORE;
+
+/// Whether the shapes chosen per CPU follow the CPU (see [`set_row_shapes_by_cpu`]).
+static BY_CPU: AtomicBool = AtomicBool::new(true);
+
+/// `false`: every shape with a routine gets it whatever the CPU (for tests that compare each
+/// routine with its loop on any machine); `true` (the default) restores the per-CPU choice.
+/// For the kernels compiled after the call, in this process.
+pub fn set_row_shapes_by_cpu(by_cpu: bool) {
+    BY_CPU.store(by_cpu, Ordering::Relaxed);
+}
+
+fn by_cpu() -> bool {
+    BY_CPU.load(Ordering::Relaxed)
 }
 
 /// Bits per vector register of `isa`.
@@ -481,14 +515,10 @@ impl Lowering<'_, '_, '_> {
                 }
             }
         }
-        // Every CPU with routines runs every shape that has one. (Zen 4, which splits 512-bit
-        // operations in two, kept a layer norm's affine store as the 4-lane loop while its
-        // 16 MiB output sat on 4 KiB pages: the routine measured 6-20% slower there. On huge
-        // pages (`runtime/src/pages.rs`) the two tie: layernorm_4096x1024 0.99-1.02 ms against
-        // 0.99-1.01 at 1 thread, 0.52-0.55 against 0.55-0.56 at 2, `bench --workload
-        // softmax_4096x1024,layernorm_4096x1024,llama_block_4x256x512 --threads 1,2 --rounds
-        // 3`, three alternated runs, 2026-11-27.)
         let shape = RowShape(bits);
+        if shape.0 == LAYER_NORM_AFFINE_STORE && by_cpu() && splits_512_bit_operations() {
+            return None;
+        }
         // An output whose static size says it cannot stay in the last-level cache until it is
         // read (see `streams_stores`), and that this kernel does not read (a softmax reads
         // back the exponentials it stored: they must stay in cache).

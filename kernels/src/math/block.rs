@@ -753,6 +753,37 @@ pub fn block_isa() -> Option<BlockIsa> {
     })
 }
 
+/// Whether this CPU executes 512-bit vector operations as two 256-bit halves: AMD's Zen 4
+/// (family 0x19 with AVX-512), whose 512-bit FMA rate is its 256-bit rate (the probe measures
+/// 116 GFLOP/s at both on the development VM). On such a core a 512-bit routine gains nothing
+/// over a narrower loop where the work is memory-bound, and one shape measured slower (see
+/// `lower/rows.rs`). Read from CPUID at run time.
+pub fn splits_512_bit_operations() -> bool {
+    static SPLITS: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *SPLITS.get_or_init(|| {
+        #[cfg(target_arch = "x86_64")]
+        {
+            use std::arch::x86_64::__cpuid;
+            // CPUID leaves 0 and 1 exist on every x86-64 CPU.
+            let (vendor, signature) = (__cpuid(0), __cpuid(1).eax);
+            let amd =
+                (vendor.ebx, vendor.edx, vendor.ecx) == (0x6874_7541, 0x6974_6e65, 0x444d_4163);
+            // The family: the base field, plus the extended one when the base is 0xf.
+            let base = (signature >> 8) & 0xf;
+            let family = if base == 0xf {
+                base + ((signature >> 20) & 0xff)
+            } else {
+                base
+            };
+            amd && family == 0x19 && std::arch::is_x86_feature_detected!("avx512f")
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        {
+            false
+        }
+    })
+}
+
 #[cfg(target_arch = "x86_64")]
 fn detect() -> Option<BlockIsa> {
     use std::arch::is_x86_feature_detected as has;
