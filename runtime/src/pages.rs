@@ -7,10 +7,13 @@
 //! entries on Zen 4), so the sweeps of large activations and weights walk page tables. With
 //! `THP=madvise` (the common distribution default, and this development machine's) only
 //! regions that ask get huge pages; glibc's `malloc` does not ask. Measured on the development
-//! machine (Zen 4, 1 thread) with glibc told to ask (`GLIBC_TUNABLES=glibc.malloc.hugetlb=1`):
-//! `pointwise_gelu_16m` (64 MiB in, 64 out) 8.9-9.9 → 8.2-8.7 ms, the MLP and attention
-//! workloads 1-2% faster. PyTorch's CPU allocator has the same switch, off by default
-//! (`THP_MEM_ALLOC_ENABLE`); here it is on, and `MINDUCTOR_HUGE_PAGES=0` turns it off.
+//! machine (Zen 4) over the whole suite, `minductor bench --threads 1,2 --rounds 3`, two runs
+//! with `MINDUCTOR_HUGE_PAGES=0` alternated with two without (2026-11-27):
+//! `pointwise_gelu_16m` (64 MiB in, 64 out) 9.38-9.61 → 7.50-7.73 ms at 1 thread and
+//! 6.32-6.83 → 5.75-6.03 at 2, `layernorm_4096x1024` 1.20-1.21 → 1.06-1.09 and 0.72-0.74 →
+//! 0.61-0.64, every other workload within 3% either way. PyTorch's CPU allocator has the same
+//! switch, off by default (`THP_MEM_ALLOC_ENABLE`); here it is on, and
+//! `MINDUCTOR_HUGE_PAGES=0` turns it off.
 //!
 //! Memory: the mapping is the buffer's size rounded up to 4 KiB (the slack taken to align it is
 //! unmapped again), and the kernel falls back to 4 KiB pages wherever it has no huge page, so a
