@@ -1102,7 +1102,7 @@ mod avx512 {
             // (asserted inside `data`), the stores lanes `< n` of columns `< e` (asserted
             // inside `kt`: a column's run of 16 stays in its tile as `j0 % 16 == 0`).
             unsafe {
-                let rows: [__m512; 16] = std::array::from_fn(|r| {
+                let mut block: [__m512; 16] = std::array::from_fn(|r| {
                     if r < n {
                         let x = _mm512_maskz_loadu_ps(width, data.as_ptr().add(starts[r] + c0));
                         _mm512_mul_ps(x, sv)
@@ -1110,54 +1110,15 @@ mod avx512 {
                         _mm512_setzero_ps()
                     }
                 });
-                let columns = transpose16(rows);
-                for (c, &column) in columns.iter().enumerate().take(e - c0) {
+                // Row `r` of the block is key `j0 + r`; after, `block[c]` is column `c0 + c`.
+                crate::gemm::transpose16(&mut block);
+                for (c, &column) in block.iter().enumerate().take(e - c0) {
                     let at = key_index(j0, c0 + c, e);
                     _mm512_mask_storeu_ps(kt.as_mut_ptr().add(at), stored, column);
                 }
             }
             c0 += 16;
         }
-    }
-
-    /// The 16×16 transpose of `r` (row `i` lane `j` becomes row `j` lane `i`): 32-bit then
-    /// 64-bit interleaves within 128-bit lanes, then two rounds of 128-bit lane shuffles.
-    #[target_feature(enable = "avx512f")]
-    #[inline]
-    fn transpose16(r: [__m512; 16]) -> [__m512; 16] {
-        // t[2i], t[2i + 1]: rows 2i and 2i + 1 interleaved; in lane k, columns 4k, 4k + 1
-        // and 4k + 2, 4k + 3.
-        let t: [__m512d; 16] = std::array::from_fn(|i| {
-            let (a, b) = (r[i & !1], r[i | 1]);
-            _mm512_castps_pd(if i % 2 == 0 {
-                _mm512_unpacklo_ps(a, b)
-            } else {
-                _mm512_unpackhi_ps(a, b)
-            })
-        });
-        // u[4j + m], lane k: rows 4j..4j + 4 of column 4k + m.
-        let u: [__m512; 16] = std::array::from_fn(|i| {
-            let (j, m) = (i / 4, i % 4);
-            let (a, b) = (t[4 * j + m / 2], t[4 * j + 2 + m / 2]);
-            _mm512_castpd_ps(if m % 2 == 0 {
-                _mm512_unpacklo_pd(a, b)
-            } else {
-                _mm512_unpackhi_pd(a, b)
-            })
-        });
-        // Column 4k + m: lane k of u[m], u[4 + m], u[8 + m], u[12 + m], in that order.
-        let mut out = [_mm512_setzero_ps(); 16];
-        for m in 0..4 {
-            let a = _mm512_shuffle_f32x4::<0x44>(u[m], u[4 + m]);
-            let b = _mm512_shuffle_f32x4::<0xEE>(u[m], u[4 + m]);
-            let c = _mm512_shuffle_f32x4::<0x44>(u[8 + m], u[12 + m]);
-            let d = _mm512_shuffle_f32x4::<0xEE>(u[8 + m], u[12 + m]);
-            out[m] = _mm512_shuffle_f32x4::<0x88>(a, c);
-            out[4 + m] = _mm512_shuffle_f32x4::<0xDD>(a, c);
-            out[8 + m] = _mm512_shuffle_f32x4::<0x88>(b, d);
-            out[12 + m] = _mm512_shuffle_f32x4::<0xDD>(b, d);
-        }
-        out
     }
 
     /// `e^r ≈ 1 + r·(c1 + r·(c2 + r·(c3 + r·(c4 + r·c5))))` on `|r| <= ln 2 / 2`: a minimax fit

@@ -160,10 +160,11 @@ pub(super) unsafe fn pack_columns(
 /// Transposes the 16 × 16 block `r` in registers: on entry `r[j]` holds column `j` (element
 /// `i` of it is row `i`), on return `r[i]` holds row `i`. Four rounds of 16 shuffles: 32-bit
 /// and 64-bit interleaves within 128-bit lanes, then two rounds of 128-bit lane shuffles.
+/// (Also the attention step's key packing.)
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
 #[inline]
-fn transpose16(r: &mut [__m512; 16]) {
+pub(crate) fn transpose16(r: &mut [__m512; 16]) {
     let mut t = [_mm512_setzero_ps(); 16];
     for q in 0..8 {
         t[2 * q] = _mm512_unpacklo_ps(r[2 * q], r[2 * q + 1]);

@@ -37,6 +37,8 @@
 mod implicit;
 mod kernel_avx2;
 mod kernel_avx512;
+#[cfg(target_arch = "x86_64")]
+pub(crate) use kernel_avx512::transpose16;
 mod kernel_portable;
 mod pack;
 mod split;
