@@ -71,6 +71,7 @@ mod memory;
 mod outer;
 mod reduce;
 mod rows;
+mod transpose;
 
 pub use rows::{
     kernel_vector_bits, set_row_kernels, set_row_shapes_by_cpu, stage_streams, stage_vector_bits,
@@ -199,6 +200,9 @@ struct Lowering<'k, 'b, 'f> {
     /// Leading outer loops that `start..end` ranges over, flattened in row-major order (see
     /// [`lower_kernel`]).
     split: usize,
+    /// The kernel as one transposed copy, which the kernel library's routine runs (see
+    /// `transpose`).
+    transposed: Option<transpose::TransposedCopy>,
 }
 
 /// A sum's accumulators: the block ones the loop body adds into, reset at each block, and the
@@ -315,7 +319,11 @@ pub fn lower_kernel(
         stage_bits: vec![None; kernel.stages.len()],
         stage_streams: vec![false; kernel.stages.len()],
         split: split.min(kernel.outer.len()),
+        transposed: transpose::transposed_copy(kernel, program),
     };
+    if l.transposed.is_some() {
+        l.stage_bits[0] = Some(transpose::routine_bits());
+    }
     let outer = kernel.outer.len();
     if kernel.order == LoopOrder::OuterReduction && outer > 0 {
         l.outer_order(start, end, &extents);

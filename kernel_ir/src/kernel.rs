@@ -425,6 +425,47 @@ impl Kernel {
         }
     }
 
+    /// The outer loop along which `self` copies a transposed view, if it is such a copy: inner
+    /// loop order; one stage, over one loop, storing one f32 buffer contiguously along that loop
+    /// with a plain load of another f32 buffer that is contiguous (coefficient 1) along this
+    /// outer loop and strided along the stage's loop; this outer loop moves the store.
+    /// `choose_loop_order` makes that loop the last, and the code generator then runs each run of
+    /// it as one call of the kernel library's transpose routine (16 × 16 tiles transposed in
+    /// registers; see `codegen_cpu/src/lower/transpose.rs`).
+    pub fn transposed_copy(&self, program: &Program) -> Option<usize> {
+        if self.order != LoopOrder::Inner || self.stages.len() != 1 {
+            return None;
+        }
+        let stage = &self.stages[0];
+        let StageAction::Store(stores) = &stage.action else {
+            return None;
+        };
+        let ([store], 1) = (stores.as_slice(), stage.extent.len()) else {
+            return None;
+        };
+        let Expr::Load {
+            buffer: src,
+            index: load,
+            indirect: None,
+        } = self.expr(store.value)
+        else {
+            return None;
+        };
+        let f32_buffer = |b: BufferId| program.buffer(b).dtype == DType::F32;
+        if *src == store.buffer || !f32_buffer(*src) || !f32_buffer(store.buffer) {
+            return None;
+        }
+        let inner = Var::Inner(0);
+        let (along, across) = (load.coefficient(inner), store.index.coefficient(inner));
+        if along.is(1) || along.is_zero() || !across.is(1) {
+            return None;
+        }
+        (0..self.outer.len()).find(|&o| {
+            let o = Var::Outer(o as u32);
+            load.coefficient(o).is(1) && !store.index.coefficient(o).is_zero()
+        })
+    }
+
     /// Whether the stores to `buffer`, all sizes static, write each iteration of the outer
     /// loops (all of them) into a window of its own: every store moves with the same outer
     /// terms; every store's elements of one iteration (its offset plus its inner terms over

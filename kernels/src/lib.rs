@@ -7,7 +7,8 @@
 //! - [`math`]: the transcendental functions written once over [`math::Lanes`] (the code
 //!   generator implements it for Cranelift IR) and their ahead-of-time block routines;
 //! - [`scatter`]: the scatter-add of `gather`'s and `take_along`'s derivatives;
-//! - [`scratch`]: the kernels' scratch buffers (fallible, and guarded in checking mode).
+//! - [`scratch`]: the kernels' scratch buffers (fallible, and guarded in checking mode);
+//! - [`transpose`]: copies of transposed views in 16 × 16 register tiles.
 //!
 //! Architecture invariant: this crate knows nothing of graphs, kernel IR or Cranelift. Its
 //! entry points take plain slices and shapes, check (or state in their `# Safety` section) the
@@ -19,3 +20,4 @@ pub mod gemm;
 pub mod math;
 pub mod scatter;
 pub mod scratch;
+pub mod transpose;

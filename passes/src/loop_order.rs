@@ -51,7 +51,8 @@ pub fn choose_loop_order(program: &Program) -> Program {
                 LoopOrder::Inner
             };
             if k.order == LoopOrder::Inner {
-                if let Some(perm) = stream_order(k, program) {
+                if let Some(perm) = transpose_order(k, program).or_else(|| stream_order(k, program))
+                {
                     permute_outer(k, &perm);
                 }
             }
@@ -96,6 +97,19 @@ pub fn wants_outer_reduction(k: &Kernel) -> bool {
         }
     }
     contiguous_columns
+}
+
+/// For a kernel that copies a transposed view (`Kernel::transposed_copy`), the nesting with
+/// the loop that reads the view contiguously last (the others in their order), which the code
+/// generator runs as calls of the transpose routine; `None` when it is last already, or when
+/// it is the first loop of a kernel split over its first loop only (see `stream_order`).
+fn transpose_order(k: &Kernel, program: &Program) -> Option<Vec<usize>> {
+    let o = k.transposed_copy(program)?;
+    let n = k.outer.len();
+    if o + 1 == n || (o == 0 && k.split_loops() < n) {
+        return None;
+    }
+    Some((0..n).filter(|&i| i != o).chain([o]).collect())
 }
 
 /// Bytes within which the next access of a stream counts as sequential: the next eight cache

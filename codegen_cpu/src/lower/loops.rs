@@ -17,7 +17,12 @@ impl Lowering<'_, '_, '_> {
             return;
         }
         if level == 0 && self.split > 1 {
-            self.flat_loops(start, end, extents);
+            match self.transposed.clone() {
+                Some(copy) if self.split == outer => {
+                    self.transpose_runs(&copy, start, end, extents)
+                }
+                _ => self.flat_loops(start, end, extents),
+            }
             return;
         }
         let (lo, hi) = if level == 0 {
@@ -25,6 +30,11 @@ impl Lowering<'_, '_, '_> {
         } else {
             (self.b.ins().iconst(types::I64, 0), extents[level])
         };
+        if let (Some(copy), true) = (self.transposed.clone(), level + 1 == outer) {
+            // The whole run of the last loop in one call of the transpose routine.
+            self.transpose_call(&copy, lo, hi, extents);
+            return;
+        }
         self.counted_loop(lo, hi, 1, |l, i| {
             l.vars.insert(Var::Outer(level as u32), i);
             l.outer_loops(level + 1, start, end, extents);

@@ -1,0 +1,157 @@
+//! Transposed copies: a kernel whose one stage stores, contiguously along its loop, an f32
+//! loaded contiguously along the kernel's *last outer* loop (`out[o, i] = x[i, o]`: a
+//! `.t().contiguous()`, an NCHW ↔ NHWC permute; `Kernel::transposed_copy`) runs each run of its last outer loop as one call of the kernel
+//! library's transpose routine (`minductor_kernels::transpose`: 16 × 16 tiles transposed in
+//! registers) instead of the 4-lane loop, which gathers every element from another cache line.
+//!
+//! The routine reads and writes exactly the elements the loop would (the run's columns `o`,
+//! every `i` of the stage), so the kernel IR verifier's bounds hold for it as for the loop, and
+//! it copies bit patterns, so the result is the loop's bit for bit. The outer loops before the
+//! last run as usual; when the runtime's range flattens the last loop with them
+//! (`Kernel::split_loops`), the range is walked in runs that each end at the range's end or at
+//! the end of a row of the last loop.
+
+use super::*;
+use minductor_kernels::transpose::{
+    transpose_routine, TRANSPOSE_ARGS_BYTES, TRANSPOSE_ARGS_COLUMNS, TRANSPOSE_ARGS_DST,
+    TRANSPOSE_ARGS_DST_STRIDE, TRANSPOSE_ARGS_ROWS, TRANSPOSE_ARGS_SRC, TRANSPOSE_ARGS_SRC_STRIDE,
+};
+
+/// A kernel that is one transposed copy: the store and the load it stores.
+#[derive(Clone)]
+pub(super) struct TransposedCopy {
+    src: BufferId,
+    load: Affine,
+    dst: BufferId,
+    store: Affine,
+}
+
+/// `kernel` as a transposed copy whose contiguous load runs along its last outer loop (see
+/// `Kernel::transposed_copy`; `choose_loop_order` puts that loop last).
+pub(super) fn transposed_copy(kernel: &Kernel, program: &Program) -> Option<TransposedCopy> {
+    if kernel.transposed_copy(program)? + 1 != kernel.outer.len() {
+        return None;
+    }
+    let StageAction::Store(stores) = &kernel.stages[0].action else {
+        unreachable!("a transposed copy stores")
+    };
+    let Expr::Load { buffer, index, .. } = kernel.expr(stores[0].value) else {
+        unreachable!("a transposed copy stores a load")
+    };
+    Some(TransposedCopy {
+        src: *buffer,
+        load: index.clone(),
+        dst: stores[0].buffer,
+        store: stores[0].index.clone(),
+    })
+}
+
+/// The vector width (bits) the routine copies at on this CPU.
+pub(super) fn routine_bits() -> u32 {
+    match crate::math::block::block_isa() {
+        Some(crate::math::block::BlockIsa::Avx512) => 512,
+        _ => 32,
+    }
+}
+
+impl Lowering<'_, '_, '_> {
+    /// The runs of `start..end` over the first `split` outer loops flattened (the last outer
+    /// loop among them), one routine call each: `i` walks the range; at each step the loops'
+    /// digits of `i` are computed, and the run goes from the last digit to the end of its row
+    /// or of the range.
+    pub(super) fn transpose_runs(
+        &mut self,
+        copy: &TransposedCopy,
+        start: Value,
+        end: Value,
+        extents: &[Value],
+    ) {
+        let split = self.split;
+        let last = self.kernel.outer.len() - 1;
+        debug_assert_eq!(
+            split,
+            last + 1,
+            "runs when the range flattens every outer loop"
+        );
+        let head = self.loop_head(start);
+        let go = self.b.ins().icmp(IntCC::SignedLessThan, head.i, end);
+        self.b.ins().brif(go, head.body, &[], head.exit, &[]);
+        self.b.switch_to_block(head.body);
+        self.forget();
+        // The digits of `i`; the divisors are kept at least 1 (a zero extent empties the range).
+        let one = self.b.ins().iconst(types::I64, 1);
+        let mut rest = head.i;
+        let mut digits = vec![rest; split];
+        for j in (1..split).rev() {
+            let n = self.b.ins().umax(extents[j], one);
+            digits[j] = self.b.ins().urem(rest, n);
+            rest = self.b.ins().udiv(rest, n);
+        }
+        digits[0] = rest;
+        for (j, &d) in digits.iter().enumerate().take(last) {
+            self.vars.insert(Var::Outer(j as u32), d);
+        }
+        let lo = digits[last];
+        let left = self.b.ins().isub(end, head.i);
+        let row_end = self.b.ins().iadd(lo, left);
+        let hi = self.b.ins().smin(row_end, extents[last]);
+        self.transpose_call(copy, lo, hi, extents);
+        let run = self.b.ins().isub(hi, lo);
+        let next = self.b.ins().iadd(head.i, run);
+        self.forget();
+        self.loop_tail(&head, next);
+    }
+
+    /// One call of the routine for columns `lo..hi` of the last outer loop, at the current
+    /// values of the other outer loops.
+    pub(super) fn transpose_call(
+        &mut self,
+        copy: &TransposedCopy,
+        lo: Value,
+        hi: Value,
+        extents: &[Value],
+    ) {
+        let outer = self.kernel.outer.len();
+        let last = Var::Outer(outer as u32 - 1);
+        let inner = Var::Inner(0);
+        let zero = self.b.ins().iconst(types::I64, 0);
+        self.vars.insert(last, lo);
+        self.vars.insert(inner, zero);
+        let src = self.invariant_address(copy.src, &copy.load);
+        let dst = self.invariant_address(copy.dst, &copy.store);
+        let src_stride = self.size_value(&copy.load.coefficient(inner), 4);
+        let dst_stride = self.size_value(&copy.store.coefficient(last), 4);
+        let columns = self.b.ins().isub(hi, lo);
+        let slot = self.b.create_sized_stack_slot(StackSlotData::new(
+            StackSlotKind::ExplicitSlot,
+            TRANSPOSE_ARGS_BYTES,
+            3,
+        ));
+        let args = self.b.ins().stack_addr(types::I64, slot, 0);
+        let flags = MemFlagsData::trusted();
+        for (value, at) in [
+            (src, TRANSPOSE_ARGS_SRC),
+            (src_stride, TRANSPOSE_ARGS_SRC_STRIDE),
+            (dst, TRANSPOSE_ARGS_DST),
+            (dst_stride, TRANSPOSE_ARGS_DST_STRIDE),
+            (extents[outer], TRANSPOSE_ARGS_ROWS),
+            (columns, TRANSPOSE_ARGS_COLUMNS),
+        ] {
+            self.b.ins().store(flags, value, args, at);
+        }
+        let mut sig = Signature::new(self.b.func.signature.call_conv);
+        sig.params.push(AbiParam::new(types::I64));
+        let sig = self.b.import_signature(sig);
+        let routine = transpose_routine();
+        let callee = self.b.ins().iconst(types::I64, routine as usize as i64);
+        self.b.ins().call_indirect(sig, callee, &[args]);
+    }
+
+    /// `c · k` as a value (a constant, or computed from the symbols in the entry block).
+    fn size_value(&mut self, c: &SizeExpr, k: i64) -> Value {
+        match c.as_const() {
+            Some(c) => self.b.ins().iconst(types::I64, c * k),
+            None => self.symbolic_times(c, k),
+        }
+    }
+}
