@@ -4,7 +4,8 @@
 //! - `eager`: the reference interpreter, op by op, unfused, each op allocating its result;
 //! - `aot_eager`: the decomposed and simplified prim graph, interpreted;
 //! - `inductor` (default): decompose → autodiff → simplify → partition → fuse → fuse_horizontal →
-//!   fuse_epilogues → store_once → choose_loop_order → plan_buffers → Cranelift, run as machine code.
+//!   fuse_epilogues → store_once → split_transposes → choose_loop_order → plan_buffers → Cranelift,
+//!   run as machine code.
 //!
 //! A graph with `grad` nodes becomes a joint graph (`autodiff`) on every backend; its tangent
 //! inputs are fed with ones by the compiled object, so callers pass the traced inputs only.
@@ -14,8 +15,8 @@ use minductor_ir::{Graph, IrError};
 use minductor_kernel_ir::{verify_program, Program, VerifyError};
 use minductor_passes::{
     autodiff, choose_loop_order, decompose, fuse, fuse_epilogues, fuse_horizontal, partition,
-    plan_buffers, simplify, sink_cats, store_once, AutodiffError, Joint, Partition,
-    PartitionOptions,
+    plan_buffers, simplify, sink_cats, split_transposes, store_once, AutodiffError, Joint,
+    Partition, PartitionOptions,
 };
 use minductor_runtime::{
     check_inputs, interpret, Executable, RuntimeError, StepPartition, StepTiming, Tensor,
@@ -586,7 +587,9 @@ pub(crate) fn compile_from(
             let epilogues = verified(&mut timer, "fuse_epilogues", epilogues)?;
             let once = timer.program("store_once", || store_once(&epilogues));
             let once = verified(&mut timer, "store_once", once)?;
-            let ordered = timer.program("choose_loop_order", || choose_loop_order(&once));
+            let split = timer.program("split_transposes", || split_transposes(&once));
+            let split = verified(&mut timer, "split_transposes", split)?;
+            let ordered = timer.program("choose_loop_order", || choose_loop_order(&split));
             let mut program = verified(&mut timer, "choose_loop_order", ordered)?;
             let plan = timer.graph("plan_buffers", || plan_buffers(&program), |_| 0);
             program.plan = Some(plan);

@@ -2,7 +2,7 @@
 //! graph passes `decompose` → `autodiff` → `simplify` → `partition` (joint graphs), `freeze`,
 //! `sink_cats` (before `fuse`);
 //! scheduling passes `fuse` (graph → kernel IR) → `fuse_horizontal` → `fuse_epilogues` →
-//! `store_once` → `choose_loop_order` → `plan_buffers`.
+//! `store_once` → `split_transposes` → `choose_loop_order` → `plan_buffers`.
 //!
 //! Each pass is one file with one entry function from one data structure to the next; each data
 //! structure prints as text. The kernel IR's verifier (`minductor_kernel_ir::verify_program`)
@@ -20,6 +20,7 @@ mod partition;
 mod plan_buffers;
 mod simplify;
 mod sink_cats;
+mod split_transposes;
 mod store_once;
 
 pub use autodiff::{autodiff, AutodiffError, Joint};
@@ -33,4 +34,5 @@ pub use partition::{partition, Partition, PartitionOptions, SavedValue};
 pub use plan_buffers::plan_buffers;
 pub use simplify::simplify;
 pub use sink_cats::sink_cats;
+pub use split_transposes::split_transposes;
 pub use store_once::store_once;

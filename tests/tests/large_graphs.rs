@@ -55,6 +55,8 @@ fn a_compile_records_each_pass_with_its_time_and_sizes() {
         "verify_program",
         "store_once",
         "verify_program",
+        "split_transposes",
+        "verify_program",
         "choose_loop_order",
         "verify_program",
         "plan_buffers",

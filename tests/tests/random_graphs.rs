@@ -320,6 +320,7 @@ proptest! {
         compare_at_end in any::<bool>(),
         half_inputs in prop_oneof![Just(None), Just(Some(DType::F16)), Just(Some(DType::BF16))],
         freeze_y_and_w in any::<bool>(),
+        transposed_output in any::<bool>(),
     ) {
         let mut y_shape = shape.clone();
         if broadcast_first {
@@ -347,6 +348,11 @@ proptest! {
             // Of the inputs: a comparison of computed values flips at near-ties, where the
             // interpreter's f64 and the kernels' f32 round differently.
             outputs.push(x.gt(&y));
+        }
+        if transposed_output {
+            // The last value seen transposed, realized: a kernel loading it strided along its
+            // loop (`split_transposes`, the transpose routine).
+            outputs.push(v.transpose(0, -1).tanh());
         }
         let graph = tracer.finish(&outputs).unwrap();
         let inputs = [hashed_values(&shape, 1), hashed_values(&y_shape, 2), hashed_values(&[n, n], 3)];

@@ -103,3 +103,72 @@ fn a_transpose_with_a_symbolic_size_runs_the_routine() {
         minductor_tests::assert_allclose(&got, &want, Tolerance::close(0.0), &context);
     }
 }
+
+/// The kernel steps of `program`, by name, with their widths.
+fn kernels(program: &Program) -> Vec<(String, Option<u32>)> {
+    (program.steps.iter())
+        .filter_map(|s| match s {
+            Step::Kernel(k) => Some((k.name.clone(), kernel_vector_bits(k, program))),
+            _ => None,
+        })
+        .collect()
+}
+
+/// Compiles `graph`, checks it against the interpreter (within `tol`) and across thread counts
+/// bit for bit, and returns its kernels.
+fn checked_kernels(graph: &Graph, inputs: &[Tensor], tol: f64) -> Vec<(String, Option<u32>)> {
+    let compiled = compile(graph).unwrap();
+    let program = compiled.artifacts().program.clone().unwrap();
+    let context = program.to_string();
+    let got = minductor_tests::assert_same_bits_on_threads(&compiled, inputs, &[1, 2, 3], &context);
+    let want = interpret(graph, inputs).unwrap();
+    minductor_tests::assert_allclose(&got, &want, Tolerance::close(tol), &context);
+    kernels(&program)
+}
+
+/// `split_transposes`: a pointwise kernel over a transposed view gets the view copied first by
+/// the routine, then runs over the copy; sizes below the pass's threshold keep one kernel.
+#[test]
+fn a_pointwise_kernel_over_a_transposed_view_reads_a_copy() {
+    for (m, n) in [(256, 128), (130, 200), (64, 1000)] {
+        let (graph, inputs) =
+            minductor_tests::build_graph(&[&[m, n], &[n, m]], wide_sine_values, |i| {
+                vec![i[0].transpose(0, 1).tanh() * 2.0 + &i[1]]
+            });
+        let ks = checked_kernels(&graph, &inputs, 1e-6);
+        assert_eq!(ks.len(), 2, "{m}x{n}: {ks:?}");
+        assert!(ks[0].0.contains("transpose"), "{m}x{n}: {ks:?}");
+        assert_eq!(ks[0].1, Some(routine_bits()), "{m}x{n}: {ks:?}");
+    }
+    // 32 x 32: 1024 elements stay in L1; no copy.
+    let (graph, inputs) = minductor_tests::build_graph(&[&[32, 32]], wide_sine_values, |i| {
+        vec![i[0].transpose(0, 1) * 2.0]
+    });
+    assert_eq!(checked_kernels(&graph, &inputs, 0.0).len(), 1);
+}
+
+/// Two uses of one transposed view share one copy; a view broadcast along a loop is copied over
+/// the loops it moves with only (`[n, m]` seen as `[m, n]`, added to a `[b, m, n]` tensor).
+#[test]
+fn transposed_views_are_copied_once_and_without_broadcast_loops() {
+    let (b, m, n) = (3, 128, 160);
+    let (graph, inputs) =
+        minductor_tests::build_graph(&[&[n, m], &[b, m, n]], wide_sine_values, |i| {
+            let t = i[0].transpose(0, 1);
+            vec![&t * &t.tanh() + &i[1]]
+        });
+    let compiled = compile(&graph).unwrap();
+    let program = compiled.artifacts().program.clone().unwrap();
+    let copies: Vec<&minductor::internals::kernel_ir::Kernel> = (program.steps.iter())
+        .filter_map(|s| match s {
+            Step::Kernel(k) if k.name.contains("transpose") => Some(k),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(copies.len(), 1, "{program}");
+    let extents: Vec<Option<usize>> = copies[0].outer.iter().map(|d| d.as_static()).collect();
+    assert_eq!(extents, vec![Some(m)], "{program}");
+    let got = minductor_tests::assert_same_bits_on_threads(&compiled, &inputs, &[1, 2, 3], "");
+    let want = interpret(&graph, &inputs).unwrap();
+    minductor_tests::assert_allclose(&got, &want, Tolerance::close(1e-6), &program.to_string());
+}

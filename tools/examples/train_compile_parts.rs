@@ -65,10 +65,11 @@ fn main() {
         );
         let (_, t) = best(|| verify_program(&fused, &[]).expect("verifies"));
         line += &format!(" verify {t:.1}");
-        let passes: [(&str, Pass); 4] = [
+        let passes: [(&str, Pass); 5] = [
             ("horizontal", fuse_horizontal),
             ("epilogues", fuse_epilogues),
             ("store_once", store_once),
+            ("split_transposes", split_transposes),
             ("loop_order", choose_loop_order),
         ];
         let mut program = fused;
