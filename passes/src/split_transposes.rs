@@ -1,27 +1,30 @@
-//! `split_transposes`: a pointwise kernel that loads a transposed view of an f32 buffer gets
-//! that view copied first, by a kernel of its own, into a buffer laid out in the kernel's loop
-//! order, and then loads that buffer contiguously.
+//! `split_transposes`: a kernel that loads a transposed view of an f32 buffer gets that view
+//! copied first, by a kernel of its own, into a buffer laid out in the kernel's loop order, and
+//! then loads that buffer contiguously.
 //!
-//! A view is transposed for a kernel when its elements are strided along the kernel's
-//! vectorised loop (the stage's loop) and contiguous along one of its outer loops: `x.t() * 2`
-//! loads `x[i, o]` for output element `[o, i]`. Elementwise, each load is then another cache
-//! line, and at power-of-two row lengths the lines of a pass share a few cache sets, so each is
-//! evicted before its next element is used: `x.t() * 2` on 2048 × 2048 took 22.8 ms against
-//! 0.67 ms for `x * 2` (1 thread, Zen 4). The copy this pass splits off is a transposed copy
-//! (`Kernel::transposed_copy`), which the code generator runs with the kernel library's
-//! 16 × 16 register-transpose routine, and the kernel itself becomes a plain pointwise kernel
-//! (a row routine at full vector width, where it has one). The price is one more pass over
-//! the view's elements: Inductor avoids it by transposing tiles inside the fused loop
+//! A view is transposed for a kernel when its elements are strided along the vectorised loop
+//! of the stage that loads it (the stage's loop) and contiguous along one of the kernel's outer
+//! loops: `x.t() * 2` loads `x[i, o]` for output element `[o, i]`; a layer norm over the
+//! channels of an NCHW tensor seen as NHWC loads `x[b, c, hw]` along `c`. Elementwise, each load
+//! is then another cache line, and at power-of-two row lengths the lines of a pass share a few
+//! cache sets, so each is evicted before its next element is used: `x.t() * 2` on 2048 × 2048
+//! took 22.5–23.1 ms against 0.7 ms for `x * 2` (1 thread, Zen 4). The copy this pass splits
+//! off is a transposed copy (`Kernel::transposed_copy`), which the code generator runs with the
+//! kernel library's 16 × 16 register-transpose routine, and the kernel's stages then read
+//! contiguous rows (a row routine at full vector width, where one fits). The price is one more
+//! pass over the view's elements: Inductor avoids it by transposing tiles inside the fused loop
 //! (`CppTile2DKernel`), which our Cranelift loops cannot do at 16 lanes.
 //!
-//! It applies to kernels of one stage over one loop that stores (pointwise), in the inner loop
-//! order (`wants_outer_reduction` false), for each plain load of an f32 buffer the kernel does
-//! not write whose view is transposed as above and holds at least [`MIN_ELEMENTS`] elements
-//! with at least [`MIN_EXTENT`] along each of the two loops (symbolic sizes count as
-//! [`SIZE_HINT`]); below that the view stays in the caches and the gather is cheap. The copy
-//! covers the loops the load moves with only (a view broadcast along a loop is copied once),
-//! and loads of the same view share one copy. Values are copied bit for bit, so results are
-//! unchanged.
+//! It applies to kernels in the inner loop order (`wants_outer_reduction` false: a reduction
+//! whose stores are contiguous along the last outer loop reads such views whole in the
+//! outer-reduction order instead), for each plain load of an f32 buffer the kernel does not
+//! write, evaluated by stages of one loop, of one extent, whose stores are contiguous along it
+//! (a scan down a column would still store another line each time), whose view is transposed
+//! as above and holds at least [`MIN_ELEMENTS`] elements with at least [`MIN_EXTENT`] along each
+//! of the two loops (symbolic sizes count as [`SIZE_HINT`]); below that the view stays in the
+//! caches and the gather is cheap. The copy covers the loops the load moves with only (a view
+//! broadcast along a loop is copied once), and loads of the same view share one copy. Values
+//! are copied bit for bit, so results are unchanged.
 
 use crate::wants_outer_reduction;
 use minductor_ir::{DType, Dim, SizeExpr};
@@ -37,7 +40,7 @@ pub const MIN_EXTENT: u64 = 16;
 /// The size a symbolic dim counts as (as `choose_loop_order` does).
 const SIZE_HINT: u64 = 64;
 
-/// `program` with the transposed views of its pointwise kernels copied by kernels of their own
+/// `program` with the transposed views its kernels load copied by kernels of their own
 /// (see the module docs). Other steps are unchanged.
 pub fn split_transposes(program: &Program) -> Program {
     let mut buffers = program.buffers.clone();
@@ -69,24 +72,42 @@ fn hint(d: &Dim) -> u64 {
 /// Rewrites `kernel`'s transposed loads to read fresh buffers (added to `buffers`) and returns
 /// the kernels that fill them.
 fn split(program: &Program, kernel: &mut Kernel, buffers: &mut Vec<Buffer>) -> Vec<Kernel> {
-    let pointwise = kernel.stages.len() == 1
-        && kernel.stages[0].extent.len() == 1
-        && matches!(kernel.stages[0].action, StageAction::Store(_));
-    if !pointwise
-        || kernel.order != LoopOrder::Inner
+    if kernel.order != LoopOrder::Inner
         || wants_outer_reduction(kernel)
         || kernel.transposed_copy(program).is_some()
     {
         return Vec::new();
     }
     let inner = Var::Inner(0);
-    let extent = kernel.stages[0].extent[0];
     let stored = kernel.stores();
-    let roots = kernel.stages[0].action.roots();
-    // (buffer, index) of each view copied, and the buffer holding its copy.
-    let mut copied: Vec<(BufferId, Affine, BufferId)> = Vec::new();
+    // The one loop extent of the stages that evaluate each expression: `None` where none does,
+    // or where one has not exactly one loop, or stores strided along it (a scan along a column:
+    // its stores would still be another line each), or two have different extents.
+    let mut extent_of: Vec<Option<Option<Dim>>> = vec![None; kernel.exprs.len()];
+    for stage in &kernel.stages {
+        let contiguous_stores = (stage.action.stores().iter())
+            .all(|st| st.index.coefficient(inner).is(1) || !st.index.uses(inner));
+        let one = match stage.extent.as_slice() {
+            [d] if contiguous_stores => Some(*d),
+            _ => None,
+        };
+        for e in kernel.reachable(&stage.action.roots()) {
+            let seen = &mut extent_of[e.0 as usize];
+            *seen = match *seen {
+                None => Some(one),
+                Some(d) if d == one => Some(d),
+                Some(_) => Some(None),
+            };
+        }
+    }
+    // (buffer, index, extent) of each view copied, and the buffer holding its copy.
+    let mut copied: Vec<(BufferId, Affine, Dim, BufferId)> = Vec::new();
     let mut copies = Vec::new();
-    for e in kernel.reachable(&roots) {
+    for n in 0..kernel.exprs.len() {
+        let e = ExprId(n as u32);
+        let Some(Some(extent)) = extent_of[n] else {
+            continue;
+        };
         let Expr::Load {
             buffer,
             index,
@@ -133,8 +154,11 @@ fn split(program: &Program, kernel: &mut Kernel, buffers: &mut Vec<Buffer>) -> V
                 .map(|d| (var_of(d), strides[d].clone()))
                 .collect(),
         };
-        let target = match copied.iter().find(|(b, i, _)| *b == buffer && *i == index) {
-            Some(&(_, _, target)) => target,
+        let same = |(b, i, d, _): &&(BufferId, Affine, Dim, BufferId)| {
+            *b == buffer && *i == index && *d == extent
+        };
+        let target = match copied.iter().find(same) {
+            Some(&(_, _, _, target)) => target,
             None => {
                 let target = BufferId(buffers.len() as u32);
                 buffers.push(Buffer {
@@ -143,7 +167,7 @@ fn split(program: &Program, kernel: &mut Kernel, buffers: &mut Vec<Buffer>) -> V
                     kind: BufferKind::Intermediate,
                     node: program.buffer(buffer).node,
                 });
-                copied.push((buffer, index.clone(), target));
+                copied.push((buffer, index.clone(), extent, target));
                 // In the copy kernel, outer loop `j` is the kernel's loop `loops[j]`.
                 let renamed = Affine {
                     offset: index.offset.clone(),

@@ -320,7 +320,7 @@ proptest! {
         compare_at_end in any::<bool>(),
         half_inputs in prop_oneof![Just(None), Just(Some(DType::F16)), Just(Some(DType::BF16))],
         freeze_y_and_w in any::<bool>(),
-        transposed_output in any::<bool>(),
+        transposed_output in 0u8..3,
     ) {
         let mut y_shape = shape.clone();
         if broadcast_first {
@@ -349,10 +349,12 @@ proptest! {
             // interpreter's f64 and the kernels' f32 round differently.
             outputs.push(x.gt(&y));
         }
-        if transposed_output {
-            // The last value seen transposed, realized: a kernel loading it strided along its
-            // loop (`split_transposes`, the transpose routine).
-            outputs.push(v.transpose(0, -1).tanh());
+        // The last value seen transposed, realized by a pointwise kernel or a row softmax that
+        // loads it strided along its loop (`split_transposes`, the transpose routine).
+        match transposed_output {
+            1 => outputs.push(v.transpose(0, -1).tanh()),
+            2 => outputs.push(v.transpose(0, -1).softmax(-1)),
+            _ => {}
         }
         let graph = tracer.finish(&outputs).unwrap();
         let inputs = [hashed_values(&shape, 1), hashed_values(&y_shape, 2), hashed_values(&[n, n], 3)];

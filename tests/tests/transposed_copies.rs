@@ -172,3 +172,25 @@ fn transposed_views_are_copied_once_and_without_broadcast_loops() {
     let want = interpret(&graph, &inputs).unwrap();
     minductor_tests::assert_allclose(&got, &want, Tolerance::close(1e-6), &program.to_string());
 }
+
+/// Kernels with reduction stages over a transposed view: a layer norm over the channels of an
+/// NCHW tensor seen as NHWC (the result NHWC), and a row softmax of `x.t()`. Each gets one copy,
+/// which its stages share.
+#[test]
+fn reductions_over_a_transposed_view_read_a_copy() {
+    let (b, c, h, w) = (2, 64, 12, 20);
+    let (graph, inputs) =
+        minductor_tests::build_graph(&[&[b, c, h, w], &[c], &[c]], wide_sine_values, |i| {
+            let nhwc = i[0].permute(&[0, 2, 3, 1]);
+            vec![nhwc.layer_norm(&[c], Some(&i[1]), Some(&i[2]), 1e-5)]
+        });
+    let ks = checked_kernels(&graph, &inputs, 1e-5);
+    let copies = ks.iter().filter(|k| k.0.contains("transpose")).count();
+    assert_eq!(copies, 1, "layer norm: {ks:?}");
+    let (graph, inputs) = minductor_tests::build_graph(&[&[200, 160]], wide_sine_values, |i| {
+        vec![i[0].transpose(0, 1).softmax(-1)]
+    });
+    let ks = checked_kernels(&graph, &inputs, 1e-6);
+    let copies = ks.iter().filter(|k| k.0.contains("transpose")).count();
+    assert_eq!(copies, 1, "softmax: {ks:?}");
+}
