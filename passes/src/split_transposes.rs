@@ -103,9 +103,9 @@ fn split(program: &Program, kernel: &mut Kernel, buffers: &mut Vec<Buffer>) -> V
     // (buffer, index, extent) of each view copied, and the buffer holding its copy.
     let mut copied: Vec<(BufferId, Affine, Dim, BufferId)> = Vec::new();
     let mut copies = Vec::new();
-    for n in 0..kernel.exprs.len() {
+    for (n, extent) in extent_of.into_iter().enumerate() {
         let e = ExprId(n as u32);
-        let Some(Some(extent)) = extent_of[n] else {
+        let Some(Some(extent)) = extent else {
             continue;
         };
         let Expr::Load {

@@ -9,13 +9,14 @@ use minductor::internals::kernel_ir::{Program, Step};
 use minductor::{compile, interpret, DType, Dim, Graph, SymId, Tensor, TensorType, Traced, Tracer};
 use minductor_tests::{wide_sine_values, Tolerance};
 
-/// The width the transpose routine copies at here: 512 with AVX-512, else the portable form's
-/// 32 (see `lower/transpose.rs`).
+/// The width the transpose routine copies at here: 512 with AVX-512, 256 with AVX2, else the
+/// portable form's 32 (see `lower/transpose.rs`).
 fn routine_bits() -> u32 {
     use minductor::internals::codegen_cpu::math::block::{block_isa, BlockIsa};
     match block_isa() {
         Some(BlockIsa::Avx512) => 512,
-        _ => 32,
+        Some(BlockIsa::Avx2) => 256,
+        None => 32,
     }
 }
 

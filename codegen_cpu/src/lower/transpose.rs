@@ -50,7 +50,8 @@ pub(super) fn transposed_copy(kernel: &Kernel, program: &Program) -> Option<Tran
 pub(super) fn routine_bits() -> u32 {
     match crate::math::block::block_isa() {
         Some(crate::math::block::BlockIsa::Avx512) => 512,
-        _ => 32,
+        Some(crate::math::block::BlockIsa::Avx2) => 256,
+        None => 32,
     }
 }
 
