@@ -195,3 +195,17 @@ fn reductions_over_a_transposed_view_read_a_copy() {
     let copies = ks.iter().filter(|k| k.0.contains("transpose")).count();
     assert_eq!(copies, 1, "softmax: {ks:?}");
 }
+
+/// Transposes of sliced views: the copy starts at an offset into its source, and the rows of a
+/// view narrower than its buffer are its buffer's rows apart.
+#[test]
+fn transposes_of_sliced_views_run_the_routine() {
+    let (graph, inputs) = minductor_tests::build_graph(&[&[70, 90]], wide_sine_values, |i| {
+        vec![
+            i[0].slice(0, Some(3), None, 1).transpose(0, 1),
+            i[0].slice(1, Some(5), Some(-2), 1).transpose(0, 1),
+        ]
+    });
+    let bits = checked(&graph, &inputs, "sliced");
+    assert_eq!(bits, vec![Some(routine_bits()); 2], "sliced");
+}
