@@ -209,3 +209,33 @@ fn transposes_of_sliced_views_run_the_routine() {
     let bits = checked(&graph, &inputs, "sliced");
     assert_eq!(bits, vec![Some(routine_bits()); 2], "sliced");
 }
+
+/// `tanh` of `[3, t, 160]` seen as `[3, 160, t]`, `t` a symbol: the copy's buffer has a
+/// symbolic dim, and one compiled function serves three sizes.
+fn transposed_tanh(t: Dim) -> Graph {
+    let tracer = Tracer::new();
+    let shape = vec![Dim::Static(3), t, Dim::Static(160)];
+    let x = tracer.input_typed(
+        "x",
+        TensorType::new(DType::F32, shape.into_iter().collect()),
+    );
+    let y: Traced = x.transpose(1, 2).tanh() * 2.0;
+    tracer.finish(&[y]).unwrap()
+}
+
+#[test]
+fn a_copy_with_a_symbolic_size_serves_every_size() {
+    let compiled = compile(&transposed_tanh(Dim::Sym(SymId(0)))).unwrap();
+    let program = compiled.artifacts().program.clone().unwrap();
+    let names: Vec<String> = kernels(&program).into_iter().map(|k| k.0).collect();
+    assert_eq!(names.len(), 2, "{program}");
+    assert!(names[0].contains("transpose"), "{program}");
+    for t in [5, 37, 64] {
+        let inputs = [wide_sine_values(&[3, t, 160], 1)];
+        let context = format!("t = {t}\n{program}");
+        let got =
+            minductor_tests::assert_same_bits_on_threads(&compiled, &inputs, &[1, 2, 3], &context);
+        let want = interpret(&transposed_tanh(Dim::Static(t)), &inputs).unwrap();
+        minductor_tests::assert_allclose(&got, &want, Tolerance::close(1e-6), &context);
+    }
+}
