@@ -1,8 +1,10 @@
 //! Transposed copies: a kernel whose one stage stores, contiguously along its loop, an f32
 //! loaded contiguously along the kernel's *last outer* loop (`out[o, i] = x[i, o]`: a
-//! `.t().contiguous()`, an NCHW ↔ NHWC permute; `Kernel::transposed_copy`) runs each run of its last outer loop as one call of the kernel
+//! materialized `.t()`, an NCHW ↔ NHWC permute, a copy from `split_transposes`;
+//! `Kernel::transposed_copy`) runs each run of its last outer loop as one call of the kernel
 //! library's transpose routine (`minductor_kernels::transpose`: 16 × 16 tiles transposed in
-//! registers) instead of the 4-lane loop, which gathers every element from another cache line.
+//! registers on AVX-512, 8 × 8 on AVX2) instead of the 4-lane loop, which gathers every element
+//! from another cache line.
 //!
 //! The routine reads and writes exactly the elements the loop would (the run's columns `o`,
 //! every `i` of the stage), so the kernel IR verifier's bounds hold for it as for the loop, and
