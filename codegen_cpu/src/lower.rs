@@ -322,7 +322,7 @@ pub fn lower_kernel(
         transposed: transpose::transposed_copy(kernel, program),
     };
     if l.transposed.is_some() {
-        l.stage_bits[0] = Some(transpose::routine_bits());
+        l.stage_bits[0] = Some(minductor_kernels::transpose::transpose_bits());
     }
     let outer = kernel.outer.len();
     if kernel.order == LoopOrder::OuterReduction && outer > 0 {

@@ -79,13 +79,24 @@ const PREFETCH: usize = 1;
 /// else the portable form.
 /// `MINDUCTOR_MATH_BLOCKS=0` (no ahead-of-time routines) selects the portable form.
 pub fn transpose_routine() -> TransposeFn {
+    chosen().0
+}
+
+/// The vector width (bits) [`transpose_routine`]'s form copies at: 512, 256, or 32 for the
+/// portable form (for reports).
+pub fn transpose_bits() -> u32 {
+    chosen().1
+}
+
+/// The form for this CPU and its width.
+fn chosen() -> (TransposeFn, u32) {
     #[cfg(target_arch = "x86_64")]
     match crate::math::block::block_isa() {
-        Some(crate::math::block::BlockIsa::Avx512) => return transpose_avx512_entry,
-        Some(crate::math::block::BlockIsa::Avx2) => return transpose_avx2_entry,
+        Some(crate::math::block::BlockIsa::Avx512) => return (transpose_avx512_entry, 512),
+        Some(crate::math::block::BlockIsa::Avx2) => return (transpose_avx2_entry, 256),
         None => {}
     }
-    transpose_portable
+    (transpose_portable, 32)
 }
 
 /// Every form this CPU can run, by name (for tests that compare them).

@@ -37,7 +37,7 @@
 //! accesses' strides (`pick_loop_order`), which ties on both kernels. A kernel split across
 //! threads over its first loop only (`Kernel::split_loops`) keeps that loop first.
 
-use minductor_ir::SizeExpr;
+use minductor_ir::{Dim, SizeExpr};
 use minductor_kernel_ir::*;
 
 /// `program` with the loop order of each kernel step chosen (epilogues untouched).
@@ -121,6 +121,11 @@ const NEAR: i64 = 512;
 /// every size does not have).
 const SIZE_HINT: u64 = 64;
 
+/// `d`'s size, or [`SIZE_HINT`] for a symbolic dim (also `split_transposes`' estimate).
+pub(crate) fn hinted_size(d: &Dim) -> u64 {
+    d.as_static().map_or(SIZE_HINT, |e| e as u64)
+}
+
 /// How many interleaved streams an access with outer-loop steps `steps` (bytes, by old loop
 /// number) makes when the outer loops run in `order` (outermost first): walking out from the
 /// innermost loop, each loop stepping further than [`NEAR`] splits the access into as many
@@ -148,9 +153,7 @@ fn stream_order(k: &Kernel, program: &Program) -> Option<Vec<usize>> {
     if !(2..=6).contains(&n) {
         return None;
     }
-    let extents: Vec<u64> = (k.outer.iter())
-        .map(|d| d.as_static().map_or(SIZE_HINT, |e| e as u64))
-        .collect();
+    let extents: Vec<u64> = k.outer.iter().map(hinted_size).collect();
     let elem = |b: BufferId| program.buffer(b).dtype.size_bytes() as i64;
     let mut accesses: Vec<Vec<i64>> = Vec::new();
     let mut add = |buffer: BufferId, index: &Affine| {

@@ -21,11 +21,12 @@
 //! write, evaluated by stages of one loop, of one extent, whose stores are contiguous along it
 //! (a scan down a column would still store another line each time), whose view is transposed
 //! as above and holds at least [`MIN_ELEMENTS`] elements with at least [`MIN_EXTENT`] along each
-//! of the two loops (symbolic sizes count as [`SIZE_HINT`]); below that the view stays in the
+//! of the two loops (symbolic sizes count as `choose_loop_order`'s hint); below that the view stays in the
 //! caches and the gather is cheap. The copy covers the loops the load moves with only (a view
 //! broadcast along a loop is copied once), and loads of the same view share one copy. Values
 //! are copied bit for bit, so results are unchanged.
 
+use crate::loop_order::hinted_size as hint;
 use crate::wants_outer_reduction;
 use minductor_ir::{DType, Dim, SizeExpr};
 use minductor_kernel_ir::*;
@@ -36,9 +37,6 @@ pub const MIN_ELEMENTS: u64 = 16 * 1024;
 /// Fewest iterations along the stage's loop and along the view's contiguous outer loop (one
 /// tile of the transpose routine).
 pub const MIN_EXTENT: u64 = 16;
-
-/// The size a symbolic dim counts as (as `choose_loop_order` does).
-const SIZE_HINT: u64 = 64;
 
 /// `program` with the transposed views its kernels load copied by kernels of their own
 /// (see the module docs). Other steps are unchanged.
@@ -63,10 +61,6 @@ pub fn split_transposes(program: &Program) -> Program {
     let mut out = program.with_steps(steps, &origin);
     out.buffers = buffers;
     out
-}
-
-fn hint(d: &Dim) -> u64 {
-    d.as_static().map_or(SIZE_HINT, |n| n as u64)
 }
 
 /// Rewrites `kernel`'s transposed loads to read fresh buffers (added to `buffers`) and returns

@@ -47,16 +47,9 @@ impl Lowering<'_, '_, '_> {
     fn flat_loops(&mut self, start: Value, end: Value, extents: &[Value]) {
         let split = self.split;
         let digits: Vec<Variable> = (0..split).map(|_| self.b.declare_var(types::I64)).collect();
-        // (A zero extent makes the range empty; the divisor is kept at least 1 regardless.)
-        let one = self.b.ins().iconst(types::I64, 1);
-        let mut rest = start;
-        for j in (1..split).rev() {
-            let n = self.b.ins().umax(extents[j], one);
-            let digit = self.b.ins().urem(rest, n);
-            self.b.def_var(digits[j], digit);
-            rest = self.b.ins().udiv(rest, n);
+        for (&var, digit) in digits.iter().zip(self.digits(start, &extents[..split])) {
+            self.b.def_var(var, digit);
         }
-        self.b.def_var(digits[0], rest);
         self.counted_loop(start, end, 1, |l, _| {
             for (j, &d) in digits.iter().enumerate() {
                 let v = l.b.use_var(d);
@@ -80,6 +73,22 @@ impl Lowering<'_, '_, '_> {
                 }
             }
         });
+    }
+
+    /// The mixed-radix digits of the flattened iteration `i` over loops of `extents` (the last
+    /// fastest): one division per digit. A zero extent makes the range empty; the divisors are
+    /// kept at least 1 regardless.
+    pub(super) fn digits(&mut self, i: Value, extents: &[Value]) -> Vec<Value> {
+        let one = self.b.ins().iconst(types::I64, 1);
+        let mut rest = i;
+        let mut digits = vec![i; extents.len()];
+        for j in (1..extents.len()).rev() {
+            let n = self.b.ins().umax(extents[j], one);
+            digits[j] = self.b.ins().urem(rest, n);
+            rest = self.b.ins().udiv(rest, n);
+        }
+        digits[0] = rest;
+        digits
     }
 
     /// `for i in (lo..hi).step_by(step)` where the body runs only while `i + step <= hi`.

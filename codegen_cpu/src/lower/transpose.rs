@@ -48,15 +48,6 @@ pub(super) fn transposed_copy(kernel: &Kernel, program: &Program) -> Option<Tran
     })
 }
 
-/// The vector width (bits) the routine copies at on this CPU.
-pub(super) fn routine_bits() -> u32 {
-    match crate::math::block::block_isa() {
-        Some(crate::math::block::BlockIsa::Avx512) => 512,
-        Some(crate::math::block::BlockIsa::Avx2) => 256,
-        None => 32,
-    }
-}
-
 impl Lowering<'_, '_, '_> {
     /// The runs of `start..end` over the first `split` outer loops flattened (the last outer
     /// loop among them), one routine call each: `i` walks the range; at each step the loops'
@@ -81,16 +72,7 @@ impl Lowering<'_, '_, '_> {
         self.b.ins().brif(go, head.body, &[], head.exit, &[]);
         self.b.switch_to_block(head.body);
         self.forget();
-        // The digits of `i`; the divisors are kept at least 1 (a zero extent empties the range).
-        let one = self.b.ins().iconst(types::I64, 1);
-        let mut rest = head.i;
-        let mut digits = vec![rest; split];
-        for j in (1..split).rev() {
-            let n = self.b.ins().umax(extents[j], one);
-            digits[j] = self.b.ins().urem(rest, n);
-            rest = self.b.ins().udiv(rest, n);
-        }
-        digits[0] = rest;
+        let digits = self.digits(head.i, &extents[..split]);
         for (j, &d) in digits.iter().enumerate().take(last) {
             self.vars.insert(Var::Outer(j as u32), d);
         }
