@@ -20,26 +20,59 @@ fn routine_bits() -> u32 {
     }
 }
 
-/// The widths of the kernel steps of `program`.
-fn kernel_bits(program: &Program) -> Vec<Option<u32>> {
+/// The kernel steps of `program`, by name, with their widths.
+fn kernels(program: &Program) -> Vec<(String, Option<u32>)> {
     (program.steps.iter())
         .filter_map(|s| match s {
-            Step::Kernel(k) => Some(kernel_vector_bits(k, program)),
+            Step::Kernel(k) => Some((k.name.clone(), kernel_vector_bits(k, program))),
             _ => None,
         })
         .collect()
 }
 
-/// Compiles `graph`, checks it against the interpreter bit for bit at 1, 2 and 3 threads, and
-/// returns its kernels' widths.
-fn checked(graph: &Graph, inputs: &[Tensor], context: &str) -> Vec<Option<u32>> {
+/// The widths of the kernel steps of `program`.
+fn kernel_bits(program: &Program) -> Vec<Option<u32>> {
+    kernels(program).into_iter().map(|k| k.1).collect()
+}
+
+/// Compiles `graph`, checks it against the interpreter (within `tol`; 0 for copies) and across
+/// 1, 2 and 3 threads bit for bit, and returns its program.
+fn checked(graph: &Graph, inputs: &[Tensor], tol: f64, context: &str) -> Program {
     let compiled = compile(graph).unwrap();
     let program = compiled.artifacts().program.clone().unwrap();
     let context = format!("{context}\n{program}");
     let got = minductor_tests::assert_same_bits_on_threads(&compiled, inputs, &[1, 2, 3], &context);
     let want = interpret(graph, inputs).unwrap();
-    minductor_tests::assert_allclose(&got, &want, Tolerance::close(0.0), &context);
-    kernel_bits(&program)
+    minductor_tests::assert_allclose(&got, &want, Tolerance::close(tol), &context);
+    program
+}
+
+/// `f` of `x: [3, t, n]`.
+fn of_x(t: Dim, n: usize, f: fn(&Traced) -> Traced) -> Graph {
+    let tracer = Tracer::new();
+    let shape = vec![Dim::Static(3), t, Dim::Static(n)];
+    let x = tracer.input_typed(
+        "x",
+        TensorType::new(DType::F32, shape.into_iter().collect()),
+    );
+    tracer.finish(&[f(&x)]).unwrap()
+}
+
+/// `f` of `x: [3, t, n]` compiled once with `t` a symbol, checked at three sizes against the
+/// interpreter on each size's static graph (within `tol`) and across 1, 2 and 3 threads bit
+/// for bit; returns the program.
+fn checked_symbolic(n: usize, f: fn(&Traced) -> Traced, tol: f64) -> Program {
+    let compiled = compile(&of_x(Dim::Sym(SymId(0)), n, f)).unwrap();
+    let program = compiled.artifacts().program.clone().unwrap();
+    for t in [5, 37, 64] {
+        let inputs = [wide_sine_values(&[3, t, n], 1)];
+        let context = format!("t = {t}\n{program}");
+        let got =
+            minductor_tests::assert_same_bits_on_threads(&compiled, &inputs, &[1, 2, 3], &context);
+        let want = interpret(&of_x(Dim::Static(t), n, f), &inputs).unwrap();
+        minductor_tests::assert_allclose(&got, &want, Tolerance::close(tol), &context);
+    }
+    program
 }
 
 #[test]
@@ -48,8 +81,8 @@ fn a_materialized_transpose_runs_the_routine() {
         let (graph, inputs) = minductor_tests::build_graph(&[&[m, n]], wide_sine_values, |i| {
             vec![i[0].transpose(0, 1)]
         });
-        let bits = checked(&graph, &inputs, &format!("{m}x{n}"));
-        assert_eq!(bits, vec![Some(routine_bits())], "{m}x{n}");
+        let program = checked(&graph, &inputs, 0.0, &format!("{m}x{n}"));
+        assert_eq!(kernel_bits(&program), vec![Some(routine_bits())], "{m}x{n}");
     }
 }
 
@@ -61,70 +94,35 @@ fn channel_permutes_run_the_routine() {
             minductor_tests::build_graph(&[&[b, c, h, w]], wide_sine_values, |i| {
                 vec![i[0].permute(&[0, 2, 3, 1])]
             });
-        let bits = checked(&graph, &inputs, &format!("nchw->nhwc {b}x{c}x{h}x{w}"));
-        assert_eq!(bits, vec![Some(routine_bits())], "{b}x{c}x{h}x{w}");
+        let program = checked(&graph, &inputs, 0.0, &format!("nchw->nhwc {b}x{c}x{h}x{w}"));
+        assert_eq!(
+            kernel_bits(&program),
+            vec![Some(routine_bits())],
+            "{b}x{c}x{h}x{w}"
+        );
         let (graph, inputs) =
             minductor_tests::build_graph(&[&[b, h, w, c]], wide_sine_values, |i| {
                 vec![i[0].permute(&[0, 3, 1, 2])]
             });
-        let bits = checked(&graph, &inputs, &format!("nhwc->nchw {b}x{h}x{w}x{c}"));
-        assert_eq!(bits, vec![Some(routine_bits())], "{b}x{h}x{w}x{c}\n{graph}");
+        let program = checked(&graph, &inputs, 0.0, &format!("nhwc->nchw {b}x{h}x{w}x{c}"));
+        assert_eq!(
+            kernel_bits(&program),
+            vec![Some(routine_bits())],
+            "{b}x{h}x{w}x{c}\n{graph}"
+        );
     }
 }
 
-/// `[3, t, 40]` → `[3, 40, t]`.
-fn transposed(t: Dim) -> Graph {
-    let tracer = Tracer::new();
-    let shape = vec![Dim::Static(3), t, Dim::Static(40)];
-    let x = tracer.input_typed(
-        "x",
-        TensorType::new(DType::F32, shape.into_iter().collect()),
-    );
-    let y: Traced = x.transpose(1, 2);
-    tracer.finish(&[y]).unwrap()
-}
-
-/// The transpose with `t` a symbol: the routine's strides and extents come from the size at run
-/// time; three sizes on one compiled function, each against the interpreter on its static graph.
+/// `[3, t, 40]` → `[3, 40, t]` with `t` a symbol: the routine's strides and extents come from
+/// the size at run time; three sizes on one compiled function.
 #[test]
 fn a_transpose_with_a_symbolic_size_runs_the_routine() {
-    let compiled = compile(&transposed(Dim::Sym(SymId(0)))).unwrap();
-    let program = compiled.artifacts().program.clone().unwrap();
+    let program = checked_symbolic(40, |x| x.transpose(1, 2), 0.0);
     assert_eq!(
         kernel_bits(&program),
         vec![Some(routine_bits())],
         "{program}"
     );
-    for t in [5, 37, 64] {
-        let inputs = [wide_sine_values(&[3, t, 40], 1)];
-        let context = format!("t = {t}\n{program}");
-        let got =
-            minductor_tests::assert_same_bits_on_threads(&compiled, &inputs, &[1, 2, 3], &context);
-        let want = interpret(&transposed(Dim::Static(t)), &inputs).unwrap();
-        minductor_tests::assert_allclose(&got, &want, Tolerance::close(0.0), &context);
-    }
-}
-
-/// The kernel steps of `program`, by name, with their widths.
-fn kernels(program: &Program) -> Vec<(String, Option<u32>)> {
-    (program.steps.iter())
-        .filter_map(|s| match s {
-            Step::Kernel(k) => Some((k.name.clone(), kernel_vector_bits(k, program))),
-            _ => None,
-        })
-        .collect()
-}
-
-/// Compiles `graph`, checks it against the interpreter (within `tol`) and across thread counts
-/// bit for bit, and returns its kernels.
-fn checked_kernels(graph: &Graph, inputs: &[Tensor], tol: f64) -> Vec<(String, Option<u32>)> {
-    let compiled = compile(graph).unwrap();
-    let program = compiled.artifacts().program.clone().unwrap();
-    let context = program.to_string();
-    let got = minductor_tests::assert_same_bits_on_threads(&compiled, inputs, &[1, 2, 3], &context);
-    let want = interpret(graph, inputs).unwrap();
-    minductor_tests::assert_allclose(&got, &want, Tolerance::close(tol), &context);
-    kernels(&program)
 }
 
 /// `split_transposes`: a pointwise kernel over a transposed view gets the view copied first by
@@ -136,7 +134,7 @@ fn a_pointwise_kernel_over_a_transposed_view_reads_a_copy() {
             minductor_tests::build_graph(&[&[m, n], &[n, m]], wide_sine_values, |i| {
                 vec![i[0].transpose(0, 1).tanh() * 2.0 + &i[1]]
             });
-        let ks = checked_kernels(&graph, &inputs, 1e-6);
+        let ks = kernels(&checked(&graph, &inputs, 1e-6, ""));
         assert_eq!(ks.len(), 2, "{m}x{n}: {ks:?}");
         assert!(ks[0].0.contains("transpose"), "{m}x{n}: {ks:?}");
         assert_eq!(ks[0].1, Some(routine_bits()), "{m}x{n}: {ks:?}");
@@ -145,7 +143,7 @@ fn a_pointwise_kernel_over_a_transposed_view_reads_a_copy() {
     let (graph, inputs) = minductor_tests::build_graph(&[&[32, 32]], wide_sine_values, |i| {
         vec![i[0].transpose(0, 1) * 2.0]
     });
-    assert_eq!(checked_kernels(&graph, &inputs, 0.0).len(), 1);
+    assert_eq!(kernels(&checked(&graph, &inputs, 0.0, "32x32")).len(), 1);
 }
 
 /// Two uses of one transposed view share one copy; a view broadcast along a loop is copied over
@@ -158,8 +156,7 @@ fn transposed_views_are_copied_once_and_without_broadcast_loops() {
             let t = i[0].transpose(0, 1);
             vec![&t * &t.tanh() + &i[1]]
         });
-    let compiled = compile(&graph).unwrap();
-    let program = compiled.artifacts().program.clone().unwrap();
+    let program = checked(&graph, &inputs, 1e-6, "shared and broadcast views");
     let copies: Vec<&minductor::internals::kernel_ir::Kernel> = (program.steps.iter())
         .filter_map(|s| match s {
             Step::Kernel(k) if k.name.contains("transpose") => Some(k),
@@ -169,9 +166,6 @@ fn transposed_views_are_copied_once_and_without_broadcast_loops() {
     assert_eq!(copies.len(), 1, "{program}");
     let extents: Vec<Option<usize>> = copies[0].outer.iter().map(|d| d.as_static()).collect();
     assert_eq!(extents, vec![Some(m)], "{program}");
-    let got = minductor_tests::assert_same_bits_on_threads(&compiled, &inputs, &[1, 2, 3], "");
-    let want = interpret(&graph, &inputs).unwrap();
-    minductor_tests::assert_allclose(&got, &want, Tolerance::close(1e-6), &program.to_string());
 }
 
 /// Kernels with reduction stages over a transposed view: a layer norm over the channels of an
@@ -185,13 +179,13 @@ fn reductions_over_a_transposed_view_read_a_copy() {
             let nhwc = i[0].permute(&[0, 2, 3, 1]);
             vec![nhwc.layer_norm(&[c], Some(&i[1]), Some(&i[2]), 1e-5)]
         });
-    let ks = checked_kernels(&graph, &inputs, 1e-5);
+    let ks = kernels(&checked(&graph, &inputs, 1e-5, "layer norm"));
     let copies = ks.iter().filter(|k| k.0.contains("transpose")).count();
     assert_eq!(copies, 1, "layer norm: {ks:?}");
     let (graph, inputs) = minductor_tests::build_graph(&[&[200, 160]], wide_sine_values, |i| {
         vec![i[0].transpose(0, 1).softmax(-1)]
     });
-    let ks = checked_kernels(&graph, &inputs, 1e-6);
+    let ks = kernels(&checked(&graph, &inputs, 1e-6, "softmax"));
     let copies = ks.iter().filter(|k| k.0.contains("transpose")).count();
     assert_eq!(copies, 1, "softmax: {ks:?}");
 }
@@ -206,36 +200,20 @@ fn transposes_of_sliced_views_run_the_routine() {
             i[0].slice(1, Some(5), Some(-2), 1).transpose(0, 1),
         ]
     });
-    let bits = checked(&graph, &inputs, "sliced");
-    assert_eq!(bits, vec![Some(routine_bits()); 2], "sliced");
+    let program = checked(&graph, &inputs, 0.0, "sliced");
+    assert_eq!(
+        kernel_bits(&program),
+        vec![Some(routine_bits()); 2],
+        "sliced"
+    );
 }
 
 /// `tanh` of `[3, t, 160]` seen as `[3, 160, t]`, `t` a symbol: the copy's buffer has a
 /// symbolic dim, and one compiled function serves three sizes.
-fn transposed_tanh(t: Dim) -> Graph {
-    let tracer = Tracer::new();
-    let shape = vec![Dim::Static(3), t, Dim::Static(160)];
-    let x = tracer.input_typed(
-        "x",
-        TensorType::new(DType::F32, shape.into_iter().collect()),
-    );
-    let y: Traced = x.transpose(1, 2).tanh() * 2.0;
-    tracer.finish(&[y]).unwrap()
-}
-
 #[test]
 fn a_copy_with_a_symbolic_size_serves_every_size() {
-    let compiled = compile(&transposed_tanh(Dim::Sym(SymId(0)))).unwrap();
-    let program = compiled.artifacts().program.clone().unwrap();
+    let program = checked_symbolic(160, |x| x.transpose(1, 2).tanh() * 2.0, 1e-6);
     let names: Vec<String> = kernels(&program).into_iter().map(|k| k.0).collect();
     assert_eq!(names.len(), 2, "{program}");
     assert!(names[0].contains("transpose"), "{program}");
-    for t in [5, 37, 64] {
-        let inputs = [wide_sine_values(&[3, t, 160], 1)];
-        let context = format!("t = {t}\n{program}");
-        let got =
-            minductor_tests::assert_same_bits_on_threads(&compiled, &inputs, &[1, 2, 3], &context);
-        let want = interpret(&transposed_tanh(Dim::Static(t)), &inputs).unwrap();
-        minductor_tests::assert_allclose(&got, &want, Tolerance::close(1e-6), &context);
-    }
 }
