@@ -321,8 +321,8 @@ pub fn lower_kernel(
         split: split.min(kernel.outer.len()),
         transposed: transpose::transposed_copy(kernel, program),
     };
-    if l.transposed.is_some() {
-        l.stage_bits[0] = Some(minductor_kernels::transpose::transpose_bits());
+    if let Some(copy) = &l.transposed {
+        l.stage_bits[0] = Some(copy.bits());
     }
     let outer = kernel.outer.len();
     if kernel.order == LoopOrder::OuterReduction && outer > 0 {

@@ -309,6 +309,14 @@ pub struct Kernel {
     pub nodes: Vec<NodeId>,
 }
 
+/// Whether a transposed copy of `dtype` elements runs as the kernel library's transpose
+/// routine, which copies bit patterns of 2, 4 or 8 bytes: f16, bf16, f32 and i64 (an elementwise
+/// copy of these keeps every bit, but for a signalling NaN's quiet bit). f64 is not: compiled
+/// kernels compute it in f32, so the routine's exact copy would differ from the loop's.
+pub fn transposed_copy_dtype(dtype: DType) -> bool {
+    matches!(dtype, DType::F32 | DType::F16 | DType::BF16 | DType::I64)
+}
+
 impl Kernel {
     pub fn expr(&self, id: ExprId) -> &Expr {
         &self.exprs[id.0 as usize]
@@ -426,9 +434,10 @@ impl Kernel {
     }
 
     /// The outer loop along which `self` copies a transposed view, if it is such a copy: inner
-    /// loop order; one stage, over one loop, storing one f32 buffer contiguously along that loop
-    /// with a plain load of another f32 buffer that is contiguous (coefficient 1) along this
-    /// outer loop and strided along the stage's loop; this outer loop moves the store.
+    /// loop order; one stage, over one loop, storing one buffer contiguously along that loop
+    /// with a plain load of another buffer of the same type (f32, f16, bf16 or i64: see
+    /// [`transposed_copy_dtype`]) that is contiguous (coefficient 1) along this outer loop and
+    /// strided along the stage's loop; this outer loop moves the store.
     /// `choose_loop_order` makes that loop the last, and the code generator then runs each run of
     /// it as one call of the kernel library's transpose routine (16 × 16 tiles transposed in
     /// registers; see `codegen_cpu/src/lower/transpose.rs`).
@@ -451,8 +460,11 @@ impl Kernel {
         else {
             return None;
         };
-        let f32_buffer = |b: BufferId| program.buffer(b).dtype == DType::F32;
-        if *src == store.buffer || !f32_buffer(*src) || !f32_buffer(store.buffer) {
+        let dtype = program.buffer(*src).dtype;
+        if *src == store.buffer
+            || !transposed_copy_dtype(dtype)
+            || program.buffer(store.buffer).dtype != dtype
+        {
             return None;
         }
         let inner = Var::Inner(0);

@@ -1,5 +1,5 @@
-//! Transposed copies: a `[rows, columns]` block of 32-bit elements, columns contiguous, stored
-//! as its transpose, rows contiguous. The code generator hands a kernel that only copies a
+//! Transposed copies: a `[rows, columns]` block of 2-, 4- or 8-byte elements (f16 and bf16;
+//! f32; i64), columns contiguous, stored as its transpose, rows contiguous. The code generator hands a kernel that only copies a
 //! transposed view (`x.t().contiguous()`, an NCHW ↔ NHWC permute, or the copy that
 //! `passes::split_transposes` takes out of a pointwise kernel) to this routine, one call per
 //! run of the kernel's last outer loop.
@@ -15,19 +15,26 @@
 //! C++ back end does the same for such loops (`CppTile2DKernel`, 16 × 16 tiles transposed in
 //! registers).
 //!
+//! Other element sizes have their own tiles: 16-bit elements 16 × 16 in 256-bit registers
+//! (AVX2, on AVX-512 machines too), 64-bit ones 8 × 8 in 512-bit registers (AVX-512) or 4 × 4
+//! in 256-bit ones (AVX2). Without a tile of its own an f16 or bf16 copy was an elementwise
+//! loop converting every element to f32 and back: `x.t()` of a 2048 × 2048 bf16 tensor took
+//! 19.0 ms, an f32 one 1.5 ms (1 thread, Zen 4).
+//!
 //! The elements are copied as bit patterns (loads, shuffles and stores do not touch a value's
 //! bits), so the result is exactly the elementwise copy's.
 
 /// What a transposed copy reads and writes: element `(r, c)` of the block (`r < rows`, `c <
-/// columns`) is read at `src + 4 c + r · src_row_stride` bytes and written at `dst + 4 r + c ·
-/// dst_row_stride` bytes.
+/// columns`) is read at `src + size · c + r · src_row_stride` bytes and written at `dst +
+/// size · r + c · dst_row_stride` bytes, `size` the element's bytes (the routine's: see
+/// [`transpose_routine`]).
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
 pub struct TransposeArgs {
-    pub src: *const u32,
+    pub src: *const u8,
     /// Bytes from one row of the source to the next (any sign).
     pub src_row_stride: i64,
-    pub dst: *mut u32,
+    pub dst: *mut u8,
     /// Bytes from one row of the result (a column of the source) to the next (any sign).
     pub dst_row_stride: i64,
     /// Rows of the source (none when not positive).
@@ -75,40 +82,78 @@ const TILE: usize = 16;
 /// around the caches was no faster on 2048 × 2048 and twice as slow on 512 × 512.)
 const PREFETCH: usize = 1;
 
-/// The routine for this CPU: 16 × 16 register transposes with AVX-512, 8 × 8 ones with AVX2,
-/// else the portable form.
-/// `MINDUCTOR_MATH_BLOCKS=0` (no ahead-of-time routines) selects the portable form.
-pub fn transpose_routine() -> TransposeFn {
-    chosen().0
+/// The element sizes (bytes) a routine exists for.
+pub const TRANSPOSE_SIZES: [usize; 3] = [2, 4, 8];
+
+/// The routine for elements of `bytes` bytes on this CPU (`None` for a size without one: see
+/// [`TRANSPOSE_SIZES`]): for 32-bit elements 16 × 16 register transposes with AVX-512, 8 × 8
+/// ones with AVX2; for 16-bit ones 16 × 16 with AVX2 (or AVX-512); for 64-bit ones 8 × 8 with
+/// AVX-512, 4 × 4 with AVX2; else the portable form. `MINDUCTOR_MATH_BLOCKS=0` (no
+/// ahead-of-time routines) selects the portable form.
+pub fn transpose_routine(bytes: usize) -> Option<TransposeFn> {
+    chosen(bytes).map(|(routine, _)| routine)
 }
 
-/// The vector width (bits) [`transpose_routine`]'s form copies at: 512, 256, or 32 for the
-/// portable form (for reports).
-pub fn transpose_bits() -> u32 {
-    chosen().1
+/// The vector width (bits) [`transpose_routine`]'s form for `bytes` copies at: 512, 256, or
+/// the element's bits for the portable form (for reports); `None` where there is no routine.
+pub fn transpose_bits(bytes: usize) -> Option<u32> {
+    chosen(bytes).map(|(_, bits)| bits)
 }
 
-/// The form for this CPU and its width.
-fn chosen() -> (TransposeFn, u32) {
-    #[cfg(target_arch = "x86_64")]
-    match crate::math::block::block_isa() {
-        Some(crate::math::block::BlockIsa::Avx512) => return (transpose_avx512_entry, 512),
-        Some(crate::math::block::BlockIsa::Avx2) => return (transpose_avx2_entry, 256),
-        None => {}
-    }
-    (transpose_portable, 32)
-}
-
-/// Every form this CPU can run, by name (for tests that compare them).
-pub fn transpose_forms() -> Vec<(&'static str, TransposeFn)> {
-    let mut forms: Vec<(&'static str, TransposeFn)> = vec![("portable", transpose_portable)];
+/// The form for `bytes`-byte elements on this CPU and its width.
+fn chosen(bytes: usize) -> Option<(TransposeFn, u32)> {
     #[cfg(target_arch = "x86_64")]
     {
-        if std::is_x86_feature_detected!("avx2") {
-            forms.push(("avx2", transpose_avx2_entry));
+        use crate::math::block::{block_isa, BlockIsa};
+        match (block_isa(), bytes) {
+            (Some(BlockIsa::Avx512), 4) => return Some((transpose32_avx512_entry, 512)),
+            (Some(BlockIsa::Avx512), 8) => return Some((transpose64_avx512_entry, 512)),
+            (Some(BlockIsa::Avx512 | BlockIsa::Avx2), 2) => {
+                return Some((transpose16_avx2_entry, 256))
+            }
+            (Some(BlockIsa::Avx2), 4) => return Some((transpose32_avx2_entry, 256)),
+            (Some(BlockIsa::Avx2), 8) => return Some((transpose64_avx2_entry, 256)),
+            _ => {}
         }
-        if std::is_x86_feature_detected!("avx512f") {
-            forms.push(("avx512", transpose_avx512_entry));
+    }
+    portable(bytes).map(|routine| (routine, 8 * bytes as u32))
+}
+
+/// The portable form for `bytes`-byte elements.
+fn portable(bytes: usize) -> Option<TransposeFn> {
+    match bytes {
+        2 => Some(transpose16_portable),
+        4 => Some(transpose32_portable),
+        8 => Some(transpose64_portable),
+        _ => None,
+    }
+}
+
+/// Every form this CPU can run for `bytes`-byte elements, by name (for tests that compare
+/// them).
+pub fn transpose_forms(bytes: usize) -> Vec<(&'static str, TransposeFn)> {
+    let mut forms: Vec<(&'static str, TransposeFn)> = portable(bytes)
+        .map(|routine| ("portable", routine))
+        .into_iter()
+        .collect();
+    #[cfg(target_arch = "x86_64")]
+    {
+        let avx2: Option<TransposeFn> = match bytes {
+            2 => Some(transpose16_avx2_entry),
+            4 => Some(transpose32_avx2_entry),
+            8 => Some(transpose64_avx2_entry),
+            _ => None,
+        };
+        let avx512: Option<TransposeFn> = match bytes {
+            4 => Some(transpose32_avx512_entry),
+            8 => Some(transpose64_avx512_entry),
+            _ => None,
+        };
+        if let (true, Some(f)) = (std::is_x86_feature_detected!("avx2"), avx2) {
+            forms.push(("avx2", f));
+        }
+        if let (true, Some(f)) = (std::is_x86_feature_detected!("avx512f"), avx512) {
+            forms.push(("avx512", f));
         }
     }
     forms
@@ -117,15 +162,14 @@ pub fn transpose_forms() -> Vec<(&'static str, TransposeFn)> {
 /// The portable form: each 16 × 16 tile goes through a local tile, its source rows copied in
 /// whole, then its result rows copied out whole, so that each line is read or written once, at
 /// once (element by element, a tile's 16 source lines would have to stay in L1 together, and
-/// at power-of-two strides they share one set).
+/// at power-of-two strides they share one set). `T` is an integer of the element's size.
 ///
 /// # Safety
-/// As [`TransposeFn`].
-pub unsafe extern "C" fn transpose_portable(args: *const TransposeArgs) {
-    // SAFETY: the caller passes a valid `TransposeArgs` (the routine's contract).
-    let a = unsafe { *args };
+/// As [`TransposeFn`], for elements of `T`'s size.
+unsafe fn transpose_tiles<T: Copy + Default>(a: &TransposeArgs) {
     let (rows, columns) = (a.rows.max(0) as usize, a.columns.max(0) as usize);
-    let mut tile = [[0u32; TILE]; TILE];
+    let (src, dst) = (a.src as *const T, a.dst as *mut T);
+    let mut tile = [[T::default(); TILE]; TILE];
     for c0 in (0..columns).step_by(TILE) {
         let width = (columns - c0).min(TILE);
         for r0 in (0..rows).step_by(TILE) {
@@ -135,9 +179,7 @@ pub unsafe extern "C" fn transpose_portable(args: *const TransposeArgs) {
                     // SAFETY: `(r0 + r, c0 + c)` is an element of the block, readable at its
                     // source address (the routine's contract).
                     *x = unsafe {
-                        let row = a
-                            .src
-                            .byte_offset((r0 + r) as isize * a.src_row_stride as isize);
+                        let row = src.byte_offset((r0 + r) as isize * a.src_row_stride as isize);
                         row.add(c0 + c).read_unaligned()
                     };
                 }
@@ -146,9 +188,7 @@ pub unsafe extern "C" fn transpose_portable(args: *const TransposeArgs) {
                 for (r, line) in tile.iter().enumerate().take(height) {
                     // SAFETY: as above, writable at its destination address.
                     unsafe {
-                        let row = a
-                            .dst
-                            .byte_offset((c0 + c) as isize * a.dst_row_stride as isize);
+                        let row = dst.byte_offset((c0 + c) as isize * a.dst_row_stride as isize);
                         row.add(r0 + r).write_unaligned(line[c]);
                     }
                 }
@@ -157,11 +197,38 @@ pub unsafe extern "C" fn transpose_portable(args: *const TransposeArgs) {
     }
 }
 
+/// [`transpose_tiles`] for 16-bit elements.
+///
+/// # Safety
+/// As [`TransposeFn`].
+unsafe extern "C" fn transpose16_portable(args: *const TransposeArgs) {
+    // SAFETY: the caller passes a valid `TransposeArgs` (the routine's contract).
+    unsafe { transpose_tiles::<u16>(&*args) }
+}
+
+/// [`transpose_tiles`] for 32-bit elements.
+///
+/// # Safety
+/// As [`TransposeFn`].
+unsafe extern "C" fn transpose32_portable(args: *const TransposeArgs) {
+    // SAFETY: the caller passes a valid `TransposeArgs` (the routine's contract).
+    unsafe { transpose_tiles::<u32>(&*args) }
+}
+
+/// [`transpose_tiles`] for 64-bit elements.
+///
+/// # Safety
+/// As [`TransposeFn`].
+unsafe extern "C" fn transpose64_portable(args: *const TransposeArgs) {
+    // SAFETY: the caller passes a valid `TransposeArgs` (the routine's contract).
+    unsafe { transpose_tiles::<u64>(&*args) }
+}
+
 #[cfg(target_arch = "x86_64")]
-unsafe extern "C" fn transpose_avx512_entry(args: *const TransposeArgs) {
-    // SAFETY: `transpose_routine` hands this form out only where the CPU has AVX-512F; the
-    // arguments are the caller's contract.
-    unsafe { transpose_avx512(&*args) }
+unsafe extern "C" fn transpose32_avx512_entry(args: *const TransposeArgs) {
+    // SAFETY: `transpose_routine` hands this form out only where the CPU has AVX-512F, and
+    // `transpose_forms` only after detecting it; the arguments are the caller's contract.
+    unsafe { transpose32_avx512(&*args) }
 }
 
 /// Tiles of 16 columns (the result's rows), each down all the rows in steps of 16: 16 source
@@ -173,7 +240,7 @@ unsafe extern "C" fn transpose_avx512_entry(args: *const TransposeArgs) {
 /// The CPU has AVX-512F; `a` as [`TransposeFn`].
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
-unsafe fn transpose_avx512(a: &TransposeArgs) {
+unsafe fn transpose32_avx512(a: &TransposeArgs) {
     use std::arch::x86_64::*;
     let (rows, columns) = (a.rows.max(0) as usize, a.columns.max(0) as usize);
     let (src, dst) = (a.src as *const f32, a.dst as *mut f32);
@@ -238,14 +305,14 @@ unsafe fn transpose_avx512(a: &TransposeArgs) {
 }
 
 #[cfg(target_arch = "x86_64")]
-unsafe extern "C" fn transpose_avx2_entry(args: *const TransposeArgs) {
+unsafe extern "C" fn transpose32_avx2_entry(args: *const TransposeArgs) {
     // SAFETY: `transpose_routine` hands this form out only where the CPU has AVX2 (the block
     // routines' `BlockIsa::Avx2`), and `transpose_forms` only after detecting it; the
     // arguments are the caller's contract.
-    unsafe { transpose_avx2(&*args) }
+    unsafe { transpose32_avx2(&*args) }
 }
 
-/// The AVX2 form: as [`transpose_avx512`], with 8 × 8 tiles and masks made of lane
+/// The AVX2 form: as [`transpose32_avx512`], with 8 × 8 tiles and masks made of lane
 /// comparisons. A tile reads half of each source line; the other half is read by the next tile
 /// of columns, from L2. Measured on `x.t()` copies at 1 thread (Zen 4, `MINDUCTOR_MATH_BLOCKS=
 /// avx2`): 2048 × 2048 in 2.50–2.58 ms (the AVX-512 form 1.4–1.6, the portable one 6.7–7.7, the
@@ -256,7 +323,7 @@ unsafe extern "C" fn transpose_avx2_entry(args: *const TransposeArgs) {
 /// The CPU has AVX2; `a` as [`TransposeFn`].
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
-unsafe fn transpose_avx2(a: &TransposeArgs) {
+unsafe fn transpose32_avx2(a: &TransposeArgs) {
     use std::arch::x86_64::*;
     const T: usize = 8;
     let (rows, columns) = (a.rows.max(0) as usize, a.columns.max(0) as usize);
@@ -342,20 +409,322 @@ fn transpose8(r: &[std::arch::x86_64::__m256; 8]) -> [std::arch::x86_64::__m256;
     ]
 }
 
+/// The part of `a`'s block from row `r0` and column `c0` on, `rows` × `columns` of it, for
+/// elements of `size` bytes.
+///
+/// # Safety
+/// `a` as [`TransposeFn`]; `r0 < a.rows` and `c0 < a.columns` (the part's first element is
+/// one of the block's).
+unsafe fn part(
+    a: &TransposeArgs,
+    size: usize,
+    r0: usize,
+    c0: usize,
+    rows: usize,
+    columns: usize,
+) -> TransposeArgs {
+    // SAFETY: element `(r0, c0)` of the block is readable at this source address and writable
+    // at this destination address (the contract).
+    let (src, dst) = unsafe {
+        (
+            a.src
+                .add(size * c0)
+                .byte_offset(r0 as isize * a.src_row_stride as isize),
+            a.dst
+                .add(size * r0)
+                .byte_offset(c0 as isize * a.dst_row_stride as isize),
+        )
+    };
+    TransposeArgs {
+        src,
+        dst,
+        rows: rows as i64,
+        columns: columns as i64,
+        ..*a
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+unsafe extern "C" fn transpose16_avx2_entry(args: *const TransposeArgs) {
+    // SAFETY: `transpose_routine` hands this form out only where the CPU has AVX2 (the block
+    // routines' `BlockIsa::Avx2` or `Avx512`), and `transpose_forms` only after detecting it;
+    // the arguments are the caller's contract.
+    unsafe { transpose16_avx2(&*args) }
+}
+
+/// The 16-bit form: 16 × 16 tiles of the block in 256-bit registers (a source row's 16
+/// elements, half a line), transposed by [`transpose16x16`], each source tile's lines
+/// prefetched a tile ahead as [`transpose32_avx512`] does. Two tiles side by side, reading
+/// whole source lines, were slower: `x.t()` of bf16 2048 × 2048 in 2.96 ms against 1.51, 4000
+/// × 1008 in 1.51 against 0.67 (1 thread, Zen 4). AVX2 has no 16-bit masked loads:
+/// the columns past the last whole tile, and the rows past it, go through the portable tiles.
+///
+/// # Safety
+/// The CPU has AVX2; `a` as [`TransposeFn`] for 16-bit elements.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn transpose16_avx2(a: &TransposeArgs) {
+    use std::arch::x86_64::*;
+    let (rows, columns) = (a.rows.max(0) as usize, a.columns.max(0) as usize);
+    let (whole_rows, whole_columns) = (rows - rows % TILE, columns - columns % TILE);
+    let (src, dst) = (a.src as *const u16, a.dst as *mut u16);
+    let (ss, ds) = (a.src_row_stride as isize, a.dst_row_stride as isize);
+    for c0 in (0..whole_columns).step_by(TILE) {
+        for r0 in (0..whole_rows).step_by(TILE) {
+            if PREFETCH > 0 && r0 + PREFETCH * TILE + TILE <= rows {
+                for k in 0..TILE {
+                    // A hint only: the address need not be valid.
+                    let row = src
+                        .add(c0)
+                        .wrapping_byte_offset((r0 + PREFETCH * TILE + k) as isize * ss);
+                    _mm_prefetch::<_MM_HINT_T0>(row as *const i8);
+                }
+            }
+            // SAFETY: rows `r0..r0 + 16 <= rows`, columns `c0..c0 + 16 <= columns`: elements
+            // of the block.
+            let tile: [__m256i; TILE] = std::array::from_fn(|k| unsafe {
+                let row = src.add(c0).byte_offset((r0 + k) as isize * ss);
+                _mm256_loadu_si256(row as *const __m256i)
+            });
+            for (j, v) in transpose16x16(&tile).iter().enumerate() {
+                // SAFETY: column `c0 + j` is row `c0 + j` of the result; its elements `r0..r0 +
+                // 16` are the block's.
+                unsafe {
+                    let row = dst.byte_offset((c0 + j) as isize * ds).add(r0);
+                    _mm256_storeu_si256(row as *mut __m256i, *v);
+                }
+            }
+        }
+    }
+    // SAFETY (both): the parts start at elements of the block and lie inside it.
+    if whole_columns < columns && rows > 0 {
+        unsafe {
+            let rest = part(a, 2, 0, whole_columns, rows, columns - whole_columns);
+            transpose_tiles::<u16>(&rest);
+        }
+    }
+    if whole_rows < rows && whole_columns > 0 {
+        unsafe {
+            let rest = part(a, 2, whole_rows, 0, rows - whole_rows, whole_columns);
+            transpose_tiles::<u16>(&rest);
+        }
+    }
+}
+
+/// The 16 × 16 transpose of 16-bit rows `r`: its columns. 16-, 32- and 64-bit interleaves
+/// within 128-bit lanes (after them register `8o + c` holds column `c` of rows `8o..8o + 8`
+/// in its low lane and column `c + 8` in its high lane), then lane swaps.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+#[inline]
+fn transpose16x16(r: &[std::arch::x86_64::__m256i; TILE]) -> [std::arch::x86_64::__m256i; TILE] {
+    use std::arch::x86_64::*;
+    // `a[2p + h]`: rows 2p and 2p + 1 interleaved, columns 4h..4h + 4 (and 8 more).
+    let a: [__m256i; TILE] = std::array::from_fn(|i| {
+        let (p, h) = (i / 2, i % 2);
+        match h {
+            0 => _mm256_unpacklo_epi16(r[2 * p], r[2 * p + 1]),
+            _ => _mm256_unpackhi_epi16(r[2 * p], r[2 * p + 1]),
+        }
+    });
+    // `b[4q + 2h + m]`: rows 4q..4q + 4, columns 4h + 2m and 4h + 2m + 1 (and 8 more).
+    let b: [__m256i; TILE] = std::array::from_fn(|i| {
+        let (q, h, m) = (i / 4, (i / 2) % 2, i % 2);
+        let (u, w) = (a[4 * q + h], a[4 * q + 2 + h]);
+        match m {
+            0 => _mm256_unpacklo_epi32(u, w),
+            _ => _mm256_unpackhi_epi32(u, w),
+        }
+    });
+    // `c[8o + k]`: rows 8o..8o + 8, column k (and k + 8), k = 4h + 2m + n.
+    let c: [__m256i; TILE] = std::array::from_fn(|i| {
+        let (o, k) = (i / 8, i % 8);
+        let (h, m, n) = (k / 4, (k / 2) % 2, k % 2);
+        let (u, w) = (b[8 * o + 2 * h + m], b[8 * o + 4 + 2 * h + m]);
+        match n {
+            0 => _mm256_unpacklo_epi64(u, w),
+            _ => _mm256_unpackhi_epi64(u, w),
+        }
+    });
+    std::array::from_fn(|j| match j < 8 {
+        true => _mm256_permute2x128_si256::<0x20>(c[j], c[8 + j]),
+        false => _mm256_permute2x128_si256::<0x31>(c[j - 8], c[j]),
+    })
+}
+
+#[cfg(target_arch = "x86_64")]
+unsafe extern "C" fn transpose64_avx512_entry(args: *const TransposeArgs) {
+    // SAFETY: `transpose_routine` hands this form out only where the CPU has AVX-512F, and
+    // `transpose_forms` only after detecting it; the arguments are the caller's contract.
+    unsafe { transpose64_avx512(&*args) }
+}
+
+/// The 64-bit AVX-512 form: as [`transpose32_avx512`], with 8 × 8 tiles (a source row's 8
+/// elements are a whole line when aligned) transposed by 64-bit interleaves within 128-bit
+/// lanes and two rounds of lane shuffles.
+///
+/// # Safety
+/// The CPU has AVX-512F; `a` as [`TransposeFn`] for 64-bit elements.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn transpose64_avx512(a: &TransposeArgs) {
+    use std::arch::x86_64::*;
+    const T: usize = 8;
+    let (rows, columns) = (a.rows.max(0) as usize, a.columns.max(0) as usize);
+    let (src, dst) = (a.src as *const u64, a.dst as *mut u64);
+    let (ss, ds) = (a.src_row_stride as isize, a.dst_row_stride as isize);
+    let mut c0 = 0;
+    while c0 < columns {
+        let width = (columns - c0).min(T);
+        let column_mask = ((1u32 << width) - 1) as __mmask8;
+        let mut r0 = 0;
+        while r0 < rows {
+            let height = (rows - r0).min(T);
+            let row_mask = ((1u32 << height) - 1) as __mmask8;
+            if PREFETCH > 0 && r0 + PREFETCH * T + T <= rows {
+                for k in 0..T {
+                    // A hint only: the address need not be valid.
+                    let row = src
+                        .add(c0)
+                        .wrapping_byte_offset((r0 + PREFETCH * T + k) as isize * ss);
+                    _mm_prefetch::<_MM_HINT_T0>(row as *const i8);
+                }
+            }
+            let r: [__m512i; T] = std::array::from_fn(|k| match k < height {
+                // SAFETY: row `r0 + k < rows`; the mask keeps the load to columns `c0..c0 +
+                // width` of it (masked lanes are neither read nor faulted on).
+                true => unsafe {
+                    let row = src.add(c0).byte_offset((r0 + k) as isize * ss);
+                    _mm512_maskz_loadu_epi64(column_mask, row as *const i64)
+                },
+                false => _mm512_setzero_si512(),
+            });
+            // `x[2p + h]`: lane L holds column 2L + h of rows 2p and 2p + 1.
+            let x: [__m512i; T] = std::array::from_fn(|i| {
+                let p = i / 2;
+                match i % 2 {
+                    0 => _mm512_unpacklo_epi64(r[2 * p], r[2 * p + 1]),
+                    _ => _mm512_unpackhi_epi64(r[2 * p], r[2 * p + 1]),
+                }
+            });
+            let mut out = [_mm512_setzero_si512(); T];
+            for h in 0..2 {
+                let even = _mm512_shuffle_i64x2::<0x88>(x[h], x[2 + h]);
+                let odd = _mm512_shuffle_i64x2::<0xDD>(x[h], x[2 + h]);
+                let even2 = _mm512_shuffle_i64x2::<0x88>(x[4 + h], x[6 + h]);
+                let odd2 = _mm512_shuffle_i64x2::<0xDD>(x[4 + h], x[6 + h]);
+                out[h] = _mm512_shuffle_i64x2::<0x88>(even, even2);
+                out[4 + h] = _mm512_shuffle_i64x2::<0xDD>(even, even2);
+                out[2 + h] = _mm512_shuffle_i64x2::<0x88>(odd, odd2);
+                out[6 + h] = _mm512_shuffle_i64x2::<0xDD>(odd, odd2);
+            }
+            for (j, v) in out.iter().enumerate().take(width) {
+                // SAFETY: column `c0 + j < columns` is row `c0 + j` of the result; the mask
+                // keeps the store to its elements `r0..r0 + height`, inside the block.
+                unsafe {
+                    let row = dst.byte_offset((c0 + j) as isize * ds).add(r0);
+                    _mm512_mask_storeu_epi64(row as *mut i64, row_mask, *v);
+                }
+            }
+            r0 += T;
+        }
+        c0 += width;
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+unsafe extern "C" fn transpose64_avx2_entry(args: *const TransposeArgs) {
+    // SAFETY: `transpose_routine` hands this form out only where the CPU has AVX2 (the block
+    // routines' `BlockIsa::Avx2`), and `transpose_forms` only after detecting it; the
+    // arguments are the caller's contract.
+    unsafe { transpose64_avx2(&*args) }
+}
+
+/// The 64-bit AVX2 form: 4 × 4 tiles, masks made of lane comparisons, transposed by 64-bit
+/// interleaves and lane swaps.
+///
+/// # Safety
+/// The CPU has AVX2; `a` as [`TransposeFn`] for 64-bit elements.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn transpose64_avx2(a: &TransposeArgs) {
+    use std::arch::x86_64::*;
+    const T: usize = 4;
+    let (rows, columns) = (a.rows.max(0) as usize, a.columns.max(0) as usize);
+    let (src, dst) = (a.src as *const i64, a.dst as *mut i64);
+    let (ss, ds) = (a.src_row_stride as isize, a.dst_row_stride as isize);
+    let lanes = _mm256_setr_epi64x(0, 1, 2, 3);
+    let mask = |n: usize| _mm256_cmpgt_epi64(_mm256_set1_epi64x(n as i64), lanes);
+    let mut c0 = 0;
+    while c0 < columns {
+        let width = (columns - c0).min(T);
+        let column_mask = mask(width);
+        let mut r0 = 0;
+        while r0 < rows {
+            let height = (rows - r0).min(T);
+            let r: [__m256i; T] = std::array::from_fn(|k| match k < height {
+                // SAFETY: row `r0 + k < rows`; the mask keeps the load to columns `c0..c0 +
+                // width` of it (masked lanes are neither read nor faulted on).
+                true => unsafe {
+                    let row = src.add(c0).byte_offset((r0 + k) as isize * ss);
+                    _mm256_maskload_epi64(row, column_mask)
+                },
+                false => _mm256_setzero_si256(),
+            });
+            let t = [
+                _mm256_unpacklo_epi64(r[0], r[1]),
+                _mm256_unpackhi_epi64(r[0], r[1]),
+                _mm256_unpacklo_epi64(r[2], r[3]),
+                _mm256_unpackhi_epi64(r[2], r[3]),
+            ];
+            let out = [
+                _mm256_permute2x128_si256::<0x20>(t[0], t[2]),
+                _mm256_permute2x128_si256::<0x20>(t[1], t[3]),
+                _mm256_permute2x128_si256::<0x31>(t[0], t[2]),
+                _mm256_permute2x128_si256::<0x31>(t[1], t[3]),
+            ];
+            let row_mask = mask(height);
+            for (j, v) in out.iter().enumerate().take(width) {
+                // SAFETY: column `c0 + j < columns` is row `c0 + j` of the result; the mask
+                // keeps the store to its elements `r0..r0 + height`, inside the block.
+                unsafe {
+                    let row = dst.byte_offset((c0 + j) as isize * ds).add(r0);
+                    _mm256_maskstore_epi64(row, row_mask, *v);
+                }
+            }
+            r0 += T;
+        }
+        c0 += width;
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    /// Every routine against the definition, on blocks with partial tiles both ways, strides
-    /// wider than the block, a misaligned start and negative strides.
+    /// Every routine, for every element size, against the definition, on blocks with partial
+    /// tiles both ways, strides wider than the block, a misaligned start and negative strides.
     #[test]
     fn transposes_every_shape() {
-        let forms = transpose_forms();
-        let chosen = transpose_routine() as *const ();
+        check::<u16>(2, |i| 0x4000 + i as u16);
+        check::<u32>(4, |i| 0x4000_0000 + i as u32);
+        check::<u64>(8, |i| 0x4000_0000_0000_0000 + ((i as u64) << 20) + i as u64);
+        for bytes in [0, 1, 3, 16] {
+            assert!(transpose_routine(bytes).is_none() && transpose_forms(bytes).is_empty());
+        }
+    }
+
+    /// [`transposes_every_shape`] for elements of `T` (`bytes` bytes), source element `i`
+    /// holding `value(i)` (never 0).
+    fn check<T: Copy + Default + PartialEq + std::fmt::Debug>(bytes: usize, value: fn(usize) -> T) {
+        assert_eq!(std::mem::size_of::<T>(), bytes);
+        let forms = transpose_forms(bytes);
+        let chosen = transpose_routine(bytes).expect("a routine") as *const ();
         assert!(
             forms.iter().any(|(_, f)| *f as *const () == chosen),
             "the chosen form is tested"
         );
+        let size = bytes as i64;
         for (name, routine) in forms {
             for (rows, columns, src_pad, dst_pad, skew) in [
                 (1, 1, 0, 0, 0),
@@ -364,25 +733,24 @@ mod tests {
                 (40, 7, 0, 2, 7),
                 (5, 64, 16, 0, 0),
                 (64, 48, 0, 0, 5),
+                (35, 50, 1, 3, 3),
                 (0, 9, 0, 0, 0),
             ] {
                 for flip in [false, true] {
                     let src_stride = columns + src_pad;
                     let dst_stride = rows + dst_pad;
-                    let src: Vec<u32> = (0..skew + rows * src_stride)
-                        .map(|i| 0x4000_0000 + i as u32)
-                        .collect();
-                    let mut dst = vec![0u32; columns * dst_stride + 1];
+                    let src: Vec<T> = (0..skew + rows * src_stride).map(value).collect();
+                    let mut dst = vec![T::default(); columns * dst_stride + 1];
                     // With `flip`, the source rows are walked last to first.
                     let (first_row, src_row_stride) = match flip {
-                        false => (0, src_stride as i64 * 4),
-                        true => (rows.saturating_sub(1), -(src_stride as i64) * 4),
+                        false => (0, src_stride as i64 * size),
+                        true => (rows.saturating_sub(1), -(src_stride as i64) * size),
                     };
                     let args = TransposeArgs {
-                        src: src[skew + first_row * src_stride..].as_ptr(),
+                        src: src[skew + first_row * src_stride..].as_ptr().cast(),
                         src_row_stride,
-                        dst: dst.as_mut_ptr(),
-                        dst_row_stride: dst_stride as i64 * 4,
+                        dst: dst.as_mut_ptr().cast(),
+                        dst_row_stride: dst_stride as i64 * size,
                         rows: rows as i64,
                         columns: columns as i64,
                     };
@@ -396,15 +764,20 @@ mod tests {
                                 let row = if flip { rows - 1 - r } else { r };
                                 src[skew + row * src_stride + c]
                             } else {
-                                0
+                                T::default()
                             };
                             assert_eq!(
                                 got, want,
-                                "{name}: {rows}x{columns} flip {flip}, element ({r}, {c})"
+                                "{name} ({bytes} bytes): {rows}x{columns} flip {flip}, \
+                                 element ({r}, {c})"
                             );
                         }
                     }
-                    assert_eq!(dst[columns * dst_stride], 0, "{name}: wrote past the block");
+                    assert_eq!(
+                        dst[columns * dst_stride],
+                        T::default(),
+                        "{name} ({bytes} bytes): wrote past the block"
+                    );
                 }
             }
         }

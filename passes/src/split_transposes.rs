@@ -1,5 +1,5 @@
-//! `split_transposes`: a kernel that loads a transposed view of an f32 buffer gets that view
-//! copied first, by a kernel of its own, into a buffer laid out in the kernel's loop order, and
+//! `split_transposes`: a kernel that loads a transposed view of a buffer (f32, f16, bf16 or i64:
+//! the types the transpose routine copies) gets that view copied first, by a kernel of its own, into a buffer laid out in the kernel's loop order, and
 //! then loads that buffer contiguously.
 //!
 //! A view is transposed for a kernel when its elements are strided along the vectorised loop
@@ -17,7 +17,7 @@
 //!
 //! It applies to kernels in the inner loop order (`wants_outer_reduction` false: a reduction
 //! whose stores are contiguous along the last outer loop reads such views whole in the
-//! outer-reduction order instead), for each plain load of an f32 buffer the kernel does not
+//! outer-reduction order instead), for each plain load of such a buffer the kernel does not
 //! write, evaluated by stages of one loop, of one extent, whose stores are contiguous along it
 //! (a scan down a column would still store another line each time), whose view is transposed
 //! as above and holds at least [`MIN_ELEMENTS`] elements with at least [`MIN_EXTENT`] along each
@@ -28,10 +28,10 @@
 
 use crate::loop_order::hinted_size as hint;
 use crate::wants_outer_reduction;
-use minductor_ir::{DType, Dim, SizeExpr};
+use minductor_ir::{Dim, SizeExpr};
 use minductor_kernel_ir::*;
 
-/// Fewest elements of a view worth copying: 64 KiB of f32s.
+/// Fewest elements of a view worth copying (64 KiB of f32s).
 pub const MIN_ELEMENTS: u64 = 16 * 1024;
 
 /// Fewest iterations along the stage's loop and along the view's contiguous outer loop (one
@@ -110,7 +110,8 @@ fn split(program: &Program, kernel: &mut Kernel, buffers: &mut Vec<Buffer>) -> V
         else {
             continue;
         };
-        if program.buffer(buffer).dtype != DType::F32 || stored.contains(&buffer) {
+        let dtype = program.buffer(buffer).dtype;
+        if !transposed_copy_dtype(dtype) || stored.contains(&buffer) {
             continue;
         }
         let along = index.coefficient(inner);
@@ -156,7 +157,7 @@ fn split(program: &Program, kernel: &mut Kernel, buffers: &mut Vec<Buffer>) -> V
             None => {
                 let target = BufferId(buffers.len() as u32);
                 buffers.push(Buffer {
-                    dtype: DType::F32,
+                    dtype,
                     shape: shape.clone(),
                     kind: BufferKind::Intermediate,
                     node: program.buffer(buffer).node,
@@ -202,7 +203,7 @@ fn split(program: &Program, kernel: &mut Kernel, buffers: &mut Vec<Buffer>) -> V
                         index: renamed,
                         indirect: None,
                     }],
-                    types: vec![ScalarType::F32],
+                    types: vec![kernel.types[e.0 as usize]],
                     nodes: Vec::new(),
                 });
                 target

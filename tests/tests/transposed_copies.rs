@@ -217,3 +217,54 @@ fn a_copy_with_a_symbolic_size_serves_every_size() {
     assert_eq!(names.len(), 2, "{program}");
     assert!(names[0].contains("transpose"), "{program}");
 }
+
+/// `x: [shape]` of `dtype`, hashed values in [-2, 2) (integers from -1000 to 999 for i64), some
+/// of them bf16's and f16's rounding cases, exact in the type.
+fn typed_values(dtype: DType, shape: &[usize]) -> Tensor {
+    let f32s = minductor_tests::hashed_values(shape, 7).to_f64_vec();
+    let values: Vec<f64> = match dtype {
+        DType::I64 => (0..f32s.len())
+            .map(|i| (i * 7919 % 2000) as f64 - 1000.0)
+            .collect(),
+        _ => f32s,
+    };
+    Tensor::from_f64(dtype, shape, &values).unwrap()
+}
+
+/// The one input `x` of `dtype` and `shape`, and `f` of it.
+fn typed_graph(dtype: DType, shape: &[usize], f: fn(&Traced) -> Traced) -> (Graph, Vec<Tensor>) {
+    let tracer = Tracer::new();
+    let x = tracer.input("x", dtype, shape);
+    (
+        tracer.finish(&[f(&x)]).unwrap(),
+        vec![typed_values(dtype, shape)],
+    )
+}
+
+/// 16-bit (f16, bf16) and 64-bit (i64) elements have routines of their own: a materialized
+/// transpose, an NCHW → NHWC permute and a pointwise kernel over a transposed view (which
+/// reads a copy) run them, bit for bit the interpreter's values (within rounding for the
+/// pointwise kernel) at every thread count, tiles cut short both ways.
+#[test]
+fn half_and_i64_transposes_run_their_routines() {
+    use minductor::internals::kernels::transpose::transpose_bits;
+    for dtype in [DType::F16, DType::BF16, DType::I64] {
+        let bits = transpose_bits(dtype.size_bytes());
+        assert!(bits.is_some(), "{dtype:?}");
+        for (m, n) in [(64, 48), (33, 17), (2, 1000), (40, 2), (100, 300)] {
+            let (graph, inputs) = typed_graph(dtype, &[m, n], |x| x.transpose(0, 1));
+            let program = checked(&graph, &inputs, 0.0, &format!("{dtype:?} {m}x{n}"));
+            assert_eq!(kernel_bits(&program), vec![bits], "{dtype:?} {m}x{n}");
+        }
+        let (graph, inputs) = typed_graph(dtype, &[2, 24, 7, 9], |x| x.permute(&[0, 2, 3, 1]));
+        let program = checked(&graph, &inputs, 0.0, &format!("{dtype:?} nchw->nhwc"));
+        assert_eq!(kernel_bits(&program), vec![bits], "{dtype:?} nchw->nhwc");
+        let (graph, inputs) = typed_graph(dtype, &[130, 200], |x| {
+            x.transpose(0, 1).cast(DType::F32).tanh() * 2.0
+        });
+        let ks = kernels(&checked(&graph, &inputs, 1e-6, &format!("{dtype:?} tanh")));
+        assert_eq!(ks.len(), 2, "{dtype:?}: {ks:?}");
+        assert!(ks[0].0.contains("transpose"), "{dtype:?}: {ks:?}");
+        assert_eq!(ks[0].1, bits, "{dtype:?}: {ks:?}");
+    }
+}

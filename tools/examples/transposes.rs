@@ -1,6 +1,7 @@
 //! Graphs that read transposed views, compiled, with the median of 21 calls each (after 3
 //! warm-up calls): `x.t()` materialized and `x.t() * 2` against `x * 2` on the same shapes, a
-//! layer norm over the channels of an NCHW tensor seen as NHWC, and `softmax(x.t())`.
+//! layer norm over the channels of an NCHW tensor seen as NHWC, `softmax(x.t())`, and `x.t()`
+//! of f16, bf16 and i64 tensors (each element size has its own routine).
 //! `cargo run --release -p minductor-tools --example transposes -- [THREADS]` (1 by default).
 //! These are the kernels `passes/src/split_transposes.rs` and `codegen_cpu/src/lower/transpose.rs`
 //! change; `MINDUCTOR_MATH_BLOCKS=avx2` (or `0`) runs the transpose routine's AVX2 (portable)
@@ -52,13 +53,20 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         (64, 4096),
     ] {
         let x = [values(&[m, n])?];
+        let mut typed = String::new();
+        for dtype in [DType::F16, DType::BF16, DType::I64] {
+            let graph = trace(|t| vec![t.input("x", dtype, &[m, n]).transpose(0, 1)])?;
+            let data: Vec<f64> = (0..m * n).map(|i| (i % 1000) as f64).collect();
+            let ms = median_ms(&graph, &[Tensor::from_f64(dtype, &[m, n], &data)?])?;
+            typed += &format!("  {dtype:?} x.t() {ms:.3}");
+        }
         let copy = median_ms(&unary(&[m, n], |x| x.transpose(0, 1))?, &x)?;
         let scaled = median_ms(&unary(&[m, n], |x| x.transpose(0, 1) * 2.0)?, &x)?;
         let plain = median_ms(&unary(&[m, n], |x| x.clone() * 2.0)?, &x)?;
         let softmax = median_ms(&unary(&[m, n], |x| x.transpose(0, 1).softmax(-1))?, &x)?;
         println!(
             "{m}x{n}: x.t() {copy:.3}  x.t()*2 {scaled:.3}  x*2 {plain:.3}  \
-             softmax(x.t()) {softmax:.3}"
+             softmax(x.t()) {softmax:.3}{typed}"
         );
     }
     for (b, c, h, w) in [(8, 64, 32, 32), (4, 256, 16, 16)] {

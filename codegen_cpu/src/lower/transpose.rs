@@ -1,10 +1,11 @@
-//! Transposed copies: a kernel whose one stage stores, contiguously along its loop, an f32
-//! loaded contiguously along the kernel's *last outer* loop (`out[o, i] = x[i, o]`: a
+//! Transposed copies: a kernel whose one stage stores, contiguously along its loop, an element
+//! (f32, f16, bf16 or i64) loaded contiguously along the kernel's *last outer* loop (`out[o, i] = x[i, o]`: a
 //! materialized `.t()`, an NCHW ↔ NHWC permute, a copy from `split_transposes`;
 //! `Kernel::transposed_copy`) runs each run of its last outer loop as one call of the kernel
-//! library's transpose routine (`minductor_kernels::transpose`: 16 × 16 tiles transposed in
-//! registers on AVX-512, 8 × 8 on AVX2) instead of the 4-lane loop, which gathers every element
-//! from another cache line.
+//! library's transpose routine for the element's size (`minductor_kernels::transpose`: for f32,
+//! 16 × 16 tiles transposed in registers on AVX-512, 8 × 8 on AVX2) instead of the 4-lane loop,
+//! which gathers every element from another cache line (and for f16 and bf16 converts each to
+//! f32 and back).
 //!
 //! The routine reads and writes exactly the elements the loop would (the run's columns `o`,
 //! every `i` of the stage), so the kernel IR verifier's bounds hold for it as for the loop, and
@@ -15,8 +16,9 @@
 
 use super::*;
 use minductor_kernels::transpose::{
-    transpose_routine, TRANSPOSE_ARGS_BYTES, TRANSPOSE_ARGS_COLUMNS, TRANSPOSE_ARGS_DST,
-    TRANSPOSE_ARGS_DST_STRIDE, TRANSPOSE_ARGS_ROWS, TRANSPOSE_ARGS_SRC, TRANSPOSE_ARGS_SRC_STRIDE,
+    transpose_bits, transpose_routine, TransposeFn, TRANSPOSE_ARGS_BYTES, TRANSPOSE_ARGS_COLUMNS,
+    TRANSPOSE_ARGS_DST, TRANSPOSE_ARGS_DST_STRIDE, TRANSPOSE_ARGS_ROWS, TRANSPOSE_ARGS_SRC,
+    TRANSPOSE_ARGS_SRC_STRIDE,
 };
 
 /// A kernel that is one transposed copy: the store and the load it stores.
@@ -26,6 +28,17 @@ pub(super) struct TransposedCopy {
     load: Affine,
     dst: BufferId,
     store: Affine,
+    /// Bytes per element.
+    size: i64,
+    /// The kernel library's routine for elements of `size` bytes.
+    routine: TransposeFn,
+}
+
+impl TransposedCopy {
+    /// The vector width the routine copies at (for reports).
+    pub(super) fn bits(&self) -> u32 {
+        transpose_bits(self.size as usize).expect("a routine for the copy's element size")
+    }
 }
 
 /// `kernel` as a transposed copy whose contiguous load runs along its last outer loop (see
@@ -40,11 +53,14 @@ pub(super) fn transposed_copy(kernel: &Kernel, program: &Program) -> Option<Tran
     let Expr::Load { buffer, index, .. } = kernel.expr(stores[0].value) else {
         unreachable!("a transposed copy stores a load")
     };
+    let size = program.buffer(*buffer).dtype.size_bytes();
     Some(TransposedCopy {
         src: *buffer,
         load: index.clone(),
         dst: stores[0].buffer,
         store: stores[0].index.clone(),
+        size: size as i64,
+        routine: transpose_routine(size)?,
     })
 }
 
@@ -104,8 +120,8 @@ impl Lowering<'_, '_, '_> {
         self.vars.insert(inner, zero);
         let src = self.invariant_address(copy.src, &copy.load);
         let dst = self.invariant_address(copy.dst, &copy.store);
-        let src_stride = self.size_value(&copy.load.coefficient(inner), 4);
-        let dst_stride = self.size_value(&copy.store.coefficient(last), 4);
+        let src_stride = self.size_value(&copy.load.coefficient(inner), copy.size);
+        let dst_stride = self.size_value(&copy.store.coefficient(last), copy.size);
         let columns = self.b.ins().isub(hi, lo);
         let slot = self.b.create_sized_stack_slot(StackSlotData::new(
             StackSlotKind::ExplicitSlot,
@@ -127,8 +143,10 @@ impl Lowering<'_, '_, '_> {
         let mut sig = Signature::new(self.b.func.signature.call_conv);
         sig.params.push(AbiParam::new(types::I64));
         let sig = self.b.import_signature(sig);
-        let routine = transpose_routine();
-        let callee = self.b.ins().iconst(types::I64, routine as usize as i64);
+        let callee = self
+            .b
+            .ins()
+            .iconst(types::I64, copy.routine as usize as i64);
         self.b.ins().call_indirect(sig, callee, &[args]);
     }
 
