@@ -39,7 +39,10 @@
 //! ahead-of-time routine (`math::block`) turns them into results in place, and the last pass
 //! runs the stage's body, reading those results instead of computing them inline. The
 //! routines compute the same operations as the inline form, so results are unchanged; they do
-//! it on 16 lanes instead of 4.
+//! it on 16 lanes instead of 4. The same blocks convert half-precision data ([`Conversion`]):
+//! f16 and bf16 loads contiguous along the loop are widened into block buffers before the
+//! passes, such stores narrowed from block buffers after the last one, and an f32 rounded to a
+//! half type is one more math-block function.
 
 //! **Files.** This file holds the types of a lowering and its entry points; the methods live
 //! by concern in `lower/`: `loops.rs` (loop nests and hoisting), `emit.rs` (uniformity and the
@@ -61,6 +64,7 @@ use cranelift_codegen::ir::{
 use cranelift_frontend::{FunctionBuilder, Variable};
 use minductor_ir::{BinaryOp, CompareOp, DType, ReduceOp, SizeExpr, SymId, UnaryOp};
 use minductor_kernel_ir::*;
+use minductor_kernels::convert::{narrow_routine, round_routine, widen_routine, ConvertFn, Half};
 use std::collections::HashMap;
 
 mod address;
@@ -166,6 +170,9 @@ struct Lowering<'k, 'b, 'f> {
     direct_store: Option<Store>,
     /// The current stage's sum accumulators, when it is a sum (see [`SUM_BLOCK`]).
     fold: Option<Fold>,
+    /// The current stage's f16 and bf16 loads and stores converted a block at a time (see
+    /// [`Conversion`]).
+    conversions: Vec<Conversion>,
     /// Uses of each expression (as an operand or a stage's value), for contraction.
     uses: Vec<u32>,
     /// Whether products are contracted into fused multiply-adds (the host has FMA).
@@ -231,6 +238,23 @@ impl Fold {
             (16 * (slot + if compensation { UNROLL } else { 0 })) as i32
         }
     }
+}
+
+/// A load or store of f16 or bf16 elements contiguous along a vectorised stage's loop, converted
+/// a block at a time by the kernel library's routine (`minductor_kernels::convert`) where the
+/// CPU has one: before the stage's body, the block's elements are widened into a stack buffer
+/// of f32s that the body reads (a load); the body writes f32s there and after it they are
+/// narrowed into the output (a store). The routines give the inline conversions' bits (see
+/// `blocks.rs`).
+#[derive(Clone)]
+struct Conversion {
+    /// The load expression, or `None` for a store.
+    load: Option<ExprId>,
+    buffer_id: BufferId,
+    index: Affine,
+    routine: ConvertFn,
+    /// The block buffer's address.
+    buffer: Value,
 }
 
 /// A function computed in math blocks: the expression, its argument, the routine and the
@@ -302,6 +326,7 @@ pub fn lower_kernel(
         reciprocals: HashMap::new(),
         block_start: None,
         block_levels: Vec::new(),
+        conversions: Vec::new(),
         direct_store: None,
         block_row: None,
         fold: None,

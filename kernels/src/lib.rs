@@ -3,6 +3,7 @@
 //!
 //! - [`gemm`]: packing, cache blocking and micro-kernels of our GEMM, the implicit GEMM that
 //!   packs convolution panels straight from the input, and the Winograd F(2x2, 3x3) convolution;
+//! - [`convert`]: f16 and bf16 widened to f32 and narrowed back, a block at a time;
 //! - [`attention`]: the fused scaled-dot-product attention step (online softmax over key blocks);
 //! - [`math`]: the transcendental functions written once over [`math::Lanes`] (the code
 //!   generator implements it for Cranelift IR) and their ahead-of-time block routines;
@@ -16,6 +17,7 @@
 
 pub mod attention;
 pub mod cache;
+pub mod convert;
 pub mod gemm;
 pub mod math;
 pub mod scatter;

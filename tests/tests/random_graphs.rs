@@ -331,10 +331,13 @@ proptest! {
         let x = tracer.input("x", DType::F32, &shape);
         let y = tracer.input("y", DType::F32, &y_shape);
         let w = tracer.input("w", DType::F32, &[n, n]);
-        // Rounding the inputs (exactly as the interpreter does) exercises the conversions
-        // without amplifying last-ulp differences of later steps into half-precision ulps.
-        let mut v = match half_inputs {
-            Some(dt) => x.cast(dt).cast(DType::F32),
+        // Half inputs: `x`'s values rounded to the half type, loaded from a buffer of that
+        // type (`h`). They exercise the conversions (of loads, and of the half-precision
+        // store below) without amplifying last-ulp differences of later steps into
+        // half-precision ulps.
+        let h = half_inputs.map(|dt| tracer.input("h", dt, &shape));
+        let mut v = match &h {
+            Some(h) => h.cast(DType::F32),
             None => x.clone(),
         };
         for &s in &steps {
@@ -356,14 +359,24 @@ proptest! {
             2 => outputs.push(v.transpose(0, -1).softmax(-1)),
             _ => {}
         }
+        // A half-precision result stored: the half input doubled (exact in either type, so
+        // the comparison needs no half-precision tolerance; the routines' roundings are
+        // checked exhaustively in the kernel library).
+        if let (Some(dt), Some(h)) = (half_inputs, &h) {
+            outputs.push((h * 2.0).cast(dt));
+        }
         let graph = tracer.finish(&outputs).unwrap();
-        let inputs = [hashed_values(&shape, 1), hashed_values(&y_shape, 2), hashed_values(&[n, n], 3)];
+        let mut inputs = vec![hashed_values(&shape, 1), hashed_values(&y_shape, 2), hashed_values(&[n, n], 3)];
+        if let Some(dt) = half_inputs {
+            inputs.push(Tensor::from_f64(dt, &shape, &inputs[0].to_f64_vec()).unwrap());
+        }
         let want = interpret(&graph, &inputs).unwrap();
         // Frozen, `y` and `w` are constants: what depends on them only is computed at compile
         // time, and a GEMM reading `w` reads it packed once.
         let got = if freeze_y_and_w {
             let constants = [("y", inputs[1].clone()), ("w", inputs[2].clone())];
-            compile_frozen(&graph, &constants).unwrap().call(&inputs[..1]).unwrap()
+            let rest: Vec<Tensor> = [&inputs[..1], &inputs[3..]].concat();
+            compile_frozen(&graph, &constants).unwrap().call(&rest).unwrap()
         } else {
             compile(&graph).unwrap().call(&inputs).unwrap()
         };

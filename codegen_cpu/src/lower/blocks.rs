@@ -1,5 +1,6 @@
 //! Math blocks: a stage's transcendental functions computed a block of elements at a time by the
-//! kernel library's ahead-of-time routines (see the module docs of `lower`).
+//! kernel library's ahead-of-time routines (see the module docs of `lower`), and its f16 and
+//! bf16 loads and stores converted a block at a time ([`Conversion`]).
 
 use super::*;
 
@@ -164,6 +165,24 @@ impl Lowering<'_, '_, '_> {
                             None => inner,
                         }
                     }
+                    // An f32 rounded to f16's or bf16's values (a half-precision operation's
+                    // result in a chain computed in f32): inline, a conversion to the half's
+                    // bits and back, some 40 operations on 4 lanes for f16.
+                    (Expr::Cast(to @ (DType::F16 | DType::BF16), a), ScalarType::F32)
+                        if l.kernel.ty(*a) == ScalarType::F32 =>
+                    {
+                        let half = match to {
+                            DType::F16 => Half::F16,
+                            _ => Half::Bf16,
+                        };
+                        match round_routine(half) {
+                            Some(routine) => {
+                                found.push((e, *a, routine));
+                                inner + 1
+                            }
+                            None => inner,
+                        }
+                    }
                     _ => inner,
                 }
             };
@@ -193,5 +212,109 @@ impl Lowering<'_, '_, '_> {
             });
         }
         levels
+    }
+
+    /// The current stage's f16 and bf16 loads and stores to convert a block at a time: plain
+    /// loads and stores contiguous along the innermost loop (a load that varies along it), of a
+    /// buffer the kernel does not both load and store (converting a block of loads before the
+    /// body and the stores after it keeps the order of each element's read and write, not of
+    /// different elements'), where the CPU has the routine. Each gets a block buffer.
+    pub(super) fn conversions(&mut self, stage: &Stage) -> Vec<Conversion> {
+        let Some(inner) = self.innermost else {
+            return Vec::new();
+        };
+        let kernel = self.kernel;
+        let stored = kernel.stores();
+        let loaded: Vec<BufferId> = (kernel.exprs.iter())
+            .filter_map(|e| match e {
+                Expr::Load { buffer, .. } => Some(*buffer),
+                _ => None,
+            })
+            .collect();
+        let half = |b: BufferId| match self.program.buffer(b).dtype {
+            DType::F16 => Some(Half::F16),
+            DType::BF16 => Some(Half::Bf16),
+            _ => None,
+        };
+        let mut found: Vec<(Option<ExprId>, BufferId, Affine, ConvertFn)> = Vec::new();
+        for e in kernel.reachable(&stage.action.roots()) {
+            let Expr::Load {
+                buffer,
+                index,
+                indirect: None,
+            } = kernel.expr(e)
+            else {
+                continue;
+            };
+            let routine = half(*buffer).and_then(widen_routine);
+            if let (Some(routine), true, false) = (
+                routine,
+                index.coefficient(inner).is(1),
+                stored.contains(buffer),
+            ) {
+                found.push((Some(e), *buffer, index.clone(), routine));
+            }
+        }
+        if let StageAction::Store(stores) = &stage.action {
+            for st in stores {
+                let routine = half(st.buffer).and_then(narrow_routine);
+                if let (Some(routine), true, false) = (
+                    routine,
+                    st.index.coefficient(inner).is(1),
+                    loaded.contains(&st.buffer),
+                ) {
+                    found.push((None, st.buffer, st.index.clone(), routine));
+                }
+            }
+        }
+        found
+            .into_iter()
+            .map(|(load, buffer_id, index, routine)| {
+                // The largest block: a sum's, when no math block sets it.
+                let slot = self.b.create_sized_stack_slot(StackSlotData::new(
+                    StackSlotKind::ExplicitSlot,
+                    (MATH_BLOCK.max(SUM_BLOCK) * 4) as u32,
+                    4,
+                ));
+                let buffer = self.b.ins().stack_addr(types::I64, slot, 0);
+                Conversion {
+                    load,
+                    buffer_id,
+                    index,
+                    routine,
+                    buffer,
+                }
+            })
+            .collect()
+    }
+
+    /// Converts the block `start..end` of the innermost loop `var` for `c`: a load's elements
+    /// widened into its block buffer (which the body then reads for the load), or a store's
+    /// narrowed from its block buffer into the output.
+    pub(super) fn convert_block(&mut self, c: &Conversion, var: Var, start: Value, end: Value) {
+        self.vars.insert(var, start);
+        let at = self.address(c.buffer_id, &c.index, None, 0);
+        let n = self.b.ins().isub(end, start);
+        let (src, dst) = match c.load {
+            Some(_) => (at, c.buffer),
+            None => (c.buffer, at),
+        };
+        let mut sig = Signature::new(self.b.func.signature.call_conv);
+        for _ in 0..3 {
+            sig.params.push(AbiParam::new(types::I64));
+        }
+        let sig = self.b.import_signature(sig);
+        let callee = self.b.ins().iconst(types::I64, c.routine as usize as i64);
+        self.b.ins().call_indirect(sig, callee, &[src, dst, n]);
+        if let Some(e) = c.load {
+            self.block_values.insert(e, c.buffer);
+        }
+    }
+
+    /// The block buffer the current stage's store `st` goes to, if it is converted.
+    pub(super) fn block_store(&self, st: &Store) -> Option<Value> {
+        (self.conversions.iter())
+            .find(|c| c.load.is_none() && c.buffer_id == st.buffer && c.index == st.index)
+            .map(|c| c.buffer)
     }
 }

@@ -169,6 +169,7 @@ impl Lowering<'_, '_, '_> {
     }
 
     pub(super) fn stage(&mut self, n: usize, stage: &Stage, extents: &[Value]) {
+        self.conversions.clear();
         let depth = extents.len();
         self.innermost = if depth == 0 {
             None
@@ -186,10 +187,10 @@ impl Lowering<'_, '_, '_> {
         }
         let vector = depth > 0 && self.vectorizable(stage);
         self.stage_bits[n] = (depth > 0).then_some(if vector { 128 } else { 32 });
-        self.block_levels = if vector {
-            self.block_math(stage)
+        (self.block_levels, self.conversions) = if vector {
+            (self.block_math(stage), self.conversions(stage))
         } else {
-            Vec::new()
+            (Vec::new(), Vec::new())
         };
         self.direct_store = self.direct_store(stage);
         self.sites = self.address_sites(stage);
@@ -424,12 +425,13 @@ impl Lowering<'_, '_, '_> {
         let var = Var::Inner(level as u32);
         self.hoist_addresses();
         self.hoist_invariants();
-        if !self.block_levels.is_empty() || self.fold.is_some() {
+        if !self.block_levels.is_empty() || self.fold.is_some() || !self.conversions.is_empty() {
             let levels = std::mem::take(&mut self.block_levels);
             let direct = self.direct_store.take();
             let direct = direct.as_ref();
             let fold = self.fold.clone();
-            let step = if levels.is_empty() {
+            let conversions = self.conversions.clone();
+            let step = if levels.is_empty() && fold.is_some() {
                 SUM_BLOCK
             } else {
                 MATH_BLOCK
@@ -439,6 +441,10 @@ impl Lowering<'_, '_, '_> {
                     l.reset_block_sums(fold);
                 }
                 l.block_start = Some(start);
+                // The block's f16 and bf16 loads widened into their block buffers.
+                for c in conversions.iter().filter(|c| c.load.is_some()) {
+                    l.convert_block(c, var, start, end);
+                }
                 for functions in &levels {
                     // Arguments into the block buffers, then the routines in place.
                     l.range_loops(var, start, end, true, &mut |l, mode, _| {
@@ -462,6 +468,10 @@ impl Lowering<'_, '_, '_> {
                 }
                 if direct.is_none() {
                     l.range_loops(var, start, end, vector, body);
+                }
+                // The block's f16 and bf16 stores narrowed from their block buffers.
+                for c in conversions.iter().filter(|c| c.load.is_none()) {
+                    l.convert_block(c, var, start, end);
                 }
                 l.block_values.clear();
                 l.block_start = None;

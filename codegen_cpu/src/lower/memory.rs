@@ -129,6 +129,11 @@ impl Lowering<'_, '_, '_> {
     }
 
     pub(super) fn store(&mut self, st: &Store, v: Val, mode: Mode) {
+        if let Some(buffer) = self.block_store(st) {
+            // Narrowed a block at a time after the body (`Conversion`).
+            self.store_block(buffer, v, mode);
+            return;
+        }
         let dtype = self.program.buffer(st.buffer).dtype;
         let f = self.flags;
         if mode == Mode::Scalar || !dtype.is_float() {
