@@ -79,7 +79,7 @@ mod transpose;
 
 pub use rows::{
     kernel_vector_bits, set_row_kernels, set_row_shapes_by_cpu, stage_streams, stage_vector_bits,
-    step_forms, step_vector_bits,
+    step_forms, step_vector_bits, HALF_ROW,
 };
 
 /// Lanes of the vector type Cranelift lowers on x86-64 (128-bit).
@@ -173,6 +173,9 @@ struct Lowering<'k, 'b, 'f> {
     /// The current stage's f16 and bf16 loads and stores converted a block at a time (see
     /// [`Conversion`]).
     conversions: Vec<Conversion>,
+    /// The current stage's row length, when it has one loop of a static extent (half rows
+    /// for the row routines: see `rows.rs`).
+    row_extent: Option<usize>,
     /// Uses of each expression (as an operand or a stage's value), for contraction.
     uses: Vec<u32>,
     /// Whether products are contracted into fused multiply-adds (the host has FMA).
@@ -327,6 +330,7 @@ pub fn lower_kernel(
         block_start: None,
         block_levels: Vec::new(),
         conversions: Vec::new(),
+        row_extent: None,
         direct_store: None,
         block_row: None,
         fold: None,

@@ -1,11 +1,14 @@
 //! Kernels over f16 and bf16 tensors: their loads and stores contiguous along a stage's loop are
 //! converted a block at a time by the kernel library's routines, and a half-precision
 //! operation's rounding in a chain of f32 operations is a math block (`lower/blocks.rs`,
-//! `minductor_kernels::convert`). Each graph runs at lengths that end blocks short (1, 17, 257,
-//! 1000) and cross a sum's block of 1024 (1030), against the interpreter within one rounding of
-//! the half type (it computes in f64 and rounds once per operation, the kernels in f32), and
-//! bit for bit across 1, 2 and 3 threads.
+//! `minductor_kernels::convert`); row stages (softmax, layer norm) widen their half rows for the
+//! row routines and narrow their output rows (`lower/rows.rs`), up to `HALF_ROW` elements, and
+//! run the blocks past that. Each graph runs at lengths that end blocks short (1, 17, 257, 1000),
+//! cross a sum's block of 1024 (1030) and exceed `HALF_ROW` (8200), against the interpreter
+//! within one rounding of the half type (it computes in f64 and rounds once per operation, the
+//! kernels in f32), and bit for bit across 1, 2 and 3 threads.
 
+use minductor::internals::codegen_cpu::lower::HALF_ROW;
 use minductor::{compile, interpret, DType, Graph, Tensor, Traced, Tracer};
 use minductor_tests::{hashed_values, Tolerance};
 
@@ -30,8 +33,14 @@ fn tolerance(dtype: DType) -> Tolerance {
 }
 
 fn check(f: fn(&Traced, DType) -> Vec<Traced>, what: &str) {
+    const {
+        assert!(
+            HALF_ROW < 8200,
+            "the longest row is past the row routines' half rows"
+        )
+    };
     for dtype in [DType::F16, DType::BF16] {
-        for n in [1, 17, 257, 1000, 1030] {
+        for n in [1, 17, 257, 1000, 1030, 8200] {
             let (graph, inputs) = graph(dtype, n, f);
             let context = format!("{what}, {dtype:?}, n = {n}\n{graph}");
             let compiled = compile(&graph).unwrap();
@@ -75,4 +84,51 @@ fn reductions_over_half_precision_rows() {
         },
         "sum in f32, exp to half",
     );
+}
+
+/// The row stages of an f16 or bf16 softmax and layer norm run the row routines (the CPU's
+/// full width) up to `HALF_ROW` elements, and the 4-lane loop with block conversions past it.
+#[test]
+fn half_rows_run_the_row_routines() {
+    use minductor::internals::codegen_cpu::lower::stage_vector_bits;
+    use minductor::internals::codegen_cpu::math::block::{block_isa, BlockIsa};
+    use minductor::internals::kernel_ir::Step;
+    let Some(isa) = block_isa() else {
+        return; // No routines on this CPU: nothing to check.
+    };
+    let row_bits = match isa {
+        BlockIsa::Avx512 => 512,
+        BlockIsa::Avx2 => 256,
+    };
+    let graphs: [fn(&Traced, DType) -> Vec<Traced>; 2] = [
+        |x, _| vec![x.softmax(-1)],
+        |x, _| vec![x.layer_norm(&[x.shape()[1]], None, None, 1e-5)],
+    ];
+    for dtype in [DType::F16, DType::BF16] {
+        for f in graphs {
+            for (n, want) in [(1000, row_bits), (8200, 128)] {
+                let (graph, _) = graph(dtype, n, f);
+                let program = compile(&graph)
+                    .unwrap()
+                    .artifacts()
+                    .program
+                    .clone()
+                    .unwrap();
+                let bits: Vec<Option<u32>> = (program.steps.iter())
+                    .flat_map(|s| match s {
+                        Step::Kernel(k) => stage_vector_bits(k, &program),
+                        _ => Vec::new(),
+                    })
+                    .collect();
+                assert_eq!(
+                    bits.last(),
+                    Some(&Some(want)),
+                    "{dtype:?}, n = {n}\n{program}"
+                );
+                if n <= HALF_ROW {
+                    assert!(bits.iter().all(|&b| b == Some(want)), "{bits:?}\n{program}");
+                }
+            }
+        }
+    }
 }

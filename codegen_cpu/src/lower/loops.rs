@@ -170,6 +170,10 @@ impl Lowering<'_, '_, '_> {
 
     pub(super) fn stage(&mut self, n: usize, stage: &Stage, extents: &[Value]) {
         self.conversions.clear();
+        self.row_extent = match stage.extent.as_slice() {
+            [d] => d.as_static(),
+            _ => None,
+        };
         let depth = extents.len();
         self.innermost = if depth == 0 {
             None

@@ -8,6 +8,11 @@
 //! on AVX2. Where the CPU has neither (or `MINDUCTOR_ROW_KERNELS=0`), the stage runs the
 //! Cranelift loop as before.
 //!
+//! Rows of f16 or bf16 (a static row of at most [`HALF_ROW`] elements) take the same routines:
+//! each such row the routine reads is first widened into an f32 row on the stack by the kernel
+//! library's conversion routine (`minductor_kernels::convert`), and a half output row is
+//! written there and narrowed after the call; the conversions are the inline form's bits.
+//!
 //! Why ahead-of-time shapes rather than an emitter of our own: the stages of row kernels are a
 //! handful of shapes (the suite's softmax, layer norm, RMS norm and gated products are all
 //! chains of at most five steps), a routine per shape is compiled by LLVM with every value in
@@ -31,7 +36,12 @@ use cranelift_codegen::ir::{
 };
 use minductor_ir::{BinaryOp, DType, ReduceOp, UnaryOp};
 use minductor_kernel_ir::*;
+use minductor_kernels::convert::{narrow_routine, widen_routine, ConvertFn, Half};
 use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
+
+/// The longest f16 or bf16 row a row routine takes (each converted row is a stack buffer of
+/// this many f32s: 32 KiB).
+pub const HALF_ROW: usize = 8192;
 
 /// A row stage's routine and the rows and values it is given.
 pub(super) struct RowPlan {
@@ -238,7 +248,19 @@ impl Lowering<'_, '_, '_> {
                 [st] => {
                     bits |= RowShape::STORE;
                     out = Some(st);
-                    st.value
+                    // A value rounded to the half type it is stored in: the store rounds it
+                    // alike (rounding to nearest-even twice is rounding once).
+                    let dtype = self.program.buffer(st.buffer).dtype;
+                    match *self.kernel.expr(st.value) {
+                        Expr::Cast(to, a)
+                            if to == dtype
+                                && matches!(to, DType::F16 | DType::BF16)
+                                && self.kernel.ty(a) == ScalarType::F32 =>
+                        {
+                            a
+                        }
+                        _ => st.value,
+                    }
                 }
                 _ => return None,
             },
@@ -246,7 +268,8 @@ impl Lowering<'_, '_, '_> {
         };
         if let Some(st) = out {
             let f32_out = self.program.buffer(st.buffer).dtype == DType::F32;
-            if !f32_out || !st.index.coefficient(inner).is(1) {
+            let half_out = self.half_row(st.buffer).and_then(narrow_routine).is_some();
+            if !(f32_out || half_out) || !st.index.coefficient(inner).is(1) {
                 return None;
             }
         }
@@ -522,10 +545,13 @@ impl Lowering<'_, '_, '_> {
         // An output whose static size says it cannot stay in the last-level cache until it is
         // read (see `streams_stores`), and that this kernel does not read (a softmax reads
         // back the exponentials it stored: they must stay in cache).
+        // (A half output row is written on the stack, then narrowed: not streamed.)
         let stream = out.is_some_and(|st| {
+            let half = self.program.buffer(st.buffer).dtype != DType::F32;
             let read_here = (k.exprs.iter())
                 .any(|e| matches!(e, Expr::Load { buffer, .. } if *buffer == st.buffer));
             !read_here
+                && !half
                 && self
                     .bytes(st.buffer)
                     .zip(self.traffic())
@@ -646,13 +672,48 @@ impl Lowering<'_, '_, '_> {
                 buffer,
                 index,
                 indirect: None,
-            } if self.program.buffer(*buffer).dtype == DType::F32
-                && index.coefficient(inner).is(1) =>
+            } if index.coefficient(inner).is(1)
+                && (self.program.buffer(*buffer).dtype == DType::F32
+                    || self.half_row(*buffer).and_then(widen_routine).is_some()) =>
             {
                 Some((*buffer, index.clone()))
             }
             _ => None,
         }
+    }
+
+    /// `buffer`'s half type, if it holds f16 or bf16 and the current stage's row is static and
+    /// at most [`HALF_ROW`] long (its rows can be converted on the stack).
+    fn half_row(&self, buffer: BufferId) -> Option<Half> {
+        let half = match self.program.buffer(buffer).dtype {
+            DType::F16 => Half::F16,
+            DType::BF16 => Half::Bf16,
+            _ => return None,
+        };
+        self.row_extent
+            .is_some_and(|n| n <= HALF_ROW)
+            .then_some(half)
+    }
+
+    /// The f32 row a half row converts to: a stack buffer of [`HALF_ROW`] f32s.
+    fn half_row_buffer(&mut self) -> Value {
+        let slot = self.b.create_sized_stack_slot(StackSlotData::new(
+            StackSlotKind::ExplicitSlot,
+            (HALF_ROW * 4) as u32,
+            6,
+        ));
+        self.b.ins().stack_addr(types::I64, slot, 0)
+    }
+
+    /// `routine(src, dst, n)`: a conversion of `n` elements.
+    fn convert_row(&mut self, routine: ConvertFn, src: Value, dst: Value, n: Value) {
+        let mut sig = Signature::new(self.b.func.signature.call_conv);
+        for _ in 0..3 {
+            sig.params.push(AbiParam::new(types::I64));
+        }
+        let sig = self.b.import_signature(sig);
+        let callee = self.b.ins().iconst(types::I64, routine as usize as i64);
+        self.b.ins().call_indirect(sig, callee, &[src, dst, n]);
     }
 
     /// The call of `plan`'s routine for the current row of stage `n` (`extent` elements):
@@ -669,23 +730,39 @@ impl Lowering<'_, '_, '_> {
         ));
         let args = self.b.ins().stack_addr(types::I64, slot, 0);
         let flags = self.flags;
-        let x = self.row_address(&plan.x);
+        let x = self.row_operand(&plan.x, extent);
         let rows = [
-            (ROW_ARGS_X, Some(&plan.x)),
             (ROW_ARGS_W, plan.w.as_ref()),
             (ROW_ARGS_B, plan.b.as_ref()),
             (ROW_ARGS_C, plan.c.as_ref()),
-            (ROW_ARGS_OUT, plan.out.as_ref()),
             (ROW_ARGS_P, plan.p.as_ref()),
             (ROW_ARGS_Q, plan.q.as_ref()),
         ];
+        self.b.ins().store(flags, x, args, ROW_ARGS_X);
         for (at, row) in rows {
             let p = match row {
-                Some(row) => self.row_address(row),
+                Some(row) => self.row_operand(row, extent),
                 None => x,
             };
             self.b.ins().store(flags, p, args, at);
         }
+        // The output row, or for a half one the f32 row narrowed after the call.
+        let mut narrow = None;
+        let out = match &plan.out {
+            Some(row) => {
+                let at = self.row_address(row);
+                match self.half_row(row.0).and_then(narrow_routine) {
+                    Some(routine) => {
+                        let scratch = self.half_row_buffer();
+                        narrow = Some((routine, scratch, at));
+                        scratch
+                    }
+                    None => at,
+                }
+            }
+            None => x,
+        };
+        self.b.ins().store(flags, out, args, ROW_ARGS_OUT);
         self.b.ins().store(flags, extent, args, ROW_ARGS_N);
         let row_flags = if plan.stream { ROW_STREAM } else { 0 };
         let row_flags = self.b.ins().iconst(types::I32, row_flags as i64);
@@ -733,7 +810,24 @@ impl Lowering<'_, '_, '_> {
             let result = self.b.inst_results(call)[0];
             self.stage_results[n] = Some(self.pin(result));
         }
+        if let Some((routine, scratch, at)) = narrow {
+            self.convert_row(routine, scratch, at, extent);
+        }
         self.forget();
+    }
+
+    /// Address of the first element of `row` in the current row as f32s: the row itself, or
+    /// for an f16 or bf16 row its `extent` elements widened into a stack buffer.
+    fn row_operand(&mut self, row: &(BufferId, Affine), extent: Value) -> Value {
+        let at = self.row_address(row);
+        match self.half_row(row.0).and_then(widen_routine) {
+            Some(routine) => {
+                let scratch = self.half_row_buffer();
+                self.convert_row(routine, at, scratch, extent);
+                scratch
+            }
+            None => at,
+        }
     }
 
     /// Address of the first element of `row` in the current row.

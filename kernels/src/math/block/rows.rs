@@ -621,6 +621,9 @@ shapes! {
     // Stores: a row scaled (softmax's `e / sum`, RMS norm without weight), normalized
     // (layer norm, with weight and bias or either), RMS norm with weight.
     R::SCALE | R::STORE,
+    // Softmax's `exp(x - max) / sum` with the exponentials computed again (its output is not
+    // f32, so they were not stored: an f16 or bf16 softmax).
+    R::SUB | EXP | R::SCALE | R::STORE,
     R::SUB | R::SCALE | R::STORE,
     R::SUB | R::SCALE | R::MUL_ROW | R::STORE,
     R::SUB | R::SCALE | R::ADD_ROW | R::STORE,
