@@ -367,6 +367,12 @@ fn isa() -> Result<std::sync::Arc<dyn cranelift_codegen::isa::TargetIsa>, Codege
     set(&mut flags, "opt_level", "speed")?;
     set(&mut flags, "use_colocated_libcalls", "false")?;
     set(&mut flags, "is_pic", "false")?;
+    // A kernel's frame holds its stack buffers (math blocks, conversions, a row routine's
+    // f16/bf16 rows: up to tens of KiB); frames past a page touch each page on entry, so a
+    // call near the end of a thread's stack meets the guard page (a stack overflow) instead of
+    // writing past it.
+    set(&mut flags, "enable_probestack", "true")?;
+    set(&mut flags, "probestack_strategy", "inline")?;
     let isa_builder =
         cranelift_native::builder().map_err(|e| CodegenError::Cranelift(e.to_string()))?;
     isa_builder
