@@ -59,7 +59,7 @@ use crate::math::{emit_math, emit_pow, host_has_fma, MathFn, GELU_SCALE};
 use cranelift_codegen::ir::condcodes::{FloatCC, IntCC};
 use cranelift_codegen::ir::{
     types, AbiParam, Block, ConstantData, Function, InstBuilder, MemFlagsData, Signature,
-    StackSlotData, StackSlotKind, Type, Value,
+    StackSlot, StackSlotData, StackSlotKind, Type, Value,
 };
 use cranelift_frontend::{FunctionBuilder, Variable};
 use minductor_ir::{BinaryOp, CompareOp, DType, ReduceOp, SizeExpr, SymId, UnaryOp};
@@ -176,6 +176,9 @@ struct Lowering<'k, 'b, 'f> {
     /// The current stage's row length, when it has one loop of a static extent (half rows
     /// for the row routines: see `rows.rs`).
     row_extent: Option<usize>,
+    /// The stack rows f16 and bf16 rows are widened into for the row routines, shared by the
+    /// kernel's stages (see `rows.rs`).
+    half_rows: Vec<StackSlot>,
     /// Uses of each expression (as an operand or a stage's value), for contraction.
     uses: Vec<u32>,
     /// Whether products are contracted into fused multiply-adds (the host has FMA).
@@ -331,6 +334,7 @@ pub fn lower_kernel(
         block_levels: Vec::new(),
         conversions: Vec::new(),
         row_extent: None,
+        half_rows: Vec::new(),
         direct_store: None,
         block_row: None,
         fold: None,

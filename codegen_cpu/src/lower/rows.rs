@@ -695,14 +695,19 @@ impl Lowering<'_, '_, '_> {
             .then_some(half)
     }
 
-    /// The f32 row a half row converts to: a stack buffer of [`HALF_ROW`] f32s.
-    fn half_row_buffer(&mut self) -> Value {
-        let slot = self.b.create_sized_stack_slot(StackSlotData::new(
-            StackSlotKind::ExplicitSlot,
-            (HALF_ROW * 4) as u32,
-            6,
-        ));
-        self.b.ins().stack_addr(types::I64, slot, 0)
+    /// The f32 row the `k`-th half row of a routine call converts to: a stack buffer of
+    /// [`HALF_ROW`] f32s, one per `k` for the whole kernel (the stages' calls come one after the
+    /// other, and each is done with its rows when it returns).
+    fn half_row_buffer(&mut self, k: usize) -> Value {
+        while self.half_rows.len() <= k {
+            let slot = self.b.create_sized_stack_slot(StackSlotData::new(
+                StackSlotKind::ExplicitSlot,
+                (HALF_ROW * 4) as u32,
+                6,
+            ));
+            self.half_rows.push(slot);
+        }
+        self.b.ins().stack_addr(types::I64, self.half_rows[k], 0)
     }
 
     /// `routine(src, dst, n)`: a conversion of `n` elements.
@@ -730,7 +735,8 @@ impl Lowering<'_, '_, '_> {
         ));
         let args = self.b.ins().stack_addr(types::I64, slot, 0);
         let flags = self.flags;
-        let x = self.row_operand(&plan.x, extent);
+        let mut halves = 0;
+        let x = self.row_operand(&plan.x, extent, &mut halves);
         let rows = [
             (ROW_ARGS_W, plan.w.as_ref()),
             (ROW_ARGS_B, plan.b.as_ref()),
@@ -741,7 +747,7 @@ impl Lowering<'_, '_, '_> {
         self.b.ins().store(flags, x, args, ROW_ARGS_X);
         for (at, row) in rows {
             let p = match row {
-                Some(row) => self.row_operand(row, extent),
+                Some(row) => self.row_operand(row, extent, &mut halves),
                 None => x,
             };
             self.b.ins().store(flags, p, args, at);
@@ -753,7 +759,7 @@ impl Lowering<'_, '_, '_> {
                 let at = self.row_address(row);
                 match self.half_row(row.0).and_then(narrow_routine) {
                     Some(routine) => {
-                        let scratch = self.half_row_buffer();
+                        let scratch = self.half_row_buffer(halves);
                         narrow = Some((routine, scratch, at));
                         scratch
                     }
@@ -817,12 +823,19 @@ impl Lowering<'_, '_, '_> {
     }
 
     /// Address of the first element of `row` in the current row as f32s: the row itself, or
-    /// for an f16 or bf16 row its `extent` elements widened into a stack buffer.
-    fn row_operand(&mut self, row: &(BufferId, Affine), extent: Value) -> Value {
+    /// for an f16 or bf16 row its `extent` elements widened into the call's next stack row
+    /// (`halves` counts them).
+    fn row_operand(
+        &mut self,
+        row: &(BufferId, Affine),
+        extent: Value,
+        halves: &mut usize,
+    ) -> Value {
         let at = self.row_address(row);
         match self.half_row(row.0).and_then(widen_routine) {
             Some(routine) => {
-                let scratch = self.half_row_buffer();
+                let scratch = self.half_row_buffer(*halves);
+                *halves += 1;
                 self.convert_row(routine, at, scratch, extent);
                 scratch
             }
