@@ -179,6 +179,8 @@ struct Lowering<'k, 'b, 'f> {
     /// The stack rows f16 and bf16 rows are widened into for the row routines, shared by the
     /// kernel's stages (see `rows.rs`).
     half_rows: Vec<StackSlot>,
+    /// The block buffers of [`Conversion`]s, shared by the kernel's stages.
+    conversion_slots: Vec<StackSlot>,
     /// Uses of each expression (as an operand or a stage's value), for contraction.
     uses: Vec<u32>,
     /// Whether products are contracted into fused multiply-adds (the host has FMA).
@@ -335,6 +337,7 @@ pub fn lower_kernel(
         conversions: Vec::new(),
         row_extent: None,
         half_rows: Vec::new(),
+        conversion_slots: Vec::new(),
         direct_store: None,
         block_row: None,
         fold: None,

@@ -218,7 +218,8 @@ impl Lowering<'_, '_, '_> {
     /// loads and stores contiguous along the innermost loop (a load that varies along it), of a
     /// buffer the kernel does not both load and store (converting a block of loads before the
     /// body and the stores after it keeps the order of each element's read and write, not of
-    /// different elements'), where the CPU has the routine. Each gets a block buffer.
+    /// different elements'), where the CPU has the routine. Each gets a block buffer (the
+    /// `k`-th of every stage the same).
     pub(super) fn conversions(&mut self, stage: &Stage) -> Vec<Conversion> {
         let Some(inner) = self.innermost else {
             return Vec::new();
@@ -269,13 +270,19 @@ impl Lowering<'_, '_, '_> {
         }
         found
             .into_iter()
-            .map(|(load, buffer_id, index, routine)| {
-                // The largest block: a sum's, when no math block sets it.
-                let slot = self.b.create_sized_stack_slot(StackSlotData::new(
-                    StackSlotKind::ExplicitSlot,
-                    (MATH_BLOCK.max(SUM_BLOCK) * 4) as u32,
-                    4,
-                ));
+            .enumerate()
+            .map(|(k, (load, buffer_id, index, routine))| {
+                // The largest block: a sum's, when no math block sets it. The stages come one
+                // after the other: the `k`-th conversion of each shares one buffer.
+                while self.conversion_slots.len() <= k {
+                    let slot = self.b.create_sized_stack_slot(StackSlotData::new(
+                        StackSlotKind::ExplicitSlot,
+                        (MATH_BLOCK.max(SUM_BLOCK) * 4) as u32,
+                        4,
+                    ));
+                    self.conversion_slots.push(slot);
+                }
+                let slot = self.conversion_slots[k];
                 let buffer = self.b.ins().stack_addr(types::I64, slot, 0);
                 Conversion {
                     load,
