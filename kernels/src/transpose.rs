@@ -225,477 +225,500 @@ unsafe extern "C" fn transpose64_portable(args: *const TransposeArgs) {
 }
 
 #[cfg(target_arch = "x86_64")]
-unsafe extern "C" fn transpose32_avx512_entry(args: *const TransposeArgs) {
-    // SAFETY: `transpose_routine` hands this form out only where the CPU has AVX-512F, and
-    // `transpose_forms` only after detecting it; the arguments are the caller's contract.
-    unsafe { transpose32_avx512(&*args) }
-}
+use x86::{
+    transpose16_avx2_entry, transpose32_avx2_entry, transpose32_avx512_entry,
+    transpose64_avx2_entry, transpose64_avx512_entry,
+};
 
-/// Tiles of 16 columns (the result's rows), each down all the rows in steps of 16: 16 source
-/// rows loaded (masked past the block's columns), transposed, stored as 16 rows of the result
-/// (masked past the block's rows). The first tile of columns ends where the source's lines do
-/// (when its rows are 64-byte aligned alike), so that every later tile reads whole lines.
-///
-/// # Safety
-/// The CPU has AVX-512F; `a` as [`TransposeFn`].
+/// The register forms: one loop over tiles ([`x86::tiles`]) and, per form, how a tile row is
+/// loaded and stored and how a tile is transposed ([`x86::Form`]).
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f")]
-unsafe fn transpose32_avx512(a: &TransposeArgs) {
+mod x86 {
+    use super::{TransposeArgs, PREFETCH};
     use std::arch::x86_64::*;
-    let (rows, columns) = (a.rows.max(0) as usize, a.columns.max(0) as usize);
-    let (src, dst) = (a.src as *const f32, a.dst as *mut f32);
-    let (ss, ds) = (a.src_row_stride as isize, a.dst_row_stride as isize);
-    // Elements before the next 64-byte boundary of the first row (the first tile's width).
-    let first = match (src as usize) % 4 {
-        0 => (TILE - (src as usize / 4) % TILE) % TILE,
-        _ => 0,
-    };
-    let mut c0 = 0;
-    while c0 < columns {
-        let width = match (c0, first) {
-            (0, f) if f > 0 => f,
-            _ => TILE,
-        }
-        .min(columns - c0);
-        let column_mask: __mmask16 = ((1u32 << width) - 1) as __mmask16;
-        let mut r0 = 0;
-        while r0 < rows {
-            let height = (rows - r0).min(TILE);
-            let row_mask: __mmask16 = ((1u32 << height) - 1) as __mmask16;
-            let mut v = [_mm512_setzero_ps(); TILE];
-            if PREFETCH > 0 && r0 + PREFETCH * TILE + TILE <= rows {
-                for k in 0..TILE {
-                    // A hint only: the address need not be valid.
-                    let row = src
-                        .add(c0)
-                        .wrapping_byte_offset((r0 + PREFETCH * TILE + k) as isize * ss);
-                    _mm_prefetch::<_MM_HINT_T0>(row as *const i8);
+
+    /// `T × T` tiles in registers of type `V`, elements of `SIZE` bytes. Every method is
+    /// `#[inline(always)]` so that it compiles inside the `#[target_feature]` function that runs
+    /// [`tiles`] for the form, with that instruction set.
+    pub(super) trait Form<const T: usize> {
+        type V: Copy;
+        /// An integer of the element's size (for the portable tiles at the edges).
+        type Elem: Copy + Default;
+        const SIZE: usize;
+        /// Whether loads and stores can be cut short (masked): else only whole tiles run here.
+        const MASKED: bool;
+        /// Whether the first tile of columns ends at a 64-byte boundary of the source (when its
+        /// rows are aligned alike), so that every later tile reads whole lines.
+        const ALIGN_FIRST: bool;
+        /// Whether each tile's source lines are prefetched [`PREFETCH`] tiles ahead.
+        const PREFETCH: bool;
+        fn zero() -> Self::V;
+        /// The first `width` elements (`1..=T`; `T` unless `MASKED`) at `row`, the others 0.
+        ///
+        /// # Safety
+        /// The CPU has the form's instruction set; `width` elements are readable at `row`.
+        unsafe fn load(row: *const u8, width: usize) -> Self::V;
+        /// The first `height` elements (`1..=T`) of `v` to `row`.
+        ///
+        /// # Safety
+        /// The CPU has the form's instruction set; `height` elements are writable at `row`.
+        unsafe fn store(row: *mut u8, height: usize, v: Self::V);
+        /// The columns of the tile of rows `r`.
+        fn transpose(r: &[Self::V; T]) -> [Self::V; T];
+    }
+
+    /// The transposed copy `a` in tiles of `F`: tiles of columns (the result's rows), each down
+    /// all the rows a tile at a time: rows loaded (cut at the block's columns), transposed,
+    /// stored as rows of the result (cut at the block's rows). A form without masked moves
+    /// (`F::MASKED` false) runs the whole tiles only, and the block's edges past them go through
+    /// the portable tiles.
+    ///
+    /// # Safety
+    /// The CPU has `F`'s instruction set; `a` as [`super::TransposeFn`] for `F::SIZE`-byte
+    /// elements.
+    #[inline(always)]
+    pub(super) unsafe fn tiles<const T: usize, F: Form<T>>(a: &TransposeArgs) {
+        let (rows, columns) = (a.rows.max(0) as usize, a.columns.max(0) as usize);
+        if !F::MASKED {
+            let (whole_rows, whole_columns) = (rows - rows % T, columns - columns % T);
+            for c0 in (0..whole_columns).step_by(T) {
+                for r0 in (0..whole_rows).step_by(T) {
+                    // SAFETY: a whole tile of the block.
+                    unsafe { tile::<T, F>(a, r0, c0, T, T) };
                 }
             }
-            for (k, v) in v.iter_mut().enumerate().take(height) {
-                // SAFETY: row `r0 + k < rows`; the mask keeps the load to columns `c0..c0 +
-                // width` of it, elements of the block (masked lanes are neither read nor
-                // faulted on).
-                *v = unsafe {
-                    let row = src.add(c0).byte_offset((r0 + k) as isize * ss);
-                    if width == TILE {
-                        _mm512_loadu_ps(row)
-                    } else {
-                        _mm512_maskz_loadu_ps(column_mask, row)
-                    }
-                };
-            }
-            crate::gemm::transpose16(&mut v);
-            for (j, v) in v.iter().enumerate().take(width) {
-                // SAFETY: column `c0 + j < columns` is row `c0 + j` of the result; the mask keeps
-                // the store to its elements `r0..r0 + height`, inside the block.
+            // SAFETY (both): the parts start at elements of the block and lie inside it.
+            if whole_columns < columns && rows > 0 {
                 unsafe {
-                    let row = dst.byte_offset((c0 + j) as isize * ds).add(r0);
-                    if height == TILE {
-                        _mm512_storeu_ps(row, *v);
-                    } else {
-                        _mm512_mask_storeu_ps(row, row_mask, *v);
-                    }
+                    let rest = part(a, F::SIZE, 0, whole_columns, rows, columns - whole_columns);
+                    super::transpose_tiles::<F::Elem>(&rest);
                 }
             }
-            r0 += TILE;
-        }
-        c0 += width;
-    }
-}
-
-#[cfg(target_arch = "x86_64")]
-unsafe extern "C" fn transpose32_avx2_entry(args: *const TransposeArgs) {
-    // SAFETY: `transpose_routine` hands this form out only where the CPU has AVX2 (the block
-    // routines' `BlockIsa::Avx2`), and `transpose_forms` only after detecting it; the
-    // arguments are the caller's contract.
-    unsafe { transpose32_avx2(&*args) }
-}
-
-/// The AVX2 form: as [`transpose32_avx512`], with 8 × 8 tiles and masks made of lane
-/// comparisons. A tile reads half of each source line; the other half is read by the next tile
-/// of columns, from L2. Measured on `x.t()` copies at 1 thread (Zen 4, `MINDUCTOR_MATH_BLOCKS=
-/// avx2`): 2048 × 2048 in 2.50–2.58 ms (the AVX-512 form 1.4–1.6, the portable one 6.7–7.7, the
-/// 4-lane loop 22.8); two tiles side by side (whole source lines) took 2.9–3.8 ms, and a
-/// prefetch as the AVX-512 form's gained nothing.
-///
-/// # Safety
-/// The CPU has AVX2; `a` as [`TransposeFn`].
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2")]
-unsafe fn transpose32_avx2(a: &TransposeArgs) {
-    use std::arch::x86_64::*;
-    const T: usize = 8;
-    let (rows, columns) = (a.rows.max(0) as usize, a.columns.max(0) as usize);
-    let (src, dst) = (a.src as *const f32, a.dst as *mut f32);
-    let (ss, ds) = (a.src_row_stride as isize, a.dst_row_stride as isize);
-    let lanes = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
-    let mask = |n: usize| _mm256_cmpgt_epi32(_mm256_set1_epi32(n as i32), lanes);
-    let mut c0 = 0;
-    while c0 < columns {
-        let width = (columns - c0).min(T);
-        let column_mask = mask(width);
-        let mut r0 = 0;
-        while r0 < rows {
-            let height = (rows - r0).min(T);
-            let mut r = [_mm256_setzero_ps(); T];
-            for (k, r) in r.iter_mut().enumerate().take(height) {
-                // SAFETY: row `r0 + k < rows`; the mask keeps the load to columns `c0..c0 +
-                // width` of it (masked lanes are neither read nor faulted on).
-                *r = unsafe {
-                    let row = src.add(c0).byte_offset((r0 + k) as isize * ss);
-                    if width == T {
-                        _mm256_loadu_ps(row)
-                    } else {
-                        _mm256_maskload_ps(row, column_mask)
-                    }
-                };
-            }
-            let row_mask = mask(height);
-            for (j, v) in transpose8(&r).iter().enumerate().take(width) {
-                // SAFETY: column `c0 + j < columns` is row `c0 + j` of the result; the mask
-                // keeps the store to its elements `r0..r0 + height`, inside the block.
+            if whole_rows < rows && whole_columns > 0 {
                 unsafe {
-                    let row = dst.byte_offset((c0 + j) as isize * ds).add(r0);
-                    if height == T {
-                        _mm256_storeu_ps(row, *v);
-                    } else {
-                        _mm256_maskstore_ps(row, row_mask, *v);
-                    }
+                    let rest = part(a, F::SIZE, whole_rows, 0, rows - whole_rows, whole_columns);
+                    super::transpose_tiles::<F::Elem>(&rest);
                 }
             }
-            r0 += T;
+            return;
         }
-        c0 += width;
-    }
-}
-
-/// The 8 × 8 transpose of rows `r`: its columns. 32-bit and 64-bit interleaves within 128-bit
-/// lanes, then lane swaps.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2")]
-#[inline]
-fn transpose8(r: &[std::arch::x86_64::__m256; 8]) -> [std::arch::x86_64::__m256; 8] {
-    use std::arch::x86_64::*;
-    let t = [
-        _mm256_unpacklo_ps(r[0], r[1]),
-        _mm256_unpackhi_ps(r[0], r[1]),
-        _mm256_unpacklo_ps(r[2], r[3]),
-        _mm256_unpackhi_ps(r[2], r[3]),
-        _mm256_unpacklo_ps(r[4], r[5]),
-        _mm256_unpackhi_ps(r[4], r[5]),
-        _mm256_unpacklo_ps(r[6], r[7]),
-        _mm256_unpackhi_ps(r[6], r[7]),
-    ];
-    let u = [
-        _mm256_shuffle_ps::<0x44>(t[0], t[2]),
-        _mm256_shuffle_ps::<0xEE>(t[0], t[2]),
-        _mm256_shuffle_ps::<0x44>(t[1], t[3]),
-        _mm256_shuffle_ps::<0xEE>(t[1], t[3]),
-        _mm256_shuffle_ps::<0x44>(t[4], t[6]),
-        _mm256_shuffle_ps::<0xEE>(t[4], t[6]),
-        _mm256_shuffle_ps::<0x44>(t[5], t[7]),
-        _mm256_shuffle_ps::<0xEE>(t[5], t[7]),
-    ];
-    [
-        _mm256_permute2f128_ps::<0x20>(u[0], u[4]),
-        _mm256_permute2f128_ps::<0x20>(u[1], u[5]),
-        _mm256_permute2f128_ps::<0x20>(u[2], u[6]),
-        _mm256_permute2f128_ps::<0x20>(u[3], u[7]),
-        _mm256_permute2f128_ps::<0x31>(u[0], u[4]),
-        _mm256_permute2f128_ps::<0x31>(u[1], u[5]),
-        _mm256_permute2f128_ps::<0x31>(u[2], u[6]),
-        _mm256_permute2f128_ps::<0x31>(u[3], u[7]),
-    ]
-}
-
-/// The part of `a`'s block from row `r0` and column `c0` on, `rows` × `columns` of it, for
-/// elements of `size` bytes.
-///
-/// # Safety
-/// `a` as [`TransposeFn`]; `r0 < a.rows` and `c0 < a.columns` (the part's first element is
-/// one of the block's).
-unsafe fn part(
-    a: &TransposeArgs,
-    size: usize,
-    r0: usize,
-    c0: usize,
-    rows: usize,
-    columns: usize,
-) -> TransposeArgs {
-    // SAFETY: element `(r0, c0)` of the block is readable at this source address and writable
-    // at this destination address (the contract).
-    let (src, dst) = unsafe {
-        (
-            a.src
-                .add(size * c0)
-                .byte_offset(r0 as isize * a.src_row_stride as isize),
-            a.dst
-                .add(size * r0)
-                .byte_offset(c0 as isize * a.dst_row_stride as isize),
-        )
-    };
-    TransposeArgs {
-        src,
-        dst,
-        rows: rows as i64,
-        columns: columns as i64,
-        ..*a
-    }
-}
-
-#[cfg(target_arch = "x86_64")]
-unsafe extern "C" fn transpose16_avx2_entry(args: *const TransposeArgs) {
-    // SAFETY: `transpose_routine` hands this form out only where the CPU has AVX2 (the block
-    // routines' `BlockIsa::Avx2` or `Avx512`), and `transpose_forms` only after detecting it;
-    // the arguments are the caller's contract.
-    unsafe { transpose16_avx2(&*args) }
-}
-
-/// The 16-bit form: 16 × 16 tiles of the block in 256-bit registers (a source row's 16
-/// elements, half a line), transposed by [`transpose16x16`], each source tile's lines
-/// prefetched a tile ahead as [`transpose32_avx512`] does. Two tiles side by side, reading
-/// whole source lines, were slower: `x.t()` of bf16 2048 × 2048 in 2.96 ms against 1.51, 4000
-/// × 1008 in 1.51 against 0.67 (1 thread, Zen 4). AVX2 has no 16-bit masked loads:
-/// the columns past the last whole tile, and the rows past it, go through the portable tiles.
-///
-/// # Safety
-/// The CPU has AVX2; `a` as [`TransposeFn`] for 16-bit elements.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2")]
-unsafe fn transpose16_avx2(a: &TransposeArgs) {
-    use std::arch::x86_64::*;
-    let (rows, columns) = (a.rows.max(0) as usize, a.columns.max(0) as usize);
-    let (whole_rows, whole_columns) = (rows - rows % TILE, columns - columns % TILE);
-    let (src, dst) = (a.src as *const u16, a.dst as *mut u16);
-    let (ss, ds) = (a.src_row_stride as isize, a.dst_row_stride as isize);
-    for c0 in (0..whole_columns).step_by(TILE) {
-        for r0 in (0..whole_rows).step_by(TILE) {
-            if PREFETCH > 0 && r0 + PREFETCH * TILE + TILE <= rows {
-                for k in 0..TILE {
-                    // A hint only: the address need not be valid.
-                    let row = src
-                        .add(c0)
-                        .wrapping_byte_offset((r0 + PREFETCH * TILE + k) as isize * ss);
-                    _mm_prefetch::<_MM_HINT_T0>(row as *const i8);
-                }
+        // Elements before the next 64-byte boundary of the first row (the first tile's width).
+        let first = match (F::ALIGN_FIRST, (a.src as usize) % F::SIZE) {
+            (true, 0) => (T - (a.src as usize / F::SIZE) % T) % T,
+            _ => 0,
+        };
+        let mut c0 = 0;
+        while c0 < columns {
+            let width = match (c0, first) {
+                (0, f) if f > 0 => f,
+                _ => T,
             }
-            // SAFETY: rows `r0..r0 + 16 <= rows`, columns `c0..c0 + 16 <= columns`: elements
-            // of the block.
-            let tile: [__m256i; TILE] = std::array::from_fn(|k| unsafe {
-                let row = src.add(c0).byte_offset((r0 + k) as isize * ss);
-                _mm256_loadu_si256(row as *const __m256i)
-            });
-            for (j, v) in transpose16x16(&tile).iter().enumerate() {
-                // SAFETY: column `c0 + j` is row `c0 + j` of the result; its elements `r0..r0 +
-                // 16` are the block's.
-                unsafe {
-                    let row = dst.byte_offset((c0 + j) as isize * ds).add(r0);
-                    _mm256_storeu_si256(row as *mut __m256i, *v);
-                }
+            .min(columns - c0);
+            for r0 in (0..rows).step_by(T) {
+                // SAFETY: rows `r0..r0 + height`, columns `c0..c0 + width` of the block.
+                unsafe { tile::<T, F>(a, r0, c0, width, (rows - r0).min(T)) };
+            }
+            c0 += width;
+        }
+    }
+
+    /// The tile of `a` at row `r0` and column `c0`, `height` rows of `width` columns (each
+    /// `1..=T`), its source lines [`PREFETCH`] tiles ahead asked for (`F::PREFETCH`).
+    ///
+    /// # Safety
+    /// As [`tiles`]; the tile lies inside the block.
+    #[inline(always)]
+    unsafe fn tile<const T: usize, F: Form<T>>(
+        a: &TransposeArgs,
+        r0: usize,
+        c0: usize,
+        width: usize,
+        height: usize,
+    ) {
+        let (ss, ds) = (a.src_row_stride as isize, a.dst_row_stride as isize);
+        let size = F::SIZE;
+        if F::PREFETCH && r0 + PREFETCH * T + T <= a.rows as usize {
+            for k in 0..T {
+                // A hint only: the address need not be valid.
+                let row = (a.src.wrapping_add(size * c0))
+                    .wrapping_byte_offset((r0 + PREFETCH * T + k) as isize * ss);
+                _mm_prefetch::<_MM_HINT_T0>(row as *const i8);
+            }
+        }
+        let rows: [F::V; T] = std::array::from_fn(|k| match k < height {
+            // SAFETY: row `r0 + k` of the block, its columns `c0..c0 + width`.
+            true => unsafe {
+                let row = a.src.add(size * c0).byte_offset((r0 + k) as isize * ss);
+                F::load(row, width)
+            },
+            false => F::zero(),
+        });
+        for (j, v) in F::transpose(&rows).into_iter().enumerate().take(width) {
+            // SAFETY: column `c0 + j` is row `c0 + j` of the result; its elements `r0..r0 +
+            // height` are the block's.
+            unsafe {
+                let row = a.dst.byte_offset((c0 + j) as isize * ds).add(size * r0);
+                F::store(row, height, v);
             }
         }
     }
-    // SAFETY (both): the parts start at elements of the block and lie inside it.
-    if whole_columns < columns && rows > 0 {
+
+    /// The part of `a`'s block from row `r0` and column `c0` on, `rows` × `columns` of it, for
+    /// elements of `size` bytes.
+    ///
+    /// # Safety
+    /// `a` as [`super::TransposeFn`]; `r0 < a.rows` and `c0 < a.columns` (the part's first
+    /// element is one of the block's).
+    unsafe fn part(
+        a: &TransposeArgs,
+        size: usize,
+        r0: usize,
+        c0: usize,
+        rows: usize,
+        columns: usize,
+    ) -> TransposeArgs {
+        // SAFETY: element `(r0, c0)` of the block is readable at this source address and
+        // writable at this destination address (the contract).
+        let (src, dst) = unsafe {
+            (
+                a.src
+                    .add(size * c0)
+                    .byte_offset(r0 as isize * a.src_row_stride as isize),
+                a.dst
+                    .add(size * r0)
+                    .byte_offset(c0 as isize * a.dst_row_stride as isize),
+            )
+        };
+        TransposeArgs {
+            src,
+            dst,
+            rows: rows as i64,
+            columns: columns as i64,
+            ..*a
+        }
+    }
+
+    /// `(1 << n) - 1`: the lanes of a mask below `n` (at most 16).
+    #[inline(always)]
+    fn below(n: usize) -> u32 {
+        (1u32 << n) - 1
+    }
+
+    /// 32-bit elements, 16 × 16 tiles in 512-bit registers transposed with the GEMM's
+    /// `transpose16`, loads and stores masked at the block's edges. Measured on `x.t()` at 1
+    /// thread (Zen 4, buffers on huge pages): the prefetch took 2048 × 2048 from 1.54–1.55 ms to
+    /// 1.47–1.48, 4000 × 1008 from 1.89–1.96 to 1.47–1.71; 2 and 4 tiles ahead were no better.
+    /// (Streaming the stores around the caches was no faster on 2048 × 2048 and twice as slow
+    /// on 512 × 512.)
+    struct F32x16;
+
+    impl Form<16> for F32x16 {
+        type V = __m512;
+        type Elem = u32;
+        const SIZE: usize = 4;
+        const MASKED: bool = true;
+        const ALIGN_FIRST: bool = true;
+        const PREFETCH: bool = true;
+        #[inline(always)]
+        fn zero() -> __m512 {
+            // SAFETY: runs inside `transpose32_avx512` (AVX-512F).
+            unsafe { _mm512_setzero_ps() }
+        }
+        #[inline(always)]
+        unsafe fn load(row: *const u8, width: usize) -> __m512 {
+            // SAFETY: the contract; masked lanes are neither read nor faulted on.
+            unsafe { _mm512_maskz_loadu_ps(below(width) as __mmask16, row as *const f32) }
+        }
+        #[inline(always)]
+        unsafe fn store(row: *mut u8, height: usize, v: __m512) {
+            // SAFETY: the contract; masked lanes are not written.
+            unsafe { _mm512_mask_storeu_ps(row as *mut f32, below(height) as __mmask16, v) }
+        }
+        #[inline(always)]
+        fn transpose(r: &[__m512; 16]) -> [__m512; 16] {
+            let mut t = *r;
+            // SAFETY: runs inside `transpose32_avx512` (AVX-512F).
+            unsafe { crate::gemm::transpose16(&mut t) };
+            t
+        }
+    }
+
+    /// 32-bit elements, 8 × 8 tiles in 256-bit registers, masks made of lane comparisons. A tile
+    /// reads half of each source line; the other half is read by the next tile of columns, from
+    /// L2. Measured on `x.t()` at 1 thread (Zen 4, `MINDUCTOR_MATH_BLOCKS=avx2`): 2048 × 2048 in
+    /// 2.50–2.58 ms (the AVX-512 form 1.4–1.6, the portable one 6.7–7.7, the 4-lane loop 22.8);
+    /// two tiles side by side (whole source lines) took 2.9–3.8 ms, and a prefetch gained
+    /// nothing.
+    struct F32x8;
+
+    /// The lanes of an 8 × 32-bit register below `n`, as a mask of AVX2's masked moves.
+    #[inline(always)]
+    fn mask32(n: usize) -> __m256i {
+        // SAFETY: runs inside an AVX2 form.
         unsafe {
-            let rest = part(a, 2, 0, whole_columns, rows, columns - whole_columns);
-            transpose_tiles::<u16>(&rest);
+            let lanes = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+            _mm256_cmpgt_epi32(_mm256_set1_epi32(n as i32), lanes)
         }
     }
-    if whole_rows < rows && whole_columns > 0 {
+
+    impl Form<8> for F32x8 {
+        type V = __m256;
+        type Elem = u32;
+        const SIZE: usize = 4;
+        const MASKED: bool = true;
+        const ALIGN_FIRST: bool = false;
+        const PREFETCH: bool = false;
+        #[inline(always)]
+        fn zero() -> __m256 {
+            // SAFETY: runs inside `transpose32_avx2` (AVX2).
+            unsafe { _mm256_setzero_ps() }
+        }
+        #[inline(always)]
+        unsafe fn load(row: *const u8, width: usize) -> __m256 {
+            // SAFETY: the contract; masked lanes are neither read nor faulted on.
+            unsafe { _mm256_maskload_ps(row as *const f32, mask32(width)) }
+        }
+        #[inline(always)]
+        unsafe fn store(row: *mut u8, height: usize, v: __m256) {
+            // SAFETY: the contract; masked lanes are not written.
+            unsafe { _mm256_maskstore_ps(row as *mut f32, mask32(height), v) }
+        }
+        /// 32-bit and 64-bit interleaves within 128-bit lanes, then lane swaps.
+        #[inline(always)]
+        fn transpose(r: &[__m256; 8]) -> [__m256; 8] {
+            // SAFETY: runs inside `transpose32_avx2` (AVX2).
+            unsafe {
+                let t: [__m256; 8] = std::array::from_fn(|i| {
+                    let p = 2 * (i / 2);
+                    match i % 2 {
+                        0 => _mm256_unpacklo_ps(r[p], r[p + 1]),
+                        _ => _mm256_unpackhi_ps(r[p], r[p + 1]),
+                    }
+                });
+                // `u[2q + m]`, q = 0..4 over (t0, t2), (t1, t3), (t4, t6), (t5, t7).
+                let u: [__m256; 8] = std::array::from_fn(|i| {
+                    let q = i / 2;
+                    let (x, y) = (t[4 * (q / 2) + q % 2], t[4 * (q / 2) + q % 2 + 2]);
+                    match i % 2 {
+                        0 => _mm256_shuffle_ps::<0x44>(x, y),
+                        _ => _mm256_shuffle_ps::<0xEE>(x, y),
+                    }
+                });
+                std::array::from_fn(|j| match j < 4 {
+                    true => _mm256_permute2f128_ps::<0x20>(u[j], u[j + 4]),
+                    false => _mm256_permute2f128_ps::<0x31>(u[j - 4], u[j]),
+                })
+            }
+        }
+    }
+
+    /// 16-bit elements, 16 × 16 tiles in 256-bit registers (a source row's 16 elements, half a
+    /// line), prefetched as [`F32x16`]. AVX2 has no 16-bit masked moves: the block's edges past
+    /// the whole tiles go through the portable tiles. Two tiles side by side, reading whole source
+    /// lines, were slower: `x.t()` of bf16 2048 × 2048 in 2.96 ms against 1.51, 4000 × 1008 in
+    /// 1.51 against 0.67 (1 thread, Zen 4).
+    struct U16x16;
+
+    impl Form<16> for U16x16 {
+        type V = __m256i;
+        type Elem = u16;
+        const SIZE: usize = 2;
+        const MASKED: bool = false;
+        const ALIGN_FIRST: bool = false;
+        const PREFETCH: bool = true;
+        #[inline(always)]
+        fn zero() -> __m256i {
+            // SAFETY: runs inside `transpose16_avx2` (AVX2).
+            unsafe { _mm256_setzero_si256() }
+        }
+        #[inline(always)]
+        unsafe fn load(row: *const u8, _: usize) -> __m256i {
+            // SAFETY: the contract (`MASKED` false: whole rows of 16 only).
+            unsafe { _mm256_loadu_si256(row as *const __m256i) }
+        }
+        #[inline(always)]
+        unsafe fn store(row: *mut u8, _: usize, v: __m256i) {
+            // SAFETY: the contract (`MASKED` false: whole rows of 16 only).
+            unsafe { _mm256_storeu_si256(row as *mut __m256i, v) }
+        }
+        /// 16-, 32- and 64-bit interleaves within 128-bit lanes (after them register `8o + c`
+        /// holds column `c` of rows `8o..8o + 8` in its low lane and column `c + 8` in its
+        /// high lane), then lane swaps.
+        #[inline(always)]
+        fn transpose(r: &[__m256i; 16]) -> [__m256i; 16] {
+            // SAFETY: runs inside `transpose16_avx2` (AVX2).
+            unsafe {
+                // `a[2p + h]`: rows 2p and 2p + 1 interleaved, columns 4h..4h + 4 (and 8 more).
+                let a: [__m256i; 16] = std::array::from_fn(|i| {
+                    let p = i / 2;
+                    match i % 2 {
+                        0 => _mm256_unpacklo_epi16(r[2 * p], r[2 * p + 1]),
+                        _ => _mm256_unpackhi_epi16(r[2 * p], r[2 * p + 1]),
+                    }
+                });
+                // `b[4q + 2h + m]`: rows 4q..4q + 4, columns 4h + 2m and 4h + 2m + 1 (and 8
+                // more).
+                let b: [__m256i; 16] = std::array::from_fn(|i| {
+                    let (q, h, m) = (i / 4, (i / 2) % 2, i % 2);
+                    let (u, w) = (a[4 * q + h], a[4 * q + 2 + h]);
+                    match m {
+                        0 => _mm256_unpacklo_epi32(u, w),
+                        _ => _mm256_unpackhi_epi32(u, w),
+                    }
+                });
+                // `c[8o + k]`: rows 8o..8o + 8, column k (and k + 8), k = 4h + 2m + n.
+                let c: [__m256i; 16] = std::array::from_fn(|i| {
+                    let (o, k) = (i / 8, i % 8);
+                    let (h, m, n) = (k / 4, (k / 2) % 2, k % 2);
+                    let (u, w) = (b[8 * o + 2 * h + m], b[8 * o + 4 + 2 * h + m]);
+                    match n {
+                        0 => _mm256_unpacklo_epi64(u, w),
+                        _ => _mm256_unpackhi_epi64(u, w),
+                    }
+                });
+                std::array::from_fn(|j| match j < 8 {
+                    true => _mm256_permute2x128_si256::<0x20>(c[j], c[8 + j]),
+                    false => _mm256_permute2x128_si256::<0x31>(c[j - 8], c[j]),
+                })
+            }
+        }
+    }
+
+    /// 64-bit elements, 8 × 8 tiles in 512-bit registers (a source row's 8 elements are a
+    /// whole line when aligned), masked at the edges, prefetched as [`F32x16`]; transposed by
+    /// 64-bit interleaves within 128-bit lanes and two rounds of lane shuffles.
+    struct U64x8;
+
+    impl Form<8> for U64x8 {
+        type V = __m512i;
+        type Elem = u64;
+        const SIZE: usize = 8;
+        const MASKED: bool = true;
+        const ALIGN_FIRST: bool = false;
+        const PREFETCH: bool = true;
+        #[inline(always)]
+        fn zero() -> __m512i {
+            // SAFETY: runs inside `transpose64_avx512` (AVX-512F).
+            unsafe { _mm512_setzero_si512() }
+        }
+        #[inline(always)]
+        unsafe fn load(row: *const u8, width: usize) -> __m512i {
+            // SAFETY: the contract; masked lanes are neither read nor faulted on.
+            unsafe { _mm512_maskz_loadu_epi64(below(width) as __mmask8, row as *const i64) }
+        }
+        #[inline(always)]
+        unsafe fn store(row: *mut u8, height: usize, v: __m512i) {
+            // SAFETY: the contract; masked lanes are not written.
+            unsafe { _mm512_mask_storeu_epi64(row as *mut i64, below(height) as __mmask8, v) }
+        }
+        #[inline(always)]
+        fn transpose(r: &[__m512i; 8]) -> [__m512i; 8] {
+            // SAFETY: runs inside `transpose64_avx512` (AVX-512F).
+            unsafe {
+                // `x[2p + h]`: lane L holds column 2L + h of rows 2p and 2p + 1.
+                let x: [__m512i; 8] = std::array::from_fn(|i| {
+                    let p = i / 2;
+                    match i % 2 {
+                        0 => _mm512_unpacklo_epi64(r[2 * p], r[2 * p + 1]),
+                        _ => _mm512_unpackhi_epi64(r[2 * p], r[2 * p + 1]),
+                    }
+                });
+                let mut out = [_mm512_setzero_si512(); 8];
+                for h in 0..2 {
+                    let even = _mm512_shuffle_i64x2::<0x88>(x[h], x[2 + h]);
+                    let odd = _mm512_shuffle_i64x2::<0xDD>(x[h], x[2 + h]);
+                    let even2 = _mm512_shuffle_i64x2::<0x88>(x[4 + h], x[6 + h]);
+                    let odd2 = _mm512_shuffle_i64x2::<0xDD>(x[4 + h], x[6 + h]);
+                    out[h] = _mm512_shuffle_i64x2::<0x88>(even, even2);
+                    out[4 + h] = _mm512_shuffle_i64x2::<0xDD>(even, even2);
+                    out[2 + h] = _mm512_shuffle_i64x2::<0x88>(odd, odd2);
+                    out[6 + h] = _mm512_shuffle_i64x2::<0xDD>(odd, odd2);
+                }
+                out
+            }
+        }
+    }
+
+    /// 64-bit elements, 4 × 4 tiles in 256-bit registers, masks made of lane comparisons,
+    /// transposed by 64-bit interleaves and lane swaps.
+    struct U64x4;
+
+    /// The lanes of a 4 × 64-bit register below `n`, as a mask of AVX2's masked moves.
+    #[inline(always)]
+    fn mask64(n: usize) -> __m256i {
+        // SAFETY: runs inside an AVX2 form.
         unsafe {
-            let rest = part(a, 2, whole_rows, 0, rows - whole_rows, whole_columns);
-            transpose_tiles::<u16>(&rest);
+            let lanes = _mm256_setr_epi64x(0, 1, 2, 3);
+            _mm256_cmpgt_epi64(_mm256_set1_epi64x(n as i64), lanes)
         }
     }
-}
 
-/// The 16 × 16 transpose of 16-bit rows `r`: its columns. 16-, 32- and 64-bit interleaves
-/// within 128-bit lanes (after them register `8o + c` holds column `c` of rows `8o..8o + 8`
-/// in its low lane and column `c + 8` in its high lane), then lane swaps.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2")]
-#[inline]
-fn transpose16x16(r: &[std::arch::x86_64::__m256i; TILE]) -> [std::arch::x86_64::__m256i; TILE] {
-    use std::arch::x86_64::*;
-    // `a[2p + h]`: rows 2p and 2p + 1 interleaved, columns 4h..4h + 4 (and 8 more).
-    let a: [__m256i; TILE] = std::array::from_fn(|i| {
-        let (p, h) = (i / 2, i % 2);
-        match h {
-            0 => _mm256_unpacklo_epi16(r[2 * p], r[2 * p + 1]),
-            _ => _mm256_unpackhi_epi16(r[2 * p], r[2 * p + 1]),
+    impl Form<4> for U64x4 {
+        type V = __m256i;
+        type Elem = u64;
+        const SIZE: usize = 8;
+        const MASKED: bool = true;
+        const ALIGN_FIRST: bool = false;
+        const PREFETCH: bool = false;
+        #[inline(always)]
+        fn zero() -> __m256i {
+            // SAFETY: runs inside `transpose64_avx2` (AVX2).
+            unsafe { _mm256_setzero_si256() }
         }
-    });
-    // `b[4q + 2h + m]`: rows 4q..4q + 4, columns 4h + 2m and 4h + 2m + 1 (and 8 more).
-    let b: [__m256i; TILE] = std::array::from_fn(|i| {
-        let (q, h, m) = (i / 4, (i / 2) % 2, i % 2);
-        let (u, w) = (a[4 * q + h], a[4 * q + 2 + h]);
-        match m {
-            0 => _mm256_unpacklo_epi32(u, w),
-            _ => _mm256_unpackhi_epi32(u, w),
+        #[inline(always)]
+        unsafe fn load(row: *const u8, width: usize) -> __m256i {
+            // SAFETY: the contract; masked lanes are neither read nor faulted on.
+            unsafe { _mm256_maskload_epi64(row as *const i64, mask64(width)) }
         }
-    });
-    // `c[8o + k]`: rows 8o..8o + 8, column k (and k + 8), k = 4h + 2m + n.
-    let c: [__m256i; TILE] = std::array::from_fn(|i| {
-        let (o, k) = (i / 8, i % 8);
-        let (h, m, n) = (k / 4, (k / 2) % 2, k % 2);
-        let (u, w) = (b[8 * o + 2 * h + m], b[8 * o + 4 + 2 * h + m]);
-        match n {
-            0 => _mm256_unpacklo_epi64(u, w),
-            _ => _mm256_unpackhi_epi64(u, w),
+        #[inline(always)]
+        unsafe fn store(row: *mut u8, height: usize, v: __m256i) {
+            // SAFETY: the contract; masked lanes are not written.
+            unsafe { _mm256_maskstore_epi64(row as *mut i64, mask64(height), v) }
         }
-    });
-    std::array::from_fn(|j| match j < 8 {
-        true => _mm256_permute2x128_si256::<0x20>(c[j], c[8 + j]),
-        false => _mm256_permute2x128_si256::<0x31>(c[j - 8], c[j]),
-    })
-}
-
-#[cfg(target_arch = "x86_64")]
-unsafe extern "C" fn transpose64_avx512_entry(args: *const TransposeArgs) {
-    // SAFETY: `transpose_routine` hands this form out only where the CPU has AVX-512F, and
-    // `transpose_forms` only after detecting it; the arguments are the caller's contract.
-    unsafe { transpose64_avx512(&*args) }
-}
-
-/// The 64-bit AVX-512 form: as [`transpose32_avx512`], with 8 × 8 tiles (a source row's 8
-/// elements are a whole line when aligned) transposed by 64-bit interleaves within 128-bit
-/// lanes and two rounds of lane shuffles.
-///
-/// # Safety
-/// The CPU has AVX-512F; `a` as [`TransposeFn`] for 64-bit elements.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f")]
-unsafe fn transpose64_avx512(a: &TransposeArgs) {
-    use std::arch::x86_64::*;
-    const T: usize = 8;
-    let (rows, columns) = (a.rows.max(0) as usize, a.columns.max(0) as usize);
-    let (src, dst) = (a.src as *const u64, a.dst as *mut u64);
-    let (ss, ds) = (a.src_row_stride as isize, a.dst_row_stride as isize);
-    let mut c0 = 0;
-    while c0 < columns {
-        let width = (columns - c0).min(T);
-        let column_mask = ((1u32 << width) - 1) as __mmask8;
-        let mut r0 = 0;
-        while r0 < rows {
-            let height = (rows - r0).min(T);
-            let row_mask = ((1u32 << height) - 1) as __mmask8;
-            if PREFETCH > 0 && r0 + PREFETCH * T + T <= rows {
-                for k in 0..T {
-                    // A hint only: the address need not be valid.
-                    let row = src
-                        .add(c0)
-                        .wrapping_byte_offset((r0 + PREFETCH * T + k) as isize * ss);
-                    _mm_prefetch::<_MM_HINT_T0>(row as *const i8);
-                }
+        #[inline(always)]
+        fn transpose(r: &[__m256i; 4]) -> [__m256i; 4] {
+            // SAFETY: runs inside `transpose64_avx2` (AVX2).
+            unsafe {
+                let t = [
+                    _mm256_unpacklo_epi64(r[0], r[1]),
+                    _mm256_unpackhi_epi64(r[0], r[1]),
+                    _mm256_unpacklo_epi64(r[2], r[3]),
+                    _mm256_unpackhi_epi64(r[2], r[3]),
+                ];
+                [
+                    _mm256_permute2x128_si256::<0x20>(t[0], t[2]),
+                    _mm256_permute2x128_si256::<0x20>(t[1], t[3]),
+                    _mm256_permute2x128_si256::<0x31>(t[0], t[2]),
+                    _mm256_permute2x128_si256::<0x31>(t[1], t[3]),
+                ]
             }
-            let r: [__m512i; T] = std::array::from_fn(|k| match k < height {
-                // SAFETY: row `r0 + k < rows`; the mask keeps the load to columns `c0..c0 +
-                // width` of it (masked lanes are neither read nor faulted on).
-                true => unsafe {
-                    let row = src.add(c0).byte_offset((r0 + k) as isize * ss);
-                    _mm512_maskz_loadu_epi64(column_mask, row as *const i64)
-                },
-                false => _mm512_setzero_si512(),
-            });
-            // `x[2p + h]`: lane L holds column 2L + h of rows 2p and 2p + 1.
-            let x: [__m512i; T] = std::array::from_fn(|i| {
-                let p = i / 2;
-                match i % 2 {
-                    0 => _mm512_unpacklo_epi64(r[2 * p], r[2 * p + 1]),
-                    _ => _mm512_unpackhi_epi64(r[2 * p], r[2 * p + 1]),
-                }
-            });
-            let mut out = [_mm512_setzero_si512(); T];
-            for h in 0..2 {
-                let even = _mm512_shuffle_i64x2::<0x88>(x[h], x[2 + h]);
-                let odd = _mm512_shuffle_i64x2::<0xDD>(x[h], x[2 + h]);
-                let even2 = _mm512_shuffle_i64x2::<0x88>(x[4 + h], x[6 + h]);
-                let odd2 = _mm512_shuffle_i64x2::<0xDD>(x[4 + h], x[6 + h]);
-                out[h] = _mm512_shuffle_i64x2::<0x88>(even, even2);
-                out[4 + h] = _mm512_shuffle_i64x2::<0xDD>(even, even2);
-                out[2 + h] = _mm512_shuffle_i64x2::<0x88>(odd, odd2);
-                out[6 + h] = _mm512_shuffle_i64x2::<0xDD>(odd, odd2);
-            }
-            for (j, v) in out.iter().enumerate().take(width) {
-                // SAFETY: column `c0 + j < columns` is row `c0 + j` of the result; the mask
-                // keeps the store to its elements `r0..r0 + height`, inside the block.
-                unsafe {
-                    let row = dst.byte_offset((c0 + j) as isize * ds).add(r0);
-                    _mm512_mask_storeu_epi64(row as *mut i64, row_mask, *v);
-                }
-            }
-            r0 += T;
         }
-        c0 += width;
     }
-}
 
-#[cfg(target_arch = "x86_64")]
-unsafe extern "C" fn transpose64_avx2_entry(args: *const TransposeArgs) {
-    // SAFETY: `transpose_routine` hands this form out only where the CPU has AVX2 (the block
-    // routines' `BlockIsa::Avx2`), and `transpose_forms` only after detecting it; the
-    // arguments are the caller's contract.
-    unsafe { transpose64_avx2(&*args) }
-}
-
-/// The 64-bit AVX2 form: 4 × 4 tiles, masks made of lane comparisons, transposed by 64-bit
-/// interleaves and lane swaps.
-///
-/// # Safety
-/// The CPU has AVX2; `a` as [`TransposeFn`] for 64-bit elements.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2")]
-unsafe fn transpose64_avx2(a: &TransposeArgs) {
-    use std::arch::x86_64::*;
-    const T: usize = 4;
-    let (rows, columns) = (a.rows.max(0) as usize, a.columns.max(0) as usize);
-    let (src, dst) = (a.src as *const i64, a.dst as *mut i64);
-    let (ss, ds) = (a.src_row_stride as isize, a.dst_row_stride as isize);
-    let lanes = _mm256_setr_epi64x(0, 1, 2, 3);
-    let mask = |n: usize| _mm256_cmpgt_epi64(_mm256_set1_epi64x(n as i64), lanes);
-    let mut c0 = 0;
-    while c0 < columns {
-        let width = (columns - c0).min(T);
-        let column_mask = mask(width);
-        let mut r0 = 0;
-        while r0 < rows {
-            let height = (rows - r0).min(T);
-            let r: [__m256i; T] = std::array::from_fn(|k| match k < height {
-                // SAFETY: row `r0 + k < rows`; the mask keeps the load to columns `c0..c0 +
-                // width` of it (masked lanes are neither read nor faulted on).
-                true => unsafe {
-                    let row = src.add(c0).byte_offset((r0 + k) as isize * ss);
-                    _mm256_maskload_epi64(row, column_mask)
-                },
-                false => _mm256_setzero_si256(),
-            });
-            let t = [
-                _mm256_unpacklo_epi64(r[0], r[1]),
-                _mm256_unpackhi_epi64(r[0], r[1]),
-                _mm256_unpacklo_epi64(r[2], r[3]),
-                _mm256_unpackhi_epi64(r[2], r[3]),
-            ];
-            let out = [
-                _mm256_permute2x128_si256::<0x20>(t[0], t[2]),
-                _mm256_permute2x128_si256::<0x20>(t[1], t[3]),
-                _mm256_permute2x128_si256::<0x31>(t[0], t[2]),
-                _mm256_permute2x128_si256::<0x31>(t[1], t[3]),
-            ];
-            let row_mask = mask(height);
-            for (j, v) in out.iter().enumerate().take(width) {
-                // SAFETY: column `c0 + j < columns` is row `c0 + j` of the result; the mask
-                // keeps the store to its elements `r0..r0 + height`, inside the block.
-                unsafe {
-                    let row = dst.byte_offset((c0 + j) as isize * ds).add(r0);
-                    _mm256_maskstore_epi64(row, row_mask, *v);
+    /// The routines: [`tiles`] of each form compiled with its instruction set.
+    macro_rules! routine {
+        ($entry:ident, $features:literal, $t:literal, $form:ty) => {
+            /// # Safety
+            /// As [`super::TransposeFn`].
+            pub(crate) unsafe extern "C" fn $entry(args: *const TransposeArgs) {
+                #[target_feature(enable = $features)]
+                unsafe fn run(a: &TransposeArgs) {
+                    // SAFETY: the caller's contract, with the instruction set enabled here.
+                    unsafe { tiles::<$t, $form>(a) }
                 }
+                // SAFETY: `transpose_routine` hands this form out only where the CPU has the
+                // instruction set `run` enables, and `transpose_forms` only after detecting it;
+                // the arguments are the caller's contract.
+                unsafe { run(&*args) }
             }
-            r0 += T;
-        }
-        c0 += width;
+        };
     }
+
+    routine!(transpose32_avx512_entry, "avx512f", 16, F32x16);
+    routine!(transpose32_avx2_entry, "avx2", 8, F32x8);
+    routine!(transpose16_avx2_entry, "avx2", 16, U16x16);
+    routine!(transpose64_avx512_entry, "avx512f", 8, U64x8);
+    routine!(transpose64_avx2_entry, "avx2", 4, U64x4);
 }
 
 #[cfg(test)]

@@ -4,26 +4,14 @@
 //! [THREADS]` (1 by default); `MINDUCTOR_MATH_BLOCKS=0` converts inline instead of with the
 //! kernel library's routines (`kernels/src/convert.rs`).
 
-use minductor::{compile, trace, DType, Graph, Tensor, Traced};
-use std::time::Instant;
+use minductor::{trace, DType, Graph, Tensor, Traced};
 
 /// A graph of one input, by name.
 type Unary = (&'static str, fn(&Traced) -> Traced);
 
 /// Median milliseconds of 21 calls of `graph` on `inputs`, after 3 warm-up calls.
 fn median_ms(graph: &Graph, inputs: &[Tensor]) -> Result<f64, Box<dyn std::error::Error>> {
-    let compiled = compile(graph)?;
-    for _ in 0..3 {
-        compiled.call(inputs)?;
-    }
-    let mut ms = Vec::new();
-    for _ in 0..21 {
-        let started = Instant::now();
-        compiled.call(inputs)?;
-        ms.push(started.elapsed().as_secs_f64() * 1e3);
-    }
-    ms.sort_by(f64::total_cmp);
-    Ok(ms[ms.len() / 2])
+    minductor_tools::bench::median_call_ms(graph, inputs, 21)
 }
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {

@@ -7,23 +7,11 @@
 //! change; `MINDUCTOR_MATH_BLOCKS=avx2` (or `0`) runs the transpose routine's AVX2 (portable)
 //! form.
 
-use minductor::{compile, trace, DType, Graph, Tensor, Traced};
-use std::time::Instant;
+use minductor::{trace, DType, Graph, Tensor, Traced};
 
 /// Median milliseconds of 21 calls of `graph` on `inputs`, after 3 warm-up calls.
 fn median_ms(graph: &Graph, inputs: &[Tensor]) -> Result<f64, Box<dyn std::error::Error>> {
-    let compiled = compile(graph)?;
-    for _ in 0..3 {
-        compiled.call(inputs)?;
-    }
-    let mut ms = Vec::new();
-    for _ in 0..21 {
-        let started = Instant::now();
-        compiled.call(inputs)?;
-        ms.push(started.elapsed().as_secs_f64() * 1e3);
-    }
-    ms.sort_by(f64::total_cmp);
-    Ok(ms[ms.len() / 2])
+    minductor_tools::bench::median_call_ms(graph, inputs, 21)
 }
 
 /// A tensor of `shape` with values in [0, 1).

@@ -869,3 +869,24 @@ pub fn plot_thread_scaling(
     root.present().map_err(|e| plot_error(e.to_string()))?;
     Ok(())
 }
+
+/// Median milliseconds of `runs` calls of `graph` compiled (with `minductor::compile`) on
+/// `inputs`, after 3 warm-up calls: the examples' measure of one graph.
+pub fn median_call_ms(
+    graph: &minductor::Graph,
+    inputs: &[minductor::Tensor],
+    runs: usize,
+) -> Result<f64, Box<dyn std::error::Error>> {
+    let compiled = minductor::compile(graph)?;
+    for _ in 0..3 {
+        compiled.call(inputs)?;
+    }
+    let mut ms = Vec::with_capacity(runs);
+    for _ in 0..runs.max(1) {
+        let started = std::time::Instant::now();
+        compiled.call(inputs)?;
+        ms.push(started.elapsed().as_secs_f64() * 1e3);
+    }
+    ms.sort_by(f64::total_cmp);
+    Ok(ms[ms.len() / 2])
+}

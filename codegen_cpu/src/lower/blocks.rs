@@ -51,13 +51,19 @@ impl Lowering<'_, '_, '_> {
     /// `routine(buffer, dst, n)`: the block's results go to `dst`, `n` f32s (the block buffer
     /// itself, replacing the arguments, or the stage's output: see `direct_store`).
     pub(super) fn call_block(&mut self, m: &BlockMath, dst: Value, n: Value) {
+        self.call_elementwise(m.routine as usize, m.buffer, dst, n);
+    }
+
+    /// A call of the kernel library routine at address `routine` of the shape `fn(src, dst,
+    /// n)` (math blocks, conversions): `n` elements from `src` to `dst`.
+    pub(super) fn call_elementwise(&mut self, routine: usize, src: Value, dst: Value, n: Value) {
         let mut sig = Signature::new(self.b.func.signature.call_conv);
         for _ in 0..3 {
             sig.params.push(AbiParam::new(types::I64));
         }
         let sig = self.b.import_signature(sig);
-        let callee = self.b.ins().iconst(types::I64, m.routine as usize as i64);
-        self.b.ins().call_indirect(sig, callee, &[m.buffer, dst, n]);
+        let callee = self.b.ins().iconst(types::I64, routine as i64);
+        self.b.ins().call_indirect(sig, callee, &[src, dst, n]);
     }
 
     /// The stage's functions that math blocks compute (non-uniform, with a routine on this CPU),
@@ -306,13 +312,7 @@ impl Lowering<'_, '_, '_> {
             Some(_) => (at, c.buffer),
             None => (c.buffer, at),
         };
-        let mut sig = Signature::new(self.b.func.signature.call_conv);
-        for _ in 0..3 {
-            sig.params.push(AbiParam::new(types::I64));
-        }
-        let sig = self.b.import_signature(sig);
-        let callee = self.b.ins().iconst(types::I64, c.routine as usize as i64);
-        self.b.ins().call_indirect(sig, callee, &[src, dst, n]);
+        self.call_elementwise(c.routine as usize, src, dst, n);
         if let Some(e) = c.load {
             self.block_values.insert(e, c.buffer);
         }

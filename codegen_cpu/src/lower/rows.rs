@@ -36,7 +36,7 @@ use cranelift_codegen::ir::{
 };
 use minductor_ir::{BinaryOp, DType, ReduceOp, UnaryOp};
 use minductor_kernel_ir::*;
-use minductor_kernels::convert::{narrow_routine, widen_routine, ConvertFn, Half};
+use minductor_kernels::convert::{narrow_routine, widen_routine, Half};
 use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 
 /// The longest f16 or bf16 row a row routine takes (each converted row is a stack buffer of
@@ -710,17 +710,6 @@ impl Lowering<'_, '_, '_> {
         self.b.ins().stack_addr(types::I64, self.half_rows[k], 0)
     }
 
-    /// `routine(src, dst, n)`: a conversion of `n` elements.
-    fn convert_row(&mut self, routine: ConvertFn, src: Value, dst: Value, n: Value) {
-        let mut sig = Signature::new(self.b.func.signature.call_conv);
-        for _ in 0..3 {
-            sig.params.push(AbiParam::new(types::I64));
-        }
-        let sig = self.b.import_signature(sig);
-        let callee = self.b.ins().iconst(types::I64, routine as usize as i64);
-        self.b.ins().call_indirect(sig, callee, &[src, dst, n]);
-    }
-
     /// The call of `plan`'s routine for the current row of stage `n` (`extent` elements):
     /// its result is the stage's, for a reduction.
     pub(super) fn row_call(&mut self, n: usize, plan: &RowPlan, extent: Value) {
@@ -817,7 +806,7 @@ impl Lowering<'_, '_, '_> {
             self.stage_results[n] = Some(self.pin(result));
         }
         if let Some((routine, scratch, at)) = narrow {
-            self.convert_row(routine, scratch, at, extent);
+            self.call_elementwise(routine as usize, scratch, at, extent);
         }
         self.forget();
     }
@@ -836,7 +825,7 @@ impl Lowering<'_, '_, '_> {
             Some(routine) => {
                 let scratch = self.half_row_buffer(*halves);
                 *halves += 1;
-                self.convert_row(routine, at, scratch, extent);
+                self.call_elementwise(routine as usize, at, scratch, extent);
                 scratch
             }
             None => at,
