@@ -177,8 +177,9 @@ struct Lowering<'k, 'b, 'f> {
     /// for the row routines: see `rows.rs`).
     row_extent: Option<usize>,
     /// The stack rows f16 and bf16 rows are widened into for the row routines, shared by the
-    /// kernel's stages (see `rows.rs`).
-    half_rows: Vec<StackSlot>,
+    /// kernel's stages (see `rows.rs`), and the row each holds at this point of the kernel's
+    /// body, if it is still a widened copy of one.
+    half_rows: Vec<(StackSlot, Option<(BufferId, Affine)>)>,
     /// The block buffers of [`Conversion`]s, shared by the kernel's stages.
     conversion_slots: Vec<StackSlot>,
     /// Uses of each expression (as an operand or a stage's value), for contraction.

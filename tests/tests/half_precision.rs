@@ -132,3 +132,53 @@ fn half_rows_run_the_row_routines() {
         }
     }
 }
+
+/// Half rows under several outer loops (`[2, 5, n]` softmaxes and a layer norm with half
+/// weight and bias, their loops flattened into one range for the threads): the stages share
+/// the rows they widen, each operand its own.
+#[test]
+fn half_rows_under_several_outer_loops() {
+    for dtype in [DType::F16, DType::BF16] {
+        for n in [17, 300] {
+            let tracer = Tracer::new();
+            let x = tracer.input("x", dtype, &[2, 5, n]);
+            let y = tracer.input("y", dtype, &[2, 5, n]);
+            let (w, b) = (
+                tracer.input("w", dtype, &[n]),
+                tracer.input("b", dtype, &[n]),
+            );
+            let graph = tracer
+                .finish(&[
+                    x.softmax(-1),
+                    x.layer_norm(&[n], Some(&w), Some(&b), 1e-5),
+                    (&x + &y).softmax(-1),
+                    // One kernel: `y`'s rows, then `x`'s and `y`'s in its last stages.
+                    y.softmax(-1),
+                    (&x + &y).sum(&[-1], false),
+                    (&x * &y).sum(&[-1], false),
+                    (x.softmax(-1) * 2.0).softmax(1),
+                ])
+                .unwrap();
+            let typed = |shape: &[usize], seed| {
+                let values = hashed_values(shape, seed).to_f64_vec();
+                Tensor::from_f64(dtype, shape, &values).unwrap()
+            };
+            let inputs = [
+                typed(&[2, 5, n], 9),
+                typed(&[2, 5, n], 10),
+                typed(&[n], 11),
+                typed(&[n], 12),
+            ];
+            let context = format!("{dtype:?}, n = {n}\n{graph}");
+            let compiled = compile(&graph).unwrap();
+            let got = minductor_tests::assert_same_bits_on_threads(
+                &compiled,
+                &inputs,
+                &[1, 2, 3],
+                &context,
+            );
+            let want = interpret(&graph, &inputs).unwrap();
+            minductor_tests::assert_allclose(&got, &want, tolerance(dtype), &context);
+        }
+    }
+}

@@ -159,6 +159,9 @@ impl Lowering<'_, '_, '_> {
     }
 
     pub(super) fn stages(&mut self, extents: &[Value]) {
+        // The body may be emitted more than once (for the different loops of a range): each
+        // emission widens its own rows.
+        self.forget_half_rows(None);
         let mut offset = 0;
         for (n, stage) in self.kernel.stages.iter().enumerate() {
             let ext = &extents[offset..offset + stage.extent.len()];
@@ -180,7 +183,12 @@ impl Lowering<'_, '_, '_> {
         } else {
             Some(Var::Inner(depth as u32 - 1))
         };
-        if let Some(plans) = self.row_plans(stage) {
+        let plans = self.row_plans(stage);
+        if plans.is_none() {
+            // A loop stage may write any buffer: no widened row is known to be current.
+            self.forget_half_rows(None);
+        }
+        if let Some(plans) = plans {
             self.stage_bits[n] = Some(Self::row_bits());
             self.stage_streams[n] = plans.iter().any(|p| p.streams());
             for plan in &plans {

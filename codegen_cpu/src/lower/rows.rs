@@ -705,9 +705,18 @@ impl Lowering<'_, '_, '_> {
                 (HALF_ROW * 4) as u32,
                 6,
             ));
-            self.half_rows.push(slot);
+            self.half_rows.push((slot, None));
         }
-        self.b.ins().stack_addr(types::I64, self.half_rows[k], 0)
+        self.b.ins().stack_addr(types::I64, self.half_rows[k].0, 0)
+    }
+
+    /// Forgets which rows the stack rows hold: all (`None`), or those of `buffer` (written).
+    pub(super) fn forget_half_rows(&mut self, buffer: Option<BufferId>) {
+        for (_, holds) in &mut self.half_rows {
+            if buffer.is_none() || holds.as_ref().map(|h| h.0) == buffer {
+                *holds = None;
+            }
+        }
     }
 
     /// The call of `plan`'s routine for the current row of stage `n` (`extent` elements):
@@ -749,6 +758,7 @@ impl Lowering<'_, '_, '_> {
                 match self.half_row(row.0).and_then(narrow_routine) {
                     Some(routine) => {
                         let scratch = self.half_row_buffer(halves);
+                        self.half_rows[halves].1 = None;
                         narrow = Some((routine, scratch, at));
                         scratch
                     }
@@ -808,6 +818,10 @@ impl Lowering<'_, '_, '_> {
         if let Some((routine, scratch, at)) = narrow {
             self.call_elementwise(routine as usize, scratch, at, extent);
         }
+        if let Some((buffer, _)) = &plan.out {
+            // Its rows held widened are stale.
+            self.forget_half_rows(Some(*buffer));
+        }
         self.forget();
     }
 
@@ -823,9 +837,15 @@ impl Lowering<'_, '_, '_> {
         let at = self.row_address(row);
         match self.half_row(row.0).and_then(widen_routine) {
             Some(routine) => {
-                let scratch = self.half_row_buffer(*halves);
+                let k = *halves;
                 *halves += 1;
-                self.call_elementwise(routine as usize, at, scratch, extent);
+                let scratch = self.half_row_buffer(k);
+                // The stages of a row kernel read the same row one after the other (a softmax's
+                // maximum, sum and store): widened once, for all of them.
+                if self.half_rows[k].1.as_ref() != Some(row) {
+                    self.call_elementwise(routine as usize, at, scratch, extent);
+                    self.half_rows[k].1 = Some(row.clone());
+                }
                 scratch
             }
             None => at,
