@@ -1,8 +1,8 @@
 //! Transposed copies: a `[rows, columns]` block of 2-, 4- or 8-byte elements (f16 and bf16;
-//! f32; i64), columns contiguous, stored as its transpose, rows contiguous. The code generator hands a kernel that only copies a
-//! transposed view (`x.t().contiguous()`, an NCHW ↔ NHWC permute, or the copy that
-//! `passes::split_transposes` takes out of a pointwise kernel) to this routine, one call per
-//! run of the kernel's last outer loop.
+//! f32; i64), columns contiguous, stored as its transpose, rows contiguous. The code generator
+//! hands a kernel that only copies a transposed view (`x.t().contiguous()`, an NCHW ↔ NHWC
+//! permute, or the copy that `passes::split_transposes` takes out of a pointwise kernel) to this
+//! routine, one call per run of the kernel's last outer loop.
 //!
 //! **Why a routine.** Elementwise, such a copy reads along its vectorised loop elements a whole
 //! row apart: each is another cache line, and where the row length is a power of two the lines

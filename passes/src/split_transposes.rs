@@ -1,6 +1,6 @@
 //! `split_transposes`: a kernel that loads a transposed view of a buffer (f32, f16, bf16 or i64:
-//! the types the transpose routine copies) gets that view copied first, by a kernel of its own, into a buffer laid out in the kernel's loop order, and
-//! then loads that buffer contiguously.
+//! the types the transpose routine copies) gets that view copied first, by a kernel of its own,
+//! into a buffer laid out in the kernel's loop order, and then loads that buffer contiguously.
 //!
 //! A view is transposed for a kernel when its elements are strided along the vectorised loop
 //! of the stage that loads it (the stage's loop) and contiguous along one of the kernel's outer

@@ -1,6 +1,6 @@
 //! Transposed copies: a kernel whose one stage stores, contiguously along its loop, an element
-//! (f32, f16, bf16 or i64) loaded contiguously along the kernel's *last outer* loop (`out[o, i] = x[i, o]`: a
-//! materialized `.t()`, an NCHW ↔ NHWC permute, a copy from `split_transposes`;
+//! (f32, f16, bf16 or i64) loaded contiguously along the kernel's *last outer* loop (`out[o, i]
+//! = x[i, o]`: a materialized `.t()`, an NCHW ↔ NHWC permute, a copy from `split_transposes`;
 //! `Kernel::transposed_copy`) runs each run of its last outer loop as one call of the kernel
 //! library's transpose routine for the element's size (`minductor_kernels::transpose`: for f32,
 //! 16 × 16 tiles transposed in registers on AVX-512, 8 × 8 on AVX2) instead of the 4-lane loop,
