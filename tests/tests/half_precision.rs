@@ -42,18 +42,24 @@ fn check(f: fn(&Traced, DType) -> Vec<Traced>, what: &str) {
     for dtype in [DType::F16, DType::BF16] {
         for n in [1, 17, 257, 1000, 1030, 8200] {
             let (graph, inputs) = graph(dtype, n, f);
-            let context = format!("{what}, {dtype:?}, n = {n}\n{graph}");
-            let compiled = compile(&graph).unwrap();
-            let got = minductor_tests::assert_same_bits_on_threads(
-                &compiled,
+            checked(
+                &graph,
                 &inputs,
-                &[1, 2, 3],
-                &context,
+                dtype,
+                &format!("{what}, {dtype:?}, n = {n}"),
             );
-            let want = interpret(&graph, &inputs).unwrap();
-            minductor_tests::assert_allclose(&got, &want, tolerance(dtype), &context);
         }
     }
+}
+
+/// `graph` on `inputs` compiled: bit for bit the same on 1, 2 and 3 threads, and within one
+/// rounding of `dtype` of the interpreter.
+fn checked(graph: &Graph, inputs: &[Tensor], dtype: DType, what: &str) {
+    let context = format!("{what}\n{graph}");
+    let compiled = compile(graph).unwrap();
+    let got = minductor_tests::assert_same_bits_on_threads(&compiled, inputs, &[1, 2, 3], &context);
+    let want = interpret(graph, inputs).unwrap();
+    minductor_tests::assert_allclose(&got, &want, tolerance(dtype), &context);
 }
 
 /// Pointwise chains in the half type: each operation rounds (a math block of its own), loads
@@ -169,16 +175,7 @@ fn half_rows_under_several_outer_loops() {
                 typed(&[n], 11),
                 typed(&[n], 12),
             ];
-            let context = format!("{dtype:?}, n = {n}\n{graph}");
-            let compiled = compile(&graph).unwrap();
-            let got = minductor_tests::assert_same_bits_on_threads(
-                &compiled,
-                &inputs,
-                &[1, 2, 3],
-                &context,
-            );
-            let want = interpret(&graph, &inputs).unwrap();
-            minductor_tests::assert_allclose(&got, &want, tolerance(dtype), &context);
+            checked(&graph, &inputs, dtype, &format!("{dtype:?}, n = {n}"));
         }
     }
 }
