@@ -72,39 +72,17 @@ pub fn narrow_routine(half: Half) -> Option<ConvertFn> {
 /// code generator computes an f16 or bf16 cast in a chain of f32 operations (each of PyTorch's
 /// half-precision operations rounds its result) a block at a time with it.
 pub fn round_routine(half: Half) -> Option<crate::math::block::BlockFn> {
-    #[cfg(target_arch = "x86_64")]
-    {
-        let routine: unsafe extern "C" fn(*const f32, *mut f32, i64) = match (half, isa()?) {
-            (Half::F16, Isa::Avx512) => x86::round_f16_avx512_entry,
-            (Half::Bf16, Isa::Avx512) => x86::round_bf16_avx512_entry,
-            (Half::F16, Isa::Avx2) => x86::round_f16_avx2_entry,
-            (Half::Bf16, Isa::Avx2) => x86::round_bf16_avx2_entry,
-        };
-        Some(routine)
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        let _ = half;
-        None
-    }
-}
-
-/// The width (bits) the routines convert at here (for reports), or `None`.
-pub fn convert_bits() -> Option<u32> {
-    isa().map(|isa| match isa {
-        Isa::Avx512 => 512,
-        Isa::Avx2 => 256,
-    })
+    isa().map(|isa| round_form(half, isa))
 }
 
 fn widen_form(half: Half, isa: Isa) -> ConvertFn {
     #[cfg(target_arch = "x86_64")]
     {
         match (half, isa) {
-            (Half::F16, Isa::Avx512) => f16_to_f32_avx512,
-            (Half::Bf16, Isa::Avx512) => bf16_to_f32_avx512,
-            (Half::F16, Isa::Avx2) => f16_to_f32_avx2,
-            (Half::Bf16, Isa::Avx2) => bf16_to_f32_avx2,
+            (Half::F16, Isa::Avx512) => x86::f16_to_f32_avx512_entry,
+            (Half::Bf16, Isa::Avx512) => x86::bf16_to_f32_avx512_entry,
+            (Half::F16, Isa::Avx2) => x86::f16_to_f32_avx2_entry,
+            (Half::Bf16, Isa::Avx2) => x86::bf16_to_f32_avx2_entry,
         }
     }
     #[cfg(not(target_arch = "x86_64"))]
@@ -118,10 +96,27 @@ fn narrow_form(half: Half, isa: Isa) -> ConvertFn {
     #[cfg(target_arch = "x86_64")]
     {
         match (half, isa) {
-            (Half::F16, Isa::Avx512) => f32_to_f16_avx512,
-            (Half::Bf16, Isa::Avx512) => f32_to_bf16_avx512,
-            (Half::F16, Isa::Avx2) => f32_to_f16_avx2,
-            (Half::Bf16, Isa::Avx2) => f32_to_bf16_avx2,
+            (Half::F16, Isa::Avx512) => x86::f32_to_f16_avx512_entry,
+            (Half::Bf16, Isa::Avx512) => x86::f32_to_bf16_avx512_entry,
+            (Half::F16, Isa::Avx2) => x86::f32_to_f16_avx2_entry,
+            (Half::Bf16, Isa::Avx2) => x86::f32_to_bf16_avx2_entry,
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = (half, isa);
+        unreachable!("no vector forms off x86-64")
+    }
+}
+
+fn round_form(half: Half, isa: Isa) -> crate::math::block::BlockFn {
+    #[cfg(target_arch = "x86_64")]
+    {
+        match (half, isa) {
+            (Half::F16, Isa::Avx512) => x86::round_f16_avx512_entry,
+            (Half::Bf16, Isa::Avx512) => x86::round_bf16_avx512_entry,
+            (Half::F16, Isa::Avx2) => x86::round_f16_avx2_entry,
+            (Half::Bf16, Isa::Avx2) => x86::round_bf16_avx2_entry,
         }
     }
     #[cfg(not(target_arch = "x86_64"))]
@@ -153,14 +148,8 @@ pub fn convert_forms() -> Vec<(
         }
         for (name, isa) in isas {
             for half in [Half::F16, Half::Bf16] {
-                let round: crate::math::block::BlockFn = match (half, isa) {
-                    (Half::F16, Isa::Avx512) => x86::round_f16_avx512_entry,
-                    (Half::Bf16, Isa::Avx512) => x86::round_bf16_avx512_entry,
-                    (Half::F16, Isa::Avx2) => x86::round_f16_avx2_entry,
-                    (Half::Bf16, Isa::Avx2) => x86::round_bf16_avx2_entry,
-                };
                 let (widen, narrow) = (widen_form(half, isa), narrow_form(half, isa));
-                forms.push((name, half, widen, narrow, round));
+                forms.push((name, half, widen, narrow, round_form(half, isa)));
             }
         }
     }
@@ -244,7 +233,7 @@ mod x86 {
             /// # Safety
             /// As [`super::ConvertFn`]; the CPU has the form's instruction set (the selection
             /// and `convert_forms` hand it out only then).
-            pub(super) unsafe extern "C" fn $name(src: *const u8, dst: *mut u8, n: i64) {
+            pub(crate) unsafe extern "C" fn $name(src: *const u8, dst: *mut u8, n: i64) {
                 // SAFETY: the CPU contract and the caller's bounds.
                 unsafe { $inner(src, dst, n) }
             }
@@ -404,14 +393,6 @@ mod x86 {
         }
     }
 }
-
-#[cfg(target_arch = "x86_64")]
-use x86::{
-    bf16_to_f32_avx2_entry as bf16_to_f32_avx2, bf16_to_f32_avx512_entry as bf16_to_f32_avx512,
-    f16_to_f32_avx2_entry as f16_to_f32_avx2, f16_to_f32_avx512_entry as f16_to_f32_avx512,
-    f32_to_bf16_avx2_entry as f32_to_bf16_avx2, f32_to_bf16_avx512_entry as f32_to_bf16_avx512,
-    f32_to_f16_avx2_entry as f32_to_f16_avx2, f32_to_f16_avx512_entry as f32_to_f16_avx512,
-};
 
 #[cfg(test)]
 mod tests {
