@@ -178,7 +178,8 @@ struct Lowering<'k, 'b, 'f> {
     row_extent: Option<usize>,
     /// The stack rows f16 and bf16 rows are widened into for the row routines, shared by the
     /// kernel's stages (see `rows.rs`), and the row each holds at this point of the kernel's
-    /// body, if it is still a widened copy of one.
+    /// body, if it is still a widened copy of one (the body is emitted once, its stages in
+    /// order, so this follows the order they run in).
     half_rows: Vec<(StackSlot, Option<(BufferId, Affine)>)>,
     /// The block buffers of [`Conversion`]s, shared by the kernel's stages.
     conversion_slots: Vec<StackSlot>,

@@ -159,9 +159,6 @@ impl Lowering<'_, '_, '_> {
     }
 
     pub(super) fn stages(&mut self, extents: &[Value]) {
-        // The body may be emitted more than once (for the different loops of a range): each
-        // emission widens its own rows.
-        self.forget_half_rows(None);
         let mut offset = 0;
         for (n, stage) in self.kernel.stages.iter().enumerate() {
             let ext = &extents[offset..offset + stage.extent.len()];
