@@ -12,6 +12,17 @@ pub fn fused_and_planned(graph: &Graph) -> minductor::internals::kernel_ir::Prog
     program
 }
 
+/// The kernel program `minductor::compile` made of `graph` (every pass, planned), for tests that
+/// inspect or break it.
+pub fn compiled_program(graph: &Graph) -> minductor::internals::kernel_ir::Program {
+    let compiled = minductor::compile(graph).expect("the graph compiles");
+    compiled
+        .artifacts()
+        .program
+        .clone()
+        .expect("a kernel program")
+}
+
 /// How close a result must be to the reference: `|got - want| <= atol + rtol · |want|` for each
 /// element.
 #[derive(Clone, Copy, Debug, PartialEq)]

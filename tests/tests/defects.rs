@@ -11,6 +11,7 @@ use minductor::{
     RuntimeError, Tensor, Traced, Tracer,
 };
 use minductor::{Dim, SymId, TensorType};
+use minductor_tests::compiled_program as program_of;
 use minductor_tests::ramp;
 
 // ---- defect 3: sizes that overflow ------------------------------------------------------------
@@ -162,12 +163,6 @@ fn a_custom_backend_returning_the_wrong_outputs_is_an_error() {
     let out = good.call(&[ramp(&[3], 0.0)]).unwrap();
     assert_eq!(out.len(), 2);
     assert_eq!(out[1].to_f64_vec(), ramp(&[3], 0.0).to_f64_vec());
-}
-
-/// The kernel program `compile` made for `graph` (after fuse, horizontal fusion, epilogues and
-/// planning): a valid program to break by hand.
-fn program_of(graph: &Graph) -> Program {
-    compile(graph).unwrap().artifacts().program.clone().unwrap()
 }
 
 fn exp_program() -> Program {

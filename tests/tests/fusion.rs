@@ -3,13 +3,10 @@
 use minductor::internals::kernel_ir::{StageAction, Step};
 use minductor::internals::{kernel_ir, passes};
 use minductor::{compile, interpret, trace, DType, Graph, Tensor};
+use minductor_tests::compiled_program as program_of;
 use minductor_tests::ramp;
 use minductor_tests::Tolerance;
 use minductor_tools::workloads::uniform;
-
-fn program_of(graph: &Graph) -> kernel_ir::Program {
-    compile(graph).unwrap().artifacts().program.clone().unwrap()
-}
 
 #[test]
 fn softmax_decomposes_to_prims_with_max_subtraction() {

@@ -114,12 +114,7 @@ fn half_rows_run_the_row_routines() {
         for f in graphs {
             for (n, want) in [(1000, row_bits), (8200, 128)] {
                 let (graph, _) = graph(dtype, n, f);
-                let program = compile(&graph)
-                    .unwrap()
-                    .artifacts()
-                    .program
-                    .clone()
-                    .unwrap();
+                let program = minductor_tests::compiled_program(&graph);
                 let bits: Vec<Option<u32>> = (program.steps.iter())
                     .flat_map(|s| match s {
                         Step::Kernel(k) => stage_vector_bits(k, &program),

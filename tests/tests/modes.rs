@@ -390,12 +390,7 @@ fn every_gemm_plan_gives_the_same_bits() {
             .finish(&[x.linear(&w, Some(&b)).relu(), x.matmul(&w.transpose(0, 1))])
             .unwrap();
         let inputs = vec![ramp(&[m, k], 0.1), ramp(&[n, k], 0.2), ramp(&[n], 0.3)];
-        let program = minductor::compile(&g)
-            .unwrap()
-            .artifacts()
-            .program
-            .clone()
-            .unwrap();
+        let program = minductor_tests::compiled_program(&g);
         let mut compiled = compile_program(&program).unwrap();
         for threads in [1, 2, 4] {
             minductor::set_num_threads(threads).unwrap();
@@ -489,12 +484,7 @@ fn every_attention_tiling_gives_the_same_bits() {
     ] {
         let what = format!("t {t} s {s} group {group} causal {causal} mask {mask}");
         let (g, inputs) = attention_graph(t, s, group, causal, mask);
-        let program = minductor::compile(&g)
-            .unwrap()
-            .artifacts()
-            .program
-            .clone()
-            .unwrap();
+        let program = minductor_tests::compiled_program(&g);
         assert!(
             program
                 .steps

@@ -173,7 +173,7 @@ fn softmax_dim_0_then_dim_1_is_two_kernels() {
             1,
             &format!("softmax(0).softmax(1) of {m}x{n}"),
         );
-        let program = compile(&g).unwrap().artifacts().program.clone().unwrap();
+        let program = minductor_tests::compiled_program(&g);
         let kernels = program
             .steps
             .iter()
@@ -343,12 +343,7 @@ fn verifier_refuses_the_outer_order_without_outer_loops_or_with_a_scan() {
         trace(|t| vec![t.input("x", DType::F32, &[8, 5]).sum(&[0, 1], false)]).unwrap(),
         trace(|t| vec![t.input("x", DType::F32, &[8, 5]).cumsum(0)]).unwrap(),
     ] {
-        let program = compile(&graph)
-            .unwrap()
-            .artifacts()
-            .program
-            .clone()
-            .unwrap();
+        let program = minductor_tests::compiled_program(&graph);
         let mut bad = program.clone();
         let mut changed = false;
         for step in &mut bad.steps {

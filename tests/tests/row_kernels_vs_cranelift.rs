@@ -303,12 +303,7 @@ fn a_layer_norms_affine_store_follows_the_cpu() {
     let _one_at_a_time = SWITCH.lock().unwrap_or_else(|e| e.into_inner());
     set_row_kernels(true);
     let w = minductor_tools::workloads::by_name("layernorm_4096x1024").unwrap();
-    let program = compile(&w.graph)
-        .unwrap()
-        .artifacts()
-        .program
-        .clone()
-        .unwrap();
+    let program = minductor_tests::compiled_program(&w.graph);
     let bits: Vec<Option<u32>> = program
         .steps
         .iter()

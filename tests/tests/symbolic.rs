@@ -95,12 +95,7 @@ fn gemm_with_epilogue_over_a_symbolic_batch() {
         let (x, w1, b1, w2) = (&i[0], &i[1], &i[2], &i[3]);
         vec![x.linear(w1, Some(b1)).gelu().matmul(w2) + x]
     });
-    let program = compile(&graph)
-        .unwrap()
-        .artifacts()
-        .program
-        .clone()
-        .unwrap();
+    let program = minductor_tests::compiled_program(&graph);
     let epilogues = program
         .steps
         .iter()
