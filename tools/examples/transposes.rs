@@ -42,9 +42,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     ] {
         let x = [values(&[m, n])?];
         let mut typed = String::new();
+        let data: Vec<f64> = (0..m * n).map(|i| (i % 1000) as f64).collect();
         for dtype in [DType::F16, DType::BF16, DType::I64] {
             let graph = trace(|t| vec![t.input("x", dtype, &[m, n]).transpose(0, 1)])?;
-            let data: Vec<f64> = (0..m * n).map(|i| (i % 1000) as f64).collect();
             let ms = median_ms(&graph, &[Tensor::from_f64(dtype, &[m, n], &data)?])?;
             typed += &format!("  {dtype:?} x.t() {ms:.3}");
         }
