@@ -36,6 +36,7 @@ use cranelift_codegen::ir::{
 };
 use minductor_ir::{BinaryOp, DType, ReduceOp, UnaryOp};
 use minductor_kernel_ir::*;
+use minductor_kernels::cache::l3_bytes;
 use minductor_kernels::convert::{narrow_routine, widen_routine, Half};
 use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 
@@ -101,8 +102,9 @@ pub(super) fn row_kernels_enabled() -> bool {
 }
 
 /// A layer norm's affine store, `(x - mean) * rstd * weight + bias`. Where the CPU splits
-/// 512-bit operations in two ([`splits_512_bit_operations`]: Zen 4) it stays the 4-lane loop:
-/// there the routine gains no compute rate, and in the suite's full run (its 16 MiB output
+/// 512-bit operations in two ([`splits_512_bit_operations`]: Zen 4) and the output is at least
+/// half the last-level cache (or of unknown size) it stays the 4-lane loop: there the routine
+/// gains no compute rate, and in the suite's full run (its 16 MiB output
 /// coming cold from the block cache) it measured slower, layernorm_4096x1024 at 1.65-1.82 ms
 /// against 1.19-1.26 ms (`minductor bench --threads 1 --rounds 3`, two alternated runs of
 /// each build, 2026-11-27), though alone, with the output in cache, the two tie. A store-only
@@ -117,6 +119,16 @@ pub(super) fn row_kernels_enabled() -> bool {
 /// build, 2026-11-27): 1.41-1.51 ms against 1.00-1.02 at 1 thread, 0.70-0.85 against 0.61 at 2,
 /// though after softmax alone the two tied. On cores with full-width units the loop is a
 /// quarter of the routine's rate, so it runs there.
+///
+/// A smaller output takes the routine on Zen 4 too: there the loop's cost per row (its
+/// unrolled, vector and scalar parts, each row on its own) is what counts, not stores missing
+/// to memory. Measured on Zen 4 (32 MiB L3) at 1 thread, median of 41 calls, three alternated
+/// runs of each build (2026-11-27), loop against routine: [8192, 64] 0.42 against 0.35 ms,
+/// [16384, 128] 1.17-1.20 against 0.83, [4096, 256] 0.39 against 0.31, [8192, 256] 0.80-0.95
+/// against 0.64, [4096, 512] 0.58 against 0.45, [2048, 768] 0.38 against 0.29, [2048, 1024]
+/// 0.48 against 0.37-0.39 (outputs of 2-8 MiB); at 16 MiB and more the loop won or tied
+/// ([4096, 1024] 1.01-1.06 against 1.18-1.22, [8192, 768] 1.63-1.69 against 1.83-1.86,
+/// [2048, 2048] tied) except [1024, 4096] (1.93-2.18 against 1.76-1.85).
 const LAYER_NORM_AFFINE_STORE: u32 =
     RowShape::SUB | RowShape::SCALE | RowShape::MUL_ROW | RowShape::ADD_ROW | RowShape::STORE;
 
@@ -540,7 +552,13 @@ impl Lowering<'_, '_, '_> {
         }
         let shape = RowShape(bits);
         if shape.0 == LAYER_NORM_AFFINE_STORE && by_cpu() && splits_512_bit_operations() {
-            return None;
+            let small = out
+                .and_then(|st| self.bytes(st.buffer))
+                .zip(l3_bytes())
+                .is_some_and(|(written, l3)| written < l3 / 2);
+            if !small {
+                return None;
+            }
         }
         // An output whose static size says it cannot stay in the last-level cache until it is
         // read (see `streams_stores`), and that this kernel does not read (a softmax reads
