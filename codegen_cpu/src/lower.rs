@@ -77,6 +77,8 @@ mod reduce;
 mod rows;
 mod transpose;
 
+use rows::Stash;
+
 pub use rows::{
     kernel_vector_bits, set_row_kernels, set_row_shapes_by_cpu, stage_streams, stage_vector_bits,
     step_forms, step_vector_bits, HALF_ROW,
@@ -181,6 +183,10 @@ struct Lowering<'k, 'b, 'f> {
     /// body, if it is still a widened copy of one (the body is emitted once, its stages in
     /// order, so this follows the order they run in).
     half_rows: Vec<(StackSlot, Option<(BufferId, Affine)>)>,
+    /// A reduction's row values kept on the stack for a later stage of the same row (see
+    /// `rows.rs`, [`Stash`]): set by the stage that stores them, taken by the one that reads
+    /// them.
+    stash: Option<Stash>,
     /// The block buffers of [`Conversion`]s, shared by the kernel's stages.
     conversion_slots: Vec<StackSlot>,
     /// Uses of each expression (as an operand or a stage's value), for contraction.
@@ -339,6 +345,7 @@ pub fn lower_kernel(
         conversions: Vec::new(),
         row_extent: None,
         half_rows: Vec::new(),
+        stash: None,
         conversion_slots: Vec::new(),
         direct_store: None,
         block_row: None,

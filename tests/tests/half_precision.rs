@@ -134,6 +134,38 @@ fn half_rows_run_the_row_routines() {
     }
 }
 
+/// A half softmax keeps its exponentials in an f32 stack row (the row stash of `lower/rows.rs`:
+/// its sum stores them, its last stage scales them): bit for bit the f32 softmax of the same
+/// values rounded once to the half type, from half and from f32 inputs, at lengths ending
+/// blocks short, crossing a sum's block and at `HALF_ROW`.
+#[test]
+fn a_half_softmax_is_its_f32_softmax_rounded_once() {
+    for dtype in [DType::F16, DType::BF16] {
+        for n in [1, 17, 257, 1030, HALF_ROW] {
+            for input in [dtype, DType::F32] {
+                let tracer = Tracer::new();
+                let x = tracer.input("x", input, &[3, n]);
+                let half = tracer.finish(&[x.softmax(-1).cast(dtype)]).unwrap();
+                let tracer = Tracer::new();
+                let x = tracer.input("x", input, &[3, n]);
+                let single = tracer.finish(&[x.cast(DType::F32).softmax(-1)]).unwrap();
+                let values = hashed_values(&[3, n], 7).to_f64_vec();
+                let inputs = [Tensor::from_f64(input, &[3, n], &values).unwrap()];
+                let got = compile(&half).unwrap().call(&inputs).unwrap();
+                let f32_result = compile(&single).unwrap().call(&inputs).unwrap();
+                let rounded =
+                    Tensor::from_f64(dtype, &[3, n], &f32_result[0].to_f64_vec()).unwrap();
+                minductor_tests::assert_allclose(
+                    &got,
+                    &[rounded],
+                    Tolerance::EXACT,
+                    &format!("{dtype:?} softmax of {input:?}, n = {n}\n{half}"),
+                );
+            }
+        }
+    }
+}
+
 /// Half rows under several outer loops (`[2, 5, n]` softmaxes and a layer norm with half
 /// weight and bias, their loops flattened into one range for the threads): the stages share
 /// the rows they widen, each operand its own.

@@ -159,6 +159,8 @@ impl Lowering<'_, '_, '_> {
     }
 
     pub(super) fn stages(&mut self, extents: &[Value]) {
+        // A stash is made and taken within one emission of the stages.
+        self.stash = None;
         let mut offset = 0;
         for (n, stage) in self.kernel.stages.iter().enumerate() {
             let ext = &extents[offset..offset + stage.extent.len()];
@@ -184,8 +186,10 @@ impl Lowering<'_, '_, '_> {
         if plans.is_none() {
             // A loop stage may write any buffer: no widened row is known to be current.
             self.forget_half_rows(None);
+            self.stash = None;
         }
-        if let Some(plans) = plans {
+        if let Some(mut plans) = plans {
+            self.stash_plans(n, &mut plans);
             self.stage_bits[n] = Some(Self::row_bits());
             self.stage_streams[n] = plans.iter().any(|p| p.streams());
             for plan in &plans {

@@ -12,6 +12,9 @@
 //! each such row the routine reads is first widened into an f32 row on the stack by the kernel
 //! library's conversion routine (`minductor_kernels::convert`), and a half output row is
 //! written there and narrowed after the call; the conversions are the inline form's bits.
+//! A reduction whose row values a later stage computes again (a half softmax's `exp(x - max)`,
+//! which `store_once` cannot keep in a half output) stores them into a stack row for that stage
+//! instead ([`Stash`]).
 //!
 //! Why ahead-of-time shapes rather than an emitter of our own: the stages of row kernels are a
 //! handful of shapes (the suite's softmax, layer norm, RMS norm and gated products are all
@@ -32,7 +35,7 @@ use crate::math::block::rows::{
 use crate::math::block::{block_isa, splits_512_bit_operations, BlockIsa};
 use crate::math::GELU_SCALE;
 use cranelift_codegen::ir::{
-    types, AbiParam, InstBuilder, Signature, StackSlotData, StackSlotKind, Value,
+    types, AbiParam, InstBuilder, Signature, StackSlot, StackSlotData, StackSlotKind, Value,
 };
 use minductor_ir::{BinaryOp, DType, ReduceOp, UnaryOp};
 use minductor_kernel_ir::*;
@@ -65,7 +68,67 @@ pub(super) struct RowPlan {
     u3: Option<ExprId>,
     /// Whether the stores bypass the caches (`ROW_STREAM`): the output is too large for them.
     stream: bool,
+    /// Whether the routine reads the kernel's [`Stash`] row instead of `x` (its steps up to
+    /// the function were done by the stage that stashed it).
+    x_stash: bool,
+    /// Whether the routine also stores its row values into the kernel's [`Stash`] row.
+    out_stash: bool,
 }
+
+/// A reduction stage's row values, `f(x - u0)` for a costly function `f`, stored into a stack
+/// row for a later stage of the same row that computes them again, which then reads them from
+/// there: the code generator's form of `store_once` (`passes/src/store_once.rs`) for a row
+/// whose output the later stage cannot hold them in, an f16 or bf16 one. A half softmax is the
+/// example: its sum computes `exp(x - max)` into the stack row, and its store scales that row
+/// by `1/sum` (`SCALE | STORE`) instead of computing `exp` again (`SUB | EXP | SCALE |
+/// STORE`). The values are the same bits: both routines compute them by the same steps.
+pub(super) struct Stash {
+    /// `row_extent` f32s.
+    slot: StackSlot,
+    /// The stage that reads the row.
+    consumer: usize,
+    /// What the row holds.
+    holds: Stashed,
+}
+
+/// What a stash row holds: the steps up to the function of the producer's shape, on its rows
+/// and `u0` (the consumer's plan must ask for exactly these).
+struct Stashed {
+    value: u32,
+    x: (BufferId, Affine),
+    p: Option<(BufferId, Affine)>,
+    q: Option<(BufferId, Affine)>,
+    u0: Option<ExprId>,
+}
+
+impl Stashed {
+    fn of(plan: &RowPlan) -> Stashed {
+        Stashed {
+            value: plan.shape.0 & UP_TO_FUNCTION,
+            x: plan.x.clone(),
+            p: plan.p.clone(),
+            q: plan.q.clone(),
+            u0: plan.u0,
+        }
+    }
+
+    /// Whether `plan` computes these values before its further steps.
+    fn starts(&self, plan: &RowPlan) -> bool {
+        plan.shape.0 & UP_TO_FUNCTION == self.value
+            && plan.x == self.x
+            && plan.p == self.p
+            && plan.q == self.q
+            && plan.u0 == self.u0
+    }
+}
+
+/// The steps of a shape up to and including its function (see `math::block::rows`): what a
+/// stashed row holds.
+const UP_TO_FUNCTION: u32 =
+    RowShape::PRE_MUL | RowShape::PRE_ADD | RowShape::SUB | (0xf << RowShape::FN_SHIFT);
+
+/// What a shape reduces.
+const REDUCTIONS: u32 = RowShape::SUM | RowShape::SUM_SQUARES | RowShape::MAX;
 
 /// The factor `u1` of a row shape.
 #[derive(Clone, Copy)]
@@ -590,7 +653,94 @@ impl Lowering<'_, '_, '_> {
             u1,
             u2,
             u3,
+            x_stash: false,
+            out_stash: false,
         })
+    }
+
+    /// The plans of stage `n` (`plans`, for the current stage's context) rewritten for a
+    /// [`Stash`]: stage `n` reads the pending one if it is its consumer; else, if `n` is a
+    /// reduction computing `f(x - u0)` that a later stage computes again (with no store
+    /// between them), `n` stores it into a new stash row for that stage.
+    pub(super) fn stash_plans(&mut self, n: usize, plans: &mut [RowPlan]) {
+        if let [plan] = &mut *plans {
+            let pending = self.stash.as_ref();
+            if pending.is_some_and(|s| s.consumer == n && s.holds.starts(plan)) {
+                let shape = RowShape(plan.shape.0 & !UP_TO_FUNCTION);
+                if let Some(routine) = block_isa().and_then(|isa| row_routine(shape, isa)) {
+                    plan.shape = shape;
+                    plan.routine = routine;
+                    plan.x_stash = true;
+                    (plan.p, plan.q, plan.u0) = (None, None, None);
+                    return;
+                }
+            }
+        }
+        self.stash = None;
+        let ([producer], Some(len)) = (&mut *plans, self.row_extent) else {
+            return;
+        };
+        let Some(isa) = block_isa() else {
+            return;
+        };
+        let value = producer.shape.0 & UP_TO_FUNCTION;
+        let stored = RowShape(producer.shape.0 | RowShape::STORE);
+        let worth = value & (0xf << RowShape::FN_SHIFT) != 0
+            && producer.shape.0 & !(UP_TO_FUNCTION | REDUCTIONS) == 0
+            && producer.shape.0 & RowShape::SUM_SQUARES == 0
+            && len <= HALF_ROW
+            && row_routine(stored, isa).is_some();
+        if !worth {
+            return;
+        }
+        let (innermost, row_extent) = (self.innermost, self.row_extent);
+        let mut consumer = None;
+        for s in n + 1..self.kernel.stages.len() {
+            let stage = &self.kernel.stages[s];
+            let StageAction::Store(_) = &stage.action else {
+                // A reduction between them may run, if it stores nothing.
+                match &stage.action {
+                    StageAction::Reduce { stores, .. } if stores.is_empty() => continue,
+                    _ => break,
+                }
+            };
+            // The later stage's plan, in its own context (as `stage` sets it).
+            self.row_extent = match stage.extent.as_slice() {
+                [d] => d.as_static(),
+                _ => None,
+            };
+            self.innermost =
+                (!stage.extent.is_empty()).then(|| Var::Inner(stage.extent.len() as u32 - 1));
+            let holds = Stashed::of(producer);
+            if let Some([later]) = self.row_plans(stage).as_deref() {
+                let rest = RowShape(later.shape.0 & !UP_TO_FUNCTION);
+                if self.row_extent == Some(len)
+                    && holds.starts(later)
+                    && row_routine(rest, isa).is_some()
+                {
+                    consumer = Some((s, holds));
+                }
+            }
+            break;
+        }
+        (self.innermost, self.row_extent) = (innermost, row_extent);
+        let Some((consumer, holds)) = consumer else {
+            return;
+        };
+        let slot = self.b.create_sized_stack_slot(StackSlotData::new(
+            StackSlotKind::ExplicitSlot,
+            (len * 4) as u32,
+            6,
+        ));
+        producer.shape = stored;
+        producer.routine = row_routine(stored, isa).expect("checked above");
+        producer.out_stash = true;
+        producer.stream = false;
+        self.stash = Some(Stash {
+            slot,
+            consumer,
+            holds,
+        });
     }
 
     /// `e` as GELU's gradient at `t` times `g`, in the operations autodiff writes it in and with
@@ -752,7 +902,15 @@ impl Lowering<'_, '_, '_> {
         let args = self.b.ins().stack_addr(types::I64, slot, 0);
         let flags = self.flags;
         let mut halves = 0;
-        let x = self.row_operand(&plan.x, extent, &mut halves);
+        let stash = |l: &mut Self| {
+            let slot = l.stash.as_ref().expect("a stash plan has its row").slot;
+            l.b.ins().stack_addr(types::I64, slot, 0)
+        };
+        let x = if plan.x_stash {
+            stash(self)
+        } else {
+            self.row_operand(&plan.x, extent, &mut halves)
+        };
         let rows = [
             (ROW_ARGS_W, plan.w.as_ref()),
             (ROW_ARGS_B, plan.b.as_ref()),
@@ -771,6 +929,7 @@ impl Lowering<'_, '_, '_> {
         // The output row, or for a half one the f32 row narrowed after the call.
         let mut narrow = None;
         let out = match &plan.out {
+            _ if plan.out_stash => stash(self),
             Some(row) => {
                 let at = self.row_address(row);
                 match self.half_row(row.0).and_then(narrow_routine) {
