@@ -493,9 +493,17 @@ unsafe fn run<L: Wide, const S: u32>(mut e: L, a: &RowArgs) -> f32 {
             acc[0] = combine::<L, S>(&mut e, acc[0], t, &mut nan);
             i = end;
         }
-        if sums {
+        if sums && i < n {
             for k in 0..CHAINS {
                 kahan_fold(&mut e, &mut running[k], &mut compensation[k], acc[k]);
+            }
+        } else if sums {
+            // The last block: only the running sums are used after it, so the fold's steps
+            // that compute the next compensation are left out (`running + (partial −
+            // compensation)`, `kahan_fold`'s sum, the same bits).
+            for k in 0..CHAINS {
+                let y = e.sub(acc[k], compensation[k]);
+                running[k] = e.add(running[k], y);
             }
         } else {
             running = acc;
