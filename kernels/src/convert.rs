@@ -14,7 +14,8 @@
 //! hardware's conversions (F16C's `vcvtph2ps` and `vcvtps2ph` rounding to nearest-even, which
 //! make a NaN quiet and keep the top of its payload, as the inline form does), bf16 with the
 //! inline form's integer steps (a shift to widen; to narrow, round to nearest-even on the bits
-//! and quiet a NaN keeping its top bits). The test `conversions_match_the_definitions` checks
+//! and quiet a NaN keeping its top bits), or where the CPU has AVX512_BF16 its conversion
+//! instruction, which gives those bits for every input but a subnormal one. The test `conversions_match_the_definitions` checks
 //! every f16 and bf16 and a sweep of f32s against a scalar statement of those rules.
 
 /// A conversion routine: `n` elements at `src` to `n` elements at `dst` (halves are 2 bytes,
@@ -32,10 +33,15 @@ pub enum Half {
     Bf16,
 }
 
-/// The vector forms: 512-bit (AVX-512F) or 256-bit (AVX2 and F16C).
+/// The vector forms: 512-bit (AVX-512F) or 256-bit (AVX2 and F16C). `Avx512Bf16` is the
+/// 512-bit form with AVX512_BF16's conversion to bf16 (`vcvtne2ps2bf16`: 32 lanes rounded to
+/// nearest-even in one instruction, where the integer steps take about ten and a two-uop
+/// pack per 16): it treats subnormal inputs as zero, so a group holding one takes the integer
+/// steps, and the bits stay the inline form's.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Isa {
     Avx512,
+    Avx512Bf16,
     Avx2,
 }
 
@@ -45,7 +51,11 @@ fn isa() -> Option<Isa> {
     #[cfg(target_arch = "x86_64")]
     {
         use crate::math::block::{block_isa, BlockIsa};
+        use std::arch::is_x86_feature_detected as has;
         match block_isa() {
+            Some(BlockIsa::Avx512) if has!("avx512bf16") && has!("avx512dq") => {
+                return Some(Isa::Avx512Bf16)
+            }
             Some(BlockIsa::Avx512) => return Some(Isa::Avx512),
             Some(BlockIsa::Avx2) if std::arch::is_x86_feature_detected!("f16c") => {
                 return Some(Isa::Avx2)
@@ -79,8 +89,8 @@ fn widen_form(half: Half, isa: Isa) -> ConvertFn {
     #[cfg(target_arch = "x86_64")]
     {
         match (half, isa) {
-            (Half::F16, Isa::Avx512) => x86::f16_to_f32_avx512_entry,
-            (Half::Bf16, Isa::Avx512) => x86::bf16_to_f32_avx512_entry,
+            (Half::F16, Isa::Avx512 | Isa::Avx512Bf16) => x86::f16_to_f32_avx512_entry,
+            (Half::Bf16, Isa::Avx512 | Isa::Avx512Bf16) => x86::bf16_to_f32_avx512_entry,
             (Half::F16, Isa::Avx2) => x86::f16_to_f32_avx2_entry,
             (Half::Bf16, Isa::Avx2) => x86::bf16_to_f32_avx2_entry,
         }
@@ -96,8 +106,9 @@ fn narrow_form(half: Half, isa: Isa) -> ConvertFn {
     #[cfg(target_arch = "x86_64")]
     {
         match (half, isa) {
-            (Half::F16, Isa::Avx512) => x86::f32_to_f16_avx512_entry,
+            (Half::F16, Isa::Avx512 | Isa::Avx512Bf16) => x86::f32_to_f16_avx512_entry,
             (Half::Bf16, Isa::Avx512) => x86::f32_to_bf16_avx512_entry,
+            (Half::Bf16, Isa::Avx512Bf16) => x86::f32_to_bf16_avx512bf16_entry,
             (Half::F16, Isa::Avx2) => x86::f32_to_f16_avx2_entry,
             (Half::Bf16, Isa::Avx2) => x86::f32_to_bf16_avx2_entry,
         }
@@ -113,8 +124,9 @@ fn round_form(half: Half, isa: Isa) -> crate::math::block::BlockFn {
     #[cfg(target_arch = "x86_64")]
     {
         match (half, isa) {
-            (Half::F16, Isa::Avx512) => x86::round_f16_avx512_entry,
+            (Half::F16, Isa::Avx512 | Isa::Avx512Bf16) => x86::round_f16_avx512_entry,
             (Half::Bf16, Isa::Avx512) => x86::round_bf16_avx512_entry,
+            (Half::Bf16, Isa::Avx512Bf16) => x86::round_bf16_avx512bf16_entry,
             (Half::F16, Isa::Avx2) => x86::round_f16_avx2_entry,
             (Half::Bf16, Isa::Avx2) => x86::round_bf16_avx2_entry,
         }
@@ -145,6 +157,9 @@ pub fn convert_forms() -> Vec<(
         }
         if has!("avx512f") {
             isas.push(("avx512", Isa::Avx512));
+        }
+        if has!("avx512f") && has!("avx512dq") && has!("avx512bf16") {
+            isas.push(("avx512bf16", Isa::Avx512Bf16));
         }
         for (name, isa) in isas {
             for half in [Half::F16, Half::Bf16] {
@@ -244,6 +259,7 @@ mod x86 {
     entry!(bf16_to_f32_avx512_entry, bf16_to_f32_avx512);
     entry!(f32_to_f16_avx512_entry, f32_to_f16_avx512);
     entry!(f32_to_bf16_avx512_entry, f32_to_bf16_avx512);
+    entry!(f32_to_bf16_avx512bf16_entry, f32_to_bf16_avx512bf16);
     entry!(f16_to_f32_avx2_entry, f16_to_f32_avx2);
     entry!(bf16_to_f32_avx2_entry, bf16_to_f32_avx2);
     entry!(f32_to_f16_avx2_entry, f32_to_f16_avx2);
@@ -263,6 +279,7 @@ mod x86 {
 
     round_entry!(round_f16_avx512_entry, round_f16_avx512);
     round_entry!(round_bf16_avx512_entry, round_bf16_avx512);
+    round_entry!(round_bf16_avx512bf16_entry, round_bf16_avx512bf16);
     round_entry!(round_f16_avx2_entry, round_f16_avx2);
     round_entry!(round_bf16_avx2_entry, round_bf16_avx2);
 
@@ -344,6 +361,59 @@ mod x86 {
             groups::<f32, u16, 16>(src, dst, n, |s, d| {
                 let bits = bf16_bits512(_mm512_loadu_si512(s as *const __m512i));
                 _mm256_storeu_si256(d as *mut __m256i, _mm512_cvtepi32_epi16(bits));
+            })
+        }
+    }
+
+    /// Whether any of the 32 lanes of `x` and `y` is subnormal (`vcvtne2ps2bf16` would read
+    /// it as zero).
+    #[target_feature(enable = "avx512f,avx512dq")]
+    #[inline]
+    fn subnormal(x: __m512, y: __m512) -> bool {
+        const SUBNORMAL: i32 = 0x20;
+        _mm512_fpclass_ps_mask::<SUBNORMAL>(x) | _mm512_fpclass_ps_mask::<SUBNORMAL>(y) != 0
+    }
+
+    #[target_feature(enable = "avx512f,avx512dq,avx512bf16")]
+    unsafe fn f32_to_bf16_avx512bf16(src: *const u8, dst: *mut u8, n: i64) {
+        unsafe {
+            groups::<f32, u16, 32>(src, dst, n, |s, d| {
+                let (x, y) = (_mm512_loadu_ps(s), _mm512_loadu_ps(s.add(16)));
+                if subnormal(x, y) {
+                    for (half, at) in [(x, 0), (y, 16)] {
+                        let bits = bf16_bits512(_mm512_castps_si512(half));
+                        _mm256_storeu_si256(d.add(at) as *mut __m256i, _mm512_cvtepi32_epi16(bits));
+                    }
+                } else {
+                    // Lanes 0..16 from `x`, 16..32 from `y`.
+                    let h: __m512i = std::mem::transmute(_mm512_cvtne2ps_pbh(y, x));
+                    _mm512_storeu_si512(d as *mut __m512i, h);
+                }
+            })
+        }
+    }
+
+    #[target_feature(enable = "avx512f,avx512dq,avx512bf16")]
+    unsafe fn round_bf16_avx512bf16(src: *const u8, dst: *mut u8, n: i64) {
+        unsafe {
+            groups::<f32, f32, 32>(src, dst, n, |s, d| {
+                let (x, y) = (_mm512_loadu_ps(s), _mm512_loadu_ps(s.add(16)));
+                if subnormal(x, y) {
+                    for (half, at) in [(x, 0), (y, 16)] {
+                        let bits = bf16_bits512(_mm512_castps_si512(half));
+                        _mm512_storeu_si512(
+                            d.add(at) as *mut __m512i,
+                            _mm512_slli_epi32::<16>(bits),
+                        );
+                    }
+                } else {
+                    let h: __m512i = std::mem::transmute(_mm512_cvtne2ps_pbh(y, x));
+                    // bf16 lane `i` back to f32 lane `i`: its bits in the top half.
+                    let low = _mm512_cvtepu16_epi32(_mm512_castsi512_si256(h));
+                    let high = _mm512_cvtepu16_epi32(_mm512_extracti64x4_epi64::<1>(h));
+                    _mm512_storeu_si512(d as *mut __m512i, _mm512_slli_epi32::<16>(low));
+                    _mm512_storeu_si512(d.add(16) as *mut __m512i, _mm512_slli_epi32::<16>(high));
+                }
             })
         }
     }
