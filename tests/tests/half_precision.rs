@@ -2,13 +2,13 @@
 //! converted a block at a time by the kernel library's routines, and a half-precision
 //! operation's rounding in a chain of f32 operations is a math block (`lower/blocks.rs`,
 //! `minductor_kernels::convert`); row stages (softmax, layer norm) widen their half rows for the
-//! row routines and narrow their output rows (`lower/rows.rs`), up to `HALF_ROW` elements, and
-//! run the blocks past that. Each graph runs at lengths that end blocks short (1, 17, 257, 1000),
-//! cross a sum's block of 1024 (1030) and exceed `HALF_ROW` (8200), against the interpreter
-//! within one rounding of the half type (it computes in f64 and rounds once per operation, the
-//! kernels in f32), and bit for bit across 1, 2 and 3 threads.
+//! row routines and narrow their output rows (`lower/rows.rs`), in chunks of `HALF_ROW` elements
+//! past that length. Each graph runs at lengths that end blocks short (1, 17, 257, 1000), cross
+//! a sum's block of 1024 (1030) and exceed `HALF_ROW` (8200, and 20000: two whole chunks and a
+//! part), against the interpreter within one rounding of the half type (it computes in f64 and
+//! rounds once per operation, the kernels in f32), and bit for bit across 1, 2 and 3 threads.
 
-use minductor::internals::codegen_cpu::lower::HALF_ROW;
+use minductor::internals::codegen_cpu::lower::{HALF_CHUNKS, HALF_ROW};
 use minductor::{compile, interpret, DType, Graph, Tensor, Traced, Tracer};
 use minductor_tests::{hashed_values, Tolerance};
 
@@ -35,12 +35,12 @@ fn tolerance(dtype: DType) -> Tolerance {
 fn check(f: fn(&Traced, DType) -> Vec<Traced>, what: &str) {
     const {
         assert!(
-            HALF_ROW < 8200,
-            "the longest row is past the row routines' half rows"
+            HALF_ROW < 8200 && 2 * HALF_ROW < 20000 && 20000 < 3 * HALF_ROW,
+            "the long rows are one chunk and a part, and two chunks and a part"
         )
     };
     for dtype in [DType::F16, DType::BF16] {
-        for n in [1, 17, 257, 1000, 1030, 8200] {
+        for n in [1, 17, 257, 1000, 1030, 8200, 20000] {
             let (graph, inputs) = graph(dtype, n, f);
             checked(
                 &graph,
@@ -93,7 +93,8 @@ fn reductions_over_half_precision_rows() {
 }
 
 /// The row stages of an f16 or bf16 softmax and layer norm run the row routines (the CPU's
-/// full width) up to `HALF_ROW` elements, and the 4-lane loop with block conversions past it.
+/// full width), in chunks of `HALF_ROW` elements past that, and the 4-lane loop with block
+/// conversions past `HALF_CHUNKS` chunks.
 #[test]
 fn half_rows_run_the_row_routines() {
     use minductor::internals::codegen_cpu::lower::stage_vector_bits;
@@ -112,7 +113,11 @@ fn half_rows_run_the_row_routines() {
     ];
     for dtype in [DType::F16, DType::BF16] {
         for f in graphs {
-            for (n, want) in [(1000, row_bits), (8200, 128)] {
+            for (n, want) in [
+                (1000, row_bits),
+                (8200, row_bits),
+                (HALF_ROW * HALF_CHUNKS + 1, 128),
+            ] {
                 let (graph, _) = graph(dtype, n, f);
                 let program = minductor_tests::compiled_program(&graph);
                 let bits: Vec<Option<u32>> = (program.steps.iter())
@@ -126,7 +131,7 @@ fn half_rows_run_the_row_routines() {
                     Some(&Some(want)),
                     "{dtype:?}, n = {n}\n{program}"
                 );
-                if n <= HALF_ROW {
+                if n <= HALF_ROW * HALF_CHUNKS {
                     assert!(bits.iter().all(|&b| b == Some(want)), "{bits:?}\n{program}");
                 }
             }

@@ -43,9 +43,17 @@ use minductor_kernels::cache::l3_bytes;
 use minductor_kernels::convert::{narrow_routine, widen_routine, Half};
 use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 
-/// The longest f16 or bf16 row a row routine takes (each converted row is a stack buffer of
-/// this many f32s: 32 KiB).
+/// The longest f16 or bf16 row a row routine takes in one call (each converted row is a stack
+/// buffer of this many f32s: 32 KiB). A longer static row (a language model's logits over its
+/// vocabulary) is converted and passed to the routine in chunks of this many elements, up to
+/// [`HALF_CHUNKS`] of them: a reduction's chunks are combined in order (sums added, maxima by
+/// `fmax`), so such a row's sum is not bit for bit the one-call sum, only a fixed function of
+/// the row.
 pub const HALF_ROW: usize = 8192;
+
+/// The most chunks of [`HALF_ROW`] elements a half row is cut into (512 Ki elements); a longer
+/// row takes the 4-lane loop.
+pub const HALF_CHUNKS: usize = 64;
 
 /// A row stage's routine and the rows and values it is given.
 pub(super) struct RowPlan {
@@ -859,8 +867,27 @@ impl Lowering<'_, '_, '_> {
             _ => return None,
         };
         self.row_extent
-            .is_some_and(|n| n <= HALF_ROW)
+            .is_some_and(|n| n <= HALF_ROW * HALF_CHUNKS)
             .then_some(half)
+    }
+
+    /// Whether `plan`'s rows are static and past [`HALF_ROW`] with one of them f16 or bf16:
+    /// the row is passed to the routine in chunks ([`Self::row_call_in_chunks`]).
+    fn chunked(&self, plan: &RowPlan) -> Option<usize> {
+        let rows = [
+            Some(&plan.x),
+            plan.w.as_ref(),
+            plan.b.as_ref(),
+            plan.c.as_ref(),
+            plan.p.as_ref(),
+            plan.q.as_ref(),
+            plan.out.as_ref(),
+        ];
+        let half = rows
+            .into_iter()
+            .flatten()
+            .any(|r| self.half_row(r.0).is_some());
+        self.row_extent.filter(|&n| n > HALF_ROW && half)
     }
 
     /// The f32 row the `k`-th half row of a routine call converts to: a stack buffer of
@@ -890,6 +917,10 @@ impl Lowering<'_, '_, '_> {
     /// The call of `plan`'s routine for the current row of stage `n` (`extent` elements):
     /// its result is the stage's, for a reduction.
     pub(super) fn row_call(&mut self, n: usize, plan: &RowPlan, extent: Value) {
+        if let Some(total) = self.chunked(plan) {
+            self.row_call_in_chunks(n, plan, total);
+            return;
+        }
         self.forget();
         let inner = self.innermost.expect("a row stage has a loop");
         let zero = self.b.ins().iconst(types::I64, 0);
@@ -946,6 +977,133 @@ impl Lowering<'_, '_, '_> {
         };
         self.b.ins().store(flags, out, args, ROW_ARGS_OUT);
         self.b.ins().store(flags, extent, args, ROW_ARGS_N);
+        self.store_row_values(plan, args);
+        let call = self.call_row_routine(plan, args);
+        if plan.shape.reduces() {
+            let result = self.b.inst_results(call)[0];
+            self.stage_results[n] = Some(self.pin(result));
+        }
+        if let Some((routine, scratch, at)) = narrow {
+            self.call_elementwise(routine as usize, scratch, at, extent);
+        }
+        if let Some((buffer, _)) = &plan.out {
+            // Its rows held widened are stale.
+            self.forget_half_rows(Some(*buffer));
+        }
+        self.forget();
+    }
+
+    /// [`Self::row_call`] for a row of `total` elements past [`HALF_ROW`] with f16 or bf16
+    /// rows: one call of the routine per chunk of `HALF_ROW` elements, each half row's chunk
+    /// widened into its stack row first and a half output's narrowed after; a reduction's
+    /// chunk results combined in order.
+    fn row_call_in_chunks(&mut self, n: usize, plan: &RowPlan, total: usize) {
+        self.forget();
+        let inner = self.innermost.expect("a row stage has a loop");
+        let zero = self.b.ins().iconst(types::I64, 0);
+        self.vars.insert(inner, zero);
+        let slot = self.b.create_sized_stack_slot(StackSlotData::new(
+            StackSlotKind::ExplicitSlot,
+            ROW_ARGS_BYTES,
+            3,
+        ));
+        let args = self.b.ins().stack_addr(types::I64, slot, 0);
+        let flags = self.flags;
+        self.store_row_values(plan, args);
+        // Each row's start and, for a half one, its type; `x` first (the rows a shape does
+        // not read point to it).
+        let rows = [
+            (ROW_ARGS_X, Some(&plan.x)),
+            (ROW_ARGS_W, plan.w.as_ref()),
+            (ROW_ARGS_B, plan.b.as_ref()),
+            (ROW_ARGS_C, plan.c.as_ref()),
+            (ROW_ARGS_P, plan.p.as_ref()),
+            (ROW_ARGS_Q, plan.q.as_ref()),
+        ];
+        let mut starts = Vec::new();
+        for (field, row) in rows {
+            let start = row.map(|r| (self.row_address(r), r.0));
+            starts.push((field, start));
+        }
+        let out_start = plan.out.as_ref().map(|r| (self.row_address(r), r.0));
+        let mut combined: Option<Value> = None;
+        for offset in (0..total).step_by(HALF_ROW) {
+            let len = HALF_ROW.min(total - offset);
+            let len_value = self.b.ins().iconst(types::I64, len as i64);
+            let mut halves = 0;
+            let mut x = None;
+            for &(field, start) in &starts {
+                let p = match start {
+                    Some((at, buffer)) => {
+                        let at = self.chunk_address(at, buffer, offset);
+                        match self.half_row(buffer).and_then(widen_routine) {
+                            Some(routine) => {
+                                let scratch = self.half_row_buffer(halves);
+                                // The stack row ends holding a chunk, not a row.
+                                self.half_rows[halves].1 = None;
+                                halves += 1;
+                                self.call_elementwise(routine as usize, at, scratch, len_value);
+                                scratch
+                            }
+                            None => at,
+                        }
+                    }
+                    None => x.expect("x comes first"),
+                };
+                x = x.or(Some(p));
+                self.b.ins().store(flags, p, args, field);
+            }
+            let mut narrow = None;
+            let out = match out_start {
+                Some((at, buffer)) => {
+                    let at = self.chunk_address(at, buffer, offset);
+                    match self.half_row(buffer).and_then(narrow_routine) {
+                        Some(routine) => {
+                            let scratch = self.half_row_buffer(halves);
+                            self.half_rows[halves].1 = None;
+                            narrow = Some((routine, scratch, at));
+                            scratch
+                        }
+                        None => at,
+                    }
+                }
+                None => x.expect("x is set"),
+            };
+            self.b.ins().store(flags, out, args, ROW_ARGS_OUT);
+            self.b.ins().store(flags, len_value, args, ROW_ARGS_N);
+            let call = self.call_row_routine(plan, args);
+            if plan.shape.reduces() {
+                let result = self.b.inst_results(call)[0];
+                combined = Some(match combined {
+                    None => result,
+                    Some(so_far) if plan.shape.0 & RowShape::MAX != 0 => {
+                        self.b.ins().fmax(so_far, result)
+                    }
+                    Some(so_far) => self.b.ins().fadd(so_far, result),
+                });
+            }
+            if let Some((routine, scratch, at)) = narrow {
+                self.call_elementwise(routine as usize, scratch, at, len_value);
+            }
+        }
+        if let Some(result) = combined {
+            self.stage_results[n] = Some(self.pin(result));
+        }
+        if let Some((buffer, _)) = &plan.out {
+            self.forget_half_rows(Some(*buffer));
+        }
+        self.forget();
+    }
+
+    /// `start` (a row of `buffer`) moved on by `offset` elements.
+    fn chunk_address(&mut self, start: Value, buffer: BufferId, offset: usize) -> Value {
+        let bytes = offset * self.program.buffer(buffer).dtype.size_bytes();
+        self.b.ins().iadd_imm_s(start, bytes as i64)
+    }
+
+    /// Stores `plan`'s row values (`u0` to `u3`) and flags into the arguments at `args`.
+    fn store_row_values(&mut self, plan: &RowPlan, args: Value) {
+        let flags = self.flags;
         let row_flags = if plan.stream { ROW_STREAM } else { 0 };
         let row_flags = self.b.ins().iconst(types::I32, row_flags as i64);
         self.b.ins().store(flags, row_flags, args, ROW_ARGS_FLAGS);
@@ -979,6 +1137,10 @@ impl Lowering<'_, '_, '_> {
             };
             self.b.ins().store(flags, v, args, at);
         }
+    }
+
+    /// The call of `plan`'s routine on the arguments at `args`.
+    fn call_row_routine(&mut self, plan: &RowPlan, args: Value) -> cranelift_codegen::ir::Inst {
         let mut sig = Signature::new(self.b.func.signature.call_conv);
         sig.params.push(AbiParam::new(types::I64));
         sig.returns.push(AbiParam::new(types::F32));
@@ -987,19 +1149,7 @@ impl Lowering<'_, '_, '_> {
             .b
             .ins()
             .iconst(types::I64, plan.routine as usize as i64);
-        let call = self.b.ins().call_indirect(sig, callee, &[args]);
-        if plan.shape.reduces() {
-            let result = self.b.inst_results(call)[0];
-            self.stage_results[n] = Some(self.pin(result));
-        }
-        if let Some((routine, scratch, at)) = narrow {
-            self.call_elementwise(routine as usize, scratch, at, extent);
-        }
-        if let Some((buffer, _)) = &plan.out {
-            // Its rows held widened are stale.
-            self.forget_half_rows(Some(*buffer));
-        }
-        self.forget();
+        self.b.ins().call_indirect(sig, callee, &[args])
     }
 
     /// Address of the first element of `row` in the current row as f32s: the row itself, or
