@@ -8,10 +8,11 @@
 //! on AVX2. Where the CPU has neither (or `MINDUCTOR_ROW_KERNELS=0`), the stage runs the
 //! Cranelift loop as before.
 //!
-//! Rows of f16 or bf16 (a static row of at most [`HALF_ROW`] elements) take the same routines:
-//! each such row the routine reads is first widened into an f32 row on the stack by the kernel
-//! library's conversion routine (`minductor_kernels::convert`), and a half output row is
-//! written there and narrowed after the call; the conversions are the inline form's bits.
+//! Rows of f16 or bf16 (static rows) take the same routines: each such row the routine reads
+//! is first widened into an f32 row on the stack by the kernel library's conversion routine
+//! (`minductor_kernels::convert`), and a half output row is written there and narrowed after
+//! the call; the conversions are the inline form's bits. A row longer than [`HALF_ROW`] goes
+//! to the routine a chunk of that many elements at a time ([`HALF_CHUNKS`] at most).
 //! A reduction whose row values a later stage computes again (a half softmax's `exp(x - max)`,
 //! which `store_once` cannot keep in a half output) stores them into a stack row for that stage
 //! instead ([`Stash`]).
