@@ -911,6 +911,97 @@ mod tests {
         }
     }
 
+    /// A sum's order, stated in scalar f32: `CHAINS` registers of `width` lanes accumulate each
+    /// block of [`SUM_BLOCK`] (full steps of `CHAINS` registers, then single registers into the
+    /// first, then the zero-padded tail into it) by `add(partial, x)`, every block's partial
+    /// sums are folded into running sums with Kahan compensation (`kahan_fold`, the last block
+    /// included), then the chains are added pairwise and the lanes pairwise.
+    fn blocked_sum(x: &[f32], width: usize, add: fn(f32, f32) -> f32) -> f32 {
+        let mut running = vec![vec![0f32; width]; CHAINS];
+        let mut compensation = vec![vec![0f32; width]; CHAINS];
+        for block in x.chunks(SUM_BLOCK) {
+            let mut acc = vec![vec![0f32; width]; CHAINS];
+            let mut i = 0;
+            while i + CHAINS * width <= block.len() {
+                for (k, acc) in acc.iter_mut().enumerate() {
+                    for (lane, a) in acc.iter_mut().enumerate() {
+                        *a = add(*a, block[i + k * width + lane]);
+                    }
+                }
+                i += CHAINS * width;
+            }
+            while i < block.len() {
+                for (lane, a) in acc[0].iter_mut().enumerate() {
+                    *a = add(*a, block.get(i + lane).copied().unwrap_or(0.0));
+                }
+                i += width;
+            }
+            for k in 0..CHAINS {
+                for lane in 0..width {
+                    let (r, c) = (&mut running[k][lane], &mut compensation[k][lane]);
+                    let y = acc[k][lane] - *c;
+                    let t = *r + y;
+                    let next = (t - *r) - y;
+                    *c = if next - next == 0.0 { next } else { 0.0 };
+                    *r = t;
+                }
+            }
+        }
+        let mut lanes: Vec<f32> = (0..width)
+            .map(|l| (running[0][l] + running[1][l]) + (running[2][l] + running[3][l]))
+            .collect();
+        while lanes.len() > 1 {
+            lanes = lanes.chunks(2).map(|p| p[0] + p[1]).collect();
+        }
+        lanes[0]
+    }
+
+    /// A row's sum and sum of squares are bit for bit [`blocked_sum`], at lengths around the
+    /// register, chain and block boundaries and across several blocks.
+    #[test]
+    fn sums_add_in_their_stated_order() {
+        for isa in isas() {
+            let width = match isa {
+                BlockIsa::Avx512 => 16,
+                BlockIsa::Avx2 => 8,
+            };
+            for n in lengths().into_iter().chain([5000, 4096 + 17]) {
+                let x = row(n, 0.25);
+                let args = RowArgs {
+                    x: x.as_ptr(),
+                    w: x.as_ptr(),
+                    b: x.as_ptr(),
+                    c: x.as_ptr(),
+                    out: std::ptr::null_mut(),
+                    n: n as i64,
+                    u0: 0.5,
+                    u1: 1.0,
+                    p: x.as_ptr(),
+                    q: x.as_ptr(),
+                    u2: 1.0,
+                    u3: 0.0,
+                    flags: 0,
+                    reserved: 0,
+                };
+                // SAFETY: `x` holds `n` f32s; the shapes read only `x` and store nothing.
+                let sum = unsafe { run_row(RowShape(RowShape::SUM), isa, &args) }.unwrap();
+                let plain = blocked_sum(&x, width, |a, v| a + v);
+                assert_eq!(sum.to_bits(), plain.to_bits(), "{isa:?}, sum of {n}");
+                let shape = RowShape(RowShape::SUB | RowShape::SUM_SQUARES);
+                // SAFETY: as above.
+                let squares = unsafe { run_row(shape, isa, &args) }.unwrap();
+                // The square and its addition are one fused multiply-add.
+                let terms: Vec<f32> = x.iter().map(|&v| v - 0.5).collect();
+                let fused = blocked_sum(&terms, width, |a, t| t.mul_add(t, a));
+                assert_eq!(
+                    squares.to_bits(),
+                    fused.to_bits(),
+                    "{isa:?}, sum of squares of {n}"
+                );
+            }
+        }
+    }
+
     #[test]
     fn a_nan_makes_the_maximum_nan_and_sums_reach_infinity() {
         for isa in isas() {
