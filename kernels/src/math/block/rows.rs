@@ -942,7 +942,8 @@ mod tests {
                     let y = acc[k][lane] - *c;
                     let t = *r + y;
                     let next = (t - *r) - y;
-                    *c = if next - next == 0.0 { next } else { 0.0 };
+                    // `kahan_fold`'s `c - c == 0`: finite.
+                    *c = if next.is_finite() { next } else { 0.0 };
                     *r = t;
                 }
             }
