@@ -922,16 +922,7 @@ impl Lowering<'_, '_, '_> {
             self.row_call_in_chunks(n, plan, total);
             return;
         }
-        self.forget();
-        let inner = self.innermost.expect("a row stage has a loop");
-        let zero = self.b.ins().iconst(types::I64, 0);
-        self.vars.insert(inner, zero);
-        let slot = self.b.create_sized_stack_slot(StackSlotData::new(
-            StackSlotKind::ExplicitSlot,
-            ROW_ARGS_BYTES,
-            3,
-        ));
-        let args = self.b.ins().stack_addr(types::I64, slot, 0);
+        let args = self.row_args();
         let flags = self.flags;
         let mut halves = 0;
         let stash = |l: &mut Self| {
@@ -994,11 +985,9 @@ impl Lowering<'_, '_, '_> {
         self.forget();
     }
 
-    /// [`Self::row_call`] for a row of `total` elements past [`HALF_ROW`] with f16 or bf16
-    /// rows: one call of the routine per chunk of `HALF_ROW` elements, each half row's chunk
-    /// widened into its stack row first and a half output's narrowed after; a reduction's
-    /// chunk results combined in order.
-    fn row_call_in_chunks(&mut self, n: usize, plan: &RowPlan, total: usize) {
+    /// The start of a row call: the row's addresses taken at its first element (the innermost
+    /// loop variable at 0), and a fresh stack slot for the routine's arguments, its address.
+    fn row_args(&mut self) -> Value {
         self.forget();
         let inner = self.innermost.expect("a row stage has a loop");
         let zero = self.b.ins().iconst(types::I64, 0);
@@ -1008,7 +997,15 @@ impl Lowering<'_, '_, '_> {
             ROW_ARGS_BYTES,
             3,
         ));
-        let args = self.b.ins().stack_addr(types::I64, slot, 0);
+        self.b.ins().stack_addr(types::I64, slot, 0)
+    }
+
+    /// [`Self::row_call`] for a row of `total` elements past [`HALF_ROW`] with f16 or bf16
+    /// rows: one call of the routine per chunk of `HALF_ROW` elements, each half row's chunk
+    /// widened into its stack row first and a half output's narrowed after; a reduction's
+    /// chunk results combined in order.
+    fn row_call_in_chunks(&mut self, n: usize, plan: &RowPlan, total: usize) {
+        let args = self.row_args();
         let flags = self.flags;
         self.store_row_values(plan, args);
         // Each row's start and, for a half one, its type; `x` first (the rows a shape does

@@ -911,6 +911,27 @@ mod tests {
         }
     }
 
+    /// Arguments reading the row `x` (every row pointer at it), storing nothing, with the row
+    /// values that leave a value unchanged (`u0` 0, `u1` and `u2` 1, `u3` 0).
+    fn reading(x: &[f32]) -> RowArgs {
+        RowArgs {
+            x: x.as_ptr(),
+            w: x.as_ptr(),
+            b: x.as_ptr(),
+            c: x.as_ptr(),
+            out: std::ptr::null_mut(),
+            n: x.len() as i64,
+            u0: 0.0,
+            u1: 1.0,
+            p: x.as_ptr(),
+            q: x.as_ptr(),
+            u2: 1.0,
+            u3: 0.0,
+            flags: 0,
+            reserved: 0,
+        }
+    }
+
     /// A sum's order, stated in scalar f32: `CHAINS` registers of `width` lanes accumulate each
     /// block of [`SUM_BLOCK`] (full steps of `CHAINS` registers, then single registers into the
     /// first, then the zero-padded tail into it) by `add(partial, x)`, every block's partial
@@ -969,20 +990,8 @@ mod tests {
             for n in lengths().into_iter().chain([5000, 4096 + 17]) {
                 let x = row(n, 0.25);
                 let args = RowArgs {
-                    x: x.as_ptr(),
-                    w: x.as_ptr(),
-                    b: x.as_ptr(),
-                    c: x.as_ptr(),
-                    out: std::ptr::null_mut(),
-                    n: n as i64,
                     u0: 0.5,
-                    u1: 1.0,
-                    p: x.as_ptr(),
-                    q: x.as_ptr(),
-                    u2: 1.0,
-                    u3: 0.0,
-                    flags: 0,
-                    reserved: 0,
+                    ..reading(&x)
                 };
                 // SAFETY: `x` holds `n` f32s; the shapes read only `x` and store nothing.
                 let sum = unsafe { run_row(RowShape(RowShape::SUM), isa, &args) }.unwrap();
@@ -1010,22 +1019,7 @@ mod tests {
                 for at in [0, n / 2, n - 1] {
                     let mut x = row(n, 0.5);
                     x[at] = f32::NAN;
-                    let args = RowArgs {
-                        x: x.as_ptr(),
-                        w: x.as_ptr(),
-                        b: x.as_ptr(),
-                        c: x.as_ptr(),
-                        out: std::ptr::null_mut(),
-                        n: n as i64,
-                        u0: 0.0,
-                        u1: 1.0,
-                        p: x.as_ptr(),
-                        q: x.as_ptr(),
-                        u2: 1.0,
-                        u3: 0.0,
-                        flags: 0,
-                        reserved: 0,
-                    };
+                    let args = reading(&x);
                     // SAFETY: `x` holds `n` f32s; the shape reads only `x`.
                     let m = unsafe { run_row(RowShape(RowShape::MAX), isa, &args) }.unwrap();
                     assert!(m.is_nan(), "{isa:?}: max of {n} with a NaN at {at}: {m}");
