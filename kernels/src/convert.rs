@@ -15,8 +15,9 @@
 //! make a NaN quiet and keep the top of its payload, as the inline form does), bf16 with the
 //! inline form's integer steps (a shift to widen; to narrow, round to nearest-even on the bits
 //! and quiet a NaN keeping its top bits), or where the CPU has AVX512_BF16 its conversion
-//! instruction, which gives those bits for every input but a subnormal one. The test `conversions_match_the_definitions` checks
-//! every f16 and bf16 and a sweep of f32s against a scalar statement of those rules.
+//! instruction, which gives those bits for every input but a subnormal one. The test
+//! `conversions_match_the_definitions` checks every f16 and bf16 and a sweep of f32s against a
+//! scalar statement of those rules.
 
 /// A conversion routine: `n` elements at `src` to `n` elements at `dst` (halves are 2 bytes,
 /// f32s 4).
@@ -376,6 +377,8 @@ mod x86 {
 
     #[target_feature(enable = "avx512f,avx512dq,avx512bf16")]
     unsafe fn f32_to_bf16_avx512bf16(src: *const u8, dst: *mut u8, n: i64) {
+        // SAFETY: the caller's bounds (`ConvertFn`); `groups` hands the body whole groups of
+        // 32 readable f32s and 32 writable halves; the CPU has the enabled features.
         unsafe {
             groups::<f32, u16, 32>(src, dst, n, |s, d| {
                 let (x, y) = (_mm512_loadu_ps(s), _mm512_loadu_ps(s.add(16)));
@@ -395,6 +398,7 @@ mod x86 {
 
     #[target_feature(enable = "avx512f,avx512dq,avx512bf16")]
     unsafe fn round_bf16_avx512bf16(src: *const u8, dst: *mut u8, n: i64) {
+        // SAFETY: as `f32_to_bf16_avx512bf16`, with 32 writable f32s a group.
         unsafe {
             groups::<f32, f32, 32>(src, dst, n, |s, d| {
                 let (x, y) = (_mm512_loadu_ps(s), _mm512_loadu_ps(s.add(16)));
