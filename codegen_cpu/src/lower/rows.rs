@@ -121,9 +121,11 @@ impl Stashed {
         }
     }
 
-    /// Whether `plan` computes these values before its further steps.
+    /// Whether `plan` computes these values before its further steps. (A GELU gradient's
+    /// shape returns before the steps of `UP_TO_FUNCTION`: never.)
     fn starts(&self, plan: &RowPlan) -> bool {
         plan.shape.0 & UP_TO_FUNCTION == self.value
+            && plan.shape.0 & RowShape::GELU_GRAD == 0
             && plan.x == self.x
             && plan.p == self.p
             && plan.q == self.q
