@@ -171,6 +171,41 @@ fn a_half_softmax_is_its_f32_softmax_rounded_once() {
     }
 }
 
+/// Rows past `HALF_ROW` with several half operands per call (a layer norm's half weight and
+/// bias, a product of two half rows): each operand's chunk is widened into its own stack row.
+#[test]
+fn long_half_rows_with_several_operands() {
+    for dtype in [DType::F16, DType::BF16] {
+        for n in [HALF_ROW + 1, 2 * HALF_ROW + 5] {
+            let tracer = Tracer::new();
+            let x = tracer.input("x", dtype, &[2, n]);
+            let y = tracer.input("y", dtype, &[2, n]);
+            let (w, b) = (
+                tracer.input("w", dtype, &[n]),
+                tracer.input("b", dtype, &[n]),
+            );
+            let graph = tracer
+                .finish(&[
+                    x.layer_norm(&[n], Some(&w), Some(&b), 1e-5),
+                    (&x * &y).sum(&[-1], false),
+                    (&x * &w).softmax(-1),
+                ])
+                .unwrap();
+            let typed = |shape: &[usize], seed| {
+                let values = hashed_values(shape, seed).to_f64_vec();
+                Tensor::from_f64(dtype, shape, &values).unwrap()
+            };
+            let inputs = [
+                typed(&[2, n], 21),
+                typed(&[2, n], 22),
+                typed(&[n], 23),
+                typed(&[n], 24),
+            ];
+            checked(&graph, &inputs, dtype, &format!("{dtype:?}, n = {n}"));
+        }
+    }
+}
+
 /// Half rows under several outer loops (`[2, 5, n]` softmaxes and a layer norm with half
 /// weight and bias, their loops flattened into one range for the threads): the stages share
 /// the rows they widen, each operand its own.
