@@ -81,7 +81,7 @@ use rows::Stash;
 
 pub use rows::{
     kernel_vector_bits, set_row_kernels, set_row_shapes_by_cpu, stage_streams, stage_vector_bits,
-    step_forms, step_vector_bits, HALF_CHUNKS, HALF_ROW,
+    step_forms, step_vector_bits, HALF_CHUNKS, HALF_ROW, SHORT_ROW,
 };
 
 /// Lanes of the vector type Cranelift lowers on x86-64 (128-bit).

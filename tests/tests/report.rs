@@ -6,14 +6,14 @@ use minductor_tools::report::fusion_report;
 #[test]
 fn report_lists_every_step_with_its_cost_and_time() {
     let graph = trace(|t| {
-        let x = t.input("x", DType::F32, &[16, 37]);
-        let w = t.input("w", DType::F32, &[24, 37]);
+        let x = t.input("x", DType::F32, &[16, 80]);
+        let w = t.input("w", DType::F32, &[24, 80]);
         vec![x.linear(&w, None).gelu(), x.softmax(-1)]
     })
     .unwrap();
     let inputs = [
-        Tensor::from_vec(&[16, 37], (0..16 * 37).map(|i| (i as f32).sin()).collect()).unwrap(),
-        Tensor::from_vec(&[24, 37], (0..24 * 37).map(|i| (i as f32).cos()).collect()).unwrap(),
+        Tensor::from_vec(&[16, 80], (0..16 * 80).map(|i| (i as f32).sin()).collect()).unwrap(),
+        Tensor::from_vec(&[24, 80], (0..24 * 80).map(|i| (i as f32).cos()).collect()).unwrap(),
     ];
     let report = fusion_report(&graph, &inputs, 3, None).unwrap();
     // The GEMM carries gelu as its epilogue; softmax is one kernel.
@@ -23,12 +23,12 @@ fn report_lists_every_step_with_its_cost_and_time() {
         .iter()
         .find(|s| s.costs.len() == 2)
         .unwrap_or_else(|| panic!("{report}"));
-    assert_eq!(gemm.costs[0].flops, 2 * 16 * 24 * 37);
+    assert_eq!(gemm.costs[0].flops, 2 * 16 * 24 * 80);
     let softmax = report.steps.iter().find(|s| s.costs.len() == 1).unwrap();
     // softmax reads x once, writes its output and reads it back once (the exponentials the
     // summing stage stored: `store_once`).
-    assert_eq!(softmax.costs[0].bytes_read, 2 * 16 * 37 * 4);
-    assert_eq!(softmax.costs[0].bytes_written, 16 * 37 * 4);
+    assert_eq!(softmax.costs[0].bytes_read, 2 * 16 * 80 * 4);
+    assert_eq!(softmax.costs[0].bytes_written, 16 * 80 * 4);
     let text = report.to_string();
     for step in &report.steps {
         for cost in &step.costs {
@@ -37,7 +37,8 @@ fn report_lists_every_step_with_its_cost_and_time() {
     }
     assert!(text.contains("GFLOP/s") && text.contains("GB/s"), "{text}");
     // Each row's vector width, from the CPU's features detected at run time: every stage of
-    // softmax runs as a row routine at the widest width there is.
+    // softmax runs as a row routine at the widest width there is (its rows of 80 are past
+    // `SHORT_ROW`, below which a stage without a function keeps the 4-lane loop).
     use minductor::internals::kernels::math::block::{block_isa, BlockIsa};
     let widest = match block_isa() {
         Some(BlockIsa::Avx512) => 512,

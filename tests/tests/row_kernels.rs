@@ -5,11 +5,12 @@
 //! threads; and the report's vector width, which on an AVX-512 machine must be 512 for these
 //! kernels (256 with AVX2 only, 128 without either).
 
-use minductor::internals::codegen_cpu::lower::kernel_vector_bits;
+use minductor::internals::codegen_cpu::lower::{kernel_vector_bits, set_row_shapes_by_cpu};
 use minductor::internals::kernel_ir::Step;
 use minductor::internals::kernels::math::block::{block_isa, BlockIsa};
 use minductor::{compile, interpret, Graph, Tensor, Traced};
 use minductor_tests::Tolerance;
+use std::sync::Mutex;
 
 fn values(shape: &[usize], seed: u32) -> Tensor {
     minductor_tests::sine_values(shape, seed, 3.0)
@@ -34,23 +35,39 @@ fn expected_bits() -> u32 {
     }
 }
 
-/// Compiles `graph`, checks that every kernel runs at `expected_bits()` when `wide` (the row
-/// routines took every stage), compares with the interpreter within `tol`, and checks the same
-/// bits on 1, 2 and 3 threads.
+/// Serializes the tests' switch of `set_row_shapes_by_cpu` (one process, tests on threads).
+static SWITCH: Mutex<()> = Mutex::new(());
+
+/// Compiles `graph` with every row stage that has a routine taking it, at every row length
+/// (`set_row_shapes_by_cpu(false)`: rows shorter than `SHORT_ROW` keep the loop otherwise, and
+/// `tests/tests/short_rows.rs` checks that form), checks that every kernel runs at
+/// `expected_bits()` when `wide` (the row routines took every stage), compares with the
+/// interpreter within `tol`, and checks the same bits on 1, 2 and 3 threads.
 fn check(graph: &Graph, inputs: &[Tensor], tol: f64, wide: bool, what: &str) {
     let want = interpret(graph, inputs).unwrap();
-    let compiled = compile(graph).unwrap_or_else(|e| panic!("{what}: {e}"));
+    // The widths are asked for under the same setting (the report's answer follows it).
+    let (compiled, widths) = {
+        let _one_at_a_time = SWITCH.lock().unwrap_or_else(|e| e.into_inner());
+        set_row_shapes_by_cpu(false);
+        let compiled = compile(graph).unwrap_or_else(|e| panic!("{what}: {e}"));
+        let program = compiled.artifacts().program.clone().unwrap();
+        let widths: Vec<(String, Option<u32>)> = (program.steps.iter())
+            .filter_map(|step| match step {
+                Step::Kernel(k) => Some((k.name.clone(), kernel_vector_bits(k, &program))),
+                _ => None,
+            })
+            .collect();
+        set_row_shapes_by_cpu(true);
+        (compiled, widths)
+    };
     let program = compiled.artifacts().program.clone().unwrap();
     if wide && std::env::var("MINDUCTOR_ROW_KERNELS").is_err() {
-        for step in &program.steps {
-            if let Step::Kernel(k) = step {
-                assert_eq!(
-                    kernel_vector_bits(k, &program),
-                    Some(expected_bits()),
-                    "{what}: kernel {} is not at full width\n{program}",
-                    k.name
-                );
-            }
+        for (name, bits) in widths {
+            assert_eq!(
+                bits,
+                Some(expected_bits()),
+                "{what}: kernel {name} is not at full width\n{program}"
+            );
         }
     }
     let got = minductor_tests::assert_same_bits_on_threads(&compiled, inputs, &[2, 3], what);

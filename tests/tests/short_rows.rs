@@ -48,3 +48,50 @@ fn short_rows_under_two_outer_loops_match_the_interpreter() {
         check(&graph, &inputs, &format!("{b}x{t}x{n}"));
     }
 }
+
+/// Below `SHORT_ROW` a row stage without a function (a sum, a maximum, a scaled or affine
+/// store) keeps the 4-lane loop, where a call of its routine costs more than the row; a stage
+/// with one (a softmax's `exp`) keeps the routine. At `SHORT_ROW` every stage of a softmax and
+/// a layer norm's sums call their routines. (The values at these lengths are checked above.)
+#[test]
+fn short_rows_call_a_routine_only_for_a_function() {
+    use minductor::internals::codegen_cpu::lower::{stage_vector_bits, SHORT_ROW};
+    use minductor::internals::kernel_ir::Step;
+    use minductor::internals::kernels::math::block::{block_isa, BlockIsa};
+    let Some(isa) = block_isa() else {
+        return; // No routines on this CPU: every stage is a loop.
+    };
+    let wide = Some(match isa {
+        BlockIsa::Avx512 => 512,
+        BlockIsa::Avx2 => 256,
+    });
+    let bits = |n: usize, softmax: bool| {
+        let (graph, _) = minductor_tests::build_graph(&[&[8, n]], wide_sine_values, |i| {
+            if softmax {
+                vec![i[0].softmax(-1)]
+            } else {
+                vec![i[0].layer_norm(&[n], None, None, 1e-5)]
+            }
+        });
+        let program = minductor_tests::compiled_program(&graph);
+        let bits: Vec<Option<u32>> = (program.steps.iter())
+            .flat_map(|s| match s {
+                Step::Kernel(k) => stage_vector_bits(k, &program),
+                _ => Vec::new(),
+            })
+            .collect();
+        (bits, program.to_string())
+    };
+    let short = SHORT_ROW - 1;
+    // A softmax: its maximum, its sum of `exp(x - max)` (stored), its scaled store.
+    let (softmax, text) = bits(short, true);
+    assert_eq!(softmax, vec![Some(128), wide, Some(128)], "{text}");
+    let (norm, text) = bits(short, false);
+    assert!(norm.iter().all(|&b| b == Some(128)), "{norm:?}\n{text}");
+    let (at_limit, text) = bits(SHORT_ROW, true);
+    assert_eq!(at_limit, vec![wide; 3], "{text}");
+    // A layer norm's two sums (its affine store follows the CPU and the cache: see
+    // `row_kernels_vs_cranelift.rs`).
+    let (at_limit, text) = bits(SHORT_ROW, false);
+    assert_eq!(at_limit[..2], [wide, wide], "{text}");
+}
