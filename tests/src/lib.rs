@@ -23,6 +23,19 @@ pub fn compiled_program(graph: &Graph) -> minductor::internals::kernel_ir::Progr
         .expect("a kernel program")
 }
 
+/// The vector width of every stage of `program`'s kernel steps, in order (see
+/// `lower::stage_vector_bits`; GEMM epilogues are not kernel steps).
+pub fn kernel_stage_bits(program: &minductor::internals::kernel_ir::Program) -> Vec<Option<u32>> {
+    use minductor::internals::codegen_cpu::lower::stage_vector_bits;
+    use minductor::internals::kernel_ir::Step;
+    (program.steps.iter())
+        .flat_map(|s| match s {
+            Step::Kernel(k) => stage_vector_bits(k, program),
+            _ => Vec::new(),
+        })
+        .collect()
+}
+
 /// How close a result must be to the reference: `|got - want| <= atol + rtol · |want|` for each
 /// element.
 #[derive(Clone, Copy, Debug, PartialEq)]

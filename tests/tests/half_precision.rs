@@ -97,9 +97,7 @@ fn reductions_over_half_precision_rows() {
 /// conversions past `HALF_CHUNKS` chunks.
 #[test]
 fn half_rows_run_the_row_routines() {
-    use minductor::internals::codegen_cpu::lower::stage_vector_bits;
     use minductor::internals::codegen_cpu::math::block::{block_isa, BlockIsa};
-    use minductor::internals::kernel_ir::Step;
     let Some(isa) = block_isa() else {
         return; // No routines on this CPU: nothing to check.
     };
@@ -120,12 +118,7 @@ fn half_rows_run_the_row_routines() {
             ] {
                 let (graph, _) = graph(dtype, n, f);
                 let program = minductor_tests::compiled_program(&graph);
-                let bits: Vec<Option<u32>> = (program.steps.iter())
-                    .flat_map(|s| match s {
-                        Step::Kernel(k) => stage_vector_bits(k, &program),
-                        _ => Vec::new(),
-                    })
-                    .collect();
+                let bits = minductor_tests::kernel_stage_bits(&program);
                 assert_eq!(
                     bits.last(),
                     Some(&Some(want)),

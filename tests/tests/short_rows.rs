@@ -55,8 +55,7 @@ fn short_rows_under_two_outer_loops_match_the_interpreter() {
 /// a layer norm's sums call their routines. (The values at these lengths are checked above.)
 #[test]
 fn short_rows_call_a_routine_only_for_a_function() {
-    use minductor::internals::codegen_cpu::lower::{stage_vector_bits, SHORT_ROW};
-    use minductor::internals::kernel_ir::Step;
+    use minductor::internals::codegen_cpu::lower::SHORT_ROW;
     use minductor::internals::kernels::math::block::{block_isa, BlockIsa};
     let Some(isa) = block_isa() else {
         return; // No routines on this CPU: every stage is a loop.
@@ -74,13 +73,10 @@ fn short_rows_call_a_routine_only_for_a_function() {
             }
         });
         let program = minductor_tests::compiled_program(&graph);
-        let bits: Vec<Option<u32>> = (program.steps.iter())
-            .flat_map(|s| match s {
-                Step::Kernel(k) => stage_vector_bits(k, &program),
-                _ => Vec::new(),
-            })
-            .collect();
-        (bits, program.to_string())
+        (
+            minductor_tests::kernel_stage_bits(&program),
+            program.to_string(),
+        )
     };
     let short = SHORT_ROW - 1;
     // A softmax: its maximum, its sum of `exp(x - max)` (stored), its scaled store.
