@@ -890,7 +890,7 @@ impl Lowering<'_, '_, '_> {
     }
 
     /// Whether `plan`'s rows are static and past [`HALF_ROW`] with one of them f16 or bf16:
-    /// the row is passed to the routine in chunks ([`Self::row_call_in_chunks`]).
+    /// the row is passed to the routine in chunks (see [`Self::row_call`]).
     fn chunked(&self, plan: &RowPlan) -> Option<usize> {
         let rows = [
             Some(&plan.x),
@@ -932,68 +932,96 @@ impl Lowering<'_, '_, '_> {
         }
     }
 
-    /// The call of `plan`'s routine for the current row of stage `n` (`extent` elements):
-    /// its result is the stage's, for a reduction.
+    /// The call of `plan`'s routine for the current row of stage `n` (`extent` elements): its
+    /// result is the stage's, for a reduction. A static row past [`HALF_ROW`] with f16 or bf16
+    /// rows ([`Self::chunked`]) takes one call per chunk of `HALF_ROW` elements, each half
+    /// row's chunk widened into its stack row first and a half output's narrowed after, and a
+    /// reduction's chunk results combined in order (sums added, maxima by `fmax`).
     pub(super) fn row_call(&mut self, n: usize, plan: &RowPlan, extent: Value) {
-        if let Some(total) = self.chunked(plan) {
-            self.row_call_in_chunks(n, plan, total);
-            return;
-        }
+        // `(offset, length)` of each call; `None`: the whole row, `extent` elements.
+        let chunks: Vec<(usize, Option<usize>)> = match self.chunked(plan) {
+            Some(total) => (0..total)
+                .step_by(HALF_ROW)
+                .map(|offset| (offset, Some(HALF_ROW.min(total - offset))))
+                .collect(),
+            None => vec![(0, None)],
+        };
+        let whole = chunks.len() == 1;
         let args = self.row_args();
         let flags = self.flags;
-        let mut halves = 0;
+        self.store_row_values(plan, args);
         let stash = |l: &mut Self| {
             let slot = l.stash.as_ref().expect("a stash plan has its row").slot;
             l.b.ins().stack_addr(types::I64, slot, 0)
         };
-        let x = if plan.x_stash {
-            stash(self)
-        } else {
-            self.row_operand(&plan.x, extent, &mut halves)
-        };
+        // Each row's start; `x` first (the rows a shape does not read point to it).
         let rows = [
+            (ROW_ARGS_X, Some(&plan.x).filter(|_| !plan.x_stash)),
             (ROW_ARGS_W, plan.w.as_ref()),
             (ROW_ARGS_B, plan.b.as_ref()),
             (ROW_ARGS_C, plan.c.as_ref()),
             (ROW_ARGS_P, plan.p.as_ref()),
             (ROW_ARGS_Q, plan.q.as_ref()),
         ];
-        self.b.ins().store(flags, x, args, ROW_ARGS_X);
-        for (at, row) in rows {
-            let p = match row {
-                Some(row) => self.row_operand(row, extent, &mut halves),
-                None => x,
+        let mut starts = Vec::new();
+        for (field, row) in rows {
+            starts.push((field, row.map(|r| (self.row_address(r), r))));
+        }
+        let out_start = plan.out.as_ref().map(|r| (self.row_address(r), r.0));
+        let mut combined: Option<Value> = None;
+        for &(offset, len) in &chunks {
+            let len = match len {
+                Some(len) => self.b.ins().iconst(types::I64, len as i64),
+                None => extent,
             };
-            self.b.ins().store(flags, p, args, at);
-        }
-        // The output row, or for a half one the f32 row narrowed after the call.
-        let mut narrow = None;
-        let out = match &plan.out {
-            _ if plan.out_stash => stash(self),
-            Some(row) => {
-                let at = self.row_address(row);
-                match self.half_row(row.0).and_then(narrow_routine) {
-                    Some(routine) => {
-                        let scratch = self.half_row_buffer(halves);
-                        self.half_rows[halves].1 = None;
-                        narrow = Some((routine, scratch, at));
-                        scratch
-                    }
-                    None => at,
-                }
+            let mut halves = 0;
+            let mut x = None;
+            for &(field, start) in &starts {
+                let p = match start {
+                    Some((at, row)) => self.row_operand(row, at, offset, len, whole, &mut halves),
+                    None if field == ROW_ARGS_X => stash(self),
+                    None => x.expect("x comes first"),
+                };
+                x = x.or(Some(p));
+                self.b.ins().store(flags, p, args, field);
             }
-            None => x,
-        };
-        self.b.ins().store(flags, out, args, ROW_ARGS_OUT);
-        self.b.ins().store(flags, extent, args, ROW_ARGS_N);
-        self.store_row_values(plan, args);
-        let call = self.call_row_routine(plan, args);
-        if plan.shape.reduces() {
-            let result = self.b.inst_results(call)[0];
-            self.stage_results[n] = Some(self.pin(result));
+            // The output row, or for a half one the f32 row narrowed after the call.
+            let mut narrow = None;
+            let out = match out_start {
+                _ if plan.out_stash => stash(self),
+                Some((at, buffer)) => {
+                    let at = self.chunk_address(at, buffer, offset);
+                    match self.half_row(buffer).and_then(narrow_routine) {
+                        Some(routine) => {
+                            let scratch = self.half_row_buffer(halves);
+                            self.half_rows[halves].1 = None;
+                            narrow = Some((routine, scratch, at));
+                            scratch
+                        }
+                        None => at,
+                    }
+                }
+                None => x.expect("x is set"),
+            };
+            self.b.ins().store(flags, out, args, ROW_ARGS_OUT);
+            self.b.ins().store(flags, len, args, ROW_ARGS_N);
+            let call = self.call_row_routine(plan, args);
+            if plan.shape.reduces() {
+                let result = self.b.inst_results(call)[0];
+                combined = Some(match combined {
+                    None => result,
+                    Some(so_far) if plan.shape.0 & RowShape::MAX != 0 => {
+                        self.b.ins().fmax(so_far, result)
+                    }
+                    Some(so_far) => self.b.ins().fadd(so_far, result),
+                });
+            }
+            if let Some((routine, scratch, at)) = narrow {
+                self.call_elementwise(routine as usize, scratch, at, len);
+            }
         }
-        if let Some((routine, scratch, at)) = narrow {
-            self.call_elementwise(routine as usize, scratch, at, extent);
+        if let Some(result) = combined {
+            self.stage_results[n] = Some(self.pin(result));
         }
         if let Some((buffer, _)) = &plan.out {
             // Its rows held widened are stale.
@@ -1017,101 +1045,11 @@ impl Lowering<'_, '_, '_> {
         self.b.ins().stack_addr(types::I64, slot, 0)
     }
 
-    /// [`Self::row_call`] for a row of `total` elements past [`HALF_ROW`] with f16 or bf16
-    /// rows: one call of the routine per chunk of `HALF_ROW` elements, each half row's chunk
-    /// widened into its stack row first and a half output's narrowed after; a reduction's
-    /// chunk results combined in order.
-    fn row_call_in_chunks(&mut self, n: usize, plan: &RowPlan, total: usize) {
-        let args = self.row_args();
-        let flags = self.flags;
-        self.store_row_values(plan, args);
-        // Each row's start and, for a half one, its type; `x` first (the rows a shape does
-        // not read point to it).
-        let rows = [
-            (ROW_ARGS_X, Some(&plan.x)),
-            (ROW_ARGS_W, plan.w.as_ref()),
-            (ROW_ARGS_B, plan.b.as_ref()),
-            (ROW_ARGS_C, plan.c.as_ref()),
-            (ROW_ARGS_P, plan.p.as_ref()),
-            (ROW_ARGS_Q, plan.q.as_ref()),
-        ];
-        let mut starts = Vec::new();
-        for (field, row) in rows {
-            let start = row.map(|r| (self.row_address(r), r.0));
-            starts.push((field, start));
-        }
-        let out_start = plan.out.as_ref().map(|r| (self.row_address(r), r.0));
-        let mut combined: Option<Value> = None;
-        for offset in (0..total).step_by(HALF_ROW) {
-            let len = HALF_ROW.min(total - offset);
-            let len_value = self.b.ins().iconst(types::I64, len as i64);
-            let mut halves = 0;
-            let mut x = None;
-            for &(field, start) in &starts {
-                let p = match start {
-                    Some((at, buffer)) => {
-                        let at = self.chunk_address(at, buffer, offset);
-                        match self.half_row(buffer).and_then(widen_routine) {
-                            Some(routine) => {
-                                let scratch = self.half_row_buffer(halves);
-                                // The stack row ends holding a chunk, not a row.
-                                self.half_rows[halves].1 = None;
-                                halves += 1;
-                                self.call_elementwise(routine as usize, at, scratch, len_value);
-                                scratch
-                            }
-                            None => at,
-                        }
-                    }
-                    None => x.expect("x comes first"),
-                };
-                x = x.or(Some(p));
-                self.b.ins().store(flags, p, args, field);
-            }
-            let mut narrow = None;
-            let out = match out_start {
-                Some((at, buffer)) => {
-                    let at = self.chunk_address(at, buffer, offset);
-                    match self.half_row(buffer).and_then(narrow_routine) {
-                        Some(routine) => {
-                            let scratch = self.half_row_buffer(halves);
-                            self.half_rows[halves].1 = None;
-                            narrow = Some((routine, scratch, at));
-                            scratch
-                        }
-                        None => at,
-                    }
-                }
-                None => x.expect("x is set"),
-            };
-            self.b.ins().store(flags, out, args, ROW_ARGS_OUT);
-            self.b.ins().store(flags, len_value, args, ROW_ARGS_N);
-            let call = self.call_row_routine(plan, args);
-            if plan.shape.reduces() {
-                let result = self.b.inst_results(call)[0];
-                combined = Some(match combined {
-                    None => result,
-                    Some(so_far) if plan.shape.0 & RowShape::MAX != 0 => {
-                        self.b.ins().fmax(so_far, result)
-                    }
-                    Some(so_far) => self.b.ins().fadd(so_far, result),
-                });
-            }
-            if let Some((routine, scratch, at)) = narrow {
-                self.call_elementwise(routine as usize, scratch, at, len_value);
-            }
-        }
-        if let Some(result) = combined {
-            self.stage_results[n] = Some(self.pin(result));
-        }
-        if let Some((buffer, _)) = &plan.out {
-            self.forget_half_rows(Some(*buffer));
-        }
-        self.forget();
-    }
-
     /// `start` (a row of `buffer`) moved on by `offset` elements.
     fn chunk_address(&mut self, start: Value, buffer: BufferId, offset: usize) -> Value {
+        if offset == 0 {
+            return start;
+        }
         let bytes = offset * self.program.buffer(buffer).dtype.size_bytes();
         self.b.ins().iadd_imm_s(start, bytes as i64)
     }
@@ -1167,31 +1105,34 @@ impl Lowering<'_, '_, '_> {
         self.b.ins().call_indirect(sig, callee, &[args])
     }
 
-    /// Address of the first element of `row` in the current row as f32s: the row itself, or
-    /// for an f16 or bf16 row its `extent` elements widened into the call's next stack row
-    /// (`halves` counts them).
+    /// Address, as f32s, of `len` elements of `row` (which starts at `start`) from `offset`:
+    /// the row itself, or for an f16 or bf16 row those elements widened into the call's next
+    /// stack row (`halves` counts them).
     fn row_operand(
         &mut self,
         row: &(BufferId, Affine),
-        extent: Value,
+        start: Value,
+        offset: usize,
+        len: Value,
+        whole: bool,
         halves: &mut usize,
     ) -> Value {
-        let at = self.row_address(row);
-        match self.half_row(row.0).and_then(widen_routine) {
-            Some(routine) => {
-                let k = *halves;
-                *halves += 1;
-                let scratch = self.half_row_buffer(k);
-                // The stages of a row kernel read the same row one after the other (a softmax's
-                // maximum, sum and store): widened once, for all of them.
-                if self.half_rows[k].1.as_ref() != Some(row) {
-                    self.call_elementwise(routine as usize, at, scratch, extent);
-                    self.half_rows[k].1 = Some(row.clone());
-                }
-                scratch
-            }
-            None => at,
+        let at = self.chunk_address(start, row.0, offset);
+        let Some(routine) = self.half_row(row.0).and_then(widen_routine) else {
+            return at;
+        };
+        let k = *halves;
+        *halves += 1;
+        let scratch = self.half_row_buffer(k);
+        // The stages of a row kernel read the same row one after the other (a softmax's
+        // maximum, sum and store): a `whole` row is widened once, for all of them; a chunk
+        // each time (the stack row ends holding a chunk, not a row).
+        let holds = whole.then(|| row.clone());
+        if !whole || self.half_rows[k].1 != holds {
+            self.call_elementwise(routine as usize, at, scratch, len);
+            self.half_rows[k].1 = holds;
         }
+        scratch
     }
 
     /// Address of the first element of `row` in the current row.
