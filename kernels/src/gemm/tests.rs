@@ -445,3 +445,65 @@ fn the_depth_blocking_follows_the_cache_sizes_of_known_cpus() {
         }
     }
 }
+
+#[test]
+fn subnormal_operands_are_read_as_zeros_of_their_sign() {
+    // Every value of every fourth row of `a` (column of `b`) subnormal, and every fifth value
+    // elsewhere, of either sign (a row of subnormals alone gives a product that is subnormal,
+    // not zero, unless they are read as zeros): the product has the bits of the product of
+    // the operands with those values replaced by zeros of their sign, on every path (packed,
+    // streamed) and kernel, row-major or transposed.
+    let bits = |values: &[f32]| values.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+    let [m, k, n] = [13, 70, 37];
+    // `rows × cols` values laid out by `strides`, and the same with subnormals zeroed.
+    let operand = |rows: usize, cols: usize, strides: [i64; 2], seed: u64, by_row: bool| {
+        let normal = values(rows * cols, seed);
+        let (mut data, mut zeroed) = (vec![0f32; rows * cols], vec![0f32; rows * cols]);
+        for i in 0..rows {
+            for j in 0..cols {
+                let flat = i * cols + j;
+                let at = (i as i64 * strides[0] + j as i64 * strides[1]) as usize;
+                let line = if by_row { i } else { j };
+                if line.is_multiple_of(4) || flat.is_multiple_of(5) {
+                    let tiny = f32::from_bits(1 + (flat as u32 * 7919) % 0x007f_ffff);
+                    (data[at], zeroed[at]) = if flat.is_multiple_of(3) {
+                        (-tiny, -0.0)
+                    } else {
+                        (tiny, 0.0)
+                    };
+                } else {
+                    (data[at], zeroed[at]) = (normal[flat], normal[flat]);
+                }
+            }
+        }
+        (data, zeroed)
+    };
+    for kernel in supported_kernels() {
+        for (a_strides, b_strides) in [
+            ([k as i64, 1], [n as i64, 1]),
+            ([1, m as i64], [1, k as i64]),
+        ] {
+            let (a_data, a_zeroed) = operand(m, k, a_strides, 1, true);
+            let (b_data, b_zeroed) = operand(k, n, b_strides, 2, false);
+            let product = |a: &[f32], b: &[f32], streamed: bool| {
+                let a = MatrixRef::new(a, 0, [m, k], a_strides, "a").unwrap();
+                let b = MatrixRef::new(b, 0, [k, n], b_strides, "b").unwrap();
+                let mut out = vec![f32::NAN; m * n];
+                let mut c = MatrixMut::row_major(&mut out, m, n).unwrap();
+                if streamed {
+                    multiply_streaming(kernel, &a, &b, &mut c, 1).unwrap();
+                } else {
+                    sgemm_with(kernel, &a, &b, &mut c, 1).unwrap();
+                }
+                out
+            };
+            for streamed in [false, true] {
+                assert_eq!(
+                    bits(&product(&a_data, &b_data, streamed)),
+                    bits(&product(&a_zeroed, &b_zeroed, streamed)),
+                    "{kernel:?} strides {a_strides:?} {b_strides:?} streamed {streamed}"
+                );
+            }
+        }
+    }
+}
