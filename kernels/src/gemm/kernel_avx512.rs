@@ -107,10 +107,27 @@ unsafe fn tile_rows<const ROWS: usize>(args: &TileArgs) {
     }
 }
 
+/// `v` with every subnormal lane replaced by a zero of its sign, as `pack::flushed` does: the
+/// packers store operands through it (see `pack.rs`). Three operations on integer lanes.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+#[inline]
+fn flushed16(v: __m512) -> __m512 {
+    let bits = _mm512_castps_si512(v);
+    let exponent = _mm512_and_si512(bits, _mm512_set1_epi32(0x7f80_0000));
+    let tiny = _mm512_cmpeq_epi32_mask(exponent, _mm512_setzero_si512());
+    _mm512_castsi512_ps(_mm512_mask_and_epi32(
+        bits,
+        tiny,
+        bits,
+        _mm512_set1_epi32(i32::MIN),
+    ))
+}
+
 /// Packs one panel of a `b` whose columns are contiguous (a transposed operand): row `p` of the
 /// panel (`nr` values, a multiple of 16) is `nr / 16` gathers of 16 values, one from each of 16
 /// columns, at element `start + j · column_stride + p` of `data` for column `j` of the panel;
-/// columns `width..nr` are zeros.
+/// columns `width..nr` are zeros. Values are stored through [`flushed16`].
 ///
 /// # Safety
 /// The CPU supports AVX-512F; `nr` is a multiple of 16; `panel.len() == k · nr`; `width ≤ nr`;
@@ -151,7 +168,7 @@ pub(super) unsafe fn pack_columns(
             unsafe {
                 let base = data.as_ptr().add(column + p);
                 let value = _mm512_mask_i32gather_ps::<4>(_mm512_setzero_ps(), mask, offsets, base);
-                _mm512_storeu_ps(panel.as_mut_ptr().add(p * nr + 16 * v), value);
+                _mm512_storeu_ps(panel.as_mut_ptr().add(p * nr + 16 * v), flushed16(value));
             }
         }
     }
@@ -199,7 +216,7 @@ pub(crate) fn transpose16(r: &mut [__m512; 16]) {
 /// Packs a column-contiguous `b` like [`pack_columns`], 16 × 16 blocks at a time: 16 columns'
 /// runs of 16 values are loaded (masked past `k`), transposed in registers and stored as 16
 /// rows of the panel. Every cache line of `b` is read whole, with one load per 16 values
-/// (gathers cost one load per value).
+/// (gathers cost one load per value). Values are stored through [`flushed16`].
 ///
 /// # Safety
 /// As [`pack_columns`], except that `column_stride` may be any size.
@@ -234,7 +251,12 @@ pub(super) unsafe fn pack_columns_transposed(
             for (i, row) in r.iter().enumerate().take(rows) {
                 // SAFETY: writes values `(p0 + i)·nr + 16v .. + 16` of `panel`, which holds
                 // `k·nr` values, `p0 + i < k`, `16v + 16 ≤ nr`.
-                unsafe { _mm512_storeu_ps(panel.as_mut_ptr().add((p0 + i) * nr + 16 * v), *row) };
+                unsafe {
+                    _mm512_storeu_ps(
+                        panel.as_mut_ptr().add((p0 + i) * nr + 16 * v),
+                        flushed16(*row),
+                    )
+                };
             }
         }
     }
@@ -243,7 +265,8 @@ pub(super) unsafe fn pack_columns_transposed(
 /// Packs `MR` (6) rows of `a`, each a contiguous run of `kc` values, into one micro-panel
 /// (value `(i, p)` at `p · MR + i`), 16 columns at a time: the 6 runs of 16 are interleaved in
 /// registers (three two-source permutes and two blends per 16 values written), the columns
-/// past the last multiple of 16 one by one.
+/// past the last multiple of 16 one by one; every value through [`flushed16`] (or its scalar
+/// form).
 ///
 /// # Safety
 /// The CPU supports AVX-512F; `panel.len() == kc · MR`; `starts[i] + kc ≤ data.len()` for
@@ -284,12 +307,12 @@ pub(super) unsafe fn pack_rows6(data: &[f32], starts: [usize; MR], kc: usize, pa
             let value = _mm512_mask_mov_ps(pair01, masks[v][0], pair23);
             let value = _mm512_mask_mov_ps(value, masks[v][1], pair45);
             // SAFETY: writes values `p0·6 + 16v .. + 16` of `panel`, `< (p0 + 16)·6 ≤ kc·6`.
-            unsafe { _mm512_storeu_ps(panel.as_mut_ptr().add(p0 * MR + 16 * v), value) };
+            unsafe { _mm512_storeu_ps(panel.as_mut_ptr().add(p0 * MR + 16 * v), flushed16(value)) };
         }
     }
     for p in full..kc {
         for (i, &s) in starts.iter().enumerate() {
-            panel[p * MR + i] = data[s + p];
+            panel[p * MR + i] = super::pack::flushed(data[s + p]);
         }
     }
 }

@@ -2,7 +2,8 @@
 //! read with unit stride. Reads go through checked slices (one check per contiguous run), except
 //! the AVX-512 gathers of a transposed `b`, which rest on `MatrixRef::new`'s check.
 //!
-//! Every packed value that is subnormal is stored as a zero of its sign ([`flush_subnormals`]):
+//! Every packed value that is subnormal is stored as a zero of its sign ([`flushed`], and in
+//! registers by the AVX-512 packers, `kernel_avx512::flushed16`):
 //! the micro-kernels read subnormal operands as zero, as a CPU's "denormals are zero" mode
 //! would. Intel cores take a microcode assist of about a hundred cycles for each FMA with a
 //! subnormal operand: a backward pass's gradient with 1.4% subnormals (a GELU's derivative far
@@ -39,7 +40,7 @@ pub(super) fn pack_b(b: &MatrixRef, nr: usize, first_panel: usize, out: &mut [f3
             // Rows of `b` are contiguous: one copy per row.
             for (p, row) in panel.chunks_exact_mut(nr).enumerate() {
                 let start = b.at(p, first);
-                row[..width].copy_from_slice(&b.data[start..start + width]);
+                copy_flushed(&mut row[..width], &b.data[start..start + width]);
                 row[width..].fill(0.0);
             }
         } else if b.row_stride == 1 && gather_columns(b, nr) {
@@ -75,7 +76,7 @@ pub(super) fn pack_b(b: &MatrixRef, nr: usize, first_panel: usize, out: &mut [f3
                 for j in 0..width {
                     let start = b.at(rows, first + j);
                     for (p, &value) in b.data[start..start + height].iter().enumerate() {
-                        panel[(rows + p) * nr + j] = value;
+                        panel[(rows + p) * nr + j] = flushed(value);
                     }
                 }
             }
@@ -85,49 +86,54 @@ pub(super) fn pack_b(b: &MatrixRef, nr: usize, first_panel: usize, out: &mut [f3
         } else {
             for (p, row) in panel.chunks_exact_mut(nr).enumerate() {
                 for (j, value) in row[..width].iter_mut().enumerate() {
-                    *value = b.data[b.at(p, first + j)];
+                    *value = flushed(b.data[b.at(p, first + j)]);
                 }
                 row[width..].fill(0.0);
             }
         }
-        flush_subnormals(panel);
     }
 }
 
-/// Stores every subnormal value of `values` as a zero of its sign (see the module doc).
-pub(super) fn flush_subnormals(values: &mut [f32]) {
+/// `x`, or a zero of its sign if `x` is subnormal (see the module doc): a value whose exponent
+/// bits are all zero keeps only its sign bit. Branch-free, so loops over it vectorize.
+#[inline(always)]
+pub(super) fn flushed(x: f32) -> f32 {
+    const EXPONENT: u32 = 0x7f80_0000;
+    const SIGN: u32 = 0x8000_0000;
+    let bits = x.to_bits();
+    f32::from_bits(if bits & EXPONENT == 0 {
+        bits & SIGN
+    } else {
+        bits
+    })
+}
+
+/// Copies `src` into `dst` (of the same length) through [`flushed`].
+fn copy_flushed(dst: &mut [f32], src: &[f32]) {
+    debug_assert_eq!(dst.len(), src.len());
     #[cfg(target_arch = "x86_64")]
     if avx512() {
         // SAFETY: AVX-512F is present (`avx512`).
-        unsafe { flush_subnormals_avx512(values) };
+        unsafe { copy_flushed_avx512(dst, src) };
         return;
     }
-    flush_subnormals_portable(values);
+    copy_flushed_portable(dst, src);
 }
 
-/// [`flush_subnormals`] compiled for AVX-512F (the loop vectorizes to 16 lanes).
+/// [`copy_flushed`] compiled for AVX-512F (the loop vectorizes to 16 lanes).
 ///
 /// # Safety
 /// The CPU supports AVX-512F.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
-unsafe fn flush_subnormals_avx512(values: &mut [f32]) {
-    flush_subnormals_portable(values);
+unsafe fn copy_flushed_avx512(dst: &mut [f32], src: &[f32]) {
+    copy_flushed_portable(dst, src);
 }
 
-/// [`flush_subnormals`] as a branch-free loop: a value whose exponent bits are all zero (a
-/// subnormal, or already a zero) keeps only its sign bit.
 #[inline(always)]
-fn flush_subnormals_portable(values: &mut [f32]) {
-    const EXPONENT: u32 = 0x7f80_0000;
-    const SIGN: u32 = 0x8000_0000;
-    for value in values {
-        let bits = value.to_bits();
-        *value = f32::from_bits(if bits & EXPONENT == 0 {
-            bits & SIGN
-        } else {
-            bits
-        });
+fn copy_flushed_portable(dst: &mut [f32], src: &[f32]) {
+    for (d, &s) in dst.iter_mut().zip(src) {
+        *d = flushed(s);
     }
 }
 
@@ -163,7 +169,7 @@ pub(super) fn pack_a(
             for i in 0..height {
                 let start = a.at(first + i, depth.start);
                 for (p, &value) in a.data[start..start + kc].iter().enumerate() {
-                    panel[p * mr + i] = value;
+                    panel[p * mr + i] = flushed(value);
                 }
             }
             if height < mr {
@@ -175,20 +181,18 @@ pub(super) fn pack_a(
             // Columns are contiguous (a transposed operand): one copy per column.
             for (p, column) in panel.chunks_exact_mut(mr).enumerate() {
                 let start = a.at(first, depth.start + p);
-                column[..height].copy_from_slice(&a.data[start..start + height]);
+                copy_flushed(&mut column[..height], &a.data[start..start + height]);
                 column[height..].fill(0.0);
             }
         } else {
             for (p, column) in panel.chunks_exact_mut(mr).enumerate() {
                 for (i, value) in column[..height].iter_mut().enumerate() {
-                    *value = a.data[a.at(first + i, depth.start + p)];
+                    *value = flushed(a.data[a.at(first + i, depth.start + p)]);
                 }
                 column[height..].fill(0.0);
             }
         }
     }
-    // The block is at most `MC · kc` values, still in L2.
-    flush_subnormals(out);
 }
 
 /// Whether a column-contiguous `b` is packed with AVX-512 gathers or transposes: panels a
