@@ -1378,9 +1378,11 @@ mod avx512 {
             let old = _mm512_loadu_ps(state.max.as_ptr().add(r0));
             let new = _mm512_max_ps(hmax4(tile_max), old);
             // `old − new` where the maximum grew (−inf when nothing was visible before: factor
-            // 0), else 0 (factor 1; also where both are −inf).
+            // 0), else 0 (factor 1; also where both are −inf). Lanes past the group's rows hold
+            // other rows' maxima: 0 there too, as their `old − new` may be any value (one far
+            // below −87 made a subnormal factor, which costs an Intel core a microcode assist).
             let same = _mm512_cmp_ps_mask::<_CMP_EQ_OQ>(new, old);
-            let factors = exp_nonpositive(_mm512_maskz_sub_ps(!same, old, new));
+            let factors = exp_nonpositive(_mm512_maskz_sub_ps(!same & lanes(N), old, new));
             _mm512_storeu_ps(alpha.as_mut_ptr(), factors);
             _mm512_mask_storeu_ps(state.max.as_mut_ptr().add(r0), lanes(N), new);
             let mut new_max = [0f32; 16];
