@@ -266,14 +266,21 @@ pub(super) unsafe fn pack_columns_transposed(
 /// (value `(i, p)` at `p · MR + i`), 16 columns at a time: the 6 runs of 16 are interleaved in
 /// registers (three two-source permutes and two blends per 16 values written), the columns
 /// past the last multiple of 16 one by one; every value through [`flushed16`] (or its scalar
-/// form).
+/// form). Meanwhile the same columns of the rows starting at `ahead` (a later micro-panel's)
+/// are prefetched, a line per row per 16 columns.
 ///
 /// # Safety
 /// The CPU supports AVX-512F; `panel.len() == kc · MR`; `starts[i] + kc ≤ data.len()` for
 /// every row `i`.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
-pub(super) unsafe fn pack_rows6(data: &[f32], starts: [usize; MR], kc: usize, panel: &mut [f32]) {
+pub(super) unsafe fn pack_rows6(
+    data: &[f32],
+    starts: [usize; MR],
+    ahead: [usize; MR],
+    kc: usize,
+    panel: &mut [f32],
+) {
     debug_assert!(panel.len() == kc * MR && starts.iter().all(|&s| s + kc <= data.len()));
     // Output vector `v`, lane `e` is value `t = 16v + e` of a block of 96: row `t % 6`, column
     // `t / 6`. Rows come in pairs (0-1, 2-3, 4-5), each pair one two-source permute: index
@@ -300,6 +307,11 @@ pub(super) unsafe fn pack_rows6(data: &[f32], starts: [usize; MR], kc: usize, pa
     for p0 in (0..full).step_by(16) {
         // SAFETY: `starts[i] + p0 + 16 ≤ starts[i] + kc ≤ data.len()` (the caller's).
         let rows = starts.map(|s| unsafe { _mm512_loadu_ps(data.as_ptr().add(s + p0)) });
+        for &row in &ahead {
+            // A prefetch never faults; `wrapping_add` forms the address without asserting
+            // anything.
+            _mm_prefetch::<_MM_HINT_T0>(data.as_ptr().wrapping_add(row + p0) as *const i8);
+        }
         for v in 0..MR {
             let pair01 = _mm512_permutex2var_ps(rows[0], index[v], rows[1]);
             let pair23 = _mm512_permutex2var_ps(rows[2], index[v], rows[3]);

@@ -137,6 +137,11 @@ fn copy_flushed_portable(dst: &mut [f32], src: &[f32]) {
     }
 }
 
+/// How many micro-panels ahead the AVX-512 packing of `a` prefetches its rows: the rows of a
+/// block are short runs (`kc` values) of rows `k` apart, six at a time, which the hardware
+/// prefetchers do not follow.
+const AHEAD: usize = 2;
+
 /// Packs the block `rows × depth` of `a` into micro-panels of `mr` rows: value `(i, p)` of
 /// micro-panel `r` goes to `r · mr · kc + p · mr + i`; rows past the block are zeros. `out`
 /// holds exactly `ceil(rows.len() / mr) · mr · kc` values.
@@ -158,10 +163,15 @@ pub(super) fn pack_a(
             // at a time in registers.
             let starts: [usize; kernel_avx512::MR] =
                 std::array::from_fn(|i| a.at(first + i, depth.start));
+            // The rows of the micro-panel packed `AHEAD` after this one (the block's last row
+            // past its end), whose lines are prefetched meanwhile.
+            let ahead: [usize; kernel_avx512::MR] = std::array::from_fn(|i| {
+                a.at((first + AHEAD * mr + i).min(rows.end - 1), depth.start)
+            });
             // SAFETY: AVX-512F is present (`avx512`); the panel holds `kc · 6` values; row
             // `first + i`'s run of `kc` values from `starts[i]` is inside the view, which
             // `MatrixRef::new` checked lies inside `a.data`.
-            unsafe { kernel_avx512::pack_rows6(a.data, starts, kc, panel) };
+            unsafe { kernel_avx512::pack_rows6(a.data, starts, ahead, kc, panel) };
             continue;
         }
         if a.col_stride == 1 {
