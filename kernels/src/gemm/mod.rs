@@ -71,9 +71,15 @@ const MC: usize = 264;
 
 /// The most columns of `a` per packed block for the AVX-512 kernel, from the cache sizes:
 /// - if the L1 data cache holds a 128-deep `b` panel (`128 · nr` values, 32 KiB) in two thirds
-///   of itself (48 KiB or more, Zen 5), 128: the panel stays in L1 while the micro-panels of
-///   `a` pass by (measured on Zen 5, MLP GEMMs on 2 threads: 128 gave ~460 GFLOP/s, 192 ~445,
-///   256 ~425, 384 ~440);
+///   of itself (48 KiB or more) and the L2 is under 2 MiB (Zen 5), 128: the panel stays in L1
+///   while the micro-panels of `a` pass by (measured on Zen 5, MLP GEMMs on 2 threads: 128
+///   gave ~460 GFLOP/s, 192 ~445, 256 ~425, 384 ~440);
+/// - with 2 MiB of L2 or more (Intel's server cores since Sapphire Rapids, 48 KiB L1 too), the
+///   rule below: measured on a Xeon of family 6 model 207 at 1 thread, blocks of 256, 384 and
+///   512 beat 128 on every product of `gemm_shapes` (the best of three alternated runs each,
+///   `MINDUCTOR_GEMM_KC`), by 2-25%: [2048x2048]·[2048x512] 33.4 → 28.8-29.7 ms,
+///   [2048x512]·[512x1536] 23.8 → 20.9-22.1, [1024x1408]·[1408x512] 11.3 → 9.7-9.9,
+///   [256x1024]·[1024x4096] 16.4 → 15.2-15.4; at 2 threads they tied;
 /// - else (the panel streams from L2 whatever its depth, as on Zen 4's 32 KiB L1) the deepest
 ///   block for which the block of `a` (`MC · kc` values) and one panel of `b` (`kc · nr`) take
 ///   at most two thirds of L2, in multiples of 64, between 128 and 512: every block's tile of
@@ -90,7 +96,7 @@ fn avx512_kc_max() -> usize {
 /// [`avx512_kc_max`] for a core whose L1 data and L2 caches hold these many bytes (when known).
 fn avx512_kc_max_for(l1d: Option<usize>, l2: Option<usize>) -> usize {
     let panel_bytes = KC * kernel_avx512::NR * std::mem::size_of::<f32>();
-    if l1d.is_some_and(|l1| l1 * 2 / 3 >= panel_bytes) {
+    if l1d.is_some_and(|l1| l1 * 2 / 3 >= panel_bytes) && l2.is_none_or(|l2| l2 < 2 << 20) {
         return KC;
     }
     match l2 {

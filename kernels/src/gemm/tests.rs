@@ -424,10 +424,12 @@ fn the_depth_blocking_follows_the_cache_sizes_of_known_cpus() {
     const M: usize = 1 << 20;
     // (CPU, L1d, L2 per core, the deepest block of `a` for the AVX-512 kernel)
     let cpus = [
-        // A 48 KiB L1d holds a 128-deep panel of `b`: it stays there.
+        // A 48 KiB L1d holds a 128-deep panel of `b`: it stays there, unless the L2 holds
+        // 2 MiB.
         ("Zen 5", Some(48 * K), Some(M), 128),
-        ("Sapphire Rapids", Some(48 * K), Some(2 * M), 128),
         ("Ice Lake-SP", Some(48 * K), Some(M + M / 4), 128),
+        ("Zen 5, L2 unknown", Some(48 * K), None, 128),
+        ("Sapphire Rapids", Some(48 * K), Some(2 * M), 512),
         // A 32 KiB L1d does not: as deep as the block of `a` and a panel fit 2/3 of L2.
         ("Zen 4", Some(32 * K), Some(M), 512),
         ("Skylake-SP", Some(32 * K), Some(M), 512),
