@@ -1136,8 +1136,12 @@ mod avx512 {
     const LN2_LO: f32 = -2.121_944_4e-4;
 
     /// `exp` of the 16 lanes of `x`, for `x <= 0` (a score minus its row's maximum, an old
-    /// maximum minus a new one): `−inf` gives 0 exactly (a masked key), NaN gives NaN. Within
-    /// 3 ulp of `exp` (2 measured: the test `attention_exp_is_within_3_ulp`), in 11 vector
+    /// maximum minus a new one): `−inf` gives 0 exactly (a masked key), NaN gives NaN, and so
+    /// does every `x` below −87.34 where the result would be subnormal, as the kernels' `exp`
+    /// does (`math::exp_normal`: a subnormal probability would cost an Intel core a microcode
+    /// assist in every FMA of `p·v` reading it; next to the row's largest probability, 1, it
+    /// changes no sum). Within 3 ulp of `exp` elsewhere (2 measured: the test
+    /// `attention_exp_is_within_3_ulp`), in 12 vector
     /// operations, where the block math's general-purpose `exp` takes 19 (clamping both ways):
     /// the attention step computes one per score, and the swap took attention_8x256x512's step
     /// from 13.0-13.1 to 12.4-12.5 ms at 1 thread. As `math::block`: `n = round(x·log2 e)`,
@@ -1146,9 +1150,12 @@ mod avx512 {
     #[target_feature(enable = "avx512f,fma")]
     #[inline]
     pub(super) fn exp_nonpositive(x: __m512) -> __m512 {
-        // Below −110 the result rounds to 0 (under half the smallest subnormal); `max` keeps
-        // its second operand when one is NaN, so NaN stays NaN.
-        let x = _mm512_max_ps(_mm512_set1_ps(-110.0), x);
+        // Below `LN_MIN_NORMAL` the result is 0 (the lanes `keep` leaves out), and the
+        // argument is clamped there, so that no lane forms a subnormal on the way; `max`
+        // keeps its second operand when one is NaN, and "not less than" holds for NaN, so NaN
+        // stays NaN.
+        let keep = _mm512_cmp_ps_mask::<_CMP_NLT_UQ>(x, _mm512_set1_ps(LN_MIN_NORMAL));
+        let x = _mm512_max_ps(_mm512_set1_ps(LN_MIN_NORMAL), x);
         let n = _mm512_roundscale_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(
             _mm512_mul_ps(x, _mm512_set1_ps(std::f32::consts::LOG2_E)),
         );
@@ -1159,8 +1166,11 @@ mod avx512 {
             p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(c));
         }
         let p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0));
-        _mm512_scalef_ps(p, n)
+        _mm512_maskz_scalef_ps(keep, p, n)
     }
+
+    /// `ln` of the smallest normal `f32`, rounded up: `exp(x)` is subnormal exactly below it.
+    const LN_MIN_NORMAL: f32 = -87.336_54;
 
     /// `(1 << n) - 1` for `n <= 16`.
     #[inline(always)]
@@ -1618,6 +1628,11 @@ mod tests {
                 x[..chunk.len()].copy_from_slice(chunk);
                 let y = exp16(&x);
                 for (&x, &y) in x.iter().zip(&y).take(chunk.len()) {
+                    if x < -87.336_54 {
+                        // Where the result would be subnormal: +0.
+                        assert_eq!(y.to_bits(), 0, "exp({x:e}) = {y:e}, not +0");
+                        continue;
+                    }
                     let want = (x as f64).exp();
                     let err = (y as f64 - want).abs() / ulp(want);
                     worst = worst.max(err);
@@ -1631,12 +1646,22 @@ mod tests {
         check(&bits(0x8000_0000, (-110f32).to_bits(), 61).collect::<Vec<_>>());
         check(&bits(0x8000_0000, (-1f32).to_bits(), 16).collect::<Vec<_>>());
         assert!(worst > 0.0);
-        let specials = [f32::NEG_INFINITY, -104.0, -200.0, -0.0, 0.0, f32::NAN];
+        let below = f32::from_bits((-87.336_54f32).to_bits() + 1);
+        let specials = [
+            f32::NEG_INFINITY,
+            -104.0,
+            -200.0,
+            -0.0,
+            0.0,
+            below,
+            f32::NAN,
+        ];
         let mut x = [0f32; 16];
         x[..specials.len()].copy_from_slice(&specials);
         let y = exp16(&x);
-        assert_eq!(&y[..5], &[0.0, 0.0, 0.0, 1.0, 1.0]);
-        assert!(y[5].is_nan());
+        assert_eq!(&y[..6], &[0.0, 0.0, 0.0, 1.0, 1.0, 0.0]);
+        assert!(y[6].is_nan());
+        assert!(exp16(&[-87.336_54; 16])[0] >= f32::MIN_POSITIVE);
     }
 
     /// The portable loops and (where the CPU has it) the AVX-512 micro-kernels, at sizes that
