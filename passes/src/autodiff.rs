@@ -26,6 +26,16 @@ use minductor_ir::{
 };
 use std::collections::HashMap;
 
+/// `ln` of the smallest normal `f32`, rounded up to an `f32` (−87.33654): `exp(t)` is subnormal
+/// exactly for `t` below it. `erf`'s derivative `2/√π · exp(−x²)` is 0 where `−x²` is below it
+/// (what PyTorch's GELU derivative gives, its vectorized `exp` being 0 there too), and `exp`'s
+/// argument is clamped to it: no operation of the derivative forms a subnormal, each of which
+/// costs an Intel core a microcode assist. Measured on a Xeon of family 6 model 207, one
+/// thread: a training step's GELU derivative kernel and its `exp` went from 9.4% of the step's
+/// samples to 1.6% (as with the CPU's flush-to-zero mode set). The error is below
+/// `2/√π · f32::MIN_POSITIVE` times the gradient.
+pub const ERF_GRAD_FLOOR: f64 = -87.336_540_222_167_97;
+
 /// The joint forward-backward graph and where its backward passes start.
 #[derive(Clone, Debug)]
 pub struct Joint {
@@ -354,10 +364,25 @@ impl Backward<'_> {
                     self.mul(g, d)?
                 }
                 UnaryOp::Erf => {
-                    // g · 2/√π · exp(−x²)
+                    // g · 2/√π · exp(−x²), with exp(−x²) taken as 0 where it is subnormal
+                    // (−x² below ln of the smallest normal f32), as PyTorch's GELU derivative
+                    // gives, and the argument of exp clamped there (`where`, not `maximum`, so
+                    // NaN passes unchanged). An Intel core takes a microcode assist for every
+                    // vector operation that produces or reads a subnormal: a training step's
+                    // GELU derivative spent 8% of the step there (see `ERF_GRAD_FLOOR`).
+                    // (f64 keeps the plain rule: its exp is normal far beyond.)
                     let x2 = self.mul(x, x)?;
                     let nx2 = self.un(UnaryOp::Neg, x2)?;
-                    let e = self.un(UnaryOp::Exp, nx2)?;
+                    let e = if self.dtype(x) == DType::F64 {
+                        self.un(UnaryOp::Exp, nx2)?
+                    } else {
+                        let floor = self.scalar(ERF_GRAD_FLOOR, nx2);
+                        let tiny = self.compare(CompareOp::Lt, nx2, floor)?;
+                        let clamped = self.select(tiny, floor, nx2)?;
+                        let e = self.un(UnaryOp::Exp, clamped)?;
+                        let zero = self.scalar(0.0, e);
+                        self.select(tiny, zero, e)?
+                    };
                     let d = self.mul_scalar(e, std::f64::consts::FRAC_2_SQRT_PI)?;
                     self.mul(g, d)?
                 }

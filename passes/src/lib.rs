@@ -23,7 +23,7 @@ mod sink_cats;
 mod split_transposes;
 mod store_once;
 
-pub use autodiff::{autodiff, AutodiffError, Joint};
+pub use autodiff::{autodiff, AutodiffError, Joint, ERF_GRAD_FLOOR};
 pub use decompose::decompose;
 pub use epilogue::fuse_epilogues;
 pub use freeze::{freeze, Frozen};

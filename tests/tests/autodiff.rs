@@ -877,3 +877,58 @@ fn jit_compiles_gradients_with_guards_and_a_dynamic_batch() {
     assert_eq!(stats.compiles, 2, "{stats:?}");
     assert_eq!(stats.symbolic_compiles, 1, "{stats:?}");
 }
+
+/// `erf`'s derivative `2/√π·exp(−x²)` is 0 in f32 where `exp(−x²)` would be subnormal (`−x²`
+/// below `ERF_GRAD_FLOOR`, |x| > 9.3454), as PyTorch's GELU derivative gives, and the normal
+/// value elsewhere, eager and compiled alike; f64 keeps the plain rule. Through `gelu` (whose
+/// compiled derivative is a row routine where the CPU has them) the derivative at such a
+/// negative `x` is 0 too, eager and compiled.
+#[test]
+fn erf_derivative_is_zero_where_its_exp_would_be_subnormal() {
+    let floor = minductor::internals::passes::ERF_GRAD_FLOOR as f32;
+    // |x| = 9.345 gives −x² = −87.33 (kept), 9.3455 gives −87.34 (flushed).
+    let xs = [
+        0.5, -3.0, 9.3, -9.345, 9.3455, -9.36, 10.0, -13.5, 14.0, 1e3,
+    ];
+    let gradient = |dtype: DType, gelu: bool, backend: Backend| -> Vec<f64> {
+        let t = Tracer::new();
+        let x = t.input("x", dtype, &[xs.len()]);
+        // gelu(x·√2) differentiates erf at x.
+        let y = if gelu {
+            x.mul(std::f64::consts::SQRT_2).gelu()
+        } else {
+            x.erf()
+        };
+        let grad = y.sum(&[], false).grad(&[&x]).remove(0);
+        let graph = t.finish(&[grad]).unwrap();
+        let input = Tensor::from_f64(dtype, &[xs.len()], &xs).unwrap();
+        let out = compile_with(&graph, backend)
+            .unwrap()
+            .call(std::slice::from_ref(&input))
+            .unwrap();
+        out[0].to_f64_vec()
+    };
+    for backend in [Backend::Eager, Backend::Inductor] {
+        for dtype in [DType::F32, DType::F64] {
+            let got = gradient(dtype, false, backend);
+            for (&x, &g) in xs.iter().zip(&got) {
+                let flushed = dtype == DType::F32 && -((x * x) as f32) < floor;
+                let want = 2.0 / std::f64::consts::PI.sqrt() * (-x * x).exp();
+                let what = format!("erf' {dtype:?} {backend:?} at {x}: {g:e}");
+                if flushed {
+                    assert_eq!(g.to_bits(), 0, "{what}, not +0");
+                } else {
+                    // Normal in f32 (or f64's own exp, 0 only past its range).
+                    assert!((g - want).abs() <= 1e-5 * want, "{what}, want {want:e}");
+                    assert!(g > 0.0 || want < 1e-300, "{what}");
+                }
+            }
+        }
+        let got = gradient(DType::F32, true, backend);
+        for (&x, &g) in xs.iter().zip(&got) {
+            if x < 0.0 && -((x * x) as f32) < floor {
+                assert_eq!(g, 0.0, "gelu' {backend:?} at {x}: {g:e}, not 0");
+            }
+        }
+    }
+}

@@ -27,18 +27,18 @@
 //! from the same decisions the lowering takes, for `minductor report`.
 
 use super::{lower_kernel, math_fn, Lowering};
-use crate::math::block::rows::TWO_OVER_SQRT_PI;
 use crate::math::block::rows::{
     row_routine, streams_stores, RowFn, RowShape, ROW_ARGS_B, ROW_ARGS_BYTES, ROW_ARGS_C,
     ROW_ARGS_FLAGS, ROW_ARGS_N, ROW_ARGS_OUT, ROW_ARGS_P, ROW_ARGS_Q, ROW_ARGS_RESERVED,
     ROW_ARGS_U0, ROW_ARGS_U1, ROW_ARGS_U2, ROW_ARGS_U3, ROW_ARGS_W, ROW_ARGS_X, ROW_STREAM,
 };
+use crate::math::block::rows::{ERF_GRAD_FLOOR, TWO_OVER_SQRT_PI};
 use crate::math::block::{block_isa, splits_512_bit_operations, BlockIsa};
 use crate::math::GELU_SCALE;
 use cranelift_codegen::ir::{
     types, AbiParam, InstBuilder, Signature, StackSlot, StackSlotData, StackSlotKind, Value,
 };
-use minductor_ir::{BinaryOp, DType, ReduceOp, UnaryOp};
+use minductor_ir::{BinaryOp, CompareOp, DType, ReduceOp, UnaryOp};
 use minductor_kernel_ir::*;
 use minductor_kernels::cache::l3_bytes;
 use minductor_kernels::convert::{narrow_routine, widen_routine, Half};
@@ -827,13 +827,25 @@ impl Lowering<'_, '_, '_> {
         // `second = ((g * (t * 0.5)) * (exp(-(s * s)) * 2/√π)) * (1/√2)`.
         let (m, n) = mul(times(second, GELU_SCALE)?)?;
         let gauss = |x: ExprId| {
-            let Some(exp) = times(x, TWO_OVER_SQRT_PI) else {
+            let Some(flushed) = times(x, TWO_OVER_SQRT_PI) else {
                 return false;
             };
-            let Expr::Unary(UnaryOp::Exp, neg) = *k.expr(exp) else {
+            // `where(m < F, 0, exp(where(m < F, F, m)))`, `m = -(s * s)`, `F` the floor.
+            let minus_square = |m: ExprId| matches!(*k.expr(m), Expr::Unary(UnaryOp::Neg, sq) if mul(sq) == Some((s, s)));
+            let tiny = |c: ExprId| {
+                matches!(*k.expr(c), Expr::Compare(CompareOp::Lt, m, f)
+                    if minus_square(m) && konst(f, ERF_GRAD_FLOOR))
+            };
+            let Expr::Where(c, zero, exp) = *k.expr(flushed) else {
                 return false;
             };
-            matches!(*k.expr(neg), Expr::Unary(UnaryOp::Neg, sq) if mul(sq) == Some((s, s)))
+            let Expr::Unary(UnaryOp::Exp, clamped) = *k.expr(exp) else {
+                return false;
+            };
+            tiny(c)
+                && konst(zero, 0.0)
+                && matches!(*k.expr(clamped), Expr::Where(c2, f, m)
+                    if tiny(c2) && konst(f, ERF_GRAD_FLOOR) && minus_square(m))
         };
         let h = match (gauss(n), gauss(m)) {
             (true, _) => m,

@@ -56,7 +56,7 @@
 //!
 //! | function  | input range                                   | max error (ulp) |
 //! |-----------|-----------------------------------------------|-----------------|
-//! | `exp`     | all (`0` below `-87.34`, where the result is subnormal: see `exp_normal`; `inf` above `88.72`) | 0.99 |
+//! | `exp`     | all (`0` below `-103.97`, `inf` above `88.72`) | 0.99            |
 //! | `log`     | all                                           | 0.83            |
 //! | `tanh`    | all                                           | 1.33            |
 //! | `erf`     | all                                           | 1.02            |
@@ -107,7 +107,7 @@ pub enum IntCmp {
 #[inline(always)]
 pub fn apply<E: Lanes>(e: &mut E, f: MathFn, x: E::V) -> E::V {
     match f {
-        MathFn::Exp => exp_normal(e, x),
+        MathFn::Exp => exp(e, x, None),
         MathFn::Log => log(e, x),
         MathFn::Tanh => tanh(e, x),
         MathFn::Erf => erf(e, x),
@@ -397,38 +397,11 @@ const EXP_P: [f32; 6] = [
     5e-1,
 ];
 
-/// `ln` of the smallest normal `f32` (rounded up to an `f32`): `exp(x)` is subnormal exactly
-/// for `x` below it.
-const LN_MIN_NORMAL: f32 = -87.336_54;
-
-/// The `exp` of [`MathFn::Exp`]: `exp(x)`, but 0 where the result would be subnormal (`x <
-/// LN_MIN_NORMAL`, -87.34), as PyTorch's vectorized `exp_u20` gives (its softmax's and GELU
-/// derivative's `exp`). An Intel core takes a microcode assist of about a hundred cycles for
-/// every vector operation that produces or reads a subnormal: a training step's GELU
-/// derivative, `exp(-x²/2)` over pre-activations of which 2.7% fall where that is subnormal,
-/// spent 8% of the step there (a Xeon of family 6 model 207, one thread: the kernel and its
-/// `exp` went from 9.4% of the samples to 1.6% with the CPU's flush-to-zero mode set). The
-/// argument is clamped to `LN_MIN_NORMAL` before the reduction, so no lane forms a subnormal
-/// on the way either. The error is below `f32::MIN_POSITIVE` (1.2e-38) in absolute terms.
-/// `sigmoid`, `tanh` and `pow` keep their subnormal results (they call [`exp`]).
-#[inline(always)]
-fn exp_normal<E: Lanes>(e: &mut E, x: E::V) -> E::V {
-    let y = exp_from(e, x, None, LN_MIN_NORMAL);
-    let tiny = e.fcmpc(FloatCmp::LessThan, x, LN_MIN_NORMAL);
-    e.selc(tiny, 0.0, y)
-}
-
 /// `exp(x + xl)` where `xl` is an optional small low part (`|xl|` well below `ulp(x)` scale).
 #[inline(always)]
 fn exp<E: Lanes>(e: &mut E, x: E::V, xl: Option<E::V>) -> E::V {
-    exp_from(e, x, xl, -110.0)
-}
-
-/// [`exp`] with `x` clamped to `[low, 89]` first.
-#[inline(always)]
-fn exp_from<E: Lanes>(e: &mut E, x: E::V, xl: Option<E::V>, low: f32) -> E::V {
     let x = e.minc(x, 89.0);
-    let x = e.maxc(x, low);
+    let x = e.maxc(x, -110.0);
     let t = e.mulc(x, LOG2E);
     let (n, n_i) = e.round_small(t);
     // `n * EXP_C1` is exact, so fusing the first step changes nothing; the second gains.

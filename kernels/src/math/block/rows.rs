@@ -307,10 +307,16 @@ unsafe fn value<L: Wide, const S: u32>(e: &mut L, a: &RowArgs, u: &Values<L>, i:
 /// `2 / sqrt(pi)`, the factor of `erf`'s derivative, as autodiff writes it.
 pub const TWO_OVER_SQRT_PI: f32 = std::f32::consts::FRAC_2_SQRT_PI;
 
+/// The floor of `erf`'s derivative's `exp` argument in autodiff's rule (`ERF_GRAD_FLOOR` of
+/// `minductor-passes`: ln of the smallest normal `f32`); the code generator matches a GELU
+/// gradient only with this constant.
+pub const ERF_GRAD_FLOOR: f32 = -87.336_54;
+
 /// The gradient of `gelu(x) = x/2 · (1 + erf(x/√2))` at `x` times `g`, in the operations (and
 /// roundings) autodiff's rule writes it in, the code generator contracting the first product
-/// of the final sum: with `s = x·(1/√2)`,
-/// `fma(g·(erf(s) + 1), 0.5, ((g·(x·0.5))·(exp(-(s·s))·(2/√π)))·(1/√2))`.
+/// of the final sum: with `s = x·(1/√2)`, `m = -(s·s)`, `t = m < F` ([`ERF_GRAD_FLOOR`]) and
+/// `q = t ? 0 : exp(t ? F : m)`,
+/// `fma(g·(erf(s) + 1), 0.5, ((g·(x·0.5))·(q·(2/√π)))·(1/√2))`.
 #[inline(always)]
 pub(super) fn gelu_backward<L: super::Wide>(e: &mut L, x: L::V, g: L::V) -> L::V {
     let s = e.mulc(x, crate::math::GELU_SCALE);
@@ -321,7 +327,10 @@ pub(super) fn gelu_backward<L: super::Wide>(e: &mut L, x: L::V, g: L::V) -> L::V
     let h = e.mul(g, half_x);
     let square = e.mul(s, s);
     let minus = e.neg(square);
-    let gauss = apply(e, MathFn::Exp, minus);
+    let tiny = e.fcmpc(FloatCmp::LessThan, minus, ERF_GRAD_FLOOR);
+    let clamped = e.selc(tiny, ERF_GRAD_FLOOR, minus);
+    let gauss = apply(e, MathFn::Exp, clamped);
+    let gauss = e.selc(tiny, 0.0, gauss);
     let scaled = e.mulc(gauss, TWO_OVER_SQRT_PI);
     let q = e.mul(h, scaled);
     let q = e.mulc(q, crate::math::GELU_SCALE);
