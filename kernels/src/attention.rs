@@ -1136,11 +1136,11 @@ mod avx512 {
     const LN2_LO: f32 = -2.121_944_4e-4;
 
     /// `exp` of the 16 lanes of `x`, for `x <= 0` (a score minus its row's maximum, an old
-    /// maximum minus a new one): `−inf` gives 0 exactly (a masked key), NaN gives NaN, and so
-    /// does every `x` below −87.34 where the result would be subnormal, as the kernels' `exp`
-    /// does (`math::exp_normal`: a subnormal probability would cost an Intel core a microcode
-    /// assist in every FMA of `p·v` reading it; next to the row's largest probability, 1, it
-    /// changes no sum). Within 3 ulp of `exp` elsewhere (2 measured: the test
+    /// maximum minus a new one): `−inf` gives 0 exactly (a masked key), and so does every `x`
+    /// below −87.34, where the result would be subnormal (as autodiff's `erf` derivative does:
+    /// a subnormal probability would cost an Intel core a microcode assist in every FMA of
+    /// `p·v` reading it; next to the row's largest probability, 1, it changes no sum); NaN
+    /// gives NaN. Within 3 ulp of `exp` elsewhere (2 measured: the test
     /// `attention_exp_is_within_3_ulp`), in 12 vector
     /// operations, where the block math's general-purpose `exp` takes 19 (clamping both ways):
     /// the attention step computes one per score, and the swap took attention_8x256x512's step
