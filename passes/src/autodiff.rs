@@ -32,7 +32,7 @@ use std::collections::HashMap;
 /// argument is clamped to it: no operation of the derivative forms a subnormal, each of which
 /// costs an Intel core a microcode assist. Measured on a Xeon of family 6 model 207, one
 /// thread: a training step's GELU derivative kernel and its `exp` went from 9.4% of the step's
-/// samples to 1.6% (as with the CPU's flush-to-zero mode set). The error is below
+/// samples to 2.0% (1.6% with the CPU's flush-to-zero mode set instead). The error is below
 /// `2/√π · f32::MIN_POSITIVE` times the gradient.
 pub const ERF_GRAD_FLOOR: f64 = -87.336_540_222_167_97;
 

@@ -824,14 +824,17 @@ impl Lowering<'_, '_, '_> {
             _ => return None,
         };
         let t = times(s, GELU_SCALE)?;
-        // `second = ((g * (t * 0.5)) * (exp(-(s * s)) * 2/√π)) * (1/√2)`.
+        // `second = ((g * (t * 0.5)) * (q * 2/√π)) * (1/√2)`, `q` the flushed `exp(-(s * s))`
+        // of autodiff's `erf` rule (below).
         let (m, n) = mul(times(second, GELU_SCALE)?)?;
         let gauss = |x: ExprId| {
             let Some(flushed) = times(x, TWO_OVER_SQRT_PI) else {
                 return false;
             };
             // `where(m < F, 0, exp(where(m < F, F, m)))`, `m = -(s * s)`, `F` the floor.
-            let minus_square = |m: ExprId| matches!(*k.expr(m), Expr::Unary(UnaryOp::Neg, sq) if mul(sq) == Some((s, s)));
+            let minus_square = |m: ExprId| {
+                matches!(*k.expr(m), Expr::Unary(UnaryOp::Neg, sq) if mul(sq) == Some((s, s)))
+            };
             let tiny = |c: ExprId| {
                 matches!(*k.expr(c), Expr::Compare(CompareOp::Lt, m, f)
                     if minus_square(m) && konst(f, ERF_GRAD_FLOOR))
