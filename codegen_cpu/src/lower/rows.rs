@@ -832,8 +832,9 @@ impl Lowering<'_, '_, '_> {
                 return false;
             };
             // `where(m < F, 0, exp(where(m < F, F, m)))`, `m = -(s * s)`, `F` the floor.
-            let minus_square = |m: ExprId| {
-                matches!(*k.expr(m), Expr::Unary(UnaryOp::Neg, sq) if mul(sq) == Some((s, s)))
+            let minus_square = |m: ExprId| match *k.expr(m) {
+                Expr::Unary(UnaryOp::Neg, sq) => mul(sq) == Some((s, s)),
+                _ => false,
             };
             let tiny = |c: ExprId| {
                 matches!(*k.expr(c), Expr::Compare(CompareOp::Lt, m, f)
