@@ -946,6 +946,7 @@ fn finish(acc: &[f32], sum: &[f32], out: &mut [f32]) {
 #[cfg(target_arch = "x86_64")]
 mod avx512 {
     use super::{finish, key_index, keys_len, Mask, Tile, KEY_BLOCK};
+    use crate::math::LN_MIN_NORMAL;
     use std::arch::x86_64::*;
 
     /// Query rows per micro-kernel call: `GROUP × 64` scores in 4·`GROUP` registers.
@@ -1168,9 +1169,6 @@ mod avx512 {
         let p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0));
         _mm512_maskz_scalef_ps(keep, p, n)
     }
-
-    /// `ln` of the smallest normal `f32`, rounded up: `exp(x)` is subnormal exactly below it.
-    const LN_MIN_NORMAL: f32 = -87.336_54;
 
     /// `(1 << n) - 1` for `n <= 16`.
     #[inline(always)]
@@ -1603,6 +1601,7 @@ mod tests {
     #[cfg(target_arch = "x86_64")]
     #[test]
     fn attention_exp_is_within_3_ulp() {
+        use crate::math::LN_MIN_NORMAL;
         use std::arch::x86_64::*;
         if !has_avx512() {
             return;
@@ -1628,7 +1627,7 @@ mod tests {
                 x[..chunk.len()].copy_from_slice(chunk);
                 let y = exp16(&x);
                 for (&x, &y) in x.iter().zip(&y).take(chunk.len()) {
-                    if x < -87.336_54 {
+                    if x < LN_MIN_NORMAL {
                         // Where the result would be subnormal: +0.
                         assert_eq!(y.to_bits(), 0, "exp({x:e}) = {y:e}, not +0");
                         continue;
@@ -1646,7 +1645,7 @@ mod tests {
         check(&bits(0x8000_0000, (-110f32).to_bits(), 61).collect::<Vec<_>>());
         check(&bits(0x8000_0000, (-1f32).to_bits(), 16).collect::<Vec<_>>());
         assert!(worst > 0.0);
-        let below = f32::from_bits((-87.336_54f32).to_bits() + 1);
+        let below = f32::from_bits(LN_MIN_NORMAL.to_bits() + 1);
         let specials = [
             f32::NEG_INFINITY,
             -104.0,
@@ -1661,7 +1660,7 @@ mod tests {
         let y = exp16(&x);
         assert_eq!(&y[..6], &[0.0, 0.0, 0.0, 1.0, 1.0, 0.0]);
         assert!(y[6].is_nan());
-        assert!(exp16(&[-87.336_54; 16])[0] >= f32::MIN_POSITIVE);
+        assert!(exp16(&[LN_MIN_NORMAL; 16])[0] >= f32::MIN_POSITIVE);
     }
 
     /// The portable loops and (where the CPU has it) the AVX-512 micro-kernels, at sizes that

@@ -159,6 +159,12 @@ impl MathFn {
     ];
 }
 
+/// `ln` of the smallest normal `f32`, rounded up to an `f32`: `exp(x)` is subnormal exactly for
+/// `x` below it. Where a result that small cannot matter, kernels give 0 below it rather than
+/// a subnormal, which costs an Intel core a microcode assist in every operation touching it
+/// (the attention step's `exp`, autodiff's `erf` derivative: `block::rows::ERF_GRAD_FLOOR`).
+pub const LN_MIN_NORMAL: f32 = -87.336_54;
+
 /// The f32 constant of `gelu`'s `x / sqrt 2` (as the kernel's f64 constant rounds to).
 pub const GELU_SCALE: f32 = std::f32::consts::FRAC_1_SQRT_2;
 

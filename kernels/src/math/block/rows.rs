@@ -310,7 +310,7 @@ pub const TWO_OVER_SQRT_PI: f32 = std::f32::consts::FRAC_2_SQRT_PI;
 /// The floor of `erf`'s derivative's `exp` argument in autodiff's rule (`ERF_GRAD_FLOOR` of
 /// `minductor-passes`: ln of the smallest normal `f32`); the code generator matches a GELU
 /// gradient only with this constant.
-pub const ERF_GRAD_FLOOR: f32 = -87.336_54;
+pub const ERF_GRAD_FLOOR: f32 = crate::math::LN_MIN_NORMAL;
 
 /// The gradient of `gelu(x) = x/2 · (1 + erf(x/√2))` at `x` times `g`, in the operations (and
 /// roundings) autodiff's rule writes it in, the code generator contracting the first product
