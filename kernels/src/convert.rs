@@ -375,23 +375,28 @@ mod x86 {
         _mm512_fpclass_ps_mask::<SUBNORMAL>(x) | _mm512_fpclass_ps_mask::<SUBNORMAL>(y) != 0
     }
 
+    /// The 32 lanes of `x` (bf16 lanes 0..16) and `y` (16..32) rounded to bf16, one per
+    /// 16-bit lane: by `vcvtne2ps2bf16`, or by the integer steps when a lane is subnormal.
+    #[target_feature(enable = "avx512f,avx512dq,avx512bf16")]
+    #[inline]
+    fn narrow32(x: __m512, y: __m512) -> __m512i {
+        if subnormal(x, y) {
+            let half = |v: __m512| _mm512_cvtepi32_epi16(bf16_bits512(_mm512_castps_si512(v)));
+            _mm512_inserti64x4::<1>(_mm512_castsi256_si512(half(x)), half(y))
+        } else {
+            // SAFETY: both types are 64 bytes of plain bits.
+            unsafe { std::mem::transmute::<__m512bh, __m512i>(_mm512_cvtne2ps_pbh(y, x)) }
+        }
+    }
+
     #[target_feature(enable = "avx512f,avx512dq,avx512bf16")]
     unsafe fn f32_to_bf16_avx512bf16(src: *const u8, dst: *mut u8, n: i64) {
         // SAFETY: the caller's bounds (`ConvertFn`); `groups` hands the body whole groups of
         // 32 readable f32s and 32 writable halves; the CPU has the enabled features.
         unsafe {
             groups::<f32, u16, 32>(src, dst, n, |s, d| {
-                let (x, y) = (_mm512_loadu_ps(s), _mm512_loadu_ps(s.add(16)));
-                if subnormal(x, y) {
-                    for (half, at) in [(x, 0), (y, 16)] {
-                        let bits = bf16_bits512(_mm512_castps_si512(half));
-                        _mm256_storeu_si256(d.add(at) as *mut __m256i, _mm512_cvtepi32_epi16(bits));
-                    }
-                } else {
-                    // Lanes 0..16 from `x`, 16..32 from `y`.
-                    let h: __m512i = std::mem::transmute(_mm512_cvtne2ps_pbh(y, x));
-                    _mm512_storeu_si512(d as *mut __m512i, h);
-                }
+                let h = narrow32(_mm512_loadu_ps(s), _mm512_loadu_ps(s.add(16)));
+                _mm512_storeu_si512(d as *mut __m512i, h);
             })
         }
     }
@@ -401,23 +406,12 @@ mod x86 {
         // SAFETY: as `f32_to_bf16_avx512bf16`, with 32 writable f32s a group.
         unsafe {
             groups::<f32, f32, 32>(src, dst, n, |s, d| {
-                let (x, y) = (_mm512_loadu_ps(s), _mm512_loadu_ps(s.add(16)));
-                if subnormal(x, y) {
-                    for (half, at) in [(x, 0), (y, 16)] {
-                        let bits = bf16_bits512(_mm512_castps_si512(half));
-                        _mm512_storeu_si512(
-                            d.add(at) as *mut __m512i,
-                            _mm512_slli_epi32::<16>(bits),
-                        );
-                    }
-                } else {
-                    let h: __m512i = std::mem::transmute(_mm512_cvtne2ps_pbh(y, x));
-                    // bf16 lane `i` back to f32 lane `i`: its bits in the top half.
-                    let low = _mm512_cvtepu16_epi32(_mm512_castsi512_si256(h));
-                    let high = _mm512_cvtepu16_epi32(_mm512_extracti64x4_epi64::<1>(h));
-                    _mm512_storeu_si512(d as *mut __m512i, _mm512_slli_epi32::<16>(low));
-                    _mm512_storeu_si512(d.add(16) as *mut __m512i, _mm512_slli_epi32::<16>(high));
-                }
+                let h = narrow32(_mm512_loadu_ps(s), _mm512_loadu_ps(s.add(16)));
+                // bf16 lane `i` back to f32 lane `i`: its bits in the top half.
+                let low = _mm512_cvtepu16_epi32(_mm512_castsi512_si256(h));
+                let high = _mm512_cvtepu16_epi32(_mm512_extracti64x4_epi64::<1>(h));
+                _mm512_storeu_si512(d as *mut __m512i, _mm512_slli_epi32::<16>(low));
+                _mm512_storeu_si512(d.add(16) as *mut __m512i, _mm512_slli_epi32::<16>(high));
             })
         }
     }
