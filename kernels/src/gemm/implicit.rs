@@ -275,6 +275,7 @@ pub(super) unsafe fn multiply_panel(
                 rows: mr.min(m - r * mr),
                 cols,
                 accumulate: depth > 0,
+                prefetch: super::Lines::NONE,
             };
             // SAFETY: `PackedA::pack` checked the kernel is supported; the panels are slices
             // of `kc·mr` and `kc·nr` values; `rows ≤ mr`, `cols ≤ nr` stay inside the

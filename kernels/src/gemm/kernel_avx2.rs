@@ -46,7 +46,9 @@ pub(super) unsafe fn tile(_: &TileArgs) {
 unsafe fn tile_rows<const ROWS: usize>(args: &TileArgs) {
     let mut acc = [[_mm256_setzero_ps(); 2]; ROWS];
     let (mut a, mut b) = (args.a, args.b);
+    let mut prefetch = super::Spread::new(args.prefetch, args.kc);
     for _ in 0..args.kc {
+        prefetch.step();
         // SAFETY: `a` and `b` walk the panels one step of `k` at a time, `kc` steps in all,
         // reading `b` values `p·NR .. p·NR + 16` and `a` values `p·MR .. p·MR + ROWS` of panels
         // holding `kc·NR` and `kc·MR` values.

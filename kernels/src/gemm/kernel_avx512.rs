@@ -65,7 +65,9 @@ unsafe fn tile_rows<const ROWS: usize>(args: &TileArgs) {
             }
         }
     }
+    let mut prefetch = super::Spread::new(args.prefetch, args.kc);
     for _ in 0..args.kc {
+        prefetch.step();
         // SAFETY: `a` and `b` walk the panels one step of `k` at a time, `kc` steps in all:
         // `b` reads values `p·NR .. p·NR + 64` and `a` values `p·MR .. p·MR + ROWS` of panels
         // holding `kc·NR` and `kc·MR` values.
@@ -238,16 +240,19 @@ pub(super) unsafe fn pack_columns_transposed(
         for p0 in (0..k).step_by(16) {
             let rows = (k - p0).min(16);
             let mask: __mmask16 = if rows == 16 { !0 } else { (1u16 << rows) - 1 };
-            let mut r = [_mm512_setzero_ps(); 16];
-            for (j, column_run) in r.iter_mut().enumerate().take(lanes) {
+            // All 16 loads in the one loop of constant length (the columns past `lanes`
+            // masked off entirely), so that `r` stays in registers.
+            let r = &mut [_mm512_setzero_ps(); 16];
+            for (j, column_run) in r.iter_mut().enumerate() {
+                let mask = if j < lanes { mask } else { 0 };
+                let at = data.as_ptr().wrapping_add(column + j * column_stride + p0);
                 // SAFETY: the unmasked lanes read elements `column + j·column_stride + p0 + i`,
                 // `j < lanes ≤ width`, `i < rows ≤ k − p0`: inside `data` by the caller's
-                // guarantee; masked lanes read nothing.
-                *column_run = unsafe {
-                    _mm512_maskz_loadu_ps(mask, data.as_ptr().add(column + j * column_stride + p0))
-                };
+                // guarantee; masked lanes read nothing (and `at` of a column past `lanes`,
+                // formed by `wrapping_add`, is never read).
+                *column_run = unsafe { _mm512_maskz_loadu_ps(mask, at) };
             }
-            transpose16(&mut r);
+            transpose16(r);
             for (i, row) in r.iter().enumerate().take(rows) {
                 // SAFETY: writes values `(p0 + i)·nr + 16v .. + 16` of `panel`, which holds
                 // `k·nr` values, `p0 + i < k`, `16v + 16 ≤ nr`.

@@ -509,3 +509,88 @@ fn subnormal_operands_are_read_as_zeros_of_their_sign() {
         }
     }
 }
+
+#[test]
+fn spread_prefetches_ask_for_every_line_once_evenly_over_the_steps() {
+    let base = std::ptr::null::<f32>().wrapping_add(1 << 20);
+    // (runs, lines per run, run stride, steps): fewer lines than steps, as many, more, none.
+    for (runs, lines, stride, steps) in [
+        (3, 32, 1024, 512),
+        (48, 4, -4096, 43),
+        (64, 33, 4096, 128),
+        (0, 32, 1024, 512),
+        (5, 1, 7, 1),
+    ] {
+        let mut spread = Spread::new(
+            Lines {
+                base,
+                runs,
+                run_stride: stride,
+                lines,
+            },
+            steps,
+        );
+        let mut asked = Vec::new();
+        let mut per_step = Vec::new();
+        for _ in 0..steps {
+            let due = spread.tick();
+            per_step.push(due);
+            asked.extend((0..due).map(|_| spread.next_line()));
+        }
+        let expected: Vec<*const f32> = (0..runs)
+            .flat_map(|r| (0..lines).map(move |l| (r, l)))
+            .map(|(r, l)| base.wrapping_offset(r as isize * stride + 16 * l as isize))
+            .collect();
+        assert_eq!(asked, expected, "{runs} × {lines} lines over {steps} steps");
+        // Evenly: per step, the floor or the ceiling of the average.
+        let (low, high) = ((runs * lines) / steps, (runs * lines).div_ceil(steps));
+        assert!(
+            per_step.iter().all(|&d| d == low || d == high),
+            "{runs} × {lines} lines over {steps} steps: {per_step:?}"
+        );
+    }
+}
+
+#[test]
+fn the_source_lines_of_a_block_are_shared_out_among_its_tiles() {
+    // A row-major `b` (rows contiguous) and a transposed one (columns contiguous), 100 × 150:
+    // every line of panel 1's rows 16..80 (columns 64..128) is asked for by exactly one of 7
+    // parts.
+    let data = values(100 * 150, 3);
+    for transposed in [false, true] {
+        let (strides, shape) = if transposed {
+            ([1, 100], [100, 150])
+        } else {
+            ([150, 1], [100, 150])
+        };
+        let b = MatrixRef::new(&data, 0, shape, strides, "b").unwrap();
+        let mut asked = Vec::new();
+        for part in 0..7 {
+            let lines = source_lines(&b, 64, 1, 16..80, part, 7);
+            for r in 0..lines.runs {
+                for l in 0..lines.lines {
+                    let offset = r as isize * lines.run_stride + 16 * l as isize;
+                    asked.push(lines.base.wrapping_offset(offset) as usize);
+                }
+            }
+        }
+        let start = data.as_ptr() as usize;
+        let mut expected = Vec::new();
+        if transposed {
+            // Columns 64..128, each a run of rows 16..80: 4 lines of 16 values.
+            for j in 64..128 {
+                for p in (16..80).step_by(16) {
+                    expected.push(start + (j * 100 + p) * 4);
+                }
+            }
+        } else {
+            // Rows 16..80, each a run of columns 64..128.
+            for p in 16..80 {
+                for j in (64..128).step_by(16) {
+                    expected.push(start + (p * 150 + j) * 4);
+                }
+            }
+        }
+        assert_eq!(asked, expected, "transposed: {transposed}");
+    }
+}
