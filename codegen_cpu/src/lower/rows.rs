@@ -30,7 +30,8 @@ use super::{lower_kernel, math_fn, Lowering};
 use crate::math::block::rows::{
     row_routine, streams_stores, RowFn, RowShape, ROW_ARGS_B, ROW_ARGS_BYTES, ROW_ARGS_C,
     ROW_ARGS_FLAGS, ROW_ARGS_N, ROW_ARGS_OUT, ROW_ARGS_P, ROW_ARGS_Q, ROW_ARGS_RESERVED,
-    ROW_ARGS_U0, ROW_ARGS_U1, ROW_ARGS_U2, ROW_ARGS_U3, ROW_ARGS_W, ROW_ARGS_X, ROW_STREAM,
+    ROW_ARGS_U0, ROW_ARGS_U1, ROW_ARGS_U2, ROW_ARGS_U3, ROW_ARGS_W, ROW_ARGS_X, ROW_PREFETCH_NEXT,
+    ROW_STREAM,
 };
 use crate::math::block::rows::{ERF_GRAD_FLOOR, TWO_OVER_SQRT_PI};
 use crate::math::block::{block_isa, splits_512_bit_operations, BlockIsa};
@@ -38,7 +39,7 @@ use crate::math::GELU_SCALE;
 use cranelift_codegen::ir::{
     types, AbiParam, InstBuilder, Signature, StackSlot, StackSlotData, StackSlotKind, Value,
 };
-use minductor_ir::{BinaryOp, CompareOp, DType, ReduceOp, UnaryOp};
+use minductor_ir::{BinaryOp, CompareOp, DType, ReduceOp, SizeExpr, UnaryOp};
 use minductor_kernel_ir::*;
 use minductor_kernels::cache::l3_bytes;
 use minductor_kernels::convert::{narrow_routine, widen_routine, Half};
@@ -965,7 +966,11 @@ impl Lowering<'_, '_, '_> {
         let whole = chunks.len() == 1;
         let args = self.row_args();
         let flags = self.flags;
-        self.store_row_values(plan, args);
+        let mut row_flags = if plan.stream { ROW_STREAM } else { 0 };
+        if n == 0 && whole && self.rows_follow_each_other(plan) {
+            row_flags |= ROW_PREFETCH_NEXT;
+        }
+        self.store_row_values(plan, args, row_flags);
         let stash = |l: &mut Self| {
             let slot = l.stash.as_ref().expect("a stash plan has its row").slot;
             l.b.ins().stack_addr(types::I64, slot, 0)
@@ -1070,10 +1075,32 @@ impl Lowering<'_, '_, '_> {
         self.b.ins().iadd_imm_s(start, bytes as i64)
     }
 
-    /// Stores `plan`'s row values (`u0` to `u3`) and flags into the arguments at `args`.
-    fn store_row_values(&mut self, plan: &RowPlan, args: Value) {
+    /// Whether `plan` reads its `x` rows from an f32 buffer in which each row is followed by
+    /// the next, as far as the index shows: a static row length that is the coefficient of an
+    /// outer loop (the routine may then prefetch the next row, [`ROW_PREFETCH_NEXT`]).
+    fn rows_follow_each_other(&self, plan: &RowPlan) -> bool {
+        let (buffer, index) = &plan.x;
+        let Some(inner) = self.innermost else {
+            return false;
+        };
+        let length = match self.kernel.stages.first().map(|s| s.extent.as_slice()) {
+            Some([dim]) => dim.as_static(),
+            _ => None,
+        };
+        !plan.x_stash
+            && self.program.buffer(*buffer).dtype == DType::F32
+            && index.coefficient(inner) == SizeExpr::Const(1)
+            && length.is_some_and(|length| {
+                index
+                    .terms
+                    .iter()
+                    .any(|(v, c)| *v != inner && *c == SizeExpr::Const(length as i64))
+            })
+    }
+
+    /// Stores `plan`'s row values (`u0` to `u3`) and `row_flags` into the arguments at `args`.
+    fn store_row_values(&mut self, plan: &RowPlan, args: Value, row_flags: u32) {
         let flags = self.flags;
-        let row_flags = if plan.stream { ROW_STREAM } else { 0 };
         let row_flags = self.b.ins().iconst(types::I32, row_flags as i64);
         self.b.ins().store(flags, row_flags, args, ROW_ARGS_FLAGS);
         // Every byte of the arguments is written: the routine copies the whole struct.

@@ -70,7 +70,7 @@ pub struct RowArgs {
     pub q: *const f32,
     pub u2: f32,
     pub u3: f32,
-    /// [`ROW_STREAM`] or 0.
+    /// [`ROW_STREAM`] and [`ROW_PREFETCH_NEXT`], or 0.
     pub flags: u32,
     /// Keeps the struct a multiple of 8 bytes; unused.
     pub reserved: u32,
@@ -82,6 +82,16 @@ pub struct RowArgs {
 /// fills the line before it writes it), a third of a pointwise kernel's memory traffic; the
 /// values are the same.
 pub const ROW_STREAM: u32 = 1;
+
+/// A [`RowArgs`] flag: as the routine reads `x`, it asks the caches for the `n` values after
+/// it (`x + n ..`), a line for each line of `x`: the next row, in a kernel whose rows lie one
+/// after the other. The code generator sets it for a kernel's first stage, the one that reads
+/// each row from memory (the later stages find it in L1). The hardware prefetchers stop at
+/// every 4 KiB page, so without it each row (a page, for 1024 f32s) starts with misses.
+/// Measured on a Xeon of family 6 model 207, medians of five alternated runs: at 2 threads
+/// layernorm_4096x1024 0.85 → 0.81 ms and softmax_4096x1024 1.30 → 1.22 ms; at 1 thread
+/// 1.33 → 1.32 and 2.22 → 2.03 ms.
+pub const ROW_PREFETCH_NEXT: u32 = 2;
 
 /// Whether a kernel storing `written` bytes of one output, and moving `traffic` bytes in all
 /// (every buffer it reads, and its outputs), should stream that output ([`ROW_STREAM`]): when
@@ -238,6 +248,19 @@ impl RowShape {
     pub fn reduces(self) -> bool {
         self.0 & (Self::SUM | Self::SUM_SQUARES | Self::MAX) != 0
     }
+}
+
+/// Asks the caches for the line holding `p` (into L1).
+#[inline(always)]
+fn prefetch_line(p: *const f32) {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: a prefetch is only a hint: it never faults and changes no state the program sees.
+    unsafe {
+        use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
+        _mm_prefetch::<_MM_HINT_T0>(p as *const i8)
+    };
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = p;
 }
 
 /// `t` of the module docs for the elements `i..i + L::WIDTH`.
@@ -421,12 +444,20 @@ unsafe fn run<L: Wide, const S: u32>(mut e: L, a: &RowArgs) -> f32 {
     let stream = S & RowShape::STORE != 0
         && a.flags & ROW_STREAM != 0
         && (a.out as usize).is_multiple_of(width * std::mem::size_of::<f32>());
+    let prefetch_next = a.flags & ROW_PREFETCH_NEXT != 0;
     let block = SUM_BLOCK;
     let mut i = 0;
     while i < n {
         let end = if sums { n.min(i + block) } else { n };
         let mut acc = [init; CHAINS];
         while i + CHAINS * width <= end {
+            if prefetch_next {
+                for line in (0..CHAINS * width).step_by(16) {
+                    // A hint only: `wrapping_add` forms the address without claiming it lies
+                    // in any allocation (past the last row it does not).
+                    prefetch_line(a.x.wrapping_add(n + i + line));
+                }
+            }
             for (k, acc) in acc.iter_mut().enumerate() {
                 let at = i + k * width;
                 // SAFETY: `at + width <= end <= n`.
@@ -835,13 +866,16 @@ mod tests {
             for &shape in SHAPES {
                 for n in lengths() {
                     // Cached stores, then non-temporal ones (the flag) to an aligned row and
-                    // to a row one element past alignment (where the routine falls back).
+                    // to a row one element past alignment (where the routine falls back); the
+                    // next row prefetched (past the end of `x`'s allocation: a hint only).
                     let cases = [
                         (false, 0, 0),
                         (true, 0, 0),
                         (false, ROW_STREAM, 0),
                         (true, ROW_STREAM, 0),
                         (false, ROW_STREAM, 1),
+                        (false, ROW_PREFETCH_NEXT, 0),
+                        (true, ROW_STREAM | ROW_PREFETCH_NEXT, 0),
                     ];
                     for (in_place, flags, shift) in cases {
                         let x = row(n, 0.3);
