@@ -15,12 +15,19 @@
 //! is ([`Shared::A`], the streamed products). Among the cuts within a tenth of the best
 //! estimate (the estimate's error), the one giving the most threads a piece wins (a thread
 //! left idle is certain; the packing the estimate charges for an extra piece is a guess), then
-//! the lowest estimate, then the most pieces: the threads claim pieces as they finish, so with
-//! several pieces per thread a thread slowed by something the estimate cannot see (another
-//! process on its core, a lower clock) leaves its last pieces to the others. Measured on the
-//! MLP workload at 2 threads (a 2-vCPU VM whose vCPUs slow down in turn): 2 pieces per product
-//! spent ~9.5% of the samples waiting for the last piece, 8 pieces ~4% (eight alternated runs:
-//! median ~21.0 ms against ~19.1).
+//! the lowest estimate, then the most pieces (up to 4 per thread) that keep at least
+//! [`MIN_PIECE_PANELS`] panels each, then the fewest:
+//! - the threads claim pieces as they finish, so with several pieces per thread a thread slowed
+//!   by something the estimate cannot see (another process on its core, a lower clock) leaves
+//!   its last pieces to the others;
+//! - but a piece prefetches the source of each block of `b` while it computes the block before,
+//!   so its first block is packed unprefetched, and a piece of one panel and one depth block
+//!   prefetches nothing.
+//!
+//! Measured on the MLP workload at 2 threads, on a 2-vCPU VM whose vCPUs slow down in turn:
+//! with 2 pieces per product ~9.5% of the samples waited for the last piece, with 8 ~4%;
+//! medians of eight alternated runs 20.9 ms (2 pieces) against 19.8 (8 and 4 pieces, the rule
+//! above), 7 runs of 8 faster. The LLaMA block measured the same either way.
 
 /// The operand packed once per product and shared by every piece.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -43,6 +50,10 @@ pub fn product_threads(flops: usize, threads: usize) -> usize {
         1
     }
 }
+
+/// The fewest panels of `b` a piece keeps when a cut has more pieces than threads (see the
+/// module's doc).
+const MIN_PIECE_PANELS: usize = 4;
 
 /// What packing one value costs, in multiply-adds: a packed value is loaded and stored once,
 /// about as long as 16 to 32 multiply-adds of a vector FMA unit take.
@@ -115,16 +126,22 @@ impl ProductSplit {
         let least = candidates.iter().map(|c| c.1).min().unwrap_or(0);
         // Within the estimate's error (a tenth) of the best, every thread should get a piece:
         // the most pieces up to the thread count, then the lowest estimate, then the most
-        // pieces (up to 4 per thread, see `most`).
+        // pieces (up to 4 per thread, see `most`) that keep at least `MIN_PIECE_PANELS` panels
+        // each, then the fewest. (Pieces that pack an operand twice cost more by the estimate,
+        // so they never tie.)
         let mut best_key = None;
         for (split, cost) in candidates {
             if cost.saturating_mul(10) > least.saturating_mul(11) {
                 continue;
             }
+            // More pieces only while each keeps `MIN_PIECE_PANELS` panels; else the fewest.
+            let keeps_panels = panels.div_ceil(split.panel_groups) >= MIN_PIECE_PANELS;
+            let finer = if keeps_panels { split.pieces() } else { 0 };
             let key = (
                 std::cmp::Reverse(split.pieces().min(threads)),
                 cost,
-                std::cmp::Reverse(split.pieces()),
+                std::cmp::Reverse(finer),
+                split.pieces(),
             );
             if best_key.as_ref().is_none_or(|b| key < *b) {
                 (best, best_key) = (split, Some(key));
@@ -271,6 +288,31 @@ mod tests {
                         "{m}x{n}x{k} on {threads}: {split:?} {}",
                         imbalance(&work)
                     );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn extra_pieces_keep_several_panels() {
+        // The MLP's [256, 1024] · [1024, 4096] streamed (a shared) on 2 threads: 64 panels cut
+        // into up to 4 pieces a thread, every piece all rows of a (b packed once).
+        let split = ProductSplit::choose([256, 4096, 1024], [6, 64], 2, Shared::A);
+        assert_eq!((split.row_groups, split.panel_groups), (1, 8), "{split:?}");
+        // [288, 1024] · [1024, 4096] (48 micro-panels) with b shared: extra pieces cut the
+        // rows, each packing its own.
+        let split = ProductSplit::choose([288, 4096, 1024], [6, 64], 2, Shared::B);
+        assert_eq!(split.panel_groups, 1, "{split:?}");
+        assert!(split.pieces() > 2, "{split:?}");
+        // [1024, 512] · [512, 512] streamed: 8 panels keep 4 a piece, one piece a thread.
+        let split = ProductSplit::choose([1024, 512, 512], [6, 64], 2, Shared::A);
+        assert_eq!((split.row_groups, split.panel_groups), (1, 2), "{split:?}");
+        // Every cut still has a piece for each thread where it can.
+        for threads in 1..=8 {
+            for (m, n) in [(256, 4096), (1024, 512), (1024, 256)] {
+                for shared in [Shared::A, Shared::B] {
+                    let split = ProductSplit::choose([m, n, 512], [6, 64], threads, shared);
+                    assert!(split.pieces() >= threads, "{m}x{n} on {threads}: {split:?}");
                 }
             }
         }
