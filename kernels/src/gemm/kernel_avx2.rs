@@ -36,6 +36,39 @@ pub(super) unsafe fn tile(_: &TileArgs) {
     unreachable!("the AVX2 kernel is never selected off x86-64")
 }
 
+/// `count` steps of `k` of the tile: `acc[i] += a[i] · b` for the next `ROWS` values of the `a`
+/// panel and 16 of the `b` panel, moving both on.
+///
+/// # Safety
+/// The CPU supports AVX2 and FMA; `a` and `b` point to `count · MR` and `count · NR` readable
+/// values of their panels.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+#[inline]
+unsafe fn steps<const ROWS: usize>(
+    acc: &mut [[__m256; 2]; ROWS],
+    a: &mut *const f32,
+    b: &mut *const f32,
+    count: usize,
+) {
+    for _ in 0..count {
+        // SAFETY: `a` and `b` walk the panels one step of `k` at a time, `count` steps in all,
+        // reading `b` values `p·NR .. p·NR + 16` and `a` values `p·MR .. p·MR + ROWS`, inside
+        // the values the caller guarantees.
+        unsafe {
+            let b0 = _mm256_loadu_ps(*b);
+            let b1 = _mm256_loadu_ps(b.add(8));
+            for (i, row) in acc.iter_mut().enumerate() {
+                let value = _mm256_broadcast_ss(&*a.add(i));
+                row[0] = _mm256_fmadd_ps(value, b0, row[0]);
+                row[1] = _mm256_fmadd_ps(value, b1, row[1]);
+            }
+            *a = a.add(MR);
+            *b = b.add(NR);
+        }
+    }
+}
+
 /// The tile for `ROWS ≤ MR` rows.
 ///
 /// # Safety
@@ -46,22 +79,20 @@ pub(super) unsafe fn tile(_: &TileArgs) {
 unsafe fn tile_rows<const ROWS: usize>(args: &TileArgs) {
     let mut acc = [[_mm256_setzero_ps(); 2]; ROWS];
     let (mut a, mut b) = (args.a, args.b);
-    let mut prefetch = super::Spread::new(args.prefetch, args.kc);
-    for _ in 0..args.kc {
-        prefetch.step();
-        // SAFETY: `a` and `b` walk the panels one step of `k` at a time, `kc` steps in all,
-        // reading `b` values `p·NR .. p·NR + 16` and `a` values `p·MR .. p·MR + ROWS` of panels
-        // holding `kc·NR` and `kc·MR` values.
-        unsafe {
-            let b0 = _mm256_loadu_ps(b);
-            let b1 = _mm256_loadu_ps(b.add(8));
-            for (i, row) in acc.iter_mut().enumerate() {
-                let value = _mm256_broadcast_ss(&*a.add(i));
-                row[0] = _mm256_fmadd_ps(value, b0, row[0]);
-                row[1] = _mm256_fmadd_ps(value, b1, row[1]);
-            }
-            a = a.add(MR);
-            b = b.add(NR);
+    if args.prefetch.runs * args.prefetch.lines == 0 {
+        // SAFETY: the panels hold `kc` steps (the caller's).
+        unsafe { steps(&mut acc, &mut a, &mut b, args.kc) };
+    } else {
+        // The prefetches are due once per chunk of steps, outside the loop of FMAs.
+        let chunks = args.kc.div_ceil(super::SPREAD_CHUNK);
+        let mut prefetch = super::Spread::new(args.prefetch, chunks);
+        let mut step = 0;
+        while step < args.kc {
+            prefetch.step();
+            let chunk = super::SPREAD_CHUNK.min(args.kc - step);
+            // SAFETY: steps `step .. step + chunk` of the `kc` the panels hold.
+            unsafe { steps(&mut acc, &mut a, &mut b, chunk) };
+            step += chunk;
         }
     }
     if args.cols == NR {

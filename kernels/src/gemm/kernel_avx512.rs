@@ -65,26 +65,21 @@ unsafe fn tile_rows<const ROWS: usize>(args: &TileArgs) {
             }
         }
     }
-    let mut prefetch = super::Spread::new(args.prefetch, args.kc);
-    for _ in 0..args.kc {
-        prefetch.step();
-        // SAFETY: `a` and `b` walk the panels one step of `k` at a time, `kc` steps in all:
-        // `b` reads values `p·NR .. p·NR + 64` and `a` values `p·MR .. p·MR + ROWS` of panels
-        // holding `kc·NR` and `kc·MR` values.
-        unsafe {
-            let b0 = _mm512_loadu_ps(b);
-            let b1 = _mm512_loadu_ps(b.add(16));
-            let b2 = _mm512_loadu_ps(b.add(32));
-            let b3 = _mm512_loadu_ps(b.add(48));
-            for (i, row) in acc.iter_mut().enumerate() {
-                let value = _mm512_set1_ps(*a.add(i));
-                row[0] = _mm512_fmadd_ps(value, b0, row[0]);
-                row[1] = _mm512_fmadd_ps(value, b1, row[1]);
-                row[2] = _mm512_fmadd_ps(value, b2, row[2]);
-                row[3] = _mm512_fmadd_ps(value, b3, row[3]);
-            }
-            a = a.add(MR);
-            b = b.add(NR);
+    if args.prefetch.runs * args.prefetch.lines == 0 {
+        // SAFETY: the panels hold `kc` steps (the caller's).
+        unsafe { steps(&mut acc, &mut a, &mut b, args.kc) };
+    } else {
+        // The prefetches are due once per chunk of steps, outside the loop of FMAs (whose
+        // scalar bookkeeping would take issue slots from the FMA ports).
+        let chunks = args.kc.div_ceil(super::SPREAD_CHUNK);
+        let mut prefetch = super::Spread::new(args.prefetch, chunks);
+        let mut step = 0;
+        while step < args.kc {
+            prefetch.step();
+            let chunk = super::SPREAD_CHUNK.min(args.kc - step);
+            // SAFETY: steps `step .. step + chunk` of the `kc` the panels hold.
+            unsafe { steps(&mut acc, &mut a, &mut b, chunk) };
+            step += chunk;
         }
     }
     for (v, column) in (0..NR).step_by(16).enumerate() {
@@ -105,6 +100,43 @@ unsafe fn tile_rows<const ROWS: usize>(args: &TileArgs) {
                 };
                 _mm512_mask_storeu_ps(at, mask, value);
             }
+        }
+    }
+}
+
+/// `count` steps of `k` of the tile: `acc[i] += a[i] · b` for the next `ROWS` values of the `a`
+/// panel and 64 of the `b` panel, moving both on.
+///
+/// # Safety
+/// The CPU supports AVX-512F; `a` and `b` point to `count · MR` and `count · NR` readable
+/// values of their panels.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+#[inline]
+unsafe fn steps<const ROWS: usize>(
+    acc: &mut [[__m512; 4]; ROWS],
+    a: &mut *const f32,
+    b: &mut *const f32,
+    count: usize,
+) {
+    for _ in 0..count {
+        // SAFETY: `a` and `b` walk the panels one step of `k` at a time, `count` steps in all:
+        // `b` reads values `p·NR .. p·NR + 64` and `a` values `p·MR .. p·MR + ROWS`, inside
+        // the values the caller guarantees.
+        unsafe {
+            let b0 = _mm512_loadu_ps(*b);
+            let b1 = _mm512_loadu_ps(b.add(16));
+            let b2 = _mm512_loadu_ps(b.add(32));
+            let b3 = _mm512_loadu_ps(b.add(48));
+            for (i, row) in acc.iter_mut().enumerate() {
+                let value = _mm512_set1_ps(*a.add(i));
+                row[0] = _mm512_fmadd_ps(value, b0, row[0]);
+                row[1] = _mm512_fmadd_ps(value, b1, row[1]);
+                row[2] = _mm512_fmadd_ps(value, b2, row[2]);
+                row[3] = _mm512_fmadd_ps(value, b3, row[3]);
+            }
+            *a = a.add(MR);
+            *b = b.add(NR);
         }
     }
 }

@@ -282,6 +282,9 @@ impl Lines {
     };
 }
 
+/// Steps of `k` per [`Spread::step`] in the micro-kernels.
+const SPREAD_CHUNK: usize = 8;
+
 /// Issues the prefetches of a [`Lines`] evenly over a loop of `steps` steps: at each step, those
 /// whose turn has come (`runs · lines / steps` per step on average).
 pub(crate) struct Spread {
