@@ -79,22 +79,10 @@ unsafe fn steps<const ROWS: usize>(
 unsafe fn tile_rows<const ROWS: usize>(args: &TileArgs) {
     let mut acc = [[_mm256_setzero_ps(); 2]; ROWS];
     let (mut a, mut b) = (args.a, args.b);
-    if args.prefetch.runs * args.prefetch.lines == 0 {
-        // SAFETY: the panels hold `kc` steps (the caller's).
-        unsafe { steps(&mut acc, &mut a, &mut b, args.kc) };
-    } else {
-        // The prefetches are due once per chunk of steps, outside the loop of FMAs.
-        let chunks = args.kc.div_ceil(super::SPREAD_CHUNK);
-        let mut prefetch = super::Spread::new(args.prefetch, chunks);
-        let mut step = 0;
-        while step < args.kc {
-            prefetch.step();
-            let chunk = super::SPREAD_CHUNK.min(args.kc - step);
-            // SAFETY: steps `step .. step + chunk` of the `kc` the panels hold.
-            unsafe { steps(&mut acc, &mut a, &mut b, chunk) };
-            step += chunk;
-        }
-    }
+    super::in_chunks!(args.prefetch, args.kc, |count| {
+        // SAFETY: the next `count` of the `kc` steps the panels hold (the caller's).
+        unsafe { steps(&mut acc, &mut a, &mut b, count) }
+    });
     if args.cols == NR {
         for (i, row) in acc.iter().enumerate() {
             for (v, &vector) in row.iter().enumerate() {

@@ -65,23 +65,10 @@ unsafe fn tile_rows<const ROWS: usize>(args: &TileArgs) {
             }
         }
     }
-    if args.prefetch.runs * args.prefetch.lines == 0 {
-        // SAFETY: the panels hold `kc` steps (the caller's).
-        unsafe { steps(&mut acc, &mut a, &mut b, args.kc) };
-    } else {
-        // The prefetches are due once per chunk of steps, outside the loop of FMAs (whose
-        // scalar bookkeeping would take issue slots from the FMA ports).
-        let chunks = args.kc.div_ceil(super::SPREAD_CHUNK);
-        let mut prefetch = super::Spread::new(args.prefetch, chunks);
-        let mut step = 0;
-        while step < args.kc {
-            prefetch.step();
-            let chunk = super::SPREAD_CHUNK.min(args.kc - step);
-            // SAFETY: steps `step .. step + chunk` of the `kc` the panels hold.
-            unsafe { steps(&mut acc, &mut a, &mut b, chunk) };
-            step += chunk;
-        }
-    }
+    super::in_chunks!(args.prefetch, args.kc, |count| {
+        // SAFETY: the next `count` of the `kc` steps the panels hold (the caller's).
+        unsafe { steps(&mut acc, &mut a, &mut b, count) }
+    });
     for (v, column) in (0..NR).step_by(16).enumerate() {
         if column >= args.cols {
             break;
