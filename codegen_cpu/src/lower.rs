@@ -80,8 +80,8 @@ mod transpose;
 use rows::Stash;
 
 pub use rows::{
-    kernel_vector_bits, set_row_kernels, set_row_shapes_by_cpu, stage_streams, stage_vector_bits,
-    step_forms, step_vector_bits, HALF_CHUNKS, HALF_ROW, SHORT_ROW,
+    kernel_vector_bits, set_row_kernels, set_row_shapes_by_cpu, stage_prefetches, stage_streams,
+    stage_vector_bits, step_forms, step_vector_bits, HALF_CHUNKS, HALF_ROW, SHORT_ROW,
 };
 
 /// Lanes of the vector type Cranelift lowers on x86-64 (128-bit).
@@ -220,6 +220,8 @@ struct Lowering<'k, 'b, 'f> {
     stage_bits: Vec<Option<u32>>,
     /// Whether each stage's stores bypass the caches (a row routine's `ROW_STREAM`).
     stage_streams: Vec<bool>,
+    /// Whether each stage's row routine prefetches the next row (`ROW_PREFETCH_NEXT`).
+    stage_prefetches: Vec<bool>,
     /// Leading outer loops that `start..end` ranges over, flattened in row-major order (see
     /// [`lower_kernel`]).
     split: usize,
@@ -363,6 +365,7 @@ pub fn lower_kernel(
         routine_sums: vec![None; kernel.stages.len()],
         stage_bits: vec![None; kernel.stages.len()],
         stage_streams: vec![false; kernel.stages.len()],
+        stage_prefetches: vec![false; kernel.stages.len()],
         split: split.min(kernel.outer.len()),
         transposed: transpose::transposed_copy(kernel, program),
     };
@@ -390,6 +393,7 @@ pub fn lower_kernel(
     StageForms {
         bits: l.stage_bits,
         streams: l.stage_streams,
+        prefetches: l.stage_prefetches,
     }
 }
 
@@ -399,6 +403,8 @@ pub struct StageForms {
     pub bits: Vec<Option<u32>>,
     /// Whether each stage's stores bypass the caches.
     pub streams: Vec<bool>,
+    /// Whether each stage's row routine prefetches the next row.
+    pub prefetches: Vec<bool>,
 }
 
 /// How often each expression of `kernel` is used: as an operand, a stage's reduced value or

@@ -405,3 +405,55 @@ fn streamed_stores_give_the_cached_stores_bits() {
         }
     }
 }
+
+/// A kernel's first row stage prefetches the next row (`ROW_PREFETCH_NEXT`) when its rows follow
+/// each other in memory, and no other stage does: a softmax and a layer norm over rows of 1024
+/// do; a softmax over the first 1024 columns of rows of 2048 (each row 1024 values after the
+/// last ends) does not. The outputs are the same bits at 1, 2 and 3 threads (the routine's own
+/// test checks the flag changes no bit).
+#[test]
+fn only_a_first_stage_over_rows_that_follow_each_other_prefetches_the_next() {
+    use minductor::internals::codegen_cpu::lower::stage_prefetches;
+    let _one_at_a_time = SWITCH.lock().unwrap_or_else(|e| e.into_inner());
+    set_row_kernels(true);
+    type Build = fn(&[Traced]) -> Vec<Traced>;
+    // (what, input shape, graph, whether its first stage prefetches)
+    let cases: [(&str, [usize; 2], Build, bool); 3] = [
+        ("softmax", [37, 1024], |i| vec![i[0].softmax(-1)], true),
+        (
+            "layer norm",
+            [37, 1024],
+            |i| vec![i[0].layer_norm(&[1024], None, None, 1e-5)],
+            true,
+        ),
+        (
+            "softmax of a column slice",
+            [37, 2048],
+            |i| vec![i[0].slice(1, Some(0), Some(1024), 1).softmax(-1)],
+            false,
+        ),
+    ];
+    for (what, shape, f, prefetches) in cases {
+        let (g, inputs) = minductor_tests::build_graph(&[&shape[..]], values, f);
+        let compiled = compile(&g).unwrap();
+        let program = compiled.artifacts().program.clone().unwrap();
+        let kernels: Vec<Vec<bool>> = program
+            .steps
+            .iter()
+            .filter_map(|s| match s {
+                Step::Kernel(k) => Some(stage_prefetches(k, &program)),
+                _ => None,
+            })
+            .collect();
+        let expected = prefetches && block_isa().is_some();
+        assert!(!kernels.is_empty(), "{what}: no kernel\n{program}");
+        for stages in &kernels {
+            assert_eq!(stages[0], expected, "{what}: first stage\n{program}");
+            assert!(
+                !stages[1..].contains(&true),
+                "{what}: a later stage\n{program}"
+            );
+        }
+        minductor_tests::assert_same_bits_on_threads(&compiled, &inputs, &[1, 2, 3], what);
+    }
+}

@@ -263,6 +263,12 @@ pub fn stage_streams(kernel: &Kernel, program: &Program) -> Vec<bool> {
     stage_forms(kernel, program).streams
 }
 
+/// Whether each stage of `kernel` has its row routine prefetch the next row on this CPU
+/// (`ROW_PREFETCH_NEXT`: a kernel's first stage, over rows that follow each other).
+pub fn stage_prefetches(kernel: &Kernel, program: &Program) -> Vec<bool> {
+    stage_forms(kernel, program).prefetches
+}
+
 fn stage_forms(kernel: &Kernel, program: &Program) -> super::StageForms {
     use cranelift_frontend::{FunctionBuilder, FunctionBuilderContext};
     let mut func = super::kernel_function(cranelift_codegen::isa::CallConv::SystemV);
@@ -969,6 +975,7 @@ impl Lowering<'_, '_, '_> {
         let mut row_flags = if plan.stream { ROW_STREAM } else { 0 };
         if n == 0 && whole && self.rows_follow_each_other(plan) {
             row_flags |= ROW_PREFETCH_NEXT;
+            self.stage_prefetches[n] = true;
         }
         self.store_row_values(plan, args, row_flags);
         let stash = |l: &mut Self| {
