@@ -4,6 +4,31 @@
 
 use std::sync::OnceLock;
 
+/// The cache a prefetch brings its line into.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Level {
+    L1,
+    L2,
+}
+
+/// Hints that the line holding `value` will be read soon, into `level`. Only a hint: `value`
+/// need not point into any allocation.
+#[inline(always)]
+pub(crate) fn prefetch_line(value: *const f32, level: Level) {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: a prefetch is only a hint: it never faults and changes no state the program sees.
+    unsafe {
+        use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0, _MM_HINT_T1};
+        let p = value as *const i8;
+        match level {
+            Level::L1 => _mm_prefetch::<_MM_HINT_T0>(p),
+            Level::L2 => _mm_prefetch::<_MM_HINT_T1>(p),
+        }
+    };
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = (value, level);
+}
+
 /// Bytes of the L2 (unified) cache of one core, if the system says.
 pub fn l2_bytes() -> Option<usize> {
     sysfs_size(2)

@@ -746,14 +746,7 @@ fn source_lines(
 /// Hints that the line holding `value` will be read soon (into L2).
 #[inline(always)]
 fn prefetch_line(value: *const f32) {
-    #[cfg(target_arch = "x86_64")]
-    // SAFETY: a prefetch is only a hint: it never faults and changes no state the program sees.
-    unsafe {
-        use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T1};
-        _mm_prefetch::<_MM_HINT_T1>(value as *const i8)
-    };
-    #[cfg(not(target_arch = "x86_64"))]
-    let _ = value;
+    crate::cache::prefetch_line(value, crate::cache::Level::L2);
 }
 
 /// `c = a · b` on the calling thread, `b` packed (or packed here as needed).

@@ -250,19 +250,6 @@ impl RowShape {
     }
 }
 
-/// Asks the caches for the line holding `p` (into L1).
-#[inline(always)]
-fn prefetch_line(p: *const f32) {
-    #[cfg(target_arch = "x86_64")]
-    // SAFETY: a prefetch is only a hint: it never faults and changes no state the program sees.
-    unsafe {
-        use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
-        _mm_prefetch::<_MM_HINT_T0>(p as *const i8)
-    };
-    #[cfg(not(target_arch = "x86_64"))]
-    let _ = p;
-}
-
 /// `t` of the module docs for the elements `i..i + L::WIDTH`.
 ///
 /// # Safety
@@ -455,7 +442,8 @@ unsafe fn run<L: Wide, const S: u32>(mut e: L, a: &RowArgs) -> f32 {
                 for line in (0..CHAINS * width).step_by(16) {
                     // A hint only: `wrapping_add` forms the address without claiming it lies
                     // in any allocation (past the last row it does not).
-                    prefetch_line(a.x.wrapping_add(n + i + line));
+                    let next = a.x.wrapping_add(n + i + line);
+                    crate::cache::prefetch_line(next, crate::cache::Level::L1);
                 }
             }
             for (k, acc) in acc.iter_mut().enumerate() {
