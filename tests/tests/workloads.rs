@@ -69,6 +69,7 @@ fn test_probe() -> MachineProbe {
             gflops_all_threads: 60.0,
         }],
         measured_at_unix_s: 0,
+        contention: None,
     }
 }
 

@@ -332,7 +332,13 @@ fn report(
     for &count in &counts {
         minductor::set_num_threads(count)?;
         let threads = minductor::num_threads();
-        let (probe, _) = load_or_measure(threads, false)?;
+        let (probe, origin) = load_or_measure(threads, false)?;
+        if let Origin::Contended(cpus) = origin {
+            eprintln!(
+                "probe ({threads} threads): measured while other processes kept {cpus:.2} CPUs \
+                 busy, not saved: its peaks may be low"
+            );
+        }
         let timer = minductor_tools::report::StepTimer::new_in(&workload.graph, mode)?;
         timers.push((count, threads, probe, timer));
     }
@@ -479,6 +485,11 @@ fn bench(
                 eprintln!("probe: measured, saved to {}", path.display())
             }
             Origin::Measured(None) => eprintln!("probe: measured (no cache directory known)"),
+            Origin::Contended(cpus) => eprintln!(
+                "probe: measured while other processes kept {cpus:.2} CPUs busy ({} attempts), \
+                 not saved: its peaks may be low",
+                minductor_tools::probe::PROBE_ATTEMPTS
+            ),
         }
         print!("{}", render_probe(&probe));
 
