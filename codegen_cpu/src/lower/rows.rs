@@ -443,14 +443,14 @@ impl Lowering<'_, '_, '_> {
                     one_plus,
                     half_x,
                 }) => {
+                    // Each a row (`s` is the routine's `x`, found below).
                     let rows = (
                         self.row_load(g),
                         self.row_load(one_plus),
                         self.row_load(half_x),
+                        self.row_load(s),
                     );
-                    if let (Some(rg), Some(ra), Some(rh), Some(_)) =
-                        (rows.0, rows.1, rows.2, self.row_load(s))
-                    {
+                    if let (Some(rg), Some(ra), Some(rh), Some(_)) = rows {
                         bits |= RowShape::GELU_GRAD | RowShape::GELU_GRAD_SAVED;
                         (w, b, c) = (Some(rg), Some(ra), Some(rh));
                         e = s;
