@@ -457,3 +457,190 @@ fn only_a_first_stage_over_rows_that_follow_each_other_prefetches_the_next() {
         minductor_tests::assert_same_bits_on_threads(&compiled, &inputs, &[1, 2, 3], what);
     }
 }
+
+/// The vector width of a row routine on this CPU (`None` without one).
+fn row_routine_bits() -> Option<u32> {
+    use minductor::internals::kernels::math::block::BlockIsa;
+    block_isa().map(|isa| match isa {
+        BlockIsa::Avx512 => 512,
+        BlockIsa::Avx2 => 256,
+    })
+}
+
+/// The narrowest vector width of each kernel and GEMM epilogue of `graph`'s program, as
+/// compiled with row routines and the per-CPU choices.
+fn kernel_widths(graph: &Graph) -> Vec<Option<u32>> {
+    let _one_at_a_time = SWITCH.lock().unwrap_or_else(|e| e.into_inner());
+    set_row_kernels(true);
+    let program = minductor_tests::compiled_program(graph);
+    program
+        .steps
+        .iter()
+        .filter_map(|s| match s {
+            Step::Kernel(k) => Some(kernel_vector_bits(k, &program)),
+            Step::Matmul(m) => m.epilogue.as_ref().map(|k| kernel_vector_bits(k, &program)),
+            _ => None,
+        })
+        .collect()
+}
+
+/// A GELU forward that also stores the values its backward reads, as a training step's
+/// partitioner saves them (`s = (a + bias) * (1/√2)`, `erf(s) + 1`, `(a + bias) * 0.5` and the
+/// GELU itself, four stores of one stage), against the Cranelift loop bit for bit at every
+/// tail length, NaN, infinities and both zeros included; each store is a row routine (the
+/// product by `1/√2` before `erf` is `SCALE_FIRST`, the `+ 1` `OFFSET`, the GELU a composite
+/// whose inner values have other uses), the same bits at 1, 2 and 3 threads.
+#[test]
+fn a_gelu_forward_storing_its_saved_values_runs_at_full_width_with_the_loops_bits() {
+    type Build = fn(&[Traced]) -> Vec<Traced>;
+    let with_bias: Build = |i| {
+        let t = i[0].add(&i[1]);
+        let s = t.mul(std::f64::consts::FRAC_1_SQRT_2);
+        let one_plus = s.erf().add(1.0);
+        let half = t.mul(0.5);
+        vec![s, one_plus.clone(), half.clone(), half.mul(&one_plus)]
+    };
+    let without: Build = |i| {
+        let s = i[0].mul(std::f64::consts::FRAC_1_SQRT_2);
+        vec![s.erf().add(1.0)]
+    };
+    for (what, operands, f) in [
+        ("gelu(a + bias) with its saved values", 2, with_bias),
+        ("erf(a * c) + 1", 1, without),
+    ] {
+        for &n in &[1usize, 15, 16, 17, 64, 1023, 1024, 1025] {
+            let shapes: Vec<Vec<usize>> = [vec![3, n], vec![n]][..operands].to_vec();
+            let shapes: Vec<&[usize]> = shapes.iter().map(|s| &s[..]).collect();
+            let (g, mut inputs) = minductor_tests::build_graph(&shapes, values, f);
+            let mut x = inputs[0].to_vec::<f32>().unwrap();
+            for (k, v) in [f32::NAN, -0.0, 0.0, f32::INFINITY, f32::NEG_INFINITY]
+                .into_iter()
+                .enumerate()
+            {
+                if let Some(slot) = x.get_mut(k * 7) {
+                    *slot = v;
+                }
+            }
+            inputs[0] = Tensor::from_vec(shapes[0], x).unwrap();
+            let what = format!("{what} of 3x{n}");
+            let (rows, loops) = both(&g, &inputs, &what, n > 1);
+            minductor_tests::assert_allclose(&rows, &loops, Tolerance::EXACT, &what);
+            if n == 1024 {
+                let widths = kernel_widths(&g);
+                assert!(
+                    widths
+                        .iter()
+                        .all(|&w| w == row_routine_bits().or(Some(128))),
+                    "{what}: {widths:?}"
+                );
+                let _one_at_a_time = SWITCH.lock().unwrap_or_else(|e| e.into_inner());
+                let compiled = compile(&g).unwrap();
+                minductor_tests::assert_same_bits_on_threads(&compiled, &inputs, &[2, 3], &what);
+            }
+        }
+    }
+}
+
+/// GELU's gradient from the values its forward saved (`erf(s) + 1`, `x * 0.5` and `s`, rows
+/// of the backward's epilogue, with the `exp` argument floored at `ERF_GRAD_FLOOR` as autodiff
+/// writes it) against the Cranelift loop, bit for bit, with inputs up to 14 too (many lanes
+/// past the floor); a row routine (`GELU_GRAD_SAVED`), the same bits at 1, 2 and 3 threads.
+#[test]
+fn a_gelu_gradient_from_saved_values_runs_at_full_width_with_the_loops_bits() {
+    let c = std::f64::consts::FRAC_1_SQRT_2;
+    for (&n, scale) in [1usize, 15, 16, 17, 64, 1023, 1024, 1025]
+        .iter()
+        .flat_map(|n| [(n, 3.0), (n, 14.0)])
+    {
+        let values = |shape: &[usize], seed| minductor_tests::sine_values(shape, seed, scale);
+        let shape = [3, n];
+        let shapes: [&[usize]; 4] = [&shape; 4];
+        let (g, inputs) = minductor_tests::build_graph(&shapes, values, |i| {
+            let (grad, one_plus, half, s) = (&i[0], &i[1], &i[2], &i[3]);
+            let p = grad.mul(one_plus).mul(0.5);
+            let h = grad.mul(half);
+            let floor = minductor::internals::passes::ERF_GRAD_FLOOR;
+            let m = s.mul(s).neg();
+            let tiny = m.lt(floor);
+            let gauss = tiny
+                .where_(0.0, &tiny.where_(floor, &m).exp())
+                .mul(std::f64::consts::FRAC_2_SQRT_PI);
+            vec![p.add(&h.mul(&gauss).mul(c))]
+        });
+        let what = format!("gelu gradient from saved values of 3x{n}, scaled by {scale}");
+        let (rows, loops) = both(&g, &inputs, &what, n > 1);
+        minductor_tests::assert_allclose(&rows, &loops, Tolerance::EXACT, &what);
+        if n == 1024 {
+            let widths = kernel_widths(&g);
+            assert_eq!(widths, vec![row_routine_bits().or(Some(128))], "{what}");
+            let _one_at_a_time = SWITCH.lock().unwrap_or_else(|e| e.into_inner());
+            let compiled = compile(&g).unwrap();
+            minductor_tests::assert_same_bits_on_threads(&compiled, &inputs, &[2, 3], &what);
+        }
+    }
+}
+
+/// A mean squared error's gradient after a linear layer's bias (`d = a + bias - target`
+/// stored, and `g * d + g * d` for the loss's scale `g`, as autodiff writes the gradient of
+/// a square), against the Cranelift loop bit for bit, NaN, infinities and both zeros
+/// included; both stores row routines (`SUB_ROW`, `DOUBLE`), the same bits at 1, 2 and 3
+/// threads.
+#[test]
+fn a_squared_errors_gradient_runs_at_full_width_with_the_loops_bits() {
+    for &n in &[1usize, 15, 16, 17, 64, 1023, 1024, 1025] {
+        let shapes: [&[usize]; 4] = [&[3, n], &[n], &[3, n], &[]];
+        let (g, mut inputs) = minductor_tests::build_graph(&shapes, values, |i| {
+            let d = i[0].add(&i[1]).sub(&i[2]);
+            let scaled = i[3].div(262144.0).mul(&d);
+            vec![d, scaled.add(&scaled)]
+        });
+        let mut x = inputs[0].to_vec::<f32>().unwrap();
+        for (k, v) in [f32::NAN, -0.0, 0.0, f32::INFINITY, f32::NEG_INFINITY]
+            .into_iter()
+            .enumerate()
+        {
+            if let Some(slot) = x.get_mut(k * 7) {
+                *slot = v;
+            }
+        }
+        inputs[0] = Tensor::from_vec(shapes[0], x).unwrap();
+        let what = format!("a squared error's gradient of 3x{n}");
+        let (rows, loops) = both(&g, &inputs, &what, n > 1);
+        minductor_tests::assert_allclose(&rows, &loops, Tolerance::EXACT, &what);
+        if n == 1024 {
+            let widths = kernel_widths(&g);
+            assert_eq!(widths, vec![row_routine_bits().or(Some(128))], "{what}");
+            let _one_at_a_time = SWITCH.lock().unwrap_or_else(|e| e.into_inner());
+            let compiled = compile(&g).unwrap();
+            minductor_tests::assert_same_bits_on_threads(&compiled, &inputs, &[2, 3], &what);
+        }
+    }
+}
+
+/// Every GEMM epilogue of the MLP's training step (the GELU forward storing its saved values,
+/// the loss gradient, the GELU gradient from the saved values, the weight updates) runs at the
+/// row routines' width where the CPU has them (what `minductor report` prints as `vec`).
+#[test]
+fn the_train_steps_epilogues_run_at_the_row_routines_width() {
+    let w = minductor_tools::workloads::by_name("mlp_train_step_256").unwrap();
+    let _one_at_a_time = SWITCH.lock().unwrap_or_else(|e| e.into_inner());
+    set_row_kernels(true);
+    let program = minductor_tests::compiled_program(&w.graph);
+    let epilogues: Vec<(String, Option<u32>)> = program
+        .steps
+        .iter()
+        .filter_map(|s| match s {
+            Step::Matmul(m) => m
+                .epilogue
+                .as_ref()
+                .map(|k| (k.name.clone(), kernel_vector_bits(k, &program))),
+            _ => None,
+        })
+        .collect();
+    assert!(epilogues.len() >= 5, "{epilogues:?}\n{program}");
+    let expected = row_routine_bits().or(Some(128));
+    assert!(
+        epilogues.iter().all(|(_, bits)| *bits == expected),
+        "{epilogues:?}\n{program}"
+    );
+}

@@ -73,11 +73,26 @@ impl Lowering<'_, '_, '_> {
     /// bit for bit the expression's — when nothing else uses its inner values:
     /// `(argument, function)`.
     pub(super) fn composite(&self, e: ExprId) -> Option<(ExprId, MathFn)> {
+        self.composite_where(e, |x| self.uses[x.0 as usize] == 1)
+    }
+
+    /// `e` as a composite of one argument (as [`Self::composite`]) whatever else uses its inner
+    /// values: the function's result is still the expression's bits (a row routine computes the
+    /// whole of it, where a GELU forward also stores its inner values for the backward).
+    pub(super) fn composite_any_uses(&self, e: ExprId) -> Option<(ExprId, MathFn)> {
+        self.composite_where(e, |_| true)
+    }
+
+    /// [`Self::composite`], with `single` saying which inner values may be taken into it.
+    fn composite_where(
+        &self,
+        e: ExprId,
+        single: impl Fn(ExprId) -> bool,
+    ) -> Option<(ExprId, MathFn)> {
         let k = self.kernel;
         if k.ty(e) != ScalarType::F32 {
             return None;
         }
-        let single = |x: ExprId| self.uses[x.0 as usize] == 1;
         let is_const = |x: ExprId, c: f32| matches!(k.expr(x), Expr::Constant { value, .. } if *value as f32 == c);
         // `x ∘ c` or `c ∘ x` for a binary `op` and constant `c`: `x`.
         let with_const = |m: ExprId, op: BinaryOp, c: f32| match *k.expr(m) {

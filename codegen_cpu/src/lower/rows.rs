@@ -2,8 +2,11 @@
 //! whose expression has one of the shapes of `math::block::rows` (softmax's maximum, its
 //! `exp(x - max)` summed and stored and its `e * (1/sum)`, a layer norm's sums and its
 //! `(x - mean) * rstd * w + b`, an RMS norm's, SwiGLU's `silu(a) * b`, a GEMM epilogue's
-//! `gelu(acc + bias)` or `acc + bias + residual`, a convolution epilogue's batch norm and ReLU,
-//! a pointwise function of a row) calls that routine once
+//! `gelu(acc + bias)` or `acc + bias + residual`, a training step's GELU forward storing what
+//! its backward reads (`(acc + bias) * (1/√2)`, `erf(·) + 1`, `(acc + bias) * 0.5`), the GELU
+//! gradient from those saved values, a squared error's gradient (`acc + bias - target` and
+//! `g * d + g * d`), a convolution epilogue's batch norm and ReLU, a pointwise function of a
+//! row) calls that routine once
 //! per row instead of running the 4-lane Cranelift loop: 16 lanes per instruction on AVX-512, 8
 //! on AVX2. Where the CPU has neither (or `MINDUCTOR_ROW_KERNELS=0`), the stage runs the
 //! Cranelift loop as before.
@@ -123,10 +126,12 @@ impl Stashed {
     }
 
     /// Whether `plan` computes these values before its further steps. (A GELU gradient's
-    /// shape returns before the steps of `UP_TO_FUNCTION`: never.)
+    /// shape returns before the steps of `UP_TO_FUNCTION`, and a shape that scales before its
+    /// function or subtracts a row computes another argument: never.)
     fn starts(&self, plan: &RowPlan) -> bool {
+        let other = RowShape::GELU_GRAD | RowShape::SCALE_FIRST | RowShape::SUB_ROW;
         plan.shape.0 & UP_TO_FUNCTION == self.value
-            && plan.shape.0 & RowShape::GELU_GRAD == 0
+            && plan.shape.0 & other == 0
             && plan.x == self.x
             && plan.p == self.p
             && plan.q == self.q
@@ -138,6 +143,20 @@ impl Stashed {
 /// stashed row holds.
 const UP_TO_FUNCTION: u32 =
     RowShape::PRE_MUL | RowShape::PRE_ADD | RowShape::SUB | (0xf << RowShape::FN_SHIFT);
+
+/// GELU's gradient times `g`, as [`Lowering::gelu_grad`] finds it.
+enum GeluGrad {
+    /// At `t`, computing GELU's inner values again.
+    Recomputed { t: ExprId, g: ExprId },
+    /// From the values the forward saved: the `erf` argument `s`, `one_plus = erf(s) + 1` and
+    /// `half_x = x * 0.5`.
+    Saved {
+        s: ExprId,
+        g: ExprId,
+        one_plus: ExprId,
+        half_x: ExprId,
+    },
+}
 
 /// What a shape reduces.
 const REDUCTIONS: u32 = RowShape::SUM | RowShape::SUM_SQUARES | RowShape::MAX;
@@ -406,16 +425,39 @@ impl Lowering<'_, '_, '_> {
                 }
             }
         }
-        // GELU's gradient times a row, alone after the first steps.
+        // GELU's gradient times a row, alone after the first steps (or from saved rows).
         let mut gelu_grad = false;
         if bits == RowShape::STORE {
-            if let Some((t, g)) = self.gelu_grad(e) {
-                if let Some(row) = self.row_load(g) {
-                    bits |= RowShape::GELU_GRAD;
-                    w = Some(row);
-                    e = t;
-                    gelu_grad = true;
+            match self.gelu_grad(e) {
+                Some(GeluGrad::Recomputed { t, g }) => {
+                    if let Some(row) = self.row_load(g) {
+                        bits |= RowShape::GELU_GRAD;
+                        w = Some(row);
+                        e = t;
+                        gelu_grad = true;
+                    }
                 }
+                Some(GeluGrad::Saved {
+                    s,
+                    g,
+                    one_plus,
+                    half_x,
+                }) => {
+                    // Each a row (`s` is the routine's `x`, found below).
+                    let rows = (
+                        self.row_load(g),
+                        self.row_load(one_plus),
+                        self.row_load(half_x),
+                        self.row_load(s),
+                    );
+                    if let (Some(rg), Some(ra), Some(rh), Some(_)) = rows {
+                        bits |= RowShape::GELU_GRAD | RowShape::GELU_GRAD_SAVED;
+                        (w, b, c) = (Some(rg), Some(ra), Some(rh));
+                        e = s;
+                        gelu_grad = true;
+                    }
+                }
+                None => {}
             }
         }
         // A product the Cranelift loop contracts into a fused multiply-add: `(t, factor)`.
@@ -554,11 +596,31 @@ impl Lowering<'_, '_, '_> {
                     u2 = Some(factor);
                     u3 = Some(added);
                     e = t;
+                } else if contracted(p).is_none() && contracted(q).is_none() {
+                    // `t + u3`, which the loop does not fuse (neither side is a product it
+                    // contracts).
+                    let offset = [(p, q), (q, p)]
+                        .into_iter()
+                        .find(|&(t, u)| varying(t) && value(u));
+                    if let Some((t, u)) = offset {
+                        bits |= RowShape::OFFSET;
+                        u3 = Some(u);
+                        e = t;
+                    }
                 }
             }
         }
-        let scaled = match *k.expr(e) {
-            _ if gelu_grad || bits & RowShape::FUSED_SCALE != 0 => None,
+        // `t + t`, after the scale (its operand has two uses: the loop fuses nothing).
+        if !gelu_grad && bits & RowShape::FUSED_SCALE == 0 {
+            if let Expr::Binary(BinaryOp::Add, p, q) = *k.expr(e) {
+                if p == q && varying(p) {
+                    bits |= RowShape::DOUBLE;
+                    e = p;
+                }
+            }
+        }
+        // `t * u1`, `t / u1` (times its reciprocal, as the loop computes it) or `-t`.
+        let scaled = |e: ExprId| match *k.expr(e) {
             Expr::Binary(BinaryOp::Mul, p, q) if value(q) && varying(p) => {
                 Some((p, Factor::Value(q)))
             }
@@ -571,25 +633,50 @@ impl Lowering<'_, '_, '_> {
             Expr::Unary(UnaryOp::Neg, p) if varying(p) => Some((p, Factor::Constant(-1.0))),
             _ => None,
         };
-        if let Some((p, factor)) = scaled {
-            u1 = Some(factor);
-            bits |= RowShape::SCALE;
-            e = p;
+        if !gelu_grad && bits & RowShape::FUSED_SCALE == 0 {
+            if let Some((p, factor)) = scaled(e) {
+                u1 = Some(factor);
+                bits |= RowShape::SCALE;
+                e = p;
+            }
         }
+        // The function; its inner values may have other uses (other stores of the stage): the
+        // routine computes the same bits.
         let function = match *k.expr(e) {
             _ if gelu_grad => None,
             Expr::Unary(op, a) => math_fn(op).map(|f| (a, f)),
-            _ => self.composite(e),
+            _ => self.composite_any_uses(e),
         };
         if let Some((a, f)) = function {
             bits |= RowShape::function(f);
             e = a;
+            // `f(t * u1)`: the product before the function, if none came after it.
+            if bits & (RowShape::SCALE | RowShape::FUSED_SCALE) == 0 {
+                if let Some((p, factor)) = scaled(e) {
+                    u1 = Some(factor);
+                    bits |= RowShape::SCALE | RowShape::SCALE_FIRST;
+                    e = p;
+                }
+            }
         }
         if let Expr::Binary(BinaryOp::Sub, p, q) = *k.expr(e) {
             if !gelu_grad && value(q) && varying(p) {
                 u0 = Some(q);
                 bits |= RowShape::SUB;
                 e = p;
+            } else if !gelu_grad
+                && c.is_none()
+                && varying(p)
+                && contracted(p).is_none()
+                && contracted(q).is_none()
+            {
+                // `t - c`, a row, which the loop does not fuse (neither side is a product it
+                // contracts).
+                if let Some(row) = self.row_load(q) {
+                    c = Some(row);
+                    bits |= RowShape::SUB | RowShape::SUB_ROW;
+                    e = p;
+                }
             }
         }
         // `x * p + q` fused (the first product the loop can contract), `x + q` or `x * p`.
@@ -776,9 +863,11 @@ impl Lowering<'_, '_, '_> {
         });
     }
 
-    /// `e` as GELU's gradient at `t` times `g`, in the operations autodiff writes it in and with
-    /// the product the loop contracts (see `math::block::rows::gelu_backward`): `(t, g)`.
-    fn gelu_grad(&self, e: ExprId) -> Option<(ExprId, ExprId)> {
+    /// `e` as GELU's gradient times `g`, in the operations autodiff writes it in and with the
+    /// product the loop contracts (see `math::block::rows::gelu_backward`): computed from `t`,
+    /// or from the values a GELU forward saved for it (its `erf` argument, `erf(·) + 1` and
+    /// `x * 0.5`, each an operand the caller checks is a row).
+    fn gelu_grad(&self, e: ExprId) -> Option<GeluGrad> {
         let k = self.kernel;
         if !self.contract || k.ty(e) != ScalarType::F32 {
             return None;
@@ -807,7 +896,7 @@ impl Lowering<'_, '_, '_> {
             return None;
         }
         let p = times(first, 0.5)?;
-        // `p = g * (erf(s) + 1)`: `s`.
+        // `erf(s) + 1`: `s`.
         let erf_plus_one = |x: ExprId| {
             let Expr::Binary(BinaryOp::Add, a, b) = *k.expr(x) else {
                 return None;
@@ -824,48 +913,64 @@ impl Lowering<'_, '_, '_> {
                 _ => None,
             }
         };
-        let (a, b) = mul(p)?;
-        let (g, s) = match (erf_plus_one(b), erf_plus_one(a)) {
-            (Some(s), _) => (a, s),
-            (None, Some(s)) => (b, s),
-            _ => return None,
-        };
-        let t = times(s, GELU_SCALE)?;
-        // `second = ((g * (t * 0.5)) * (q * 2/√π)) * (1/√2)`, `q` the flushed `exp(-(s * s))`
-        // of autodiff's `erf` rule (below).
+        // `second = ((g * half_x) * (q * 2/√π)) * (1/√2)`, `q` the flushed `exp(-(s * s))` of
+        // autodiff's `erf` rule: `where(m < F, 0, exp(where(m < F, F, m)))`, `m = -(s * s)`,
+        // `F` the floor. `gauss(x)` is the `s` of `x = q * 2/√π`.
         let (m, n) = mul(times(second, GELU_SCALE)?)?;
         let gauss = |x: ExprId| {
-            let Some(flushed) = times(x, TWO_OVER_SQRT_PI) else {
-                return false;
-            };
-            // `where(m < F, 0, exp(where(m < F, F, m)))`, `m = -(s * s)`, `F` the floor.
+            let flushed = times(x, TWO_OVER_SQRT_PI)?;
             let minus_square = |m: ExprId| match *k.expr(m) {
-                Expr::Unary(UnaryOp::Neg, sq) => mul(sq) == Some((s, s)),
-                _ => false,
+                Expr::Unary(UnaryOp::Neg, sq) => mul(sq).filter(|(a, b)| a == b).map(|(a, _)| a),
+                _ => None,
             };
-            let tiny = |c: ExprId| {
-                matches!(*k.expr(c), Expr::Compare(CompareOp::Lt, m, f)
-                    if minus_square(m) && konst(f, ERF_GRAD_FLOOR))
+            let tiny = |c: ExprId| match *k.expr(c) {
+                Expr::Compare(CompareOp::Lt, m, f) if konst(f, ERF_GRAD_FLOOR) => minus_square(m),
+                _ => None,
             };
             let Expr::Where(c, zero, exp) = *k.expr(flushed) else {
-                return false;
+                return None;
             };
             let Expr::Unary(UnaryOp::Exp, clamped) = *k.expr(exp) else {
-                return false;
+                return None;
             };
-            tiny(c)
-                && konst(zero, 0.0)
-                && matches!(*k.expr(clamped), Expr::Where(c2, f, m)
-                    if tiny(c2) && konst(f, ERF_GRAD_FLOOR) && minus_square(m))
+            let Expr::Where(c2, f, m) = *k.expr(clamped) else {
+                return None;
+            };
+            let s = tiny(c)?;
+            let same = konst(zero, 0.0)
+                && tiny(c2) == Some(s)
+                && konst(f, ERF_GRAD_FLOOR)
+                && minus_square(m) == Some(s);
+            same.then_some(s)
         };
-        let h = match (gauss(n), gauss(m)) {
-            (true, _) => m,
-            (false, true) => n,
+        let (s, h) = match (gauss(n), gauss(m)) {
+            (Some(s), _) => (s, m),
+            (None, Some(s)) => (s, n),
             _ => return None,
         };
+        // `p = g * (erf(s) + 1)` or `g * one_plus` (saved) and `h = g * half_x`, the same `g`:
+        // `(g, one_plus, half_x)`.
+        let (a, b) = mul(p)?;
         let (x, y) = mul(h)?;
-        let half_t = |z: ExprId| times(z, 0.5) == Some(t);
-        ((x == g && half_t(y)) || (y == g && half_t(x))).then_some((t, g))
+        let (g, one_plus, half_x) = [(a, b), (b, a)]
+            .into_iter()
+            .flat_map(|(g, one_plus)| [(g, one_plus, x, y), (g, one_plus, y, x)])
+            .find(|&(g, _, h_g, _)| g == h_g)
+            .map(|(g, one_plus, _, half_x)| (g, one_plus, half_x))?;
+        match erf_plus_one(one_plus) {
+            // Computed: `s = t * (1/√2)`, `half_x = t * 0.5`.
+            Some(erf_of) if erf_of == s => {
+                let t = times(s, GELU_SCALE)?;
+                (times(half_x, 0.5) == Some(t)).then_some(GeluGrad::Recomputed { t, g })
+            }
+            Some(_) => None,
+            None => Some(GeluGrad::Saved {
+                s,
+                g,
+                one_plus,
+                half_x,
+            }),
+        }
     }
 
     /// The bytes of `buffer`, if its size is static.

@@ -15,18 +15,25 @@
 //! optional; the bits of [`RowShape`]):
 //!
 //! ```text
-//! t = x[i]; t = t * p[i]; t = t + q[i]                      (t*p + q fused)
-//! t = t - u0; t = f(t); t = t * u1; t = t * u2 + u3         (fused)
-//! t = t * w[i]; t = t + b[i]                                (t*w + b fused)
+//! t = x[i]; t = t * p[i]; t = t + q[i]                       (t*p + q fused)
+//! t = t - u0; t = f(t); t = t * u1; t = t + t
+//! t = t * u2 + u3                                            (fused; or t + u3 alone)
+//! t = t * w[i]; t = t + b[i]                                 (t*w + b fused)
 //! t = max(t, 0)
 //! ```
 //!
+//! where the row `c[i]` may be subtracted in place of `u0` (a squared error's gradient,
+//! `prediction - target`), and the product by `u1` may come before `f` instead of after it
+//! (`f((t - u0) * u1)`: GELU's `erf(x * (1/√2))`); `t + t` is autodiff's gradient of a square,
+//! `t + u3` GELU's `erf(s) + 1`;
 //! or, instead of `w` and `b`, `t * w[i] + b[i] * c[i]` (rotary embeddings) or `t * u1 + b[i]`
-//! fused (an optimizer step),
+//! fused (an optimizer step), or, after the first steps and instead of all the others, GELU's
+//! gradient times `w[i]`, from `t` or from the three values a GELU forward saved for it
+//! (`t` its `erf` argument, `b[i]` its `erf(·) + 1` and `c[i]` its `x * 0.5`),
 //!
 //! and then `t` is stored to `out[i]`, and/or reduced: summed, summed as `t * t` (fused), or its
 //! maximum taken. `u0`..`u3` are values of the row (a mean, `1/sum`, `rsqrt(var + eps)`, a
-//! channel's batch-norm weight and bias); `p`, `q`, `w`, `b` other rows (weights, a GEMM
+//! channel's batch-norm weight and bias); `p`, `q`, `w`, `b`, `c` other rows (weights, a GEMM
 //! epilogue's bias, a residual, the other half of a gated product). The first line is what a
 //! GEMM epilogue adds before its activation (`gelu(acc + bias)`), the last a ReLU (IEEE
 //! `maximum`, as the code generator's: NaN stays NaN, `-0` becomes `+0`).
@@ -54,9 +61,11 @@ pub struct RowArgs {
     /// `n` f32s when the shape multiplies by a row (or takes GELU's gradient times it), else
     /// unused.
     pub w: *const f32,
-    /// `n` f32s when the shape adds a row, else unused.
+    /// `n` f32s when the shape adds a row (or takes GELU's gradient from saved values), else
+    /// unused.
     pub b: *const f32,
-    /// `n` f32s when the shape adds the product of `b` and this row, else unused.
+    /// `n` f32s when the shape adds the product of `b` and this row, subtracts it
+    /// (`SUB_ROW`) or takes GELU's gradient from saved values, else unused.
     pub c: *const f32,
     /// `n` writable f32s when the shape stores, else unused. May be `x`, `w`, `b` or `c` (in
     /// place).
@@ -220,6 +229,19 @@ impl RowShape {
     /// With `ADD_PRODUCT`: the product negated, `t * w + (-b) * c` (rotary embeddings' first
     /// half, `x1 * cos + (-x2) * sin`; `(-b) * c` is `-(b * c)`, bit for bit).
     pub const NEG_PRODUCT: u32 = 1 << 19;
+    /// With `SCALE`: the product by `u1` comes before the function, `f((t - u0) * u1)`, not
+    /// after it (GELU's `erf(x * (1/√2)) + 1` stored for its backward).
+    pub const SCALE_FIRST: u32 = 1 << 20;
+    /// After `SCALE`, `t + u3`, not fused (in place of `AFFINE`: `erf(s) + 1`).
+    pub const OFFSET: u32 = 1 << 21;
+    /// With `GELU_GRAD`: the gradient from the values a GELU forward saved, `t` the `erf`
+    /// argument `s`, `b` its `erf(s) + 1` and `c` its `x * 0.5` (see [`gelu_backward_saved`]).
+    pub const GELU_GRAD_SAVED: u32 = 1 << 22;
+    /// With `SUB`: the row `c` is subtracted, `t - c`, in place of `u0` (a loss gradient's
+    /// `prediction - target`).
+    pub const SUB_ROW: u32 = 1 << 23;
+    /// After `SCALE`, `t + t` (autodiff's gradient of a square, `g * x + g * x`).
+    pub const DOUBLE: u32 = 1 << 24;
 
     /// The bits of function `f`.
     pub const fn function(f: MathFn) -> u32 {
@@ -271,10 +293,23 @@ unsafe fn value<L: Wide, const S: u32>(e: &mut L, a: &RowArgs, u: &Values<L>, i:
             t = e.add(t, L::load(a.q.add(i)));
         }
         if S & RowShape::GELU_GRAD != 0 {
-            return gelu_backward(e, t, L::load(a.w.add(i)));
+            let g = L::load(a.w.add(i));
+            if S & RowShape::GELU_GRAD_SAVED != 0 {
+                let (one_plus, half_x) = (L::load(a.b.add(i)), L::load(a.c.add(i)));
+                return gelu_backward_saved(e, t, one_plus, half_x, g);
+            }
+            return gelu_backward(e, t, g);
         }
         if S & RowShape::SUB != 0 {
-            t = e.sub(t, u.0);
+            t = if S & RowShape::SUB_ROW != 0 {
+                e.sub(t, L::load(a.c.add(i)))
+            } else {
+                e.sub(t, u.0)
+            };
+        }
+        let scale_first = S & RowShape::SCALE_FIRST != 0;
+        if S & RowShape::SCALE != 0 && scale_first {
+            t = e.mul(t, u.1);
         }
         if let Some(f) = RowShape::math(S) {
             t = apply(e, f, t);
@@ -282,11 +317,17 @@ unsafe fn value<L: Wide, const S: u32>(e: &mut L, a: &RowArgs, u: &Values<L>, i:
         if S & RowShape::FUSED_SCALE != 0 {
             return e.mul_add(t, u.1, L::load(a.b.add(i)));
         }
-        if S & RowShape::SCALE != 0 {
+        if S & RowShape::SCALE != 0 && !scale_first {
             t = e.mul(t, u.1);
+        }
+        if S & RowShape::DOUBLE != 0 {
+            t = e.add(t, t);
         }
         if S & RowShape::AFFINE != 0 {
             t = e.mul_add(t, u.2, u.3);
+        }
+        if S & RowShape::OFFSET != 0 {
+            t = e.add(t, u.3);
         }
         if S & RowShape::MUL_ROW != 0 {
             let w = L::load(a.w.add(i));
@@ -332,8 +373,22 @@ pub(super) fn gelu_backward<L: super::Wide>(e: &mut L, x: L::V, g: L::V) -> L::V
     let s = e.mulc(x, crate::math::GELU_SCALE);
     let erf = apply(e, MathFn::Erf, s);
     let one_plus = e.addc(erf, 1.0);
-    let p = e.mul(g, one_plus);
     let half_x = e.mulc(x, 0.5);
+    gelu_backward_saved(e, s, one_plus, half_x, g)
+}
+
+/// [`gelu_backward`] from the values a GELU forward computed on the way and saved for the
+/// backward (as autodiff's partitioner keeps them): the `erf` argument `s = x·(1/√2)`,
+/// `one_plus = erf(s) + 1` and `half_x = x·0.5`, in the same operations from there on.
+#[inline(always)]
+pub(super) fn gelu_backward_saved<L: super::Wide>(
+    e: &mut L,
+    s: L::V,
+    one_plus: L::V,
+    half_x: L::V,
+    g: L::V,
+) -> L::V {
+    let p = e.mul(g, one_plus);
     let h = e.mul(g, half_x);
     let square = e.mul(s, s);
     let minus = e.neg(square);
@@ -484,10 +539,12 @@ unsafe fn run<L: Wide, const S: u32>(mut e: L, a: &RowArgs) -> f32 {
                 if S & (RowShape::MUL_ROW | RowShape::GELU_GRAD) != 0 {
                     std::ptr::copy(a.w.add(i), w.as_mut_ptr(), rest);
                 }
-                if S & (RowShape::ADD_ROW | RowShape::ADD_PRODUCT) != 0 {
+                if S & (RowShape::ADD_ROW | RowShape::ADD_PRODUCT | RowShape::GELU_GRAD_SAVED) != 0
+                {
                     std::ptr::copy(a.b.add(i), b.as_mut_ptr(), rest);
                 }
-                if S & RowShape::ADD_PRODUCT != 0 {
+                let reads_c = RowShape::ADD_PRODUCT | RowShape::GELU_GRAD_SAVED | RowShape::SUB_ROW;
+                if S & reads_c != 0 {
                     std::ptr::copy(a.c.add(i), c.as_mut_ptr(), rest);
                 }
                 if S & RowShape::PRE_MUL != 0 {
@@ -643,6 +700,7 @@ const GELU: u32 = RowShape::function(MathFn::Gelu);
 const SIGMOID: u32 = RowShape::function(MathFn::Sigmoid);
 const TANH: u32 = RowShape::function(MathFn::Tanh);
 const LOG: u32 = RowShape::function(MathFn::Log);
+const ERF: u32 = RowShape::function(MathFn::Erf);
 
 shapes! {
     // Plain row reductions: a maximum (softmax), a sum (a mean), a sum of squares (RMS norm),
@@ -700,11 +758,23 @@ shapes! {
     R::PRE_ADD | TANH | R::STORE,
     R::PRE_ADD | SIGMOID | R::STORE,
     R::PRE_MUL | R::PRE_ADD | GELU | R::STORE,
+    // A GELU forward that also stores what its backward reads (a training step's
+    // `gelu(acc + bias)`): the `erf` argument `(acc + bias) * (1/√2)` and `(acc + bias) * 0.5`,
+    // and `erf(·) + 1` (with or without the bias).
+    R::PRE_ADD | R::SCALE | R::STORE,
+    R::PRE_ADD | R::SCALE | R::SCALE_FIRST | ERF | R::OFFSET | R::STORE,
+    R::SCALE | R::SCALE_FIRST | ERF | R::OFFSET | R::STORE,
     // A GEMM epilogue's bias, then a residual.
     R::PRE_ADD | R::ADD_ROW | R::STORE,
+    // A mean squared error's gradient after a GEMM with a bias: `acc + bias - target`, and
+    // twice that times the loss's scale (`g * d + g * d`).
+    R::PRE_ADD | R::SUB | R::SUB_ROW | R::STORE,
+    R::PRE_ADD | R::SUB | R::SUB_ROW | R::SCALE | R::DOUBLE | R::STORE,
     // GELU's gradient (a training step's backward through `gelu(acc + bias)`).
     R::GELU_GRAD | R::STORE,
     R::PRE_ADD | R::GELU_GRAD | R::STORE,
+    // GELU's gradient from the values its forward saved.
+    R::GELU_GRAD | R::GELU_GRAD_SAVED | R::STORE,
     // ReLU, of a row or of a sum of two (a bias, a residual).
     R::RELU | R::STORE,
     R::ADD_ROW | R::RELU | R::STORE,
@@ -772,31 +842,44 @@ mod tests {
                     (false, true) => v + q[i],
                     (false, false) => v,
                 };
-                if shape & RowShape::SUB != 0 {
-                    v - u[0]
-                } else {
-                    v
+                match (shape & R::SUB != 0, shape & R::SUB_ROW != 0) {
+                    (true, true) => v - c[i],
+                    (true, false) => v - u[0],
+                    _ => v,
                 }
             })
             .collect();
         if shape & RowShape::GELU_GRAD != 0 {
             let scale = crate::math::GELU_SCALE;
-            let s: Vec<f32> = t.iter().map(|&v| v * scale).collect();
-            let mut erf = s.clone();
-            apply_block_to(MathFn::Erf, isa, &s, &mut erf);
+            // The erf argument, `erf(s) + 1` and `x * 0.5`: computed from `t`, or the rows
+            // `t`, `b` and `c` (saved by a forward).
+            let (s, one_plus, half_x): (Vec<f32>, Vec<f32>, Vec<f32>) =
+                if shape & RowShape::GELU_GRAD_SAVED != 0 {
+                    (t.clone(), b.to_vec(), c.to_vec())
+                } else {
+                    let s: Vec<f32> = t.iter().map(|&v| v * scale).collect();
+                    let mut erf = s.clone();
+                    apply_block_to(MathFn::Erf, isa, &s, &mut erf);
+                    let one_plus = erf.iter().map(|&v| v + 1.0).collect();
+                    (s, one_plus, t.iter().map(|&v| v * 0.5).collect())
+                };
+            // `exp` of the floor never matters to these rows (|s| < 9.3, above the floor).
             let minus: Vec<f32> = s.iter().map(|&v| -(v * v)).collect();
+            assert!(minus.iter().all(|&m| m >= ERF_GRAD_FLOOR));
             let mut gauss = minus.clone();
             apply_block_to(MathFn::Exp, isa, &minus, &mut gauss);
-            return t
-                .iter()
-                .enumerate()
-                .map(|(i, &v)| {
-                    let p = w[i] * (erf[i] + 1.0);
-                    let h = w[i] * (v * 0.5);
+            return (0..t.len())
+                .map(|i| {
+                    let p = w[i] * one_plus[i];
+                    let h = w[i] * half_x[i];
                     let q = (h * (gauss[i] * TWO_OVER_SQRT_PI)) * scale;
                     p.mul_add(0.5, q)
                 })
                 .collect();
+        }
+        let scale_first = shape & RowShape::SCALE != 0 && shape & RowShape::SCALE_FIRST != 0;
+        if scale_first {
+            t.iter_mut().for_each(|v| *v *= u[1]);
         }
         if let Some(f) = RowShape::math(shape) {
             let args = t.clone();
@@ -807,11 +890,17 @@ mod tests {
                 *t = t.mul_add(u[1], b[i]);
                 continue;
             }
-            if shape & RowShape::SCALE != 0 {
+            if shape & RowShape::SCALE != 0 && !scale_first {
                 *t *= u[1];
+            }
+            if shape & RowShape::DOUBLE != 0 {
+                *t += *t;
             }
             if shape & RowShape::AFFINE != 0 {
                 *t = t.mul_add(u[2], u[3]);
+            }
+            if shape & RowShape::OFFSET != 0 {
+                *t += u[3];
             }
             let (mul, add) = (
                 shape & RowShape::MUL_ROW != 0,
