@@ -485,6 +485,21 @@ fn short_rows_run_at_full_width_and_store_the_same_bits_as_the_cranelift_loop() 
             .add(&i[5])
             .relu()]
     };
+    // The same as a convolution's epilogue (the ResNet block's).
+    let conv_batch_norm: Build = |i| {
+        let options = minductor::ConvOptions {
+            padding: 1,
+            ..Default::default()
+        };
+        vec![i[0]
+            .conv2d(&i[1], None, options)
+            .sub(&i[2])
+            .mul(&i[3].abs().add(1e-5).rsqrt())
+            .mul(&i[4])
+            .add(&i[5])
+            .add(&i[6])
+            .relu()]
+    };
     let bits = match block_isa() {
         Some(minductor::internals::kernels::math::block::BlockIsa::Avx512) => Some(512),
         Some(minductor::internals::kernels::math::block::BlockIsa::Avx2) => Some(256),
@@ -493,7 +508,7 @@ fn short_rows_run_at_full_width_and_store_the_same_bits_as_the_cranelift_loop() 
     for n in [7usize, 32, 33, 56, 57] {
         let channel = [16, 1, 1];
         let image = [12, 16, n, n];
-        let cases: [(&str, Vec<Vec<usize>>, Build); 2] = [
+        let cases: [(&str, Vec<Vec<usize>>, Build); 3] = [
             (
                 "rotary",
                 vec![vec![2, 40, 8, 2 * n], vec![40, 1, n], vec![40, 1, n]],
@@ -511,6 +526,19 @@ fn short_rows_run_at_full_width_and_store_the_same_bits_as_the_cranelift_loop() 
                 ],
                 batch_norm,
             ),
+            (
+                "relu(batch_norm(conv2d(a)) + r)",
+                vec![
+                    vec![4, 8, n, n],
+                    vec![16, 8, 3, 3],
+                    channel.to_vec(),
+                    channel.to_vec(),
+                    channel.to_vec(),
+                    channel.to_vec(),
+                    vec![4, 16, n, n],
+                ],
+                conv_batch_norm,
+            ),
         ];
         for (what, shapes, f) in cases {
             let shapes: Vec<&[usize]> = shapes.iter().map(|s| &s[..]).collect();
@@ -520,8 +548,13 @@ fn short_rows_run_at_full_width_and_store_the_same_bits_as_the_cranelift_loop() 
             set_row_kernels(true);
             let compiled = compile(&g).unwrap();
             let program = compiled.artifacts().program.clone().unwrap();
-            for step in &program.steps {
-                if let (Step::Kernel(k), Some(bits)) = (step, bits) {
+            let kernels = program.steps.iter().filter_map(|s| match s {
+                Step::Kernel(k) => Some(k),
+                Step::Matmul(m) => m.epilogue.as_ref(),
+                _ => None,
+            });
+            for k in kernels {
+                if let Some(bits) = bits {
                     assert_eq!(
                         kernel_vector_bits(k, &program),
                         Some(bits),
