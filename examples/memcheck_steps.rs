@@ -2,7 +2,7 @@
 //! the program `.ci/memcheck` runs under valgrind memcheck (which must report zero errors), so
 //! that no kernel or library routine reads memory it never wrote.
 //!
-//! Pointwise and reduction kernels (rows, columns, argmax), plain, streamed and implicit
+//! Pointwise and reduction kernels (rows, runs of short rows, columns, argmax), plain, streamed and implicit
 //! GEMMs, Winograd, fused attention (causal and not, T = 7, 13, 33, 65, 100, 129), scatter-add,
 //! gathers (embedding, `take_along`), scans, fallback steps (f64) and a training step (AdamW).
 //! Valgrind does not run AVX-512, so under it these are the AVX2 (and portable) paths.
@@ -69,6 +69,41 @@ fn run() -> Result<(), String> {
         .finish(&[(x.mul(2.0).add(0.5)).exp().tanh().add(&x.erf())])
         .unwrap();
     check("pointwise", &graph, &[tensor(&[37, 301], 1)], 1e-5)?;
+
+    // Rows too short for a routine call each, a run of rows per call: rotary embeddings over
+    // half heads of 33 (`cos` and `sin` broadcast across heads, the output heads first), and a
+    // batch norm with a residual and a ReLU over rows of 9 that follow each other.
+    let t = Tracer::new();
+    let x = t.input("x", DType::F32, &[2, 5, 3, 66]);
+    let cos = t.input("cos", DType::F32, &[5, 1, 33]);
+    let sin = t.input("sin", DType::F32, &[5, 1, 33]);
+    let image = t.input("image", DType::F32, &[3, 4, 9, 9]);
+    let mean = t.input("mean", DType::F32, &[4, 1, 1]);
+    let var = t.input("var", DType::F32, &[4, 1, 1]);
+    let weight = t.input("weight", DType::F32, &[4, 1, 1]);
+    let bias = t.input("bias", DType::F32, &[4, 1, 1]);
+    let residual = t.input("residual", DType::F32, &[3, 4, 9, 9]);
+    let (x1, x2) = (x.slice(3, None, Some(33), 1), x.slice(3, Some(33), None, 1));
+    let first = x1.mul(&cos).add(&x2.neg().mul(&sin));
+    let second = x2.mul(&cos).add(&x1.mul(&sin));
+    let rotary = minductor::Traced::cat(&[&first, &second], 3).permute(&[0, 2, 1, 3]);
+    let rstd = var.abs().add(1e-5).rsqrt();
+    let normed = (image.sub(&mean).mul(&rstd).mul(&weight).add(&bias))
+        .add(&residual)
+        .relu();
+    let graph = t.finish(&[rotary, normed]).unwrap();
+    let inputs = [
+        tensor(&[2, 5, 3, 66], 20),
+        tensor(&[5, 1, 33], 21),
+        tensor(&[5, 1, 33], 22),
+        tensor(&[3, 4, 9, 9], 23),
+        tensor(&[4, 1, 1], 24),
+        tensor(&[4, 1, 1], 25),
+        tensor(&[4, 1, 1], 26),
+        tensor(&[4, 1, 1], 27),
+        tensor(&[3, 4, 9, 9], 28),
+    ];
+    check("short rows", &graph, &inputs, 1e-5)?;
 
     // Row reductions (softmax, layer_norm), a column sum (outer-reduction order), argmax.
     let t = Tracer::new();

@@ -228,6 +228,12 @@ struct Lowering<'k, 'b, 'f> {
     /// The kernel as one transposed copy, which the kernel library's routine runs (see
     /// `transpose`).
     transposed: Option<transpose::TransposedCopy>,
+    /// Whether the kernel's one stage runs each run of its last outer loop as one row routine
+    /// call per plan, over the run's rows (see `rows.rs`, [`Lowering::choose_row_runs`]).
+    row_runs: bool,
+    /// While such a call is emitted: the run's row count (the last outer loop's variable is at
+    /// its first row).
+    row_run: Option<Value>,
 }
 
 /// A sum's accumulators: the block ones the loop body adds into, reset at each block, and the
@@ -368,10 +374,13 @@ pub fn lower_kernel(
         stage_prefetches: vec![false; kernel.stages.len()],
         split: split.min(kernel.outer.len()),
         transposed: transpose::transposed_copy(kernel, program),
+        row_runs: false,
+        row_run: None,
     };
     if let Some(copy) = &l.transposed {
         l.stage_bits[0] = Some(copy.bits());
     }
+    l.row_runs = l.choose_row_runs();
     let outer = kernel.outer.len();
     if kernel.order == LoopOrder::OuterReduction && outer > 0 {
         l.outer_order(start, end, &extents);

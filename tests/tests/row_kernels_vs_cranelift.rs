@@ -644,3 +644,118 @@ fn the_train_steps_epilogues_run_at_the_row_routines_width() {
         "{epilogues:?}\n{program}"
     );
 }
+
+/// Rows shorter than `SHORT_ROW` (64) in kernels whose one stage only stores: rotary embeddings
+/// over half heads (`x1 * cos + (-x2) * sin` and `x2 * cos + x1 * sin`, `cos` and `sin`
+/// broadcast across heads, the output permuted to heads first, as the LLaMA block's), and a
+/// batch norm with a residual and a ReLU over images (per-channel values, rows that follow each
+/// other), at the lengths of the suite (32, 56) and around them. Each kernel runs at the row
+/// routines' width (one call per run of rows: `choose_row_runs` in `lower/rows.rs`; before, such
+/// rows kept the 4-lane loop), and stores the loop's bits at 1, 2 and 3 threads.
+#[test]
+fn short_rows_run_at_full_width_and_store_the_same_bits_as_the_cranelift_loop() {
+    type Build = fn(&[Traced]) -> Vec<Traced>;
+    let rotary: Build = |i| {
+        let n = i[0].dims()[3].size() as isize / 2;
+        let x1 = i[0].slice(3, None, Some(n), 1);
+        let x2 = i[0].slice(3, Some(n), None, 1);
+        let first = x1.mul(&i[1]).add(&x2.neg().mul(&i[2]));
+        let second = x2.mul(&i[1]).add(&x1.mul(&i[2]));
+        vec![Traced::cat(&[&first, &second], 3).permute(&[0, 2, 1, 3])]
+    };
+    let batch_norm: Build = |i| {
+        vec![i[0]
+            .sub(&i[1])
+            .mul(&i[2].abs().add(1e-5).rsqrt())
+            .mul(&i[3])
+            .add(&i[4])
+            .add(&i[5])
+            .relu()]
+    };
+    // The same as a convolution's epilogue (the ResNet block's).
+    let conv_batch_norm: Build = |i| {
+        let options = minductor::ConvOptions {
+            padding: 1,
+            ..Default::default()
+        };
+        vec![i[0]
+            .conv2d(&i[1], None, options)
+            .sub(&i[2])
+            .mul(&i[3].abs().add(1e-5).rsqrt())
+            .mul(&i[4])
+            .add(&i[5])
+            .add(&i[6])
+            .relu()]
+    };
+    let bits = match block_isa() {
+        Some(minductor::internals::kernels::math::block::BlockIsa::Avx512) => Some(512),
+        Some(minductor::internals::kernels::math::block::BlockIsa::Avx2) => Some(256),
+        None => None,
+    };
+    for n in [7usize, 32, 33, 56, 57] {
+        let channel = [16, 1, 1];
+        let image = [12, 16, n, n];
+        let cases: [(&str, Vec<Vec<usize>>, Build); 3] = [
+            (
+                "rotary",
+                vec![vec![2, 40, 8, 2 * n], vec![40, 1, n], vec![40, 1, n]],
+                rotary,
+            ),
+            (
+                "relu(batch_norm(a) + r)",
+                vec![
+                    image.to_vec(),
+                    channel.to_vec(),
+                    channel.to_vec(),
+                    channel.to_vec(),
+                    channel.to_vec(),
+                    image.to_vec(),
+                ],
+                batch_norm,
+            ),
+            (
+                "relu(batch_norm(conv2d(a)) + r)",
+                vec![
+                    vec![4, 8, n, n],
+                    vec![16, 8, 3, 3],
+                    channel.to_vec(),
+                    channel.to_vec(),
+                    channel.to_vec(),
+                    channel.to_vec(),
+                    vec![4, 16, n, n],
+                ],
+                conv_batch_norm,
+            ),
+        ];
+        for (what, shapes, f) in cases {
+            let shapes: Vec<&[usize]> = shapes.iter().map(|s| &s[..]).collect();
+            let (g, inputs) = minductor_tests::build_graph(&shapes, values, f);
+            let what = format!("{what}, rows of {n}");
+            let _one_at_a_time = SWITCH.lock().unwrap_or_else(|e| e.into_inner());
+            set_row_kernels(true);
+            let compiled = compile(&g).unwrap();
+            let program = compiled.artifacts().program.clone().unwrap();
+            let kernels = program.steps.iter().filter_map(|s| match s {
+                Step::Kernel(k) => Some(k),
+                Step::Matmul(m) => m.epilogue.as_ref(),
+                _ => None,
+            });
+            for k in kernels {
+                if let Some(bits) = bits {
+                    assert_eq!(
+                        kernel_vector_bits(k, &program),
+                        Some(bits),
+                        "{what}: a kernel at less than the routines' width\n{program}"
+                    );
+                }
+            }
+            let rows =
+                minductor_tests::assert_same_bits_on_threads(&compiled, &inputs, &[2, 3], &what);
+            set_row_kernels(false);
+            let loops = compile(&g).unwrap();
+            let loops = minductor_tests::assert_same_bits_on_threads(&loops, &inputs, &[2], &what);
+            set_row_kernels(true);
+            minductor_tests::assert_allclose(&rows, &loops, Tolerance::EXACT, &what);
+        }
+    }
+}

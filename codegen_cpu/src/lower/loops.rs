@@ -19,7 +19,14 @@ impl Lowering<'_, '_, '_> {
         if level == 0 && self.split > 1 {
             match self.transposed.clone() {
                 Some(copy) if self.split == outer => {
-                    self.transpose_runs(&copy, start, end, extents)
+                    self.last_loop_runs(start, end, extents, |l, lo, hi| {
+                        l.transpose_call(&copy, lo, hi, extents)
+                    })
+                }
+                _ if self.row_runs && self.split == outer => {
+                    self.last_loop_runs(start, end, extents, |l, lo, hi| {
+                        l.row_run_calls(lo, hi, extents)
+                    })
                 }
                 _ => self.flat_loops(start, end, extents),
             }
@@ -33,6 +40,11 @@ impl Lowering<'_, '_, '_> {
         if let (Some(copy), true) = (self.transposed.clone(), level + 1 == outer) {
             // The whole run of the last loop in one call of the transpose routine.
             self.transpose_call(&copy, lo, hi, extents);
+            return;
+        }
+        if self.row_runs && level + 1 == outer {
+            // The whole run of the last loop in one call per row plan.
+            self.row_run_calls(lo, hi, extents);
             return;
         }
         self.counted_loop(lo, hi, 1, |l, i| {
@@ -183,6 +195,10 @@ impl Lowering<'_, '_, '_> {
             Some(Var::Inner(depth as u32 - 1))
         };
         let plans = self.row_plans(stage);
+        assert!(
+            plans.is_some() || self.row_run.is_none(),
+            "a row run's stage has its plans (`choose_row_runs` asked in the same context)"
+        );
         if plans.is_none() {
             // A loop stage may write any buffer: no widened row is known to be current.
             self.forget_half_rows(None);

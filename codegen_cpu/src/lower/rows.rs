@@ -26,15 +26,24 @@
 //! registers (as Inductor's `Vectorized<float>` C++ is), and nothing new has to be trusted to
 //! encode instructions. A stage of another shape keeps the Cranelift loop.
 //!
+//! A kernel whose one stage only stores, over static rows shorter than [`SHORT_ROW`] (a
+//! rotary embedding's half heads of 32, a batch norm over a 56-wide image's rows), runs as *row
+//! runs* ([`Lowering::choose_row_runs`]): each run of its last outer loop (a thread's range of
+//! it) is one call per store, the routine stepping each row operand by its stride along that
+//! loop (0 for one broadcast along it, as `cos` and `sin` across heads), where a call per row
+//! would cost more than the row. Rows that follow each other in every operand (the image's)
+//! the routine runs as one long row.
+//!
 //! The matcher also answers which vector width each stage runs at ([`kernel_vector_bits`]),
 //! from the same decisions the lowering takes, for `minductor report`.
 
 use super::{lower_kernel, math_fn, Lowering};
 use crate::math::block::rows::{
-    row_routine, streams_stores, RowFn, RowShape, ROW_ARGS_B, ROW_ARGS_BYTES, ROW_ARGS_C,
-    ROW_ARGS_FLAGS, ROW_ARGS_N, ROW_ARGS_OUT, ROW_ARGS_P, ROW_ARGS_Q, ROW_ARGS_RESERVED,
-    ROW_ARGS_U0, ROW_ARGS_U1, ROW_ARGS_U2, ROW_ARGS_U3, ROW_ARGS_W, ROW_ARGS_X, ROW_PREFETCH_NEXT,
-    ROW_STREAM,
+    row_routine, streams_stores, RowFn, RowShape, ROW_ARGS_B, ROW_ARGS_BYTES, ROW_ARGS_B_STRIDE,
+    ROW_ARGS_C, ROW_ARGS_C_STRIDE, ROW_ARGS_FLAGS, ROW_ARGS_N, ROW_ARGS_OUT, ROW_ARGS_OUT_STRIDE,
+    ROW_ARGS_P, ROW_ARGS_P_STRIDE, ROW_ARGS_Q, ROW_ARGS_Q_STRIDE, ROW_ARGS_RESERVED, ROW_ARGS_ROWS,
+    ROW_ARGS_U0, ROW_ARGS_U1, ROW_ARGS_U2, ROW_ARGS_U3, ROW_ARGS_W, ROW_ARGS_W_STRIDE, ROW_ARGS_X,
+    ROW_ARGS_X_STRIDE, ROW_PREFETCH_NEXT, ROW_STREAM,
 };
 use crate::math::block::rows::{ERF_GRAD_FLOOR, TWO_OVER_SQRT_PI};
 use crate::math::block::{block_isa, splits_512_bit_operations, BlockIsa};
@@ -233,7 +242,9 @@ const LAYER_NORM_AFFINE_STORE: u32 =
 /// two runs each, 2026-11-27), all routines against all loops: layer norm `[65536, 16]`
 /// 2.20-2.23 against 1.71-1.72 ms, `[32768, 32]` 1.19 against 0.99, `[16384, 48]` 0.63 against
 /// 0.56, but `[8192, 64]` 0.32-0.33 against 0.37; RMS norm `[32768, 32]` 0.70-0.71 against
-/// 0.51; softmax the other way, `[32768, 32]` 1.43 against 1.68-1.69.
+/// 0.51; softmax the other way, `[32768, 32]` 1.43 against 1.68-1.69. A kernel of one stage
+/// that only stores takes the routine over such rows too, a run of rows per call (see
+/// [`Lowering::choose_row_runs`]).
 pub const SHORT_ROW: usize = 64;
 
 /// Whether the shapes chosen per CPU follow the CPU (see [`set_row_shapes_by_cpu`]).
@@ -317,6 +328,15 @@ impl Lowering<'_, '_, '_> {
                     })
                 };
                 if stores.iter().any(|st| read(st.buffer)) {
+                    return None;
+                }
+                // A run of rows stores each plan's rows before the next plan's: the stores to
+                // one buffer must write windows of their own in every outer iteration.
+                let shared = |st: &Store| stores.iter().filter(|o| o.buffer == st.buffer).count();
+                if self.row_runs
+                    && (stores.iter())
+                        .any(|st| shared(st) > 1 && !self.kernel.stores_apart(st.buffer))
+                {
                     return None;
                 }
                 return stores
@@ -731,7 +751,8 @@ impl Lowering<'_, '_, '_> {
         }
         let shape = RowShape(bits);
         let function = shape.0 & (0xf << RowShape::FN_SHIFT) != 0;
-        if !function && by_cpu() && self.row_extent.is_some_and(|n| n < SHORT_ROW) {
+        if !function && by_cpu() && !self.row_runs && self.row_extent.is_some_and(|n| n < SHORT_ROW)
+        {
             return None;
         }
         if shape.0 == LAYER_NORM_AFFINE_STORE && by_cpu() && splits_512_bit_operations() {
@@ -776,6 +797,87 @@ impl Lowering<'_, '_, '_> {
             x_stash: false,
             out_stash: false,
         })
+    }
+
+    /// Whether the kernel runs as row runs: each run of its last outer loop (a thread's range
+    /// of it) as one routine call per plan of its one stage, over the run's rows, instead of a
+    /// call per row (too costly for rows shorter than [`SHORT_ROW`], which would then keep the
+    /// 4-lane loop, or pay a call per short row). It does when the stage is one static row
+    /// shorter than `SHORT_ROW` whose plans store f32 rows and reduce nothing, their row values
+    /// (`u0`..`u3`) the same along the last outer loop, and each plan's rows move along it by a
+    /// stride (any: 0 for an operand broadcast along it, as rotary embeddings' `cos` and `sin`
+    /// across heads). The routine then runs the rows one after the other, with the operations
+    /// of one row each, so every value is the one a call per row would store (and the loop's).
+    pub(super) fn choose_row_runs(&mut self) -> bool {
+        let k = self.kernel;
+        if k.order != LoopOrder::Inner
+            || k.outer.is_empty()
+            || k.stages.len() != 1
+            || self.transposed.is_some()
+            || !row_kernels_enabled()
+        {
+            return false;
+        }
+        let stage = &k.stages[0];
+        let len = match stage.extent.as_slice() {
+            [d] => d.as_static(),
+            _ => None,
+        };
+        let Some(len) = len.filter(|&n| n < SHORT_ROW) else {
+            return false;
+        };
+        let last = Var::Outer(k.outer.len() as u32 - 1);
+        // The stage's context, as `stage` sets it.
+        (self.row_extent, self.innermost, self.row_runs) = (Some(len), Some(Var::Inner(0)), true);
+        let runs = self.row_plans(stage).is_some_and(|plans| {
+            plans.iter().all(|plan| {
+                let rows = [
+                    Some(&plan.x),
+                    plan.w.as_ref(),
+                    plan.b.as_ref(),
+                    plan.c.as_ref(),
+                    plan.p.as_ref(),
+                    plan.q.as_ref(),
+                    plan.out.as_ref(),
+                ];
+                let factor = plan.u1.and_then(|f| match f {
+                    Factor::Value(e) | Factor::Reciprocal(e) | Factor::Negated(e) => Some(e),
+                    Factor::Constant(_) => None,
+                });
+                !plan.shape.reduces()
+                    && !plan.x_stash
+                    && !plan.out_stash
+                    && (rows.into_iter().flatten())
+                        .all(|(buffer, _)| self.program.buffer(*buffer).dtype == DType::F32)
+                    && ([plan.u0, factor, plan.u2, plan.u3].into_iter().flatten())
+                        .all(|e| !self.varies_along(e, last))
+            })
+        });
+        (self.row_extent, self.innermost, self.row_runs) = (None, None, false);
+        runs
+    }
+
+    /// Whether `e` reads anything that changes with `var`.
+    fn varies_along(&self, e: ExprId, var: Var) -> bool {
+        let k = self.kernel;
+        k.reachable(&[e]).iter().any(|&r| match k.expr(r) {
+            Expr::Load { index, .. } | Expr::Index(index) => index.uses(var),
+            Expr::StageResult(_) => true,
+            _ => false,
+        })
+    }
+
+    /// The kernel's one stage over rows `lo..hi` of its last outer loop (the other outer loops'
+    /// variables set), one routine call per plan ([`Self::choose_row_runs`]).
+    pub(super) fn row_run_calls(&mut self, lo: Value, hi: Value, extents: &[Value]) {
+        let outer = self.kernel.outer.len();
+        self.forget();
+        self.vars.insert(Var::Outer(outer as u32 - 1), lo);
+        let rows = self.b.ins().isub(hi, lo);
+        self.row_run = Some(rows);
+        self.stages(&extents[outer..]);
+        self.row_run = None;
+        self.forget();
     }
 
     /// The plans of stage `n` (`plans`, for the current stage's context) rewritten for a
@@ -1078,11 +1180,12 @@ impl Lowering<'_, '_, '_> {
         let args = self.row_args();
         let flags = self.flags;
         let mut row_flags = if plan.stream { ROW_STREAM } else { 0 };
-        if n == 0 && whole && self.rows_follow_each_other(plan) {
+        if n == 0 && whole && self.row_run.is_none() && self.rows_follow_each_other(plan) {
             row_flags |= ROW_PREFETCH_NEXT;
             self.stage_prefetches[n] = true;
         }
         self.store_row_values(plan, args, row_flags);
+        self.store_row_strides(plan, args);
         let stash = |l: &mut Self| {
             let slot = l.stash.as_ref().expect("a stash plan has its row").slot;
             l.b.ins().stack_addr(types::I64, slot, 0)
@@ -1208,6 +1311,42 @@ impl Lowering<'_, '_, '_> {
                     .iter()
                     .any(|(v, c)| *v != inner && *c == SizeExpr::Const(length as i64))
             })
+    }
+
+    /// Stores the call's row count and each row's stride (elements between its rows along the
+    /// last outer loop) into the arguments at `args`: the current run's ([`Self::row_run`]),
+    /// or one row.
+    fn store_row_strides(&mut self, plan: &RowPlan, args: Value) {
+        let flags = self.flags;
+        let last = Var::Outer(self.kernel.outer.len().saturating_sub(1) as u32);
+        let run = self.row_run;
+        let stride = |l: &mut Self, row: Option<&(BufferId, Affine)>| match (run, row) {
+            (Some(_), Some((_, index))) => l.size_value(&index.coefficient(last), 1),
+            _ => l.b.ins().iconst(types::I64, 0),
+        };
+        // A row the shape does not read points to `x`, with its stride.
+        let x = stride(self, Some(&plan.x));
+        let rows = [
+            (ROW_ARGS_W_STRIDE, plan.w.as_ref()),
+            (ROW_ARGS_B_STRIDE, plan.b.as_ref()),
+            (ROW_ARGS_C_STRIDE, plan.c.as_ref()),
+            (ROW_ARGS_P_STRIDE, plan.p.as_ref()),
+            (ROW_ARGS_Q_STRIDE, plan.q.as_ref()),
+            (ROW_ARGS_OUT_STRIDE, plan.out.as_ref()),
+        ];
+        self.b.ins().store(flags, x, args, ROW_ARGS_X_STRIDE);
+        for (field, row) in rows {
+            let v = match row {
+                Some(_) => stride(self, row),
+                None => x,
+            };
+            self.b.ins().store(flags, v, args, field);
+        }
+        let count = match run {
+            Some(count) => count,
+            None => self.b.ins().iconst(types::I64, 1),
+        };
+        self.b.ins().store(flags, count, args, ROW_ARGS_ROWS);
     }
 
     /// Stores `plan`'s row values (`u0` to `u3`) and `row_flags` into the arguments at `args`.

@@ -66,15 +66,16 @@ pub(super) fn transposed_copy(kernel: &Kernel, program: &Program) -> Option<Tran
 
 impl Lowering<'_, '_, '_> {
     /// The runs of `start..end` over the first `split` outer loops flattened (the last outer
-    /// loop among them), one routine call each: `i` walks the range; at each step the loops'
-    /// digits of `i` are computed, and the run goes from the last digit to the end of its row
-    /// or of the range.
-    pub(super) fn transpose_runs(
+    /// loop among them), `run(lo, hi)` emitting each (a routine call over columns `lo..hi` of
+    /// the last loop, the other outer loops' variables set): `i` walks the range; at each step
+    /// the loops' digits of `i` are computed, and the run goes from the last digit to the end
+    /// of its row or of the range. Transposed copies and row runs (`rows.rs`) walk it so.
+    pub(super) fn last_loop_runs(
         &mut self,
-        copy: &TransposedCopy,
         start: Value,
         end: Value,
         extents: &[Value],
+        mut run: impl FnMut(&mut Self, Value, Value),
     ) {
         let split = self.split;
         let last = self.kernel.outer.len() - 1;
@@ -96,9 +97,9 @@ impl Lowering<'_, '_, '_> {
         let left = self.b.ins().isub(end, head.i);
         let row_end = self.b.ins().iadd(lo, left);
         let hi = self.b.ins().smin(row_end, extents[last]);
-        self.transpose_call(copy, lo, hi, extents);
-        let run = self.b.ins().isub(hi, lo);
-        let next = self.b.ins().iadd(head.i, run);
+        run(self, lo, hi);
+        let length = self.b.ins().isub(hi, lo);
+        let next = self.b.ins().iadd(head.i, length);
         self.forget();
         self.loop_tail(&head, next);
     }
@@ -151,7 +152,7 @@ impl Lowering<'_, '_, '_> {
     }
 
     /// `c · k` as a value (a constant, or computed from the symbols in the entry block).
-    fn size_value(&mut self, c: &SizeExpr, k: i64) -> Value {
+    pub(super) fn size_value(&mut self, c: &SizeExpr, k: i64) -> Value {
         match c.as_const() {
             Some(c) => self.b.ins().iconst(types::I64, c * k),
             None => self.symbolic_times(c, k),

@@ -38,6 +38,13 @@
 //! GEMM epilogue adds before its activation (`gelu(acc + bias)`), the last a ReLU (IEEE
 //! `maximum`, as the code generator's: NaN stays NaN, `-0` becomes `+0`).
 //!
+//! **Several rows per call.** A shape that only stores may run several rows in one call
+//! ([`RowArgs::rows`], with a stride per row operand; stride 0 repeats one row for every row,
+//! as rotary embeddings' `cos` and `sin` across heads): the code generator hands it a run of
+//! its kernel's last outer loop when the rows are too short for a call each (a rotary
+//! embedding's half heads of 32, a 56-wide image's rows). Each row gets the same operations as
+//! alone; rows that follow each other in every operand run as one row ([`row_runs`]).
+//!
 //! **Sums.** A sum adds blocks of [`SUM_BLOCK`] elements into four
 //! fresh accumulator registers (so each lane adds at most 16 values in a row on AVX-512), and
 //! each block's partial sums into Kahan-compensated running sums; at the end the four are added
@@ -83,6 +90,17 @@ pub struct RowArgs {
     pub flags: u32,
     /// Keeps the struct a multiple of 8 bytes; unused.
     pub reserved: u32,
+    /// Rows the call runs, one after the other (see [`row_runs`]): 1, or for a shape that only
+    /// stores any count (none when 0 or less). The fields above describe the first row; row
+    /// `r` of each row operand starts `r` times its stride (below, in elements) after it.
+    pub rows: i64,
+    pub x_stride: i64,
+    pub w_stride: i64,
+    pub b_stride: i64,
+    pub c_stride: i64,
+    pub p_stride: i64,
+    pub q_stride: i64,
+    pub out_stride: i64,
 }
 
 /// A [`RowArgs`] flag: the row's stores bypass the caches (non-temporal stores of whole
@@ -172,7 +190,15 @@ pub const ROW_ARGS_U2: i32 = 72;
 pub const ROW_ARGS_U3: i32 = 76;
 pub const ROW_ARGS_FLAGS: i32 = 80;
 pub const ROW_ARGS_RESERVED: i32 = 84;
-pub const ROW_ARGS_BYTES: u32 = 88;
+pub const ROW_ARGS_ROWS: i32 = 88;
+pub const ROW_ARGS_X_STRIDE: i32 = 96;
+pub const ROW_ARGS_W_STRIDE: i32 = 104;
+pub const ROW_ARGS_B_STRIDE: i32 = 112;
+pub const ROW_ARGS_C_STRIDE: i32 = 120;
+pub const ROW_ARGS_P_STRIDE: i32 = 128;
+pub const ROW_ARGS_Q_STRIDE: i32 = 136;
+pub const ROW_ARGS_OUT_STRIDE: i32 = 144;
+pub const ROW_ARGS_BYTES: u32 = 152;
 
 const _: () = {
     assert!(std::mem::size_of::<RowArgs>() == ROW_ARGS_BYTES as usize);
@@ -187,6 +213,14 @@ const _: () = {
     assert!(std::mem::offset_of!(RowArgs, u3) == ROW_ARGS_U3 as usize);
     assert!(std::mem::offset_of!(RowArgs, flags) == ROW_ARGS_FLAGS as usize);
     assert!(std::mem::offset_of!(RowArgs, reserved) == ROW_ARGS_RESERVED as usize);
+    assert!(std::mem::offset_of!(RowArgs, rows) == ROW_ARGS_ROWS as usize);
+    assert!(std::mem::offset_of!(RowArgs, x_stride) == ROW_ARGS_X_STRIDE as usize);
+    assert!(std::mem::offset_of!(RowArgs, w_stride) == ROW_ARGS_W_STRIDE as usize);
+    assert!(std::mem::offset_of!(RowArgs, b_stride) == ROW_ARGS_B_STRIDE as usize);
+    assert!(std::mem::offset_of!(RowArgs, c_stride) == ROW_ARGS_C_STRIDE as usize);
+    assert!(std::mem::offset_of!(RowArgs, p_stride) == ROW_ARGS_P_STRIDE as usize);
+    assert!(std::mem::offset_of!(RowArgs, q_stride) == ROW_ARGS_Q_STRIDE as usize);
+    assert!(std::mem::offset_of!(RowArgs, out_stride) == ROW_ARGS_OUT_STRIDE as usize);
 };
 
 /// A row routine: runs the shape over `args`' row and returns the reduced value (0 for a shape
@@ -640,6 +674,68 @@ unsafe fn run<L: Wide, const S: u32>(mut e: L, a: &RowArgs) -> f32 {
     values[0]
 }
 
+/// How a call runs `a`'s rows: the arguments of its first row and the count of rows (at most
+/// one for a shape that reduces, whose result is its one row's). Where every row the shape reads
+/// and writes starts `n` elements after the one before (a `[.., 56] x [56]` loop nest over
+/// contiguous buffers), the rows are one row of `rows · n` elements: the same values, since
+/// each element goes through the same steps whatever its row, and the routine's registers run
+/// across the rows' ends. (The code generator hands several rows only to shapes that store,
+/// and never rows a store writes that another row of the call reads at another index, so
+/// running them as one changes no value read.)
+#[inline(always)]
+fn row_runs<const S: u32>(a: &RowArgs) -> (RowArgs, i64) {
+    if RowShape(S).reduces() || a.rows == 1 {
+        return (*a, 1);
+    }
+    let n = a.n.max(0);
+    let used = [
+        (true, a.x_stride),
+        (
+            S & (RowShape::MUL_ROW | RowShape::GELU_GRAD) != 0,
+            a.w_stride,
+        ),
+        (
+            S & (RowShape::ADD_ROW | RowShape::ADD_PRODUCT) != 0,
+            a.b_stride,
+        ),
+        (S & RowShape::ADD_PRODUCT != 0, a.c_stride),
+        (S & RowShape::PRE_MUL != 0, a.p_stride),
+        (S & RowShape::PRE_ADD != 0, a.q_stride),
+        (S & RowShape::STORE != 0, a.out_stride),
+    ];
+    let whole = a.rows > 1 && used.iter().all(|&(read, stride)| !read || stride == n);
+    match n.checked_mul(a.rows) {
+        Some(total) if whole => (
+            RowArgs {
+                n: total,
+                rows: 1,
+                ..*a
+            },
+            1,
+        ),
+        _ => (*a, a.rows.max(0)),
+    }
+}
+
+/// The arguments of row `r` of `first`'s rows (each row pointer moved on by `r` strides).
+#[inline(always)]
+fn nth_row(first: &RowArgs, r: i64) -> RowArgs {
+    // Only addresses are formed here (`wrapping_offset` claims nothing); the routine reads and
+    // writes through them under its caller's contract.
+    let at = |p: *const f32, stride: i64| p.wrapping_offset((r * stride) as isize);
+    RowArgs {
+        x: at(first.x, first.x_stride),
+        w: at(first.w, first.w_stride),
+        b: at(first.b, first.b_stride),
+        c: at(first.c, first.c_stride),
+        p: at(first.p, first.p_stride),
+        q: at(first.q, first.q_stride),
+        out: at(first.out, first.out_stride) as *mut f32,
+        rows: 1,
+        ..*first
+    }
+}
+
 /// One `extern "C"` routine per shape and instruction set.
 macro_rules! row_routines {
     ($($isa:ident, $feature:literal, $name:ident;)*) => {
@@ -653,8 +749,18 @@ macro_rules! row_routines {
                 // through `out` could otherwise change `*args`, as far as it can tell).
                 // SAFETY: the caller's contract above.
                 let a = unsafe { *args };
-                // SAFETY: the caller's contract above.
-                unsafe { run::<x86::$isa, S>(x86::$isa::new(), &a) }
+                let (first, rows) = row_runs::<S>(&a);
+                if rows == 1 {
+                    // SAFETY: the caller's contract above (`first` is `a`, or its rows as one
+                    // row where they follow each other).
+                    return unsafe { run::<x86::$isa, S>(x86::$isa::new(), &first) };
+                }
+                for r in 0..rows {
+                    // SAFETY: the caller's contract above: row `r` of every row the shape
+                    // reads and writes holds `n` elements.
+                    unsafe { run::<x86::$isa, S>(x86::$isa::new(), &nth_row(&first, r)) };
+                }
+                0.0
             }
         )*
     };
@@ -984,6 +1090,7 @@ mod tests {
                             u3: u[3],
                             flags,
                             reserved: 0,
+                            ..one_row()
                         };
                         // SAFETY: every row holds `n` f32s; `out` is written only where the
                         // routine read `x` (in place) or is separate.
@@ -1049,6 +1156,143 @@ mod tests {
             u3: 0.0,
             flags: 0,
             reserved: 0,
+            ..one_row()
+        }
+    }
+
+    /// The fields of a call of one row (`rows` 1, every stride 0), with null rows.
+    fn one_row() -> RowArgs {
+        let null = std::ptr::null();
+        RowArgs {
+            x: null,
+            w: null,
+            b: null,
+            c: null,
+            out: std::ptr::null_mut(),
+            n: 0,
+            u0: 0.0,
+            u1: 1.0,
+            p: null,
+            q: null,
+            u2: 1.0,
+            u3: 0.0,
+            flags: 0,
+            reserved: 0,
+            rows: 1,
+            x_stride: 0,
+            w_stride: 0,
+            b_stride: 0,
+            c_stride: 0,
+            p_stride: 0,
+            q_stride: 0,
+            out_stride: 0,
+        }
+    }
+
+    /// A call over several rows stores what one call per row stores, bit for bit, and nothing
+    /// else: every shape that only stores, at row lengths around the register boundaries and
+    /// the short rows of rotary embeddings (32) and a 56-wide image, with rows that follow
+    /// each other (one long row, see `row_runs`), rows apart (padded strides), operands
+    /// broadcast along the rows (stride 0, as `cos` and `sin` across heads), in place, and
+    /// non-temporal stores.
+    #[test]
+    fn several_rows_store_what_each_row_stores() {
+        for isa in isas() {
+            for &shape in SHAPES.iter().filter(|&&s| !RowShape(s).reduces()) {
+                for n in [0usize, 1, 7, 15, 16, 17, 31, 32, 33, 56, 57, 64, 65] {
+                    for rows in [0usize, 1, 2, 3, 8] {
+                        // (operand stride, broadcast operands' stride, out stride, in place)
+                        let layouts = [
+                            (n, n, n, false),
+                            (n, n, n, true),
+                            (n + 5, 0, n + 3, false),
+                            (2 * n + 1, n, 2 * n + 1, true),
+                            (n, 0, n, false),
+                        ];
+                        for (stride, broadcast, out_stride, in_place) in layouts {
+                            let len = |s: usize| s * rows.saturating_sub(1) + n;
+                            let x = row(len(stride), 0.3);
+                            let w = row(len(broadcast), 1.1);
+                            let b = row(len(stride), 2.7);
+                            let c = row(len(broadcast), 4.1);
+                            let p = row(len(stride), 5.3);
+                            let q = row(len(broadcast), 6.2);
+                            let u = [0.25f32, 1.5, -0.75, 0.125];
+                            let out_len = len(out_stride);
+                            let mut many = vec![f32::NAN; out_len + 32];
+                            let start = many.as_ptr().align_offset(64).min(16);
+                            if in_place {
+                                many[start..start + out_len]
+                                    .copy_from_slice(&row(out_len, 0.3)[..out_len]);
+                            }
+                            let mut each = many.clone();
+                            let x_of = |out: &[f32]| {
+                                if in_place {
+                                    out[start..].as_ptr()
+                                } else {
+                                    x.as_ptr()
+                                }
+                            };
+                            let args = |out: &mut [f32]| RowArgs {
+                                x: x_of(out),
+                                w: w.as_ptr(),
+                                b: b.as_ptr(),
+                                c: c.as_ptr(),
+                                out: out[start..].as_mut_ptr(),
+                                n: n as i64,
+                                u0: u[0],
+                                u1: u[1],
+                                p: p.as_ptr(),
+                                q: q.as_ptr(),
+                                u2: u[2],
+                                u3: u[3],
+                                flags: ROW_STREAM,
+                                reserved: 0,
+                                rows: rows as i64,
+                                x_stride: if in_place { out_stride } else { stride } as i64,
+                                w_stride: broadcast as i64,
+                                b_stride: stride as i64,
+                                c_stride: broadcast as i64,
+                                p_stride: stride as i64,
+                                q_stride: broadcast as i64,
+                                out_stride: out_stride as i64,
+                            };
+                            let all = args(&mut many);
+                            // SAFETY: row `r` of every operand lies within its vector (`len`);
+                            // in place, `x` is `out` at the same index.
+                            unsafe { run_row(RowShape(shape), isa, &all) }.unwrap();
+                            let first = args(&mut each);
+                            for r in 0..rows as i64 {
+                                let one = RowArgs {
+                                    rows: 1,
+                                    ..nth_row(&first, r)
+                                };
+                                // SAFETY: as above, for one row.
+                                unsafe { run_row(RowShape(shape), isa, &one) }.unwrap();
+                            }
+                            let what = format!(
+                                "shape {shape:#x} on {isa:?}, {rows} rows of {n}, strides \
+                                 {stride}/{broadcast}/{out_stride}, in place {in_place}"
+                            );
+                            let same = many
+                                .iter()
+                                .zip(&each)
+                                .all(|(a, e)| a.to_bits() == e.to_bits());
+                            assert!(same, "{what}: the rows differ from one call per row");
+                            if !in_place {
+                                // Nothing outside the rows' elements is written.
+                                let written = (0..rows)
+                                    .flat_map(|r| (0..n).map(move |i| start + r * out_stride + i));
+                                let mut outside = vec![true; many.len()];
+                                written.for_each(|i| outside[i] = false);
+                                let kept =
+                                    (many.iter().zip(&outside)).all(|(v, &out)| !out || v.is_nan());
+                                assert!(kept, "{what}: wrote outside the rows");
+                            }
+                        }
+                    }
+                }
+            }
         }
     }
 
