@@ -804,10 +804,19 @@ impl Lowering<'_, '_, '_> {
     /// call per row (too costly for rows shorter than [`SHORT_ROW`], which would then keep the
     /// 4-lane loop, or pay a call per short row). It does when the stage is one static row
     /// shorter than `SHORT_ROW` whose plans store f32 rows and reduce nothing, their row values
-    /// (`u0`..`u3`) the same along the last outer loop, and each plan's rows move along it by a
-    /// stride (any: 0 for an operand broadcast along it, as rotary embeddings' `cos` and `sin`
-    /// across heads). The routine then runs the rows one after the other, with the operations
-    /// of one row each, so every value is the one a call per row would store (and the loop's).
+    /// (`u0`..`u3`) the same along the last outer loop, and each of its rows follows the one
+    /// before in memory (its index's coefficient of the last outer loop is the row length: a
+    /// batch norm's `[.., 56] x [56]` over images), so the routine runs the run as one row
+    /// (`math::block::rows::row_runs`), with the operations of one row for every element: each
+    /// value is the one a call per row would store (and the loop's).
+    ///
+    /// Rows at other strides (0 for an operand broadcast along the loop, rotary embeddings'
+    /// `cos` and `sin` across heads; 64 KiB apart for their half heads written heads-first) the
+    /// routines can run too, but measured slower than the 4-lane loop: the LLaMA block's rotary
+    /// kernels (`[4, 256, 8] x [32]`, one thread, Zen 5, `minductor report --runs 30`, three
+    /// runs alternated with `MINDUCTOR_ROW_KERNELS=0`) reached 17-27 GB/s as runs of 8 rows
+    /// against 29-37 GB/s as the loop, whose narrow stores keep the rows of 128 bytes apart in
+    /// flight better than two 512-bit stores a row. They keep the loop.
     pub(super) fn choose_row_runs(&mut self) -> bool {
         let k = self.kernel;
         if k.order != LoopOrder::Inner
@@ -844,7 +853,11 @@ impl Lowering<'_, '_, '_> {
                     Factor::Value(e) | Factor::Reciprocal(e) | Factor::Negated(e) => Some(e),
                     Factor::Constant(_) => None,
                 });
+                let follow = |(_, index): &(BufferId, Affine)| {
+                    index.coefficient(last) == SizeExpr::Const(len as i64)
+                };
                 !plan.shape.reduces()
+                    && rows.iter().flatten().all(|row| follow(row))
                     && !plan.x_stash
                     && !plan.out_stash
                     && (rows.into_iter().flatten())
