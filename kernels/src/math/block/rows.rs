@@ -570,15 +570,13 @@ unsafe fn run<L: Wide, const S: u32>(mut e: L, a: &RowArgs) -> f32 {
             // reads; the padded buffers hold 16.
             unsafe {
                 std::ptr::copy(a.x.add(i), x.as_mut_ptr(), rest);
-                if S & (RowShape::MUL_ROW | RowShape::GELU_GRAD) != 0 {
+                if S & READS_W != 0 {
                     std::ptr::copy(a.w.add(i), w.as_mut_ptr(), rest);
                 }
-                if S & (RowShape::ADD_ROW | RowShape::ADD_PRODUCT | RowShape::GELU_GRAD_SAVED) != 0
-                {
+                if S & READS_B != 0 {
                     std::ptr::copy(a.b.add(i), b.as_mut_ptr(), rest);
                 }
-                let reads_c = RowShape::ADD_PRODUCT | RowShape::GELU_GRAD_SAVED | RowShape::SUB_ROW;
-                if S & reads_c != 0 {
+                if S & READS_C != 0 {
                     std::ptr::copy(a.c.add(i), c.as_mut_ptr(), rest);
                 }
                 if S & RowShape::PRE_MUL != 0 {
@@ -674,6 +672,13 @@ unsafe fn run<L: Wide, const S: u32>(mut e: L, a: &RowArgs) -> f32 {
     values[0]
 }
 
+/// The steps that read the row `w`, `b` and `c` ([`value`]): the last partial register copies
+/// them, and a run of rows is one row only if they follow each other ([`row_runs`]).
+const READS_W: u32 = RowShape::MUL_ROW | RowShape::GELU_GRAD;
+/// (`FUSED_SCALE` comes with `ADD_ROW`.)
+const READS_B: u32 = RowShape::ADD_ROW | RowShape::ADD_PRODUCT | RowShape::GELU_GRAD_SAVED;
+const READS_C: u32 = RowShape::ADD_PRODUCT | RowShape::GELU_GRAD_SAVED | RowShape::SUB_ROW;
+
 /// How a call runs `a`'s rows: the arguments of its first row and the count of rows (at most
 /// one for a shape that reduces, whose result is its one row's). Where every row the shape reads
 /// and writes starts `n` elements after the one before (a `[.., 56] x [56]` loop nest over
@@ -690,15 +695,9 @@ fn row_runs<const S: u32>(a: &RowArgs) -> (RowArgs, i64) {
     let n = a.n.max(0);
     let used = [
         (true, a.x_stride),
-        (
-            S & (RowShape::MUL_ROW | RowShape::GELU_GRAD) != 0,
-            a.w_stride,
-        ),
-        (
-            S & (RowShape::ADD_ROW | RowShape::ADD_PRODUCT) != 0,
-            a.b_stride,
-        ),
-        (S & RowShape::ADD_PRODUCT != 0, a.c_stride),
+        (S & READS_W != 0, a.w_stride),
+        (S & READS_B != 0, a.b_stride),
+        (S & READS_C != 0, a.c_stride),
         (S & RowShape::PRE_MUL != 0, a.p_stride),
         (S & RowShape::PRE_ADD != 0, a.q_stride),
         (S & RowShape::STORE != 0, a.out_stride),
@@ -1201,22 +1200,32 @@ mod tests {
             for &shape in SHAPES.iter().filter(|&&s| !RowShape(s).reduces()) {
                 for n in [0usize, 1, 7, 15, 16, 17, 31, 32, 33, 56, 57, 64, 65] {
                     for rows in [0usize, 1, 2, 3, 8] {
-                        // (operand stride, broadcast operands' stride, out stride, in place)
-                        let layouts = [
-                            (n, n, n, false),
-                            (n, n, n, true),
-                            (n + 5, 0, n + 3, false),
-                            (2 * n + 1, n, 2 * n + 1, true),
-                            (n, 0, n, false),
+                        // (operand stride, broadcast operands' stride, out stride, in place,
+                        // the one operand of w, b, c, p, q at the broadcast stride while all
+                        // the others follow each other, or None: w, c and q at it)
+                        let mut layouts = vec![
+                            (n, n, n, false, None),
+                            (n, n, n, true, None),
+                            (n + 5, 0, n + 3, false, None),
+                            (2 * n + 1, n, 2 * n + 1, true, None),
+                            (n, 0, n, false, None),
                         ];
-                        for (stride, broadcast, out_stride, in_place) in layouts {
+                        layouts.extend((0..5).map(|j| (n, 0, n, false, Some(j))));
+                        for (stride, broadcast, out_stride, in_place, lone) in layouts {
+                            // The stride of operand `j` of w, b, c, p, q.
+                            let of = |j: usize| match lone {
+                                Some(l) if l == j => broadcast,
+                                Some(_) => stride,
+                                None if j % 2 == 0 => broadcast,
+                                None => stride,
+                            };
                             let len = |s: usize| s * rows.saturating_sub(1) + n;
                             let x = row(len(stride), 0.3);
-                            let w = row(len(broadcast), 1.1);
-                            let b = row(len(stride), 2.7);
-                            let c = row(len(broadcast), 4.1);
-                            let p = row(len(stride), 5.3);
-                            let q = row(len(broadcast), 6.2);
+                            let w = row(len(of(0)), 1.1);
+                            let b = row(len(of(1)), 2.7);
+                            let c = row(len(of(2)), 4.1);
+                            let p = row(len(of(3)), 5.3);
+                            let q = row(len(of(4)), 6.2);
                             let u = [0.25f32, 1.5, -0.75, 0.125];
                             let out_len = len(out_stride);
                             let mut many = vec![f32::NAN; out_len + 32];
@@ -1250,11 +1259,11 @@ mod tests {
                                 reserved: 0,
                                 rows: rows as i64,
                                 x_stride: if in_place { out_stride } else { stride } as i64,
-                                w_stride: broadcast as i64,
-                                b_stride: stride as i64,
-                                c_stride: broadcast as i64,
-                                p_stride: stride as i64,
-                                q_stride: broadcast as i64,
+                                w_stride: of(0) as i64,
+                                b_stride: of(1) as i64,
+                                c_stride: of(2) as i64,
+                                p_stride: of(3) as i64,
+                                q_stride: of(4) as i64,
                                 out_stride: out_stride as i64,
                             };
                             let all = args(&mut many);
@@ -1272,7 +1281,7 @@ mod tests {
                             }
                             let what = format!(
                                 "shape {shape:#x} on {isa:?}, {rows} rows of {n}, strides \
-                                 {stride}/{broadcast}/{out_stride}, in place {in_place}"
+                                 {stride}/{broadcast}/{out_stride} (apart: {lone:?}), in place {in_place}"
                             );
                             let same = many
                                 .iter()
