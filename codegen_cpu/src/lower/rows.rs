@@ -26,13 +26,12 @@
 //! registers (as Inductor's `Vectorized<float>` C++ is), and nothing new has to be trusted to
 //! encode instructions. A stage of another shape keeps the Cranelift loop.
 //!
-//! A kernel whose one stage only stores, over static rows shorter than [`SHORT_ROW`] (a
-//! rotary embedding's half heads of 32, a batch norm over a 56-wide image's rows), runs as *row
+//! A kernel whose one stage only stores, over static rows shorter than [`SHORT_ROW`] that
+//! follow each other in every operand (a batch norm over a 56-wide image's rows), runs as *row
 //! runs* ([`Lowering::choose_row_runs`]): each run of its last outer loop (a thread's range of
-//! it) is one call per store, the routine stepping each row operand by its stride along that
-//! loop (0 for one broadcast along it, as `cos` and `sin` across heads), where a call per row
-//! would cost more than the row. Rows that follow each other in every operand (the image's)
-//! the routine runs as one long row.
+//! it) is one call per store, which the routine runs as one long row, where a call per row
+//! would cost more than the row. (The routines can step rows apart too, but a rotary
+//! embedding's half heads of 32 measured slower so than as the loop: they keep it.)
 //!
 //! The matcher also answers which vector width each stage runs at ([`kernel_vector_bits`]),
 //! from the same decisions the lowering takes, for `minductor report`.

@@ -40,10 +40,11 @@
 //!
 //! **Several rows per call.** A shape that only stores may run several rows in one call
 //! ([`RowArgs::rows`], with a stride per row operand; stride 0 repeats one row for every row,
-//! as rotary embeddings' `cos` and `sin` across heads): the code generator hands it a run of
-//! its kernel's last outer loop when the rows are too short for a call each (a rotary
-//! embedding's half heads of 32, a 56-wide image's rows). Each row gets the same operations as
-//! alone; rows that follow each other in every operand run as one row ([`row_runs`]).
+//! as rotary embeddings' `cos` and `sin` across heads). Each row gets the same operations as
+//! alone; rows that follow each other in every operand run as one row ([`row_runs`]). The code
+//! generator hands it a run of its kernel's last outer loop when the rows are too short for a
+//! call each and follow each other (a 56-wide image's rows; rows apart measured slower than
+//! the 4-lane loop: `choose_row_runs` in `lower/rows.rs`).
 //!
 //! **Sums.** A sum adds blocks of [`SUM_BLOCK`] elements into four
 //! fresh accumulator registers (so each lane adds at most 16 values in a row on AVX-512), and
