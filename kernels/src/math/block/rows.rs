@@ -1217,7 +1217,7 @@ mod tests {
                             let of = |j: usize| match lone {
                                 Some(l) if l == j => broadcast,
                                 Some(_) => stride,
-                                None if j % 2 == 0 => broadcast,
+                                None if j.is_multiple_of(2) => broadcast,
                                 None => stride,
                             };
                             let len = |s: usize| s * rows.saturating_sub(1) + n;
