@@ -467,6 +467,26 @@ fn row_routine_bits() -> Option<u32> {
     })
 }
 
+/// Every kernel of `graph` at the row routines' width (128 without them), and the same bits at
+/// 2 and 3 threads as at 1: the kernels' widths.
+fn assert_full_width_and_same_bits_on_threads(
+    graph: &Graph,
+    inputs: &[Tensor],
+    what: &str,
+) -> Vec<Option<u32>> {
+    let widths = kernel_widths(graph);
+    assert!(
+        widths
+            .iter()
+            .all(|&w| w == row_routine_bits().or(Some(128))),
+        "{what}: {widths:?}"
+    );
+    let _one_at_a_time = SWITCH.lock().unwrap_or_else(|e| e.into_inner());
+    let compiled = compile(graph).unwrap();
+    minductor_tests::assert_same_bits_on_threads(&compiled, inputs, &[2, 3], what);
+    widths
+}
+
 /// The narrowest vector width of each kernel and GEMM epilogue of `graph`'s program, as
 /// compiled with row routines and the per-CPU choices.
 fn kernel_widths(graph: &Graph) -> Vec<Option<u32>> {
@@ -526,16 +546,7 @@ fn a_gelu_forward_storing_its_saved_values_runs_at_full_width_with_the_loops_bit
             let (rows, loops) = both(&g, &inputs, &what, n > 1);
             minductor_tests::assert_allclose(&rows, &loops, Tolerance::EXACT, &what);
             if n == 1024 {
-                let widths = kernel_widths(&g);
-                assert!(
-                    widths
-                        .iter()
-                        .all(|&w| w == row_routine_bits().or(Some(128))),
-                    "{what}: {widths:?}"
-                );
-                let _one_at_a_time = SWITCH.lock().unwrap_or_else(|e| e.into_inner());
-                let compiled = compile(&g).unwrap();
-                minductor_tests::assert_same_bits_on_threads(&compiled, &inputs, &[2, 3], &what);
+                assert_full_width_and_same_bits_on_threads(&g, &inputs, &what);
             }
         }
     }
@@ -571,11 +582,8 @@ fn a_gelu_gradient_from_saved_values_runs_at_full_width_with_the_loops_bits() {
         let (rows, loops) = both(&g, &inputs, &what, n > 1);
         minductor_tests::assert_allclose(&rows, &loops, Tolerance::EXACT, &what);
         if n == 1024 {
-            let widths = kernel_widths(&g);
-            assert_eq!(widths, vec![row_routine_bits().or(Some(128))], "{what}");
-            let _one_at_a_time = SWITCH.lock().unwrap_or_else(|e| e.into_inner());
-            let compiled = compile(&g).unwrap();
-            minductor_tests::assert_same_bits_on_threads(&compiled, &inputs, &[2, 3], &what);
+            let widths = assert_full_width_and_same_bits_on_threads(&g, &inputs, &what);
+            assert_eq!(widths.len(), 1, "{what}: {widths:?}");
         }
     }
 }
@@ -608,11 +616,8 @@ fn a_squared_errors_gradient_runs_at_full_width_with_the_loops_bits() {
         let (rows, loops) = both(&g, &inputs, &what, n > 1);
         minductor_tests::assert_allclose(&rows, &loops, Tolerance::EXACT, &what);
         if n == 1024 {
-            let widths = kernel_widths(&g);
-            assert_eq!(widths, vec![row_routine_bits().or(Some(128))], "{what}");
-            let _one_at_a_time = SWITCH.lock().unwrap_or_else(|e| e.into_inner());
-            let compiled = compile(&g).unwrap();
-            minductor_tests::assert_same_bits_on_threads(&compiled, &inputs, &[2, 3], &what);
+            let widths = assert_full_width_and_same_bits_on_threads(&g, &inputs, &what);
+            assert_eq!(widths.len(), 1, "{what}: {widths:?}");
         }
     }
 }

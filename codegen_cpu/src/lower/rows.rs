@@ -311,6 +311,21 @@ impl RowPlan {
     pub(super) fn streams(&self) -> bool {
         self.stream
     }
+
+    /// Every row the routine reads or writes: `x`, the others it has, and `out`.
+    fn rows(&self) -> impl Iterator<Item = &(BufferId, Affine)> {
+        [
+            Some(&self.x),
+            self.w.as_ref(),
+            self.b.as_ref(),
+            self.c.as_ref(),
+            self.p.as_ref(),
+            self.q.as_ref(),
+            self.out.as_ref(),
+        ]
+        .into_iter()
+        .flatten()
+    }
 }
 
 impl Lowering<'_, '_, '_> {
@@ -839,15 +854,6 @@ impl Lowering<'_, '_, '_> {
         (self.row_extent, self.innermost, self.row_runs) = (Some(len), Some(Var::Inner(0)), true);
         let runs = self.row_plans(stage).is_some_and(|plans| {
             plans.iter().all(|plan| {
-                let rows = [
-                    Some(&plan.x),
-                    plan.w.as_ref(),
-                    plan.b.as_ref(),
-                    plan.c.as_ref(),
-                    plan.p.as_ref(),
-                    plan.q.as_ref(),
-                    plan.out.as_ref(),
-                ];
                 let factor = plan.u1.and_then(|f| match f {
                     Factor::Value(e) | Factor::Reciprocal(e) | Factor::Negated(e) => Some(e),
                     Factor::Constant(_) => None,
@@ -856,10 +862,10 @@ impl Lowering<'_, '_, '_> {
                     index.coefficient(last) == SizeExpr::Const(len as i64)
                 };
                 !plan.shape.reduces()
-                    && rows.iter().flatten().all(|row| follow(row))
+                    && plan.rows().all(follow)
                     && !plan.x_stash
                     && !plan.out_stash
-                    && (rows.into_iter().flatten())
+                    && (plan.rows())
                         .all(|(buffer, _)| self.program.buffer(*buffer).dtype == DType::F32)
                     && ([plan.u0, factor, plan.u2, plan.u3].into_iter().flatten())
                         .all(|e| !self.varies_along(e, last))
@@ -1134,19 +1140,7 @@ impl Lowering<'_, '_, '_> {
     /// Whether `plan`'s rows are static and past [`HALF_ROW`] with one of them f16 or bf16:
     /// the row is passed to the routine in chunks (see [`Self::row_call`]).
     fn chunked(&self, plan: &RowPlan) -> Option<usize> {
-        let rows = [
-            Some(&plan.x),
-            plan.w.as_ref(),
-            plan.b.as_ref(),
-            plan.c.as_ref(),
-            plan.p.as_ref(),
-            plan.q.as_ref(),
-            plan.out.as_ref(),
-        ];
-        let half = rows
-            .into_iter()
-            .flatten()
-            .any(|r| self.half_row(r.0).is_some());
+        let half = plan.rows().any(|r| self.half_row(r.0).is_some());
         self.row_extent.filter(|&n| n > HALF_ROW && half)
     }
 
