@@ -185,7 +185,8 @@ fn current_pool() -> Option<Arc<rayon::ThreadPool>> {
 /// Runs `f` on a worker of the pool with the pool's other workers held in a *team* for its
 /// duration, OpenMP-style: every [`for_each_chunk`] that `f` itself calls (one per parallel
 /// step of a program) publishes its pieces to the team, whose members are spinning for them,
-/// and they claim pieces from a shared counter; between steps (while `f` runs a serial step)
+/// and each runs its own contiguous share of them, then steals what is left of the others'
+/// (see `Team`); between steps (while `f` runs a serial step)
 /// the members keep spinning instead of going to sleep. A program call is one team: it costs
 /// one wake-up of the workers, not one per step. (Inductor's C++ gets this from OpenMP, whose
 /// workers spin between parallel regions, `GOMP_SPINCOUNT` / `KMP_BLOCKTIME`; rayon's idle
@@ -203,10 +204,11 @@ pub fn in_team<R: Send>(f: impl FnOnce() -> R + Send) -> R {
         if members == 0 || BUSY.get() {
             return f();
         }
-        let team = Team::new();
+        let team = Team::new(members + 1);
         rayon::scope(|s| {
-            for _ in 0..members {
-                s.spawn(|_| team.member());
+            for slot in 1..=members {
+                let team = &team;
+                s.spawn(move |_| team.member(slot));
             }
             // Dropped when `f` returns or unwinds: stops the members before the scope waits
             // for them.
@@ -248,19 +250,44 @@ pub fn serially<R>(f: impl FnOnce() -> R) -> R {
     f()
 }
 
-/// The ticket word: `epoch | chunks | next` in [`EPOCH_BITS`], [`COUNT_BITS`], [`COUNT_BITS`]
-/// bits. One word, so that a piece is claimed (compare-and-swap of `next`) only while its step
-/// is still the current one.
+/// A slot word: `epoch | front | back` in [`EPOCH_BITS`], [`COUNT_BITS`], [`COUNT_BITS`] bits,
+/// the pieces `front..back` of one thread's share of the current step still unclaimed. One word,
+/// so that a piece is claimed (compare-and-swap of `front` by the owner, of `back` by a thief)
+/// only while its step is still the current one.
 const COUNT_BITS: u32 = 19;
 const EPOCH_BITS: u32 = 64 - 2 * COUNT_BITS;
 /// The most pieces a team hands out in one step (more go to rayon).
 const MAX_TEAM_CHUNKS: usize = (1 << COUNT_BITS) - 1;
 const COUNT_MASK: u64 = (1 << COUNT_BITS) - 1;
+const EPOCH_MASK: u64 = (1 << EPOCH_BITS) - 1;
 
-fn pack(epoch: u64, chunks: usize, next: usize) -> u64 {
-    ((epoch & ((1 << EPOCH_BITS) - 1)) << (2 * COUNT_BITS))
-        | ((chunks as u64) << COUNT_BITS)
-        | next as u64
+fn pack(epoch: u64, front: usize, back: usize) -> u64 {
+    ((epoch & EPOCH_MASK) << (2 * COUNT_BITS)) | ((front as u64) << COUNT_BITS) | back as u64
+}
+
+/// `(front, back)` of a slot word.
+fn unpack(word: u64) -> (usize, usize) {
+    (
+        ((word >> COUNT_BITS) & COUNT_MASK) as usize,
+        (word & COUNT_MASK) as usize,
+    )
+}
+
+/// Thread `slot`'s share of a step of `chunks` pieces on `threads` threads: the `slot`-th of
+/// `threads` contiguous, equal (to within one) runs of pieces, as OpenMP's static schedule
+/// deals them.
+fn share(chunks: usize, threads: usize, slot: usize) -> std::ops::Range<usize> {
+    chunks * slot / threads..chunks * (slot + 1) / threads
+}
+
+/// `MINDUCTOR_TEAM_SCHEDULE=dynamic` deals every piece to the leader's share instead, and every
+/// thread takes the next piece from its front, first come, first served (how teams claimed
+/// pieces before they had shares; kept to measure one against the other in one binary).
+fn dynamic_schedule() -> bool {
+    static DYNAMIC: OnceLock<bool> = OnceLock::new();
+    *DYNAMIC.get_or_init(|| {
+        std::env::var("MINDUCTOR_TEAM_SCHEDULE").is_ok_and(|v| v.trim() == "dynamic")
+    })
 }
 
 /// Spins before a waiting member starts yielding its core.
@@ -269,11 +296,24 @@ const SPINS_BEFORE_YIELD: u32 = 1 << 14;
 /// A job: the leader's step closure, lent to the team for one step.
 type Job<'a> = &'a (dyn Fn(usize) + Sync);
 
+/// One thread's slot word, alone on its cache lines (its owner claims from it on every piece).
+#[repr(align(128))]
+struct Slot(AtomicU64);
+
 /// The shared state of a team (see [`in_team`]).
+///
+/// Each step's pieces are dealt out as OpenMP's static schedule deals them: thread `i` (the
+/// leader is 0) owns the `i`-th contiguous run of them, so that on every step the same thread
+/// takes the same part of the rows (a row kernel after a GEMM reads the rows this core's GEMM
+/// pieces just wrote, from its own cache, where claiming from one shared counter handed them to
+/// whichever thread came first). A thread that has run its own share then steals pieces one at
+/// a time from the far end of the others' shares, so a core slowed down (a busy VM, a
+/// descheduled thread) still leaves no piece waiting for it.
 struct Team {
-    /// `epoch | chunks | next` (see [`pack`]): the current step's piece count and the next
-    /// piece to claim.
-    ticket: AtomicU64,
+    /// The current step's number: members wait for it to change.
+    epoch: AtomicU64,
+    /// One per thread, the leader's first: `epoch | front | back` (see [`pack`]) of its share.
+    slots: Box<[Slot]>,
     /// Pieces of the current step finished.
     done: AtomicUsize,
     /// Points to the leader's [`Job`] of the current step, on the leader's stack.
@@ -285,9 +325,12 @@ struct Team {
 }
 
 impl Team {
-    fn new() -> Team {
+    fn new(threads: usize) -> Team {
         Team {
-            ticket: AtomicU64::new(0),
+            epoch: AtomicU64::new(0),
+            slots: (0..threads.max(1))
+                .map(|_| Slot(AtomicU64::new(0)))
+                .collect(),
             done: AtomicUsize::new(0),
             job: AtomicPtr::new(std::ptr::null_mut()),
             stop: AtomicBool::new(false),
@@ -295,15 +338,20 @@ impl Team {
         }
     }
 
-    /// A member's life: claim and run pieces as steps are published, until the leader stops.
-    fn member(&self) {
+    /// A member's life (`slot` ≥ 1): claim and run pieces as steps are published, until the
+    /// leader stops.
+    fn member(&self, slot: usize) {
         if BUSY.get() || self.stop.load(Ordering::Acquire) {
             return;
         }
         BUSY.set(true);
         let mut idle = 0u32;
+        let mut seen = 0u64;
         while !self.stop.load(Ordering::Acquire) {
-            if self.claim_and_run() {
+            let epoch = self.epoch.load(Ordering::Acquire);
+            if epoch != seen {
+                seen = epoch;
+                self.claim_and_run(slot);
                 idle = 0;
             } else if idle < SPINS_BEFORE_YIELD {
                 idle += 1;
@@ -315,50 +363,91 @@ impl Team {
         BUSY.set(false);
     }
 
-    /// Claims and runs pieces of the current step until none is left; whether it ran any.
-    fn claim_and_run(&self) -> bool {
-        let mut ran = false;
-        loop {
-            let ticket = self.ticket.load(Ordering::Acquire);
-            let chunks = ((ticket >> COUNT_BITS) & COUNT_MASK) as usize;
-            let next = (ticket & COUNT_MASK) as usize;
-            if next >= chunks {
-                return ran;
+    /// Claims a piece of the current step: the front of `slot`'s own share, else the back of
+    /// another thread's (the next slots' first); `None` when no piece is left unclaimed.
+    fn claim(&self, slot: usize) -> Option<usize> {
+        // (`dynamic_schedule`: every thread takes the front of the leader's share.)
+        let (threads, slot) = if dynamic_schedule() {
+            (1, 0)
+        } else {
+            (self.slots.len(), slot)
+        };
+        for offset in 0..threads {
+            let own = offset == 0;
+            let word = &self.slots[(slot + offset) % threads].0;
+            let mut current = word.load(Ordering::Acquire);
+            loop {
+                let (front, back) = unpack(current);
+                if front >= back {
+                    break;
+                }
+                let (claimed, next) = if own {
+                    (
+                        front,
+                        (current & !(COUNT_MASK << COUNT_BITS))
+                            | (((front + 1) as u64) << COUNT_BITS),
+                    )
+                } else {
+                    (back - 1, (current & !COUNT_MASK) | (back - 1) as u64)
+                };
+                match word.compare_exchange_weak(current, next, Ordering::AcqRel, Ordering::Acquire)
+                {
+                    Ok(_) => return Some(claimed),
+                    Err(now) => current = now,
+                }
             }
-            if self
-                .ticket
-                .compare_exchange_weak(ticket, ticket + 1, Ordering::AcqRel, Ordering::Acquire)
-                .is_err()
-            {
-                continue;
-            }
-            // SAFETY: piece `next` of the current step is claimed and not finished, so the
+        }
+        None
+    }
+
+    /// Claims and runs pieces of the current step until none is left unclaimed.
+    fn claim_and_run(&self, slot: usize) {
+        let mut ran = 0;
+        while let Some(piece) = self.claim(slot) {
+            // SAFETY: piece `piece` of the current step is claimed and not finished, so the
             // leader is still inside `run` for this step (it returns only when `done` counts
-            // every piece), and `job` points to its live `Job` (stored before the ticket this
-            // compare-and-swap acquired was published).
+            // every piece), and `job` points to its live `Job` (stored before the slot word
+            // this compare-and-swap acquired was published; the word's epoch makes a claim
+            // read in an earlier step fail).
             let job: Job<'_> = unsafe { *(self.job.load(Ordering::Acquire) as *const Job<'_>) };
             let outer = IN_PIECE.replace(true);
-            let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| job(next)));
+            let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| job(piece)));
             IN_PIECE.set(outer);
             if let Err(payload) = result {
                 let mut first = self.panic.lock().unwrap_or_else(|p| p.into_inner());
                 first.get_or_insert(payload);
             }
-            self.done.fetch_add(1, Ordering::Release);
-            ran = true;
+            ran += 1;
+        }
+        if ran > 0 {
+            self.done.fetch_add(ran, Ordering::Release);
         }
     }
 
-    /// The leader's step: publishes `chunks` pieces of `f`, runs pieces itself, and returns
-    /// when every piece has finished (resuming a piece's panic).
+    /// The leader's step: deals `chunks` pieces of `f` out to the slots, runs its own share
+    /// (and steals), and returns when every piece has finished (resuming a piece's panic).
     fn run(&self, chunks: usize, f: Job<'_>) {
         let job: Job<'_> = f;
         self.job
             .store(&job as *const Job<'_> as *mut (), Ordering::Relaxed);
         self.done.store(0, Ordering::Relaxed);
-        let epoch = (self.ticket.load(Ordering::Relaxed) >> (2 * COUNT_BITS)) + 1;
-        self.ticket.store(pack(epoch, chunks, 0), Ordering::Release);
-        self.claim_and_run();
+        let epoch = (self.epoch.load(Ordering::Relaxed) + 1) & EPOCH_MASK;
+        let threads = if dynamic_schedule() {
+            1
+        } else {
+            self.slots.len()
+        };
+        for (slot, word) in self.slots.iter().enumerate() {
+            let range = if slot < threads {
+                share(chunks, threads, slot)
+            } else {
+                0..0
+            };
+            word.0
+                .store(pack(epoch, range.start, range.end), Ordering::Release);
+        }
+        self.epoch.store(epoch, Ordering::Release);
+        self.claim_and_run(0);
         // The last pieces are running on members; spin, then yield the core (to them, when
         // there are more threads than cores).
         let mut spins = 0u32;
@@ -502,7 +591,7 @@ mod tests {
                 .unwrap();
             pool.install(|| {
                 team_counts(200, |step| 2 + step % 17);
-                team_counts(3, |step| [1, 1000, 64][step]);
+                team_counts(4, |step| [1, 1000, 64, threads - 1][step]);
             });
         }
         // From outside any pool, and several teams at once.
@@ -539,6 +628,29 @@ mod tests {
         assert_eq!(finished.load(Ordering::Relaxed), 7);
         // The pool still works, in a new team.
         pool.install(|| team_counts(10, |_| 4));
+    }
+
+    #[test]
+    fn shares_deal_every_piece_once_in_order_and_equal_to_within_one() {
+        for threads in 1..=9 {
+            for chunks in 0..100 {
+                let shares: Vec<_> = (0..threads).map(|t| share(chunks, threads, t)).collect();
+                assert_eq!(shares[0].start, 0);
+                assert_eq!(shares[threads - 1].end, chunks);
+                for pair in shares.windows(2) {
+                    assert_eq!(pair[0].end, pair[1].start);
+                }
+                let (least, most) = (chunks / threads, chunks.div_ceil(threads));
+                assert!(shares.iter().all(|s| (least..=most).contains(&s.len())));
+            }
+        }
+    }
+
+    #[test]
+    fn a_slot_word_keeps_its_epoch_and_both_ends() {
+        let word = pack(EPOCH_MASK + 5, MAX_TEAM_CHUNKS, 7);
+        assert_eq!(unpack(word), (MAX_TEAM_CHUNKS, 7));
+        assert_eq!(word >> (2 * COUNT_BITS), 4);
     }
 
     /// The tests that set the process-wide thread count, one at a time.
