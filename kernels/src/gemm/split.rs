@@ -17,9 +17,10 @@
 //! left idle is certain; the packing the estimate charges for an extra piece is a guess), then
 //! the lowest estimate, then the most pieces (up to 4 per thread) that keep at least
 //! [`MIN_PIECE_PANELS`] panels each, then the fewest:
-//! - the threads claim pieces as they finish, so with several pieces per thread a thread slowed
-//!   by something the estimate cannot see (another process on its core, a lower clock) leaves
-//!   its last pieces to the others;
+//! - a thread that has run its own share of the pieces steals from the others' (see
+//!   `threads::in_team`), so with several pieces per thread a thread slowed by something the
+//!   estimate cannot see (another process on its core, a lower clock) leaves its last pieces to
+//!   the others;
 //! - but a piece prefetches the source of each block of `b` while it computes the block before,
 //!   so its first block is packed unprefetched, and a piece of one panel and one depth block
 //!   prefetches nothing.
