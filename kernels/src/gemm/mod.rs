@@ -108,6 +108,12 @@ fn avx512_kc_max_for(l1d: Option<usize>, l2: Option<usize>) -> usize {
     }
 }
 
+/// `MINDUCTOR_GEMM_PACKED_PREFETCH=0`: no prefetch of packed blocks (measurements).
+fn packed_prefetch_off() -> bool {
+    static OFF: OnceLock<bool> = OnceLock::new();
+    *OFF.get_or_init(|| std::env::var("MINDUCTOR_GEMM_PACKED_PREFETCH").is_ok_and(|v| v == "0"))
+}
+
 /// `MINDUCTOR_GEMM_KC=n` overrides the most columns of `a` per packed block (measurements).
 fn kc_override() -> Option<usize> {
     static FORCED: OnceLock<Option<usize>> = OnceLock::new();
@@ -689,14 +695,37 @@ impl<'a> PackedB<'a> {
         unsafe { std::slice::from_raw_parts(self.base.add(at), len) }
     }
 
-    /// Part `part` (of `parts`) of the lines of block `(panel, depth)`'s source, if the block
-    /// is still to be packed (see [`source_lines`]), for a micro-kernel to prefetch.
-    fn source_lines(&self, panel: usize, depth: usize, part: usize, parts: usize) -> Lines {
-        if !self.is_empty(panel, depth) {
+    /// Part `part` (of `parts`) of the lines a micro-kernel should prefetch for block
+    /// `(panel, depth)`, read next: its source's (see [`source_lines`]) if the block is still
+    /// to be packed, else the packed block's own.
+    ///
+    /// A packed block left unprefetched came from L3 or memory in the first tile that read it:
+    /// `kc · nr` values (32 KiB) at once, for a panel that then serves only `MC / mr` (44)
+    /// tiles. Measured on Zen 5 (family 26 model 2), one thread, `gemm_shapes`' multiply with `b`
+    /// packed beforehand: see the commit that added this.
+    fn next_lines(&self, panel: usize, depth: usize, part: usize, parts: usize) -> Lines {
+        let rows = self.block_rows(depth);
+        if self.is_empty(panel, depth) {
+            return source_lines(&self.source, self.kernel.nr(), panel, rows, part, parts);
+        }
+        if packed_prefetch_off() {
             return Lines::NONE;
         }
-        let rows = self.block_rows(depth);
-        source_lines(&self.source, self.kernel.nr(), panel, rows, part, parts)
+        let nr = self.kernel.nr();
+        let lines = (rows.len() * nr).div_ceil(16);
+        let share = lines * part / parts..lines * (part + 1) / parts;
+        if share.is_empty() {
+            return Lines::NONE;
+        }
+        let at = panel * self.k * nr + rows.start * nr + share.start * 16;
+        Lines {
+            // A prefetch address need not be inside the buffer (see `Lines`), but this one is:
+            // line `share.start` of the block's `rows.len() · nr` values.
+            base: self.base.wrapping_add(at),
+            runs: share.len(),
+            run_stride: 16,
+            lines: 1,
+        }
     }
 }
 
@@ -1257,7 +1286,7 @@ unsafe fn multiply_panels(
                     for micro in 0..micro_panels {
                         let prefetch = match next {
                             Some((next_panel, next_block)) => {
-                                b.source_lines(next_panel, next_block, micro, micro_panels)
+                                b.next_lines(next_panel, next_block, micro, micro_panels)
                             }
                             None => Lines::NONE,
                         };
