@@ -594,3 +594,39 @@ fn the_source_lines_of_a_block_are_shared_out_among_its_tiles() {
         assert_eq!(asked, expected, "transposed: {transposed}");
     }
 }
+
+#[test]
+fn a_packed_block_is_prefetched_once_over_its_tiles_and_an_unpacked_one_from_its_source() {
+    // `b` 300 × 150, packed for the portable kernel (its `kc` is at most 128, so 3 depth
+    // blocks): each of 7 parts asks for its own run of block (1, 1)'s packed lines, together
+    // every line of the block exactly once, inside the packed buffer.
+    let data = values(300 * 150, 5);
+    let b = MatrixRef::new(&data, 0, [300, 150], [150, 1], "b").unwrap();
+    let kernel = Kernel::Portable;
+    let lazy = PackedB::lazy(&b, kernel).unwrap();
+    let unpacked: Vec<_> = (0..7).map(|part| lazy.next_lines(1, 1, part, 7)).collect();
+    let from_source: Vec<_> = (0..7)
+        .map(|part| source_lines(&b, kernel.nr(), 1, lazy.block_rows(1), part, 7))
+        .collect();
+    for (l, s) in unpacked.iter().zip(&from_source) {
+        assert_eq!(
+            (l.base, l.runs, l.run_stride, l.lines),
+            (s.base, s.runs, s.run_stride, s.lines)
+        );
+    }
+    let packed = PackedB::pack(&b, kernel, 1).unwrap();
+    let block = packed.block(1, 1);
+    let (start, len) = (block.as_ptr() as usize, block.len());
+    let mut asked = Vec::new();
+    for part in 0..7 {
+        let lines = packed.next_lines(1, 1, part, 7);
+        for r in 0..lines.runs {
+            for l in 0..lines.lines {
+                let offset = r as isize * lines.run_stride + 16 * l as isize;
+                asked.push(lines.base.wrapping_offset(offset) as usize);
+            }
+        }
+    }
+    let expected: Vec<usize> = (0..len.div_ceil(16)).map(|l| start + 64 * l).collect();
+    assert_eq!(asked, expected);
+}
