@@ -162,7 +162,8 @@ pub struct StepTiming {
 
 /// How one step of a call splits across threads: the work of each piece the executor hands to
 /// the thread pool, in the step's own unit (multiply-adds for GEMMs and attention, elements
-/// visited for loop kernels). Pieces run in any order on any thread, each on one thread.
+/// visited for loop kernels). Each piece runs on one thread: a team runs each thread's share
+/// in order, then the threads steal (see [`StepPartition::schedule_overhead`]).
 #[derive(Clone, Debug, PartialEq)]
 pub struct StepPartition {
     /// The step's name, as [`StepTiming`] spells it.
@@ -210,26 +211,49 @@ impl StepPartition {
         largest as f64 * self.pieces.len() as f64 / total as f64
     }
 
-    /// The longest any of `threads` threads works when the pieces are handed out largest
-    /// first, each to the least loaded thread, over the work of a perfect split (`total /
-    /// threads`): 1 is perfect, 2 means the step takes twice as long as it could. A measure
-    /// of what a pool scheduling the pieces dynamically can reach.
+    /// The longest any of `threads` threads works when the pieces are run as a team runs them
+    /// (`threads::in_team`), on threads of equal speed, over the work of a perfect split
+    /// (`total / threads`): 1 is perfect, 2 means the step takes twice as long as it could.
+    /// Each thread runs its own contiguous share of the pieces in order, then steals the last
+    /// unclaimed piece of the next threads' shares; whichever thread is free first claims
+    /// first.
     pub fn schedule_overhead(&self, threads: usize) -> f64 {
         let threads = threads.max(1);
         let total = self.total();
         if total == 0 {
             return 1.0;
         }
-        let mut pieces = self.pieces.clone();
-        pieces.sort_unstable_by(|a, b| b.cmp(a));
-        let mut loads = vec![0u64; threads.min(pieces.len()).max(1)];
-        for w in pieces {
-            let least = (0..loads.len())
-                .min_by_key(|&t| loads[t])
-                .expect("at least one thread");
-            loads[least] = loads[least].saturating_add(w);
+        let chunks = self.pieces.len();
+        // Each thread's unclaimed pieces, `front..back`, and the time it is free.
+        let mut shares: Vec<(usize, usize)> = (0..threads)
+            .map(|t| (chunks * t / threads, chunks * (t + 1) / threads))
+            .collect();
+        let mut free = vec![0u64; threads];
+        let mut finished = vec![false; threads];
+        while let Some(t) = (0..threads)
+            .filter(|&t| !finished[t])
+            .min_by_key(|&t| (free[t], t))
+        {
+            let claimed = (0..threads).find_map(|offset| {
+                let owner = (t + offset) % threads;
+                let (front, back) = &mut shares[owner];
+                if front >= back {
+                    return None;
+                }
+                Some(if offset == 0 {
+                    *front += 1;
+                    *front - 1
+                } else {
+                    *back -= 1;
+                    *back
+                })
+            });
+            match claimed {
+                Some(piece) => free[t] = free[t].saturating_add(self.pieces[piece]),
+                None => finished[t] = true,
+            }
         }
-        let longest = loads.into_iter().max().unwrap_or(0);
+        let longest = free.into_iter().max().unwrap_or(0);
         longest as f64 * threads as f64 / total as f64
     }
 }
@@ -279,4 +303,32 @@ pub fn check_inputs(graph: &Graph, inputs: &[Tensor]) -> Result<(), RuntimeError
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn partition(pieces: &[u64]) -> StepPartition {
+        StepPartition {
+            name: "step".to_string(),
+            pieces: pieces.to_vec(),
+            unit: WorkUnit::Elements,
+        }
+    }
+
+    #[test]
+    fn the_schedule_runs_each_share_in_order_then_steals_from_the_back() {
+        // Equal pieces, as many as threads or a multiple: perfect.
+        assert_eq!(partition(&[5; 8]).schedule_overhead(4), 1.0);
+        assert_eq!(partition(&[5; 8]).schedule_overhead(8), 1.0);
+        // Shares [1, 1, 1] and [1, 4, 4]: thread 0 runs its three, then steals the last 4 of
+        // thread 1's share while thread 1 runs its middle 4: 7 of a perfect 6.
+        let p = partition(&[1, 1, 1, 1, 4, 4]);
+        assert!((p.schedule_overhead(2) - 7.0 * 2.0 / 12.0).abs() < 1e-12);
+        // Fewer pieces than threads: the largest piece bounds the step.
+        assert!((partition(&[3, 1]).schedule_overhead(4) - 3.0 * 4.0 / 4.0).abs() < 1e-12);
+        // No work.
+        assert_eq!(partition(&[0, 0]).schedule_overhead(2), 1.0);
+    }
 }

@@ -371,7 +371,7 @@ impl fmt::Display for PartitionReport {
             "partition by the executor's rules (no kernel run); ref ms: the cost model's time on \
              one reference core ({REFERENCE_GFLOPS} GFLOP/s, {REFERENCE_GB_PER_S} GB/s); \
              imbalance: largest piece / mean piece; sched: slowest thread / perfect split, \
-             pieces handed out largest first"
+             each thread its own share of the pieces, then stealing, as the team runs them"
         )?;
         write!(f, "{:<44} {:>9} {:>14}", "step", "ref ms", "work")?;
         for t in &self.threads {
