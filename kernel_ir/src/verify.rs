@@ -1013,8 +1013,8 @@ impl Verifier<'_> {
         self.view(&at, "q", &a.q, q)?;
         self.view(&at, "k", &a.k, k)?;
         self.view(&at, "v", &a.v, v)?;
-        self.view(&at, "out", &a.out, o)?;
-        self.distinct_rows(&at, &a.out)
+        self.distinct_rows(&at, &a.out)?;
+        self.view(&at, "out", &a.out, o)
     }
 
     /// An attention's output view keeps each row's elements contiguous (last stride 1) and

@@ -218,6 +218,22 @@ pub fn attention(
     tiling: AttentionTiling,
     out: &mut [f32],
 ) -> Result<(), RuntimeError> {
+    attention_on(q, k, v, mask, shape, tiling, out, has_avx512())
+}
+
+/// [`attention`], with the AVX-512 micro-kernels only when `avx512` (which the caller has
+/// checked the CPU supports: [`has_avx512`]).
+#[allow(clippy::too_many_arguments)]
+fn attention_on(
+    q: View<'_, f32>,
+    k: View<'_, f32>,
+    v: View<'_, f32>,
+    mask: Option<Mask<'_>>,
+    shape: &AttentionShape<'_>,
+    tiling: AttentionTiling,
+    out: &mut [f32],
+    avx512: bool,
+) -> Result<(), RuntimeError> {
     let batches: usize = shape.batch.iter().product();
     let need = batches * shape.t * shape.ev;
     if out.len() != need {
@@ -232,7 +248,7 @@ pub fn attention(
         offset: 0,
         strides: &strides,
     };
-    attention_on(q, k, v, mask, shape, tiling, out, has_avx512())
+    attention_view_on(q, k, v, mask, shape, tiling, out, avx512)
 }
 
 /// [`attention`] into the view `out` of `[batch.., t, ev]`: a layout its consumer wants, such
@@ -251,7 +267,7 @@ pub fn attention_into(
     tiling: AttentionTiling,
     out: OutView<'_>,
 ) -> Result<(), RuntimeError> {
-    attention_on(q, k, v, mask, shape, tiling, out, has_avx512())
+    attention_view_on(q, k, v, mask, shape, tiling, out, has_avx512())
 }
 
 /// The row-major strides of `[batch.., t, ev]`.
@@ -411,7 +427,7 @@ impl<'a> OutView<'a> {
 /// [`attention_into`], with the AVX-512 micro-kernels only when `avx512` (which the caller has
 /// checked the CPU supports: [`has_avx512`]).
 #[allow(clippy::too_many_arguments)]
-fn attention_on(
+fn attention_view_on(
     q: View<'_, f32>,
     k: View<'_, f32>,
     v: View<'_, f32>,
@@ -2153,6 +2169,124 @@ mod tests {
                         );
                     }
                 }
+            }
+        }
+    }
+
+    /// An output view in the layout a consumer of `[b, h, t, ev]` wants, `[b, t, h, ev]` (row
+    /// `t` of head `h` at `((b·T + t)·H + h)·ev`), at an offset inside a larger buffer: the same
+    /// bits as the contiguous output at each place, in both forms, causal or not, at several
+    /// tilings (so runs and blocks end mid-buffer), and nothing outside the view is written.
+    /// A view whose rows overlap, or whose columns are not contiguous, is refused before
+    /// anything is written.
+    #[test]
+    fn a_strided_output_view_gets_the_contiguous_bits() {
+        let (heads, t, s, e, ev) = (3usize, 70usize, 70usize, 16usize, 12usize);
+        let batch = [2usize, heads];
+        let (q, k, v) = (
+            data(2 * heads * t * e, 0.0),
+            data(2 * heads * s * e, 1.0),
+            data(2 * heads * s * ev, 2.0),
+        );
+        let (qs, ks, vs) = (
+            head_strides(t, e, heads),
+            head_strides(s, e, heads),
+            head_strides(s, ev, heads),
+        );
+        let view = |data, strides| View {
+            data,
+            offset: 0,
+            strides,
+        };
+        let permuted = [(t * heads * ev) as i64, ev as i64, (heads * ev) as i64, 1];
+        let offset = 5usize;
+        let len = 2 * heads * t * ev;
+        for causal in [false, true] {
+            let sh = AttentionShape {
+                batch: &batch,
+                t,
+                s,
+                e,
+                ev,
+                group: 1,
+                scale: 0.25,
+                causal,
+            };
+            for &avx512 in &forms() {
+                for tiling in [
+                    AttentionTiling::DEFAULT,
+                    AttentionTiling::new(4, 64).unwrap(),
+                    AttentionTiling::new(32, 8).unwrap(),
+                ] {
+                    let mut want = vec![0f32; len];
+                    attention_on(
+                        view(&q, &qs),
+                        view(&k, &ks),
+                        view(&v, &vs),
+                        None,
+                        &sh,
+                        tiling,
+                        &mut want,
+                        avx512,
+                    )
+                    .unwrap();
+                    let mut got = vec![f32::NAN; len + offset + 3];
+                    attention_view_on(
+                        view(&q, &qs),
+                        view(&k, &ks),
+                        view(&v, &vs),
+                        None,
+                        &sh,
+                        tiling,
+                        OutView {
+                            data: &mut got,
+                            offset: offset as i64,
+                            strides: &permuted,
+                        },
+                        avx512,
+                    )
+                    .unwrap();
+                    let what = format!("causal {causal} avx512 {avx512} {tiling:?}");
+                    for b in 0..2 {
+                        for h in 0..heads {
+                            for r in 0..t {
+                                for c in 0..ev {
+                                    let w = want[((b * heads + h) * t + r) * ev + c];
+                                    let g = got[offset + ((b * t + r) * heads + h) * ev + c];
+                                    assert_eq!(w.to_bits(), g.to_bits(), "{what}: {b} {h} {r} {c}");
+                                }
+                            }
+                        }
+                    }
+                    let outside = got[..offset].iter().chain(&got[offset + len..]);
+                    assert!(outside.into_iter().all(|x| x.is_nan()), "{what}");
+                }
+            }
+            // Rows one element too close (they would overlap), and strided columns.
+            for bad in [
+                [permuted[0], permuted[1], ev as i64 - 1, 1],
+                [permuted[0], permuted[1], permuted[2], 2],
+                [permuted[0], 0, permuted[2], 1],
+            ] {
+                let mut out = vec![f32::NAN; 4 * len];
+                let result = attention_into(
+                    view(&q, &qs),
+                    view(&k, &ks),
+                    view(&v, &vs),
+                    None,
+                    &sh,
+                    AttentionTiling::DEFAULT,
+                    OutView {
+                        data: &mut out,
+                        offset: 0,
+                        strides: &bad,
+                    },
+                );
+                assert!(
+                    matches!(result, Err(RuntimeError::BufferCheck(_))),
+                    "{bad:?}: {result:?}"
+                );
+                assert!(out.iter().all(|x| x.is_nan()), "{bad:?} wrote");
             }
         }
     }

@@ -368,15 +368,30 @@ impl Matcher<'_> {
 /// the attention's own buffer go. Called by `fuse` on the program it assembled.
 ///
 /// A copy folds when it is a kernel of one store stage whose stored value is a plain load of
-/// the attention's buffer (nothing else loaded, f32 into f32), whose loops visit that buffer
-/// exactly once (each loop of more than one iteration moves the load by the row-major stride
-/// of its own dim of the same size, offset 0: a bijection onto the buffer), whose store keeps
-/// a row's columns contiguous (coefficient 1 along the loop of the last dim), when no other
+/// the attention's buffer (nothing else loaded, f32 into f32), whose loops visit exactly the
+/// elements the attention writes, each once (each loop of more than one iteration moves the
+/// load as the attention's output view moves along its own dim of the same size, or along
+/// several static dims the loop walks as one, from the view's offset), whose store keeps a row's columns contiguous (coefficient 1 along the loop
+/// of the last dim), when the attention's buffer is an intermediate, no other
 /// step reads or writes the attention's buffer, the copy's buffer is not an input and is none
 /// of the attention's operands, and no step between the two reads or writes it. The attention
 /// then writes every element the copy wrote, the same values, earlier; `verify_program`
 /// checks its view as any other (inside its buffer, every element its own place).
 pub(crate) fn fold_output_copies(program: Program) -> Program {
+    // Each round drops a step per fold: a copy after a copy (the permute realized, then its
+    // reshape) folds in the next round.
+    let mut program = program;
+    loop {
+        let steps = program.steps.len();
+        program = fold_once(program);
+        if program.steps.len() == steps {
+            return program;
+        }
+    }
+}
+
+/// One round of [`fold_output_copies`]: each attention's current output copy folded.
+fn fold_once(program: Program) -> Program {
     let mut folds: Vec<(usize, usize, StridedView)> = Vec::new();
     for (i, step) in program.steps.iter().enumerate() {
         if let Step::Attention(a) = step {
@@ -441,9 +456,7 @@ pub(crate) fn fold_output_copies(program: Program) -> Program {
 /// should write instead (see [`fold_output_copies`]).
 fn output_copy(program: &Program, i: usize, a: &AttentionStep) -> Option<(usize, StridedView)> {
     let own = a.out.buffer;
-    let own_buffer = program.buffer(own);
-    let whole = StridedView::contiguous(own, &own_buffer.shape);
-    if own_buffer.kind != BufferKind::Intermediate || a.out != whole {
+    if program.buffer(own).kind != BufferKind::Intermediate {
         return None;
     }
     // The one other step touching the attention's buffer.
@@ -483,7 +496,7 @@ fn output_copy(program: &Program, i: usize, a: &AttentionStep) -> Option<(usize,
         || matches!(target.kind, BufferKind::Input(_))
         || target.dtype != DType::F32
         || copy.ty(store.value) != minductor_kernel_ir::ScalarType::F32
-        || !load.offset.is_zero()
+        || load.offset != a.out.offset
     {
         return None;
     }
@@ -492,8 +505,10 @@ fn output_copy(program: &Program, i: usize, a: &AttentionStep) -> Option<(usize,
     {
         return None;
     }
-    // Each loop of more than one iteration walks one dim of the attention's buffer.
-    let shape = &own_buffer.shape;
+    // Each loop of more than one iteration walks one dim of the attention's output, moving
+    // the load as that dim moves the attention's store; so the copy reads exactly the elements
+    // the attention writes, each once, and the attention can store each where the copy would.
+    let (shape, written) = (&a.out.shape, &a.out.strides);
     let loops: Vec<(Var, Dim)> = (0..copy.outer.len())
         .map(|o| (Var::Outer(o as u32), copy.outer[o]))
         .chain((0..stage.extent.len()).map(|s| (Var::Inner(s as u32), stage.extent[s])))
@@ -503,17 +518,34 @@ fn output_copy(program: &Program, i: usize, a: &AttentionStep) -> Option<(usize,
         if extent == Dim::Static(1) {
             continue;
         }
-        let c = load.coefficient(var);
-        let d = (0..shape.len()).find(|&d| {
-            strides[d].is_none()
-                && shape[d] != Dim::Static(1)
-                && shape[d] == extent
-                && whole.strides[d] == c
-        })?;
-        strides[d] = Some(store.index.coefficient(var));
+        let (c, to) = (load.coefficient(var), store.index.coefficient(var));
+        let free = |strides: &[Option<SizeExpr>], d: usize, step: &SizeExpr| {
+            strides[d].is_none() && shape[d] != Dim::Static(1) && written[d] == *step
+        };
+        // The dim the loop moves along, or (a reshape that merged dims: `[h, d]` walked as
+        // one loop of `h·d`) the static dims it walks through, innermost first, each moving
+        // the attention's store by the previous ones' elements times the loop's step.
+        let d = (0..shape.len()).find(|&d| free(&strides, d, &c))?;
+        if shape[d] == extent {
+            strides[d] = Some(to);
+            continue;
+        }
+        let (Some(total), Some(first)) = (extent.as_static(), shape[d].as_static()) else {
+            return None;
+        };
+        let mut walked = first;
+        strides[d] = Some(to.clone());
+        while walked < total {
+            let step = c.times(&SizeExpr::Const(walked as i64));
+            let next = (0..shape.len()).find(|&d| free(&strides, d, &step))?;
+            strides[next] = Some(to.times(&SizeExpr::Const(walked as i64)));
+            walked = walked.checked_mul(shape[next].as_static()?)?;
+        }
+        if walked != total {
+            return None;
+        }
     }
-    // Every dim of more than one element is walked (the copy reads the whole buffer), and the
-    // load moves with no other loop.
+    // Every dim of more than one element is walked, and the load moves with no other loop.
     let walked = |d: usize| strides[d].is_some() || shape[d] == Dim::Static(1);
     let moves_only_with_loops = load
         .terms
