@@ -40,7 +40,9 @@
 //! The prim expansion of `scaled_dot_product_attention` (found by `attention::find_attention`:
 //! scores GEMM, scale, optional causal mask, row softmax, `p·v` GEMM, nothing else reading the
 //! scores) becomes one `Step::Attention` reading q, k and v through strided views: none of its
-//! interior values is realized, so no `[.., T, S]` buffer exists.
+//! interior values is realized, so no `[.., T, S]` buffer exists. An attention whose output only
+//! a plain copy reads (the permute back to `[b, t, h, d]`) writes the copy's layout itself
+//! instead (`attention::fold_output_copies`, run on the assembled program).
 
 use crate::attention::{find_attention, fold_output_copies, AttentionPattern};
 use minductor_ir::{DType, Dim, Graph, NodeId, Op, SizeExpr, SliceFrom};

@@ -46,7 +46,9 @@ pub(super) fn run_attention(
     // f32 buffers). The output is written by this step alone and overlaps no operand: the
     // verifier rejects an attention reading its own output, `plan_buffers` never places an
     // attention's output in place of a buffer it reads, and live buffers' slots are disjoint.
-    // Every index the routine reads is checked against these slices.
+    // Every index the routine reads is checked against these slices; it writes only the
+    // elements of the output view (`attention_into` checks it inside the output buffer, each
+    // element its own place, before writing), the whole buffer being this step's alone.
     let (mask_data, mask_offset, mask_strides) = match &a.mask {
         None => (None, 0, Vec::new()),
         Some(m) => {
