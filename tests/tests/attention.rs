@@ -671,3 +671,57 @@ fn the_verifier_rejects_an_attention_output_view_that_overlaps() {
         }
     }
 }
+
+/// With a symbolic sequence length the fold still applies (the output view's strides are size
+/// expressions of the length), and every length gives the interpreter's results under the one
+/// compile.
+#[test]
+fn a_symbolic_length_attention_writes_the_permuted_layout() {
+    let t = Dim::Sym(SymId(0));
+    let (b, h, d) = (2usize, 2usize, 16usize);
+    let shape = [Dim::Static(b), Dim::Static(h), t, Dim::Static(d)];
+    let graph = |shape: &[Dim]| {
+        let tracer = Tracer::new();
+        let input = |name: &str| {
+            tracer.input_typed(
+                name,
+                TensorType::new(DType::F32, shape.iter().copied().collect()),
+            )
+        };
+        let (q, k, v) = (input("q"), input("k"), input("v"));
+        let out = q
+            .scaled_dot_product_attention(&k, &v, None, true)
+            .permute(&[0, 2, 1, 3])
+            .reshape(&[b as isize, -1, (h * d) as isize]);
+        tracer.finish(&[out]).unwrap()
+    };
+    let symbolic = compile(&graph(&shape)).unwrap();
+    let program = program_of(&symbolic);
+    assert!(
+        !program.steps.iter().any(|s| matches!(s, Step::Kernel(_))),
+        "a copy step is left:\n{program}"
+    );
+    let [Step::Attention(a)] = &program.steps[..] else {
+        panic!("one attention step:\n{program}")
+    };
+    assert!(
+        a.out.strides[0].as_const().is_none(),
+        "the batch stride is a size expression of the length:\n{program}"
+    );
+    for n in [2, 7, 65, 130] {
+        let sizes = [b, h, n, d];
+        let inputs = [
+            wide_ramp(&sizes, 0.0),
+            wide_ramp(&sizes, 1.0),
+            wide_ramp(&sizes, 2.0),
+        ];
+        let want = interpret(&graph(&dims(&sizes)), &inputs).unwrap();
+        let got = minductor_tests::assert_same_bits_on_threads(
+            &symbolic,
+            &inputs,
+            &[2, 3],
+            &format!("t {n}"),
+        );
+        minductor_tests::assert_allclose(&got, &want, Tolerance::close(1e-5), &format!("t {n}"));
+    }
+}
