@@ -409,10 +409,6 @@ fn scatter_add_cost(program: &Program, step: usize, scatter: &ScatterAddStep) ->
 /// Each operand read once, the output written once; two GEMMs' FLOPs (`q·kᵀ` and `p·v`), half of
 /// them under a causal mask (the key blocks above the diagonal are skipped).
 fn attention_cost(program: &Program, step: usize, attention: &AttentionStep) -> StepCost {
-    let out_shape: Vec<Dim> = program
-        .buffers
-        .get(attention.out.0 as usize)
-        .map_or_else(Vec::new, |b| b.shape.clone());
     let mut reads: HashMap<BufferId, HashSet<Pattern>> = HashMap::new();
     for view in [&attention.q, &attention.k, &attention.v]
         .into_iter()
@@ -425,9 +421,9 @@ fn attention_cost(program: &Program, step: usize, attention: &AttentionStep) -> 
     }
     let mut writes: HashMap<BufferId, HashSet<Pattern>> = HashMap::new();
     writes
-        .entry(attention.out)
+        .entry(attention.out.buffer)
         .or_default()
-        .insert(Pattern::new(0, [(1, trip_count(&out_shape))]));
+        .insert(view_pattern(&attention.out));
     let rank = attention.q.shape.len();
     let (keys, head, value_head) = if rank >= 2 {
         (
@@ -453,7 +449,7 @@ fn attention_cost(program: &Program, step: usize, attention: &AttentionStep) -> 
         name: format!("k{step}_attention"),
         kind: StepKind::Attention,
         nodes: attention.nodes.clone(),
-        outer: out_shape[..out_shape.len().saturating_sub(1)].to_vec(),
+        outer: attention.out.shape[..attention.out.shape.len().saturating_sub(1)].to_vec(),
         inner: vec![vec![attention.k.shape[rank.saturating_sub(2)]]],
         bytes_read: bytes(program, &reads),
         bytes_written: bytes(program, &writes),

@@ -673,6 +673,25 @@ pub struct StridedView {
 }
 
 impl StridedView {
+    /// `buffer` seen whole as the contiguous row-major `shape` (offset 0; a stride in front of a
+    /// symbolic dim is a product with its symbol: `[s0, s1, 64]` has `[64*s1, 64, 1]`).
+    pub fn contiguous(buffer: BufferId, shape: &[Dim]) -> StridedView {
+        let mut strides = vec![SizeExpr::Const(1); shape.len()];
+        for d in (0..shape.len().saturating_sub(1)).rev() {
+            let next = match shape[d + 1] {
+                Dim::Static(n) => SizeExpr::Const(n.max(1) as i64),
+                Dim::Sym(_) => SizeExpr::of_dim(shape[d + 1]),
+            };
+            strides[d] = strides[d + 1].times(&next);
+        }
+        StridedView {
+            buffer,
+            offset: SizeExpr::Const(0),
+            shape: shape.to_vec(),
+            strides,
+        }
+    }
+
     /// The offset and strides for the symbol sizes `size` gives (`None` if one is unknown or
     /// a value does not fit an `i64`).
     pub fn bind(&self, size: impl Fn(SymId) -> Option<i128> + Copy) -> Option<(i64, Vec<i64>)> {
@@ -706,8 +725,9 @@ pub struct ScatterAddStep {
 /// scores.
 ///
 /// Invariants (checked by `verify_program`): `q` is `[batch.., T, E]`, `k` `[batch_kv.., S, E]`,
-/// `v` `[batch_kv.., S, Ev]` and `out` (a contiguous f32 buffer, not an input, none of the
-/// operands) `[batch.., T, Ev]`, all f32; `batch_kv` equals `batch` except its last dim, which is
+/// `v` `[batch_kv.., S, Ev]` and `out` (a view of an f32 buffer, not an input, none of the
+/// operands) `[batch.., T, Ev]`, all f32; `out` keeps a row's `Ev` elements contiguous (its last
+/// stride 1) and gives every element its own place, so each output row is one thread's; `batch_kv` equals `batch` except its last dim, which is
 /// `batch`'s divided by `group` (grouped-query attention: q head `h` reads k/v head `h / group`);
 /// every view stays inside its buffer for the bound sizes. With `causal`, key `s` takes part in
 /// query row `t` only when `s <= t` (PyTorch's `is_causal`, the mask `ones(T, S).tril()`).
@@ -716,7 +736,10 @@ pub struct AttentionStep {
     pub q: StridedView,
     pub k: StridedView,
     pub v: StridedView,
-    pub out: BufferId,
+    /// Where the output goes: usually its buffer whole (`StridedView::contiguous`), or, when
+    /// `fuse` folded the copy that permuted it, the layout that copy wrote (`[b, h, t, d]`
+    /// into a `[b, t, h·d]` buffer: strides `[T·H·D, D, H·D, 1]`).
+    pub out: StridedView,
     pub scale: f32,
     pub causal: bool,
     /// A mask seen with the scores' shape `[batch.., T, S]` (stride 0 where it broadcasts),
@@ -808,7 +831,7 @@ impl Step {
                 w
             }
             Step::ScatterAdd(sc) => vec![sc.out],
-            Step::Attention(a) => vec![a.out],
+            Step::Attention(a) => vec![a.out.buffer],
             Step::Fallback(fb) => vec![fb.out],
         }
     }
@@ -1095,10 +1118,20 @@ impl fmt::Display for Program {
                         )
                     };
                     let nodes: Vec<String> = a.nodes.iter().map(|n| n.to_string()).collect();
+                    // The output buffer whole prints as its name alone.
+                    let whole = StridedView::contiguous(
+                        a.out.buffer,
+                        &self.buffer(a.out.buffer).shape,
+                    );
+                    let out = if a.out == whole {
+                        a.out.buffer.to_string()
+                    } else {
+                        view(&a.out)
+                    };
                     writeln!(
                         f,
                         "attention {} = q {} k {} v {}{} scale {:?}{} group {} nodes [{}] (node {})",
-                        a.out,
+                        out,
                         view(&a.q),
                         view(&a.k),
                         view(&a.v),

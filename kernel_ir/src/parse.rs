@@ -109,7 +109,8 @@ impl<'a> Parser<'a> {
                     .steps
                     .push(Step::ScatterAdd(self.scatter_add(&mut c)?));
             } else if c.try_eat("attention ") {
-                program.steps.push(Step::Attention(self.attention(&mut c)?));
+                let step = self.attention(&mut c, &program.buffers)?;
+                program.steps.push(Step::Attention(step));
             } else if c.try_eat("fallback ") {
                 program.steps.push(Step::Fallback(self.fallback(&mut c)?));
             } else if c.try_eat("outputs:") {
@@ -479,9 +480,18 @@ impl<'a> Parser<'a> {
 
     /// The rest of `attention bufO = q Q k K v V[ mask [keep |drop ]M] scale X[ causal] group G nodes [%a, …] (node
     /// %n)`.
-    fn attention(&self, c: &mut Cursor) -> Result<AttentionStep, ParseError> {
-        let out = self.buffer(c)?;
-        c.eat(" = q ")?;
+    fn attention(&self, c: &mut Cursor, buffers: &[Buffer]) -> Result<AttentionStep, ParseError> {
+        // `bufO` (the buffer whole) or a view of it.
+        let start = c.clone();
+        let buffer = self.buffer(c)?;
+        let out = if c.try_eat(" = q ") {
+            StridedView::contiguous(buffer, &buffers[buffer.0 as usize].shape)
+        } else {
+            *c = start;
+            let out = self.view(c, true)?;
+            c.eat(" = q ")?;
+            out
+        };
         let q = self.view(c, true)?;
         c.eat(" k ")?;
         let k = self.view(c, true)?;

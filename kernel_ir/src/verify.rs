@@ -118,7 +118,11 @@ pub fn program_dims(p: &Program) -> Vec<Dim> {
                 used.extend(sc.index.shape.iter().chain(&sc.src.shape).copied())
             }
             Step::Attention(a) => {
-                used.extend([&a.q, &a.k, &a.v].iter().flat_map(|v| v.shape.clone()));
+                used.extend(
+                    [&a.q, &a.k, &a.v, &a.out]
+                        .iter()
+                        .flat_map(|v| v.shape.clone()),
+                );
                 used.extend(a.mask.iter().flat_map(|m| m.shape.clone()));
             }
             // A fallback's sizes are its buffers', counted above.
@@ -918,12 +922,12 @@ impl Verifier<'_> {
     /// `out [batch.., T, Ev]` (`batch_kv` is `batch` with its last dim divided by `group`), and
     /// every view inside its buffer. The kernel's unsafe reads and writes rest on exactly this.
     fn attention(&self, n: usize, a: &AttentionStep) -> Result<(), VerifyError> {
-        let at = format!("step {n} (attention into {})", a.out);
+        let at = format!("step {n} (attention into {})", a.out.buffer);
         for (what, id) in [
             ("q", a.q.buffer),
             ("k", a.k.buffer),
             ("v", a.v.buffer),
-            ("out", a.out),
+            ("out", a.out.buffer),
         ]
         .into_iter()
         .chain(
@@ -944,16 +948,16 @@ impl Verifier<'_> {
                 ));
             }
         }
-        let out = self.program.buffer(a.out);
+        let out = self.program.buffer(a.out.buffer);
         if matches!(out.kind, BufferKind::Input(_)) {
             return Err(malformed(&at, "writes an input"));
         }
-        if [a.q.buffer, a.k.buffer, a.v.buffer].contains(&a.out)
-            || a.mask.as_ref().is_some_and(|m| m.buffer == a.out)
+        if [a.q.buffer, a.k.buffer, a.v.buffer].contains(&a.out.buffer)
+            || a.mask.as_ref().is_some_and(|m| m.buffer == a.out.buffer)
         {
             return Err(malformed(&at, "reads its own output"));
         }
-        let (q, k, v, o) = (&a.q.shape, &a.k.shape, &a.v.shape, &out.shape);
+        let (q, k, v, o) = (&a.q.shape, &a.k.shape, &a.v.shape, &a.out.shape);
         let rank = q.len();
         let batch = rank.saturating_sub(2);
         let kv_batch_agrees = |d: usize| {
@@ -1008,7 +1012,56 @@ impl Verifier<'_> {
         }
         self.view(&at, "q", &a.q, q)?;
         self.view(&at, "k", &a.k, k)?;
-        self.view(&at, "v", &a.v, v)
+        self.view(&at, "v", &a.v, v)?;
+        self.distinct_rows(&at, &a.out)?;
+        self.view(&at, "out", &a.out, o)
+    }
+
+    /// An attention's output view keeps each row's elements contiguous (last stride 1) and
+    /// gives every element its own place: with the dims of more than one position sorted by
+    /// stride (none negative), each stride is past everything the smaller ones reach. Then
+    /// each output row, which one work item writes, is no other row's, whatever the threads.
+    /// (The kernel library checks the same again for the bound sizes.)
+    fn distinct_rows(&self, at: &str, view: &StridedView) -> Result<(), VerifyError> {
+        let rank = view.shape.len();
+        let sizes: Option<Vec<usize>> = view.shape.iter().map(|&d| self.size(d)).collect();
+        let strides: Option<Vec<i128>> = view.strides.iter().map(|s| self.value(s)).collect();
+        let (Some(sizes), Some(strides)) = (sizes, strides) else {
+            return Ok(()); // Checked again once the symbols are bound.
+        };
+        if sizes.contains(&0) {
+            return Ok(());
+        }
+        if sizes[rank - 1] > 1 && strides[rank - 1] != 1 {
+            return Err(malformed(
+                at,
+                format!(
+                    "out: the columns of a row are {} apart, not contiguous",
+                    strides[rank - 1]
+                ),
+            ));
+        }
+        let mut dims: Vec<(i128, usize)> = sizes
+            .iter()
+            .zip(&strides)
+            .filter(|(&n, _)| n > 1)
+            .map(|(&n, &s)| (s, n))
+            .collect();
+        dims.sort_unstable();
+        let mut reach: i128 = 1;
+        for (stride, n) in dims {
+            if stride < reach {
+                return Err(malformed(
+                    at,
+                    format!(
+                        "out: strides {} give two elements one place",
+                        crate::kernel::size_list(&view.strides)
+                    ),
+                ));
+            }
+            reach = reach.saturating_add(stride.saturating_mul(n as i128 - 1));
+        }
+        Ok(())
     }
 
     /// A fallback step: its buffers exist, it writes no input and none of its operands, and its

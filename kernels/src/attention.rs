@@ -205,9 +205,10 @@ impl<'a> Mask<'a> {
 }
 
 /// `out = softmax(q·kᵀ·scale [+ mask] [causal])·v`, cut into work by `tiling` (which changes
-/// no result). Checks every view against its buffer and `out`'s length first (an error, and
-/// nothing written, when one does not fit); then all accesses are checked slice indexing or
-/// inside the query rows and packed buffers an item asserts the sizes of.
+/// no result), into the contiguous `out [batch.., t, ev]`. Checks every view against its buffer
+/// and `out`'s length first (an error, and nothing written, when one does not fit); then all
+/// accesses are checked slice indexing or inside the query rows and packed buffers an item
+/// asserts the sizes of. [`attention_into`] writes another layout.
 pub fn attention(
     q: View<'_, f32>,
     k: View<'_, f32>,
@@ -233,6 +234,209 @@ fn attention_on(
     out: &mut [f32],
     avx512: bool,
 ) -> Result<(), RuntimeError> {
+    let batches: usize = shape.batch.iter().product();
+    let need = batches * shape.t * shape.ev;
+    if out.len() != need {
+        return Err(RuntimeError::Unsupported(format!(
+            "attention: the output holds {} elements, not {need}",
+            out.len(),
+        )));
+    }
+    let strides = contiguous_strides(shape);
+    let out = OutView {
+        data: out,
+        offset: 0,
+        strides: &strides,
+    };
+    attention_view_on(q, k, v, mask, shape, tiling, out, avx512)
+}
+
+/// [`attention`] into the view `out` of `[batch.., t, ev]`: a layout its consumer wants, such
+/// as `[b, t, h, ev]` for a `[b, h, t, ev]` attention (row `t` of head `h` at
+/// `((b·T + t)·H + h)·ev`), so that no copy permutes it afterwards. The view must keep each row's
+/// `ev` elements contiguous and give every element its own place ([`OutView::check`]: an
+/// error, and nothing written, otherwise); elements of `data` outside the view are left as
+/// they are. Each output row is written by one work item (the same bits as [`attention`], at
+/// every thread count).
+pub fn attention_into(
+    q: View<'_, f32>,
+    k: View<'_, f32>,
+    v: View<'_, f32>,
+    mask: Option<Mask<'_>>,
+    shape: &AttentionShape<'_>,
+    tiling: AttentionTiling,
+    out: OutView<'_>,
+) -> Result<(), RuntimeError> {
+    attention_view_on(q, k, v, mask, shape, tiling, out, has_avx512())
+}
+
+/// The row-major strides of `[batch.., t, ev]`.
+fn contiguous_strides(shape: &AttentionShape<'_>) -> Vec<i64> {
+    let mut dims = shape.batch.to_vec();
+    dims.extend([shape.t, shape.ev]);
+    let mut strides = vec![0i64; dims.len()];
+    let mut step = 1i64;
+    for d in (0..dims.len()).rev() {
+        strides[d] = step;
+        step = step.saturating_mul(dims[d] as i64);
+    }
+    strides
+}
+
+/// Where an attention writes its output `[batch.., t, ev]`: element `[b.., r, c]` at `offset +
+/// Σ index·stride` of `data`.
+pub struct OutView<'a> {
+    pub data: &'a mut [f32],
+    pub offset: i64,
+    pub strides: &'a [i64],
+}
+
+impl OutView<'_> {
+    /// Checks that every position of `shape` (`[batch.., t, ev]`) addresses an element of
+    /// `data`, that a row's `ev` elements are contiguous (column stride 1), that no stride is
+    /// negative, and that no two positions share an element: with the dims of more than one
+    /// position sorted by stride, each stride is past everything the smaller ones reach (so
+    /// the rows handed to different work items never overlap).
+    fn check(&self, shape: &[usize]) -> Result<(), RuntimeError> {
+        let n = shape.len();
+        let fail = |why: String| {
+            Err(RuntimeError::BufferCheck(format!(
+                "attention output: {why}"
+            )))
+        };
+        if self.strides.len() != n || n < 2 {
+            return fail(format!("{} strides for {} dims", self.strides.len(), n));
+        }
+        if shape.contains(&0) {
+            return Ok(());
+        }
+        if shape[n - 1] > 1 && self.strides[n - 1] != 1 {
+            return fail(format!(
+                "the columns of a row are {} apart, not contiguous",
+                self.strides[n - 1]
+            ));
+        }
+        let mut dims: Vec<(i64, usize)> = Vec::with_capacity(n);
+        for (&size, &stride) in shape.iter().zip(self.strides) {
+            if size > 1 {
+                if stride < 0 {
+                    return fail(format!("a negative stride {stride}"));
+                }
+                dims.push((stride, size));
+            }
+        }
+        dims.sort_unstable();
+        // Elements `0..reach` past the offset are what the dims so far address.
+        let mut reach: i64 = 1;
+        for &(stride, size) in &dims {
+            if stride < reach {
+                return fail(format!(
+                    "strides {:?} for {shape:?} give two positions one element",
+                    self.strides
+                ));
+            }
+            reach = (size as i64 - 1)
+                .checked_mul(stride)
+                .and_then(|span| span.checked_add(reach))
+                .ok_or_else(|| RuntimeError::BufferCheck("attention output: overflow".into()))?;
+        }
+        let high = self.offset.checked_add(reach - 1);
+        if self.offset < 0 || high.is_none_or(|h| h >= self.data.len() as i64) {
+            return fail(format!(
+                "the view reaches outside its buffer (elements {}..{} of {})",
+                self.offset,
+                self.offset.saturating_add(reach),
+                self.data.len()
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// Output rows that one work item writes, and no one else: row `r` is the `ev` contiguous f32s
+/// from `ptr + r·stride`. Made only by [`OutView::runs`], which hands every row of a checked
+/// view to one `OutRows`; so, like a `&mut [f32]`, it is the one handle to its elements while
+/// it lives (`'a` borrows the view's data mutably).
+struct OutRows<'a> {
+    ptr: *mut f32,
+    stride: usize,
+    rows: usize,
+    ev: usize,
+    _data: std::marker::PhantomData<&'a mut [f32]>,
+}
+
+// SAFETY: an `OutRows` owns its rows exclusively (see the type), as a `&mut [f32]` would.
+unsafe impl Send for OutRows<'_> {}
+
+impl<'a> OutRows<'a> {
+    /// Row `r` (panics past the last).
+    fn row(&mut self, r: usize) -> &mut [f32] {
+        assert!(r < self.rows, "attention: output row {r} of {}", self.rows);
+        // SAFETY: row `r` is `ev` elements of this `OutRows` alone (see the type).
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.add(r * self.stride), self.ev) }
+    }
+
+    /// The rows cut into runs of `rows` (the last one shorter), each borrowing its own.
+    fn blocks(&mut self, rows: usize) -> Vec<OutRows<'_>> {
+        let rows = rows.max(1);
+        (0..self.rows.div_ceil(rows))
+            .map(|i| OutRows {
+                // In bounds: row `i·rows` is one of this `OutRows`'s.
+                ptr: self.ptr.wrapping_add(i * rows * self.stride),
+                stride: self.stride,
+                rows: rows.min(self.rows - i * rows),
+                ev: self.ev,
+                _data: std::marker::PhantomData,
+            })
+            .collect()
+    }
+}
+
+impl<'a> OutView<'a> {
+    /// Each batch's rows, cut into runs of `run_rows` rows: `[batch][run]`. The view must have
+    /// passed [`OutView::check`] for `[batches.., t, ev]`, which makes the runs disjoint.
+    fn runs(
+        &mut self,
+        batch: &[usize],
+        t: usize,
+        ev: usize,
+        run_rows: usize,
+    ) -> Vec<Vec<OutRows<'_>>> {
+        let n = batch.len();
+        let row_stride = if t > 1 { self.strides[n] as usize } else { 0 };
+        let batches: usize = batch.iter().product();
+        let ptr = self.data.as_mut_ptr();
+        (0..batches)
+            .map(|b| {
+                let start = base(self.offset, self.strides, batch, b) as usize;
+                (0..t.div_ceil(run_rows.max(1)))
+                    .map(|run| OutRows {
+                        // In bounds: the check saw every row of the view.
+                        ptr: ptr.wrapping_add(start + run * run_rows * row_stride),
+                        stride: row_stride,
+                        rows: run_rows.min(t - run * run_rows),
+                        ev,
+                        _data: std::marker::PhantomData,
+                    })
+                    .collect()
+            })
+            .collect()
+    }
+}
+
+/// [`attention_into`], with the AVX-512 micro-kernels only when `avx512` (which the caller has
+/// checked the CPU supports: [`has_avx512`]).
+#[allow(clippy::too_many_arguments)]
+fn attention_view_on(
+    q: View<'_, f32>,
+    k: View<'_, f32>,
+    v: View<'_, f32>,
+    mask: Option<Mask<'_>>,
+    shape: &AttentionShape<'_>,
+    tiling: AttentionTiling,
+    mut out: OutView<'_>,
+    avx512: bool,
+) -> Result<(), RuntimeError> {
     let n = shape.batch.len();
     let group = shape.group.max(1);
     let mut kv_batch = shape.batch.to_vec();
@@ -250,22 +454,21 @@ fn attention_on(
     if let Some(mask) = &mask {
         mask.check(&with(shape.batch, shape.t, shape.s))?;
     }
-    let batches: usize = shape.batch.iter().product();
+    out.check(&with(shape.batch, shape.t, shape.ev))?;
     let matrix = shape.t * shape.ev;
-    if out.len() != batches * matrix {
-        return Err(RuntimeError::Unsupported(format!(
-            "attention: the output holds {} elements, not {}",
-            out.len(),
-            batches * matrix
-        )));
-    }
-    if matrix == 0 {
+    if matrix == 0 || shape.batch.contains(&0) {
         return Ok(());
     }
     if shape.s == 0 {
         // No keys: each output row is a sum over nothing, 0 (what the prim graph computes: a
         // product of an empty probability row with an empty value matrix).
-        out.fill(0.0);
+        for head in out.runs(shape.batch, shape.t, shape.ev, shape.t) {
+            for mut rows in head {
+                for r in 0..rows.rows {
+                    rows.row(r).fill(0.0);
+                }
+            }
+        }
         return Ok(());
     }
     // Work items (see `work_items`): each packs its k/v head's keys (transposed) and, unless
@@ -275,15 +478,16 @@ fn attention_on(
     let (s, e, ev) = (shape.s, shape.e, shape.ev);
     let plan = ItemPlan::new(shape, minductor_runtime::threads::num_threads(), tiling);
     let query_block = plan.query_block;
-    let run_len = plan.run_blocks * query_block * ev;
-    // Per q head, its output split into runs; each item takes the runs it computes.
-    let mut per_head: Vec<Vec<Option<&mut [f32]>>> = out
-        .chunks_mut(matrix)
-        .map(|m| m.chunks_mut(run_len).map(Some).collect())
+    let run_rows = plan.run_blocks * query_block;
+    // Per q head, its output rows split into runs; each item takes the runs it computes.
+    let mut per_head: Vec<Vec<Option<OutRows>>> = out
+        .runs(shape.batch, shape.t, ev, run_rows)
+        .into_iter()
+        .map(|runs| runs.into_iter().map(Some).collect())
         .collect();
     let work = plan.items();
     // Each item's (q head, run, output rows) triples, taken by the thread running it.
-    type Parts<'o> = Mutex<Vec<(usize, usize, &'o mut [f32])>>;
+    type Parts<'o> = Mutex<Vec<(usize, usize, OutRows<'o>)>>;
     let items: Vec<Parts> = work
         .iter()
         .map(|item| {
@@ -306,7 +510,7 @@ fn attention_on(
         let keys = outs
             .iter()
             .map(|(_, run, o)| {
-                let last = run * plan.run_blocks * query_block + o.len() / ev.max(1);
+                let last = run * run_rows + o.rows;
                 if shape.causal {
                     s.min(last)
                 } else {
@@ -353,8 +557,8 @@ fn attention_on(
                 (&vp[..], ev)
             };
             for (b, run, out) in outs.iter_mut() {
-                let (b, first_row) = (*b, *run * plan.run_blocks * query_block);
-                for (i, block) in out.chunks_mut(query_block * ev).enumerate() {
+                let (b, first_row) = (*b, *run * run_rows);
+                for (i, mut block) in out.blocks(query_block).into_iter().enumerate() {
                     let tile = Tile {
                         q: &q,
                         q_base: base(q.offset, q.strides, shape.batch, b),
@@ -373,11 +577,11 @@ fn attention_on(
                         {
                             // SAFETY: the CPU has AVX-512F, AVX-512DQ and FMA (`avx512` is only
                             // set after `has_avx512` said so).
-                            unsafe { avx512::item(&tile, block) };
+                            unsafe { avx512::item(&tile, &mut block) };
                             continue;
                         }
                     }
-                    portable_item(&tile, exp, block);
+                    portable_item(&tile, exp, &mut block);
                 }
             }
             failed.record(pack.check("attention's packed keys and values"));
@@ -825,10 +1029,10 @@ fn product(
 }
 
 /// One item with portable loops, a tile at a time.
-fn portable_item(tile: &Tile<'_>, exp: Option<BlockFn>, out: &mut [f32]) {
+fn portable_item(tile: &Tile<'_>, exp: Option<BlockFn>, out: &mut OutRows<'_>) {
     let sh = tile.shape;
     let (e, ev) = (sh.e, sh.ev);
-    let rows = out.len() / ev;
+    let rows = out.rows;
     let t0 = tile.first_row;
     let (qs, q_rows) = tile.queries(rows);
     let mut acc = vec![0f32; rows * ev];
@@ -930,14 +1134,11 @@ fn portable_item(tile: &Tile<'_>, exp: Option<BlockFn>, out: &mut [f32]) {
 }
 
 /// `out = acc / sum`, row by row.
-fn finish(acc: &[f32], sum: &[f32], out: &mut [f32]) {
-    let ev = out.len() / sum.len().max(1);
+fn finish(acc: &[f32], sum: &[f32], out: &mut OutRows<'_>) {
+    let ev = out.ev;
     for (i, &s) in sum.iter().enumerate() {
         let inverse = 1.0 / s;
-        for (o, &a) in out[i * ev..(i + 1) * ev]
-            .iter_mut()
-            .zip(&acc[i * ev..(i + 1) * ev])
-        {
+        for (o, &a) in out.row(i).iter_mut().zip(&acc[i * ev..(i + 1) * ev]) {
             *o = a * inverse;
         }
     }
@@ -945,7 +1146,7 @@ fn finish(acc: &[f32], sum: &[f32], out: &mut [f32]) {
 
 #[cfg(target_arch = "x86_64")]
 mod avx512 {
-    use super::{finish, key_index, keys_len, Mask, Tile, KEY_BLOCK};
+    use super::{finish, key_index, keys_len, Mask, OutRows, Tile, KEY_BLOCK};
     use crate::math::LN_MIN_NORMAL;
     use std::arch::x86_64::*;
 
@@ -979,9 +1180,11 @@ mod avx512 {
         max: &'a mut [f32],
         /// Row `i`'s sum as 16 partial sums at `16·i`.
         sum: &'a mut [f32],
-        /// The item's output rows (`ev` each), written by the last key tile: the accumulator
-        /// over the sum (what [`finish`] computes), straight from the registers.
-        out: &'a mut [f32],
+        /// The item's output rows (`ev` each, `out_rows` apart), written by the last key
+        /// tile: the accumulator over the sum (what [`finish`] computes), straight from the
+        /// registers.
+        out: *mut f32,
+        out_rows: usize,
     }
 
     /// One item (see the module documentation).
@@ -989,10 +1192,10 @@ mod avx512 {
     /// # Safety
     /// The CPU has AVX-512F, AVX-512DQ and FMA.
     #[target_feature(enable = "avx512f,avx512dq,fma")]
-    pub(super) unsafe fn item(tile: &Tile<'_>, out: &mut [f32]) {
+    pub(super) unsafe fn item(tile: &Tile<'_>, out: &mut OutRows<'_>) {
         let sh = tile.shape;
         let (e, ev, s) = (sh.e, sh.ev, sh.s);
-        let rows = out.len() / ev;
+        let rows = out.rows;
         let t0 = tile.first_row;
         let (qs, q_rows) = tile.queries(rows);
         let mut acc = vec![0f32; rows * ev];
@@ -1016,7 +1219,7 @@ mod avx512 {
                 && tile.keys.len() >= keys_len(s, e)
                 && (s == 0 || tile.values.len() >= (s - 1) * tile.value_rows + ev)
                 && acc.len() >= rows * ev
-                && out.len() >= rows * ev
+                && out.ev == ev
                 && max.len() >= rows + 16
                 && sum.len() >= rows * 16,
             "attention: an item's packed buffers are too small"
@@ -1048,7 +1251,9 @@ mod avx512 {
                 acc: &mut acc,
                 max: &mut max,
                 sum: &mut sum,
-                out: &mut *out,
+                // The rows `out` owns: `rows` of `ev` elements, `out.stride` apart.
+                out: out.ptr,
+                out_rows: out.stride,
             };
             let last = s0 + bk == keys_end;
             let mut r0 = 0;
@@ -1229,8 +1434,8 @@ mod avx512 {
     ///
     /// # Safety
     /// The CPU has AVX-512F, AVX-512DQ and FMA; `N <= GROUP` (checked when compiled); `r0 +
-    /// N` rows are inside `ops.qs` (`q_rows` apart, `e` each), `state.acc` and `state.out`
-    /// (`ev` per row), `state.max`, `state.sum`, `ops.keep` and `ops.add` (`KEY_BLOCK` per
+    /// N` rows are inside `ops.qs` (`q_rows` apart, `e` each), `state.acc` (`ev` per row)
+    /// and `state.out` (`ev` per row, `state.out_rows` apart, the rows' own), `state.max`, `state.sum`, `ops.keep` and `ops.add` (`KEY_BLOCK` per
     /// row); `s0 + bk <= s`, `s0` a multiple of `KEY_BLOCK`, `bk <= KEY_BLOCK`; `ops.keys`
     /// holds `keys_len(s, e)` elements and `ops.values` `(s − 1)·value_rows + ev`.
     #[allow(clippy::too_many_arguments)]
@@ -1291,7 +1496,7 @@ mod avx512 {
             }
             let vp = ops.values.as_ptr().add(s0 * ops.value_rows);
             let ap = state.acc.as_mut_ptr().add(r0 * ev);
-            let op = state.out.as_mut_ptr().add(r0 * ev);
+            let op = state.out.add(r0 * state.out_rows);
             let mut j = 0;
             while j < ev {
                 let col_lanes: [__mmask16; 4] =
@@ -1326,7 +1531,7 @@ mod avx512 {
                         let at = r * ev + j + v * 16;
                         if last {
                             _mm512_mask_storeu_ps(
-                                op.add(at),
+                                op.add(r * state.out_rows + j + v * 16),
                                 col_lanes[v],
                                 _mm512_mul_ps(acc, inv),
                             );
@@ -1964,6 +2169,124 @@ mod tests {
                         );
                     }
                 }
+            }
+        }
+    }
+
+    /// An output view in the layout a consumer of `[b, h, t, ev]` wants, `[b, t, h, ev]` (row
+    /// `t` of head `h` at `((b·T + t)·H + h)·ev`), at an offset inside a larger buffer: the same
+    /// bits as the contiguous output at each place, in both forms, causal or not, at several
+    /// tilings (so runs and blocks end mid-buffer), and nothing outside the view is written.
+    /// A view whose rows overlap, or whose columns are not contiguous, is refused before
+    /// anything is written.
+    #[test]
+    fn a_strided_output_view_gets_the_contiguous_bits() {
+        let (heads, t, s, e, ev) = (3usize, 70usize, 70usize, 16usize, 12usize);
+        let batch = [2usize, heads];
+        let (q, k, v) = (
+            data(2 * heads * t * e, 0.0),
+            data(2 * heads * s * e, 1.0),
+            data(2 * heads * s * ev, 2.0),
+        );
+        let (qs, ks, vs) = (
+            head_strides(t, e, heads),
+            head_strides(s, e, heads),
+            head_strides(s, ev, heads),
+        );
+        let view = |data, strides| View {
+            data,
+            offset: 0,
+            strides,
+        };
+        let permuted = [(t * heads * ev) as i64, ev as i64, (heads * ev) as i64, 1];
+        let offset = 5usize;
+        let len = 2 * heads * t * ev;
+        for causal in [false, true] {
+            let sh = AttentionShape {
+                batch: &batch,
+                t,
+                s,
+                e,
+                ev,
+                group: 1,
+                scale: 0.25,
+                causal,
+            };
+            for &avx512 in &forms() {
+                for tiling in [
+                    AttentionTiling::DEFAULT,
+                    AttentionTiling::new(4, 64).unwrap(),
+                    AttentionTiling::new(32, 8).unwrap(),
+                ] {
+                    let mut want = vec![0f32; len];
+                    attention_on(
+                        view(&q, &qs),
+                        view(&k, &ks),
+                        view(&v, &vs),
+                        None,
+                        &sh,
+                        tiling,
+                        &mut want,
+                        avx512,
+                    )
+                    .unwrap();
+                    let mut got = vec![f32::NAN; len + offset + 3];
+                    attention_view_on(
+                        view(&q, &qs),
+                        view(&k, &ks),
+                        view(&v, &vs),
+                        None,
+                        &sh,
+                        tiling,
+                        OutView {
+                            data: &mut got,
+                            offset: offset as i64,
+                            strides: &permuted,
+                        },
+                        avx512,
+                    )
+                    .unwrap();
+                    let what = format!("causal {causal} avx512 {avx512} {tiling:?}");
+                    for b in 0..2 {
+                        for h in 0..heads {
+                            for r in 0..t {
+                                for c in 0..ev {
+                                    let w = want[((b * heads + h) * t + r) * ev + c];
+                                    let g = got[offset + ((b * t + r) * heads + h) * ev + c];
+                                    assert_eq!(w.to_bits(), g.to_bits(), "{what}: {b} {h} {r} {c}");
+                                }
+                            }
+                        }
+                    }
+                    let outside = got[..offset].iter().chain(&got[offset + len..]);
+                    assert!(outside.into_iter().all(|x| x.is_nan()), "{what}");
+                }
+            }
+            // Rows one element too close (they would overlap), and strided columns.
+            for bad in [
+                [permuted[0], permuted[1], ev as i64 - 1, 1],
+                [permuted[0], permuted[1], permuted[2], 2],
+                [permuted[0], 0, permuted[2], 1],
+            ] {
+                let mut out = vec![f32::NAN; 4 * len];
+                let result = attention_into(
+                    view(&q, &qs),
+                    view(&k, &ks),
+                    view(&v, &vs),
+                    None,
+                    &sh,
+                    AttentionTiling::DEFAULT,
+                    OutView {
+                        data: &mut out,
+                        offset: 0,
+                        strides: &bad,
+                    },
+                );
+                assert!(
+                    matches!(result, Err(RuntimeError::BufferCheck(_))),
+                    "{bad:?}: {result:?}"
+                );
+                assert!(out.iter().all(|x| x.is_nan()), "{bad:?} wrote");
             }
         }
     }

@@ -25,8 +25,13 @@
 //! the same batch dims as `out` (k and v may share one head among `group` q heads through the
 //! expand-reshape `repeat_interleave` makes).
 
-use minductor_ir::{BinaryOp, CompareOp, DType, Dim, Graph, NodeId, Op, ReduceOp, UnaryOp};
-use minductor_kernel_ir::MaskKind;
+use minductor_ir::{
+    BinaryOp, CompareOp, DType, Dim, Graph, NodeId, Op, ReduceOp, SizeExpr, UnaryOp,
+};
+use minductor_kernel_ir::{
+    AttentionStep, BufferId, BufferKind, Expr, MaskKind, Program, StageAction, Step, StridedView,
+    Var,
+};
 use std::collections::{HashMap, HashSet};
 
 /// One attention found in the graph.
@@ -354,4 +359,224 @@ impl Matcher<'_> {
             plain
         }
     }
+}
+
+/// `program` with each fused attention whose output only a plain copy reads (the permute of
+/// `[b, h, t, d]` back to `[b, t, h, d]`, and its reshape to `[b, t, h·d]`, that multi-head
+/// attention ends with) writing straight into the copy's buffer in the copy's layout: its
+/// output view takes the copy's store strides (`[T·H·D, D, H·D, 1]`), and the copy step and
+/// the attention's own buffer go. Called by `fuse` on the program it assembled.
+///
+/// A copy folds when it is a kernel of one store stage whose stored value is a plain load of
+/// the attention's buffer (nothing else loaded, f32 into f32), whose loops visit exactly the
+/// elements the attention writes, each once (each loop of more than one iteration moves the
+/// load as the attention's output view moves along its own dim of the same size, or along
+/// several static dims the loop walks as one, from the view's offset), whose store keeps a row's columns contiguous (coefficient 1 along the loop
+/// of the last dim), when the attention's buffer is an intermediate, no other
+/// step reads or writes the attention's buffer, the copy's buffer is not an input and is none
+/// of the attention's operands, and no step between the two reads or writes it. The attention
+/// then writes every element the copy wrote, the same values, earlier; `verify_program`
+/// checks its view as any other (inside its buffer, every element its own place).
+pub(crate) fn fold_output_copies(program: Program) -> Program {
+    // Each round drops a step per fold: a copy after a copy (the permute realized, then its
+    // reshape) folds in the next round.
+    let mut program = program;
+    loop {
+        let steps = program.steps.len();
+        program = fold_once(program);
+        if program.steps.len() == steps {
+            return program;
+        }
+    }
+}
+
+/// One round of [`fold_output_copies`]: each attention's current output copy folded.
+fn fold_once(program: Program) -> Program {
+    let mut folds: Vec<(usize, usize, StridedView)> = Vec::new();
+    for (i, step) in program.steps.iter().enumerate() {
+        if let Step::Attention(a) = step {
+            if let Some((j, view)) = output_copy(&program, i, a) {
+                folds.push((i, j, view));
+            }
+        }
+    }
+    if folds.is_empty() {
+        return program;
+    }
+    // The attentions' own buffers go; the others are numbered down past them.
+    let dropped: Vec<u32> = folds
+        .iter()
+        .map(|(i, _, _)| match &program.steps[*i] {
+            Step::Attention(a) => a.out.buffer.0,
+            _ => unreachable!("a fold starts at an attention"),
+        })
+        .collect();
+    let below = |b: u32| dropped.iter().filter(|&&d| d < b).count() as u32;
+    let renumber = |b: &mut BufferId| *b = BufferId(b.0 - below(b.0));
+    let mut steps = Vec::with_capacity(program.steps.len());
+    let mut origin: Vec<Vec<usize>> = Vec::with_capacity(program.steps.len());
+    for (n, step) in program.steps.iter().enumerate() {
+        if folds.iter().any(|f| f.1 == n) {
+            // The copy's index checks (it has none: it loads f32) would go with the attention.
+            let (i, _, _) = folds.iter().find(|f| f.1 == n).expect("found above");
+            if let Some(at) = origin.iter().position(|o| o.contains(i)) {
+                origin[at].push(n);
+            }
+            continue;
+        }
+        let mut step = step.clone();
+        if let Some((_, j, view)) = folds.iter().find(|f| f.0 == n) {
+            if let (Step::Attention(a), Step::Kernel(copy)) = (&mut step, &program.steps[*j]) {
+                a.out = view.clone();
+                a.nodes.extend(copy.nodes.iter().copied());
+            }
+        }
+        crate::fuse::renumber_buffers(&mut step, &renumber);
+        steps.push(step);
+        origin.push(vec![n]);
+    }
+    let mut out = program.with_steps(steps, &origin);
+    out.buffers = program
+        .buffers
+        .iter()
+        .enumerate()
+        .filter(|(b, _)| !dropped.contains(&(*b as u32)))
+        .map(|(_, b)| b.clone())
+        .collect();
+    for check in &mut out.index_checks {
+        renumber(&mut check.buffer);
+    }
+    for o in &mut out.outputs {
+        renumber(o);
+    }
+    out
+}
+
+/// The copy step of attention step `i`'s output and the view of the copy's buffer the attention
+/// should write instead (see [`fold_output_copies`]).
+fn output_copy(program: &Program, i: usize, a: &AttentionStep) -> Option<(usize, StridedView)> {
+    let own = a.out.buffer;
+    if program.buffer(own).kind != BufferKind::Intermediate {
+        return None;
+    }
+    // The one other step touching the attention's buffer.
+    let mut touching = program
+        .steps
+        .iter()
+        .enumerate()
+        .filter(|&(n, s)| n != i && (s.reads().contains(&own) || s.writes().contains(&own)));
+    let (j, copy) = touching.next()?;
+    if touching.next().is_some() || j < i {
+        return None;
+    }
+    let Step::Kernel(copy) = copy else {
+        return None;
+    };
+    let [stage] = &copy.stages[..] else {
+        return None;
+    };
+    let StageAction::Store(stores) = &stage.action else {
+        return None;
+    };
+    let [store] = &stores[..] else {
+        return None;
+    };
+    let Expr::Load {
+        buffer,
+        index: load,
+        indirect: None,
+    } = copy.expr(store.value)
+    else {
+        return None;
+    };
+    let target = program.buffer(store.buffer);
+    if *buffer != own
+        || copy.loads() != [own]
+        || store.buffer == own
+        || matches!(target.kind, BufferKind::Input(_))
+        || target.dtype != DType::F32
+        || copy.ty(store.value) != minductor_kernel_ir::ScalarType::F32
+        || load.offset != a.out.offset
+    {
+        return None;
+    }
+    let operands = [a.q.buffer, a.k.buffer, a.v.buffer];
+    if operands.contains(&store.buffer) || a.mask.as_ref().is_some_and(|m| m.buffer == store.buffer)
+    {
+        return None;
+    }
+    // Each loop of more than one iteration walks one dim of the attention's output, moving
+    // the load as that dim moves the attention's store; so the copy reads exactly the elements
+    // the attention writes, each once, and the attention can store each where the copy would.
+    let (shape, written) = (&a.out.shape, &a.out.strides);
+    let loops: Vec<(Var, Dim)> = (0..copy.outer.len())
+        .map(|o| (Var::Outer(o as u32), copy.outer[o]))
+        .chain((0..stage.extent.len()).map(|s| (Var::Inner(s as u32), stage.extent[s])))
+        .collect();
+    let mut strides: Vec<Option<SizeExpr>> = vec![None; shape.len()];
+    for &(var, extent) in &loops {
+        if extent == Dim::Static(1) {
+            continue;
+        }
+        let (c, to) = (load.coefficient(var), store.index.coefficient(var));
+        let free = |strides: &[Option<SizeExpr>], d: usize, step: &SizeExpr| {
+            strides[d].is_none() && shape[d] != Dim::Static(1) && written[d] == *step
+        };
+        // The dim the loop moves along, or (a reshape that merged dims: `[h, d]` walked as
+        // one loop of `h·d`) the static dims it walks through, innermost first, each moving
+        // the attention's store by the previous ones' elements times the loop's step.
+        let d = (0..shape.len()).find(|&d| free(&strides, d, &c))?;
+        if shape[d] == extent {
+            strides[d] = Some(to);
+            continue;
+        }
+        let (Some(total), Some(first)) = (extent.as_static(), shape[d].as_static()) else {
+            return None;
+        };
+        let mut walked = first;
+        strides[d] = Some(to.clone());
+        while walked < total {
+            let step = c.times(&SizeExpr::Const(walked as i64));
+            let next = (0..shape.len()).find(|&d| free(&strides, d, &step))?;
+            strides[next] = Some(to.times(&SizeExpr::Const(walked as i64)));
+            walked = walked.checked_mul(shape[next].as_static()?)?;
+        }
+        if walked != total {
+            return None;
+        }
+    }
+    // Every dim of more than one element is walked, and the load moves with no other loop.
+    let walked = |d: usize| strides[d].is_some() || shape[d] == Dim::Static(1);
+    let moves_only_with_loops = load
+        .terms
+        .iter()
+        .all(|(v, _)| loops.iter().any(|&(w, _)| w == *v));
+    if !(0..shape.len()).all(walked) || !moves_only_with_loops {
+        return None;
+    }
+    let strides: Vec<SizeExpr> = strides
+        .into_iter()
+        .map(|s| s.unwrap_or(SizeExpr::Const(0)))
+        .collect();
+    let rank = shape.len();
+    if shape[rank - 1] != Dim::Static(1) && !strides[rank - 1].is(1) {
+        return None;
+    }
+    // Nothing between the two steps reads or writes the copy's buffer.
+    let between = &program.steps[i + 1..j];
+    if between
+        .iter()
+        .any(|s| s.reads().contains(&store.buffer) || s.writes().contains(&store.buffer))
+    {
+        return None;
+    }
+    Some((
+        j,
+        StridedView {
+            buffer: store.buffer,
+            offset: store.index.offset.clone(),
+            shape: shape.clone(),
+            strides,
+        },
+    ))
 }

@@ -40,9 +40,11 @@
 //! The prim expansion of `scaled_dot_product_attention` (found by `attention::find_attention`:
 //! scores GEMM, scale, optional causal mask, row softmax, `p·v` GEMM, nothing else reading the
 //! scores) becomes one `Step::Attention` reading q, k and v through strided views: none of its
-//! interior values is realized, so no `[.., T, S]` buffer exists.
+//! interior values is realized, so no `[.., T, S]` buffer exists. An attention whose output only
+//! a plain copy reads (the permute back to `[b, t, h, d]`) writes the copy's layout itself
+//! instead (`attention::fold_output_copies`, run on the assembled program).
 
-use crate::attention::{find_attention, AttentionPattern};
+use crate::attention::{find_attention, fold_output_copies, AttentionPattern};
 use minductor_ir::{DType, Dim, Graph, NodeId, Op, SizeExpr, SliceFrom};
 use minductor_kernel_ir::*;
 use smallvec::SmallVec;
@@ -114,6 +116,8 @@ pub fn fuse_counting(graph: &Graph) -> Result<(Program, FuseStats), FuseError> {
     loop {
         match scheduler.run() {
             Ok(program) => {
+                // An attention writes in the layout of the copy that is its one reader.
+                let program = fold_output_copies(program);
                 let stats = FuseStats {
                     builds: scheduler.builds,
                     retries,
@@ -838,7 +842,7 @@ impl<'g> Scheduler<'g> {
             q: view(self, pattern.q)?,
             k,
             v: view(self, pattern.v)?,
-            out,
+            out: StridedView::contiguous(out, &dims(g, id)),
             scale: pattern.scale,
             causal: pattern.causal,
             mask,
@@ -1830,7 +1834,7 @@ fn expr_hash(expr: &Expr, ty: ScalarType) -> u64 {
 }
 
 /// Applies `renumber` to every buffer `step` names.
-fn renumber_buffers(step: &mut Step, renumber: &impl Fn(&mut BufferId)) {
+pub(crate) fn renumber_buffers(step: &mut Step, renumber: &impl Fn(&mut BufferId)) {
     let view = |v: &mut StridedView| renumber(&mut v.buffer);
     match step {
         Step::Kernel(k) => renumber_kernel(k, renumber),
@@ -1857,7 +1861,7 @@ fn renumber_buffers(step: &mut Step, renumber: &impl Fn(&mut BufferId)) {
             if let Some(m) = &mut a.mask {
                 view(m);
             }
-            renumber(&mut a.out);
+            view(&mut a.out);
         }
         Step::Fallback(fb) => {
             fb.inputs.iter_mut().for_each(renumber);

@@ -31,7 +31,8 @@
 //! 0.66–0.73 and 0.30–0.35 ms to 0.22 and 0.10 ms, and the block from 62.0–63.3 to 61.3–61.5 ms
 //! (`minductor bench --workload llama_block_4x256x512 --threads 1,2 --rounds 3`, three
 //! alternated runs; at 2 threads 31.3–31.5 against 31.0–31.4 ms). A copy that transposes the
-//! other way (attention's output `[b, h, t, d]` stored as `[b, t, h, d]`) keeps its order:
+//! other way (a `[b, h, t, d]` buffer stored as `[b, t, h, d]`; attention's output no longer
+//! takes one: `fuse` folds that copy into the attention) keeps its order:
 //! there the store is already the one stream and the load `h` streams (nested `b, h, t` instead
 //! measured 0.14–0.22 ms against 0.08–0.13). Inductor orders a kernel's loops by a vote of its
 //! accesses' strides (`pick_loop_order`), which ties on both kernels. A kernel split across

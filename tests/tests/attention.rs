@@ -534,3 +534,194 @@ fn attention_with_empty_heads_gives_what_the_interpreter_gives() {
         minductor_tests::assert_allclose(&got, &want, Tolerance::close(1e-6), &what);
     }
 }
+
+/// Multi-head attention's ending: `sdpa(q, k, v)` of `[b, h, t, d]`, permuted to `[b, t, h,
+/// d]` and reshaped to `[b, t, h·d]`, then (with `project`) the output projection `@ w`. With
+/// `keep_heads` the attention's own `[b, h, t, d]` result is a graph output too.
+fn permuted_sdpa_graph(
+    [b, h, t, d]: [usize; 4],
+    causal: bool,
+    project: bool,
+    keep_heads: bool,
+) -> Graph {
+    let tracer = Tracer::new();
+    let (q, k, v) = (
+        tracer.input("q", DType::F32, &[b, h, t, d]),
+        tracer.input("k", DType::F32, &[b, h, t, d]),
+        tracer.input("v", DType::F32, &[b, h, t, d]),
+    );
+    let heads = q.scaled_dot_product_attention(&k, &v, None, causal);
+    let rows = heads
+        .permute(&[0, 2, 1, 3])
+        .reshape(&[b as isize, t as isize, (h * d) as isize]);
+    let mut outputs = vec![if project {
+        let w = tracer.input("w", DType::F32, &[h * d, 24]);
+        rows.matmul(&w)
+    } else {
+        rows
+    }];
+    if keep_heads {
+        outputs.push(heads);
+    }
+    tracer.finish(&outputs).unwrap()
+}
+
+/// An attention whose output only the permute back to `[b, t, h, d]` reads writes that layout
+/// itself: no copy step is left (the program is the attention, then the projection GEMM when
+/// there is one), the attention's output view has the strides `[T·H·D,
+/// D, H·D, 1]` (into the `[b, t, h, d]` permute or its `[b, t, h·d]` reshape, whichever is
+/// realized), and the results are the same bits at 1, 2 and 3 threads as the previous path
+/// (the same graph with the `[b, h, t, d]` result also an output, which keeps the contiguous
+/// attention and its copy), and close to the interpreter's.
+#[test]
+fn an_attention_read_through_a_permute_writes_the_permuted_layout() {
+    // Two query blocks (t = 70) and several runs of them at 2 and 3 threads; odd head count.
+    let (b, h, t, d) = (2, 3, 70, 16);
+    for causal in [false, true] {
+        for project in [false, true] {
+            let what = format!("causal {causal} project {project}");
+            let graph = permuted_sdpa_graph([b, h, t, d], causal, project, false);
+            let compiled = compile(&graph).unwrap();
+            let program = program_of(&compiled);
+            let kernels = program
+                .steps
+                .iter()
+                .filter(|s| matches!(s, Step::Kernel(_)))
+                .count();
+            assert_eq!(kernels, 0, "{what}: a copy step is left:\n{program}");
+            let Step::Attention(a) = &program.steps[0] else {
+                panic!("{what}:\n{program}")
+            };
+            let strides: Vec<i64> = a
+                .out
+                .strides
+                .iter()
+                .map(|s| s.as_const().unwrap())
+                .collect();
+            let (t3, hd) = ((t * h * d) as i64, (h * d) as i64);
+            assert_eq!(strides, [t3, d as i64, hd, 1], "{what}:\n{program}");
+            // A buffer of the permuted layout (`[b, t, h, d]`, or `[b, t, h·d]`), written whole.
+            assert_eq!(
+                program.buffer(a.out.buffer).numel(),
+                Some(b * t * h * d),
+                "{what}:\n{program}"
+            );
+            assert_eq!(program.steps.len(), 1 + usize::from(project), "{program}");
+            // The text form names the view and parses back.
+            let text = program.to_string();
+            let parsed: Program = text.parse().unwrap_or_else(|e| panic!("{e}\n{text}"));
+            assert_eq!(parsed, program, "{text}");
+
+            let mut inputs = vec![
+                wide_ramp(&[b, h, t, d], 0.0),
+                wide_ramp(&[b, h, t, d], 1.0),
+                wide_ramp(&[b, h, t, d], 2.0),
+            ];
+            if project {
+                inputs.push(wide_ramp(&[h * d, 24], 3.0));
+            }
+            let got =
+                minductor_tests::assert_same_bits_on_threads(&compiled, &inputs, &[2, 3], &what);
+            // The previous path: the contiguous attention, then its copy.
+            let before =
+                compile(&permuted_sdpa_graph([b, h, t, d], causal, project, true)).unwrap();
+            let before_program = program_of(&before);
+            assert!(
+                before_program
+                    .steps
+                    .iter()
+                    .any(|s| matches!(s, Step::Kernel(_))),
+                "{what}: the copy of the kept output is gone:\n{before_program}"
+            );
+            for threads in [1, 2, 3] {
+                minductor::set_num_threads(threads).unwrap();
+                let old = before.call(&inputs).unwrap();
+                let new = compiled.call(&inputs).unwrap();
+                minductor::set_num_threads(0).unwrap();
+                let bits = |x: &Tensor| -> Vec<u64> {
+                    x.to_f64_vec().iter().map(|v| v.to_bits()).collect()
+                };
+                assert_eq!(bits(&old[0]), bits(&new[0]), "{what} at {threads} threads");
+                assert_eq!(bits(&got[0]), bits(&new[0]), "{what} at {threads} threads");
+            }
+            let want = interpret(&graph, &inputs).unwrap();
+            minductor_tests::assert_allclose(&got, &want, Tolerance::close(1e-4), &what);
+        }
+    }
+}
+
+/// The verifier refuses an attention output view whose rows overlap (two threads' items
+/// would write one element), and one whose row elements are not contiguous.
+#[test]
+fn the_verifier_rejects_an_attention_output_view_that_overlaps() {
+    let graph = permuted_sdpa_graph([1, 2, 8, 8], false, false, false);
+    let good = program_of(&compile(&graph).unwrap());
+    for (stride, value) in [(2, 7), (3, 2)] {
+        let mut bad = good.clone();
+        let Step::Attention(a) = &mut bad.steps[0] else {
+            panic!("{good}")
+        };
+        a.out.strides[stride] = value.into();
+        match compile_program(&bad) {
+            Err(CodegenError::Verify(e)) => {
+                assert!(matches!(*e, VerifyError::Malformed { .. }), "{e}")
+            }
+            Err(other) => panic!("expected a malformed-program error, got {other}"),
+            Ok(_) => panic!("an overlapping attention output view compiled:\n{bad}"),
+        }
+    }
+}
+
+/// With a symbolic sequence length the fold still applies (the output view's strides are size
+/// expressions of the length), and every length gives the interpreter's results under the one
+/// compile.
+#[test]
+fn a_symbolic_length_attention_writes_the_permuted_layout() {
+    let t = Dim::Sym(SymId(0));
+    let (b, h, d) = (2usize, 2usize, 16usize);
+    let shape = [Dim::Static(b), Dim::Static(h), t, Dim::Static(d)];
+    let graph = |shape: &[Dim]| {
+        let tracer = Tracer::new();
+        let input = |name: &str| {
+            tracer.input_typed(
+                name,
+                TensorType::new(DType::F32, shape.iter().copied().collect()),
+            )
+        };
+        let (q, k, v) = (input("q"), input("k"), input("v"));
+        let out = q
+            .scaled_dot_product_attention(&k, &v, None, true)
+            .permute(&[0, 2, 1, 3])
+            .reshape(&[b as isize, -1, (h * d) as isize]);
+        tracer.finish(&[out]).unwrap()
+    };
+    let symbolic = compile(&graph(&shape)).unwrap();
+    let program = program_of(&symbolic);
+    assert!(
+        !program.steps.iter().any(|s| matches!(s, Step::Kernel(_))),
+        "a copy step is left:\n{program}"
+    );
+    let [Step::Attention(a)] = &program.steps[..] else {
+        panic!("one attention step:\n{program}")
+    };
+    assert!(
+        a.out.strides[0].as_const().is_none(),
+        "the batch stride is a size expression of the length:\n{program}"
+    );
+    for n in [2, 7, 65, 130] {
+        let sizes = [b, h, n, d];
+        let inputs = [
+            wide_ramp(&sizes, 0.0),
+            wide_ramp(&sizes, 1.0),
+            wide_ramp(&sizes, 2.0),
+        ];
+        let want = interpret(&graph(&dims(&sizes)), &inputs).unwrap();
+        let got = minductor_tests::assert_same_bits_on_threads(
+            &symbolic,
+            &inputs,
+            &[2, 3],
+            &format!("t {n}"),
+        );
+        minductor_tests::assert_allclose(&got, &want, Tolerance::close(1e-5), &format!("t {n}"));
+    }
+}

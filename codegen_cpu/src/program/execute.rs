@@ -816,7 +816,7 @@ impl CompiledStep {
                 ..
             } => format!("matmul_{}+{}", step.out, e.name),
             CompiledStep::ScatterAdd(sc) => format!("scatter_add_{}", sc.out),
-            CompiledStep::Attention { step, .. } => format!("attention_{}", step.out),
+            CompiledStep::Attention { step, .. } => format!("attention_{}", step.out.buffer),
             CompiledStep::Fallback(fb) => format!("fallback_{}_{}", fb.op.name(), fb.out),
         }
     }

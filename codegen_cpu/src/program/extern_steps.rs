@@ -10,7 +10,9 @@ use minductor_kernel_ir::{
     AttentionStep, BufferId, BufferKind, Im2colView, MaskKind, MatmulOperand, MatmulStep, Program,
     ScatterAddStep, StridedView,
 };
-use minductor_kernels::attention::{attention, AttentionShape, AttentionTiling, Mask, MaskData};
+use minductor_kernels::attention::{
+    attention_into, AttentionShape, AttentionTiling, Mask, MaskData, OutView,
+};
 use minductor_kernels::gemm;
 use minductor_kernels::scatter::{scatter_add, View};
 use minductor_runtime::{threads, RuntimeError, Tensor};
@@ -44,11 +46,13 @@ pub(super) fn run_attention(
     // f32 buffers). The output is written by this step alone and overlaps no operand: the
     // verifier rejects an attention reading its own output, `plan_buffers` never places an
     // attention's output in place of a buffer it reads, and live buffers' slots are disjoint.
-    // Every index the routine reads is checked against these slices.
+    // Every index the routine reads is checked against these slices; it writes only the
+    // elements of the output view (`attention_into` checks it inside the output buffer, each
+    // element its own place, before writing), the whole buffer being this step's alone.
     let (mask_data, mask_offset, mask_strides) = match &a.mask {
         None => (None, 0, Vec::new()),
         Some(m) => {
-            let (offset, strides) = symbols.view(m, a.out)?;
+            let (offset, strides) = symbols.view(m, a.out.buffer)?;
             let n = numel(m.buffer);
             // SAFETY: as for q, k and v below (a buffer the step only reads; `verify_program`
             // checked that it is f32 for an additive mask, else bool: one byte an element).
@@ -71,12 +75,16 @@ pub(super) fn run_attention(
             read(a.q.buffer),
             read(a.k.buffer),
             read(a.v.buffer),
-            std::slice::from_raw_parts_mut(pointers[a.out.0 as usize] as *mut f32, numel(a.out)),
+            std::slice::from_raw_parts_mut(
+                pointers[a.out.buffer.0 as usize] as *mut f32,
+                numel(a.out.buffer),
+            ),
         )
     };
-    let (q_offset, q_strides) = symbols.view(&a.q, a.out)?;
-    let (k_offset, k_strides) = symbols.view(&a.k, a.out)?;
-    let (v_offset, v_strides) = symbols.view(&a.v, a.out)?;
+    let (q_offset, q_strides) = symbols.view(&a.q, a.out.buffer)?;
+    let (k_offset, k_strides) = symbols.view(&a.k, a.out.buffer)?;
+    let (v_offset, v_strides) = symbols.view(&a.v, a.out.buffer)?;
+    let (out_offset, out_strides) = symbols.view(&a.out, a.out.buffer)?;
     let q_shape = symbols.sizes(&a.q.shape);
     let k_shape = symbols.sizes(&a.k.shape);
     let v_shape = symbols.sizes(&a.v.shape);
@@ -84,7 +92,7 @@ pub(super) fn run_attention(
     if rank < 2 || k_shape.len() != rank || v_shape.len() != rank {
         return Err(RuntimeError::Unsupported(format!(
             "attention into {}: operands of ranks {}, {}, {}",
-            a.out,
+            a.out.buffer,
             rank,
             k_shape.len(),
             v_shape.len()
@@ -114,14 +122,18 @@ pub(super) fn run_attention(
         offset,
         strides,
     };
-    attention(
+    attention_into(
         view(q, q_offset, &q_strides),
         view(k, k_offset, &k_strides),
         view(v, v_offset, &v_strides),
         mask,
         &shape,
         attention_tiling(tuned, threads::num_threads()),
-        out,
+        OutView {
+            data: out,
+            offset: out_offset,
+            strides: &out_strides,
+        },
     )
 }
 

@@ -343,7 +343,7 @@ fn splits_across_threads(program: &Program) -> Option<bool> {
                     .and_then(|k| k.as_static())
                     .and_then(|k| numel(m.out)?.checked_mul(k.max(1)))
             }
-            Step::Attention(a) => numel(a.out),
+            Step::Attention(a) => product(&a.out.shape),
             Step::ScatterAdd(_) | Step::Fallback(_) => Some(0),
         };
         symbolic |= work.is_none();
@@ -741,7 +741,7 @@ impl CompiledProgram {
         match &self.steps[i] {
             CompiledStep::Kernel(k) => k.name.clone(),
             CompiledStep::Matmul { step, .. } => format!("matmul_{}", step.out),
-            CompiledStep::Attention { step, .. } => format!("attention_{}", step.out),
+            CompiledStep::Attention { step, .. } => format!("attention_{}", step.out.buffer),
             _ => String::new(),
         }
     }
