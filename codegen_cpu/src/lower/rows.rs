@@ -353,7 +353,7 @@ impl Lowering<'_, '_, '_> {
                 {
                     return None;
                 }
-                return stores
+                let plans: Vec<RowPlan> = stores
                     .iter()
                     .map(|st| {
                         let one = Stage {
@@ -362,10 +362,55 @@ impl Lowering<'_, '_, '_> {
                         };
                         self.row_plan(&one)
                     })
-                    .collect();
+                    .collect::<Option<_>>()?;
+                return Some(self.pair_halves(plans));
             }
         }
         Some(vec![self.row_plan(stage)?])
+    }
+
+    /// `plans` with a rotary embedding's two halves made one plan of both
+    /// (`RowShape::HALVES`): the plan storing `x1 * cos + (-x2) * sin` (`NEG_PRODUCT`, `x` the
+    /// first half, `b` the second) and the plan storing `x2 * cos + x1 * sin` (`ADD_PRODUCT`,
+    /// the same rows with `x` and `b` swapped) `n` elements after it in the same buffer, `n`
+    /// the static row's length, every row f32. The routine computes each half with the same
+    /// operations as its plan alone (the same bits), and writes each head row in order: one
+    /// call per row (or run of rows) instead of two. Other plans are returned as they are.
+    fn pair_halves(&self, plans: Vec<RowPlan>) -> Vec<RowPlan> {
+        let first = RowShape::MUL_ROW | RowShape::ADD_PRODUCT | RowShape::NEG_PRODUCT | RowShape::STORE;
+        let second = first & !RowShape::NEG_PRODUCT;
+        let (Some(n), Some(isa), [p, q]) = (self.row_extent, block_isa(), plans.as_slice()) else {
+            return plans;
+        };
+        let (one, two) = match (p.shape.0, q.shape.0) {
+            (a, b) if a == first && b == second => (p, q),
+            (a, b) if a == second && b == first => (q, p),
+            _ => return plans,
+        };
+        let after = |(buffer, index): &(BufferId, Affine)| {
+            (*buffer, index.plus(&Affine::constant(n as i64)))
+        };
+        let f32_rows = (one.rows().chain(two.rows()))
+            .all(|(buffer, _)| self.program.buffer(*buffer).dtype == DType::F32);
+        let pairs = f32_rows
+            && one.w == two.w
+            && one.c == two.c
+            && one.b.as_ref() == Some(&two.x)
+            && two.b.as_ref() == Some(&one.x)
+            && one.out.as_ref().map(after) == two.out
+            && one.stream == two.stream
+            && ![one, two].iter().any(|plan| plan.x_stash || plan.out_stash);
+        let shape = RowShape(first | RowShape::HALVES);
+        let Some(routine) = row_routine(shape, isa).filter(|_| pairs) else {
+            return plans;
+        };
+        let one = if std::ptr::eq(one, p) { 0 } else { 1 };
+        let plan = plans.into_iter().nth(one).expect("one of the two");
+        vec![RowPlan {
+            routine,
+            shape,
+            ..plan
+        }]
     }
 
     /// The routine for stage `stage`, if it is a row stage of a shape that has one.
@@ -861,8 +906,11 @@ impl Lowering<'_, '_, '_> {
                 let follow = |(_, index): &(BufferId, Affine)| {
                     index.coefficient(last) == SizeExpr::Const(len as i64)
                 };
+                // A head's two halves in one call write each head row in order, wherever
+                // the rows lie: they run whatever their strides (see below).
+                let halves = plan.shape.0 & RowShape::HALVES != 0;
                 !plan.shape.reduces()
-                    && plan.rows().all(follow)
+                    && (halves || plan.rows().all(follow))
                     && !plan.x_stash
                     && !plan.out_stash
                     && (plan.rows())
