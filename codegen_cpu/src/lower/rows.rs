@@ -30,8 +30,10 @@
 //! follow each other in every operand (a batch norm over a 56-wide image's rows), runs as *row
 //! runs* ([`Lowering::choose_row_runs`]): each run of its last outer loop (a thread's range of
 //! it) is one call per store, which the routine runs as one long row, where a call per row
-//! would cost more than the row. (The routines can step rows apart too, but a rotary
-//! embedding's half heads of 32 measured slower so than as the loop: they keep it.)
+//! would cost more than the row. Rows apart take a run only for a rotary embedding's two
+//! halves paired into one plan ([`Lowering::pair_halves`], `RowShape::HALVES`): each head
+//! row is then written in order, one call per run of heads (its halves apart, one call each,
+//! measured slower than the loop).
 //!
 //! The matcher also answers which vector width each stage runs at ([`kernel_vector_bits`]),
 //! from the same decisions the lowering takes, for `minductor report`.
@@ -377,7 +379,8 @@ impl Lowering<'_, '_, '_> {
     /// operations as its plan alone (the same bits), and writes each head row in order: one
     /// call per row (or run of rows) instead of two. Other plans are returned as they are.
     fn pair_halves(&self, plans: Vec<RowPlan>) -> Vec<RowPlan> {
-        let first = RowShape::MUL_ROW | RowShape::ADD_PRODUCT | RowShape::NEG_PRODUCT | RowShape::STORE;
+        let first =
+            RowShape::MUL_ROW | RowShape::ADD_PRODUCT | RowShape::NEG_PRODUCT | RowShape::STORE;
         let second = first & !RowShape::NEG_PRODUCT;
         let (Some(n), Some(isa), [p, q]) = (self.row_extent, block_isa(), plans.as_slice()) else {
             return plans;
@@ -871,11 +874,17 @@ impl Lowering<'_, '_, '_> {
     ///
     /// Rows at other strides (0 for an operand broadcast along the loop, rotary embeddings'
     /// `cos` and `sin` across heads; 64 KiB apart for their half heads written heads-first) the
-    /// routines can run too, but measured slower than the 4-lane loop: the LLaMA block's rotary
-    /// kernels (`[4, 256, 8] x [32]`, one thread, Zen 5, `minductor report --runs 30`, three
-    /// runs alternated with `MINDUCTOR_ROW_KERNELS=0`) reached 17-27 GB/s as runs of 8 rows
-    /// against 29-37 GB/s as the loop, whose narrow stores keep the rows of 128 bytes apart in
-    /// flight better than two 512-bit stores a row. They keep the loop.
+    /// routines can run too. As two plans, one per half, they measured slower than the 4-lane
+    /// loop: the LLaMA block's rotary kernels (`[4, 256, 8] x [32]`, one thread, Zen 5,
+    /// `minductor report --runs 30`, three runs alternated with `MINDUCTOR_ROW_KERNELS=0`)
+    /// reached 17-27 GB/s as runs of 8 rows against 29-37 GB/s as the loop, each call writing
+    /// a half row of 128 bytes per head. Paired into one plan of both halves
+    /// ([`Self::pair_halves`]), each head row of 256 bytes is written in order as the loop
+    /// writes it, and those runs do take the routine: on Zen 5 (AMD EPYC, family 26, 2 vCPUs
+    /// shared with other builds), medians of 16 rounds of 10 runs alternating both forms in one
+    /// process (`cargo run --release -p minductor-tools --example rotary_ab`), k11 0.159 against
+    /// 0.165 ms at 1 thread and 0.143 against 0.174 at 2, k13 0.072 against 0.076 and 0.085
+    /// against 0.089.
     pub(super) fn choose_row_runs(&mut self) -> bool {
         let k = self.kernel;
         if k.order != LoopOrder::Inner

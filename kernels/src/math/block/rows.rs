@@ -43,14 +43,17 @@
 //! as rotary embeddings' `cos` and `sin` across heads). Each row gets the same operations as
 //! alone; rows that follow each other in every operand run as one row ([`row_runs`]). The code
 //! generator hands it a run of its kernel's last outer loop when the rows are too short for a
-//! call each and follow each other (a 56-wide image's rows; rows apart measured slower than
-//! the 4-lane loop: `choose_row_runs` in `lower/rows.rs`).
+//! call each and follow each other (a 56-wide image's rows), or lie apart as the heads of a
+//! rotary embedding whose two halves are one call ([`RowShape::HALVES`]; each half its own
+//! call, rows apart measured slower than the 4-lane loop: `choose_row_runs` in
+//! `lower/rows.rs`).
 //!
 //! **Both halves of a head.** A rotary embedding's halves, `x1 * cos + (-x2) * sin` into the
 //! head's first half and `x2 * cos + x1 * sin` into its second, are two shapes (`NEG_PRODUCT`
 //! and `ADD_PRODUCT`) over rows of half a head; [`RowShape::HALVES`] computes both in one call,
 //! each head row then written in order (as the 4-lane loop writes it), which is what lets the
-//! LLaMA block's half heads of 32, rows 64 KiB apart, run at full width as fast as the loop.
+//! LLaMA block's half heads of 32, rows 64 KiB apart, run at full width at least as fast as the
+//! loop.
 //!
 //! **Sums.** A sum adds blocks of [`SUM_BLOCK`] elements into four
 //! fresh accumulator registers (so each lane adds at most 16 values in a row on AVX-512), and
@@ -1429,7 +1432,8 @@ mod tests {
         assert!(SHAPES.contains(&pair));
         let same = |a: &[f32], b: &[f32]| {
             a.len() == b.len()
-                && (a.iter().zip(b)).all(|(p, q)| p.to_bits() == q.to_bits() || p.is_nan() && q.is_nan())
+                && (a.iter().zip(b))
+                    .all(|(p, q)| p.to_bits() == q.to_bits() || p.is_nan() && q.is_nan())
         };
         let specials = [f32::NAN, f32::INFINITY, f32::NEG_INFINITY, 0.0, -0.0];
         for isa in isas() {
@@ -1454,7 +1458,12 @@ mod tests {
                     let mut c = row(half * rows + n, 4.1);
                     // Specials in each operand, at positions moving with the length.
                     for (k, v) in specials.into_iter().enumerate() {
-                        for (data, at) in [(&mut x, 3 * k), (&mut x, n + 5 * k), (&mut w, 7 * k), (&mut c, 2 * k + 1)] {
+                        for (data, at) in [(0, 3 * k), (0, n + 5 * k), (1, 7 * k), (2, 2 * k + 1)] {
+                            let data = match data {
+                                0 => &mut x,
+                                1 => &mut w,
+                                _ => &mut c,
+                            };
                             if let Some(slot) = data.get_mut(at) {
                                 *slot = v;
                             }
@@ -1501,7 +1510,12 @@ mod tests {
                         let out = apart[start + r * head..].as_mut_ptr();
                         let halves = [
                             (first_half, x.as_ptr(), x[n..].as_ptr(), out),
-                            (second_half, x[n..].as_ptr(), x.as_ptr(), out.wrapping_add(n)),
+                            (
+                                second_half,
+                                x[n..].as_ptr(),
+                                x.as_ptr(),
+                                out.wrapping_add(n),
+                            ),
                         ];
                         for (shape, x, b, out) in halves {
                             let one = RowArgs {
@@ -1518,7 +1532,10 @@ mod tests {
                             unsafe { run_row(shape, isa, &one) }.unwrap();
                         }
                     }
-                    assert!(same(&storage, &apart), "{what}: differs from the halves apart");
+                    assert!(
+                        same(&storage, &apart),
+                        "{what}: differs from the halves apart"
+                    );
                     // The same operations in scalar f32, and nothing outside the rows.
                     let mut want = vec![f32::NAN; len + 32];
                     if in_place {
