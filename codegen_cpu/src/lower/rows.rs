@@ -881,10 +881,12 @@ impl Lowering<'_, '_, '_> {
     /// a half row of 128 bytes per head. Paired into one plan of both halves
     /// ([`Self::pair_halves`]), each head row of 256 bytes is written in order as the loop
     /// writes it, and those runs do take the routine: on Zen 5 (AMD EPYC, family 26, 2 vCPUs
-    /// shared with other builds), medians of 16 rounds of 10 runs alternating both forms in one
-    /// process (`cargo run --release -p minductor-tools --example rotary_ab`), k11 0.159 against
-    /// 0.165 ms at 1 thread and 0.143 against 0.174 at 2, k13 0.072 against 0.076 and 0.085
-    /// against 0.089.
+    /// shared with other builds), seven runs of 16-30 rounds of 10 calls each alternating both
+    /// forms in one process (`cargo run --release -p minductor-tools --example rotary_ab`),
+    /// medians of their medians, routine against loop: k11 (`[4, 256, 8] x [32]`) 0.170
+    /// against 0.181 ms at 1 thread (faster in 6 of the 7 runs) and 0.166 against 0.176 at 2
+    /// (5 of 7); k13 (`[4, 256, 4] x [32]`, runs of 4 heads) ties, 0.0818 against 0.0819 and
+    /// 0.0860 against 0.0878.
     pub(super) fn choose_row_runs(&mut self) -> bool {
         let k = self.kernel;
         if k.order != LoopOrder::Inner
