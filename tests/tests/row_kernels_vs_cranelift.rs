@@ -650,26 +650,31 @@ fn the_train_steps_epilogues_run_at_the_row_routines_width() {
     );
 }
 
+/// Rotary embeddings over half heads, as the LLaMA block's: `x1 * cos + (-x2) * sin` and
+/// `x2 * cos + x1 * sin` (`cos` and `sin` broadcast across heads), the output permuted to
+/// heads first.
+fn rotary(i: &[Traced]) -> Vec<Traced> {
+    let n = i[0].dims()[3].size() as isize / 2;
+    let x1 = i[0].slice(3, None, Some(n), 1);
+    let x2 = i[0].slice(3, Some(n), None, 1);
+    let first = x1.mul(&i[1]).add(&x2.neg().mul(&i[2]));
+    let second = x2.mul(&i[1]).add(&x1.mul(&i[2]));
+    vec![Traced::cat(&[&first, &second], 3).permute(&[0, 2, 1, 3])]
+}
+
 /// Rows shorter than `SHORT_ROW` (64) in kernels whose one stage only stores: rotary embeddings
-/// over half heads (`x1 * cos + (-x2) * sin` and `x2 * cos + x1 * sin`, `cos` and `sin`
-/// broadcast across heads, the output permuted to heads first, as the LLaMA block's), and a
-/// batch norm with a residual and a ReLU over images (per-channel values, rows that follow each
-/// other), at the lengths of the suite (32, 56) and around them. The batch norms run at the row
-/// routines' width (one call per run of rows that follow each other: `choose_row_runs` in
-/// `lower/rows.rs`; before, such rows kept the 4-lane loop); the rotary kernel, whose rows lie
-/// apart, keeps the loop (measured faster there). Every kernel stores the loop's bits at 1, 2
-/// and 3 threads.
+/// over half heads ([`rotary`]), and a batch norm with a residual and a ReLU over images
+/// (per-channel values, rows that follow each other), at the lengths of the suite (32, 56) and
+/// around them. The batch norms run at the row routines' width, one call per run of rows that
+/// follow each other (`choose_row_runs` in `lower/rows.rs`; before, such rows kept the 4-lane
+/// loop), and so does the rotary kernel, one call per run of heads, each head's two halves in
+/// one pass (`HALVES`; before, it kept the loop: its halves apart measured slower); the copy
+/// that permutes its output, over short rows apart, keeps the loop. Every kernel stores the
+/// loop's bits at 1, 2 and 3 threads.
 #[test]
 fn short_rows_run_at_full_width_and_store_the_same_bits_as_the_cranelift_loop() {
     type Build = fn(&[Traced]) -> Vec<Traced>;
-    let rotary: Build = |i| {
-        let n = i[0].dims()[3].size() as isize / 2;
-        let x1 = i[0].slice(3, None, Some(n), 1);
-        let x2 = i[0].slice(3, Some(n), None, 1);
-        let first = x1.mul(&i[1]).add(&x2.neg().mul(&i[2]));
-        let second = x2.mul(&i[1]).add(&x1.mul(&i[2]));
-        vec![Traced::cat(&[&first, &second], 3).permute(&[0, 2, 1, 3])]
-    };
+    let rotary: Build = rotary;
     let batch_norm: Build = |i| {
         vec![i[0]
             .sub(&i[1])
@@ -702,13 +707,12 @@ fn short_rows_run_at_full_width_and_store_the_same_bits_as_the_cranelift_loop() 
     for n in [7usize, 32, 33, 56, 57] {
         let channel = [16, 1, 1];
         let image = [12, 16, n, n];
-        // (name, input shapes, graph, whether its kernels run at the routines' width)
-        let cases: [(&str, Vec<Vec<usize>>, Build, bool); 3] = [
+        // (name, input shapes, graph)
+        let cases: [(&str, Vec<Vec<usize>>, Build); 3] = [
             (
                 "rotary",
                 vec![vec![2, 40, 8, 2 * n], vec![40, 1, n], vec![40, 1, n]],
                 rotary,
-                false,
             ),
             (
                 "relu(batch_norm(a) + r)",
@@ -721,7 +725,6 @@ fn short_rows_run_at_full_width_and_store_the_same_bits_as_the_cranelift_loop() 
                     image.to_vec(),
                 ],
                 batch_norm,
-                true,
             ),
             (
                 "relu(batch_norm(conv2d(a)) + r)",
@@ -735,10 +738,9 @@ fn short_rows_run_at_full_width_and_store_the_same_bits_as_the_cranelift_loop() 
                     vec![4, 16, n, n],
                 ],
                 conv_batch_norm,
-                true,
             ),
         ];
-        for (what, shapes, f, routines) in cases {
+        for (what, shapes, f) in cases {
             let shapes: Vec<&[usize]> = shapes.iter().map(|s| &s[..]).collect();
             let (g, inputs) = minductor_tests::build_graph(&shapes, values, f);
             let what = format!("{what}, rows of {n}");
@@ -753,12 +755,18 @@ fn short_rows_run_at_full_width_and_store_the_same_bits_as_the_cranelift_loop() 
             });
             for k in kernels {
                 if let Some(bits) = bits {
-                    // (A kernel over rows of `SHORT_ROW` or more, the copy that permutes the
-                    // rotary output, calls a routine per row either way.)
+                    // The copy that permutes the rotary output (its rows apart in the load)
+                    // keeps the loop over rows shorter than `SHORT_ROW`; every other kernel,
+                    // the rotary kernel included, runs at the routines' width.
                     let short = k.stages.iter().any(|st| {
                         matches!(st.extent.as_slice(), [d] if d.as_static().is_some_and(|d| d < 64))
                     });
-                    let expected = if routines || !short { bits } else { 128 };
+                    let copy = k.stages.iter().all(|st| st.action.stores().len() == 1);
+                    let expected = if what.starts_with("rotary") && short && copy {
+                        128
+                    } else {
+                        bits
+                    };
                     assert_eq!(
                         kernel_vector_bits(k, &program),
                         Some(expected),
@@ -774,5 +782,63 @@ fn short_rows_run_at_full_width_and_store_the_same_bits_as_the_cranelift_loop() 
             set_row_kernels(true);
             minductor_tests::assert_allclose(&rows, &loops, Tolerance::EXACT, &what);
         }
+    }
+}
+
+/// Rotary embeddings ([`rotary`]) with NaN, both infinities and both zeros in `x`, `cos` and
+/// `sin`, at every half-head length up to 40 and around `SHORT_ROW` (64, where each head row
+/// is a call of its own rather than a run of heads), over 8 and over 3 heads: the kernel is one
+/// `HALVES` routine call per run of heads (or per head) at the row routines' width, storing the
+/// Cranelift loop's bits (NaN where it stores NaN) at 1, 2 and 3 threads.
+#[test]
+fn rotary_halves_run_at_full_width_with_the_loops_bits_at_every_length() {
+    let bits = row_routine_bits();
+    let lengths = (1..=40).chain([56, 63, 64, 65, 100]);
+    for (n, heads) in lengths.flat_map(|n| [(n, 8), (n, 3)]) {
+        let shapes = [vec![2, 24, heads, 2 * n], vec![24, 1, n], vec![24, 1, n]];
+        let shapes: Vec<&[usize]> = shapes.iter().map(|s| &s[..]).collect();
+        let (g, mut inputs) = minductor_tests::build_graph(&shapes, values, rotary);
+        let specials = [f32::NAN, -0.0, 0.0, f32::INFINITY, f32::NEG_INFINITY];
+        for (input, step) in inputs.iter_mut().zip([7usize, 5, 3]) {
+            let shape = input.shape().to_vec();
+            let mut v = input.to_vec::<f32>().unwrap();
+            for (k, &s) in specials.iter().enumerate() {
+                for at in [k * step, v.len() / 2 + k * step + 1] {
+                    if let Some(slot) = v.get_mut(at) {
+                        *slot = s;
+                    }
+                }
+            }
+            *input = Tensor::from_vec(&shape, v).unwrap();
+        }
+        let what = format!("rotary over {heads} heads of 2 x {n}");
+        let _one_at_a_time = SWITCH.lock().unwrap_or_else(|e| e.into_inner());
+        set_row_kernels(true);
+        let compiled = compile(&g).unwrap();
+        let program = compiled.artifacts().program.clone().unwrap();
+        let rotaries: Vec<_> = (program.steps.iter())
+            .filter_map(|s| match s {
+                Step::Kernel(k) if k.stages.iter().any(|st| st.action.stores().len() == 2) => {
+                    Some(k)
+                }
+                _ => None,
+            })
+            .collect();
+        assert_eq!(rotaries.len(), 1, "{what}\n{program}");
+        if let Some(bits) = bits {
+            assert_eq!(
+                stage_vector_bits(rotaries[0], &program),
+                vec![Some(bits)],
+                "{what}\n{program}"
+            );
+        }
+        let rows = minductor_tests::assert_same_bits_on_threads(&compiled, &inputs, &[2, 3], &what);
+        set_row_kernels(false);
+        let loops = compile(&g).unwrap();
+        let loops = minductor_tests::assert_same_bits_on_threads(&loops, &inputs, &[2], &what);
+        set_row_kernels(true);
+        minductor_tests::assert_allclose(&rows, &loops, Tolerance::EXACT, &what);
+        let nan = |t: &Tensor| t.to_vec::<f32>().unwrap().iter().any(|v| v.is_nan());
+        assert!(nan(&rows[0]), "{what}: no NaN reached the output");
     }
 }

@@ -30,8 +30,10 @@
 //! follow each other in every operand (a batch norm over a 56-wide image's rows), runs as *row
 //! runs* ([`Lowering::choose_row_runs`]): each run of its last outer loop (a thread's range of
 //! it) is one call per store, which the routine runs as one long row, where a call per row
-//! would cost more than the row. (The routines can step rows apart too, but a rotary
-//! embedding's half heads of 32 measured slower so than as the loop: they keep it.)
+//! would cost more than the row. Rows apart take a run only for a rotary embedding's two
+//! halves paired into one plan ([`Lowering::pair_halves`], `RowShape::HALVES`): each head
+//! row is then written in order, one call per run of heads (its halves apart, one call each,
+//! measured slower than the loop).
 //!
 //! The matcher also answers which vector width each stage runs at ([`kernel_vector_bits`]),
 //! from the same decisions the lowering takes, for `minductor report`.
@@ -353,7 +355,7 @@ impl Lowering<'_, '_, '_> {
                 {
                     return None;
                 }
-                return stores
+                let plans: Vec<RowPlan> = stores
                     .iter()
                     .map(|st| {
                         let one = Stage {
@@ -362,10 +364,56 @@ impl Lowering<'_, '_, '_> {
                         };
                         self.row_plan(&one)
                     })
-                    .collect();
+                    .collect::<Option<_>>()?;
+                return Some(self.pair_halves(plans));
             }
         }
         Some(vec![self.row_plan(stage)?])
+    }
+
+    /// `plans` with a rotary embedding's two halves made one plan of both
+    /// (`RowShape::HALVES`): the plan storing `x1 * cos + (-x2) * sin` (`NEG_PRODUCT`, `x` the
+    /// first half, `b` the second) and the plan storing `x2 * cos + x1 * sin` (`ADD_PRODUCT`,
+    /// the same rows with `x` and `b` swapped) `n` elements after it in the same buffer, `n`
+    /// the static row's length, every row f32. The routine computes each half with the same
+    /// operations as its plan alone (the same bits), and writes each head row in order: one
+    /// call per row (or run of rows) instead of two. Other plans are returned as they are.
+    fn pair_halves(&self, plans: Vec<RowPlan>) -> Vec<RowPlan> {
+        let first =
+            RowShape::MUL_ROW | RowShape::ADD_PRODUCT | RowShape::NEG_PRODUCT | RowShape::STORE;
+        let second = first & !RowShape::NEG_PRODUCT;
+        let (Some(n), Some(isa), [p, q]) = (self.row_extent, block_isa(), plans.as_slice()) else {
+            return plans;
+        };
+        let (one, two) = match (p.shape.0, q.shape.0) {
+            (a, b) if a == first && b == second => (p, q),
+            (a, b) if a == second && b == first => (q, p),
+            _ => return plans,
+        };
+        let after = |(buffer, index): &(BufferId, Affine)| {
+            (*buffer, index.plus(&Affine::constant(n as i64)))
+        };
+        let f32_rows = (one.rows().chain(two.rows()))
+            .all(|(buffer, _)| self.program.buffer(*buffer).dtype == DType::F32);
+        let pairs = f32_rows
+            && one.w == two.w
+            && one.c == two.c
+            && one.b.as_ref() == Some(&two.x)
+            && two.b.as_ref() == Some(&one.x)
+            && one.out.as_ref().map(after) == two.out
+            && one.stream == two.stream
+            && ![one, two].iter().any(|plan| plan.x_stash || plan.out_stash);
+        let shape = RowShape(first | RowShape::HALVES);
+        let Some(routine) = row_routine(shape, isa).filter(|_| pairs) else {
+            return plans;
+        };
+        let one = if std::ptr::eq(one, p) { 0 } else { 1 };
+        let plan = plans.into_iter().nth(one).expect("one of the two");
+        vec![RowPlan {
+            routine,
+            shape,
+            ..plan
+        }]
     }
 
     /// The routine for stage `stage`, if it is a row stage of a shape that has one.
@@ -826,11 +874,19 @@ impl Lowering<'_, '_, '_> {
     ///
     /// Rows at other strides (0 for an operand broadcast along the loop, rotary embeddings'
     /// `cos` and `sin` across heads; 64 KiB apart for their half heads written heads-first) the
-    /// routines can run too, but measured slower than the 4-lane loop: the LLaMA block's rotary
-    /// kernels (`[4, 256, 8] x [32]`, one thread, Zen 5, `minductor report --runs 30`, three
-    /// runs alternated with `MINDUCTOR_ROW_KERNELS=0`) reached 17-27 GB/s as runs of 8 rows
-    /// against 29-37 GB/s as the loop, whose narrow stores keep the rows of 128 bytes apart in
-    /// flight better than two 512-bit stores a row. They keep the loop.
+    /// routines can run too. As two plans, one per half, they measured slower than the 4-lane
+    /// loop: the LLaMA block's rotary kernels (`[4, 256, 8] x [32]`, one thread, Zen 5,
+    /// `minductor report --runs 30`, three runs alternated with `MINDUCTOR_ROW_KERNELS=0`)
+    /// reached 17-27 GB/s as runs of 8 rows against 29-37 GB/s as the loop, each call writing
+    /// a half row of 128 bytes per head. Paired into one plan of both halves
+    /// ([`Self::pair_halves`]), each head row of 256 bytes is written in order as the loop
+    /// writes it, and those runs do take the routine: on Zen 5 (AMD EPYC, family 26, 2 vCPUs
+    /// shared with other builds), seven runs of 16-30 rounds of 10 calls each alternating both
+    /// forms in one process (`cargo run --release -p minductor-tools --example rotary_ab`),
+    /// medians of their medians, routine against loop: k11 (`[4, 256, 8] x [32]`) 0.170
+    /// against 0.181 ms at 1 thread (faster in 6 of the 7 runs) and 0.166 against 0.176 at 2
+    /// (5 of 7); k13 (`[4, 256, 4] x [32]`, runs of 4 heads) ties, 0.0818 against 0.0819 and
+    /// 0.0860 against 0.0878.
     pub(super) fn choose_row_runs(&mut self) -> bool {
         let k = self.kernel;
         if k.order != LoopOrder::Inner
@@ -861,8 +917,11 @@ impl Lowering<'_, '_, '_> {
                 let follow = |(_, index): &(BufferId, Affine)| {
                     index.coefficient(last) == SizeExpr::Const(len as i64)
                 };
+                // A head's two halves in one call write each head row in order, wherever
+                // the rows lie: they run whatever their strides (see below).
+                let halves = plan.shape.0 & RowShape::HALVES != 0;
                 !plan.shape.reduces()
-                    && plan.rows().all(follow)
+                    && (halves || plan.rows().all(follow))
                     && !plan.x_stash
                     && !plan.out_stash
                     && (plan.rows())

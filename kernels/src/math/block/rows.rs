@@ -43,8 +43,17 @@
 //! as rotary embeddings' `cos` and `sin` across heads). Each row gets the same operations as
 //! alone; rows that follow each other in every operand run as one row ([`row_runs`]). The code
 //! generator hands it a run of its kernel's last outer loop when the rows are too short for a
-//! call each and follow each other (a 56-wide image's rows; rows apart measured slower than
-//! the 4-lane loop: `choose_row_runs` in `lower/rows.rs`).
+//! call each and follow each other (a 56-wide image's rows), or lie apart as the heads of a
+//! rotary embedding whose two halves are one call ([`RowShape::HALVES`]; each half its own
+//! call, rows apart measured slower than the 4-lane loop: `choose_row_runs` in
+//! `lower/rows.rs`).
+//!
+//! **Both halves of a head.** A rotary embedding's halves, `x1 * cos + (-x2) * sin` into the
+//! head's first half and `x2 * cos + x1 * sin` into its second, are two shapes (`NEG_PRODUCT`
+//! and `ADD_PRODUCT`) over rows of half a head; [`RowShape::HALVES`] computes both in one call,
+//! each head row then written in order (as the 4-lane loop writes it), which is what lets the
+//! LLaMA block's half heads of 32, rows 64 KiB apart, run at full width at least as fast as the
+//! loop.
 //!
 //! **Sums.** A sum adds blocks of [`SUM_BLOCK`] elements into four
 //! fresh accumulator registers (so each lane adds at most 16 values in a row on AVX-512), and
@@ -75,8 +84,8 @@ pub struct RowArgs {
     /// `n` f32s when the shape adds the product of `b` and this row, subtracts it
     /// (`SUB_ROW`) or takes GELU's gradient from saved values, else unused.
     pub c: *const f32,
-    /// `n` writable f32s when the shape stores, else unused. May be `x`, `w`, `b` or `c` (in
-    /// place).
+    /// `n` writable f32s when the shape stores (`2n` for [`RowShape::HALVES`]), else unused.
+    /// May be `x`, `w`, `b` or `c` (in place).
     pub out: *mut f32,
     pub n: i64,
     pub u0: f32,
@@ -277,6 +286,16 @@ impl RowShape {
     pub const SUB_ROW: u32 = 1 << 23;
     /// After `SCALE`, `t + t` (autodiff's gradient of a square, `g * x + g * x`).
     pub const DOUBLE: u32 = 1 << 24;
+    /// With `MUL_ROW | ADD_PRODUCT | NEG_PRODUCT | STORE` and nothing else: both halves of a
+    /// rotary embedding's head in one call, `n` the half's length and `out` the head's row of
+    /// `2n`: for `i < n`, `out[i] = x[i] * w[i] + (-b[i]) * c[i]` and
+    /// `out[n + i] = b[i] * w[i] + x[i] * c[i]`, each the first product fused with the sum, as
+    /// `NEG_PRODUCT` and `ADD_PRODUCT` alone (`x` the first half `x1`, `b` the second `x2`, `w`
+    /// and `c` the half rows of `cos` and `sin`). A head row is then one stream of `2n` values
+    /// written in order, where the two shapes apart write its halves one call after the other.
+    /// Several rows per call step every operand by its stride (never run as one long row); in
+    /// place, `x` is `out` and `b` is `out + n`.
+    pub const HALVES: u32 = 1 << 25;
 
     /// The bits of function `f`.
     pub const fn function(f: MathFn) -> u32 {
@@ -304,6 +323,15 @@ impl RowShape {
     /// Whether the shape reduces (sum, sum of squares or maximum).
     pub fn reduces(self) -> bool {
         self.0 & (Self::SUM | Self::SUM_SQUARES | Self::MAX) != 0
+    }
+
+    /// Elements of `out` a row of `n` writes: `2n` for [`Self::HALVES`], else `n`.
+    pub fn out_len(self, n: usize) -> usize {
+        if self.0 & Self::HALVES != 0 {
+            2 * n
+        } else {
+            n
+        }
     }
 }
 
@@ -673,6 +701,73 @@ unsafe fn run<L: Wide, const S: u32>(mut e: L, a: &RowArgs) -> f32 {
     values[0]
 }
 
+/// The two halves' values of one register ([`run_halves`]). (A function, not a closure: a
+/// closure is compiled without the routine's instruction set, and its vector operations then
+/// become calls; `#[inline(always)]` puts these into the routine.)
+#[inline(always)]
+fn halves<L: Wide>(e: &mut L, x: L::V, w: L::V, b: L::V, c: L::V) -> (L::V, L::V) {
+    let bc = e.mul(b, c);
+    let minus_bc = e.neg(bc);
+    let first = e.mul_add(x, w, minus_bc);
+    let xc = e.mul(x, c);
+    (first, e.mul_add(b, w, xc))
+}
+
+/// Both halves of a rotary embedding's head over the row of `a` ([`RowShape::HALVES`]): for
+/// each register of the half rows, `x * w + (-(b * c))` and `b * w + x * c`, the first products
+/// fused (the operations of `NEG_PRODUCT` and of `ADD_PRODUCT` alone, so the same bits), stored
+/// to `out + i` and `out + n + i`; the last partial register through buffers padded with zeros.
+///
+/// # Safety
+/// The CPU has `L`'s instruction set; `x`, `w`, `b` and `c` point to `a.n` readable f32s and
+/// `out` to `2 · a.n` writable ones (`x` may be `out` and `b` `out + n`: each register is read
+/// before the registers stored from it).
+#[inline(always)]
+unsafe fn run_halves<L: Wide>(mut e: L, a: &RowArgs) {
+    let n = a.n.max(0) as usize;
+    let width = L::WIDTH;
+    // Non-temporal stores need both halves' registers aligned to a register.
+    let stream = a.flags & ROW_STREAM != 0
+        && n.is_multiple_of(width)
+        && (a.out as usize).is_multiple_of(width * std::mem::size_of::<f32>());
+    let mut i = 0;
+    while i + width <= n {
+        // SAFETY: `i + width <= n`: inside every half row and both halves of `out`; in place,
+        // these registers are loaded before the stores below overwrite them.
+        unsafe {
+            let (x, w) = (L::load(a.x.add(i)), L::load(a.w.add(i)));
+            let (b, c) = (L::load(a.b.add(i)), L::load(a.c.add(i)));
+            let (first, second) = halves::<L>(&mut e, x, w, b, c);
+            store::<L>(a.out.add(i), first, stream);
+            store::<L>(a.out.add(n + i), second, stream);
+        }
+        i += width;
+    }
+    if i < n {
+        let rest = n - i;
+        let mut rows = [[0f32; 16]; 4];
+        // SAFETY: `rest < width <= 16` elements from `i` on are inside each half row; the
+        // padded buffers hold 16, and `rest` elements from `i` and from `n + i` are inside
+        // `out`.
+        unsafe {
+            for (row, from) in rows.iter_mut().zip([a.x, a.w, a.b, a.c]) {
+                std::ptr::copy(from.add(i), row.as_mut_ptr(), rest);
+            }
+            let [x, w, b, c] = [0, 1, 2, 3].map(|k| rows[k].as_ptr());
+            let (x, w, b, c) = (L::load(x), L::load(w), L::load(b), L::load(c));
+            let (first, second) = halves::<L>(&mut e, x, w, b, c);
+            let (first, second) = (lanes::<L>(first), lanes::<L>(second));
+            std::ptr::copy(first.as_ptr(), a.out.add(i), rest);
+            std::ptr::copy(second.as_ptr(), a.out.add(n + i), rest);
+        }
+    }
+    if stream {
+        // As in `run`: the non-temporal stores visible before the row is reported done.
+        // SAFETY: the CPU has `L`'s instruction set.
+        unsafe { L::fence() };
+    }
+}
+
 /// The steps that read the row `w`, `b` and `c` ([`value`]): the last partial register copies
 /// them, and a run of rows is one row only if they follow each other ([`row_runs`]).
 const READS_W: u32 = RowShape::MUL_ROW | RowShape::GELU_GRAD;
@@ -692,6 +787,10 @@ const READS_C: u32 = RowShape::ADD_PRODUCT | RowShape::GELU_GRAD_SAVED | RowShap
 fn row_runs<const S: u32>(a: &RowArgs) -> (RowArgs, i64) {
     if RowShape(S).reduces() || a.rows == 1 {
         return (*a, 1);
+    }
+    if S & RowShape::HALVES != 0 {
+        // A head's halves interleave with the next head's: never one long row.
+        return (*a, a.rows.max(0));
     }
     let n = a.n.max(0);
     let used = [
@@ -750,6 +849,14 @@ macro_rules! row_routines {
                 // SAFETY: the caller's contract above.
                 let a = unsafe { *args };
                 let (first, rows) = row_runs::<S>(&a);
+                if S & RowShape::HALVES != 0 {
+                    for r in 0..rows {
+                        // SAFETY: the caller's contract above: row `r` of `x`, `w`, `b` and
+                        // `c` holds `n` elements and of `out` `2n`.
+                        unsafe { run_halves::<x86::$isa>(x86::$isa::new(), &nth_row(&first, r)) };
+                    }
+                    return 0.0;
+                }
                 if rows == 1 {
                     // SAFETY: the caller's contract above (`first` is `a`, or its rows as one
                     // row where they follow each other).
@@ -849,6 +956,8 @@ shapes! {
     // `sink_cats`, `x1 * cos + (-x2) * sin` and `x2 * cos + x1 * sin`).
     R::MUL_ROW | R::ADD_PRODUCT | R::STORE,
     R::MUL_ROW | R::ADD_PRODUCT | R::NEG_PRODUCT | R::STORE,
+    // Both halves at once, a head's row written in order (rows of half heads apart).
+    R::MUL_ROW | R::ADD_PRODUCT | R::NEG_PRODUCT | R::HALVES | R::STORE,
     // An optimizer step: `p - lr * g`.
     R::SCALE | R::FUSED_SCALE | R::ADD_ROW | R::STORE,
     // A function of a row: alone, after a GEMM epilogue's bias (`gelu(acc + bias)`), after a
@@ -1046,7 +1155,8 @@ mod tests {
     #[test]
     fn every_shape_at_every_length_on_every_isa() {
         for isa in isas() {
-            for &shape in SHAPES {
+            // (Both halves of a head, whose rows are twice as long as `n`, have their own test.)
+            for &shape in SHAPES.iter().filter(|&&s| s & R::HALVES == 0) {
                 for n in lengths() {
                     // Cached stores, then non-temporal ones (the flag) to an aligned row and
                     // to a row one element past alignment (where the routine falls back); the
@@ -1198,7 +1308,8 @@ mod tests {
     #[test]
     fn several_rows_store_what_each_row_stores() {
         for isa in isas() {
-            for &shape in SHAPES.iter().filter(|&&s| !RowShape(s).reduces()) {
+            let one_long = |&&s: &&u32| !RowShape(s).reduces() && s & R::HALVES == 0;
+            for &shape in SHAPES.iter().filter(one_long) {
                 for n in [0usize, 1, 7, 15, 16, 17, 31, 32, 33, 56, 57, 64, 65] {
                     for rows in [0usize, 1, 2, 3, 8] {
                         // (operand stride, broadcast operands' stride, out stride, in place,
@@ -1301,6 +1412,144 @@ mod tests {
                             }
                         }
                     }
+                }
+            }
+        }
+    }
+
+    /// Both halves of a head ([`RowShape::HALVES`]) store, bit for bit, the two shapes apart
+    /// (`NEG_PRODUCT` into the first half, `ADD_PRODUCT` into the second, one call each), and
+    /// the same operations in scalar f32, at every length on every instruction set: one row
+    /// and several, the rows apart (a rotary kernel's heads) or cos and sin broadcast (stride
+    /// 0), in place (`x` the head's first half, `b` its second), cached and non-temporal
+    /// stores to an aligned row and one past alignment; NaN, both infinities and both zeros
+    /// in every operand (NaN where the two forms give NaN); nothing written outside the rows.
+    #[test]
+    fn both_halves_of_a_head_store_what_the_halves_apart_store() {
+        let pair = R::MUL_ROW | R::ADD_PRODUCT | R::NEG_PRODUCT | R::HALVES | R::STORE;
+        let first_half = RowShape(pair & !R::HALVES);
+        let second_half = RowShape(pair & !(R::HALVES | R::NEG_PRODUCT));
+        assert!(SHAPES.contains(&pair));
+        let same = |a: &[f32], b: &[f32]| {
+            a.len() == b.len()
+                && (a.iter().zip(b))
+                    .all(|(p, q)| p.to_bits() == q.to_bits() || p.is_nan() && q.is_nan())
+        };
+        let specials = [f32::NAN, f32::INFINITY, f32::NEG_INFINITY, 0.0, -0.0];
+        for isa in isas() {
+            for n in lengths() {
+                // (rows, operand stride past 2n, cos and sin broadcast, in place, flags, shift)
+                let cases = [
+                    (1usize, 0usize, false, false, 0, 0),
+                    (1, 0, false, true, 0, 0),
+                    (1, 0, false, false, ROW_STREAM, 0),
+                    (1, 0, false, false, ROW_STREAM, 1),
+                    (3, 3, true, false, 0, 0),
+                    (3, 5, true, true, ROW_STREAM, 0),
+                    (8, 0, true, false, 0, 1),
+                    (2, 7, false, false, ROW_STREAM, 0),
+                ];
+                for (rows, pad, broadcast, in_place, flags, shift) in cases {
+                    let head = 2 * n + pad;
+                    let len = head * rows;
+                    let half = if broadcast { 0 } else { n + 1 };
+                    let mut x = row(len, 0.3);
+                    let mut w = row(half * rows + n, 1.1);
+                    let mut c = row(half * rows + n, 4.1);
+                    // Specials in each operand, at positions moving with the length.
+                    for (k, v) in specials.into_iter().enumerate() {
+                        for (data, at) in [(0, 3 * k), (0, n + 5 * k), (1, 7 * k), (2, 2 * k + 1)] {
+                            let data = match data {
+                                0 => &mut x,
+                                1 => &mut w,
+                                _ => &mut c,
+                            };
+                            if let Some(slot) = data.get_mut(at) {
+                                *slot = v;
+                            }
+                        }
+                    }
+                    let mut storage = vec![f32::NAN; len + 32];
+                    let start = storage.as_ptr().align_offset(64).min(16) + shift;
+                    let mut apart = storage.clone();
+                    if in_place {
+                        storage[start..start + len].copy_from_slice(&x);
+                        apart[start..start + len].copy_from_slice(&x);
+                    }
+                    let args = |out: &mut [f32]| {
+                        let out = out[start..].as_mut_ptr();
+                        RowArgs {
+                            x: if in_place { out } else { x.as_ptr() },
+                            w: w.as_ptr(),
+                            b: if in_place { out } else { x.as_ptr() }.wrapping_add(n),
+                            c: c.as_ptr(),
+                            out,
+                            n: n as i64,
+                            flags,
+                            rows: rows as i64,
+                            x_stride: head as i64,
+                            w_stride: half as i64,
+                            b_stride: head as i64,
+                            c_stride: half as i64,
+                            out_stride: head as i64,
+                            ..one_row()
+                        }
+                    };
+                    let all = args(&mut storage);
+                    // SAFETY: row `r` of `x` and `b` (its halves) and of `out` lie within
+                    // `len` elements, `w` and `c` within theirs.
+                    unsafe { run_row(RowShape(pair), isa, &all) }.unwrap();
+                    let what = format!(
+                        "{isa:?}, {rows} rows of 2 x {n}, padded by {pad}, broadcast \
+                         {broadcast}, in place {in_place}, flags {flags}, {shift} past alignment"
+                    );
+                    // The halves apart, one call per row and half, reading the inputs from
+                    // `x` (in place, the same values: each call would overwrite the other's).
+                    for r in 0..rows {
+                        let (x, w, c) = (&x[r * head..], &w[r * half..], &c[r * half..]);
+                        let out = apart[start + r * head..].as_mut_ptr();
+                        let halves = [
+                            (first_half, x.as_ptr(), x[n..].as_ptr(), out),
+                            (
+                                second_half,
+                                x[n..].as_ptr(),
+                                x.as_ptr(),
+                                out.wrapping_add(n),
+                            ),
+                        ];
+                        for (shape, x, b, out) in halves {
+                            let one = RowArgs {
+                                x,
+                                w: w.as_ptr(),
+                                b,
+                                c: c.as_ptr(),
+                                out,
+                                n: n as i64,
+                                flags,
+                                ..one_row()
+                            };
+                            // SAFETY: `n` elements of each row from there, `n` of `out`'s.
+                            unsafe { run_row(shape, isa, &one) }.unwrap();
+                        }
+                    }
+                    assert!(
+                        same(&storage, &apart),
+                        "{what}: differs from the halves apart"
+                    );
+                    // The same operations in scalar f32, and nothing outside the rows.
+                    let mut want = vec![f32::NAN; len + 32];
+                    if in_place {
+                        want[start..start + len].copy_from_slice(&x);
+                    }
+                    for r in 0..rows {
+                        let (x, w, c) = (&x[r * head..], &w[r * half..], &c[r * half..]);
+                        for i in 0..n {
+                            let (x1, x2) = (x[i], x[n + i]);
+                            want[start + r * head + i] = x1.mul_add(w[i], -(x2 * c[i]));
+                            want[start + r * head + n + i] = x2.mul_add(w[i], x1 * c[i]);
+                        }
+                    }
+                    assert!(same(&storage, &want), "{what}: differs from scalar f32");
                 }
             }
         }
