@@ -13,30 +13,9 @@ use minductor_kernels::gemm::{
 };
 use std::time::Instant;
 
-/// `struct timespec` of 64-bit Linux.
-#[repr(C)]
-struct Timespec {
-    seconds: i64,
-    nanoseconds: i64,
-}
-
-extern "C" {
-    fn clock_gettime(clock: i32, time: *mut Timespec) -> i32;
-}
-
-/// CPU seconds used by every thread of this process so far: on a shared, busy host this counts
-/// only our own work (spinning waits included), not the time other processes ran.
-fn process_cpu_seconds() -> f64 {
-    const CLOCK_PROCESS_CPUTIME_ID: i32 = 2;
-    let mut time = Timespec {
-        seconds: 0,
-        nanoseconds: 0,
-    };
-    // SAFETY: `time` is a valid, writable `struct timespec` for the call.
-    let status = unsafe { clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &mut time) };
-    assert_eq!(status, 0, "clock_gettime");
-    time.seconds as f64 + time.nanoseconds as f64 * 1e-9
-}
+#[path = "common/cpu_time.rs"]
+mod cpu_time;
+use cpu_time::process_cpu_seconds;
 
 /// Median wall seconds and median process CPU seconds per thread (CPU seconds / threads) of
 /// 15 calls after one warm-up call.

@@ -11,27 +11,9 @@
 #[cfg(target_arch = "x86_64")]
 use std::arch::x86_64::*;
 
-#[repr(C)]
-struct Timespec {
-    seconds: i64,
-    nanoseconds: i64,
-}
-
-extern "C" {
-    fn clock_gettime(clock: i32, time: *mut Timespec) -> i32;
-}
-
-fn thread_cpu_seconds() -> f64 {
-    const CLOCK_THREAD_CPUTIME_ID: i32 = 3;
-    let mut time = Timespec {
-        seconds: 0,
-        nanoseconds: 0,
-    };
-    // SAFETY: `time` is a valid, writable `struct timespec` for the call.
-    let status = unsafe { clock_gettime(CLOCK_THREAD_CPUTIME_ID, &mut time) };
-    assert_eq!(status, 0, "clock_gettime");
-    time.seconds as f64 + time.nanoseconds as f64 * 1e-9
-}
+#[path = "common/cpu_time.rs"]
+mod cpu_time;
+use cpu_time::thread_cpu_seconds;
 
 /// `c[0..ROWS, 0..16·VECTORS] += a_panel · b_panel` over `kc` steps.
 ///
