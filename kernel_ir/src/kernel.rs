@@ -672,23 +672,28 @@ pub struct StridedView {
     pub strides: Vec<SizeExpr>,
 }
 
+/// Row-major strides of a contiguous buffer of `shape`, as size expressions (a stride in front
+/// of a symbolic dim is a product with its symbol: `[s0, s1, 64]` has `[64*s1, 64, 1]`).
+pub fn contiguous_strides(shape: &[Dim]) -> Vec<SizeExpr> {
+    let mut strides = vec![SizeExpr::Const(1); shape.len()];
+    for d in (0..shape.len().saturating_sub(1)).rev() {
+        let next = match shape[d + 1] {
+            Dim::Static(n) => SizeExpr::Const(n.max(1) as i64),
+            Dim::Sym(_) => SizeExpr::of_dim(shape[d + 1]),
+        };
+        strides[d] = strides[d + 1].times(&next);
+    }
+    strides
+}
+
 impl StridedView {
-    /// `buffer` seen whole as the contiguous row-major `shape` (offset 0; a stride in front of a
-    /// symbolic dim is a product with its symbol: `[s0, s1, 64]` has `[64*s1, 64, 1]`).
+    /// `buffer` seen whole as the contiguous row-major `shape` (offset 0, [`contiguous_strides`]).
     pub fn contiguous(buffer: BufferId, shape: &[Dim]) -> StridedView {
-        let mut strides = vec![SizeExpr::Const(1); shape.len()];
-        for d in (0..shape.len().saturating_sub(1)).rev() {
-            let next = match shape[d + 1] {
-                Dim::Static(n) => SizeExpr::Const(n.max(1) as i64),
-                Dim::Sym(_) => SizeExpr::of_dim(shape[d + 1]),
-            };
-            strides[d] = strides[d + 1].times(&next);
-        }
         StridedView {
             buffer,
             offset: SizeExpr::Const(0),
             shape: shape.to_vec(),
-            strides,
+            strides: contiguous_strides(shape),
         }
     }
 

@@ -188,19 +188,6 @@ fn dims(graph: &Graph, id: NodeId) -> Vec<Dim> {
     graph.ty(id).shape.to_vec()
 }
 
-/// Row-major strides of a contiguous buffer of `shape`, as size expressions (a stride in front
-/// of a symbolic dim is a product with its symbol: `[s0, s1, 64]` has `[64*s1, 64, 1]`).
-fn contiguous(shape: &[Dim]) -> Vec<SizeExpr> {
-    let mut strides = vec![SizeExpr::Const(1); shape.len()];
-    for d in (0..shape.len().saturating_sub(1)).rev() {
-        let next = match shape[d + 1] {
-            Dim::Static(n) => SizeExpr::Const(n.max(1) as i64),
-            Dim::Sym(_) => SizeExpr::of_dim(shape[d + 1]),
-        };
-        strides[d] = strides[d + 1].times(&next);
-    }
-    strides
-}
 
 fn static_strides(shape: &[usize]) -> Vec<i64> {
     let mut strides = vec![1i64; shape.len()];
@@ -955,7 +942,7 @@ impl<'g> Scheduler<'g> {
             _ => ScalarType::F32,
         };
         let value = builder.convert(value, ty);
-        let index = linear(&idx, &contiguous(&shape))?;
+        let index = linear(&idx, &contiguous_strides(&shape))?;
         builder.stages.push(Stage {
             extent: vec![shape[dim]],
             action: StageAction::Scan(Store {
@@ -972,7 +959,7 @@ impl<'g> Scheduler<'g> {
     fn address(&mut self, node: NodeId, idx: Vec<Affine>) -> Retry<(BufferId, Affine)> {
         let g = self.graph;
         if self.is_realized(node) {
-            return Ok((BufferId(node.0), linear(&idx, &contiguous(&dims(g, node)))?));
+            return Ok((BufferId(node.0), linear(&idx, &contiguous_strides(&dims(g, node)))?));
         }
         let n = g.node(node);
         if !n.op.is_view() {
@@ -984,7 +971,7 @@ impl<'g> Scheduler<'g> {
                 // A reshape of a contiguous buffer is the same linear index.
                 return Ok((
                     BufferId(operand.0),
-                    linear(&idx, &contiguous(&dims(g, node)))?,
+                    linear(&idx, &contiguous_strides(&dims(g, node)))?,
                 ));
             }
         }
@@ -1104,7 +1091,7 @@ impl<'g> Scheduler<'g> {
                 terms: Default::default(),
             });
         }
-        let index = linear(&dest_idx, &contiguous(&dest_shape))?;
+        let index = linear(&dest_idx, &contiguous_strides(&dest_shape))?;
         builder.stages.push(Stage {
             extent,
             action: StageAction::Store(vec![Store {
@@ -1687,7 +1674,7 @@ impl<'g> KernelBuilder<'g> {
                 if !s.is_realized(table) {
                     return retry(table);
                 }
-                let strides = contiguous(&table_shape);
+                let strides = contiguous_strides(&table_shape);
                 let index = linear(&idx[index_rank..], &strides[1..])?;
                 // The rows may be symbolic (a table as long as the input: a mask's, a position
                 // table's); the row width must be a number.
@@ -1718,7 +1705,7 @@ impl<'g> KernelBuilder<'g> {
                 let operand = n.inputs[0];
                 if let (Op::Reshape { .. }, true) = (&n.op, s.is_realized(operand)) {
                     let buffer = BufferId(operand.0);
-                    let index = linear(idx, &contiguous(&out_shape))?;
+                    let index = linear(idx, &contiguous_strides(&out_shape))?;
                     let ty = ScalarType::of(g.ty(operand).dtype);
                     self.push(
                         Expr::Load {
@@ -1741,7 +1728,7 @@ impl<'g> KernelBuilder<'g> {
                     return retry(source);
                 }
                 let source_shape = dims(g, source);
-                let strides = contiguous(&source_shape);
+                let strides = contiguous_strides(&source_shape);
                 let mut rest = idx.to_vec();
                 rest[*dim] = Affine::constant(0);
                 let index = linear(&rest, &strides)?;
