@@ -18,8 +18,8 @@ pub use graph::{Graph, Node, NodeId};
 pub use op::{infer_type, BinaryOp, CompareOp, Op, ReduceOp, SliceFrom, UnaryOp, Window2d};
 pub use parse::{parse_op, parse_tensor_type, window2d};
 pub use shape::{
-    broadcast_shapes, check_size, checked_bytes, shape_string, static_shape, Dim, Shape, SymId,
-    TensorType, MAX_TENSOR_BYTES,
+    broadcast_shapes, check_size, checked_bytes, distinct_places, shape_string, static_shape, Dim,
+    LayoutFault, Shape, SymId, TensorType, MAX_TENSOR_BYTES,
 };
 pub use size_expr::{Monomial, SizeExpr};
 pub use text::ParseError;
@@ -27,6 +27,25 @@ pub use text::ParseError;
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn distinct_places_finds_what_a_strided_layout_spans_and_where_positions_meet() {
+        // `[b, h, t, d]` written as `[b, t, h, d]`: every position its own place.
+        assert_eq!(distinct_places(&[2, 3, 5, 4], &[60, 4, 12, 1]), Ok(120));
+        // Dims of one position and empty shapes constrain nothing.
+        assert_eq!(distinct_places(&[1, 4], &[-7, 1]), Ok(4));
+        assert_eq!(distinct_places(&[3, 0], &[0, 2]), Ok(0));
+        assert_eq!(distinct_places(&[], &[]), Ok(1));
+        assert_eq!(distinct_places(&[3, 4], &[4, 2]), Err(LayoutFault::ColumnsApart(2)));
+        assert_eq!(distinct_places(&[3, 4], &[-4, 1]), Err(LayoutFault::Negative(-4)));
+        // Rows 3 apart for rows of 4, and a broadcast dim: two positions one element.
+        assert_eq!(distinct_places(&[3, 4], &[3, 1]), Err(LayoutFault::SharedPlace));
+        assert_eq!(distinct_places(&[2, 4], &[0, 1]), Err(LayoutFault::SharedPlace));
+        assert_eq!(
+            distinct_places(&[usize::MAX, 4, 4], &[i128::MAX / 4, 16, 1]),
+            Err(LayoutFault::Overflow)
+        );
+    }
 
     #[test]
     fn graph_prints_and_verifies() {

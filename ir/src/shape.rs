@@ -331,6 +331,59 @@ pub fn broadcast_shapes(a: &[Dim], b: &[Dim]) -> Option<Shape> {
     Some(out)
 }
 
+/// Why a strided layout fails [`distinct_places`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LayoutFault {
+    /// The last dim, of more than one position, has this stride instead of 1.
+    ColumnsApart(i128),
+    /// A dim of more than one position has this negative stride.
+    Negative(i128),
+    /// Two positions address one element.
+    SharedPlace,
+    /// The elements the layout spans do not fit an `i128`.
+    Overflow,
+}
+
+/// Checks that the layout `strides` of `sizes` (one stride a dim) keeps the last dim's
+/// elements contiguous (stride 1, where it has more than one position) and gives every
+/// position its own element: with the dims of more than one position sorted by stride (none
+/// negative), each stride is past everything the smaller ones reach. Returns how many
+/// elements from the first position's the layout spans (0 when it has no positions). The
+/// kernel IR's verifier and the kernels that take such a layout at run time both ask this.
+pub fn distinct_places(sizes: &[usize], strides: &[i128]) -> Result<i128, LayoutFault> {
+    debug_assert_eq!(sizes.len(), strides.len());
+    if sizes.contains(&0) {
+        return Ok(0);
+    }
+    if let (Some(&n), Some(&stride)) = (sizes.last(), strides.last()) {
+        if n > 1 && stride != 1 {
+            return Err(LayoutFault::ColumnsApart(stride));
+        }
+    }
+    let mut dims: Vec<(i128, usize)> = Vec::with_capacity(sizes.len());
+    for (&n, &stride) in sizes.iter().zip(strides) {
+        if n > 1 {
+            if stride < 0 {
+                return Err(LayoutFault::Negative(stride));
+            }
+            dims.push((stride, n));
+        }
+    }
+    dims.sort_unstable();
+    // Elements `0..reach` from the first position's are what the dims so far address.
+    let mut reach: i128 = 1;
+    for (stride, n) in dims {
+        if stride < reach {
+            return Err(LayoutFault::SharedPlace);
+        }
+        reach = stride
+            .checked_mul(n as i128 - 1)
+            .and_then(|span| span.checked_add(reach))
+            .ok_or(LayoutFault::Overflow)?;
+    }
+    Ok(reach)
+}
+
 /// Formats a shape as `[a, b, c]` for error messages.
 pub fn shape_string(shape: &[Dim]) -> String {
     let parts: Vec<String> = shape.iter().map(|d| d.to_string()).collect();

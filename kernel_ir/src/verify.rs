@@ -49,7 +49,7 @@
 
 use crate::kernel::*;
 use crate::plan::{buffer_bytes, BufferPlan};
-use minductor_ir::{checked_bytes, DType, Dim, SizeExpr, SymId};
+use minductor_ir::{checked_bytes, DType, Dim, LayoutFault, SizeExpr, SymId};
 use std::collections::HashSet;
 use thiserror::Error;
 
@@ -1023,45 +1023,26 @@ impl Verifier<'_> {
     /// each output row, which one work item writes, is no other row's, whatever the threads.
     /// (The kernel library checks the same again for the bound sizes.)
     fn distinct_rows(&self, at: &str, view: &StridedView) -> Result<(), VerifyError> {
-        let rank = view.shape.len();
         let sizes: Option<Vec<usize>> = view.shape.iter().map(|&d| self.size(d)).collect();
         let strides: Option<Vec<i128>> = view.strides.iter().map(|s| self.value(s)).collect();
         let (Some(sizes), Some(strides)) = (sizes, strides) else {
             return Ok(()); // Checked again once the symbols are bound.
         };
-        if sizes.contains(&0) {
-            return Ok(());
-        }
-        if sizes[rank - 1] > 1 && strides[rank - 1] != 1 {
-            return Err(malformed(
+        match minductor_ir::distinct_places(&sizes, &strides) {
+            // A view spanning more than an `i128` of elements fits no buffer: `view` refuses it.
+            Ok(_) | Err(LayoutFault::Overflow) => Ok(()),
+            Err(LayoutFault::ColumnsApart(stride)) => Err(malformed(
+                at,
+                format!("out: the columns of a row are {stride} apart, not contiguous"),
+            )),
+            Err(LayoutFault::Negative(_) | LayoutFault::SharedPlace) => Err(malformed(
                 at,
                 format!(
-                    "out: the columns of a row are {} apart, not contiguous",
-                    strides[rank - 1]
+                    "out: strides {} give two elements one place",
+                    crate::kernel::size_list(&view.strides)
                 ),
-            ));
+            )),
         }
-        let mut dims: Vec<(i128, usize)> = sizes
-            .iter()
-            .zip(&strides)
-            .filter(|(&n, _)| n > 1)
-            .map(|(&n, &s)| (s, n))
-            .collect();
-        dims.sort_unstable();
-        let mut reach: i128 = 1;
-        for (stride, n) in dims {
-            if stride < reach {
-                return Err(malformed(
-                    at,
-                    format!(
-                        "out: strides {} give two elements one place",
-                        crate::kernel::size_list(&view.strides)
-                    ),
-                ));
-            }
-            reach = reach.saturating_add(stride.saturating_mul(n as i128 - 1));
-        }
-        Ok(())
     }
 
     /// A fallback step: its buffers exist, it writes no input and none of its operands, and its

@@ -30,6 +30,7 @@
 use crate::math::block::{block_routine, BlockFn};
 use crate::math::MathFn;
 use crate::scatter::View;
+use minductor_ir::LayoutFault;
 use minductor_runtime::RuntimeError;
 use std::sync::Mutex;
 
@@ -307,45 +308,33 @@ impl OutView<'_> {
         if self.strides.len() != n || n < 2 {
             return fail(format!("{} strides for {} dims", self.strides.len(), n));
         }
-        if shape.contains(&0) {
-            return Ok(());
-        }
-        if shape[n - 1] > 1 && self.strides[n - 1] != 1 {
-            return fail(format!(
-                "the columns of a row are {} apart, not contiguous",
-                self.strides[n - 1]
-            ));
-        }
-        let mut dims: Vec<(i64, usize)> = Vec::with_capacity(n);
-        for (&size, &stride) in shape.iter().zip(self.strides) {
-            if size > 1 {
-                if stride < 0 {
-                    return fail(format!("a negative stride {stride}"));
-                }
-                dims.push((stride, size));
+        let strides: Vec<i128> = self.strides.iter().map(|&s| s as i128).collect();
+        let reach = match minductor_ir::distinct_places(shape, &strides) {
+            Ok(0) => return Ok(()),
+            Ok(reach) => reach,
+            Err(LayoutFault::ColumnsApart(stride)) => {
+                return fail(format!(
+                    "the columns of a row are {stride} apart, not contiguous"
+                ))
             }
-        }
-        dims.sort_unstable();
-        // Elements `0..reach` past the offset are what the dims so far address.
-        let mut reach: i64 = 1;
-        for &(stride, size) in &dims {
-            if stride < reach {
+            Err(LayoutFault::Negative(stride)) => {
+                return fail(format!("a negative stride {stride}"))
+            }
+            Err(LayoutFault::SharedPlace) => {
                 return fail(format!(
                     "strides {:?} for {shape:?} give two positions one element",
                     self.strides
-                ));
+                ))
             }
-            reach = (size as i64 - 1)
-                .checked_mul(stride)
-                .and_then(|span| span.checked_add(reach))
-                .ok_or_else(|| RuntimeError::BufferCheck("attention output: overflow".into()))?;
-        }
-        let high = self.offset.checked_add(reach - 1);
-        if self.offset < 0 || high.is_none_or(|h| h >= self.data.len() as i64) {
+            Err(LayoutFault::Overflow) => return fail("overflow".into()),
+        };
+        let offset = self.offset as i128;
+        let high = offset.checked_add(reach - 1);
+        if offset < 0 || high.is_none_or(|h| h >= self.data.len() as i128) {
             return fail(format!(
                 "the view reaches outside its buffer (elements {}..{} of {})",
                 self.offset,
-                self.offset.saturating_add(reach),
+                offset.saturating_add(reach),
                 self.data.len()
             ));
         }

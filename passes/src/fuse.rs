@@ -188,7 +188,6 @@ fn dims(graph: &Graph, id: NodeId) -> Vec<Dim> {
     graph.ty(id).shape.to_vec()
 }
 
-
 fn static_strides(shape: &[usize]) -> Vec<i64> {
     let mut strides = vec![1i64; shape.len()];
     for d in (0..shape.len().saturating_sub(1)).rev() {
@@ -959,7 +958,10 @@ impl<'g> Scheduler<'g> {
     fn address(&mut self, node: NodeId, idx: Vec<Affine>) -> Retry<(BufferId, Affine)> {
         let g = self.graph;
         if self.is_realized(node) {
-            return Ok((BufferId(node.0), linear(&idx, &contiguous_strides(&dims(g, node)))?));
+            return Ok((
+                BufferId(node.0),
+                linear(&idx, &contiguous_strides(&dims(g, node)))?,
+            ));
         }
         let n = g.node(node);
         if !n.op.is_view() {
