@@ -36,11 +36,23 @@ mod tests {
         assert_eq!(distinct_places(&[1, 4], &[-7, 1]), Ok(4));
         assert_eq!(distinct_places(&[3, 0], &[0, 2]), Ok(0));
         assert_eq!(distinct_places(&[], &[]), Ok(1));
-        assert_eq!(distinct_places(&[3, 4], &[4, 2]), Err(LayoutFault::ColumnsApart(2)));
-        assert_eq!(distinct_places(&[3, 4], &[-4, 1]), Err(LayoutFault::Negative(-4)));
+        assert_eq!(
+            distinct_places(&[3, 4], &[4, 2]),
+            Err(LayoutFault::ColumnsApart(2))
+        );
+        assert_eq!(
+            distinct_places(&[3, 4], &[-4, 1]),
+            Err(LayoutFault::Negative(-4))
+        );
         // Rows 3 apart for rows of 4, and a broadcast dim: two positions one element.
-        assert_eq!(distinct_places(&[3, 4], &[3, 1]), Err(LayoutFault::SharedPlace));
-        assert_eq!(distinct_places(&[2, 4], &[0, 1]), Err(LayoutFault::SharedPlace));
+        assert_eq!(
+            distinct_places(&[3, 4], &[3, 1]),
+            Err(LayoutFault::SharedPlace)
+        );
+        assert_eq!(
+            distinct_places(&[2, 4], &[0, 1]),
+            Err(LayoutFault::SharedPlace)
+        );
         assert_eq!(
             distinct_places(&[usize::MAX, 4, 4], &[i128::MAX / 4, 16, 1]),
             Err(LayoutFault::Overflow)

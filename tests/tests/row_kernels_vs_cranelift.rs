@@ -20,6 +20,20 @@ fn values(shape: &[usize], seed: u32) -> Tensor {
     minductor_tests::sine_values(shape, seed, 3.0)
 }
 
+/// `input` with NaN, -0, 0, +inf and -inf at elements 0, 7, 14, 21 and 28 (those it has).
+fn with_specials(input: &Tensor) -> Tensor {
+    let mut x = input.to_vec::<f32>().unwrap();
+    for (k, v) in [f32::NAN, -0.0, 0.0, f32::INFINITY, f32::NEG_INFINITY]
+        .into_iter()
+        .enumerate()
+    {
+        if let Some(slot) = x.get_mut(k * 7) {
+            *slot = v;
+        }
+    }
+    Tensor::from_vec(input.shape(), x).unwrap()
+}
+
 /// The outputs of `graph` compiled with row routines and without; asserts (`wide`) that with
 /// them some kernel (or GEMM epilogue) runs wider than Cranelift's 128 bits (where the CPU has
 /// AVX2 or AVX-512).
@@ -166,16 +180,7 @@ fn epilogue_shapes_store_the_same_bits_as_the_cranelift_loop() {
             let shapes: Vec<&[usize]> = shapes.iter().map(|s| &s[..]).collect();
             let (g, mut inputs) = minductor_tests::build_graph(&shapes, values, f);
             // NaN, infinities and both zeros in the first operand (where the ReLU sees them).
-            let mut x = inputs[0].to_vec::<f32>().unwrap();
-            for (k, v) in [f32::NAN, -0.0, 0.0, f32::INFINITY, f32::NEG_INFINITY]
-                .into_iter()
-                .enumerate()
-            {
-                if let Some(slot) = x.get_mut(k * 7) {
-                    *slot = v;
-                }
-            }
-            inputs[0] = Tensor::from_vec(shapes[0], x).unwrap();
+            inputs[0] = with_specials(&inputs[0]);
             let what = format!("{what} of 3x{n}");
             // (At n = 1 the per-channel values are rows of one element too: another shape.)
             let (rows, loops) = both(&g, &inputs, &what, n > 1);
@@ -532,16 +537,7 @@ fn a_gelu_forward_storing_its_saved_values_runs_at_full_width_with_the_loops_bit
             let shapes: Vec<Vec<usize>> = [vec![3, n], vec![n]][..operands].to_vec();
             let shapes: Vec<&[usize]> = shapes.iter().map(|s| &s[..]).collect();
             let (g, mut inputs) = minductor_tests::build_graph(&shapes, values, f);
-            let mut x = inputs[0].to_vec::<f32>().unwrap();
-            for (k, v) in [f32::NAN, -0.0, 0.0, f32::INFINITY, f32::NEG_INFINITY]
-                .into_iter()
-                .enumerate()
-            {
-                if let Some(slot) = x.get_mut(k * 7) {
-                    *slot = v;
-                }
-            }
-            inputs[0] = Tensor::from_vec(shapes[0], x).unwrap();
+            inputs[0] = with_specials(&inputs[0]);
             let what = format!("{what} of 3x{n}");
             let (rows, loops) = both(&g, &inputs, &what, n > 1);
             minductor_tests::assert_allclose(&rows, &loops, Tolerance::EXACT, &what);
@@ -602,16 +598,7 @@ fn a_squared_errors_gradient_runs_at_full_width_with_the_loops_bits() {
             let scaled = i[3].div(262144.0).mul(&d);
             vec![d, scaled.add(&scaled)]
         });
-        let mut x = inputs[0].to_vec::<f32>().unwrap();
-        for (k, v) in [f32::NAN, -0.0, 0.0, f32::INFINITY, f32::NEG_INFINITY]
-            .into_iter()
-            .enumerate()
-        {
-            if let Some(slot) = x.get_mut(k * 7) {
-                *slot = v;
-            }
-        }
-        inputs[0] = Tensor::from_vec(shapes[0], x).unwrap();
+        inputs[0] = with_specials(&inputs[0]);
         let what = format!("a squared error's gradient of 3x{n}");
         let (rows, loops) = both(&g, &inputs, &what, n > 1);
         minductor_tests::assert_allclose(&rows, &loops, Tolerance::EXACT, &what);
