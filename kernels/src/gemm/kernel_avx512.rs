@@ -42,6 +42,61 @@ pub(super) unsafe fn tile(_: &TileArgs) {
     unreachable!("the AVX-512 kernel is never selected off x86-64")
 }
 
+/// One step of `k`: `acc[i] += a[i] · b[0..64]` for `i < ROWS` (`$a` pointing to `ROWS`
+/// readable values, `$b` to 64). A macro, so that it is inlined into [`steps`] with its target
+/// features and the accumulators stay in registers.
+macro_rules! step {
+    ($acc:expr, $a:expr, $b:expr) => {{
+        let (a, b): (*const f32, *const f32) = ($a, $b);
+        let b0 = _mm512_loadu_ps(b);
+        let b1 = _mm512_loadu_ps(b.add(16));
+        let b2 = _mm512_loadu_ps(b.add(32));
+        let b3 = _mm512_loadu_ps(b.add(48));
+        for (i, row) in $acc.iter_mut().enumerate() {
+            let value = _mm512_set1_ps(*a.add(i));
+            row[0] = _mm512_fmadd_ps(value, b0, row[0]);
+            row[1] = _mm512_fmadd_ps(value, b1, row[1]);
+            row[2] = _mm512_fmadd_ps(value, b2, row[2]);
+            row[3] = _mm512_fmadd_ps(value, b3, row[3]);
+        }
+    }};
+}
+
+/// Steps of `k` per pass of the `steps` loop: its scalar bookkeeping (two pointer increments,
+/// the count and the branch) once per four steps rather than per step, so fewer of those
+/// scalar operations compete with the FMAs for the vector ports. Measured on an Intel Xeon of
+/// family 6 model 167 (2 MiB L2, 512-bit FMAs at full rate), one thread, alternated runs:
+/// `gemm_kernel 512 44 2` 182-185 → 189-195 GFLOP/s; `gemm_shapes` multiply 6-12% faster
+/// ([1024x512]·[512x1408] 150-157 → 168-176 GFLOP/s, [256x1024]·[1024x4096] 149-150 →
+/// 159-166). (A loop calling a function per step kept the accumulators in memory: `#[inline]`
+/// is only a hint across `target_feature` functions, hence the macros.)
+const UNROLL: usize = 4;
+
+/// `$count` steps of `k` of the tile: `acc[i] += a[i] · b` for the next `ROWS` values of the
+/// `a` panel and 64 of the `b` panel, moving both pointers on; [`UNROLL`] steps per pass, then
+/// the rest one at a time (the same sums in the same order either way). A macro, as [`step`].
+/// The caller guarantees that `$a` and `$b` point to `$count · MR` and `$count · NR` readable
+/// values of their panels.
+macro_rules! steps {
+    ($acc:expr, $a:expr, $b:expr, $count:expr) => {{
+        let mut left: usize = $count;
+        while left >= UNROLL {
+            step!($acc, $a, $b);
+            step!($acc, $a.add(MR), $b.add(NR));
+            step!($acc, $a.add(2 * MR), $b.add(2 * NR));
+            step!($acc, $a.add(3 * MR), $b.add(3 * NR));
+            $a = $a.add(UNROLL * MR);
+            $b = $b.add(UNROLL * NR);
+            left -= UNROLL;
+        }
+        for _ in 0..left {
+            step!($acc, $a, $b);
+            $a = $a.add(MR);
+            $b = $b.add(NR);
+        }
+    }};
+}
+
 /// The tile for `ROWS ≤ MR` rows.
 ///
 /// # Safety
@@ -66,8 +121,9 @@ unsafe fn tile_rows<const ROWS: usize>(args: &TileArgs) {
         }
     }
     super::in_chunks!(args.prefetch, args.kc, |count| {
-        // SAFETY: the next `count` of the `kc` steps the panels hold (the caller's).
-        unsafe { steps(&mut acc, &mut a, &mut b, count) }
+        // SAFETY: the next `count` of the `kc` steps the panels hold (the caller's): `a` and
+        // `b` point to `count · MR` and `count · NR` readable values.
+        unsafe { steps!(acc, a, b, count) }
     });
     for (v, column) in (0..NR).step_by(16).enumerate() {
         if column >= args.cols {
@@ -87,43 +143,6 @@ unsafe fn tile_rows<const ROWS: usize>(args: &TileArgs) {
                 };
                 _mm512_mask_storeu_ps(at, mask, value);
             }
-        }
-    }
-}
-
-/// `count` steps of `k` of the tile: `acc[i] += a[i] · b` for the next `ROWS` values of the `a`
-/// panel and 64 of the `b` panel, moving both on.
-///
-/// # Safety
-/// The CPU supports AVX-512F; `a` and `b` point to `count · MR` and `count · NR` readable
-/// values of their panels.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f")]
-#[inline]
-unsafe fn steps<const ROWS: usize>(
-    acc: &mut [[__m512; 4]; ROWS],
-    a: &mut *const f32,
-    b: &mut *const f32,
-    count: usize,
-) {
-    for _ in 0..count {
-        // SAFETY: `a` and `b` walk the panels one step of `k` at a time, `count` steps in all:
-        // `b` reads values `p·NR .. p·NR + 64` and `a` values `p·MR .. p·MR + ROWS`, inside
-        // the values the caller guarantees.
-        unsafe {
-            let b0 = _mm512_loadu_ps(*b);
-            let b1 = _mm512_loadu_ps(b.add(16));
-            let b2 = _mm512_loadu_ps(b.add(32));
-            let b3 = _mm512_loadu_ps(b.add(48));
-            for (i, row) in acc.iter_mut().enumerate() {
-                let value = _mm512_set1_ps(*a.add(i));
-                row[0] = _mm512_fmadd_ps(value, b0, row[0]);
-                row[1] = _mm512_fmadd_ps(value, b1, row[1]);
-                row[2] = _mm512_fmadd_ps(value, b2, row[2]);
-                row[3] = _mm512_fmadd_ps(value, b3, row[3]);
-            }
-            *a = a.add(MR);
-            *b = b.add(NR);
         }
     }
 }
