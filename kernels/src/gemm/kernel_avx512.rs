@@ -275,7 +275,33 @@ pub(super) unsafe fn pack_columns_transposed(
     for v in 0..nr / 16 {
         let lanes = width.saturating_sub(16 * v).min(16);
         let column = start + 16 * v * column_stride;
-        for p0 in (0..k).step_by(16) {
+        let mut p0 = 0;
+        if lanes == 16 {
+            // Whole 16 × 16 blocks: plain loads and stores at fixed offsets, so that the block
+            // stays in registers (the masked loop below spilled it, and its masks, to the stack).
+            while p0 + 16 <= k {
+                let r = &mut [_mm512_setzero_ps(); 16];
+                for (j, column_run) in r.iter_mut().enumerate() {
+                    // SAFETY: elements `column + j·column_stride + p0 .. + 16`, `j < 16 = lanes
+                    // ≤ width`, `p0 + 16 ≤ k`: inside `data` by the caller's guarantee.
+                    *column_run =
+                        unsafe { _mm512_loadu_ps(data.as_ptr().add(column + j * column_stride + p0)) };
+                }
+                transpose16(r);
+                for (i, row) in r.iter().enumerate() {
+                    // SAFETY: values `(p0 + i)·nr + 16v .. + 16` of `panel` (`k·nr` values),
+                    // `p0 + i < k`, `16v + 16 ≤ nr`.
+                    unsafe {
+                        _mm512_storeu_ps(
+                            panel.as_mut_ptr().add((p0 + i) * nr + 16 * v),
+                            flushed16(*row),
+                        )
+                    };
+                }
+                p0 += 16;
+            }
+        }
+        for p0 in (p0..k).step_by(16) {
             let rows = (k - p0).min(16);
             let mask: __mmask16 = if rows == 16 { !0 } else { (1u16 << rows) - 1 };
             // All 16 loads in the one loop of constant length (the columns past `lanes`
