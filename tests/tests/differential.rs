@@ -267,7 +267,8 @@ fn gelu_and_silu_composites_with_and_without_shared_inner_values() {
 #[test]
 fn short_and_stacked_linear_layers_stream_with_the_same_bits_on_any_thread_count() {
     // Products short enough to be streamed (`gemm::prefers_streaming`: at most 1024 rows, at
-    // least 4 panels of 64 columns per thread for up to 3 threads): a 2-D linear layer with a
+    // least 4 panels of 64 columns per thread for up to 3 threads, and a depth block of `a` far
+    // inside L2): a 2-D linear layer with a
     // fused epilogue, and the same weight over a batch of sequences (one stacked product), with
     // tails in every dimension (70 rows, 33 inputs, 800 outputs).
     let (g, inputs) = build(&[&[3, 70, 33], &[800, 33], &[800]], |i| {

@@ -506,7 +506,7 @@ fn plan_matmul(
         sizes.rows
     };
     let streams = tuned.map_or_else(
-        || gemm::prefers_streaming(kernel, product_rows, sizes.cols, threads),
+        || gemm::prefers_streaming(kernel, product_rows, sizes.cols, sizes.k, threads),
         |g| g.streams,
     );
     if stacked || sizes.batch == 0 {

@@ -284,8 +284,9 @@ pub(super) unsafe fn pack_columns_transposed(
                 for (j, column_run) in r.iter_mut().enumerate() {
                     // SAFETY: elements `column + j·column_stride + p0 .. + 16`, `j < 16 = lanes
                     // ≤ width`, `p0 + 16 ≤ k`: inside `data` by the caller's guarantee.
-                    *column_run =
-                        unsafe { _mm512_loadu_ps(data.as_ptr().add(column + j * column_stride + p0)) };
+                    *column_run = unsafe {
+                        _mm512_loadu_ps(data.as_ptr().add(column + j * column_stride + p0))
+                    };
                 }
                 transpose16(r);
                 for (i, row) in r.iter().enumerate() {

@@ -898,7 +898,7 @@ pub fn sgemm_with(
     c: &mut MatrixMut,
     threads: usize,
 ) -> Result<(), GemmError> {
-    if prefers_streaming(kernel, a.rows, b.cols, threads) {
+    if prefers_streaming(kernel, a.rows, b.cols, a.cols, threads) {
         return multiply_streaming(kernel, a, b, c, threads);
     }
     let packed = PackedB::lazy(b, kernel)?;
@@ -911,12 +911,29 @@ pub fn sgemm_with(
 /// reading it back costs as much as a large part of the multiply (measured on the MLP's
 /// `[256, 1024] · [1024, 4096]`, Zen 4, 2 threads: packing alone took ~14% of the multiply's
 /// time); streaming packs each block of `b` into a per-thread buffer (L2) right before all rows use it. It needs
-/// enough panels of `b` for every thread to get a few.
-pub fn prefers_streaming(kernel: Kernel, m: usize, n: usize, threads: usize) -> bool {
+/// enough panels of `b` for every thread to get a few, and a depth block of packed `a` small
+/// enough to stay in L2 while the panels pass by ([`streamed_a_fits`]).
+pub fn prefers_streaming(kernel: Kernel, m: usize, n: usize, k: usize, threads: usize) -> bool {
     if let Some(forced) = streaming_override() {
         return forced;
     }
-    m <= STREAMING_ROWS && n >= threads.max(1) * 4 * kernel.nr()
+    m <= STREAMING_ROWS
+        && n >= threads.max(1) * 4 * kernel.nr()
+        && streamed_a_fits(m, kernel.mr(), kernel.kc(k), crate::cache::l2_bytes())
+}
+
+/// Whether one depth block of `a` packed whole (`ceil(m / mr) · mr · kc` values; every thread
+/// streams all of it once per panel of `b`) takes at most three quarters of an L2 of `l2` bytes
+/// (unknown: yes), leaving room for the block of `b` and the tiles of `c`. Past that, each panel
+/// re-reads it from L3. Measured on an Intel Xeon of family 6 model
+/// 167 (2 MiB L2, `kc` 512), `gemm_shapes` at 2 threads, streaming against `b` packed lazily by
+/// the row blocks: at 1024 rows (a 2 MiB block) streaming lost on every shape,
+/// [1024x1408]·[1408x512] 5.19 against 4.65 ms, 1024³ 7.26 against 6.80,
+/// [1024x512]·[512x256] 0.95 against 0.87; at 256 rows (the MLP's 512 KiB block) it won,
+/// [256x1024]·[1024x4096] 6.83 against 7.83. At 1 thread the two were within 2%.
+fn streamed_a_fits(m: usize, mr: usize, kc: usize, l2: Option<usize>) -> bool {
+    let block = m.div_ceil(mr) * mr * kc * std::mem::size_of::<f32>();
+    l2.is_none_or(|l2| block <= l2 / 4 * 3)
 }
 
 /// Most rows of `a` for which [`prefers_streaming`] holds. Measured (Zen 4, 2 threads, CPU

@@ -449,6 +449,25 @@ fn the_depth_blocking_follows_the_cache_sizes_of_known_cpus() {
 }
 
 #[test]
+fn short_products_stream_while_a_depth_block_of_a_fits_three_quarters_of_l2() {
+    const K: usize = 1024;
+    const M: usize = K * K;
+    // (CPU, L2 per core, rows, depth block, streams): the AVX-512 kernel's 6 rows per panel.
+    let cases = [
+        // The MLP: 258 rows (whole 6-row panels) of a 512-deep block, 516 KiB.
+        ("Sapphire Rapids, MLP", Some(2 * M), 256, 512, true),
+        ("Sapphire Rapids, LLaMA", Some(2 * M), 1024, 512, false),
+        ("Zen 5, LLaMA", Some(M), 1024, 128, true),
+        ("Zen 4, MLP", Some(M), 256, 512, true),
+        ("Zen 4, LLaMA", Some(M), 1024, 512, false),
+        ("unknown L2", None, 1024, 512, true),
+    ];
+    for (cpu, l2, rows, kc, streams) in cases {
+        assert_eq!(streamed_a_fits(rows, 6, kc, l2), streams, "{cpu}");
+    }
+}
+
+#[test]
 fn subnormal_operands_are_read_as_zeros_of_their_sign() {
     // Every value of every fourth row of `a` (column of `b`) subnormal, and every fifth value
     // elsewhere, of either sign (a row of subnormals alone gives a product that is subnormal,
