@@ -1,5 +1,6 @@
 //! GFLOP/s of the detected micro-kernel in the macro-kernel's loops on packed operands (no
-//! packing): one thread, CPU time of the loops alone, median of 9:
+//! packing): one thread, CPU time of the loops alone, median of 9 (`KERNEL=avx2` or `portable`
+//! for a narrower kernel than the detected one):
 //! `cargo run --release -p minductor-kernels --example gemm_kernel [-- kc micro_panels panels]`.
 
 use minductor_kernels::gemm::{bench_macro_kernel, Kernel};
@@ -9,7 +10,12 @@ mod cpu_time;
 use cpu_time::thread_cpu_seconds;
 
 fn main() {
-    let kernel = Kernel::detect();
+    // `KERNEL=avx2` (or `portable`) times a narrower kernel than the detected one.
+    let kernel = match std::env::var("KERNEL").as_deref() {
+        Ok("avx2") => Kernel::Avx2,
+        Ok("portable") => Kernel::Portable,
+        _ => Kernel::detect(),
+    };
     let args: Vec<usize> = std::env::args()
         .skip(1)
         .filter_map(|a| a.parse().ok())
