@@ -29,18 +29,25 @@ pub(crate) fn prefetch_line(value: *const f32, level: Level) {
     let _ = (value, level);
 }
 
-/// Bytes of the L2 (unified) cache of one core, if the system says.
+/// Bytes of the L2 (unified) cache of one core, if the system says; read once (GEMMs ask on
+/// every call whether to stream).
 pub fn l2_bytes() -> Option<usize> {
-    sysfs_size(2)
-        .or_else(|| cpuid_size(2))
-        .filter(|&bytes| bytes >= 64 * 1024)
+    static L2: OnceLock<Option<usize>> = OnceLock::new();
+    *L2.get_or_init(|| {
+        sysfs_size(2)
+            .or_else(|| cpuid_size(2))
+            .filter(|&bytes| bytes >= 64 * 1024)
+    })
 }
 
-/// Bytes of the L1 data cache of one core, if the system says.
+/// Bytes of the L1 data cache of one core, if the system says; read once.
 pub fn l1d_bytes() -> Option<usize> {
-    sysfs_size(1)
-        .or_else(|| cpuid_size(1))
-        .filter(|&bytes| bytes >= 4 * 1024)
+    static L1D: OnceLock<Option<usize>> = OnceLock::new();
+    *L1D.get_or_init(|| {
+        sysfs_size(1)
+            .or_else(|| cpuid_size(1))
+            .filter(|&bytes| bytes >= 4 * 1024)
+    })
 }
 
 /// Bytes of the L3 cache that cpu0 shares with its neighbours (a socket's, or on AMD one core

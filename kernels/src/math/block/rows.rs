@@ -151,7 +151,6 @@ pub const ROW_PREFETCH_NEXT: u32 = 2;
 ///   threads against 0.55-0.57 cached (`bench --rounds 3`, three alternated runs): its output
 ///   stays in the cache from one call to the next otherwise.
 pub fn streams_stores(written: usize, traffic: usize) -> bool {
-    static L3: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
     static FROM_ENV: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
     let forced = match FORCED_STREAM_BYTES.load(std::sync::atomic::Ordering::Relaxed) {
         0 => *FROM_ENV.get_or_init(|| {
@@ -164,8 +163,7 @@ pub fn streams_stores(written: usize, traffic: usize) -> bool {
     if let Some(threshold) = forced {
         return written >= threshold;
     }
-    L3.get_or_init(crate::cache::l3_bytes)
-        .is_some_and(|l3| streams_past(l3, written, traffic))
+    crate::cache::l3_bytes().is_some_and(|l3| streams_past(l3, written, traffic))
 }
 
 /// [`streams_stores`]' rule for a last-level cache of `l3` bytes.
