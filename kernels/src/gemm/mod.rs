@@ -969,7 +969,7 @@ pub fn multiply_streaming(
     c: &mut MatrixMut,
     threads: usize,
 ) -> Result<(), GemmError> {
-    stream(kernel, a, BlockSource::Pack(b), c, threads)
+    stream(kernel, a, BlockSource::Pack(b), c, threads, None)
 }
 
 /// [`multiply_streaming`] with `b` packed beforehand (a constant weight packed once): the same
@@ -982,7 +982,7 @@ pub fn multiply_streaming_packed(
     c: &mut MatrixMut,
     threads: usize,
 ) -> Result<(), GemmError> {
-    stream(b.kernel, a, BlockSource::Packed(b), c, threads)
+    stream(b.kernel, a, BlockSource::Packed(b), c, threads, None)
 }
 
 /// Where [`stream_panels`] gets each depth block of a panel of `b`.
@@ -1014,13 +1014,15 @@ pub fn streaming_split(
     ProductSplit::choose([m, n, k], [kernel.mr(), kernel.nr()], threads, Shared::A)
 }
 
-/// [`multiply_streaming`] and [`multiply_streaming_packed`].
+/// [`multiply_streaming`] and [`multiply_streaming_packed`]; `group` forces the panels per
+/// group of [`stream_panels`] (tests), else [`panels_per_group`] chooses from the L2's size.
 fn stream(
     kernel: Kernel,
     a: &MatrixRef,
     b: BlockSource,
     c: &mut MatrixMut,
     threads: usize,
+    group: Option<usize>,
 ) -> Result<(), GemmError> {
     if !kernel.is_supported() {
         return Err(GemmError::Unsupported(kernel));
@@ -1096,6 +1098,11 @@ fn stream(
     let failed = FirstError::new();
     let run = |p: usize| {
         let rows = split.rows(p);
+        let micro_panels = rows.start / mr..rows.end.div_ceil(mr);
+        let group = group.unwrap_or_else(|| {
+            let rows = micro_panels.len() * mr;
+            panels_per_group(rows, k, kc_block, kernel.nr(), crate::cache::l2_bytes())
+        });
         // SAFETY: `kernel` is supported (checked above); shapes agree (checked above); `c`
         // (borrowed uniquely for this whole call, its extent checked by `MatrixMut::new`)
         // holds every output element, and the pieces of `split` write disjoint rows ×
@@ -1108,8 +1115,9 @@ fn stream(
                 c_pointer.get(),
                 ldc,
                 m,
-                rows.start / mr..rows.end.div_ceil(mr),
+                micro_panels,
                 split.panels(p),
+                group,
             )
         })
     };
@@ -1130,8 +1138,32 @@ thread_local! {
     static B_BLOCK: std::cell::Cell<AlignedBuffer> = const { std::cell::Cell::new(AlignedBuffer::new()) };
 }
 
+/// Panels of `b` that [`stream_panels`] takes through every depth block together, for a piece
+/// of `rows` rows (whole micro-panels) of a product of depth `k` in blocks of `kc`, on a core
+/// whose L2 holds `l2` bytes (unknown: 1).
+///
+/// If all of the piece's packed `a` fits in three quarters of L2 (the MLP's up projection,
+/// 1 MiB at depth 1024), 1: each panel's tile of `c` stays in L1 and L2 across the depth
+/// blocks while `a` stays in L2. Otherwise every panel would read all of `a` again from L3
+/// (the MLP's down projection: 4 MiB at depth 4096, read 8 times per thread at 2 threads).
+/// Then the panels go in groups, depth block by depth block: one depth block of `a` is read
+/// once per group from L3 and the group's tiles of `c` (`rows · nr` values per panel) stay in
+/// L2 between the blocks, as many as fit beside the block of `a` and one block of `b`. The
+/// sums of every tile are the same, in the same order.
+fn panels_per_group(rows: usize, k: usize, kc: usize, nr: usize, l2: Option<usize>) -> usize {
+    let Some(l2) = l2 else { return 1 };
+    let bytes = std::mem::size_of::<f32>();
+    let budget = l2 / 4 * 3;
+    if rows * k * bytes <= budget {
+        return 1;
+    }
+    let (a_block, b_block, c_panel) = (rows * kc * bytes, kc * nr * bytes, rows * nr * bytes);
+    (budget.saturating_sub(a_block + b_block) / c_panel.max(1)).max(1)
+}
+
 /// `c[rows of micro_panels, columns of panels] = a · b[.., columns of panels]`, `a` packed
 /// whole (see [`multiply_streaming`]), each block of `b` packed here just before it is used.
+/// The panels go `group` at a time through all depth blocks (see [`panels_per_group`]).
 ///
 /// # Safety
 /// `kernel` is supported; `packed_a` holds `a` (`m` rows, `b.rows` columns) packed for it in
@@ -1149,6 +1181,7 @@ unsafe fn stream_panels(
     m: usize,
     micro_panels: std::ops::Range<usize>,
     panels: std::ops::Range<usize>,
+    group: usize,
 ) -> Result<(), GemmError> {
     let ([k, n], mr, nr) = (b.shape(), kernel.mr(), kernel.nr());
     let padded_m = m.div_ceil(mr) * mr;
@@ -1162,53 +1195,54 @@ unsafe fn stream_panels(
             return Err(e.into());
         }
         let values = block.as_mut_slice();
-        for panel in panels.clone() {
+        let blocks = panels.clone().step_by(group.max(1)).flat_map(|first| {
+            let group = first..(first + group.max(1)).min(panels.end);
+            (0..k)
+                .step_by(kc_block)
+                .flat_map(move |depth| group.clone().map(move |panel| (panel, depth)))
+        });
+        let mut blocks = blocks.peekable();
+        while let Some((panel, depth)) = blocks.next() {
             let cols = nr.min(n - panel * nr);
-            for depth in (0..k).step_by(kc_block) {
-                let kc = kc_block.min(k - depth);
-                let b_block: &[f32] = match b {
-                    BlockSource::Pack(b) => {
-                        let b_block = &mut values[..kc * nr];
-                        pack::pack_b(&b.rows(depth, depth + kc), nr, panel, b_block);
-                        b_block
-                    }
-                    // The same depth blocks: `PackedB` splits `k` by the same `kernel.kc(k)`.
-                    BlockSource::Packed(b) => b.block(panel, depth / kc_block),
-                };
-                // The block after this one: the next depth, or the next panel's first.
-                let next = if depth + kc < k {
-                    Some((panel, depth + kc))
-                } else {
-                    (panel + 1 < panels.end).then_some((panel + 1, 0))
-                };
-                let a_block = &packed_a[depth * padded_m..][..padded_m * kc];
-                let a_block = &a_block[first_micro * mr * kc..][..micro_panels * mr * kc];
-                for (r, a_panel) in a_block.chunks_exact(mr * kc).enumerate() {
-                    let r = first_micro + r;
-                    let prefetch = match (next, b) {
-                        (Some((next_panel, next_depth)), BlockSource::Pack(b)) => {
-                            let rows = next_depth..(next_depth + kc_block).min(k);
-                            source_lines(b, nr, next_panel, rows, r - first_micro, micro_panels)
-                        }
-                        _ => Lines::NONE,
-                    };
-                    let args = TileArgs {
-                        kc,
-                        a: a_panel.as_ptr(),
-                        b: b_block.as_ptr(),
-                        // SAFETY: row `r·mr < m`, column `panel·nr < n`: the caller's.
-                        c: unsafe { c.add(r * mr * ldc + panel * nr) },
-                        ldc,
-                        rows: mr.min(m - r * mr),
-                        cols,
-                        accumulate: depth > 0,
-                        prefetch,
-                    };
-                    // SAFETY: the kernel is supported; the panels are slices of `kc·mr` and
-                    // `kc·nr` values; `rows ≤ mr`, `cols ≤ nr` stay inside `m × n`, whose
-                    // elements in these panels' columns the caller gave to this call alone.
-                    unsafe { kernel.tile(&args) };
+            let kc = kc_block.min(k - depth);
+            let b_block: &[f32] = match b {
+                BlockSource::Pack(b) => {
+                    let b_block = &mut values[..kc * nr];
+                    pack::pack_b(&b.rows(depth, depth + kc), nr, panel, b_block);
+                    b_block
                 }
+                // The same depth blocks: `PackedB` splits `k` by the same `kernel.kc(k)`.
+                BlockSource::Packed(b) => b.block(panel, depth / kc_block),
+            };
+            // The block after this one (its source is prefetched while this one runs).
+            let next = blocks.peek().copied();
+            let a_block = &packed_a[depth * padded_m..][..padded_m * kc];
+            let a_block = &a_block[first_micro * mr * kc..][..micro_panels * mr * kc];
+            for (r, a_panel) in a_block.chunks_exact(mr * kc).enumerate() {
+                let r = first_micro + r;
+                let prefetch = match (next, b) {
+                    (Some((next_panel, next_depth)), BlockSource::Pack(b)) => {
+                        let rows = next_depth..(next_depth + kc_block).min(k);
+                        source_lines(b, nr, next_panel, rows, r - first_micro, micro_panels)
+                    }
+                    _ => Lines::NONE,
+                };
+                let args = TileArgs {
+                    kc,
+                    a: a_panel.as_ptr(),
+                    b: b_block.as_ptr(),
+                    // SAFETY: row `r·mr < m`, column `panel·nr < n`: the caller's.
+                    c: unsafe { c.add(r * mr * ldc + panel * nr) },
+                    ldc,
+                    rows: mr.min(m - r * mr),
+                    cols,
+                    accumulate: depth > 0,
+                    prefetch,
+                };
+                // SAFETY: the kernel is supported; the panels are slices of `kc·mr` and
+                // `kc·nr` values; `rows ≤ mr`, `cols ≤ nr` stay inside `m × n`, whose
+                // elements in these panels' columns the caller gave to this call alone.
+                unsafe { kernel.tile(&args) };
             }
         }
         let checked = block.check("b block");

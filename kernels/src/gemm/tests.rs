@@ -370,6 +370,60 @@ fn streaming_matches_the_packed_path_bit_for_bit_at_tail_sizes_and_odd_strides()
 }
 
 #[test]
+fn streamed_panels_in_groups_through_the_depth_blocks_give_the_same_bits() {
+    // Every depth block of a group of panels before the next group: any group size (1, one
+    // not dividing the panels, more than a piece has) gives the bits of the packed path, on 1
+    // and 2 threads, with `b` packed per block or beforehand.
+    let bits = |values: &[f32]| values.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+    for kernel in supported_kernels() {
+        let [m, k, n] = [13, 1100, 7 * kernel.nr() - 5];
+        let (a_data, _, _) = operand(m, k, Layout::RowMajor, 5);
+        let (b_data, _, _) = operand(n, k, Layout::RowMajor, 6);
+        let a = MatrixRef::row_major(&a_data, m, k).unwrap();
+        let b = MatrixRef::row_major(&b_data, n, k).unwrap().t();
+        let mut expected = vec![f32::NAN; m * n];
+        let mut c = MatrixMut::row_major(&mut expected, m, n).unwrap();
+        multiply_parallel(&a, &PackedB::lazy(&b, kernel).unwrap(), &mut c, 1).unwrap();
+        let prepacked = PackedB::pack(&b, kernel, 1).unwrap();
+        for group in [1, 2, 3, 100] {
+            for threads in [1, 2] {
+                for source in [BlockSource::Pack(&b), BlockSource::Packed(&prepacked)] {
+                    let mut out = vec![f32::NAN; m * n];
+                    let mut c = MatrixMut::row_major(&mut out, m, n).unwrap();
+                    stream(kernel, &a, source, &mut c, threads, Some(group)).unwrap();
+                    assert!(
+                        bits(&out) == bits(&expected),
+                        "{kernel:?}, groups of {group} panels, {threads} threads"
+                    );
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn streamed_panels_go_in_groups_once_packed_a_outgrows_l2() {
+    const M: usize = 1 << 20;
+    // (case, rows, k, kc, nr, L2, panels per group)
+    let cases = [
+        // The MLP's up projection: 258 × 1024 packed (1 MiB) fits 1.5 MiB, one panel at a time.
+        ("MLP up, 2 MiB L2", 258, 1024, 512, 64, Some(2 * M), 1),
+        // Its down projection, 4 MiB of `a`: 1.5 MiB less a 516 KiB block of `a` and a 128 KiB
+        // block of `b`, over 64.5 KiB of `c` per panel.
+        ("MLP down, 2 MiB L2", 258, 4096, 512, 64, Some(2 * M), 13),
+        // On 1 MiB the 768 KiB left room for one panel's tile beside the blocks.
+        ("MLP down, 1 MiB L2", 258, 4096, 512, 64, Some(M), 1),
+        ("MLP down, 1 MiB L2, 128 deep", 258, 4096, 128, 64, Some(M), 9),
+        // No room beside the blocks: still one panel at a time, never zero.
+        ("tall, 1 MiB L2", 1024, 4096, 512, 64, Some(M), 1),
+        ("unknown L2", 258, 4096, 512, 64, None, 1),
+    ];
+    for (case, rows, k, kc, nr, l2, expected) in cases {
+        assert_eq!(panels_per_group(rows, k, kc, nr, l2), expected, "{case}");
+    }
+}
+
+#[test]
 fn packed_micro_panels_of_a_hold_every_value_in_place() {
     // Rows of 6 (the AVX-512 interleave when the CPU has it) and of 4, at depths around 16,
     // from a wider row-major matrix at an offset, with a short last micro-panel.
