@@ -44,8 +44,9 @@ const KEY_BLOCK: usize = 64;
 /// [`ItemPlan`]). Every tiling gives bitwise the same results: each output row is computed by
 /// one block, over the key tiles in the same order, with the same operations in the same order
 /// (under a causal mask the tiles past a row's diagonal add nothing to it: its probabilities
-/// there are 0 and it skips their values), and the micro-kernels' row groups start at multiples
-/// of four rows whatever the block. Only the speed differs, so max-autotune times a few.
+/// there are 0 and it skips their values), and a row's operations in the micro-kernels are the
+/// same whichever place of a group of rows it takes. Only the speed differs, so max-autotune times
+/// a few.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct AttentionTiling {
     /// Query rows per block: a multiple of 4 (the AVX-512 micro-kernel's rows), at least 4.
@@ -1139,8 +1140,10 @@ mod avx512 {
     use crate::math::LN_MIN_NORMAL;
     use std::arch::x86_64::*;
 
-    /// Query rows per micro-kernel call: `GROUP × 64` scores in 4·`GROUP` registers.
-    const GROUP: usize = 4;
+    /// Query rows per micro-kernel call: `GROUP × 64` scores in 4·`GROUP` registers (24 of the
+    /// 32), each step of either product 4 loads of keys or values and `GROUP` broadcasts for
+    /// `4·GROUP` FMAs, as the GEMM's 6 × 64 tile.
+    const GROUP: usize = 6;
 
     /// What a group of rows reads, all checked once per item (see [`item`]).
     struct Operands<'a> {
@@ -1255,6 +1258,8 @@ mod avx512 {
                         1 => group::<1>(&ops, &mut state, &mut p, r0, s0, bk, last),
                         2 => group::<2>(&ops, &mut state, &mut p, r0, s0, bk, last),
                         3 => group::<3>(&ops, &mut state, &mut p, r0, s0, bk, last),
+                        4 => group::<4>(&ops, &mut state, &mut p, r0, s0, bk, last),
+                        5 => group::<5>(&ops, &mut state, &mut p, r0, s0, bk, last),
                         _ => group::<GROUP>(&ops, &mut state, &mut p, r0, s0, bk, last),
                     }
                 }
@@ -1447,10 +1452,18 @@ mod avx512 {
         // masked loads and stores touch only their enabled lanes (keys `< bk`, columns `< ev`).
         unsafe {
             // Under a causal mask the keys after the group's last row have p = 0 in every row:
-            // neither product needs them.
-            let seen = match ops.causal_from {
-                Some(t0) => bk.min((t0 + r0 + N).saturating_sub(s0)),
-                None => bk,
+            // neither product needs them. And `p·v` takes each row's keys up to its own
+            // position only, as the portable form does (`0 · v` would be NaN for an infinite
+            // value), so that a row's sums do not depend on the rows that share its group: key
+            // `s0 + l` is for the rows from `(s0 + l) − first_row` on (every row's below
+            // `every_row`).
+            let (seen, every_row, first_row) = match ops.causal_from {
+                Some(t0) => (
+                    bk.min((t0 + r0 + N).saturating_sub(s0)),
+                    bk.min((t0 + r0 + 1).saturating_sub(s0)),
+                    t0 + r0,
+                ),
+                None => (bk, bk, 0),
             };
             let mut alpha = [1f32; 16];
             if seen > 0 {
@@ -1503,16 +1516,28 @@ mod avx512 {
                         };
                     }
                 }
-                for l in 0..seen {
-                    let b = vp.add(l * ops.value_rows + j);
-                    let bv: [__m512; 4] =
-                        std::array::from_fn(|v| _mm512_maskz_loadu_ps(col_lanes[v], b.add(v * 16)));
-                    for (r, row) in o.iter_mut().enumerate() {
-                        let a = _mm512_set1_ps(p[r * KEY_BLOCK + l]);
-                        for (acc, &y) in row.iter_mut().zip(&bv) {
-                            *acc = _mm512_fmadd_ps(a, y, *acc);
+                // Key `l` for the rows from `first` on: `o[r] += p[r][l] · v[s0 + l]`.
+                macro_rules! key {
+                    ($l:expr, $first:expr) => {{
+                        let (l, first): (usize, usize) = ($l, $first);
+                        let b = vp.add(l * ops.value_rows + j);
+                        let bv: [__m512; 4] = std::array::from_fn(|v| {
+                            _mm512_maskz_loadu_ps(col_lanes[v], b.add(v * 16))
+                        });
+                        for (r, row) in o.iter_mut().enumerate().skip(first) {
+                            let a = _mm512_set1_ps(p[r * KEY_BLOCK + l]);
+                            for (acc, &y) in row.iter_mut().zip(&bv) {
+                                *acc = _mm512_fmadd_ps(a, y, *acc);
+                            }
                         }
-                    }
+                    }};
+                }
+                for l in 0..every_row {
+                    key!(l, 0);
+                }
+                // Past the first row's position, each key for the rows at or after it only.
+                for l in every_row..seen {
+                    key!(l, (s0 + l).saturating_sub(first_row));
                 }
                 for (r, row) in o.iter().enumerate() {
                     let inv = _mm512_set1_ps(inverse[r]);
@@ -1578,7 +1603,7 @@ mod avx512 {
             // Lane r < N: row r0 + r. `max` keeps its second operand when one is NaN, so a
             // row's maximum stays what it was where its scores' is NaN (as `f32::max` did).
             let old = _mm512_loadu_ps(state.max.as_ptr().add(r0));
-            let new = _mm512_max_ps(hmax4(tile_max), old);
+            let new = _mm512_max_ps(group_max::<N>(&tile_max), old);
             // `old − new` where the maximum grew (−inf when nothing was visible before: factor
             // 0), else 0 (factor 1; also where both are −inf). Lanes past the group's rows hold
             // other rows' maxima: 0 there too, as their `old − new` may be any value (one far
@@ -1611,6 +1636,22 @@ mod avx512 {
                 _mm512_storeu_ps(sp, sum);
             }
         }
+    }
+
+    /// The maxima of the first `N` registers of `m` in lanes 0 to `N − 1`: [`hmax4`] of the
+    /// first four, and past four rows [`hmax4`] of the next two (in its places 0 and 1, so each
+    /// row's maximum is taken in the same order whichever place it has) blended into lanes 4
+    /// and 5.
+    #[target_feature(enable = "avx512f")]
+    #[inline]
+    fn group_max<const N: usize>(m: &[__m512; GROUP]) -> __m512 {
+        const { assert!(GROUP == 6) };
+        let low = hmax4([m[0], m[1], m[2], m[3]]);
+        if N <= 4 {
+            return low;
+        }
+        let high = hmax4([m[4], m[5], m[4], m[5]]);
+        _mm512_mask_blend_ps(0b11_0000, low, high)
     }
 
     /// The maxima of the four registers `m` in lanes 0 to 3 (and again in each 128-bit lane):
@@ -1958,6 +1999,66 @@ mod tests {
                         0
                     };
                     assert!(nan >= empty, "mask {name}: {nan} NaNs");
+                }
+            }
+        }
+    }
+
+    /// Under a causal mask a row reads no value of a later key, even through a probability of
+    /// 0: with an infinite value in key row `j`, every row before `j` stays finite, in either
+    /// form and under every tiling (including blocks whose row groups cross a key tile).
+    #[test]
+    fn causal_rows_never_read_a_later_keys_value() {
+        let (t, e, ev) = (150, 16, 8);
+        let batch = [1usize, 2];
+        let (q, k) = (data(2 * t * e, 0.0), data(2 * t * e, 1.0));
+        let sh = AttentionShape {
+            batch: &batch,
+            t,
+            s: t,
+            e,
+            ev,
+            group: 1,
+            scale: 0.25,
+            causal: true,
+        };
+        let (qs, vs) = (head_strides(t, e, 2), head_strides(t, ev, 2));
+        let mut tilings = AttentionTiling::candidates();
+        tilings.extend([
+            AttentionTiling::new(4, 1).unwrap(),
+            AttentionTiling::new(36, 64).unwrap(),
+        ]);
+        for j in [1, 5, 63, 64, 65, 66, 100, 149] {
+            let mut v = data(2 * t * ev, 2.0);
+            v[j * ev + 3] = f32::INFINITY;
+            for avx512 in forms() {
+                for &tiling in &tilings {
+                    let view = |data, strides| View {
+                        data,
+                        offset: 0,
+                        strides,
+                    };
+                    let mut out = vec![0f32; 2 * t * ev];
+                    attention_on(
+                        view(&q, &qs),
+                        view(&k, &qs),
+                        view(&v, &vs),
+                        None,
+                        &sh,
+                        tiling,
+                        &mut out,
+                        avx512,
+                    )
+                    .unwrap();
+                    let bad = out[..j * ev].iter().position(|x| !x.is_finite());
+                    assert!(
+                        bad.is_none(),
+                        "infinite value at key {j}, avx512 {avx512}, {tiling:?}: row {:?} \
+                         is not finite",
+                        bad.map(|i| i / ev)
+                    );
+                    // The rows from `j` on see it.
+                    assert!(!out[j * ev + 3].is_finite());
                 }
             }
         }
