@@ -2005,7 +2005,7 @@ mod tests {
     }
 
     /// Under a causal mask a row reads no value of a later key, even through a probability of
-    /// 0: with an infinite value in key row `j`, every row before `j` stays finite, in either
+    /// 0: with an infinite or NaN value in key row `j`, every row before `j` stays finite, in either
     /// form and under every tiling (including blocks whose row groups cross a key tile).
     #[test]
     fn causal_rows_never_read_a_later_keys_value() {
@@ -2028,9 +2028,12 @@ mod tests {
             AttentionTiling::new(4, 1).unwrap(),
             AttentionTiling::new(36, 64).unwrap(),
         ]);
-        for j in [1, 5, 63, 64, 65, 66, 100, 149] {
+        for (j, bad_value) in [1, 5, 63, 64, 65, 66, 100, 149]
+            .into_iter()
+            .flat_map(|j| [(j, f32::INFINITY), (j, f32::NAN)])
+        {
             let mut v = data(2 * t * ev, 2.0);
-            v[j * ev + 3] = f32::INFINITY;
+            v[j * ev + 3] = bad_value;
             for avx512 in forms() {
                 for &tiling in &tilings {
                     let view = |data, strides| View {
@@ -2053,7 +2056,7 @@ mod tests {
                     let bad = out[..j * ev].iter().position(|x| !x.is_finite());
                     assert!(
                         bad.is_none(),
-                        "infinite value at key {j}, avx512 {avx512}, {tiling:?}: row {:?} \
+                        "value {bad_value} at key {j}, avx512 {avx512}, {tiling:?}: row {:?} \
                          is not finite",
                         bad.map(|i| i / ev)
                     );

@@ -413,7 +413,15 @@ fn streamed_panels_go_in_groups_once_packed_a_outgrows_l2() {
         ("MLP down, 2 MiB L2", 258, 4096, 512, 64, Some(2 * M), 13),
         // On 1 MiB the 768 KiB left room for one panel's tile beside the blocks.
         ("MLP down, 1 MiB L2", 258, 4096, 512, 64, Some(M), 1),
-        ("MLP down, 1 MiB L2, 128 deep", 258, 4096, 128, 64, Some(M), 9),
+        (
+            "MLP down, 1 MiB L2, 128 deep",
+            258,
+            4096,
+            128,
+            64,
+            Some(M),
+            9,
+        ),
         // No room beside the blocks: still one panel at a time, never zero.
         ("tall, 1 MiB L2", 1024, 4096, 512, 64, Some(M), 1),
         ("unknown L2", 258, 4096, 512, 64, None, 1),
