@@ -2005,8 +2005,9 @@ mod tests {
     }
 
     /// Under a causal mask a row reads no value of a later key, even through a probability of
-    /// 0: with an infinite or NaN value in key row `j`, every row before `j` stays finite, in either
-    /// form and under every tiling (including blocks whose row groups cross a key tile).
+    /// 0: with an infinite or NaN value in key row `j`, every row before `j` stays finite, in
+    /// either form and under every tiling (including blocks whose row groups cross a key
+    /// tile).
     #[test]
     fn causal_rows_never_read_a_later_keys_value() {
         let (t, e, ev) = (150, 16, 8);
