@@ -272,53 +272,33 @@ pub(super) unsafe fn pack_columns_transposed(
     panel: &mut [f32],
 ) {
     debug_assert!(panel.len() == k * nr && width <= nr && nr.is_multiple_of(16));
-    for v in 0..nr / 16 {
-        let lanes = width.saturating_sub(16 * v).min(16);
-        let column = start + 16 * v * column_stride;
-        let mut p0 = 0;
-        if lanes == 16 {
-            // Whole 16 × 16 blocks: plain loads and stores at fixed offsets, so that the block
-            // stays in registers (the masked loop below spilled it, and its masks, to the stack).
-            while p0 + 16 <= k {
-                let r = &mut [_mm512_setzero_ps(); 16];
-                for (j, column_run) in r.iter_mut().enumerate() {
-                    // SAFETY: elements `column + j·column_stride + p0 .. + 16`, `j < 16 = lanes
-                    // ≤ width`, `p0 + 16 ≤ k`: inside `data` by the caller's guarantee.
-                    *column_run = unsafe {
-                        _mm512_loadu_ps(data.as_ptr().add(column + j * column_stride + p0))
-                    };
-                }
-                transpose16(r);
-                for (i, row) in r.iter().enumerate() {
-                    // SAFETY: values `(p0 + i)·nr + 16v .. + 16` of `panel` (`k·nr` values),
-                    // `p0 + i < k`, `16v + 16 ≤ nr`.
-                    unsafe {
-                        _mm512_storeu_ps(
-                            panel.as_mut_ptr().add((p0 + i) * nr + 16 * v),
-                            flushed16(*row),
-                        )
-                    };
-                }
-                p0 += 16;
-            }
-        }
-        for p0 in (p0..k).step_by(16) {
-            let rows = (k - p0).min(16);
-            let mask: __mmask16 = if rows == 16 { !0 } else { (1u16 << rows) - 1 };
-            // All 16 loads in the one loop of constant length (the columns past `lanes`
-            // masked off entirely), so that `r` stays in registers.
+    // One 16 × 16 block: rows `p0 .. p0 + rows` of the panel's columns `16v .. 16v + 16`, of
+    // which `lanes` are `b`'s. `whole` (a literal): all 16 of both, read by plain loads, so
+    // that the block stays in registers (the masked form spilled it, and its masks, to the
+    // stack); else the loads are masked, all 16 in one loop of constant length (the columns
+    // past `lanes` masked off entirely).
+    macro_rules! block {
+        ($whole:literal, $column:expr, $v:expr, $p0:expr, $rows:expr, $lanes:expr) => {{
+            let (column, v, p0, rows, lanes): (usize, usize, usize, usize, usize) =
+                ($column, $v, $p0, $rows, $lanes);
             let r = &mut [_mm512_setzero_ps(); 16];
+            let mask: __mmask16 = if rows == 16 { !0 } else { (1u16 << rows) - 1 };
             for (j, column_run) in r.iter_mut().enumerate() {
-                let mask = if j < lanes { mask } else { 0 };
                 let at = data.as_ptr().wrapping_add(column + j * column_stride + p0);
                 // SAFETY: the unmasked lanes read elements `column + j·column_stride + p0 + i`,
                 // `j < lanes ≤ width`, `i < rows ≤ k − p0`: inside `data` by the caller's
                 // guarantee; masked lanes read nothing (and `at` of a column past `lanes`,
                 // formed by `wrapping_add`, is never read).
-                *column_run = unsafe { _mm512_maskz_loadu_ps(mask, at) };
+                *column_run = unsafe {
+                    if $whole {
+                        _mm512_loadu_ps(at)
+                    } else {
+                        _mm512_maskz_loadu_ps(if j < lanes { mask } else { 0 }, at)
+                    }
+                };
             }
             transpose16(r);
-            for (i, row) in r.iter().enumerate().take(rows) {
+            for (i, row) in r.iter().enumerate().take(if $whole { 16 } else { rows }) {
                 // SAFETY: writes values `(p0 + i)·nr + 16v .. + 16` of `panel`, which holds
                 // `k·nr` values, `p0 + i < k`, `16v + 16 ≤ nr`.
                 unsafe {
@@ -328,6 +308,20 @@ pub(super) unsafe fn pack_columns_transposed(
                     )
                 };
             }
+        }};
+    }
+    for v in 0..nr / 16 {
+        let lanes = width.saturating_sub(16 * v).min(16);
+        let column = start + 16 * v * column_stride;
+        let mut p0 = 0;
+        if lanes == 16 {
+            while p0 + 16 <= k {
+                block!(true, column, v, p0, 16, 16);
+                p0 += 16;
+            }
+        }
+        for p0 in (p0..k).step_by(16) {
+            block!(false, column, v, p0, (k - p0).min(16), lanes);
         }
     }
 }
