@@ -1,7 +1,9 @@
 //! GFLOP/s of the fused attention routine alone, on `[batch, heads, t, e]` operands laid out
 //! contiguously (attention_8x256x512's by default: 8 × 8 heads, 256 queries and keys, width 64;
 //! no mask): the median over 15 calls of the process's CPU time per thread, after one warm-up
-//! call. `THREADS` (default 1), `CAUSAL=1`, and `SHAPE=batch,heads,t,e` change the case:
+//! call. `THREADS` (default 1), `CAUSAL=1`, and `SHAPE=batch,heads,t,e` change the case;
+//! `PROJECTED=1` reads q, k and v from one `[batch, t, 3, heads, e]` buffer, as a transformer
+//! block's attention reads them from its fused projection (rows `3 · heads · e` apart):
 //! `cargo run --release -p minductor-kernels --example attention_speed [-- rounds]`.
 
 use minductor_kernels::attention::{attention, AttentionShape, AttentionTiling};
@@ -29,17 +31,32 @@ fn main() {
         .unwrap_or(3);
     minductor_runtime::threads::set_num_threads(threads).unwrap();
     let n = batch * heads * t * e;
-    let values = |seed: usize| -> Vec<f32> {
-        (0..n)
+    let values = |count: usize, seed: usize| -> Vec<f32> {
+        (0..count)
             .map(|i| ((i * 2654435761 + seed) % 1000) as f32 / 500.0 - 1.0)
             .collect()
     };
-    let (q, k, v) = (values(1), values(2), values(3));
-    let strides = [(heads * t * e) as i64, (t * e) as i64, e as i64, 1];
-    fn view<'a>(data: &'a [f32], strides: &'a [i64]) -> View<'a, f32> {
+    let projected = std::env::var("PROJECTED").is_ok_and(|v| v == "1");
+    // q, k and v: three buffers `[batch, heads, t, e]`, or views of one `[batch, t, 3, heads,
+    // e]` at offsets 0, `heads · e` and `2 · heads · e`.
+    let (data, offsets, strides) = if projected {
+        let row = (3 * heads * e) as i64;
+        let strides = [t as i64 * row, e as i64, row, 1];
+        let at = (heads * e) as i64;
+        (vec![values(3 * n, 1)], [0, at, 2 * at], strides)
+    } else {
+        let strides = [(heads * t * e) as i64, (t * e) as i64, e as i64, 1];
+        (
+            vec![values(n, 1), values(n, 2), values(n, 3)],
+            [0; 3],
+            strides,
+        )
+    };
+    let operand = |i: usize| &data[i.min(data.len() - 1)][..];
+    fn view<'a>(data: &'a [f32], offset: i64, strides: &'a [i64]) -> View<'a, f32> {
         View {
             data,
-            offset: 0,
+            offset,
             strides,
         }
     }
@@ -57,9 +74,9 @@ fn main() {
     let mut out = vec![0f32; n];
     let mut call = || {
         attention(
-            view(&q, &strides),
-            view(&k, &strides),
-            view(&v, &strides),
+            view(operand(0), offsets[0], &strides),
+            view(operand(1), offsets[1], &strides),
+            view(operand(2), offsets[2], &strides),
             None,
             &shape,
             AttentionTiling::DEFAULT,
@@ -81,8 +98,9 @@ fn main() {
         times.sort_by(f64::total_cmp);
         let median = times[times.len() / 2];
         println!(
-            "attention [{batch}, {heads}, {t}, {e}]{} on {threads} threads: {:.3} ms ({:.1} GFLOP/s)",
+            "attention [{batch}, {heads}, {t}, {e}]{}{} on {threads} threads: {:.3} ms ({:.1} GFLOP/s)",
             if causal { " causal" } else { "" },
+            if projected { " projected" } else { "" },
             median * 1e3,
             flops / median / 1e9
         );
