@@ -5,10 +5,10 @@
 //! `for_each_chunk`; an item computes its blocks for every q head sharing the k/v head. It
 //! packs the keys transposed, in tiles of `KEY_BLOCK` (`[e][KEY_BLOCK]` each, contiguous), and
 //! the values unless they already are rows one after another, into a buffer of its thread
-//! that stays in cache while its blocks read it; the keys are packed times the scale (folded in once per
-//! key). A block of query rows (`AttentionTiling::query_block`, 64 unless max-autotune chose
-//! another) reads its rows where they are (packing them only when a row's elements are not
-//! contiguous), then for each key tile (the tiles entirely above the diagonal
+//! that stays in cache while its blocks read it; the keys are packed times the scale (folded in
+//! once per key). A block of query rows (`AttentionTiling::query_block`, 64 unless
+//! max-autotune chose another) reads its rows where they are (packing them only when a row's
+//! elements are not contiguous), then for each key tile (the tiles entirely above the diagonal
 //! skipped under a causal mask) computes the scores `q·kᵀ`, applies the mask (an additive f32
 //! mask, or a bool one: masked scores are −inf; with the causal limit as one bit per key of
 //! the tile), and updates each row's running maximum, its running sum of `exp(score − max)`
@@ -45,8 +45,8 @@ const KEY_BLOCK: usize = 64;
 /// one block, over the key tiles in the same order, with the same operations in the same order
 /// (under a causal mask the tiles past a row's diagonal add nothing to it: its probabilities
 /// there are 0 and it skips their values), and a row's operations in the micro-kernels are the
-/// same whichever place of a group of rows it takes. Only the speed differs, so max-autotune times
-/// a few.
+/// same whichever place of a group of rows it takes. Only the speed differs, so max-autotune
+/// times a few.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct AttentionTiling {
     /// Query rows per block: a multiple of 4 (the AVX-512 micro-kernel's rows), at least 4.
@@ -494,9 +494,9 @@ fn attention_view_on(
     // Values are read in place only when their rows follow one another. Rows further apart
     // (a `[b, t, 3, h, e]` projection's, 3·h·e apart) map a key tile's 64 rows onto a few sets
     // of L1 (at 6 KiB apart, 8 sets of 12 ways for 256 lines), so every group of query rows
-    // would read the tile from L2 again: packed, attention_8x256x512's layout ran 13-15%
-    // faster (`PROJECTED=1 cargo run --release -p minductor-kernels --example
-    // attention_speed`).
+    // would read the tile from L2 again. Packed, attention_8x256x512's layout ran 10-12% faster
+    // alone (`PROJECTED=1 cargo run --release -p minductor-kernels --example attention_speed`,
+    // alternated runs), though within noise in the workload's `minductor report`.
     let v_in_place = v_cols == 1 && v_rows == ev as i64;
     let failed = crate::scratch::FirstError::new();
     let run_item = |item: usize| {
