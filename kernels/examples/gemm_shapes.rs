@@ -5,8 +5,10 @@
 //! (`multiply_parallel`), and `multiply_streaming`. Times are medians of CPU time per thread
 //! (wall time with `WALL=1`). `SHAPES=name,name` keeps the shapes whose names contain one of
 //! them, `MODES=multiply,streaming` (for example) the given measurements; `COLD=1` evicts
-//! every operand from the caches before each timed call (writing 96 MiB), as in a program:
-//! `cargo run --release -p minductor-codegen-cpu --example gemm_shapes [-- rounds]`.
+//! every operand from the caches before each timed call (writing 96 MiB), as in a program;
+//! the operands are tensors' storage, huge pages where the kernel has them (`SMALL_PAGES=1`:
+//! plain vectors):
+//! `cargo run --release -p minductor-kernels --example gemm_shapes [-- rounds]`.
 
 use minductor_kernels::gemm::{
     multiply_parallel, multiply_streaming, Kernel, MatrixMut, MatrixRef, PackedB,
@@ -16,6 +18,42 @@ use std::time::Instant;
 #[path = "common/cpu_time.rs"]
 mod cpu_time;
 use cpu_time::process_cpu_seconds;
+
+/// `len` zeros where the operands of a compiled program live: a tensor's storage, which for
+/// 4 MiB or more is a mapping of its own marked for transparent huge pages (`pages.rs`), or with
+/// `SMALL_PAGES=1` a plain `Vec` (4 KiB pages under `THP=madvise`), as this example had until
+/// it was seen to measure what no program runs: with 4 KiB pages each 6-row tile of a `c` whose
+/// rows are 4 KiB apart touches 6 pages. Measured on an Intel Xeon of family 6 model 207, one
+/// thread, three alternated runs: the train step's depth-256 products `--transposed-a`
+/// multiplied in 15.2-15.3 ms against 15.8-16.0 ([4096x256]·[256x1024]) and 13.9-14.1 against
+/// 14.7-14.8 ([1024x256]·[256x4096]); perf's share of the loop around the tiles (stalled on the
+/// tile's stores) fell from 13% to 4%.
+enum Buffer {
+    Vec(Vec<f32>),
+    Tensor(minductor_runtime::Tensor),
+}
+
+fn buffer(len: usize) -> Buffer {
+    if std::env::var("SMALL_PAGES").is_ok_and(|v| v == "1") {
+        Buffer::Vec(vec![0f32; len])
+    } else {
+        Buffer::Tensor(minductor_runtime::Tensor::zeros(
+            minductor_ir::DType::F32,
+            &[len],
+        ))
+    }
+}
+
+impl Buffer {
+    fn values(&mut self) -> &mut [f32] {
+        match self {
+            Buffer::Vec(v) => v,
+            Buffer::Tensor(t) => t
+                .data_mut::<f32>()
+                .expect("a contiguous f32 tensor of its own"),
+        }
+    }
+}
 
 /// Median wall seconds and median process CPU seconds per thread (CPU seconds / threads) of
 /// 15 calls after one warm-up call.
@@ -86,19 +124,24 @@ fn main() {
             if !wanted(name) {
                 continue;
             }
-            let a: Vec<f32> = (0..m * k).map(|i| (i % 17) as f32 * 0.01).collect();
-            let b: Vec<f32> = (0..k * n).map(|i| (i % 13) as f32 * 0.01).collect();
-            let mut c = vec![0f32; m * n];
+            let (mut a, mut b, mut c) = (buffer(m * k), buffer(k * n), buffer(m * n));
+            for (i, x) in a.values().iter_mut().enumerate() {
+                *x = (i % 17) as f32 * 0.01;
+            }
+            for (i, x) in b.values().iter_mut().enumerate() {
+                *x = (i % 13) as f32 * 0.01;
+            }
+            let (a, b, c): (&[f32], &[f32], &mut [f32]) = (a.values(), b.values(), c.values());
             // `--transposed-a`: `a` column-contiguous (a backward pass's `dYᵀ`).
             let a = if std::env::args().any(|a| a == "--transposed-a") {
-                MatrixRef::new(&a, 0, [m, k], [1, m as i64], "a").unwrap()
+                MatrixRef::new(a, 0, [m, k], [1, m as i64], "a").unwrap()
             } else {
-                MatrixRef::row_major(&a, m, k).unwrap()
+                MatrixRef::row_major(a, m, k).unwrap()
             };
             let b = if row_major_b {
-                MatrixRef::row_major(&b, k, n).unwrap()
+                MatrixRef::row_major(b, k, n).unwrap()
             } else {
-                MatrixRef::new(&b, 0, [k, n], [1, k as i64], "b").unwrap()
+                MatrixRef::new(b, 0, [k, n], [1, k as i64], "b").unwrap()
             };
             let skip = |m: &str, f: &mut dyn FnMut()| if mode(m) { median(f) } else { f64::NAN };
             let pack = skip("pack", &mut || {
@@ -106,16 +149,16 @@ fn main() {
             });
             let packed = PackedB::pack(&b, kernel, threads).unwrap();
             let multiply = skip("multiply", &mut || {
-                let mut out = MatrixMut::row_major(&mut c, m, n).unwrap();
+                let mut out = MatrixMut::row_major(c, m, n).unwrap();
                 multiply_parallel(&a, &packed, &mut out, threads).unwrap();
             });
             let together = skip("together", &mut || {
                 let packed = PackedB::lazy(&b, kernel).unwrap();
-                let mut out = MatrixMut::row_major(&mut c, m, n).unwrap();
+                let mut out = MatrixMut::row_major(c, m, n).unwrap();
                 multiply_parallel(&a, &packed, &mut out, threads).unwrap();
             });
             let streaming = skip("streaming", &mut || {
-                let mut out = MatrixMut::row_major(&mut c, m, n).unwrap();
+                let mut out = MatrixMut::row_major(c, m, n).unwrap();
                 multiply_streaming(kernel, &a, &b, &mut out, threads).unwrap();
             });
             let flop = 2.0 * (m * k * n) as f64;
