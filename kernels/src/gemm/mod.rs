@@ -969,7 +969,7 @@ pub fn multiply_streaming(
     c: &mut MatrixMut,
     threads: usize,
 ) -> Result<(), GemmError> {
-    stream(kernel, a, BlockSource::Pack(b), c, threads, None)
+    stream(kernel, a, BlockSource::Pack(b), c, threads, None, None)
 }
 
 /// [`multiply_streaming`] with `b` packed beforehand (a constant weight packed once): the same
@@ -982,7 +982,43 @@ pub fn multiply_streaming_packed(
     c: &mut MatrixMut,
     threads: usize,
 ) -> Result<(), GemmError> {
-    stream(b.kernel, a, BlockSource::Packed(b), c, threads, None)
+    stream(b.kernel, a, BlockSource::Packed(b), c, threads, None, None)
+}
+
+/// `c = a · b` cut by `split`, both operands packed once and shared by every piece: all of `a`
+/// packed first (its depth blocks split across the `threads`, as [`multiply_streaming`] does),
+/// `b` block by block by whichever piece reaches a block first (or beforehand); each piece then
+/// runs its rows × panels packing nothing of its own. Since a finer cut packs nothing more, the
+/// cut can give every thread an equal share where the packed path's cannot: on 64 threads a
+/// product of 1024 rows (171 micro-panels) and 8 panels cuts into 171 row pieces, 3 for some
+/// threads and 2 for others (the slowest thread 1.125 times the mean), while both operands
+/// shared it cuts in two dimensions (see [`Shared::Neither`]).
+///
+/// The same packed values, depth blocks and order of sums as [`multiply_parallel`] and
+/// [`multiply_streaming`]: the same bits, for any cut.
+pub fn multiply_shared(
+    a: &MatrixRef,
+    b: &PackedB,
+    c: &mut MatrixMut,
+    split: &ProductSplit,
+    threads: usize,
+) -> Result<(), GemmError> {
+    if split.shape() != [a.rows, b.n] {
+        return Err(GemmError::Shape {
+            a: a.shape(),
+            b: b.shape(),
+            c: c.shape(),
+        });
+    }
+    stream(
+        b.kernel,
+        a,
+        BlockSource::Packed(b),
+        c,
+        threads,
+        None,
+        Some(split),
+    )
 }
 
 /// Where [`stream_panels`] gets each depth block of a panel of `b`.
@@ -1014,8 +1050,10 @@ pub fn streaming_split(
     ProductSplit::choose([m, n, k], [kernel.mr(), kernel.nr()], threads, Shared::A)
 }
 
-/// [`multiply_streaming`] and [`multiply_streaming_packed`]; `group` forces the panels per
-/// group of [`stream_panels`] (tests), else [`panels_per_group`] chooses from the L2's size.
+/// [`multiply_streaming`], [`multiply_streaming_packed`] and [`multiply_shared`]; `group`
+/// forces the panels per group of [`stream_panels`] (tests), else [`panels_per_group`] chooses
+/// from the L2's size; `split` is the cut of the product (else [`streaming_split`]'s, of
+/// `a.rows × b.cols`: the caller checks a given one is).
 fn stream(
     kernel: Kernel,
     a: &MatrixRef,
@@ -1023,6 +1061,7 @@ fn stream(
     c: &mut MatrixMut,
     threads: usize,
     group: Option<usize>,
+    split: Option<&ProductSplit>,
 ) -> Result<(), GemmError> {
     if !kernel.is_supported() {
         return Err(GemmError::Unsupported(kernel));
@@ -1091,7 +1130,9 @@ fn stream(
         // (One chunk runs on this thread.)
         minductor_runtime::threads::for_each_chunk(chunks, pack_units);
     }
-    let split = streaming_split(kernel, m, n, k, threads);
+    let split = split
+        .copied()
+        .unwrap_or_else(|| streaming_split(kernel, m, n, k, threads));
     let c_pointer = SharedOutput(c.data.as_mut_ptr());
     let ldc = c.row_stride;
     let packed = packed_a.as_slice();

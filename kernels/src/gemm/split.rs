@@ -37,6 +37,10 @@ pub enum Shared {
     B,
     /// `a` (the streamed path): each piece packs the blocks of `b` of its panels.
     A,
+    /// Both ([`super::multiply_shared`]): all of `a` is packed before the pieces run and `b`
+    /// once per product, so a piece packs nothing of its own and the cut costs the same however
+    /// fine it is.
+    Neither,
 }
 
 /// Products with fewer flops run on the calling thread: handing out pieces costs more than
@@ -118,6 +122,7 @@ impl ProductSplit {
                 let own = match shared {
                     Shared::B => rows,
                     Shared::A => cols,
+                    Shared::Neither => 0,
                 };
                 let piece = (rows as u64 * cols as u64 + PACK_COST * own as u64) * k.max(1) as u64;
                 let rounds = split.pieces().div_ceil(threads) as u64;
@@ -190,6 +195,20 @@ impl ProductSplit {
         let group = p % self.panel_groups;
         let panels = self.n.div_ceil(self.nr);
         panels * group / self.panel_groups..panels * (group + 1) / self.panel_groups
+    }
+
+    /// The `[m, n]` of the product this cut is for.
+    pub fn shape(&self) -> [usize; 2] {
+        [self.m, self.n]
+    }
+
+    /// The time the slowest thread takes, in multiply-adds, when `threads` threads run the
+    /// pieces in rounds (each thread one piece a round: `ceil(pieces / threads)` rounds of the
+    /// largest piece), packing not counted: what a cut's balance alone costs.
+    pub fn slowest_thread(&self, k: usize, threads: usize) -> u64 {
+        let largest = self.work(k).into_iter().max().unwrap_or(0);
+        let rounds = self.pieces().div_ceil(threads.max(1)) as u64;
+        largest.saturating_mul(rounds)
     }
 
     /// The multiply-adds of every piece of a product of depth `k`.
