@@ -531,11 +531,15 @@ fn plan_matmul(
         // divide among them: the LLaMA block's 171 on 64 threads), both are shared instead.
         // On the suite at 1, 2 and 16 threads the packed path's cut is within 3.1% of even and
         // stays.
+        // No cut beats an even share, so a packed cut within 5% of one is kept without
+        // searching the shared cuts (the same answer, and one search a call, not two).
+        let slowest = |s: &gemm::ProductSplit| s.slowest_thread(sizes.k, threads);
+        let even = (product_rows as u64 * sizes.cols as u64 * sizes.k as u64)
+            .div_ceil(threads.max(1) as u64);
         let (split, shares) = match tuned {
-            None if !streams => {
+            None if !streams && slowest(&split).saturating_mul(19) > even.saturating_mul(20) => {
                 let shared =
                     gemm::ProductSplit::choose(shape, tiles, threads, gemm::Shared::Neither);
-                let slowest = |s: &gemm::ProductSplit| s.slowest_thread(sizes.k, threads);
                 if slowest(&shared).saturating_mul(20) < slowest(&split).saturating_mul(19) {
                     (shared, true)
                 } else {

@@ -192,7 +192,7 @@ fn results_are_the_same_bits_on_any_number_of_threads() {
                     let packed = PackedB::lazy(&b, kernel).unwrap();
                     multiply_parallel(&a, &packed, &mut c, threads).unwrap();
                 }
-                out.iter().map(|v| v.to_bits()).collect::<Vec<_>>()
+                bits(&out)
             };
             let one = run(1, false);
             // 5 and 8 threads: more threads than depth blocks, so the streamed path packs `a`
@@ -300,6 +300,25 @@ fn mismatched_shapes_are_an_error() {
     );
 }
 
+/// The bits of `values`, to compare results exactly.
+fn bits(values: &[f32]) -> Vec<u32> {
+    values.iter().map(|v| v.to_bits()).collect()
+}
+
+/// An `x · wᵀ` product of `m × k` by `k × n` (`a` row-major, `b` the transpose of a row-major
+/// `[n, k]`, from `seed` and `seed + 1`): `a`'s and `b`'s values, and the packed path's product
+/// on one thread, which every other path must match bit for bit.
+fn linear_layer_product(kernel: Kernel, [m, k, n]: [usize; 3], seed: u64) -> [Vec<f32>; 3] {
+    let (a_data, _, _) = operand(m, k, Layout::RowMajor, seed);
+    let (b_data, _, _) = operand(n, k, Layout::RowMajor, seed + 1);
+    let a = MatrixRef::row_major(&a_data, m, k).unwrap();
+    let b = MatrixRef::row_major(&b_data, n, k).unwrap().t();
+    let mut expected = vec![f32::NAN; m * n];
+    let mut c = MatrixMut::row_major(&mut expected, m, n).unwrap();
+    multiply_parallel(&a, &PackedB::lazy(&b, kernel).unwrap(), &mut c, 1).unwrap();
+    [a_data, b_data, expected]
+}
+
 /// `c = a · b` through [`multiply_streaming`] and through [`PackedB`] and [`multiply_parallel`],
 /// into NaN-filled outputs: the same bits, and both within the tolerance of [`check`] (which
 /// goes through `sgemm_with`, whichever path it picks).
@@ -315,7 +334,6 @@ fn check_streaming(kernel: Kernel, [m, k, n]: [usize; 3], layouts: [Layout; 2], 
     let mut packed = vec![f32::NAN; m * n];
     let mut c = MatrixMut::row_major(&mut packed, m, n).unwrap();
     multiply_parallel(&a, &PackedB::lazy(&b, kernel).unwrap(), &mut c, threads).unwrap();
-    let bits = |values: &[f32]| values.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
     assert!(
         bits(&streamed) == bits(&packed),
         "{kernel:?} {m}x{k}x{n} {layouts:?} on {threads} threads: streamed and packed differ"
@@ -374,16 +392,11 @@ fn streamed_panels_in_groups_through_the_depth_blocks_give_the_same_bits() {
     // Every depth block of a group of panels before the next group: any group size (1, one
     // not dividing the panels, more than a piece has) gives the bits of the packed path, on 1
     // and 2 threads, with `b` packed per block or beforehand.
-    let bits = |values: &[f32]| values.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
     for kernel in supported_kernels() {
         let [m, k, n] = [13, 1100, 7 * kernel.nr() - 5];
-        let (a_data, _, _) = operand(m, k, Layout::RowMajor, 5);
-        let (b_data, _, _) = operand(n, k, Layout::RowMajor, 6);
+        let [a_data, b_data, expected] = linear_layer_product(kernel, [m, k, n], 5);
         let a = MatrixRef::row_major(&a_data, m, k).unwrap();
         let b = MatrixRef::row_major(&b_data, n, k).unwrap().t();
-        let mut expected = vec![f32::NAN; m * n];
-        let mut c = MatrixMut::row_major(&mut expected, m, n).unwrap();
-        multiply_parallel(&a, &PackedB::lazy(&b, kernel).unwrap(), &mut c, 1).unwrap();
         let prepacked = PackedB::pack(&b, kernel, 1).unwrap();
         for group in [1, 2, 3, 100] {
             for threads in [1, 2] {
@@ -406,16 +419,11 @@ fn both_operands_shared_give_the_packed_paths_bits_for_any_cut() {
     // Cuts in rows only, panels only and both (uneven ones, one piece, more pieces than
     // threads), `b` packed lazily by the pieces or beforehand, with tails in every dimension
     // and several depth blocks: every tile sums what the packed path sums, in its order.
-    let bits = |values: &[f32]| values.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
     for kernel in supported_kernels() {
         let [m, k, n] = [37, 1100, 5 * kernel.nr() - 3];
-        let (a_data, _, _) = operand(m, k, Layout::RowMajor, 7);
-        let (b_data, _, _) = operand(n, k, Layout::RowMajor, 8);
+        let [a_data, b_data, expected] = linear_layer_product(kernel, [m, k, n], 7);
         let a = MatrixRef::row_major(&a_data, m, k).unwrap();
         let b = MatrixRef::row_major(&b_data, n, k).unwrap().t();
-        let mut expected = vec![f32::NAN; m * n];
-        let mut c = MatrixMut::row_major(&mut expected, m, n).unwrap();
-        multiply_parallel(&a, &PackedB::lazy(&b, kernel).unwrap(), &mut c, 1).unwrap();
         let tiles = [kernel.mr(), kernel.nr()];
         for (row_groups, panel_groups) in [(1, 1), (7, 1), (1, 5), (3, 2), (7, 5)] {
             let split = ProductSplit::with_groups([m, n], tiles, row_groups, panel_groups);
@@ -462,7 +470,11 @@ fn a_cut_with_both_operands_shared_evens_out_171_micro_panels_on_64_threads() {
         split.slowest_thread(k, threads) as f64 / mean(threads)
     };
     assert!(slowest(Shared::B, 64) > 1.1, "{}", slowest(Shared::B, 64));
-    assert!(slowest(Shared::Neither, 64) < 1.04, "{}", slowest(Shared::Neither, 64));
+    assert!(
+        slowest(Shared::Neither, 64) < 1.04,
+        "{}",
+        slowest(Shared::Neither, 64)
+    );
     assert!(slowest(Shared::B, 2) < 1.01 && slowest(Shared::Neither, 2) < 1.01);
 }
 
@@ -601,7 +613,6 @@ fn subnormal_operands_are_read_as_zeros_of_their_sign() {
     // not zero, unless they are read as zeros): the product has the bits of the product of
     // the operands with those values replaced by zeros of their sign, on every path (packed,
     // streamed) and kernel, row-major or transposed.
-    let bits = |values: &[f32]| values.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
     let [m, k, n] = [13, 70, 37];
     // `rows × cols` values laid out by `strides`, and the same with subnormals zeroed.
     let operand = |rows: usize, cols: usize, strides: [i64; 2], seed: u64, by_row: bool| {
