@@ -11,7 +11,8 @@
 //! `cargo run --release -p minductor-kernels --example gemm_shapes [-- rounds]`.
 
 use minductor_kernels::gemm::{
-    multiply_parallel, multiply_streaming, Kernel, MatrixMut, MatrixRef, PackedB,
+    multiply_parallel, multiply_streaming, multiply_weight_rows, prefers_weight_rows, Kernel,
+    MatrixMut, MatrixRef, PackedB,
 };
 use std::time::Instant;
 
@@ -102,7 +103,7 @@ fn main() {
         ("train dw2", [1024, 256, 4096]),
     ];
     // `SHAPES=name,name` keeps the shapes whose names contain one of them; `MODES=` picks among
-    // pack, multiply, together, streaming (all by default).
+    // pack, multiply, together, streaming, in_place (all by default).
     let wanted = |name: &str| {
         std::env::var("SHAPES").map_or(true, |list| list.split(',').any(|w| name.contains(w)))
     };
@@ -161,16 +162,27 @@ fn main() {
                 let mut out = MatrixMut::row_major(c, m, n).unwrap();
                 multiply_streaming(kernel, &a, &b, &mut out, threads).unwrap();
             });
+            // `w` read in place, where that path applies.
+            let in_place = if prefers_weight_rows(kernel, [m, k, n], a.strides()[1], b.strides()) {
+                skip("in_place", &mut || {
+                    let mut out = MatrixMut::row_major(c, m, n).unwrap();
+                    multiply_weight_rows(kernel, &a, &b, &mut out, threads).unwrap();
+                })
+            } else {
+                f64::NAN
+            };
             let flop = 2.0 * (m * k * n) as f64;
             println!(
-                "{name:>14} {m}x{k}x{n}: pack {:.3} ms, multiply {:.3} ms ({:.0} GFLOP/s), lazy together {:.3} ms ({:.0} GFLOP/s), streaming {:.3} ms ({:.0} GFLOP/s)",
+                "{name:>14} {m}x{k}x{n}: pack {:.3} ms, multiply {:.3} ms ({:.0} GFLOP/s), lazy together {:.3} ms ({:.0} GFLOP/s), streaming {:.3} ms ({:.0} GFLOP/s), w in place {:.3} ms ({:.0} GFLOP/s)",
                 pack * 1e3,
                 multiply * 1e3,
                 flop / multiply / 1e9,
                 together * 1e3,
                 flop / together / 1e9,
                 streaming * 1e3,
-                flop / streaming / 1e9
+                flop / streaming / 1e9,
+                in_place * 1e3,
+                flop / in_place / 1e9
             );
         }
     }

@@ -310,3 +310,22 @@ fn short_and_stacked_linear_layers_stream_with_the_same_bits_on_any_thread_count
     minductor_tests::assert_same_bits_on_threads(&compiled, &inputs, &[2, 3], "threads");
     check(&g, &inputs, 1e-4, "streamed linear layers");
 }
+
+#[test]
+fn linear_layers_reading_their_weight_in_place_match_the_interpreter_on_any_thread_count() {
+    // Products whose weight is read in place (`gemm::prefers_weight_rows` on AVX-512: at least
+    // 64 rows, at least 4 times as many outputs as rows, all of `aᵀ` packed inside L2), a 2-D
+    // layer with a fused epilogue and the same weight over a stacked batch, with tails in every
+    // dimension (65 and 130 rows, 37 inputs, 6·100 + 3 outputs); elsewhere the same graphs take
+    // the other paths and must match just the same.
+    let (g, inputs) = build(&[&[2, 65, 37], &[603, 37], &[603]], |i| {
+        let (x, w, b) = (&i[0], &i[1], &i[2]);
+        vec![
+            x.reshape(&[130, 37]).linear(w, Some(b)).gelu(),
+            x.linear(w, None) * 0.5,
+        ]
+    });
+    let compiled = compile(&g).unwrap();
+    minductor_tests::assert_same_bits_on_threads(&compiled, &inputs, &[2, 3], "threads");
+    check(&g, &inputs, 1e-4, "linear layers reading w in place");
+}

@@ -856,6 +856,7 @@ impl CompiledProgram {
                         matmul_pieces(
                             step,
                             prepacked.as_ref().is_some_and(|p| p.is_winograd()),
+                            prepacked.as_ref().is_some_and(|p| !p.is_winograd()),
                             *split,
                             program,
                             &symbols,

@@ -448,6 +448,10 @@ pub(super) enum MatmulPlan {
         split: gemm::ProductSplit,
         threads: usize,
     },
+    /// One 2-D product `a · wᵀ` of `rows × k` by `k × cols` with the weight `w` read in place
+    /// (`gemm::multiply_weight_rows`), split by columns across `threads` threads; the epilogue
+    /// runs over all rows after it.
+    WeightRows { shape: [usize; 3], threads: usize },
     /// A batch of products, the first batch dim's units in runs, one run per piece, each
     /// matrix on the piece's thread; `unit_work` multiply-adds per unit.
     Units {
@@ -461,6 +465,7 @@ impl MatmulPlan {
     pub(super) fn pieces(&self) -> Vec<u64> {
         match self {
             MatmulPlan::Product { k, split, .. } => split.work(*k),
+            MatmulPlan::WeightRows { shape, threads } => gemm::weight_rows_pieces(*shape, *threads),
             MatmulPlan::Units { runs, unit_work } => {
                 runs.iter().map(|r| r.len() as u64 * unit_work).collect()
             }
@@ -485,10 +490,13 @@ fn is_stacked(sizes: &MatmulSizes, a_strides: &[i64], b_strides: &[i64]) -> bool
 }
 
 /// The plan of a GEMM of `sizes` on `threads` threads (see [`MatmulPlan`]): max-autotune's
-/// choice (`tuned`) when it was timed on this thread count, else the default.
+/// choice (`tuned`) when it was timed on this thread count, else the default. `strides` are
+/// the row and column strides of `a` and of `b` in the product, unless `b` was packed
+/// beforehand (then it is read packed, never in place).
 fn plan_matmul(
     sizes: &MatmulSizes,
     stacked: bool,
+    strides: Option<([i64; 2], [i64; 2])>,
     kernel: gemm::Kernel,
     threads: usize,
     tuned: Split,
@@ -512,6 +520,16 @@ fn plan_matmul(
         |g| g.streams,
     );
     if stacked || sizes.batch == 0 {
+        let in_place = |(a, b): ([i64; 2], [i64; 2])| {
+            let shape = [product_rows, sizes.k, sizes.cols];
+            gemm::prefers_weight_rows(kernel, shape, a[1], b)
+        };
+        if tuned.is_none() && strides.is_some_and(in_place) {
+            return MatmulPlan::WeightRows {
+                shape: [product_rows, sizes.k, sizes.cols],
+                threads,
+            };
+        }
         let shape = [product_rows, sizes.cols, sizes.k];
         let tiles = [kernel.mr(), kernel.nr()];
         let split = match tuned {
@@ -575,6 +593,7 @@ fn plan_matmul(
 pub(super) fn matmul_pieces(
     m: &MatmulStep,
     prepacked_winograd: bool,
+    prepacked_b: bool,
     tuned: Split,
     program: &Program,
     symbols: &Symbols,
@@ -593,7 +612,11 @@ pub(super) fn matmul_pieces(
     let (_, b_strides) = symbols.view(b, m.out)?;
     let stacked = is_stacked(&sizes, &a_strides, &b_strides);
     let kernel = gemm::Kernel::detect();
-    Ok(plan_matmul(&sizes, stacked, kernel, threads, tuned).pieces())
+    let strides = (!prepacked_b).then(|| {
+        let last = |s: &[i64]| [s[sizes.batch], s[sizes.batch + 1]];
+        (last(&a_strides), last(&b_strides))
+    });
+    Ok(plan_matmul(&sizes, stacked, strides, kernel, threads, tuned).pieces())
 }
 
 /// Runs `out = a @ b` with our GEMM (`crate::gemm`) as [`plan_matmul`] decides: one 2-D
@@ -709,7 +732,11 @@ pub(super) fn run_matmul(
             Some(Packed::B(packed)) if packed.shape() == [k, cols] => Some(packed),
             _ => None,
         };
-    let plan = plan_matmul(&sizes, stacked, kernel, threads, tuned);
+    let strides = prepacked.is_none().then(|| {
+        let last = |s: &[i64]| [s[batch], s[batch + 1]];
+        (last(&a_strides), last(&b_strides))
+    });
+    let plan = plan_matmul(&sizes, stacked, strides, kernel, threads, tuned);
     let (product_rows, streams, shares, tiles, split, gemm_threads) = match &plan {
         MatmulPlan::Product {
             rows,
@@ -720,6 +747,26 @@ pub(super) fn run_matmul(
             threads,
             ..
         } => (*rows, *streams, *shares, *tiles, *split, *threads),
+        MatmulPlan::WeightRows { shape, threads } => {
+            let [rows, k, _] = *shape;
+            let a = gemm::MatrixRef::new(
+                a_data,
+                a_offset,
+                [rows, k],
+                [row_stride, a_strides[batch + 1]],
+                "a",
+            )
+            .map_err(gemm_error)?;
+            let b = b_view(b_offset).map_err(gemm_error)?;
+            {
+                // The output's unique borrow ends here, before the epilogue reads its rows.
+                let mut out = c_rows(0, 0, rows).map_err(gemm_error)?;
+                gemm::multiply_weight_rows(kernel, &a, &b, &mut out, *threads)
+                    .map_err(gemm_error)?;
+            }
+            epilogue_on_all_rows();
+            return Ok(());
+        }
         MatmulPlan::Units { runs, .. } => {
             // A batch of products: each unit of the first batch dim holds `inner` matrices;
             // each is packed and multiplied on its piece's thread (`b` is packed once and

@@ -147,6 +147,138 @@ unsafe fn tile_rows<const ROWS: usize>(args: &TileArgs) {
     }
 }
 
+/// What [`tile_weight_rows`] computes: `c[r][i] (+)= Σ_p w[i][p] · b[p][r]` for `i < rows ≤ MR`
+/// (rows of a weight read in place, `w + i · ldw + p`), `r < cols ≤ NR` (the columns of a
+/// packed block of `kc · NR` values, value `(p, r)` at `p · NR + r`): the tile of `cᵀ` that
+/// [`tile`] would compute with `w` packed as its `a`, stored transposed.
+pub(super) struct RowsTileArgs {
+    pub kc: usize,
+    pub w: *const f32,
+    pub ldw: usize,
+    pub b: *const f32,
+    pub c: *mut f32,
+    pub ldc: usize,
+    pub rows: usize,
+    pub cols: usize,
+    pub accumulate: bool,
+}
+
+/// [`RowsTileArgs`]' tile.
+///
+/// # Safety
+/// The CPU supports AVX-512F; `w + i · ldw + p` is readable for `i < rows`, `p < kc`; `b` points
+/// to `kc · NR` readable values; `1 ≤ rows ≤ MR`, `1 ≤ cols ≤ NR`; `c + r · ldc + i` is writable
+/// for every `r < cols`, `i < rows`, touched by no other thread during the call and overlapping
+/// neither operand.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+pub(super) unsafe fn tile_weight_rows(args: &RowsTileArgs) {
+    // SAFETY: forwarded from the caller; `rows` selects the instance reading that many rows.
+    unsafe {
+        match args.rows {
+            6 => weight_rows::<6>(args),
+            5 => weight_rows::<5>(args),
+            4 => weight_rows::<4>(args),
+            3 => weight_rows::<3>(args),
+            2 => weight_rows::<2>(args),
+            1 => weight_rows::<1>(args),
+            rows => unreachable!("an AVX-512 tile of {rows} weight rows"),
+        }
+    }
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+pub(super) unsafe fn tile_weight_rows(_: &RowsTileArgs) {
+    unreachable!("the AVX-512 kernel is never selected off x86-64")
+}
+
+/// One step of `k` of [`weight_rows`]: `acc[i] += w_i[p] · b[0..64]`, `$w[i]` the rows' pointers.
+macro_rules! step_rows {
+    ($acc:expr, $w:expr, $p:expr, $b:expr) => {{
+        let (p, b): (usize, *const f32) = ($p, $b);
+        let b0 = _mm512_loadu_ps(b);
+        let b1 = _mm512_loadu_ps(b.add(16));
+        let b2 = _mm512_loadu_ps(b.add(32));
+        let b3 = _mm512_loadu_ps(b.add(48));
+        for (row, w) in $acc.iter_mut().zip($w.iter()) {
+            let value = _mm512_set1_ps(*w.add(p));
+            row[0] = _mm512_fmadd_ps(value, b0, row[0]);
+            row[1] = _mm512_fmadd_ps(value, b1, row[1]);
+            row[2] = _mm512_fmadd_ps(value, b2, row[2]);
+            row[3] = _mm512_fmadd_ps(value, b3, row[3]);
+        }
+    }};
+}
+
+/// [`tile_weight_rows`] for `ROWS` rows. The sums are [`tile_rows`]' (`fma(w, b, acc)` is
+/// `fma(b, w, acc)`, in the same order of `p`), so a tile equals [`tile`]'s of the same operands
+/// packed, bit for bit, but for subnormal weights, which this reads as they are.
+///
+/// # Safety
+/// As [`tile_weight_rows`], with `args.rows == ROWS`.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+#[inline]
+unsafe fn weight_rows<const ROWS: usize>(args: &RowsTileArgs) {
+    let mut acc = [[_mm512_setzero_ps(); 4]; ROWS];
+    let w: [*const f32; ROWS] = std::array::from_fn(|i| args.w.wrapping_add(i * args.ldw));
+    let mut b = args.b;
+    let mut p = 0;
+    // SAFETY (the loops): `p < kc`, so `w[i] + p` is readable (the caller's) and `b` points to
+    // the block's `(kc - p) · NR` values left.
+    unsafe {
+        while p + UNROLL <= args.kc {
+            step_rows!(acc, w, p, b);
+            step_rows!(acc, w, p + 1, b.add(NR));
+            step_rows!(acc, w, p + 2, b.add(2 * NR));
+            step_rows!(acc, w, p + 3, b.add(3 * NR));
+            b = b.add(UNROLL * NR);
+            p += UNROLL;
+        }
+        while p < args.kc {
+            step_rows!(acc, w, p, b);
+            b = b.add(NR);
+            p += 1;
+        }
+    }
+    // Transposed: 16 columns of `b` at a time, the tile's rows as the columns of a 16 × 16
+    // block (the rest zeros), whose rows after `transpose16` are `ROWS` values of one row of `c`.
+    // The sums leave their registers through a buffer of their own: indexed by a loop
+    // variable, `acc` itself would live in memory, stored after every FMA (measured: half speed).
+    let mut sums = [[0f32; NR]; ROWS];
+    for (row, sums) in acc.iter().zip(&mut sums) {
+        for (v, sum) in row.iter().enumerate() {
+            // SAFETY: values `16v .. 16v + 16` of a row of `NR` (64).
+            unsafe { _mm512_storeu_ps(sums.as_mut_ptr().add(16 * v), *sum) };
+        }
+    }
+    let mask: __mmask16 = (1u16 << ROWS) - 1;
+    for column in (0..NR).step_by(16) {
+        if column >= args.cols {
+            break;
+        }
+        let mut block = [_mm512_setzero_ps(); 16];
+        for (slot, row) in block.iter_mut().zip(&sums) {
+            // SAFETY: values `column .. column + 16` of a row of `NR`.
+            *slot = unsafe { _mm512_loadu_ps(row.as_ptr().add(column)) };
+        }
+        transpose16(&mut block);
+        for (r, values) in block.iter().enumerate().take(args.cols - column) {
+            // SAFETY: row `column + r < cols`, lanes `0..ROWS` of it: inside the tile the
+            // caller gave this call (masked lanes are neither read nor written).
+            unsafe {
+                let at = args.c.add((column + r) * args.ldc);
+                let value = if args.accumulate {
+                    _mm512_add_ps(*values, _mm512_maskz_loadu_ps(mask, at))
+                } else {
+                    *values
+                };
+                _mm512_mask_storeu_ps(at, mask, value);
+            }
+        }
+    }
+}
+
 /// `v` with every subnormal lane replaced by a zero of its sign, as `pack::flushed` does: the
 /// packers store operands through it (see `pack.rs`). Three operations on integer lanes.
 #[cfg(target_arch = "x86_64")]

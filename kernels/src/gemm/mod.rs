@@ -44,6 +44,7 @@ mod pack;
 mod split;
 #[cfg(test)]
 mod tests;
+mod weight_rows;
 mod winograd;
 
 use crate::scratch::{FirstError, ScratchError};
@@ -54,6 +55,9 @@ pub use split::{
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Mutex, OnceLock};
 use thiserror::Error;
+pub use weight_rows::{
+    multiply_weight_rows, pieces as weight_rows_pieces, prefers as prefers_weight_rows,
+};
 pub use winograd::{
     check_winograd, is_winograd_window, multiply_winograd, multiply_winograd_tiles,
     prefers_winograd, winograd_tile_count, winograd_transform_pays_off, ConvAlgorithm,
@@ -112,6 +116,13 @@ fn avx512_kc_max_for(l1d: Option<usize>, l2: Option<usize>) -> usize {
 fn packed_prefetch_off() -> bool {
     static OFF: OnceLock<bool> = OnceLock::new();
     *OFF.get_or_init(|| std::env::var("MINDUCTOR_GEMM_PACKED_PREFETCH").is_ok_and(|v| v == "0"))
+}
+
+/// `MINDUCTOR_GEMM_WEIGHT_ROWS=0`: never read a weight in place ([`multiply_weight_rows`]), for
+/// comparisons.
+fn weight_rows_enabled() -> bool {
+    static ON: OnceLock<bool> = OnceLock::new();
+    *ON.get_or_init(|| !std::env::var("MINDUCTOR_GEMM_WEIGHT_ROWS").is_ok_and(|v| v == "0"))
 }
 
 /// `MINDUCTOR_GEMM_KC=n` overrides the most columns of `a` per packed block (measurements).
@@ -477,6 +488,11 @@ impl<'a> MatrixRef<'a> {
 
     pub fn shape(&self) -> [usize; 2] {
         [self.rows, self.cols]
+    }
+
+    /// The distances between rows and between columns, in values.
+    pub fn strides(&self) -> [i64; 2] {
+        [self.row_stride as i64, self.col_stride as i64]
     }
 }
 

@@ -787,3 +787,58 @@ fn a_packed_block_is_prefetched_once_over_its_tiles_and_an_unpacked_one_from_its
     let expected: Vec<usize> = (0..len.div_ceil(16)).map(|l| start + 64 * l).collect();
     assert_eq!(asked, expected);
 }
+
+#[test]
+fn a_weight_read_in_place_gives_the_packed_paths_bits() {
+    // `c = a · wᵀ` with `w` read in place (its rows broadcast, `aᵀ` packed): the bits of the
+    // packed path, with tails in every dimension (rows of `a` past a panel of 64, columns of `c`
+    // past a micro-panel of 6, several depth blocks and groups of micro-panels), on 1 to 3
+    // threads, and with rows of `a` and of `w` apart by more than their length.
+    if !Kernel::Avx512.is_supported() {
+        return;
+    }
+    let kernel = Kernel::Avx512;
+    for [m, k, n] in [
+        [1, 1, 1],
+        [5, 17, 7],
+        [64, 33, 256],
+        [65, 600, 263],
+        [130, 1100, 521],
+        [200, 513, 1201],
+    ] {
+        let [a_data, b_data, expected] = linear_layer_product(kernel, [m, k, n], 11);
+        let a = MatrixRef::row_major(&a_data, m, k).unwrap();
+        let b = MatrixRef::row_major(&b_data, n, k).unwrap().t();
+        for threads in [1, 2, 3] {
+            let mut out = vec![f32::NAN; m * n];
+            let mut c = MatrixMut::row_major(&mut out, m, n).unwrap();
+            multiply_weight_rows(kernel, &a, &b, &mut c, threads).unwrap();
+            assert!(
+                bits(&out) == bits(&expected),
+                "{m}x{k}x{n} on {threads} threads: w in place and packed differ"
+            );
+        }
+        // Rows padded: `a` and `w` views of wider matrices (3 values more per row), `c` too.
+        let padded = |data: &[f32], rows: usize| -> Vec<f32> {
+            data.chunks(k)
+                .take(rows)
+                .flat_map(|row| row.iter().copied().chain([f32::NAN; 3]))
+                .collect()
+        };
+        let (a_wide, b_wide) = (padded(&a_data, m), padded(&b_data, n));
+        let a = MatrixRef::new(&a_wide, 0, [m, k], [k as i64 + 3, 1], "a").unwrap();
+        let b = MatrixRef::new(&b_wide, 0, [k, n], [1, k as i64 + 3], "b").unwrap();
+        let mut out = vec![f32::NAN; m * (n + 2)];
+        let mut c = MatrixMut::new(&mut out, [m, n], n + 2).unwrap();
+        multiply_weight_rows(kernel, &a, &b, &mut c, 2).unwrap();
+        for i in 0..m {
+            assert!(
+                bits(&out[i * (n + 2)..][..n]) == bits(&expected[i * n..][..n]),
+                "{m}x{k}x{n}, padded rows: row {i} differs"
+            );
+            assert!(out[i * (n + 2) + n..][..2.min(out.len() - i * (n + 2) - n)]
+                .iter()
+                .all(|v| v.is_nan()));
+        }
+    }
+}
