@@ -5,7 +5,9 @@
 //! Every value these packers store that is subnormal is stored as a zero of its sign
 //! ([`flushed`], and in registers by the AVX-512 packers, `kernel_avx512::flushed16`): the
 //! products read subnormal operands as zero, as a CPU's "denormals are zero" mode would. (A
-//! convolution's im2col columns and Winograd transforms are packed elsewhere, unflushed.) Intel cores take a microcode assist of about a hundred cycles for each FMA with a
+//! convolution's im2col columns and Winograd transforms are packed elsewhere, unflushed; a
+//! linear layer's weight read in place, `weight_rows.rs`, is not packed at all.) Intel cores
+//! take a microcode assist of about a hundred cycles for each FMA with a
 //! subnormal operand: a backward pass's gradient with 1.4% subnormals (a GELU's derivative far
 //! in its tail) ran its weight-gradient product 3-4x slower (`train dw` of `gemm_shapes`,
 //! 4096x256x1024, one thread on a Xeon of family 6 model 207: 20.7 ms against 62.4 ms). A
