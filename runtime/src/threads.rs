@@ -182,8 +182,9 @@ fn current_pool() -> Option<Arc<rayon::ThreadPool>> {
         .or_else(default_pool)
 }
 
-/// Runs `f` on a worker of the pool with the pool's other workers held in a *team* for its
-/// duration, OpenMP-style: every [`for_each_chunk`] that `f` itself calls (one per parallel
+/// Runs `f` with the pool's workers held in a *team* for its duration, OpenMP-style (led by
+/// the calling thread when it is not one of the pool's workers, [`led_from_here`]; else by that
+/// worker, `f` moved onto one of the pool's workers first): every [`for_each_chunk`] that `f` itself calls (one per parallel
 /// step of a program) publishes its pieces to the team, whose members are spinning for them,
 /// and each runs its own contiguous share of them, then steals what is left of the others'
 /// (see `Team`); between steps (while `f` runs a serial step)
@@ -199,6 +200,9 @@ fn current_pool() -> Option<Arc<rayon::ThreadPool>> {
 /// are what the step's own split made them. Nested calls (a piece that itself splits, a team
 /// asked for inside a team) run as before, on rayon.
 pub fn in_team<R: Send>(f: impl FnOnce() -> R + Send) -> R {
+    if rayon::current_thread_index().is_none() && !leader_on_worker() {
+        return led_from_here(f);
+    }
     let body = || {
         let members = rayon::current_num_threads().saturating_sub(1);
         if members == 0 || BUSY.get() {
@@ -220,6 +224,50 @@ pub fn in_team<R: Send>(f: impl FnOnce() -> R + Send) -> R {
         Some(pool) => pool.install(body),
         None => rayon::scope(|_| body()),
     }
+}
+
+/// [`in_team`] called from outside the pool: the calling thread leads, as an OpenMP program's
+/// initial thread is its team's thread 0, and all but one of the pool's workers join as
+/// members (so as many threads work as the pool has). Handing `f` to a worker instead
+/// (`ThreadPool::install`) woke that worker and then put the caller to sleep until `f` was done,
+/// and woke it again: two hand-overs per call on top of the members' own start. Measured on the
+/// 2-core development VM (Xeon family 6 model 167), the median time of 51 calls beyond their
+/// steps' (`tools/examples/call_overhead.rs`, three alternated runs): 1-4 µs led from here
+/// against 35-59 µs handed to a worker; layernorm_4096x1024 at 2 threads 593-596 against
+/// 639-655 µs a call, pointwise_gelu_1m 285-287 against 338-348.
+///
+/// The members hold the team by reference count, so the call returns as soon as `f` has (a
+/// member whose job starts after that finds the team stopped and returns).
+/// `MINDUCTOR_TEAM_LEADER=worker` hands `f` to a worker as before, for comparisons.
+fn led_from_here<R>(f: impl FnOnce() -> R) -> R {
+    let pool = current_pool();
+    let workers = pool
+        .as_ref()
+        .map_or_else(rayon::current_num_threads, |p| p.current_num_threads());
+    let members = workers.saturating_sub(1);
+    if members == 0 || BUSY.get() {
+        return f();
+    }
+    let team = Arc::new(Team::new(members + 1));
+    for slot in 1..=members {
+        let team = Arc::clone(&team);
+        let join = move || team.member(slot);
+        match &pool {
+            Some(pool) => pool.spawn(join),
+            None => rayon::spawn(join),
+        }
+    }
+    // Dropped when `f` returns or unwinds: stops the members.
+    let _leader = Leader::enter(&team);
+    f()
+}
+
+/// `MINDUCTOR_TEAM_LEADER=worker`: a call from outside the pool hands its steps to a worker
+/// that leads the team (measurements).
+fn leader_on_worker() -> bool {
+    static ON_WORKER: OnceLock<bool> = OnceLock::new();
+    *ON_WORKER
+        .get_or_init(|| std::env::var("MINDUCTOR_TEAM_LEADER").is_ok_and(|v| v.trim() == "worker"))
 }
 
 thread_local! {
@@ -628,6 +676,49 @@ mod tests {
         assert_eq!(finished.load(Ordering::Relaxed), 7);
         // The pool still works, in a new team.
         pool.install(|| team_counts(10, |_| 4));
+    }
+
+    #[test]
+    fn a_team_led_from_outside_the_pool_uses_the_caller_and_survives_a_panic() {
+        use std::sync::atomic::AtomicUsize;
+        // A thread of no pool leads: every piece runs once, some of them on the caller itself
+        // (it is thread 0 of the team and runs its own share first).
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                let caller = std::thread::current().id();
+                let on_caller = AtomicUsize::new(0);
+                in_team(|| {
+                    for_each_chunk(64, |_| {
+                        // (Long enough that no member could run all of its own share and then
+                        // steal the caller's before the caller claims its first.)
+                        std::thread::sleep(std::time::Duration::from_millis(1));
+                        if std::thread::current().id() == caller {
+                            on_caller.fetch_add(1, Ordering::Relaxed);
+                        }
+                    })
+                });
+                assert!(on_caller.load(Ordering::Relaxed) > 0);
+                team_counts(50, |step| 1 + step % 7);
+                // A piece's panic reaches the caller once every other piece has ended, and the
+                // members of the stopped team leave it: the next team runs normally.
+                let finished = AtomicUsize::new(0);
+                let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                    in_team(|| {
+                        for_each_chunk(6, |i| {
+                            if i == 4 {
+                                panic!("piece 4");
+                            }
+                            std::thread::sleep(std::time::Duration::from_millis(2));
+                            finished.fetch_add(1, Ordering::Relaxed);
+                        })
+                    })
+                }));
+                let payload = result.expect_err("the piece's panic reaches the caller");
+                assert_eq!(payload.downcast_ref::<&str>(), Some(&"piece 4"));
+                assert_eq!(finished.load(Ordering::Relaxed), 5);
+                team_counts(20, |_| 3);
+            });
+        });
     }
 
     #[test]
