@@ -249,17 +249,34 @@ fn led_from_here<R>(f: impl FnOnce() -> R) -> R {
         return f();
     }
     let team = Arc::new(Team::new(members + 1));
-    for slot in 1..=members {
-        let team = Arc::clone(&team);
-        let join = move || team.member(slot);
-        match &pool {
-            Some(pool) => pool.spawn(join),
-            None => rayon::spawn(join),
-        }
+    // One job for all the members: it recruits the rest from inside the pool (see `recruit`),
+    // so the caller pays for one hand-over, not one per member.
+    let recruits = Arc::clone(&team);
+    match &pool {
+        Some(pool) => pool.spawn(move || recruit(recruits, 1..members + 1)),
+        None => rayon::spawn(move || recruit(recruits, 1..members + 1)),
     }
     // Dropped when `f` returns or unwinds: stops the members.
     let _leader = Leader::enter(&team);
     f()
+}
+
+/// Joins `team` as the members of `slots` (on a worker of the pool the team's leader spawned
+/// this on): splits off the upper half of the slots as a job of its own, again and again, then
+/// becomes the first member. The pool's other workers steal those jobs and do the same, so the
+/// members are recruited in a tree: on 64 threads the last joins after 6 hand-overs rather than
+/// 63, and no thread hands over more than 6.
+fn recruit(team: Arc<Team>, slots: std::ops::Range<usize>) {
+    let (first, mut end) = (slots.start, slots.end);
+    while end - first > 1 {
+        let middle = first + (end - first) / 2;
+        let (half, rest) = (Arc::clone(&team), middle..end);
+        rayon::spawn(move || recruit(half, rest));
+        end = middle;
+    }
+    if first < end {
+        team.member(first);
+    }
 }
 
 /// `MINDUCTOR_TEAM_LEADER=worker`: a call from outside the pool hands its steps to a worker
@@ -766,6 +783,18 @@ mod tests {
             .build()
             .unwrap();
         pool.install(|| team_counts(20, |_| 6));
+    }
+
+    #[test]
+    fn a_team_of_many_recruited_members_led_from_outside_runs_every_piece_once() {
+        let _one_at_a_time = GLOBAL_COUNT.lock().unwrap_or_else(|e| e.into_inner());
+        // More workers than cores: the members are recruited in a tree (`recruit`), some late.
+        for threads in [3, 5, 9] {
+            set_num_threads(threads).unwrap();
+            team_counts(100, |step| 1 + step % 23);
+            team_counts(3, |step| [threads - 1, 1000, 1][step]);
+        }
+        set_num_threads(0).unwrap();
     }
 
     #[test]
