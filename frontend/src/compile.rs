@@ -429,6 +429,11 @@ impl Executable for WithTangents {
         self.inner.profile(&all)
     }
 
+    fn profile_products(&self, inputs: &[Tensor]) -> Result<Vec<StepTiming>, RuntimeError> {
+        let all = self.inputs(inputs);
+        self.inner.profile_products(&all)
+    }
+
     fn arena_bytes(&self) -> usize {
         self.inner.arena_bytes()
     }
@@ -883,6 +888,14 @@ impl Compiled {
     ) -> Result<(Vec<Tensor>, Vec<StepTiming>), RuntimeError> {
         let inputs = self.all_inputs(inputs)?;
         self.executable.profile(&inputs)
+    }
+
+    /// The wall time of each step as [`Compiled::profile`] gives it, with every GEMM's
+    /// epilogue left out (the products alone). The call's results are not computed, so none
+    /// are returned.
+    pub fn profile_products(&self, inputs: &[Tensor]) -> Result<Vec<StepTiming>, RuntimeError> {
+        let inputs = self.all_inputs(inputs)?;
+        self.executable.profile_products(&inputs)
     }
 
     /// How a call on `inputs` would split each step of the compiled code across `threads`

@@ -54,6 +54,15 @@ pub trait Executable: Send + Sync {
         Ok((outputs, vec![timing]))
     }
 
+    /// Times each step as `profile` does, with every GEMM's epilogue left out: the products
+    /// alone (the report's "product" column, so that a GEMM step's time can be told apart from
+    /// its epilogue's). The values the epilogues would have written are not written, so the
+    /// later steps compute from whatever their buffers held and no outputs are returned.
+    /// Default (a backend without steps of its own): `profile`'s timings.
+    fn profile_products(&self, inputs: &[Tensor]) -> Result<Vec<StepTiming>, RuntimeError> {
+        Ok(self.profile(inputs)?.1)
+    }
+
     /// Bytes a call on `inputs` would allocate, at most (its arena, outputs and copies, or the
     /// interpreter's values), checked against a memory limit before the call starts; `None`
     /// when the executable cannot tell. Inputs are those `run` takes (already checked).

@@ -48,6 +48,47 @@ fn report_lists_every_step_with_its_cost_and_time() {
     assert_eq!(softmax.vector_bits, vec![Some(widest)], "{text}");
     assert_eq!(gemm.vector_bits.len(), 2, "{text}");
     assert!(text.contains(" vec "), "{text}");
+    // The GEMM's product alone is timed too (its epilogue left out); the kernel has none.
+    assert!(
+        gemm.product.is_some() && softmax.product.is_none(),
+        "{text}"
+    );
+    assert!(text.contains("product"), "{text}");
+}
+
+/// `Compiled::profile_products` times the same steps as `profile`, and leaves the calls after it
+/// computing the graph's results.
+#[test]
+fn products_alone_are_timed_step_by_step_and_later_calls_still_match() {
+    let graph = trace(|t| {
+        let x = t.input("x", DType::F32, &[70, 40]);
+        let w = t.input("w", DType::F32, &[300, 40]);
+        vec![(x.linear(&w, None).gelu() * 2.0).sum(&[-1], false)]
+    })
+    .unwrap();
+    let inputs = [
+        Tensor::from_vec(
+            &[70, 40],
+            (0..70 * 40).map(|i| (i as f32 * 0.1).sin()).collect(),
+        )
+        .unwrap(),
+        Tensor::from_vec(
+            &[300, 40],
+            (0..300 * 40).map(|i| (i as f32 * 0.3).cos()).collect(),
+        )
+        .unwrap(),
+    ];
+    let compiled = minductor::compile(&graph).unwrap();
+    let want = compiled.call(&inputs).unwrap();
+    let (_, steps) = compiled.profile(&inputs).unwrap();
+    let products = compiled.profile_products(&inputs).unwrap();
+    let names = |t: &[minductor::StepTiming]| t.iter().map(|s| s.name.clone()).collect::<Vec<_>>();
+    assert_eq!(names(&steps), names(&products));
+    let got = compiled.call(&inputs).unwrap();
+    assert_eq!(
+        got[0].to_vec::<f32>().unwrap(),
+        want[0].to_vec::<f32>().unwrap()
+    );
 }
 
 /// `report --mode max-autotune`: the report of a program compiled in that mode lists the

@@ -41,6 +41,10 @@ pub struct StepReport {
     pub vector_bits: Vec<Option<u32>>,
     /// Whether each cost row's stores bypass the caches (`codegen_cpu::lower::step_forms`).
     pub streams: Vec<bool>,
+    /// For a GEMM with an epilogue: the median time of its product alone
+    /// (`Compiled::profile_products`), so that the step's time splits into the product's and
+    /// the epilogue's.
+    pub product: Option<Duration>,
 }
 
 #[derive(Clone, Debug)]
@@ -99,6 +103,8 @@ pub struct StepTimer {
     compiled: Compiled,
     program: minductor::internals::kernel_ir::Program,
     times: Vec<Vec<Duration>>,
+    /// Each step's times with the GEMMs' epilogues left out.
+    products: Vec<Vec<Duration>>,
 }
 
 impl StepTimer {
@@ -114,6 +120,7 @@ impl StepTimer {
         Ok(StepTimer {
             compiled,
             program,
+            products: times.clone(),
             times,
         })
     }
@@ -128,10 +135,20 @@ impl StepTimer {
                 break;
             }
         }
+        let epilogues = (self.program.steps.iter())
+            .any(|s| matches!(s, Step::Matmul(m) if m.epilogue.is_some()));
         for _ in 0..runs.max(1) {
             let (_, timings) = self.compiled.profile(inputs)?;
             for (slot, t) in self.times.iter_mut().zip(timings) {
                 slot.push(t.time);
+            }
+            // The products alone, alternated with the whole steps (a run whose later steps read
+            // what no epilogue wrote; only the GEMMs' times are kept).
+            if epilogues {
+                let timings = self.compiled.profile_products(inputs)?;
+                for (slot, t) in self.products.iter_mut().zip(timings) {
+                    slot.push(t.time);
+                }
             }
         }
         Ok(())
@@ -146,18 +163,24 @@ impl StepTimer {
             .steps
             .iter()
             .zip(self.times)
-            .map(|(step, mut samples)| {
+            .zip(self.products)
+            .map(|((step, mut samples), mut products)| {
                 let rows = match step {
                     Step::Matmul(m) if m.epilogue.is_some() => 2,
                     _ => 1,
                 };
                 samples.sort();
+                products.sort();
+                let product = (rows == 2)
+                    .then(|| products.get(products.len() / 2).copied())
+                    .flatten();
                 let (vector_bits, streams) = step_forms(step, program).into_iter().unzip();
                 StepReport {
                     costs: costs.by_ref().take(rows).collect(),
                     median: samples.get(samples.len() / 2).copied().unwrap_or_default(),
                     vector_bits,
                     streams,
+                    product,
                 }
             })
             .collect();
@@ -207,7 +230,7 @@ impl fmt::Display for FusionReport {
         }
         writeln!(
             f,
-            "{:<44} {:<7} {:>6} {:<26} {:>11} {:>11} {:>12} {:>9} {:>14} {:>7}",
+            "{:<44} {:<7} {:>6} {:<26} {:>11} {:>11} {:>12} {:>9} {:>14} {:>7} {:>17}",
             "step",
             "kind",
             "vec",
@@ -217,7 +240,8 @@ impl fmt::Display for FusionReport {
             "FLOPs",
             "ms",
             "achieved",
-            "of peak"
+            "of peak",
+            "product: ms, peak"
         )?;
         let mut total = Duration::ZERO;
         for step in &self.steps {
@@ -251,9 +275,22 @@ impl fmt::Display for FusionReport {
                     StepKind::Kernel if i > 0 => "epilog",
                     StepKind::Kernel => "kernel",
                 };
+                // A GEMM with an epilogue: its product alone, and that product's share of the
+                // peak (the rest of the step's time is the epilogue's).
+                let product = match (step.product, &self.probe) {
+                    (Some(t), probe) if i == 0 => {
+                        let s = t.as_secs_f64().max(1e-12);
+                        let g = step.costs[0].flops as f64 / s / 1e9;
+                        let peak = probe.as_ref().map_or("-".into(), |p| {
+                            format!("{:.0}%", g / p.compute_peak_gflops() * 100.0)
+                        });
+                        format!(" {:>9.3} {peak:>7}", s * 1e3)
+                    }
+                    _ => String::new(),
+                };
                 let timing = if i == 0 {
                     format!(
-                        "{:>9.3} {:>14} {:>7}",
+                        "{:>9.3} {:>14} {:>7}{product}",
                         seconds * 1e3,
                         achieved,
                         fraction.map_or("-".into(), |x| format!("{:.0}%", x * 100.0))

@@ -366,19 +366,27 @@ pub(super) struct Arena {
 
 impl Executable for CompiledProgram {
     fn run(&self, inputs: &[Tensor]) -> Result<Vec<Tensor>, RuntimeError> {
-        self.run_in_pooled_arena(inputs, None, None)
+        self.run_in_pooled_arena(inputs, None, None, false)
     }
 
     fn profile(&self, inputs: &[Tensor]) -> Result<(Vec<Tensor>, Vec<StepTiming>), RuntimeError> {
         let mut timings = Vec::new();
-        let outputs = self.run_in_pooled_arena(inputs, Some(&mut timings), None)?;
+        let outputs = self.run_in_pooled_arena(inputs, Some(&mut timings), None, false)?;
         Ok((outputs, timings))
+    }
+
+    /// Every step runs (the GEMMs without their epilogues), each timed; the outputs, whose
+    /// values are not the graph's, are dropped.
+    fn profile_products(&self, inputs: &[Tensor]) -> Result<Vec<StepTiming>, RuntimeError> {
+        let mut timings = Vec::new();
+        self.run_in_pooled_arena(inputs, Some(&mut timings), None, true)?;
+        Ok(timings)
     }
 
     /// Writes every output straight into the caller's tensor: kernels store into it, no output
     /// is allocated. Each tensor is checked (`output_destination`) before any step runs.
     fn run_into(&self, inputs: &[Tensor], outputs: &mut [Tensor]) -> Result<(), RuntimeError> {
-        self.run_in_pooled_arena(inputs, None, Some(outputs))
+        self.run_in_pooled_arena(inputs, None, Some(outputs), false)
             .map(|_| ())
     }
 
@@ -463,6 +471,7 @@ impl CompiledProgram {
         inputs: &[Tensor],
         timings: Option<&mut Vec<StepTiming>>,
         destinations: Option<&mut [Tensor]>,
+        products_only: bool,
     ) -> Result<Vec<Tensor>, RuntimeError> {
         let lock = || self.arenas.0.lock().unwrap_or_else(|p| p.into_inner());
         let taken = lock().pop();
@@ -476,11 +485,15 @@ impl CompiledProgram {
         // stays on the caller (concurrent callers of a small graph never queue behind the
         // pool, and a call of a few microseconds does not pay for the hand-over).
         let result = if self.runs_as_team(inputs) {
-            threads::in_team(|| self.run_steps(&mut arena, inputs, timings, destinations))
+            threads::in_team(|| {
+                self.run_steps(&mut arena, inputs, timings, destinations, products_only)
+            })
         } else {
             // Steps that still cut pieces run them here, in order: handing a piece to a
             // sleeping worker costs more than such a call saves.
-            threads::serially(|| self.run_steps(&mut arena, inputs, timings, destinations))
+            threads::serially(|| {
+                self.run_steps(&mut arena, inputs, timings, destinations, products_only)
+            })
         };
         lock().push(arena);
         result
@@ -538,13 +551,16 @@ impl CompiledProgram {
 
     /// Binds every buffer to memory (inputs: the caller's, contiguous; outputs: fresh, or the
     /// caller's `destinations`; intermediates: their slots in `arena`) and runs the steps, timing
-    /// each if asked. Returns the outputs (none when they were written into `destinations`).
+    /// each if asked; with `products_only` every GEMM runs without its epilogue
+    /// (`profile_products`). Returns the outputs (none when they were written into
+    /// `destinations`).
     fn run_steps(
         &self,
         arena: &mut Arena,
         inputs: &[Tensor],
         mut timings: Option<&mut Vec<StepTiming>>,
         destinations: Option<&mut [Tensor]>,
+        products_only: bool,
     ) -> Result<Vec<Tensor>, RuntimeError> {
         let symbols = Symbols::bind(&self.program, &self.derived_dims, inputs)?;
         // The caller's tensors, checked before anything runs: a pointer to each one's first
@@ -712,7 +728,7 @@ impl CompiledProgram {
                     split,
                 } => run_matmul(
                     step,
-                    epilogue.as_ref(),
+                    epilogue.as_ref().filter(|_| !products_only),
                     prepacked.as_deref(),
                     *split,
                     program,
