@@ -458,6 +458,36 @@ pub(super) unsafe fn pack_columns_transposed(
     }
 }
 
+/// Packs `MR` (6) rows of a column-contiguous `a` into one micro-panel: value `(i, p)`, element
+/// `start + p · column_stride + i` of `data`, goes to `p · MR + i`; each column by one masked
+/// load and one masked store, through [`flushed16`].
+///
+/// # Safety
+/// The CPU supports AVX-512F; `panel.len() == kc · MR`; `start + p · column_stride + MR ≤
+/// data.len()` for every `p < kc`.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+pub(super) unsafe fn pack_columns6(
+    data: &[f32],
+    start: usize,
+    column_stride: usize,
+    kc: usize,
+    panel: &mut [f32],
+) {
+    debug_assert!(panel.len() == kc * MR);
+    let mask: __mmask16 = (1 << MR) - 1;
+    for p in 0..kc {
+        // SAFETY: lanes `0..MR` read elements `start + p·column_stride ..+ MR`, inside `data`
+        // (the caller's), and write values `p·MR ..+ MR` of the panel's `kc·MR`; the other lanes
+        // are masked off (neither read nor written).
+        unsafe {
+            let column = data.as_ptr().add(start + p * column_stride);
+            let value = _mm512_maskz_loadu_ps(mask, column);
+            _mm512_mask_storeu_ps(panel.as_mut_ptr().add(p * MR), mask, flushed16(value));
+        }
+    }
+}
+
 /// Packs `MR` (6) rows of `a`, each a contiguous run of `kc` values, into one micro-panel
 /// (value `(i, p)` at `p · MR + i`), 16 columns at a time: the 6 runs of 16 are interleaved in
 /// registers (three two-source permutes and two blends per 16 values written), the columns
