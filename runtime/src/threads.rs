@@ -184,8 +184,8 @@ fn current_pool() -> Option<Arc<rayon::ThreadPool>> {
 
 /// Runs `f` with the pool's workers held in a *team* for its duration, OpenMP-style (led by
 /// the calling thread when it is not one of the pool's workers, [`led_from_here`]; else by that
-/// worker, `f` moved onto one of the pool's workers first): every [`for_each_chunk`] that `f` itself calls (one per parallel
-/// step of a program) publishes its pieces to the team, whose members are spinning for them,
+/// worker): every [`for_each_chunk`] that `f` itself calls (one per parallel step of a program)
+/// publishes its pieces to the team, whose members are spinning for them,
 /// and each runs its own contiguous share of them, then steals what is left of the others'
 /// (see `Team`); between steps (while `f` runs a serial step)
 /// the members keep spinning instead of going to sleep. A program call is one team: it costs

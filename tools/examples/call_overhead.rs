@@ -33,9 +33,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             steps.push(timings.iter().map(|t| t.time.as_secs_f64() * 1e6).sum());
         }
         let (call, step) = (median(calls), median(steps));
+        let beyond = call - step;
         println!(
-            "{name:<24} {threads} threads: call {call:9.1} us, steps {step:9.1} us, beyond the steps {:7.1} us",
-            call - step
+            "{name:<24} {threads} threads: call {call:9.1} us, steps {step:9.1} us, \
+             beyond the steps {beyond:7.1} us"
         );
     }
     Ok(())

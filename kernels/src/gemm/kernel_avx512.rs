@@ -166,10 +166,10 @@ pub(super) struct RowsTileArgs {
 /// [`RowsTileArgs`]' tile.
 ///
 /// # Safety
-/// The CPU supports AVX-512F; `w + i · ldw + p` is readable for `i < rows`, `p < kc`; `b` points
-/// to `kc · NR` readable values; `1 ≤ rows ≤ MR`, `1 ≤ cols ≤ NR`; `c + r · ldc + i` is writable
-/// for every `r < cols`, `i < rows`, touched by no other thread during the call and overlapping
-/// neither operand.
+/// The CPU supports AVX-512F; `w + i · ldw + p` is readable for `i < rows`, `p < kc`; `b`
+/// points to `kc · NR` readable values; `1 ≤ rows ≤ MR`, `1 ≤ cols ≤ NR`; `c + r · ldc + i` is
+/// writable for every `r < cols`, `i < rows`, touched by no other thread during the call and
+/// overlapping neither operand.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
 pub(super) unsafe fn tile_weight_rows(args: &RowsTileArgs) {

@@ -818,6 +818,21 @@ fn a_weight_read_in_place_gives_the_packed_paths_bits() {
                 "{m}x{k}x{n} on {threads} threads: w in place and packed differ"
             );
         }
+        // `w`'s rows in reverse order (a negative distance between `b`'s columns), or `b` not
+        // column-contiguous: refused, never read.
+        let reversed =
+            MatrixRef::new(&b_data, ((n - 1) * k) as i64, [k, n], [1, -(k as i64)], "b").unwrap();
+        let row_major = MatrixRef::row_major(&b_data, k, n).unwrap();
+        for b in [reversed, row_major] {
+            let mut out = vec![f32::NAN; m * n];
+            let mut c = MatrixMut::row_major(&mut out, m, n).unwrap();
+            if k > 1 || n > 1 {
+                assert!(matches!(
+                    multiply_weight_rows(kernel, &a, &b, &mut c, 2),
+                    Err(GemmError::Unsupported(_))
+                ));
+            }
+        }
         // Rows padded: `a` and `w` views of wider matrices (3 values more per row), `c` too.
         let padded = |data: &[f32], rows: usize| -> Vec<f32> {
             data.chunks(k)

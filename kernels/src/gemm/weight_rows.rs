@@ -73,7 +73,9 @@ pub fn pieces([m, k, n]: [usize; 3], threads: usize) -> Vec<u64> {
 /// `c = a · b` for `b` a weight read transposed (see the module), on `threads` threads: `aᵀ`
 /// packed first (its panels split across the threads), then each thread takes a run of the
 /// micro-panels of `w` (`MR` of its rows, `MR` columns of `c`) and, a group of them at a time,
-/// runs every depth block of them against every panel of `aᵀ`.
+/// runs every depth block of them against every panel of `aᵀ`. `Unsupported` unless `kernel`
+/// is the AVX-512 one on a CPU that has it and `b`'s columns are contiguous runs (row stride 1)
+/// at a positive distance from one another.
 pub fn multiply_weight_rows(
     kernel: Kernel,
     a: &MatrixRef,
@@ -89,7 +91,9 @@ pub fn multiply_weight_rows(
             c: c.shape(),
         });
     }
-    if kernel != Kernel::Avx512 || !kernel.is_supported() || b.row_stride != 1 {
+    // (Rows of `w` must follow one another forwards: the kernel steps from one to the next.)
+    if kernel != Kernel::Avx512 || !kernel.is_supported() || b.row_stride != 1 || b.col_stride <= 0
+    {
         return Err(GemmError::Unsupported(kernel));
     }
     if m == 0 || n == 0 {
