@@ -1082,24 +1082,11 @@ fn stream(
     if !kernel.is_supported() {
         return Err(GemmError::Unsupported(kernel));
     }
-    let ([m, k], [k_b, n]) = (a.shape(), b.shape());
-    if k != k_b || c.rows != m || c.cols != n {
-        return Err(GemmError::Shape {
-            a: a.shape(),
-            b: b.shape(),
-            c: c.shape(),
-        });
+    if trivial_product(a, b.shape(), c)? {
+        return Ok(());
     }
+    let ([m, k], n) = (a.shape(), c.cols);
     let mr = kernel.mr();
-    if m == 0 || n == 0 {
-        return Ok(());
-    }
-    if k == 0 {
-        for i in 0..m {
-            c.data[i * c.row_stride..][..n].fill(0.0);
-        }
-        return Ok(());
-    }
     let threads = threads.max(1);
     let kc_block = kernel.kc(k);
     let padded_m = m.div_ceil(mr) * mr;
@@ -1187,6 +1174,29 @@ fn stream(
     give_back(packed_a);
     failed.into_result()?;
     Ok(checked?)
+}
+
+/// Checks that `c = a · b` (`b` of `b_shape`) has matching shapes, and computes it if it is
+/// trivial: nothing when `c` is empty, zeros when the depth is 0. `Ok(true)` when done.
+fn trivial_product(
+    a: &MatrixRef,
+    b_shape: [usize; 2],
+    c: &mut MatrixMut,
+) -> Result<bool, GemmError> {
+    let ([m, k], [k_b, n]) = (a.shape(), b_shape);
+    if k != k_b || c.rows != m || c.cols != n {
+        return Err(GemmError::Shape {
+            a: a.shape(),
+            b: b_shape,
+            c: c.shape(),
+        });
+    }
+    if k == 0 {
+        for i in 0..m {
+            c.data[i * c.row_stride..][..n].fill(0.0);
+        }
+    }
+    Ok(m == 0 || n == 0 || k == 0)
 }
 
 thread_local! {

@@ -83,28 +83,15 @@ pub fn multiply_weight_rows(
     c: &mut MatrixMut,
     threads: usize,
 ) -> Result<(), GemmError> {
-    let ([m, k], [k_b, n]) = (a.shape(), b.shape());
-    if k != k_b || c.rows != m || c.cols != n {
-        return Err(GemmError::Shape {
-            a: a.shape(),
-            b: b.shape(),
-            c: c.shape(),
-        });
-    }
     // (Rows of `w` must follow one another forwards: the kernel steps from one to the next.)
     if kernel != Kernel::Avx512 || !kernel.is_supported() || b.row_stride != 1 || b.col_stride <= 0
     {
         return Err(GemmError::Unsupported(kernel));
     }
-    if m == 0 || n == 0 {
+    if super::trivial_product(a, b.shape(), c)? {
         return Ok(());
     }
-    if k == 0 {
-        for i in 0..m {
-            c.data[i * c.row_stride..][..n].fill(0.0);
-        }
-        return Ok(());
-    }
+    let ([m, k], n) = (a.shape(), c.cols);
     let threads = threads.max(1);
     // `aᵀ`, `k × m`: element `(p, r)` is `a[r][p]`.
     let a_t = MatrixRef {
