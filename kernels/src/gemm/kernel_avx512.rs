@@ -43,22 +43,33 @@ pub(super) unsafe fn tile(_: &TileArgs) {
 }
 
 /// One step of `k`: `acc[i] += a[i] · b[0..64]` for `i < ROWS` (`$a` pointing to `ROWS`
-/// readable values, `$b` to 64). A macro, so that it is inlined into [`steps`] with its target
-/// features and the accumulators stay in registers.
+/// readable values, `$b` to 64), or with `rows`, `acc[i] += $w[i][$p] · b[0..64]` (the rows of a
+/// weight read in place, [`weight_rows`]); both forms issue the same FMAs, so the two kernels
+/// sum alike. A macro, so that it is inlined into [`steps`] with its target features and the
+/// accumulators stay in registers.
 macro_rules! step {
-    ($acc:expr, $a:expr, $b:expr) => {{
-        let (a, b): (*const f32, *const f32) = ($a, $b);
+    // Both forms: the 4 vectors of `b`, and each row's value broadcast against them.
+    (@fma $acc:expr, $b:expr, |$i:ident| $value:expr) => {{
+        let b: *const f32 = $b;
         let b0 = _mm512_loadu_ps(b);
         let b1 = _mm512_loadu_ps(b.add(16));
         let b2 = _mm512_loadu_ps(b.add(32));
         let b3 = _mm512_loadu_ps(b.add(48));
-        for (i, row) in $acc.iter_mut().enumerate() {
-            let value = _mm512_set1_ps(*a.add(i));
+        for ($i, row) in $acc.iter_mut().enumerate() {
+            let value = _mm512_set1_ps($value);
             row[0] = _mm512_fmadd_ps(value, b0, row[0]);
             row[1] = _mm512_fmadd_ps(value, b1, row[1]);
             row[2] = _mm512_fmadd_ps(value, b2, row[2]);
             row[3] = _mm512_fmadd_ps(value, b3, row[3]);
         }
+    }};
+    ($acc:expr, rows $w:expr, $p:expr, $b:expr) => {{
+        let p: usize = $p;
+        step!(@fma $acc, $b, |i| *$w[i].add(p))
+    }};
+    ($acc:expr, $a:expr, $b:expr) => {{
+        let a: *const f32 = $a;
+        step!(@fma $acc, $b, |i| *a.add(i))
     }};
 }
 
@@ -192,24 +203,6 @@ pub(super) unsafe fn tile_weight_rows(_: &RowsTileArgs) {
     unreachable!("the AVX-512 kernel is never selected off x86-64")
 }
 
-/// One step of `k` of [`weight_rows`]: `acc[i] += w_i[p] · b[0..64]`, `$w[i]` the rows' pointers.
-macro_rules! step_rows {
-    ($acc:expr, $w:expr, $p:expr, $b:expr) => {{
-        let (p, b): (usize, *const f32) = ($p, $b);
-        let b0 = _mm512_loadu_ps(b);
-        let b1 = _mm512_loadu_ps(b.add(16));
-        let b2 = _mm512_loadu_ps(b.add(32));
-        let b3 = _mm512_loadu_ps(b.add(48));
-        for (row, w) in $acc.iter_mut().zip($w.iter()) {
-            let value = _mm512_set1_ps(*w.add(p));
-            row[0] = _mm512_fmadd_ps(value, b0, row[0]);
-            row[1] = _mm512_fmadd_ps(value, b1, row[1]);
-            row[2] = _mm512_fmadd_ps(value, b2, row[2]);
-            row[3] = _mm512_fmadd_ps(value, b3, row[3]);
-        }
-    }};
-}
-
 /// [`tile_weight_rows`] for `ROWS` rows. The sums are [`tile_rows`]' (`fma(w, b, acc)` is
 /// `fma(b, w, acc)`, in the same order of `p`), so a tile equals [`tile`]'s of the same operands
 /// packed, bit for bit, but for subnormal weights, which this reads as they are.
@@ -228,15 +221,15 @@ unsafe fn weight_rows<const ROWS: usize>(args: &RowsTileArgs) {
     // the block's `(kc - p) · NR` values left.
     unsafe {
         while p + UNROLL <= args.kc {
-            step_rows!(acc, w, p, b);
-            step_rows!(acc, w, p + 1, b.add(NR));
-            step_rows!(acc, w, p + 2, b.add(2 * NR));
-            step_rows!(acc, w, p + 3, b.add(3 * NR));
+            step!(acc, rows w, p, b);
+            step!(acc, rows w, p + 1, b.add(NR));
+            step!(acc, rows w, p + 2, b.add(2 * NR));
+            step!(acc, rows w, p + 3, b.add(3 * NR));
             b = b.add(UNROLL * NR);
             p += UNROLL;
         }
         while p < args.kc {
-            step_rows!(acc, w, p, b);
+            step!(acc, rows w, p, b);
             b = b.add(NR);
             p += 1;
         }
