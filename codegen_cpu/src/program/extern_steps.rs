@@ -490,17 +490,19 @@ fn is_stacked(sizes: &MatmulSizes, a_strides: &[i64], b_strides: &[i64]) -> bool
 }
 
 /// The plan of a GEMM of `sizes` on `threads` threads (see [`MatmulPlan`]): max-autotune's
-/// choice (`tuned`) when it was timed on this thread count, else the default. `strides` are
-/// the row and column strides of `a` and of `b` in the product, unless `b` was packed
-/// beforehand (then it is read packed, never in place).
+/// choice (`tuned`) when it was timed on this thread count, else the default. `a_strides` and
+/// `b_strides` are the operands' strides for this call; with `prepacked_b`, `b` was packed
+/// beforehand (it is read packed, never in place).
 fn plan_matmul(
     sizes: &MatmulSizes,
-    stacked: bool,
-    strides: Option<([i64; 2], [i64; 2])>,
+    a_strides: &[i64],
+    b_strides: &[i64],
+    prepacked_b: bool,
     kernel: gemm::Kernel,
     threads: usize,
     tuned: Split,
 ) -> MatmulPlan {
+    let stacked = is_stacked(sizes, a_strides, b_strides);
     let tuned = match tuned {
         Split::Gemm(g) if g.threads == threads => Some(g),
         _ => None,
@@ -520,13 +522,15 @@ fn plan_matmul(
         |g| g.streams,
     );
     if stacked || sizes.batch == 0 {
-        let in_place = |(a, b): ([i64; 2], [i64; 2])| {
-            let shape = [product_rows, sizes.k, sizes.cols];
-            gemm::prefers_weight_rows(kernel, shape, a[1], b)
-        };
-        if tuned.is_none() && strides.is_some_and(in_place) {
+        // The strides of the 2-D product: its operands' last two dims.
+        let (batch, in_place_shape) = (sizes.batch, [product_rows, sizes.k, sizes.cols]);
+        let b_2d = [b_strides[batch], b_strides[batch + 1]];
+        if tuned.is_none()
+            && !prepacked_b
+            && gemm::prefers_weight_rows(kernel, in_place_shape, a_strides[batch + 1], b_2d)
+        {
             return MatmulPlan::WeightRows {
-                shape: [product_rows, sizes.k, sizes.cols],
+                shape: in_place_shape,
                 threads,
             };
         }
@@ -610,13 +614,17 @@ pub(super) fn matmul_pieces(
     let sizes = MatmulSizes::new(m, b, symbols);
     let (_, a_strides) = symbols.view(&m.a, m.out)?;
     let (_, b_strides) = symbols.view(b, m.out)?;
-    let stacked = is_stacked(&sizes, &a_strides, &b_strides);
     let kernel = gemm::Kernel::detect();
-    let strides = (!prepacked_b).then(|| {
-        let last = |s: &[i64]| [s[sizes.batch], s[sizes.batch + 1]];
-        (last(&a_strides), last(&b_strides))
-    });
-    Ok(plan_matmul(&sizes, stacked, strides, kernel, threads, tuned).pieces())
+    let plan = plan_matmul(
+        &sizes,
+        &a_strides,
+        &b_strides,
+        prepacked_b,
+        kernel,
+        threads,
+        tuned,
+    );
+    Ok(plan.pieces())
 }
 
 /// Runs `out = a @ b` with our GEMM (`crate::gemm`) as [`plan_matmul`] decides: one 2-D
@@ -723,7 +731,6 @@ pub(super) fn run_matmul(
         }
     };
 
-    let stacked = is_stacked(&sizes, &a_strides, &b_strides);
     let row_stride = a_strides[batch];
     // `b` packed at compile time, if this call's `b` is the constant it was packed from: the
     // products read it instead of packing it (streamed ones block by block, in the same order).
@@ -732,11 +739,15 @@ pub(super) fn run_matmul(
             Some(Packed::B(packed)) if packed.shape() == [k, cols] => Some(packed),
             _ => None,
         };
-    let strides = prepacked.is_none().then(|| {
-        let last = |s: &[i64]| [s[batch], s[batch + 1]];
-        (last(&a_strides), last(&b_strides))
-    });
-    let plan = plan_matmul(&sizes, stacked, strides, kernel, threads, tuned);
+    let plan = plan_matmul(
+        &sizes,
+        &a_strides,
+        &b_strides,
+        prepacked.is_some(),
+        kernel,
+        threads,
+        tuned,
+    );
     let (product_rows, streams, shares, tiles, split, gemm_threads) = match &plan {
         MatmulPlan::Product {
             rows,
