@@ -112,6 +112,34 @@ fn avx512_kc_max_for(l1d: Option<usize>, l2: Option<usize>) -> usize {
     }
 }
 
+/// The most columns of `a` per packed block for the AVX2 kernel, from the cache sizes: the
+/// deepest block, in multiples of 64 between 128 and 512, for which one panel of `b`
+/// (`kc · 16` values) takes at most half of L1 (it stays there while the micro-panels of `a`
+/// pass by) and a block of `a` (`MC · kc`) at most half of L2. Every depth block reads and
+/// writes each tile of `c` once, so the deeper the block the less `c` traffic. On a core with
+/// 32 KiB of L1 and 256 KiB of L2 (Intel's AVX2 cores) this is the 128 it always was; with
+/// 512 KiB of L2 (Zen 2 and 3) 192. Measured on Zen 3 (EPYC, family 25 model 1), one thread,
+/// `gemm_shapes` multiply, best of three alternated runs (`MINDUCTOR_GEMM_KC`) of 128, 192 and
+/// 256: [256x1024]·[1024x4096] 79 / 84 / 85 GFLOP/s, [2048x512]·[512x1536] 82 / 84 / 80,
+/// [1024x1408]·[1408x512] 78 / 79 / 78, [2048x2048]·[2048x512] 71 / 76 / 78; the kernel alone
+/// (`gemm_kernel`) runs at 88-90 from 128 to 256 and falls to 69 at 384.
+fn avx2_kc_max() -> usize {
+    static KC_MAX: OnceLock<usize> = OnceLock::new();
+    *KC_MAX.get_or_init(|| avx2_kc_max_for(crate::cache::l1d_bytes(), crate::cache::l2_bytes()))
+}
+
+/// [`avx2_kc_max`] for a core whose L1 data and L2 caches hold these many bytes (when known:
+/// else [`KC`]).
+fn avx2_kc_max_for(l1d: Option<usize>, l2: Option<usize>) -> usize {
+    let (Some(l1), Some(l2)) = (l1d, l2) else {
+        return KC;
+    };
+    let values = |bytes: usize| bytes / 2 / std::mem::size_of::<f32>();
+    let by_l1 = values(l1) / kernel_avx2::NR;
+    let by_l2 = values(l2) / MC;
+    (by_l1.min(by_l2) / 64 * 64).clamp(KC, 512)
+}
+
 /// `MINDUCTOR_GEMM_PACKED_PREFETCH=0`: no prefetch of packed blocks (measurements).
 fn packed_prefetch_off() -> bool {
     static OFF: OnceLock<bool> = OnceLock::new();
@@ -226,7 +254,8 @@ impl Kernel {
     pub fn kc(self, k: usize) -> usize {
         let most = kc_override().unwrap_or(match self {
             Kernel::Avx512 => avx512_kc_max(),
-            Kernel::Avx2 | Kernel::Portable => KC,
+            Kernel::Avx2 => avx2_kc_max(),
+            Kernel::Portable => KC,
         });
         let blocks = k.div_ceil(most).max(1);
         k.div_ceil(blocks).next_multiple_of(16).min(most).max(1)

@@ -588,6 +588,40 @@ fn the_depth_blocking_follows_the_cache_sizes_of_known_cpus() {
 }
 
 #[test]
+fn the_avx2_depth_blocking_follows_the_cache_sizes_of_known_cpus() {
+    const K: usize = 1 << 10;
+    // (CPU, L1d, L2 per core, the deepest block of `a` for the AVX2 kernel)
+    let cpus = [
+        ("Haswell / Skylake client", Some(32 * K), Some(256 * K), 128),
+        ("Zen 2 / Zen 3", Some(32 * K), Some(512 * K), 192),
+        (
+            "an AVX2 core with 1 MiB of L2",
+            Some(32 * K),
+            Some(1024 * K),
+            256,
+        ),
+        (
+            "a 48 KiB L1d and 2 MiB of L2",
+            Some(48 * K),
+            Some(2048 * K),
+            384,
+        ),
+        ("L2 unknown", Some(32 * K), None, KC),
+        ("unknown caches", None, None, KC),
+    ];
+    for (cpu, l1d, l2, expected) in cpus {
+        let kc = avx2_kc_max_for(l1d, l2);
+        assert_eq!(kc, expected, "{cpu}");
+        // One panel of `b` fits half of L1 and the block of `a` half of L2 (unless at the
+        // least).
+        if let (Some(l1), Some(l2), true) = (l1d, l2, kc > KC) {
+            assert!(kc * kernel_avx2::NR * 4 <= l1 / 2, "{cpu}");
+            assert!(MC * kc * 4 <= l2 / 2, "{cpu}");
+        }
+    }
+}
+
+#[test]
 fn short_products_stream_while_a_depth_block_of_a_fits_three_quarters_of_l2() {
     const K: usize = 1024;
     const M: usize = K * K;
