@@ -126,3 +126,153 @@ unsafe fn tile_rows<const ROWS: usize>(args: &TileArgs) {
         }
     }
 }
+
+/// `v` with every subnormal lane replaced by a zero of its sign, as `pack::flushed` does: the
+/// packers store operands through it (see `pack.rs`).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+#[inline]
+fn flushed8(v: __m256) -> __m256 {
+    let bits = _mm256_castps_si256(v);
+    let exponent = _mm256_and_si256(bits, _mm256_set1_epi32(0x7f80_0000));
+    let tiny = _mm256_cmpeq_epi32(exponent, _mm256_setzero_si256());
+    // Where `tiny`, the sign bit alone; elsewhere every bit.
+    let keep = _mm256_or_si256(
+        _mm256_set1_epi32(i32::MIN),
+        _mm256_xor_si256(tiny, _mm256_set1_epi32(-1)),
+    );
+    _mm256_castsi256_ps(_mm256_and_si256(bits, keep))
+}
+
+/// Transposes the 8 × 8 block whose row `j` is `r[j]`: afterwards `r[i]` holds lane `i` of
+/// every former row.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+#[inline]
+fn transpose8(r: &mut [__m256; 8]) {
+    let t: [__m256; 8] = std::array::from_fn(|q| {
+        let (pair, high) = (q / 2, q % 2 == 1);
+        if high {
+            _mm256_unpackhi_ps(r[2 * pair], r[2 * pair + 1])
+        } else {
+            _mm256_unpacklo_ps(r[2 * pair], r[2 * pair + 1])
+        }
+    });
+    // `t[2g + h]`: rows `2g, 2g + 1` interleaved, lanes `2h, 2h + 1` of each 128-bit half.
+    let s = [
+        _mm256_shuffle_ps::<0x44>(t[0], t[2]),
+        _mm256_shuffle_ps::<0xEE>(t[0], t[2]),
+        _mm256_shuffle_ps::<0x44>(t[1], t[3]),
+        _mm256_shuffle_ps::<0xEE>(t[1], t[3]),
+        _mm256_shuffle_ps::<0x44>(t[4], t[6]),
+        _mm256_shuffle_ps::<0xEE>(t[4], t[6]),
+        _mm256_shuffle_ps::<0x44>(t[5], t[7]),
+        _mm256_shuffle_ps::<0xEE>(t[5], t[7]),
+    ];
+    // `s[q]` (`q < 4`): lanes `q` and `q + 4` of rows 0-3; `s[4 + q]` the same of rows 4-7.
+    for q in 0..4 {
+        r[q] = _mm256_permute2f128_ps::<0x20>(s[q], s[4 + q]);
+        r[4 + q] = _mm256_permute2f128_ps::<0x31>(s[q], s[4 + q]);
+    }
+}
+
+/// Packs one panel of a `b` whose columns are contiguous (a transposed operand, `x · wᵀ`'s
+/// `wᵀ`): value `(p, j)` of the panel, element `start + j · column_stride + p` of `data`, goes
+/// to `p · nr + j` for `j < width`; columns `width..nr` are zeros. Blocks of 8 columns × 8
+/// rows are loaded as 8 runs of 8 values (whole cache lines read by one load per 8 values),
+/// transposed in registers and stored as 8 rows of the panel; the rows past the last multiple
+/// of 8 and a last partial group of columns go one value at a time. Every value goes through
+/// [`flushed8`] (or its scalar form). Reads and writes go through checked slices.
+///
+/// # Safety
+/// The CPU supports AVX2. (`panel.len() == k · nr`, `nr` a multiple of 8, and every element
+/// read inside `data` are checked, by panics.)
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+pub(super) unsafe fn pack_columns_transposed(
+    data: &[f32],
+    start: usize,
+    column_stride: usize,
+    k: usize,
+    width: usize,
+    nr: usize,
+    panel: &mut [f32],
+) {
+    assert!(panel.len() == k * nr && width <= nr && nr.is_multiple_of(8));
+    for v in 0..nr / 8 {
+        let lanes = width.saturating_sub(8 * v).min(8);
+        let column = start + 8 * v * column_stride;
+        let mut p0 = 0;
+        if lanes == 8 {
+            while p0 + 8 <= k {
+                let mut r: [__m256; 8] = std::array::from_fn(|j| {
+                    let at = column + j * column_stride + p0;
+                    let run = &data[at..at + 8];
+                    // SAFETY: `run` holds 8 values.
+                    unsafe { _mm256_loadu_ps(run.as_ptr()) }
+                });
+                transpose8(&mut r);
+                for (i, row) in r.iter().enumerate() {
+                    let out = &mut panel[(p0 + i) * nr + 8 * v..][..8];
+                    // SAFETY: `out` holds 8 values.
+                    unsafe { _mm256_storeu_ps(out.as_mut_ptr(), flushed8(*row)) };
+                }
+                p0 += 8;
+            }
+        }
+        for p in p0..k {
+            let out = &mut panel[p * nr + 8 * v..][..8];
+            for (j, value) in out.iter_mut().enumerate() {
+                *value = if j < lanes {
+                    super::pack::flushed(data[column + j * column_stride + p])
+                } else {
+                    0.0
+                };
+            }
+        }
+    }
+}
+
+/// Packs `MR` (6) rows of `a`, each a contiguous run of `kc` values from `starts[i]`, into one
+/// micro-panel (value `(i, p)` at `p · MR + i`), 8 columns at a time: the 6 runs of 8 (and two
+/// of zeros) are transposed in registers and each column's 6 values stored by one 8-lane store
+/// whose last 2 lanes the next column's store overwrites (the panel's last column, and the
+/// columns past the last multiple of 8, one value at a time); every value through
+/// [`flushed8`] (or its scalar form). Reads and writes go through checked slices.
+///
+/// # Safety
+/// The CPU supports AVX2. (`panel.len() == kc · MR` and the runs inside `data` are checked, by
+/// panics.)
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+pub(super) unsafe fn pack_rows6(data: &[f32], starts: [usize; MR], kc: usize, panel: &mut [f32]) {
+    assert_eq!(panel.len(), kc * MR);
+    let rows = starts.map(|s| &data[s..s + kc]);
+    let full = kc / 8 * 8;
+    for p0 in (0..full).step_by(8) {
+        let mut r: [__m256; 8] = std::array::from_fn(|i| match rows.get(i) {
+            // SAFETY: `p0 + 8 ≤ kc`, the run's length.
+            Some(row) => unsafe { _mm256_loadu_ps(row[p0..p0 + 8].as_ptr()) },
+            None => _mm256_setzero_ps(),
+        });
+        transpose8(&mut r);
+        for (q, column) in r.iter().enumerate() {
+            let at = (p0 + q) * MR;
+            if let Some(out) = panel.get_mut(at..at + 8) {
+                // SAFETY: `out` holds 8 values; lanes 6 and 7 (zeros) land on the next column's
+                // first two, which its own store (or the scalar tail) writes afterwards.
+                unsafe { _mm256_storeu_ps(out.as_mut_ptr(), flushed8(*column)) };
+            } else {
+                let mut lanes = [0f32; 8];
+                // SAFETY: `lanes` holds 8 values.
+                unsafe { _mm256_storeu_ps(lanes.as_mut_ptr(), flushed8(*column)) };
+                panel[at..at + MR].copy_from_slice(&lanes[..MR]);
+            }
+        }
+    }
+    for p in full..kc {
+        for (i, row) in rows.iter().enumerate() {
+            panel[p * MR + i] = super::pack::flushed(row[p]);
+        }
+    }
+}

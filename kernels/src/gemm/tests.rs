@@ -541,6 +541,41 @@ fn packed_micro_panels_of_a_hold_every_value_in_place() {
     }
 }
 
+#[test]
+fn packed_panels_of_a_transposed_b_hold_every_value_in_place() {
+    // A column-contiguous `b` (`x · wᵀ`'s `wᵀ`) from a wider buffer at an offset, at depths
+    // around the 8 × 8 and 16 × 16 register transposes (the AVX2 and AVX-512 packers where the
+    // CPU has them), with a partial last panel; panels of 8, 16 and 64 columns.
+    let n = 37;
+    for k in [1, 7, 8, 9, 15, 16, 17, 40] {
+        let ld = k + 3;
+        let data = values(n * ld + 5, 4);
+        let b = MatrixRef::new(&data, 5, [k, n], [1, ld as i64], "b").unwrap();
+        for nr in [8, 16, 64] {
+            let panels = n.div_ceil(nr);
+            let mut out = vec![f32::NAN; panels * k * nr];
+            pack::pack_b(&b, nr, 0, &mut out);
+            for (q, panel) in out.chunks_exact(k * nr).enumerate() {
+                for p in 0..k {
+                    for j in 0..nr {
+                        let column = q * nr + j;
+                        let want = if column < n {
+                            data[5 + column * ld + p]
+                        } else {
+                            0.0
+                        };
+                        assert_eq!(
+                            panel[p * nr + j].to_bits(),
+                            want.to_bits(),
+                            "k {k} nr {nr}: row {p}, column {column}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
+
 /// A packing buffer the allocator cannot give (4 TiB) is a typed error, not an abort, and the
 /// pool still serves an ordinary request afterwards.
 #[test]
