@@ -26,7 +26,8 @@
 //! The tiles of an image are walked in blocks of `nr` (the micro-kernel's panel width; tiles in
 //! row-major order, a block may span tile rows). For each block, on the calling thread:
 //! 1. the input transform writes the 16 panels `V_ξ` (`C · nr` values each, value `(c, j)` at
-//!    `c · nr + j`: the packed-`b` layout of [`TileArgs`]) into a per-thread buffer;
+//!    `c · nr + j`: the packed-`b` layout of [`TileArgs`]) into a per-thread buffer, one cache
+//!    line apart ([`spaced`]);
 //! 2. for each `ξ` the micro-kernel multiplies the packed `U_ξ` by panel `V_ξ` into `M_ξ`
 //!    (`K × nr`, a second per-thread buffer), depth blocks of [`Kernel::kc`] as the implicit
 //!    GEMM does;
@@ -66,6 +67,15 @@ const POSITIONS: usize = 16;
 const LANES: usize = 16;
 /// Tiles per vector of the AVX2 transforms.
 const AVX2_LANES: usize = 8;
+
+/// The distance between consecutive panels `V_ξ` (or products `M_ξ`) of `len` values in the
+/// per-thread buffers: one cache line more than `len`. With `len` a multiple of 4 KiB (64
+/// channels and `nr = 16`), the 16 values of a tile, one in each panel, would otherwise all
+/// fall in one set of the L1 cache (8 ways on Zen 3): the transforms' 16 stores (and 16
+/// loads) of each tile evicted each other.
+fn spaced(len: usize) -> usize {
+    len + 16
+}
 
 /// How a convolution is computed, as `MINDUCTOR_CONV_ALGO` asks (read once).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -560,8 +570,8 @@ unsafe fn winograd_tiles_with(
     } else {
         Transforms::Plain
     };
-    let panel_len = channels * nr;
-    let product_len = out_channels * nr;
+    let panel_len = spaced(channels * nr);
+    let product_len = spaced(out_channels * nr);
     PANELS.with(|panels_cell| {
         PRODUCTS.with(|products_cell| {
             let (mut panels, mut products) = (panels_cell.take(), products_cell.take());
@@ -580,14 +590,14 @@ unsafe fn winograd_tiles_with(
                     #[cfg(target_arch = "x86_64")]
                     // SAFETY: AVX-512F is present (`Transforms::detect`), `nr` is a multiple
                     // of 16, planes are within i32 (checked above); `v` holds 16 panels of
-                    // `C · nr` values.
+                    // `spaced(C · nr)` values.
                     Transforms::Avx512 => unsafe {
                         transform_input_avx512(b, &tiles, start, cols, nr, v)
                     },
                     #[cfg(target_arch = "x86_64")]
                     // SAFETY: AVX2 and FMA are present (`Transforms::detect`), `nr` is a
                     // multiple of 8, planes are within i32 (checked above); `v` holds 16
-                    // panels of `C · nr` values.
+                    // panels of `spaced(C · nr)` values.
                     Transforms::Avx2 => unsafe {
                         transform_input_avx2(b, &tiles, start, cols, nr, v)
                     },
@@ -622,14 +632,14 @@ unsafe fn winograd_tiles_with(
                 match transforms {
                     #[cfg(target_arch = "x86_64")]
                     // SAFETY: AVX-512F is present, `nr` is a multiple of 16, output rows are
-                    // within i32 (checked above); `m` holds 16 products of `K · nr` values;
+                    // within i32 (checked above); `m` holds 16 products of `spaced(K · nr)` values;
                     // the pixels of tiles `start..start + cols` are the caller's.
                     Transforms::Avx512 => unsafe {
                         transform_output_avx512(m, &tiles, start, cols, nr, out_channels, out)
                     },
                     #[cfg(target_arch = "x86_64")]
                     // SAFETY: AVX2 and FMA are present, `nr` is a multiple of 8, output rows
-                    // are within i32 (checked above); `m` holds 16 products of `K · nr`
+                    // are within i32 (checked above); `m` holds 16 products of `spaced(K · nr)`
                     // values; the pixels of tiles `start..start + cols` are the caller's.
                     Transforms::Avx2 => unsafe {
                         transform_output_avx2(m, &tiles, start, cols, nr, out_channels, out)
@@ -656,7 +666,7 @@ fn prefetch(values: &[f32]) {
 }
 
 /// Writes the 16 panels `V_ξ` of tiles `start..start + cols` into `v` (panel `ξ` at
-/// `ξ · C · nr`, value `(c, j)` at `c · nr + j`; columns `cols..nr` zero), one tile at a time.
+/// `ξ · spaced(C · nr)`, value `(c, j)` at `c · nr + j`; columns `cols..nr` zero), one tile at a time.
 fn transform_input(
     b: &Im2colRef,
     tiles: &Tiles,
@@ -667,7 +677,7 @@ fn transform_input(
 ) {
     let channels = b.channels();
     let plane_len = tiles.h * tiles.w;
-    let panel_len = channels * nr;
+    let panel_len = spaced(channels * nr);
     for channel in 0..channels {
         let plane = b.plane(channel);
         debug_assert_eq!(plane.len(), plane_len);
@@ -689,7 +699,7 @@ fn transform_input(
 }
 
 /// Writes the outputs of tiles `start..start + cols` from their 16 products `M_ξ` in `m`
-/// (product `ξ` at `ξ · K · nr`, value `(k, j)` at `k · nr + j`), one tile at a time.
+/// (product `ξ` at `ξ · spaced(K · nr)`, value `(k, j)` at `k · nr + j`), one tile at a time.
 ///
 /// # Safety
 /// `c + k · row_stride + pixel` is writable for every `k < out_channels` and every pixel of
@@ -703,7 +713,7 @@ unsafe fn transform_output(
     out_channels: usize,
     c: Planes,
 ) {
-    let product_len = out_channels * nr;
+    let product_len = spaced(out_channels * nr);
     for k in 0..out_channels {
         let row = c.data.wrapping_add(k * c.row_stride);
         for j in 0..cols {
@@ -795,7 +805,7 @@ impl Piece {
 /// the transform) goes to the piece's lanes; the second pass combines the four rows.
 ///
 /// # Safety
-/// The CPU supports AVX-512F; `nr` is a multiple of 16; `v` holds `16 · C · nr` values.
+/// The CPU supports AVX-512F; `nr` is a multiple of 16; `v` holds `16 · spaced(C · nr)` values.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
 unsafe fn transform_input_avx512(
@@ -809,7 +819,7 @@ unsafe fn transform_input_avx512(
     use std::arch::x86_64::*;
     let pieces = Piece::of_block(tiles, start, cols, LANES);
     let channels = b.channels();
-    let panel_len = channels * nr;
+    let panel_len = spaced(channels * nr);
     assert!(
         v.len() >= POSITIONS * panel_len,
         "the panels' buffer holds 16 panels"
@@ -863,7 +873,7 @@ unsafe fn transform_input_avx512(
                 let column = b_transform!(u[s], u[4 + s], u[8 + s], u[12 + s], add, sub);
                 for (r, value) in column.into_iter().enumerate() {
                     let xi = 4 * r + s;
-                    // SAFETY: `xi · C · nr + channel · nr + vector · 16 + 16 ≤ 16 · C · nr`,
+                    // SAFETY: `xi · spaced(C · nr) + channel · nr + vector · 16 + 16 ≤ 16 · spaced(C · nr)`,
                     // inside `v` (asserted above).
                     unsafe {
                         _mm512_storeu_ps(
@@ -884,7 +894,7 @@ unsafe fn transform_input_avx512(
 /// output).
 ///
 /// # Safety
-/// The CPU supports AVX-512F; `nr` is a multiple of 16; `m` holds `16 · K · nr` values;
+/// The CPU supports AVX-512F; `nr` is a multiple of 16; `m` holds `16 · spaced(K · nr)` values;
 /// `c + k · row_stride + pixel` is writable for every `k < out_channels` and every pixel of
 /// tiles `start..start + cols`, touched by no one else during the call.
 #[cfg(target_arch = "x86_64")]
@@ -900,7 +910,7 @@ unsafe fn transform_output_avx512(
 ) {
     use std::arch::x86_64::*;
     let pieces = Piece::of_block(tiles, start, cols, LANES);
-    let product_len = out_channels * nr;
+    let product_len = spaced(out_channels * nr);
     assert!(
         m.len() >= POSITIONS * product_len,
         "the products' buffer holds 16 products"
@@ -914,7 +924,7 @@ unsafe fn transform_output_avx512(
         for vector in 0..cols.div_ceil(LANES) {
             let mut values = [_mm512_setzero_ps(); POSITIONS];
             for (xi, value) in values.iter_mut().enumerate() {
-                // SAFETY: `xi · K · nr + k · nr + vector · 16 + 16 ≤ 16 · K · nr`, inside `m`
+                // SAFETY: `xi · spaced(K · nr) + k · nr + vector · 16 + 16 ≤ 16 · spaced(K · nr)`, inside `m`
                 // (asserted above).
                 *value = unsafe {
                     _mm512_loadu_ps(m.as_ptr().add(xi * product_len + k * nr + vector * LANES))
@@ -1023,7 +1033,7 @@ impl Avx2Masks {
 /// rows. The same additions in the same order as the others: the same bits.
 ///
 /// # Safety
-/// The CPU supports AVX2 and FMA; `nr` is a multiple of 8; `v` holds `16 · C · nr` values.
+/// The CPU supports AVX2 and FMA; `nr` is a multiple of 8; `v` holds `16 · spaced(C · nr)` values.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
 unsafe fn transform_input_avx2(
@@ -1039,7 +1049,7 @@ unsafe fn transform_input_avx2(
     // SAFETY: the CPU supports AVX2 (the caller's).
     let masks: Vec<Avx2Masks> = pieces.iter().map(|p| unsafe { Avx2Masks::of(p) }).collect();
     let channels = b.channels();
-    let panel_len = channels * nr;
+    let panel_len = spaced(channels * nr);
     assert!(
         v.len() >= POSITIONS * panel_len,
         "the panels' buffer holds 16 panels"
@@ -1113,7 +1123,7 @@ unsafe fn transform_input_avx2(
                 let column = b_transform!(u[s], u[4 + s], u[8 + s], u[12 + s], add, sub);
                 for (r, value) in column.into_iter().enumerate() {
                     let xi = 4 * r + s;
-                    // SAFETY: `xi · C · nr + channel · nr + vector · 8 + 8 ≤ 16 · C · nr`,
+                    // SAFETY: `xi · spaced(C · nr) + channel · nr + vector · 8 + 8 ≤ 16 · spaced(C · nr)`,
                     // inside `v` (asserted above).
                     unsafe {
                         _mm256_storeu_ps(
@@ -1134,7 +1144,7 @@ unsafe fn transform_input_avx2(
 /// columns are outside the piece's lanes or the output.
 ///
 /// # Safety
-/// The CPU supports AVX2 and FMA; `nr` is a multiple of 8; `m` holds `16 · K · nr` values;
+/// The CPU supports AVX2 and FMA; `nr` is a multiple of 8; `m` holds `16 · spaced(K · nr)` values;
 /// `c + k · row_stride + pixel` is writable for every `k < out_channels` and every pixel of
 /// tiles `start..start + cols`, touched by no one else during the call.
 #[cfg(target_arch = "x86_64")]
@@ -1152,7 +1162,7 @@ unsafe fn transform_output_avx2(
     let pieces = Piece::of_block(tiles, start, cols, AVX2_LANES);
     // SAFETY: the CPU supports AVX2 (the caller's).
     let masks: Vec<Avx2Masks> = pieces.iter().map(|p| unsafe { Avx2Masks::of(p) }).collect();
-    let product_len = out_channels * nr;
+    let product_len = spaced(out_channels * nr);
     assert!(
         m.len() >= POSITIONS * product_len,
         "the products' buffer holds 16 products"
@@ -1164,7 +1174,7 @@ unsafe fn transform_output_avx2(
         for vector in 0..cols.div_ceil(AVX2_LANES) {
             let mut values = [_mm256_setzero_ps(); POSITIONS];
             for (xi, value) in values.iter_mut().enumerate() {
-                // SAFETY: `xi · K · nr + k · nr + vector · 8 + 8 ≤ 16 · K · nr`, inside `m`
+                // SAFETY: `xi · spaced(K · nr) + k · nr + vector · 8 + 8 ≤ 16 · spaced(K · nr)`, inside `m`
                 // (asserted above).
                 *value = unsafe {
                     _mm256_loadu_ps(
