@@ -107,19 +107,35 @@ pub fn is_winograd_window(window: &Window2d) -> bool {
 }
 
 /// Whether a convolution of `channels` input channels (per group) over an `h × w` image should
-/// run as Winograd with `kernel`, under `algorithm` (the count of output channels did not
-/// matter in the measurements: 1, 3, 8 and 64 all won).
+/// run as Winograd with `kernel`, under `algorithm` (the count of output channels mattered
+/// less in the measurements: on Zen 4 1, 3, 8 and 64 all won; on Zen 3 few input channels
+/// into 64 output channels lost, see below).
 ///
-/// The rule for [`ConvAlgorithm::Auto`]: the AVX-512 kernel and transforms (the others are
-/// not measured: the implicit GEMM stays theirs), at least 4 input channels, and at most 90%
-/// of the implicit GEMM's panel-steps. Winograd runs 16 products of depth `C` over
-/// `ceil(tiles / nr)` panels, the implicit GEMM one of depth `9·C` over `ceil(OH·OW / nr)`;
-/// a small image leaves most of Winograd's one panel empty (7×7: 16 tiles of 64 columns).
-/// Measured on Zen 4, one thread, one image (`conv_probe`, ms per image, implicit →
-/// Winograd): 64→64 56×56 2.26 → 1.21, 28×28 0.59 → 0.35, 14×14 0.18 → 0.09; 12×12 0.134 →
-/// 0.087, 10×10 and 9×9 (18 against 16 panel-steps) 0.091 → 0.085, 8×8 (9 against 16;
+/// The rule for [`ConvAlgorithm::Auto`]: the AVX-512 kernel and transforms with at least 4
+/// input channels, or the AVX2 kernel and transforms with at least 12 (the other pairs are
+/// not measured: the implicit GEMM stays theirs), and at most 90% of the implicit GEMM's
+/// panel-steps. Winograd runs 16 products of depth `C` over `ceil(tiles / nr)` panels, the
+/// implicit GEMM one of depth `9·C` over `ceil(OH·OW / nr)`; a small image leaves most of
+/// Winograd's one panel empty (7×7: 16 tiles of 64 columns). The rule depends on the CPU and
+/// the shapes only, never on the thread count.
+///
+/// Measured on Zen 4 (AVX-512), one thread, one image (`conv_probe`, ms per image, implicit
+/// → Winograd): 64→64 56×56 2.26 → 1.21, 28×28 0.59 → 0.35, 14×14 0.18 → 0.09; 12×12 0.134
+/// → 0.087, 10×10 and 9×9 (18 against 16 panel-steps) 0.091 → 0.085, 8×8 (9 against 16;
 /// 128 channels) 0.170 → 0.308; 256→256 7×7 0.67 → 1.23; 16→16 56×56 0.196 → 0.127, 8→8
 /// 0.080 → 0.048, 64→1 0.267 → 0.173, 4→64 0.172 → 0.161, 3→64 0.141 → 0.150.
+///
+/// Measured on Zen 3 (AVX2, `nr = 16`), the same way (two runs each, the faster; the machine
+/// was shared): 64→64 56×56 3.91 → 1.70, 28×28 0.99 → 0.44, 14×14 0.30 → 0.14, 12×12 0.21 →
+/// 0.10, 10×10 0.17 → 0.075, 9×9 0.20 → 0.089, 7×7 0.10 → 0.035, 6×6 0.10 → 0.045, 4×4
+/// (excluded: 16 against 9 panel-steps) 0.040 → 0.038, 256→256 4×4 0.35 → 0.43; 128→128 8×8
+/// 0.28 → 0.11; 256→256 7×7 1.04 → 0.41; 32→32 14×14 0.105 → 0.048; 16→64 14×14 0.072 →
+/// 0.054, 7×7 0.025 → 0.014; 12→64 56×56 0.97 → 0.69, 28×28 0.18 → 0.13, 14×14 0.054 →
+/// 0.049; 16→16 56×56 0.73 → 0.32; 64→1 1.19 → 0.31. Below 12 channels into 64 the products
+/// are too shallow for the output transform of 64 channels: 10→64 14×14 0.046 → 0.047, 8→64
+/// 56×56 0.47 → 0.39 but 14×14 0.036 → 0.043, 6→64 56×56 0.36 → 0.35, 5→64 0.30 → 0.32,
+/// 4→64 0.375 → 0.486, 3→64 0.30 → 0.46 (while 8→8 56×56 0.19 → 0.10 and 4→4 0.083 → 0.060
+/// won; the output channels are not known here).
 pub fn prefers_winograd(
     algorithm: ConvAlgorithm,
     kernel: Kernel,
@@ -141,10 +157,12 @@ pub fn prefers_winograd(
             let tiles = oh.div_ceil(2) * ow.div_ceil(2);
             let winograd = POSITIONS * tiles.div_ceil(nr);
             let implicit = 9 * (oh * ow).div_ceil(nr);
-            kernel == Kernel::Avx512
-                && Transforms::detect() == Transforms::Avx512
-                && channels >= 4
-                && winograd * 10 <= implicit * 9
+            let fewest_channels = match (kernel, Transforms::detect()) {
+                (Kernel::Avx512, Transforms::Avx512) => 4,
+                (Kernel::Avx2, Transforms::Avx2) => 12,
+                _ => return false,
+            };
+            channels >= fewest_channels && winograd * 10 <= implicit * 9
         }
     }
 }
