@@ -5,8 +5,8 @@
 //! tile (6 rows) or of 16, more output channels than one block of micro-panels, `C·KH·KW` above
 //! the depth block (128), stride 2, dilation, groups, padding 0 and padding wider than the
 //! kernel's reach, on one image and on several (split across threads). Where the CPU has
-//! AVX-512, 3x3 convolutions of stride 1 with 4 or more channels over images that are not too
-//! small run as Winograd F(2x2, 3x3) instead (`gemm::prefers_winograd`, and
+//! AVX-512 (AVX2), 3x3 convolutions of stride 1 with 4 (12) or more channels over images that
+//! are not too small run as Winograd F(2x2, 3x3) instead (`gemm::prefers_winograd`, and
 //! `gemm::winograd_transform_pays_off` for a weight transformed at every call); the Winograd
 //! test below picks such shapes, and asserts that they are picked.
 
@@ -138,7 +138,7 @@ fn a_resnet_block_is_two_implicit_gemms_with_their_epilogues() {
 }
 
 /// Winograd F(2x2, 3x3) convolutions (3x3, stride 1, dilation 1; asserted to be the path taken
-/// when this CPU has AVX-512 and `MINDUCTOR_CONV_ALGO` is unset or `auto`) against the
+/// when this CPU has AVX-512 or AVX2 and `MINDUCTOR_CONV_ALGO` is unset or `auto`) against the
 /// interpreter at odd image sizes (partial tiles on the bottom and right), padding 0, 1 and 2,
 /// groups, and several images; bitwise the same on 1, 2 and 3 threads (the images are split
 /// across threads, each computed alone); and with the weight frozen (transformed once, at
@@ -153,10 +153,11 @@ fn winograd_conv2d_matches_the_interpreter_on_any_thread_count_and_frozen() {
         (2, 32, 16, 0, 1, (25, 30)),
         (2, 64, 64, 2, 2, (21, 19)),
         (1, 64, 64, 1, 1, (30, 29)),
-        (5, 8, 64, 1, 1, (33, 35)),
+        (5, 12, 64, 1, 1, (33, 35)),
     ];
-    let winograd_expected =
-        Kernel::detect() == Kernel::Avx512 && ConvAlgorithm::from_env() == ConvAlgorithm::Auto;
+    let kernel = Kernel::detect();
+    let winograd_expected = matches!(kernel, Kernel::Avx512 | Kernel::Avx2)
+        && ConvAlgorithm::from_env() == ConvAlgorithm::Auto;
     for (n, c, o, p, g, (h, w)) in cases {
         let what = format!("winograd conv2d n={n} c={c} o={o} p={p} g={g} size={h}x{w}");
         let window = Window2d {
@@ -168,7 +169,7 @@ fn winograd_conv2d_matches_the_interpreter_on_any_thread_count_and_frozen() {
         if winograd_expected {
             let out = window.output_size(h, w).unwrap();
             assert!(
-                prefers_winograd(ConvAlgorithm::Auto, Kernel::Avx512, &window, c / g, [h, w])
+                prefers_winograd(ConvAlgorithm::Auto, kernel, &window, c / g, [h, w])
                     && winograd_transform_pays_off(1, c / g, o / g, out),
                 "{what}: not a Winograd shape"
             );

@@ -26,7 +26,8 @@
 //! The tiles of an image are walked in blocks of `nr` (the micro-kernel's panel width; tiles in
 //! row-major order, a block may span tile rows). For each block, on the calling thread:
 //! 1. the input transform writes the 16 panels `V_ξ` (`C · nr` values each, value `(c, j)` at
-//!    `c · nr + j`: the packed-`b` layout of [`TileArgs`]) into a per-thread buffer;
+//!    `c · nr + j`: the packed-`b` layout of [`TileArgs`]) into a per-thread buffer, one cache
+//!    line apart ([`spaced`]);
 //! 2. for each `ξ` the micro-kernel multiplies the packed `U_ξ` by panel `V_ξ` into `M_ξ`
 //!    (`K × nr`, a second per-thread buffer), depth blocks of [`Kernel::kc`] as the implicit
 //!    GEMM does;
@@ -45,15 +46,26 @@
 //! outputs as 32 consecutive values (two permutes, two masked stores). Measured on Zen 4, one
 //! thread, 64 channels of 56x56 (`conv_probe`): 1.21 ms per image, against 2.26 ms for the
 //! implicit GEMM; one masked gather per patch value of 16 tiles took 1.50-1.63 ms, most of it
-//! the gathers. Without AVX-512 they run tile by tile in plain code that does the same
-//! additions in the same order, so both give the same bits.
+//! the gathers. With AVX2 (and no AVX-512) they run on 8 tiles at once the same way: each row
+//! of a piece's patches is 18 consecutive input values, loaded as columns `0..16` and `2..18`
+//! (plain loads inside the image, masked ones at its edges) and split into even and odd
+//! columns by a shuffle and a permute each; each row of outputs is interleaved by two unpacks
+//! and two permutes into 16 consecutive values (plain stores, masked ones at the edges of a
+//! piece). With the AVX2 kernel (`nr = 16`) both buffers hold 64 KiB and the packed weight
+//! 256 KiB (L2: 512 KiB on Zen 3); perf puts 65-70% of the time in the micro-kernel (about
+//! 1.1 ms for the 103 MFLOP of an image, near the FMA peak). Measured on Zen 3, one thread,
+//! 64 channels of 56x56 (`conv_probe`): 1.62-1.73 ms per image, against 3.66-3.90 ms for the
+//! implicit GEMM and 5.08-5.32 ms with the plain transforms. Without
+//! either they run tile by tile in plain code that does the same additions in the same order,
+//! so all give the same bits.
 //!
 //! Safety: the micro-kernel calls rest on [`PackedA`]'s size (from the shapes checked in
 //! [`multiply_winograd`]) and the per-thread buffers' sizes (made from the same shapes); the
 //! masked loads on their masks keeping only columns `0..w` of rows `0..h` (made with the
 //! pieces) and [`Im2colRef::new`] (the planes lie inside the slice); the masked stores on
 //! theirs keeping only columns `0..OW` of rows `0..OH` and [`MatrixMut::new`] (the rows of `c`
-//! lie inside its slice).
+//! lie inside its slice); the AVX2 transforms' plain loads and stores on the pieces' bits
+//! showing every column they touch inside the image or the output.
 
 use super::implicit::{multiply_panel, Im2colRef, PackedA};
 use super::{AlignedBuffer, GemmError, Kernel, MatrixMut, MatrixRef};
@@ -64,6 +76,17 @@ use std::sync::OnceLock;
 const POSITIONS: usize = 16;
 /// Tiles per vector of the AVX-512 transforms.
 const LANES: usize = 16;
+/// Tiles per vector of the AVX2 transforms.
+const AVX2_LANES: usize = 8;
+
+/// The distance between consecutive panels `V_ξ` (or products `M_ξ`) of `len` values in the
+/// per-thread buffers: one cache line more than `len`. With `len` a multiple of 4 KiB (64
+/// channels and `nr = 16`), the 16 values of a tile, one in each panel, would otherwise all
+/// fall in one set of the L1 cache (8 ways on Zen 3): the transforms' 16 stores (and 16
+/// loads) of each tile evicted each other.
+fn spaced(len: usize) -> usize {
+    len + 16
+}
 
 /// How a convolution is computed, as `MINDUCTOR_CONV_ALGO` asks (read once).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -95,19 +118,35 @@ pub fn is_winograd_window(window: &Window2d) -> bool {
 }
 
 /// Whether a convolution of `channels` input channels (per group) over an `h × w` image should
-/// run as Winograd with `kernel`, under `algorithm` (the count of output channels did not
-/// matter in the measurements: 1, 3, 8 and 64 all won).
+/// run as Winograd with `kernel`, under `algorithm` (the count of output channels mattered
+/// less in the measurements: on Zen 4 1, 3, 8 and 64 all won; on Zen 3 few input channels
+/// into 64 output channels lost, see below).
 ///
-/// The rule for [`ConvAlgorithm::Auto`]: the AVX-512 kernel and transforms (the others are
-/// not measured: the implicit GEMM stays theirs), at least 4 input channels, and at most 90%
-/// of the implicit GEMM's panel-steps. Winograd runs 16 products of depth `C` over
-/// `ceil(tiles / nr)` panels, the implicit GEMM one of depth `9·C` over `ceil(OH·OW / nr)`;
-/// a small image leaves most of Winograd's one panel empty (7×7: 16 tiles of 64 columns).
-/// Measured on Zen 4, one thread, one image (`conv_probe`, ms per image, implicit →
-/// Winograd): 64→64 56×56 2.26 → 1.21, 28×28 0.59 → 0.35, 14×14 0.18 → 0.09; 12×12 0.134 →
-/// 0.087, 10×10 and 9×9 (18 against 16 panel-steps) 0.091 → 0.085, 8×8 (9 against 16;
+/// The rule for [`ConvAlgorithm::Auto`]: the AVX-512 kernel and transforms with at least 4
+/// input channels, or the AVX2 kernel and transforms with at least 12 (the other pairs are
+/// not measured: the implicit GEMM stays theirs), and at most 90% of the implicit GEMM's
+/// panel-steps. Winograd runs 16 products of depth `C` over `ceil(tiles / nr)` panels, the
+/// implicit GEMM one of depth `9·C` over `ceil(OH·OW / nr)`; a small image leaves most of
+/// Winograd's one panel empty (7×7: 16 tiles of 64 columns). The rule depends on the CPU and
+/// the shapes only, never on the thread count.
+///
+/// Measured on Zen 4 (AVX-512), one thread, one image (`conv_probe`, ms per image, implicit
+/// → Winograd): 64→64 56×56 2.26 → 1.21, 28×28 0.59 → 0.35, 14×14 0.18 → 0.09; 12×12 0.134
+/// → 0.087, 10×10 and 9×9 (18 against 16 panel-steps) 0.091 → 0.085, 8×8 (9 against 16;
 /// 128 channels) 0.170 → 0.308; 256→256 7×7 0.67 → 1.23; 16→16 56×56 0.196 → 0.127, 8→8
 /// 0.080 → 0.048, 64→1 0.267 → 0.173, 4→64 0.172 → 0.161, 3→64 0.141 → 0.150.
+///
+/// Measured on Zen 3 (AVX2, `nr = 16`), the same way (two runs each, the faster; the machine
+/// was shared): 64→64 56×56 3.91 → 1.70, 28×28 0.99 → 0.44, 14×14 0.30 → 0.14, 12×12 0.21 →
+/// 0.10, 10×10 0.17 → 0.075, 9×9 0.20 → 0.089, 7×7 0.10 → 0.035, 6×6 0.10 → 0.045, 4×4
+/// (excluded: 16 against 9 panel-steps) 0.040 → 0.038, 256→256 4×4 0.35 → 0.43; 128→128 8×8
+/// 0.28 → 0.11; 256→256 7×7 1.04 → 0.41; 32→32 14×14 0.105 → 0.048; 16→64 14×14 0.072 →
+/// 0.054, 7×7 0.025 → 0.014; 12→64 56×56 0.97 → 0.69, 28×28 0.18 → 0.13, 14×14 0.054 →
+/// 0.049; 16→16 56×56 0.73 → 0.32; 64→1 1.19 → 0.31. Below 12 channels into 64 the products
+/// are too shallow for the output transform of 64 channels: 10→64 14×14 0.046 → 0.047, 8→64
+/// 56×56 0.47 → 0.39 but 14×14 0.036 → 0.043, 6→64 56×56 0.36 → 0.35, 5→64 0.30 → 0.32,
+/// 4→64 0.375 → 0.486, 3→64 0.30 → 0.46 (while 8→8 56×56 0.19 → 0.10 and 4→4 0.083 → 0.060
+/// won; the output channels are not known here).
 pub fn prefers_winograd(
     algorithm: ConvAlgorithm,
     kernel: Kernel,
@@ -129,10 +168,12 @@ pub fn prefers_winograd(
             let tiles = oh.div_ceil(2) * ow.div_ceil(2);
             let winograd = POSITIONS * tiles.div_ceil(nr);
             let implicit = 9 * (oh * ow).div_ceil(nr);
-            kernel == Kernel::Avx512
-                && Transforms::detect() == Transforms::Avx512
-                && channels >= 4
-                && winograd * 10 <= implicit * 9
+            let fewest_channels = match (kernel, Transforms::detect()) {
+                (Kernel::Avx512, Transforms::Avx512) => 4,
+                (Kernel::Avx2, Transforms::Avx2) => 12,
+                _ => return false,
+            };
+            channels >= fewest_channels && winograd * 10 <= implicit * 9
         }
     }
 }
@@ -390,16 +431,40 @@ pub fn multiply_winograd(
 enum Transforms {
     /// 16 tiles at a time (AVX-512F, and a panel width that is a multiple of 16).
     Avx512,
+    /// 8 tiles at a time (AVX2 and FMA, and a panel width that is a multiple of 8).
+    Avx2,
     /// One tile at a time.
     Plain,
 }
 
 impl Transforms {
+    /// Every kind, widest first.
+    #[cfg(test)]
+    const ALL: [Transforms; 3] = [Transforms::Avx512, Transforms::Avx2, Transforms::Plain];
+
+    /// The widest transforms this CPU runs.
     fn detect() -> Transforms {
-        if Kernel::Avx512.is_supported() {
-            Transforms::Avx512
-        } else {
-            Transforms::Plain
+        [Transforms::Avx512, Transforms::Avx2]
+            .into_iter()
+            .find(|t| t.is_supported())
+            .unwrap_or(Transforms::Plain)
+    }
+
+    /// Whether this CPU has the features the transforms are compiled for.
+    fn is_supported(self) -> bool {
+        match self {
+            Transforms::Avx512 => Kernel::Avx512.is_supported(),
+            Transforms::Avx2 => Kernel::Avx2.is_supported(),
+            Transforms::Plain => true,
+        }
+    }
+
+    /// Tiles per vector: the panel width must be a multiple of it.
+    fn width(self) -> usize {
+        match self {
+            Transforms::Avx512 => LANES,
+            Transforms::Avx2 => AVX2_LANES,
+            Transforms::Plain => 1,
         }
     }
 }
@@ -525,15 +590,17 @@ unsafe fn winograd_tiles_with(
     let kernel = a.kernel();
     let nr = kernel.nr();
     let count = range.end;
-    // The AVX-512 transforms index planes and output rows with i32 lanes.
-    let transforms =
-        if nr.is_multiple_of(LANES) && h * w <= i32::MAX as usize && n <= i32::MAX as usize {
-            transforms
-        } else {
-            Transforms::Plain
-        };
-    let panel_len = channels * nr;
-    let product_len = out_channels * nr;
+    // The vector transforms index planes and output rows with i32 lanes.
+    let transforms = if nr.is_multiple_of(transforms.width())
+        && h * w <= i32::MAX as usize
+        && n <= i32::MAX as usize
+    {
+        transforms
+    } else {
+        Transforms::Plain
+    };
+    let panel_len = spaced(channels * nr);
+    let product_len = spaced(out_channels * nr);
     PANELS.with(|panels_cell| {
         PRODUCTS.with(|products_cell| {
             let (mut panels, mut products) = (panels_cell.take(), products_cell.take());
@@ -552,9 +619,16 @@ unsafe fn winograd_tiles_with(
                     #[cfg(target_arch = "x86_64")]
                     // SAFETY: AVX-512F is present (`Transforms::detect`), `nr` is a multiple
                     // of 16, planes are within i32 (checked above); `v` holds 16 panels of
-                    // `C · nr` values.
+                    // `spaced(C · nr)` values.
                     Transforms::Avx512 => unsafe {
                         transform_input_avx512(b, &tiles, start, cols, nr, v)
+                    },
+                    #[cfg(target_arch = "x86_64")]
+                    // SAFETY: AVX2 and FMA are present (`Transforms::detect`), `nr` is a
+                    // multiple of 8, planes are within i32 (checked above); `v` holds 16
+                    // panels of `spaced(C · nr)` values.
+                    Transforms::Avx2 => unsafe {
+                        transform_input_avx2(b, &tiles, start, cols, nr, v)
                     },
                     _ => transform_input(b, &tiles, start, cols, nr, v),
                 }
@@ -587,10 +661,17 @@ unsafe fn winograd_tiles_with(
                 match transforms {
                     #[cfg(target_arch = "x86_64")]
                     // SAFETY: AVX-512F is present, `nr` is a multiple of 16, output rows are
-                    // within i32 (checked above); `m` holds 16 products of `K · nr` values;
+                    // within i32 (checked above); `m` holds 16 products of `spaced(K · nr)` values;
                     // the pixels of tiles `start..start + cols` are the caller's.
                     Transforms::Avx512 => unsafe {
                         transform_output_avx512(m, &tiles, start, cols, nr, out_channels, out)
+                    },
+                    #[cfg(target_arch = "x86_64")]
+                    // SAFETY: AVX2 and FMA are present, `nr` is a multiple of 8, output rows
+                    // are within i32 (checked above); `m` holds 16 products of `spaced(K · nr)`
+                    // values; the pixels of tiles `start..start + cols` are the caller's.
+                    Transforms::Avx2 => unsafe {
+                        transform_output_avx2(m, &tiles, start, cols, nr, out_channels, out)
                     },
                     // SAFETY: as above.
                     _ => unsafe { transform_output(m, &tiles, start, cols, nr, out_channels, out) },
@@ -614,7 +695,7 @@ fn prefetch(values: &[f32]) {
 }
 
 /// Writes the 16 panels `V_ξ` of tiles `start..start + cols` into `v` (panel `ξ` at
-/// `ξ · C · nr`, value `(c, j)` at `c · nr + j`; columns `cols..nr` zero), one tile at a time.
+/// `ξ · spaced(C · nr)`, value `(c, j)` at `c · nr + j`; columns `cols..nr` zero), one tile at a time.
 fn transform_input(
     b: &Im2colRef,
     tiles: &Tiles,
@@ -625,7 +706,7 @@ fn transform_input(
 ) {
     let channels = b.channels();
     let plane_len = tiles.h * tiles.w;
-    let panel_len = channels * nr;
+    let panel_len = spaced(channels * nr);
     for channel in 0..channels {
         let plane = b.plane(channel);
         debug_assert_eq!(plane.len(), plane_len);
@@ -647,7 +728,7 @@ fn transform_input(
 }
 
 /// Writes the outputs of tiles `start..start + cols` from their 16 products `M_ξ` in `m`
-/// (product `ξ` at `ξ · K · nr`, value `(k, j)` at `k · nr + j`), one tile at a time.
+/// (product `ξ` at `ξ · spaced(K · nr)`, value `(k, j)` at `k · nr + j`), one tile at a time.
 ///
 /// # Safety
 /// `c + k · row_stride + pixel` is writable for every `k < out_channels` and every pixel of
@@ -661,7 +742,7 @@ unsafe fn transform_output(
     out_channels: usize,
     c: Planes,
 ) {
-    let product_len = out_channels * nr;
+    let product_len = spaced(out_channels * nr);
     for k in 0..out_channels {
         let row = c.data.wrapping_add(k * c.row_stride);
         for j in 0..cols {
@@ -680,26 +761,30 @@ unsafe fn transform_output(
     }
 }
 
-/// A run of lanes of one vector of a block (16 consecutive tiles) whose tiles lie in one row
-/// of tiles: lanes `lo..hi` of vector `vector` are tiles `(row, shift + lane)`.
+/// A run of lanes of one vector of a block (`width` consecutive tiles: 16 for AVX-512, 8 for
+/// AVX2) whose tiles lie in one row of tiles: lanes `lo..hi` of vector `vector` are tiles
+/// `(row, shift + lane)`.
 #[cfg(target_arch = "x86_64")]
 struct Piece {
     vector: usize,
     row: usize,
+    /// Lanes `lo..hi`, as bits.
     lanes: u16,
     shift: isize,
-    /// The input transform's loads, as masks of the 34 input columns from `2·shift − pw` on
-    /// that the lanes read inside the image (columns 0..16, 16..32 and 32..34).
-    load_masks: [u16; 3],
-    /// The output transform's stores, as masks of the 32 output columns from `2·shift` on
-    /// that the lanes write inside the output (columns 0..16 and 16..32).
-    store_masks: [u16; 2],
+    /// The input transform's loads, as bits of the `2·width + 2` input columns from
+    /// `2·shift − pw` on that the lanes read inside the image.
+    load: u64,
+    /// The output transform's stores, as bits of the `2·width` output columns from `2·shift`
+    /// on that the lanes write inside the output.
+    store: u64,
 }
 
 #[cfg(target_arch = "x86_64")]
 impl Piece {
-    /// The pieces of tiles `start..start + cols`, in the order of their vectors.
-    fn of_block(tiles: &Tiles, start: usize, cols: usize) -> Vec<Piece> {
+    /// The pieces of tiles `start..start + cols` for vectors of `width ≤ 16` lanes, in the
+    /// order of their vectors.
+    fn of_block(tiles: &Tiles, start: usize, cols: usize, width: usize) -> Vec<Piece> {
+        debug_assert!(width <= 16);
         let mut pieces = Vec::new();
         let mut j = 0;
         while j < cols {
@@ -708,31 +793,31 @@ impl Piece {
             // The run of tiles `j..end` of the block lies in one row: cut it at vectors.
             let mut at = j;
             while at < end {
-                let lo = at % LANES;
-                let hi = LANES.min(lo + end - at);
+                let lo = at % width;
+                let hi = width.min(lo + end - at);
                 let shift = (column + at - j) as isize - lo as isize;
                 let lanes = (lo..hi).fold(0u16, |mask, lane| mask | 1 << lane);
-                let mut load_masks = [0u16; 3];
+                let mut load = 0u64;
                 let first = 2 * shift - tiles.pw as isize;
                 for position in 2 * lo..2 * hi + 2 {
                     let x = first + position as isize;
                     if x >= 0 && x < tiles.w as isize {
-                        load_masks[position / 16] |= 1 << (position % 16);
+                        load |= 1 << position;
                     }
                 }
-                let mut store_masks = [0u16; 2];
+                let mut store = 0u64;
                 for position in 2 * lo..2 * hi {
                     if 2 * shift + (position as isize) < tiles.ow as isize {
-                        store_masks[position / 16] |= 1 << (position % 16);
+                        store |= 1 << position;
                     }
                 }
                 pieces.push(Piece {
-                    vector: at / LANES,
+                    vector: at / width,
                     row,
                     lanes,
                     shift,
-                    load_masks,
-                    store_masks,
+                    load,
+                    store,
                 });
                 at += hi - lo;
             }
@@ -749,7 +834,7 @@ impl Piece {
 /// the transform) goes to the piece's lanes; the second pass combines the four rows.
 ///
 /// # Safety
-/// The CPU supports AVX-512F; `nr` is a multiple of 16; `v` holds `16 · C · nr` values.
+/// The CPU supports AVX-512F; `nr` is a multiple of 16; `v` holds `16 · spaced(C · nr)` values.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
 unsafe fn transform_input_avx512(
@@ -761,9 +846,9 @@ unsafe fn transform_input_avx512(
     v: &mut [f32],
 ) {
     use std::arch::x86_64::*;
-    let pieces = Piece::of_block(tiles, start, cols);
+    let pieces = Piece::of_block(tiles, start, cols, LANES);
     let channels = b.channels();
-    let panel_len = channels * nr;
+    let panel_len = spaced(channels * nr);
     assert!(
         v.len() >= POSITIONS * panel_len,
         "the panels' buffer holds 16 panels"
@@ -790,7 +875,8 @@ unsafe fn transform_input_avx512(
                         continue;
                     }
                     let row = plane.wrapping_offset(y * w + first);
-                    let [mask_a, mask_b, mask_c] = piece.load_masks;
+                    let [mask_a, mask_b, mask_c] =
+                        [0, 16, 32].map(|bit| (piece.load >> bit) as u16);
                     // SAFETY: the lanes each mask keeps read input columns `0..w` of row
                     // `y < h` of this channel's plane (`Piece::of_block`); masked lanes are
                     // neither read nor able to fault, and `wrapping_offset` forms the
@@ -816,7 +902,7 @@ unsafe fn transform_input_avx512(
                 let column = b_transform!(u[s], u[4 + s], u[8 + s], u[12 + s], add, sub);
                 for (r, value) in column.into_iter().enumerate() {
                     let xi = 4 * r + s;
-                    // SAFETY: `xi · C · nr + channel · nr + vector · 16 + 16 ≤ 16 · C · nr`,
+                    // SAFETY: `xi · spaced(C · nr) + channel · nr + vector · 16 + 16 ≤ 16 · spaced(C · nr)`,
                     // inside `v` (asserted above).
                     unsafe {
                         _mm512_storeu_ps(
@@ -837,7 +923,7 @@ unsafe fn transform_input_avx512(
 /// output).
 ///
 /// # Safety
-/// The CPU supports AVX-512F; `nr` is a multiple of 16; `m` holds `16 · K · nr` values;
+/// The CPU supports AVX-512F; `nr` is a multiple of 16; `m` holds `16 · spaced(K · nr)` values;
 /// `c + k · row_stride + pixel` is writable for every `k < out_channels` and every pixel of
 /// tiles `start..start + cols`, touched by no one else during the call.
 #[cfg(target_arch = "x86_64")]
@@ -852,8 +938,8 @@ unsafe fn transform_output_avx512(
     c: Planes,
 ) {
     use std::arch::x86_64::*;
-    let pieces = Piece::of_block(tiles, start, cols);
-    let product_len = out_channels * nr;
+    let pieces = Piece::of_block(tiles, start, cols, LANES);
+    let product_len = spaced(out_channels * nr);
     assert!(
         m.len() >= POSITIONS * product_len,
         "the products' buffer holds 16 products"
@@ -867,7 +953,7 @@ unsafe fn transform_output_avx512(
         for vector in 0..cols.div_ceil(LANES) {
             let mut values = [_mm512_setzero_ps(); POSITIONS];
             for (xi, value) in values.iter_mut().enumerate() {
-                // SAFETY: `xi · K · nr + k · nr + vector · 16 + 16 ≤ 16 · K · nr`, inside `m`
+                // SAFETY: `xi · spaced(K · nr) + k · nr + vector · 16 + 16 ≤ 16 · spaced(K · nr)`, inside `m`
                 // (asserted above).
                 *value = unsafe {
                     _mm512_loadu_ps(m.as_ptr().add(xi * product_len + k * nr + vector * LANES))
@@ -901,7 +987,7 @@ unsafe fn transform_output_avx512(
                         continue;
                     }
                     let first = plane.wrapping_offset((row * tiles.ow) as isize + 2 * piece.shift);
-                    let [mask_low, mask_high] = piece.store_masks;
+                    let [mask_low, mask_high] = [0, 16].map(|bit| (piece.store >> bit) as u16);
                     // SAFETY: the lanes each mask keeps write output columns `0..OW` of row
                     // `row < OH` of this output channel's row of `c` (`Piece::of_block`),
                     // inside `c` (`MatrixMut::new`), borrowed uniquely; masked lanes are
@@ -917,6 +1003,268 @@ unsafe fn transform_output_avx512(
                             mask_high,
                             _mm512_permutex2var_ps(y[2 * r], high, y[2 * r + 1]),
                         );
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// The AVX2 masks of one [`Piece`] of 8 lanes: its lanes (for the blend of the input
+/// transform), its four input loads (columns `0..8`, `8..16`, `2..10` and `10..18` from
+/// `2·shift − pw`) and its two output stores (columns `0..8` and `8..16` from `2·shift`); no
+/// load or store masks when every column is read or written (all 8 lanes, inside the image or
+/// the output), as plain loads and stores then do.
+#[cfg(target_arch = "x86_64")]
+struct Avx2Masks {
+    all_lanes: bool,
+    lanes: std::arch::x86_64::__m256,
+    loads: Option<[std::arch::x86_64::__m256i; 4]>,
+    stores: Option<[std::arch::x86_64::__m256i; 2]>,
+}
+
+#[cfg(target_arch = "x86_64")]
+impl Avx2Masks {
+    /// # Safety
+    /// The CPU supports AVX2.
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn of(piece: &Piece) -> Avx2Masks {
+        use std::arch::x86_64::*;
+        // Bits `0..8` of `bits` as lanes of all ones or zeros.
+        let mask = |bits: u64| {
+            let select = _mm256_setr_epi32(1, 2, 4, 8, 16, 32, 64, 128);
+            let bits = _mm256_set1_epi32((bits & 0xff) as i32);
+            _mm256_cmpeq_epi32(_mm256_and_si256(bits, select), select)
+        };
+        let (load, store) = (piece.load, piece.store);
+        Avx2Masks {
+            all_lanes: piece.lanes == 0xff,
+            lanes: _mm256_castsi256_ps(mask(piece.lanes as u64)),
+            loads: (load & 0x3_ffff != 0x3_ffff).then(|| {
+                [
+                    mask(load),
+                    mask(load >> 8),
+                    mask(load >> 2),
+                    mask(load >> 10),
+                ]
+            }),
+            stores: (store & 0xffff != 0xffff).then(|| [mask(store), mask(store >> 8)]),
+        }
+    }
+}
+
+/// [`transform_input`] 8 tiles at a time, as [`transform_input_avx512`] does 16: for each row
+/// `r` of the patches of a piece's tiles, the 18 consecutive input values from the first
+/// tile's column hold the 4 values of every tile; loads of columns `0..16` and `2..18` (masked
+/// when some lie outside the image, those lanes zero), each split into its even and odd
+/// columns (a shuffle and a permute each), give the values at columns `2·i + s` for lane `i`
+/// and `s = 0..4`, whose `d B` goes to the piece's lanes; the second pass combines the four
+/// rows. The same additions in the same order as the others: the same bits.
+///
+/// # Safety
+/// The CPU supports AVX2 and FMA; `nr` is a multiple of 8; `v` holds `16 · spaced(C · nr)` values.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn transform_input_avx2(
+    b: &Im2colRef,
+    tiles: &Tiles,
+    start: usize,
+    cols: usize,
+    nr: usize,
+    v: &mut [f32],
+) {
+    use std::arch::x86_64::*;
+    let pieces = Piece::of_block(tiles, start, cols, AVX2_LANES);
+    // SAFETY: the CPU supports AVX2 (the caller's).
+    let masks: Vec<Avx2Masks> = pieces.iter().map(|p| unsafe { Avx2Masks::of(p) }).collect();
+    let channels = b.channels();
+    let panel_len = spaced(channels * nr);
+    assert!(
+        v.len() >= POSITIONS * panel_len,
+        "the panels' buffer holds 16 panels"
+    );
+    let (add, sub) = (|x, y| _mm256_add_ps(x, y), |x, y| _mm256_sub_ps(x, y));
+    // The even and the odd values of 16 consecutive ones, `lo` the first 8: a shuffle leaves
+    // `lo0 lo2 hi0 hi2 | lo4 lo6 hi4 hi6` (the odd ones likewise), a permute of its pairs puts
+    // them in order.
+    let evens = |lo, hi| {
+        let pairs = _mm256_castps_pd(_mm256_shuffle_ps::<0x88>(lo, hi));
+        _mm256_castpd_ps(_mm256_permute4x64_pd::<0xd8>(pairs))
+    };
+    let odds = |lo, hi| {
+        let pairs = _mm256_castps_pd(_mm256_shuffle_ps::<0xdd>(lo, hi));
+        _mm256_castpd_ps(_mm256_permute4x64_pd::<0xd8>(pairs))
+    };
+    let (h, w) = (tiles.h as isize, tiles.w as isize);
+    let out = v.as_mut_ptr();
+    for channel in 0..channels {
+        let plane = b.plane(channel).as_ptr();
+        let mut next_piece = 0;
+        for vector in 0..nr / AVX2_LANES {
+            let mut u = [_mm256_setzero_ps(); POSITIONS];
+            while let Some(piece) = pieces.get(next_piece).filter(|p| p.vector == vector) {
+                let masks = &masks[next_piece];
+                next_piece += 1;
+                let first = 2 * piece.shift - tiles.pw as isize;
+                for r in 0..4 {
+                    let y = (2 * piece.row + r) as isize - tiles.ph as isize;
+                    if y < 0 || y >= h {
+                        continue;
+                    }
+                    let row = plane.wrapping_offset(y * w + first);
+                    let (a, b, c, d) = match &masks.loads {
+                        // SAFETY: all 18 columns from `first` lie in `0..w` (the piece's
+                        // load bits), in row `y < h` of this channel's plane, inside the
+                        // slice (`Im2colRef::new`).
+                        None => unsafe {
+                            (
+                                _mm256_loadu_ps(row),
+                                _mm256_loadu_ps(row.add(8)),
+                                _mm256_loadu_ps(row.add(2)),
+                                _mm256_loadu_ps(row.add(10)),
+                            )
+                        },
+                        // SAFETY: the lanes each mask keeps read input columns `0..w` of row
+                        // `y < h` of this channel's plane (`Piece::of_block`); masked lanes
+                        // are neither read nor able to fault, and `wrapping_offset` and
+                        // `wrapping_add` form the pointers without asserting they are inside.
+                        Some([ma, mb, mc, md]) => unsafe {
+                            (
+                                _mm256_maskload_ps(row, *ma),
+                                _mm256_maskload_ps(row.wrapping_add(8), *mb),
+                                _mm256_maskload_ps(row.wrapping_add(2), *mc),
+                                _mm256_maskload_ps(row.wrapping_add(10), *md),
+                            )
+                        },
+                    };
+                    let values =
+                        b_transform!(evens(a, b), odds(a, b), evens(c, d), odds(c, d), add, sub);
+                    for (s, value) in values.into_iter().enumerate() {
+                        u[4 * r + s] = if masks.all_lanes {
+                            value
+                        } else {
+                            _mm256_blendv_ps(u[4 * r + s], value, masks.lanes)
+                        };
+                    }
+                }
+            }
+            for s in 0..4 {
+                let column = b_transform!(u[s], u[4 + s], u[8 + s], u[12 + s], add, sub);
+                for (r, value) in column.into_iter().enumerate() {
+                    let xi = 4 * r + s;
+                    // SAFETY: `xi · spaced(C · nr) + channel · nr + vector · 8 + 8 ≤ 16 · spaced(C · nr)`,
+                    // inside `v` (asserted above).
+                    unsafe {
+                        _mm256_storeu_ps(
+                            out.add(xi * panel_len + channel * nr + vector * AVX2_LANES),
+                            value,
+                        )
+                    };
+                }
+            }
+        }
+    }
+}
+
+/// [`transform_output`] 8 tiles at a time, as [`transform_output_avx512`] does 16: the two
+/// passes on the 16 products of a vector of tiles; then, for each piece of the vector, the
+/// two outputs of each tile in a row of outputs are interleaved into 16 consecutive columns
+/// (an unpack of each half and two cross-half permutes) and stored, through masks when some
+/// columns are outside the piece's lanes or the output.
+///
+/// # Safety
+/// The CPU supports AVX2 and FMA; `nr` is a multiple of 8; `m` holds `16 · spaced(K · nr)` values;
+/// `c + k · row_stride + pixel` is writable for every `k < out_channels` and every pixel of
+/// tiles `start..start + cols`, touched by no one else during the call.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn transform_output_avx2(
+    m: &[f32],
+    tiles: &Tiles,
+    start: usize,
+    cols: usize,
+    nr: usize,
+    out_channels: usize,
+    c: Planes,
+) {
+    use std::arch::x86_64::*;
+    let pieces = Piece::of_block(tiles, start, cols, AVX2_LANES);
+    // SAFETY: the CPU supports AVX2 (the caller's).
+    let masks: Vec<Avx2Masks> = pieces.iter().map(|p| unsafe { Avx2Masks::of(p) }).collect();
+    let product_len = spaced(out_channels * nr);
+    assert!(
+        m.len() >= POSITIONS * product_len,
+        "the products' buffer holds 16 products"
+    );
+    let (add, sub) = (|x, y| _mm256_add_ps(x, y), |x, y| _mm256_sub_ps(x, y));
+    for k in 0..out_channels {
+        let plane = c.data.wrapping_add(k * c.row_stride);
+        let mut next_piece = 0;
+        for vector in 0..cols.div_ceil(AVX2_LANES) {
+            let mut values = [_mm256_setzero_ps(); POSITIONS];
+            for (xi, value) in values.iter_mut().enumerate() {
+                // SAFETY: `xi · spaced(K · nr) + k · nr + vector · 8 + 8 ≤ 16 · spaced(K · nr)`, inside `m`
+                // (asserted above).
+                *value = unsafe {
+                    _mm256_loadu_ps(
+                        m.as_ptr()
+                            .add(xi * product_len + k * nr + vector * AVX2_LANES),
+                    )
+                };
+            }
+            let mut t = [_mm256_setzero_ps(); 8];
+            for s in 0..4 {
+                let [top, bottom] = a_transform!(
+                    values[s],
+                    values[4 + s],
+                    values[8 + s],
+                    values[12 + s],
+                    add,
+                    sub
+                );
+                t[s] = top;
+                t[4 + s] = bottom;
+            }
+            let mut y = [_mm256_setzero_ps(); 4];
+            for r in 0..2 {
+                let row =
+                    a_transform!(t[4 * r], t[4 * r + 1], t[4 * r + 2], t[4 * r + 3], add, sub);
+                y[2 * r] = row[0];
+                y[2 * r + 1] = row[1];
+            }
+            while let Some(piece) = pieces.get(next_piece).filter(|p| p.vector == vector) {
+                let masks = &masks[next_piece];
+                next_piece += 1;
+                for r in 0..2 {
+                    let row = 2 * piece.row + r;
+                    if row >= tiles.oh {
+                        continue;
+                    }
+                    let first = plane.wrapping_offset((row * tiles.ow) as isize + 2 * piece.shift);
+                    // `x0 y0 x1 y1 | x4 y4 x5 y5` and `x2 y2 x3 y3 | x6 y6 x7 y7`, then the
+                    // first halves of both and the second halves of both.
+                    let low = _mm256_unpacklo_ps(y[2 * r], y[2 * r + 1]);
+                    let high = _mm256_unpackhi_ps(y[2 * r], y[2 * r + 1]);
+                    let (left, right) = (
+                        _mm256_permute2f128_ps::<0x20>(low, high),
+                        _mm256_permute2f128_ps::<0x31>(low, high),
+                    );
+                    match &masks.stores {
+                        // SAFETY: all 16 columns from `2·shift` are the piece's and lie in
+                        // `0..OW` (its store bits), in row `row < OH` of this output channel's
+                        // row of `c` (`MatrixMut::new`), borrowed uniquely.
+                        None => unsafe {
+                            _mm256_storeu_ps(first, left);
+                            _mm256_storeu_ps(first.add(8), right);
+                        },
+                        // SAFETY: the lanes each mask keeps write output columns `0..OW` of
+                        // row `row < OH` of this output channel's row of `c`
+                        // (`Piece::of_block`), inside `c` (`MatrixMut::new`), borrowed
+                        // uniquely; masked lanes are neither written nor able to fault.
+                        Some([mask_left, mask_right]) => unsafe {
+                            _mm256_maskstore_ps(first, *mask_left, left);
+                            _mm256_maskstore_ps(first.wrapping_add(8), *mask_right, right);
+                        },
                     }
                 }
             }
@@ -1015,6 +1363,13 @@ mod tests {
             .collect()
     }
 
+    /// The vector transforms this CPU runs (each is compared with [`Transforms::Plain`]).
+    fn vector_transforms() -> impl Iterator<Item = Transforms> {
+        Transforms::ALL
+            .into_iter()
+            .filter(|t| *t != Transforms::Plain && t.is_supported())
+    }
+
     /// The largest error of `got` relative to the scale of each output.
     fn relative_error(got: &[f32], want: &[f64], scale: &[f64]) -> f64 {
         got.iter()
@@ -1060,7 +1415,8 @@ mod tests {
                     worst_implicit = worst_implicit.max(relative_error(&implicit, &want, &scale));
                     for kernel in Kernel::ALL.into_iter().filter(|k| k.is_supported()) {
                         let mut results = Vec::new();
-                        for transforms in [Transforms::Plain, Transforms::detect()] {
+                        let all = std::iter::once(Transforms::Plain).chain(vector_transforms());
+                        for transforms in all {
                             let got =
                                 winograd(&x, &weight, [c, k], [h, w], padding, kernel, transforms);
                             let error = relative_error(&got, &want, &scale);
@@ -1072,15 +1428,17 @@ mod tests {
                             worst = worst.max(error);
                             results.push(got);
                         }
-                        // Both transforms do the same additions in the same order.
-                        assert!(
-                            results[0]
-                                .iter()
-                                .zip(&results[1])
-                                .all(|(a, b)| a.to_bits() == b.to_bits()),
-                            "{c}->{k} channels, {h}x{w}, padding {padding}, {kernel:?}: \
-                             the transforms disagree"
-                        );
+                        // All transforms do the same additions in the same order.
+                        for (got, transforms) in results[1..].iter().zip(vector_transforms()) {
+                            assert!(
+                                results[0]
+                                    .iter()
+                                    .zip(got)
+                                    .all(|(a, b)| a.to_bits() == b.to_bits()),
+                                "{c}->{k} channels, {h}x{w}, padding {padding}, {kernel:?}: \
+                                 {transforms:?} and plain transforms disagree"
+                            );
+                        }
                     }
                 }
             }
@@ -1105,21 +1463,35 @@ mod tests {
             let (want, scale) = direct(&x, &weight, [c, k], [h, w], padding);
             let bound = 1e-6;
             for kernel in Kernel::ALL.into_iter().filter(|k| k.is_supported()) {
-                let got = winograd(
+                let plain = winograd(
                     &x,
                     &weight,
                     [c, k],
                     [h, w],
                     padding,
                     kernel,
-                    Transforms::detect(),
+                    Transforms::Plain,
                 );
-                let error = relative_error(&got, &want, &scale);
-                assert!(
-                    error <= bound,
-                    "{c}->{k} channels, {h}x{w}, {kernel:?}: relative error {error:e}"
-                );
-                eprintln!("{c}->{k} channels, {h}x{w}, {kernel:?}: relative error {error:e}");
+                for transforms in std::iter::once(Transforms::Plain).chain(vector_transforms()) {
+                    let got = winograd(&x, &weight, [c, k], [h, w], padding, kernel, transforms);
+                    let error = relative_error(&got, &want, &scale);
+                    assert!(
+                        error <= bound,
+                        "{c}->{k} channels, {h}x{w}, {kernel:?}, {transforms:?}: relative \
+                         error {error:e}"
+                    );
+                    assert!(
+                        got.iter()
+                            .zip(&plain)
+                            .all(|(a, b)| a.to_bits() == b.to_bits()),
+                        "{c}->{k} channels, {h}x{w}, {kernel:?}: {transforms:?} and plain \
+                         transforms disagree"
+                    );
+                    eprintln!(
+                        "{c}->{k} channels, {h}x{w}, {kernel:?}, {transforms:?}: relative error \
+                         {error:e}"
+                    );
+                }
             }
         }
     }
