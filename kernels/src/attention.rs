@@ -2610,8 +2610,9 @@ mod tests {
     }
 
     /// The portable loops and (where the CPU has them) the AVX-512 and AVX2 micro-kernels, at
-    /// sizes that leave row and column tails, without a mask and with each kind of mask (broadcast over
-    /// batch dims; the bool ones with a row that sees no key), against the reference.
+    /// sizes that leave row and column tails, without a mask and with each kind of mask
+    /// (broadcast over batch dims; the bool ones with a row that sees no key), against the
+    /// reference.
     #[test]
     fn every_form_matches_the_reference() {
         for &(t, s, e, ev, group, causal) in &[
@@ -2780,10 +2781,10 @@ mod tests {
     }
 
     /// Every tiling max-autotune may choose (and a few odd ones) gives bitwise the default's
-    /// results, in the portable and (where the CPU has them) the AVX-512 and AVX2 forms, with and without
-    /// masks, causal or not, at odd sequence lengths, and under a causal mask with an infinite
-    /// value in a key row that earlier rows must not see (a block that reaches past a row's
-    /// diagonal must not multiply it by 0).
+    /// results, in the portable and (where the CPU has them) the AVX-512 and AVX2 forms, with
+    /// and without masks, causal or not, at odd sequence lengths, and under a causal mask with
+    /// an infinite value in a key row that earlier rows must not see (a block that reaches
+    /// past a row's diagonal must not multiply it by 0).
     #[test]
     fn every_tiling_gives_the_default_bits() {
         let mut tilings = AttentionTiling::candidates();
