@@ -24,8 +24,17 @@
 //! register, exponentials by a short form for non-positive arguments, within 3 ulp:
 //! `avx512::exp_nonpositive`), and `p·v` is a second register-blocked micro-kernel that
 //! rescales the accumulator rows as it loads them and, on the last key tile, writes the output
-//! rows (accumulator over sum) from its registers. Elsewhere portable loops compute the same
-//! steps a tile at a time, with the block math routine (or `f32::exp`).
+//! rows (accumulator over sum) from its registers. With AVX2 and FMA but not AVX-512 the
+//! same algorithm runs on 8-lane registers (`avx2`): sixteen registers cannot hold a group's
+//! `GROUP × 64` scores, so the score micro-kernel computes `GROUP × 16` of them at a time (12
+//! accumulators, as the AVX2 GEMM tile), masks them in registers and folds them into the rows'
+//! maxima, and leaves them in the group's probability tile (in L1), which the softmax step
+//! turns into probabilities in place (the same `exp` on 8 lanes, `avx2::exp_nonpositive`,
+//! within 3 ulp); `p·v` is a `GROUP × 16` micro-kernel over the value columns. Elsewhere
+//! portable loops compute the same steps a tile at a time, with the block math routine (or
+//! `f32::exp`). [`Form`] names the three; each gives bitwise the same results at every thread
+//! count and tiling, but the forms round differently from one another (their sums run over
+//! other lane counts).
 
 use crate::math::block::{block_routine, BlockFn};
 use crate::math::MathFn;
@@ -220,11 +229,11 @@ pub fn attention(
     tiling: AttentionTiling,
     out: &mut [f32],
 ) -> Result<(), RuntimeError> {
-    attention_on(q, k, v, mask, shape, tiling, out, has_avx512())
+    attention_on(q, k, v, mask, shape, tiling, out, Form::detect())
 }
 
-/// [`attention`], with the AVX-512 micro-kernels only when `avx512` (which the caller has
-/// checked the CPU supports: [`has_avx512`]).
+/// [`attention`] in the micro-kernels' `form` (which the caller has checked the CPU supports:
+/// [`Form::is_supported`]).
 #[allow(clippy::too_many_arguments)]
 fn attention_on(
     q: View<'_, f32>,
@@ -234,7 +243,7 @@ fn attention_on(
     shape: &AttentionShape<'_>,
     tiling: AttentionTiling,
     out: &mut [f32],
-    avx512: bool,
+    form: Form,
 ) -> Result<(), RuntimeError> {
     let batches: usize = shape.batch.iter().product();
     let need = batches * shape.t * shape.ev;
@@ -250,7 +259,7 @@ fn attention_on(
         offset: 0,
         strides: &strides,
     };
-    attention_view_on(q, k, v, mask, shape, tiling, out, avx512)
+    attention_view_on(q, k, v, mask, shape, tiling, out, form)
 }
 
 /// [`attention`] into the view `out` of `[batch.., t, ev]`: a layout its consumer wants, such
@@ -269,7 +278,7 @@ pub fn attention_into(
     tiling: AttentionTiling,
     out: OutView<'_>,
 ) -> Result<(), RuntimeError> {
-    attention_view_on(q, k, v, mask, shape, tiling, out, has_avx512())
+    attention_view_on(q, k, v, mask, shape, tiling, out, Form::detect())
 }
 
 /// The row-major strides of `[batch.., t, ev]`.
@@ -414,8 +423,8 @@ impl<'a> OutView<'a> {
     }
 }
 
-/// [`attention_into`], with the AVX-512 micro-kernels only when `avx512` (which the caller has
-/// checked the CPU supports: [`has_avx512`]).
+/// [`attention_into`] in the micro-kernels' `form` (which the caller has checked the CPU
+/// supports: [`Form::is_supported`]).
 #[allow(clippy::too_many_arguments)]
 fn attention_view_on(
     q: View<'_, f32>,
@@ -425,7 +434,7 @@ fn attention_view_on(
     shape: &AttentionShape<'_>,
     tiling: AttentionTiling,
     mut out: OutView<'_>,
-    avx512: bool,
+    form: Form,
 ) -> Result<(), RuntimeError> {
     let n = shape.batch.len();
     let group = shape.group.max(1);
@@ -537,7 +546,7 @@ fn attention_view_on(
             let (kt, vp) = pack.as_mut_slice().split_at_mut(key_len);
             let vp = &mut vp[..value_len];
             let kb = base(k.offset, k.strides, &kv_batch, kv);
-            pack_transposed(&k, kb, keys, e, shape.scale, kt, avx512);
+            pack_transposed(&k, kb, keys, e, shape.scale, kt, form);
             let vb = base(v.offset, v.strides, &kv_batch, kv);
             if !v_in_place {
                 for j in 0..keys {
@@ -575,16 +584,16 @@ fn attention_view_on(
                         shape,
                         first_row: first_row + i * query_block,
                     };
-                    if avx512 {
+                    match form {
+                        // SAFETY: the CPU has AVX-512F, AVX-512DQ and FMA (the form is only
+                        // chosen after `Form::is_supported` said so).
                         #[cfg(target_arch = "x86_64")]
-                        {
-                            // SAFETY: the CPU has AVX-512F, AVX-512DQ and FMA (`avx512` is only
-                            // set after `has_avx512` said so).
-                            unsafe { avx512::item(&tile, &mut block) };
-                            continue;
-                        }
+                        Form::Avx512 => unsafe { avx512::item(&tile, &mut block) },
+                        // SAFETY: the CPU has AVX2 and FMA (as above).
+                        #[cfg(target_arch = "x86_64")]
+                        Form::Avx2 => unsafe { avx2::item(&tile, &mut block) },
+                        _ => portable_item(&tile, exp, &mut block),
                     }
-                    portable_item(&tile, exp, &mut block);
                 }
             }
             failed.record(pack.check("attention's packed keys and values"));
@@ -778,7 +787,7 @@ fn pack_transposed(
     e: usize,
     scale: f32,
     kt: &mut [f32],
-    avx512: bool,
+    form: Form,
 ) {
     let n = k.strides.len();
     let (rs, cs) = (k.strides[n - 2], k.strides[n - 1]);
@@ -793,22 +802,15 @@ fn pack_transposed(
             // In bounds: `k.check` saw the whole view, and these are rows of it.
             let starts: [usize; KEYS] =
                 std::array::from_fn(|r| (base + (j0 + r.min(n - 1)) as i64 * rs) as usize);
-            if avx512 {
+            match form {
+                // SAFETY: the CPU has AVX-512F (the form is only chosen after
+                // `Form::is_supported` said so); the routine checks its bounds.
                 #[cfg(target_arch = "x86_64")]
-                {
-                    // SAFETY: the CPU has AVX-512F (`avx512` is only set after `has_avx512`
-                    // said so); the routine checks its bounds.
-                    unsafe { avx512::pack_keys(k.data, &starts, n, e, scale, j0, kt) };
-                    j0 += n;
-                    continue;
-                }
-            }
-            let rows: [&[f32]; KEYS] = std::array::from_fn(|r| &k.data[starts[r]..starts[r] + e]);
-            for c in 0..e {
-                let at = key_index(j0, c, e);
-                for (o, r) in kt[at..at + n].iter_mut().zip(&rows) {
-                    *o = r[c] * scale;
-                }
+                Form::Avx512 => unsafe { avx512::pack_keys(k.data, &starts, n, e, scale, j0, kt) },
+                // SAFETY: the CPU has AVX2 (as above); the routine checks its bounds.
+                #[cfg(target_arch = "x86_64")]
+                Form::Avx2 => unsafe { avx2::pack_keys(k.data, &starts, n, e, scale, j0, kt) },
+                _ => pack_rows(k.data, &starts, n, e, scale, j0, kt),
             }
             j0 += n;
         }
@@ -817,6 +819,27 @@ fn pack_transposed(
             for (c, x) in row(k, base, j, e).enumerate() {
                 kt[key_index(j, c, e)] = x * scale;
             }
+        }
+    }
+}
+
+/// The portable form of the vector `pack_keys`: keys `j0..j0 + n` (`n <= 16`, a run inside
+/// one tile) times `scale` into `kt`, key `j0 + r` at `data[starts[r]..starts[r] + e]`
+/// (checked indexing).
+fn pack_rows(
+    data: &[f32],
+    starts: &[usize; 16],
+    n: usize,
+    e: usize,
+    scale: f32,
+    j0: usize,
+    kt: &mut [f32],
+) {
+    let rows: [&[f32]; 16] = std::array::from_fn(|r| &data[starts[r]..starts[r] + e]);
+    for c in 0..e {
+        let at = key_index(j0, c, e);
+        for (o, r) in kt[at..at + n].iter_mut().zip(&rows) {
+            *o = r[c] * scale;
         }
     }
 }
@@ -843,6 +866,62 @@ fn row<'a, T: Copy>(
     let (rs, cs) = (view.strides[n - 2], view.strides[n - 1]);
     let start = base + r as i64 * rs;
     (0..cols).map(move |c| view.data[(start + c as i64 * cs) as usize])
+}
+
+/// The forms of the attention micro-kernels (see the module documentation).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Form {
+    /// AVX-512F, DQ and FMA: 16 lanes, a group's `GROUP × 64` scores in registers.
+    Avx512,
+    /// AVX2 and FMA: 8 lanes, a group's scores 16 keys a pass.
+    Avx2,
+    /// Portable loops, a tile at a time.
+    Portable,
+}
+
+impl Form {
+    /// Every form, widest first.
+    pub const ALL: [Form; 3] = [Form::Avx512, Form::Avx2, Form::Portable];
+
+    /// The widest form this CPU supports (what [`attention`] and [`attention_into`] run).
+    pub fn detect() -> Form {
+        Form::ALL
+            .into_iter()
+            .find(|f| f.is_supported())
+            .unwrap_or(Form::Portable)
+    }
+
+    /// Whether this CPU has what the form is compiled for.
+    pub fn is_supported(self) -> bool {
+        match self {
+            Form::Avx512 => has_avx512(),
+            Form::Avx2 => has_avx2(),
+            Form::Portable => true,
+        }
+    }
+
+    /// The width of its vectors in bits, for `minductor report` (the portable loops' as 128:
+    /// the baseline SSE the compiler gives them).
+    pub fn bits(self) -> u32 {
+        match self {
+            Form::Avx512 => 512,
+            Form::Avx2 => 256,
+            Form::Portable => 128,
+        }
+    }
+}
+
+/// The CPU has what the AVX2 form uses (AVX2 and FMA; the form is compiled with both).
+pub fn has_avx2() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use std::arch::is_x86_feature_detected as has;
+        has!("avx2") && has!("fma")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
 }
 
 /// The CPU has what the AVX-512 form uses (F, DQ and FMA; the form is compiled with all three).
@@ -1147,9 +1226,28 @@ fn finish(acc: &[f32], sum: &[f32], out: &mut OutRows<'_>) {
     }
 }
 
+/// The vector forms' `exp` (`exp_nonpositive`):
+/// `e^r ≈ 1 + r·(c1 + r·(c2 + r·(c3 + r·(c4 + r·c5))))` on `|r| <= ln 2 / 2`, a minimax fit
+/// of relative error 9.5e-8 with the coefficients rounded to f32 (a Lawson iteration over
+/// 4001 Chebyshev points; PyTorch's `exp_u20` uses the same polynomial).
+#[cfg(target_arch = "x86_64")]
+const EXP_POLY: [f32; 5] = [
+    0.999_999_7,
+    0.499_991_5,
+    0.166_676_36,
+    0.041_897_93,
+    0.008_290_315,
+];
+/// `ln 2` in two parts: `n · LN2_HI` is exact for `|n| < 2^15`.
+#[cfg(target_arch = "x86_64")]
+const LN2_HI: f32 = 0.693_359_4;
+#[cfg(target_arch = "x86_64")]
+const LN2_LO: f32 = -2.121_944_4e-4;
+
 #[cfg(target_arch = "x86_64")]
 mod avx512 {
     use super::{finish, key_index, keys_len, Mask, OutRows, Tile, KEY_BLOCK};
+    use super::{EXP_POLY, LN2_HI, LN2_LO};
     use crate::math::LN_MIN_NORMAL;
     use std::arch::x86_64::*;
 
@@ -1333,20 +1431,6 @@ mod avx512 {
             c0 += 16;
         }
     }
-
-    /// `e^r ≈ 1 + r·(c1 + r·(c2 + r·(c3 + r·(c4 + r·c5))))` on `|r| <= ln 2 / 2`: a minimax fit
-    /// of relative error 9.5e-8 with the coefficients rounded to f32 (a Lawson iteration over
-    /// 4001 Chebyshev points; PyTorch's `exp_u20` uses the same polynomial).
-    const EXP_POLY: [f32; 5] = [
-        0.999_999_7,
-        0.499_991_5,
-        0.166_676_36,
-        0.041_897_93,
-        0.008_290_315,
-    ];
-    /// `ln 2` in two parts: `n · LN2_HI` is exact for `|n| < 2^15`.
-    const LN2_HI: f32 = 0.693_359_4;
-    const LN2_LO: f32 = -2.121_944_4e-4;
 
     /// `exp` of the 16 lanes of `x`, for `x <= 0` (a score minus its row's maximum, an old
     /// maximum minus a new one): `−inf` gives 0 exactly (a masked key), and so does every `x`
@@ -1693,6 +1777,590 @@ mod avx512 {
     }
 }
 
+/// The AVX2 form: the AVX-512 form's steps on 8-lane registers. Sixteen of them cannot hold a
+/// group's `GROUP × 64` scores (48 registers), so the score product runs on `GROUP` rows × 16
+/// keys at a time (12 accumulators, 2 key loads and a broadcast: 15 registers, the GEMM's
+/// AVX2 tile), four passes for a key tile, each masking its scores in registers and storing
+/// them to the group's `p` tile (in L1) while folding them into the rows' maxima; the softmax
+/// step then reads the tile back once, turning it into probabilities in place. `p·v` is the
+/// same `GROUP` × 16 blocking over value columns.
+#[cfg(target_arch = "x86_64")]
+mod avx2 {
+    use super::{finish, key_index, keys_len, Mask, OutRows, Tile, KEY_BLOCK};
+    use super::{EXP_POLY, LN2_HI, LN2_LO};
+    use crate::math::LN_MIN_NORMAL;
+    use std::arch::x86_64::*;
+
+    /// Query rows per micro-kernel call: `GROUP` rows × 16 columns (keys or value columns) are
+    /// 12 accumulators of the 16 registers, each step 2 loads and `GROUP` broadcasts for 12
+    /// FMAs.
+    const GROUP: usize = 6;
+
+    /// Keys per pass of the score product (two registers per row).
+    const CHUNK: usize = 16;
+
+    /// What a group of rows reads, all checked once per item (see [`item`]).
+    struct Operands<'a> {
+        /// The item's query rows: row `r` at `r * q_rows`, `e` elements.
+        qs: &'a [f32],
+        q_rows: usize,
+        e: usize,
+        /// Keys packed transposed in tiles (`key_index`).
+        keys: &'a [f32],
+        /// Values: row `j` at `j * value_rows`, `ev` elements.
+        values: &'a [f32],
+        value_rows: usize,
+        ev: usize,
+        /// The visible keys of each row of the tile (bit per key).
+        keep: &'a [u64],
+        /// The additive mask tile `[rows][KEY_BLOCK]`, if any.
+        add: Option<&'a [f32]>,
+        /// Under a causal mask, the position of the item's first row (else `None`).
+        causal_from: Option<usize>,
+    }
+
+    /// The running state of the item's rows, and where they end.
+    struct Rows<'a> {
+        acc: &'a mut [f32],
+        /// Row `i`'s maximum at `i` (8 readable from any row of a group).
+        max: &'a mut [f32],
+        /// Row `i`'s sum as 8 partial sums at `8·i`.
+        sum: &'a mut [f32],
+        /// The item's output rows (`ev` each, `out_rows` apart), written by the last key
+        /// tile: the accumulator over the sum (what [`finish`] computes), straight from the
+        /// registers.
+        out: *mut f32,
+        out_rows: usize,
+    }
+
+    /// One item (see the module documentation).
+    ///
+    /// # Safety
+    /// The CPU has AVX2 and FMA.
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) unsafe fn item(tile: &Tile<'_>, out: &mut OutRows<'_>) {
+        let sh = tile.shape;
+        let (e, ev, s) = (sh.e, sh.ev, sh.s);
+        let rows = out.rows;
+        let t0 = tile.first_row;
+        let (qs, q_rows) = tile.queries(rows);
+        let mut acc = vec![0f32; rows * ev];
+        // Each row's running maximum (8 more: a group's are loaded as 8 lanes).
+        let mut max = vec![f32::NEG_INFINITY; rows + 8];
+        // Each row's running sum as 8 partial sums (added up once, for the output).
+        let mut sum = vec![0f32; rows * 8];
+        let mut keep = vec![0u64; rows];
+        let additive = matches!(tile.mask, Some((Mask::Add(_), _)));
+        let mut add = vec![0f32; if additive { rows * KEY_BLOCK } else { 0 }];
+        let mut p = [0f32; GROUP * KEY_BLOCK];
+        // The bounds every pointer below stays within (the packed buffers are built with
+        // exactly these sizes; checked here so that a mistake panics instead of reading out of
+        // bounds).
+        assert!(
+            (e == 0
+                || (rows - 1)
+                    .checked_mul(q_rows)
+                    .and_then(|x| x.checked_add(e))
+                    .is_some_and(|need| qs.len() >= need))
+                && tile.keys.len() >= keys_len(s, e)
+                && (s == 0 || tile.values.len() >= (s - 1) * tile.value_rows + ev)
+                && acc.len() >= rows * ev
+                && out.ev == ev
+                && max.len() >= rows + 8
+                && sum.len() >= rows * 8,
+            "attention: an item's packed buffers are too small"
+        );
+        let keys_end = if sh.causal { s.min(t0 + rows) } else { s };
+        if keys_end == 0 {
+            // No key for any row (not reached: `s > 0` here and a causal block sees its own
+            // rows): 0/0, as the tiles would give.
+            finish(&acc, &vec![0.0; rows], out);
+            return;
+        }
+        let mut s0 = 0;
+        while s0 < keys_end {
+            let bk = KEY_BLOCK.min(keys_end - s0);
+            tile.mask_tile(rows, s0, bk, &mut keep, &mut add);
+            let ops = Operands {
+                qs: &qs,
+                q_rows,
+                e,
+                keys: tile.keys,
+                values: tile.values,
+                value_rows: tile.value_rows,
+                ev,
+                keep: &keep,
+                add: additive.then_some(&add[..]),
+                causal_from: sh.causal.then_some(t0),
+            };
+            let mut state = Rows {
+                acc: &mut acc,
+                max: &mut max,
+                sum: &mut sum,
+                // The rows `out` owns: `rows` of `ev` elements, `out.stride` apart.
+                out: out.ptr,
+                out_rows: out.stride,
+            };
+            let last = s0 + bk == keys_end;
+            let mut r0 = 0;
+            while r0 < rows {
+                // SAFETY: the caller's CPU contract; rows `r0..r0 + n` are the item's, keys
+                // `s0..s0 + bk` are inside `s` (`bk <= KEY_BLOCK`), and the buffers hold the
+                // sizes asserted above.
+                unsafe {
+                    match (rows - r0).min(GROUP) {
+                        1 => group::<1>(&ops, &mut state, &mut p, r0, s0, bk, last),
+                        2 => group::<2>(&ops, &mut state, &mut p, r0, s0, bk, last),
+                        3 => group::<3>(&ops, &mut state, &mut p, r0, s0, bk, last),
+                        4 => group::<4>(&ops, &mut state, &mut p, r0, s0, bk, last),
+                        5 => group::<5>(&ops, &mut state, &mut p, r0, s0, bk, last),
+                        _ => group::<GROUP>(&ops, &mut state, &mut p, r0, s0, bk, last),
+                    }
+                }
+                r0 += GROUP;
+            }
+            s0 += bk;
+        }
+    }
+
+    /// Packs keys `j0..j0 + n` (`n <= 16`, `j0` a multiple of 16: a run inside one key tile)
+    /// times `scale` into `kt` at [`key_index`]; key `j0 + r` is `data[starts[r]..starts[r] +
+    /// e]`. Eight keys by eight columns at a time: 8 rows loaded, transposed in registers, and
+    /// each column's 8 keys stored as one vector (the same values as the scalar loop: `x ·
+    /// scale`).
+    ///
+    /// # Safety
+    /// The CPU has AVX2. (Bounds are checked here.)
+    #[target_feature(enable = "avx2")]
+    pub(super) unsafe fn pack_keys(
+        data: &[f32],
+        starts: &[usize; 16],
+        n: usize,
+        e: usize,
+        scale: f32,
+        j0: usize,
+        kt: &mut [f32],
+    ) {
+        assert!(
+            n <= 16
+                && j0.is_multiple_of(16)
+                && starts[..n].iter().all(|&at| at + e <= data.len())
+                && (n == 0 || e == 0 || key_index(j0 + n - 1, e - 1, e) < kt.len()),
+            "attention: packing keys out of bounds"
+        );
+        let sv = _mm256_set1_ps(scale);
+        for half in (0..n).step_by(8) {
+            let keys = (n - half).min(8);
+            let stored = lanes(keys);
+            let mut c0 = 0;
+            while c0 < e {
+                let width = e - c0;
+                let columns = lanes(width);
+                // SAFETY: the CPU contract; the loads read columns `c0..e` of rows `half +
+                // r < n` (asserted inside `data`; masked past `e`), the stores lanes `< keys`
+                // of columns `< e` (asserted inside `kt`: a column's run of 8 from `j0 +
+                // half` stays in its tile as `j0 % 16 == 0`).
+                unsafe {
+                    let mut block: [__m256; 8] = std::array::from_fn(|r| {
+                        if r < keys {
+                            let at = data.as_ptr().add(starts[half + r] + c0);
+                            let x = if width >= 8 {
+                                _mm256_loadu_ps(at)
+                            } else {
+                                _mm256_maskload_ps(at, columns)
+                            };
+                            _mm256_mul_ps(x, sv)
+                        } else {
+                            _mm256_setzero_ps()
+                        }
+                    });
+                    // Row `r` of the block is key `j0 + half + r`; after, `block[c]` is column
+                    // `c0 + c`.
+                    transpose8(&mut block);
+                    for (c, &column) in block.iter().enumerate().take(width) {
+                        let at = kt.as_mut_ptr().add(key_index(j0 + half, c0 + c, e));
+                        if keys == 8 {
+                            _mm256_storeu_ps(at, column);
+                        } else {
+                            _mm256_maskstore_ps(at, stored, column);
+                        }
+                    }
+                }
+                c0 += 8;
+            }
+        }
+    }
+
+    /// Transposes the 8 × 8 block `r` (row `i` in `r[i]`) in place.
+    #[target_feature(enable = "avx2")]
+    #[inline]
+    fn transpose8(r: &mut [__m256; 8]) {
+        // Rows 2i and 2i + 1 interleaved: `lo[i]` their elements 0, 1 (4, 5 in the high
+        // half), `hi[i]` their 2, 3 (6, 7).
+        let lo: [__m256; 4] = std::array::from_fn(|i| _mm256_unpacklo_ps(r[2 * i], r[2 * i + 1]));
+        let hi: [__m256; 4] = std::array::from_fn(|i| _mm256_unpackhi_ps(r[2 * i], r[2 * i + 1]));
+        // Column c of rows 4h..4h + 4 in the low half of `col[h][c]`, column c + 4 in its high
+        // half.
+        let col: [[__m256; 4]; 2] = std::array::from_fn(|h| {
+            let (a, b) = (2 * h, 2 * h + 1);
+            [
+                _mm256_shuffle_ps::<0x44>(lo[a], lo[b]),
+                _mm256_shuffle_ps::<0xEE>(lo[a], lo[b]),
+                _mm256_shuffle_ps::<0x44>(hi[a], hi[b]),
+                _mm256_shuffle_ps::<0xEE>(hi[a], hi[b]),
+            ]
+        });
+        for c in 0..4 {
+            r[c] = _mm256_permute2f128_ps::<0x20>(col[0][c], col[1][c]);
+            r[c + 4] = _mm256_permute2f128_ps::<0x31>(col[0][c], col[1][c]);
+        }
+    }
+
+    /// `exp` of the 8 lanes of `x`, for `x <= 0`: [`super::avx512::exp_nonpositive`]'s steps
+    /// and constants on 8 lanes (so the same bits, which the test compares on a CPU with both
+    /// forms). `−inf` and every `x` below −87.34 give +0 (where the result would be
+    /// subnormal), NaN gives NaN; within 3 ulp of `exp` elsewhere (1.97 measured on the
+    /// test `attention_exp_is_within_3_ulp`'s points). `scalef` becomes a multiply by `2^n` built
+    /// in the exponent field: after the clamp `n` is in `[−126, 0]`, so `2^n` is a normal
+    /// float and the product rounds once, as `scalef` does. 16 vector operations. Callable
+    /// where AVX2 and FMA are enabled (elsewhere the compiler asks for `unsafe`).
+    #[target_feature(enable = "avx2,fma")]
+    #[inline]
+    pub(super) fn exp_nonpositive(x: __m256) -> __m256 {
+        let min = _mm256_set1_ps(LN_MIN_NORMAL);
+        // Lanes below `LN_MIN_NORMAL` give 0, and their argument is clamped there so that no
+        // lane forms a subnormal on the way; `max` keeps its second operand when one is NaN,
+        // and "not less than" holds for NaN, so NaN stays NaN.
+        let keep = _mm256_cmp_ps::<_CMP_NLT_UQ>(x, min);
+        let x = _mm256_max_ps(min, x);
+        let n = _mm256_round_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(
+            _mm256_mul_ps(x, _mm256_set1_ps(std::f32::consts::LOG2_E)),
+        );
+        let r = _mm256_fmadd_ps(n, _mm256_set1_ps(-LN2_HI), x);
+        let r = _mm256_fmadd_ps(n, _mm256_set1_ps(-LN2_LO), r);
+        let mut p = _mm256_set1_ps(EXP_POLY[4]);
+        for &c in EXP_POLY[..4].iter().rev() {
+            p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(c));
+        }
+        let p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0));
+        // `2^n`: the biased exponent `n + 127` (in `[1, 127]`; for a NaN lane whatever the
+        // conversion gives, and the product stays NaN).
+        let biased = _mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127));
+        let pow2 = _mm256_castsi256_ps(_mm256_slli_epi32::<23>(biased));
+        _mm256_and_ps(_mm256_mul_ps(p, pow2), keep)
+    }
+
+    /// All ones in lanes `0..n` (`n` clamped to 8), zeros after: the masks of `maskload` and
+    /// `maskstore`.
+    #[target_feature(enable = "avx2")]
+    #[inline]
+    fn lanes(n: usize) -> __m256i {
+        _mm256_cmpgt_epi32(
+            _mm256_set1_epi32(n.min(8) as i32),
+            _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7),
+        )
+    }
+
+    /// All ones in lane `k` where bit `k` of `bits` is set.
+    #[target_feature(enable = "avx2")]
+    #[inline]
+    fn bit_lanes(bits: u8) -> __m256 {
+        let each = _mm256_setr_epi32(1, 2, 4, 8, 16, 32, 64, 128);
+        let set = _mm256_and_si256(_mm256_set1_epi32(bits as i32), each);
+        _mm256_castsi256_ps(_mm256_cmpeq_epi32(set, each))
+    }
+
+    /// The sum of the 8 lanes, in a fixed order.
+    #[target_feature(enable = "avx2")]
+    #[inline]
+    fn hsum(v: __m256) -> f32 {
+        let a = _mm256_add_ps(v, _mm256_permute2f128_ps::<1>(v, v));
+        let a = _mm256_add_ps(a, _mm256_permute_ps::<0b0100_1110>(a));
+        let a = _mm256_add_ps(a, _mm256_permute_ps::<0b1011_0001>(a));
+        _mm256_cvtss_f32(a)
+    }
+
+    /// The maximum of the 8 lanes, in a fixed order (`max` of the two operands each step,
+    /// keeping the second when one is NaN, as everywhere in this form).
+    #[target_feature(enable = "avx2")]
+    #[inline]
+    fn hmax(v: __m256) -> f32 {
+        let a = _mm256_max_ps(v, _mm256_permute2f128_ps::<1>(v, v));
+        let a = _mm256_max_ps(a, _mm256_permute_ps::<0b0100_1110>(a));
+        let a = _mm256_max_ps(a, _mm256_permute_ps::<0b1011_0001>(a));
+        _mm256_cvtss_f32(a)
+    }
+
+    /// The scores of `N` query rows at `qp` (`q_rows` apart, `e` elements each) against the
+    /// 16 keys at `kp` of a packed key tile (rows of `KEY_BLOCK`), each `q · k` summed over
+    /// the columns in order by FMAs. Keys past the tile's visible ones are read too (they are
+    /// inside the tile) and masked by the caller.
+    ///
+    /// # Safety
+    /// The CPU has AVX2 and FMA; `qp` points to `(N − 1)·q_rows + e` readable f32s and `kp` to
+    /// `(e − 1)·KEY_BLOCK + 16` (when `e > 0`).
+    #[target_feature(enable = "avx2,fma")]
+    #[inline]
+    unsafe fn scores<const N: usize>(
+        qp: *const f32,
+        q_rows: usize,
+        kp: *const f32,
+        e: usize,
+    ) -> [[__m256; 2]; N] {
+        let mut x = [[_mm256_setzero_ps(); 2]; N];
+        // SAFETY: the contract (column `l < e` of each row, keys `l·KEY_BLOCK + 0..16`).
+        unsafe {
+            let q: [*const f32; N] = std::array::from_fn(|r| qp.add(r * q_rows));
+            for l in 0..e {
+                let b = kp.add(l * KEY_BLOCK);
+                let (b0, b1) = (_mm256_loadu_ps(b), _mm256_loadu_ps(b.add(8)));
+                for (row, &q) in x.iter_mut().zip(&q) {
+                    let a = _mm256_broadcast_ss(&*q.add(l));
+                    row[0] = _mm256_fmadd_ps(a, b0, row[0]);
+                    row[1] = _mm256_fmadd_ps(a, b1, row[1]);
+                }
+            }
+        }
+        x
+    }
+
+    /// Rows `r0..r0 + N` against the keys `s0..s0 + bk`: scores, softmax step, `p·v`; on the
+    /// `last` key tile of the item the rows' outputs (accumulator over sum) go to `state.out`.
+    ///
+    /// # Safety
+    /// The CPU has AVX2 and FMA; `N <= GROUP` (checked when compiled); `r0 + N` rows are
+    /// inside `ops.qs` (`q_rows` apart, `e` each), `state.acc` (`ev` per row) and `state.out`
+    /// (`ev` per row, `state.out_rows` apart, the rows' own), `state.max` (and 8 readable from
+    /// `r0`), `state.sum` (8 per row), `ops.keep` and `ops.add` (`KEY_BLOCK` per row); `s0 +
+    /// bk <= s`, `s0` a multiple of `KEY_BLOCK`, `bk <= KEY_BLOCK`; `ops.keys` holds
+    /// `keys_len(s, e)` elements and `ops.values` `(s − 1)·value_rows + ev`.
+    #[allow(clippy::too_many_arguments)]
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn group<const N: usize>(
+        ops: &Operands<'_>,
+        state: &mut Rows<'_>,
+        p: &mut [f32; GROUP * KEY_BLOCK],
+        r0: usize,
+        s0: usize,
+        bk: usize,
+        last: bool,
+    ) {
+        // `p` holds `GROUP` rows.
+        const { assert!(N <= GROUP) };
+        let (e, ev) = (ops.e, ops.ev);
+        let neg = _mm256_set1_ps(f32::NEG_INFINITY);
+        // SAFETY (all pointer reads and writes below): the index bounds of the contract; the
+        // key loads stay inside the tile at `s0` (whole in `keys_len`), the masked loads and
+        // stores touch only their enabled lanes (columns `< ev`).
+        unsafe {
+            // As the AVX-512 form: under a causal mask neither product needs the keys after
+            // the group's last row, and `p·v` takes each row's keys up to its own position
+            // only (key `s0 + l` for the rows from `(s0 + l) − first_row` on; every row's
+            // below `every_row`), so that a row's sums do not depend on the rows that share
+            // its group.
+            let (seen, every_row, first_row) = match ops.causal_from {
+                Some(t0) => (
+                    bk.min((t0 + r0 + N).saturating_sub(s0)),
+                    bk.min((t0 + r0 + 1).saturating_sub(s0)),
+                    t0 + r0,
+                ),
+                None => (bk, bk, 0),
+            };
+            let mut alpha = [1f32; 8];
+            if seen > 0 {
+                let qp = ops.qs.as_ptr().add(r0 * ops.q_rows);
+                let kp = ops.keys.as_ptr().add(key_index(s0, 0, e));
+                // Each row's masked scores over the tile, 16 keys a pass: into `p` (as
+                // scores) and into the row's maximum register `m`. A pass past `seen` has no
+                // visible key in any row of the group: its scores are −inf, not computed (the
+                // same values and the same `max` steps as if they were).
+                let mut m = [neg; N];
+                for c in 0..KEY_BLOCK / CHUNK {
+                    let at = c * CHUNK;
+                    let x = if at < seen {
+                        let mut x = scores::<N>(qp, ops.q_rows, kp.add(at), e);
+                        for (r, row) in x.iter_mut().enumerate() {
+                            let i = r0 + r;
+                            let keep = ops.keep[i];
+                            for (h, xv) in row.iter_mut().enumerate() {
+                                let j = at + 8 * h;
+                                if let Some(add) = ops.add {
+                                    let added =
+                                        _mm256_loadu_ps(add.as_ptr().add(i * KEY_BLOCK + j));
+                                    *xv = _mm256_add_ps(*xv, added);
+                                }
+                                if keep != u64::MAX {
+                                    *xv = _mm256_blendv_ps(neg, *xv, bit_lanes((keep >> j) as u8));
+                                }
+                                _mm256_storeu_ps(p.as_mut_ptr().add(r * KEY_BLOCK + j), *xv);
+                            }
+                        }
+                        x
+                    } else {
+                        [[neg; 2]; N]
+                    };
+                    for (m, row) in m.iter_mut().zip(&x) {
+                        *m = _mm256_max_ps(_mm256_max_ps(row[0], row[1]), *m);
+                    }
+                }
+                softmax_step::<N>(state, &m, p, seen, r0, &mut alpha);
+            }
+            // Else (every key of the tile is past the group's rows: a causal mask) the rows
+            // are as they were, and only the last tile has anything to do, to write them out.
+            if seen == 0 && !last {
+                return;
+            }
+            // acc[r] = acc[r]·alpha[r] + p[r]·v[s0..s0 + seen], 16 columns at a time; on the
+            // last tile, out[r] = that / sum[r].
+            let rescale = alpha[..N].iter().any(|&a| a != 1.0);
+            let mut inverse = [0f32; N];
+            if last {
+                for (r, inverse) in inverse.iter_mut().enumerate() {
+                    *inverse = 1.0 / hsum(_mm256_loadu_ps(state.sum.as_ptr().add((r0 + r) * 8)));
+                }
+            }
+            let vp = ops.values.as_ptr().add(s0 * ops.value_rows);
+            let ap = state.acc.as_mut_ptr().add(r0 * ev);
+            let op = state.out.add(r0 * state.out_rows);
+            let mut j = 0;
+            while j < ev {
+                let cols = [lanes(ev - j), lanes((ev - j).saturating_sub(8))];
+                // Whole 16 columns load and store plainly, the tail masked.
+                let whole = ev - j >= 16;
+                macro_rules! load {
+                    ($at:expr, $h:expr) => {
+                        if whole {
+                            _mm256_loadu_ps($at)
+                        } else {
+                            _mm256_maskload_ps($at, cols[$h])
+                        }
+                    };
+                }
+                let mut o = [[_mm256_setzero_ps(); 2]; N];
+                for (r, row) in o.iter_mut().enumerate() {
+                    let scale = _mm256_set1_ps(alpha[r]);
+                    for (h, acc) in row.iter_mut().enumerate() {
+                        let old = load!(ap.add(r * ev + j + 8 * h), h);
+                        // `old · 1` is `old`: the multiply only where a factor differs.
+                        *acc = if rescale {
+                            _mm256_mul_ps(old, scale)
+                        } else {
+                            old
+                        };
+                    }
+                }
+                // Key `l` for the rows from `first` on: `o[r] += p[r][l] · v[s0 + l]`.
+                macro_rules! key {
+                    ($l:expr, $first:expr) => {{
+                        let (l, first): (usize, usize) = ($l, $first);
+                        let b = vp.add(l * ops.value_rows + j);
+                        let bv = [load!(b, 0), load!(b.add(8), 1)];
+                        for (r, row) in o.iter_mut().enumerate().skip(first) {
+                            let a = _mm256_broadcast_ss(&p[r * KEY_BLOCK + l]);
+                            row[0] = _mm256_fmadd_ps(a, bv[0], row[0]);
+                            row[1] = _mm256_fmadd_ps(a, bv[1], row[1]);
+                        }
+                    }};
+                }
+                for l in 0..every_row {
+                    key!(l, 0);
+                }
+                // Past the first row's position, each key for the rows at or after it only.
+                for l in every_row..seen {
+                    key!(l, (s0 + l).saturating_sub(first_row));
+                }
+                for (r, row) in o.iter().enumerate() {
+                    let inv = _mm256_set1_ps(inverse[r]);
+                    for (h, &acc) in row.iter().enumerate() {
+                        let (at, y) = if last {
+                            (
+                                op.add(r * state.out_rows + j + 8 * h),
+                                _mm256_mul_ps(acc, inv),
+                            )
+                        } else {
+                            (ap.add(r * ev + j + 8 * h), acc)
+                        };
+                        if whole {
+                            _mm256_storeu_ps(at, y);
+                        } else {
+                            _mm256_maskstore_ps(at, cols[h], y);
+                        }
+                    }
+                }
+                j += 16;
+            }
+        }
+    }
+
+    /// The softmax step of rows `r0..r0 + N` whose masked scores are in `p` (keys `< seen`;
+    /// the others −inf) and their maxima in `m`: the new maxima and the rescaling factors
+    /// `exp(old max − new max)` of the group in one register (into `alpha`; 1 where the
+    /// maximum stays), then `p = exp(x − max)` in place and the rows' partial sums.
+    ///
+    /// # Safety
+    /// As [`group`].
+    #[target_feature(enable = "avx2,fma")]
+    #[inline]
+    unsafe fn softmax_step<const N: usize>(
+        state: &mut Rows<'_>,
+        m: &[__m256; N],
+        p: &mut [f32; GROUP * KEY_BLOCK],
+        seen: usize,
+        r0: usize,
+        alpha: &mut [f32; 8],
+    ) {
+        // SAFETY: as `group`.
+        unsafe {
+            // Lane r < N: row r0 + r (−inf after). `max` keeps its second operand when one is
+            // NaN, so a row's maximum stays what it was where its scores' is NaN.
+            let mut tile_max = [f32::NEG_INFINITY; 8];
+            for (t, &m) in tile_max.iter_mut().zip(m) {
+                *t = hmax(m);
+            }
+            let old = _mm256_loadu_ps(state.max.as_ptr().add(r0));
+            let new = _mm256_max_ps(_mm256_loadu_ps(tile_max.as_ptr()), old);
+            // `old − new` where the maximum grew (−inf when nothing was visible before: factor
+            // 0), else 0 (factor 1; also where both are −inf, and in the lanes past the
+            // group's rows, whose difference is not even formed).
+            let same = _mm256_cmp_ps::<_CMP_EQ_OQ>(new, old);
+            let grew = _mm256_andnot_ps(same, _mm256_castsi256_ps(lanes(N)));
+            let diff = _mm256_sub_ps(_mm256_and_ps(old, grew), _mm256_and_ps(new, grew));
+            _mm256_storeu_ps(alpha.as_mut_ptr(), exp_nonpositive(diff));
+            let mut new_max = [0f32; 8];
+            _mm256_storeu_ps(new_max.as_mut_ptr(), new);
+            state.max[r0..r0 + N].copy_from_slice(&new_max[..N]);
+            // The 8-key registers that hold a visible key of some row; past them every
+            // probability is exp(−inf) = 0, so they are left as zeros (`x + 0` is `x` in the
+            // sums), and `p·v` reads no key at or past `seen`.
+            let vectors = seen.div_ceil(8);
+            for (r, &max) in new_max[..N].iter().enumerate() {
+                let i = r0 + r;
+                let pr = p.as_mut_ptr().add(r * KEY_BLOCK);
+                if max == f32::NEG_INFINITY {
+                    // Nothing visible yet: no probability mass, nothing to rescale (alpha 1).
+                    for v in 0..vectors {
+                        _mm256_storeu_ps(pr.add(v * 8), _mm256_setzero_ps());
+                    }
+                    continue;
+                }
+                let nv = _mm256_set1_ps(max);
+                let mut pv = [_mm256_setzero_ps(); 8];
+                for (v, y) in pv.iter_mut().enumerate().take(vectors) {
+                    *y = exp_nonpositive(_mm256_sub_ps(_mm256_loadu_ps(pr.add(v * 8)), nv));
+                    _mm256_storeu_ps(pr.add(v * 8), *y);
+                }
+                let total = _mm256_add_ps(
+                    _mm256_add_ps(_mm256_add_ps(pv[0], pv[1]), _mm256_add_ps(pv[2], pv[3])),
+                    _mm256_add_ps(_mm256_add_ps(pv[4], pv[5]), _mm256_add_ps(pv[6], pv[7])),
+                );
+                let sp = state.sum.as_mut_ptr().add(i * 8);
+                let sum = _mm256_fmadd_ps(_mm256_loadu_ps(sp), _mm256_set1_ps(alpha[r]), total);
+                _mm256_storeu_ps(sp, sum);
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1749,13 +2417,9 @@ mod tests {
         out
     }
 
-    /// The forms to test on this CPU: portable, and AVX-512 where it has it (`avx512`).
-    fn forms() -> Vec<bool> {
-        let mut forms = vec![false];
-        if has_avx512() {
-            forms.push(true);
-        }
-        forms
+    /// The forms to test on this CPU: portable, and AVX-512 and AVX2 where it has them.
+    fn forms() -> Vec<Form> {
+        Form::ALL.into_iter().filter(|f| f.is_supported()).collect()
     }
 
     /// The strides of a contiguous `[2, heads, rows, cols]` tensor.
@@ -1776,7 +2440,7 @@ mod tests {
 
     /// Queries and keys read through views whose rows are not contiguous (stored `[.., e, t]`
     /// and seen transposed: the queries are packed and the keys take the scalar packing),
-    /// and keys of more than 16 rows with a partial last run, in both forms, against the
+    /// and keys of more than 16 rows with a partial last run, in every form, against the
     /// reference on the same values stored contiguously.
     #[test]
     fn transposed_queries_and_keys_match_the_reference() {
@@ -1815,7 +2479,7 @@ mod tests {
             let (kt, ks) = transposed(&k, s, e);
             let vs = head_strides(s, ev, 2);
             let forms = forms();
-            for avx512 in forms {
+            for form in forms {
                 let view = |data, strides| View {
                     data,
                     offset: 0,
@@ -1830,92 +2494,127 @@ mod tests {
                     &sh,
                     AttentionTiling::DEFAULT,
                     &mut out,
-                    avx512,
+                    form,
                 )
                 .unwrap();
                 for (i, (&g, &w)) in out.iter().zip(&want).enumerate() {
                     assert!(
                         (g - w).abs() <= 1e-5 * (1.0 + w.abs()),
-                        "t {t} s {s} avx512 {avx512}: element {i}: {g} vs {w}"
+                        "t {t} s {s} {form:?}: element {i}: {g} vs {w}"
                     );
                 }
             }
         }
     }
 
-    /// The attention step's `exp` (AVX-512 only) against `f64::exp`: within 3 ulp of the f32
-    /// result over `[−110, 0]` (every 61st float, and every float in `[−1, 0]` a 16th apart in
-    /// bits), 0 for `−inf` and below −104, 1 for ±0, NaN for NaN.
+    /// The attention step's `exp` of each vector form the CPU has (the AVX-512 and the AVX2
+    /// `exp_nonpositive`) against `f64::exp`: within 3 ulp of the f32 result over `[−110, 0]`
+    /// (every 61st float, and every float in `[−1, 0]` a 16th apart in bits), 0 for `−inf`
+    /// and below −104, 1 for ±0, NaN for NaN; and the two forms give the same bits.
     #[cfg(target_arch = "x86_64")]
     #[test]
     fn attention_exp_is_within_3_ulp() {
         use crate::math::LN_MIN_NORMAL;
         use std::arch::x86_64::*;
-        if !has_avx512() {
-            return;
-        }
-        let exp16 = |x: &[f32; 16]| -> [f32; 16] {
+        type Exp16 = fn(&[f32; 16]) -> [f32; 16];
+        let avx512: Exp16 = |x| {
             let mut out = [0f32; 16];
-            // SAFETY: the CPU has AVX-512F and FMA (checked above); 16 lanes in and out.
+            // SAFETY: the CPU has AVX-512F and FMA (only called after `has_avx512`); 16 lanes
+            // in and out.
             unsafe {
                 let y = avx512::exp_nonpositive(_mm512_loadu_ps(x.as_ptr()));
                 _mm512_storeu_ps(out.as_mut_ptr(), y);
             }
             out
         };
+        let avx2: Exp16 = |x| {
+            let mut out = [0f32; 16];
+            for h in 0..2 {
+                // SAFETY: the CPU has AVX2 and FMA (only called after `has_avx2`); 8 lanes in
+                // and out at `8·h` of 16.
+                unsafe {
+                    let y = avx2::exp_nonpositive(_mm256_loadu_ps(x.as_ptr().add(8 * h)));
+                    _mm256_storeu_ps(out.as_mut_ptr().add(8 * h), y);
+                }
+            }
+            out
+        };
+        let mut forms: Vec<(&str, Exp16)> = Vec::new();
+        if has_avx512() {
+            forms.push(("avx512", avx512));
+        }
+        if has_avx2() {
+            forms.push(("avx2", avx2));
+        }
         let ulp = |want: f64| -> f64 {
             let w = want as f32;
             let next = f32::from_bits(w.to_bits() + 1);
             (next as f64 - w as f64).max(f32::from_bits(1) as f64)
         };
-        let mut worst = 0f64;
-        let mut check = |xs: &[f32]| {
-            for chunk in xs.chunks(16) {
+        // Negative floats' bits grow with their magnitude: -0 is 0x8000_0000, -110 about
+        // 0xc2dc_0000.
+        let bits = |lo: u32, hi: u32, step: usize| (lo..=hi).step_by(step).map(f32::from_bits);
+        let inputs: Vec<f32> = bits(0x8000_0000, (-110f32).to_bits(), 61)
+            .chain(bits(0x8000_0000, (-1f32).to_bits(), 16))
+            .collect();
+        let mut results: Vec<Vec<u32>> = Vec::new();
+        for &(name, exp16) in &forms {
+            let mut worst = 0f64;
+            let mut got = Vec::with_capacity(inputs.len());
+            for chunk in inputs.chunks(16) {
                 let mut x = [0f32; 16];
                 x[..chunk.len()].copy_from_slice(chunk);
                 let y = exp16(&x);
                 for (&x, &y) in x.iter().zip(&y).take(chunk.len()) {
+                    got.push(y.to_bits());
                     if x < LN_MIN_NORMAL {
                         // Where the result would be subnormal: +0.
-                        assert_eq!(y.to_bits(), 0, "exp({x:e}) = {y:e}, not +0");
+                        assert_eq!(y.to_bits(), 0, "{name}: exp({x:e}) = {y:e}, not +0");
                         continue;
                     }
                     let want = (x as f64).exp();
                     let err = (y as f64 - want).abs() / ulp(want);
                     worst = worst.max(err);
-                    assert!(err <= 3.0, "exp({x:e}) = {y:e}, want {want:e} ({err} ulp)");
+                    assert!(
+                        err <= 3.0,
+                        "{name}: exp({x:e}) = {y:e}, want {want:e} ({err} ulp)"
+                    );
                 }
             }
-        };
-        // Negative floats' bits grow with their magnitude: -0 is 0x8000_0000, -110 about
-        // 0xc2dc_0000.
-        let bits = |lo: u32, hi: u32, step: usize| (lo..=hi).step_by(step).map(f32::from_bits);
-        check(&bits(0x8000_0000, (-110f32).to_bits(), 61).collect::<Vec<_>>());
-        check(&bits(0x8000_0000, (-1f32).to_bits(), 16).collect::<Vec<_>>());
-        assert!(worst > 0.0);
-        let below = f32::from_bits(LN_MIN_NORMAL.to_bits() + 1);
-        let specials = [
-            f32::NEG_INFINITY,
-            -104.0,
-            -200.0,
-            -0.0,
-            0.0,
-            below,
-            f32::NAN,
-        ];
-        let mut x = [0f32; 16];
-        x[..specials.len()].copy_from_slice(&specials);
-        let y = exp16(&x);
-        assert_eq!(&y[..6], &[0.0, 0.0, 0.0, 1.0, 1.0, 0.0]);
-        assert!(y[6].is_nan());
-        assert!(exp16(&[LN_MIN_NORMAL; 16])[0] >= f32::MIN_POSITIVE);
+            assert!(worst > 0.0);
+            eprintln!("{name}: worst {worst:.3} ulp");
+            results.push(got);
+            let below = f32::from_bits(LN_MIN_NORMAL.to_bits() + 1);
+            let specials = [
+                f32::NEG_INFINITY,
+                -104.0,
+                -200.0,
+                -0.0,
+                0.0,
+                below,
+                f32::NAN,
+            ];
+            let mut x = [0f32; 16];
+            x[..specials.len()].copy_from_slice(&specials);
+            let y = exp16(&x);
+            assert_eq!(&y[..6], &[0.0, 0.0, 0.0, 1.0, 1.0, 0.0], "{name}");
+            assert!(y[6].is_nan(), "{name}");
+            assert!(
+                exp16(&[LN_MIN_NORMAL; 16])[0] >= f32::MIN_POSITIVE,
+                "{name}"
+            );
+        }
+        if let [a, b] = &results[..] {
+            assert!(a == b, "the AVX-512 and AVX2 exps differ");
+        }
     }
 
-    /// The portable loops and (where the CPU has it) the AVX-512 micro-kernels, at sizes that
-    /// leave row and column tails, without a mask and with each kind of mask (broadcast over
-    /// batch dims; the bool ones with a row that sees no key), against the reference.
+    /// The portable loops and (where the CPU has them) the AVX-512 and AVX2 micro-kernels, at
+    /// sizes that leave row and column tails, without a mask and with each kind of mask
+    /// (broadcast over batch dims; the bool ones with a row that sees no key), against the
+    /// reference.
     #[test]
-    fn portable_and_avx512_forms_match_the_reference() {
+    fn every_form_matches_the_reference() {
         for &(t, s, e, ev, group, causal) in &[
             (1, 1, 8, 8, 1, false),
             (37, 37, 17, 9, 2, true),
@@ -1967,7 +2666,7 @@ mod tests {
             for (name, visible) in cases {
                 let want = reference(&q, &k, &v, &sh, visible);
                 let forms = forms();
-                for avx512 in forms {
+                for form in forms {
                     let mut out = vec![0f32; want.len()];
                     let view = |data, strides| View {
                         data,
@@ -1993,7 +2692,7 @@ mod tests {
                         &sh,
                         AttentionTiling::DEFAULT,
                         &mut out,
-                        avx512,
+                        form,
                     )
                     .unwrap();
                     let mut nan = 0;
@@ -2001,7 +2700,7 @@ mod tests {
                         nan += usize::from(w.is_nan());
                         assert!(
                             (g - w).abs() <= 1e-5 * (1.0 + w.abs()) || (g.is_nan() && w.is_nan()),
-                            "t {t} s {s} e {e} ev {ev} mask {name} avx512 {avx512}: \
+                            "t {t} s {s} e {e} ev {ev} mask {name} {form:?}: \
                              element {i}: {g} vs {w}"
                         );
                     }
@@ -2019,7 +2718,7 @@ mod tests {
 
     /// Under a causal mask a row reads no value of a later key, even through a probability of
     /// 0: with an infinite or NaN value in key row `j`, every row before `j` stays finite, in
-    /// either form and under every tiling (including blocks whose row groups cross a key
+    /// every form and under every tiling (including blocks whose row groups cross a key
     /// tile).
     #[test]
     fn causal_rows_never_read_a_later_keys_value() {
@@ -2048,7 +2747,7 @@ mod tests {
         {
             let mut v = data(2 * t * ev, 2.0);
             v[j * ev + 3] = bad_value;
-            for avx512 in forms() {
+            for form in forms() {
                 for &tiling in &tilings {
                     let view = |data, strides| View {
                         data,
@@ -2064,13 +2763,13 @@ mod tests {
                         &sh,
                         tiling,
                         &mut out,
-                        avx512,
+                        form,
                     )
                     .unwrap();
                     let bad = out[..j * ev].iter().position(|x| !x.is_finite());
                     assert!(
                         bad.is_none(),
-                        "value {bad_value} at key {j}, avx512 {avx512}, {tiling:?}: row {:?} \
+                        "value {bad_value} at key {j}, {form:?}, {tiling:?}: row {:?} \
                          is not finite",
                         bad.map(|i| i / ev)
                     );
@@ -2082,10 +2781,10 @@ mod tests {
     }
 
     /// Every tiling max-autotune may choose (and a few odd ones) gives bitwise the default's
-    /// results, in the portable and (where the CPU has it) the AVX-512 form, with and without
-    /// masks, causal or not, at odd sequence lengths, and under a causal mask with an infinite
-    /// value in a key row that earlier rows must not see (a block that reaches past a row's
-    /// diagonal must not multiply it by 0).
+    /// results, in the portable and (where the CPU has them) the AVX-512 and AVX2 forms, with
+    /// and without masks, causal or not, at odd sequence lengths, and under a causal mask with
+    /// an infinite value in a key row that earlier rows must not see (a block that reaches
+    /// past a row's diagonal must not multiply it by 0).
     #[test]
     fn every_tiling_gives_the_default_bits() {
         let mut tilings = AttentionTiling::candidates();
@@ -2134,7 +2833,7 @@ mod tests {
             let forms = forms();
             for v in &values {
                 for name in ["none", "add", "keep"] {
-                    for &avx512 in &forms {
+                    for &form in &forms {
                         let run = |tiling: AttentionTiling| {
                             let view = |data, strides| View {
                                 data,
@@ -2159,7 +2858,7 @@ mod tests {
                                 &sh,
                                 tiling,
                                 &mut out,
-                                avx512,
+                                form,
                             )
                             .unwrap();
                             out
@@ -2173,7 +2872,7 @@ mod tests {
                                 .position(|(g, w)| g.to_bits() != w.to_bits());
                             assert!(
                                 differ.is_none(),
-                                "t {t} s {s} causal {causal} mask {name} avx512 {avx512} \
+                                "t {t} s {s} causal {causal} mask {name} {form:?} \
                                  {tiling:?}: element {differ:?} differs"
                             );
                         }
@@ -2210,7 +2909,7 @@ mod tests {
             [0i64, ev as i64, 1],
         );
         let forms = forms();
-        for avx512 in forms {
+        for form in forms {
             let mut out = vec![f32::NAN; 2 * t * ev];
             attention_on(
                 view(&q, &qs),
@@ -2220,10 +2919,10 @@ mod tests {
                 &sh,
                 AttentionTiling::DEFAULT,
                 &mut out,
-                avx512,
+                form,
             )
             .unwrap();
-            assert!(out.iter().all(|&x| x == 0.0), "avx512 {avx512}: {out:?}");
+            assert!(out.iter().all(|&x| x == 0.0), "{form:?}: {out:?}");
         }
     }
 
@@ -2252,7 +2951,7 @@ mod tests {
                 causal,
             };
             let forms = forms();
-            for avx512 in forms {
+            for form in forms {
                 let mut out = vec![f32::NAN; t * ev];
                 attention_on(
                     view(&empty, &qs),
@@ -2262,7 +2961,7 @@ mod tests {
                     &sh,
                     AttentionTiling::DEFAULT,
                     &mut out,
-                    avx512,
+                    form,
                 )
                 .unwrap();
                 for row in 0..t {
@@ -2272,7 +2971,7 @@ mod tests {
                         let got = out[row * ev + c];
                         assert!(
                             (got - want).abs() <= 1e-6 * (1.0 + want.abs()),
-                            "causal {causal} avx512 {avx512} row {row} col {c}: {got} vs {want}"
+                            "causal {causal} {form:?} row {row} col {c}: {got} vs {want}"
                         );
                     }
                 }
@@ -2282,7 +2981,7 @@ mod tests {
 
     /// An output view in the layout a consumer of `[b, h, t, ev]` wants, `[b, t, h, ev]` (row
     /// `t` of head `h` at `((b·T + t)·H + h)·ev`), at an offset inside a larger buffer: the same
-    /// bits as the contiguous output at each place, in both forms, causal or not, at several
+    /// bits as the contiguous output at each place, in every form, causal or not, at several
     /// tilings (so runs and blocks end mid-buffer), and nothing outside the view is written.
     /// A view whose rows overlap, or whose columns are not contiguous, is refused before
     /// anything is written.
@@ -2319,7 +3018,7 @@ mod tests {
                 scale: 0.25,
                 causal,
             };
-            for &avx512 in &forms() {
+            for &form in &forms() {
                 for tiling in [
                     AttentionTiling::DEFAULT,
                     AttentionTiling::new(4, 64).unwrap(),
@@ -2334,7 +3033,7 @@ mod tests {
                         &sh,
                         tiling,
                         &mut want,
-                        avx512,
+                        form,
                     )
                     .unwrap();
                     let mut got = vec![f32::NAN; len + offset + 3];
@@ -2350,10 +3049,10 @@ mod tests {
                             offset: offset as i64,
                             strides: &permuted,
                         },
-                        avx512,
+                        form,
                     )
                     .unwrap();
-                    let what = format!("causal {causal} avx512 {avx512} {tiling:?}");
+                    let what = format!("causal {causal} {form:?} {tiling:?}");
                     for b in 0..2 {
                         for h in 0..heads {
                             for r in 0..t {

@@ -1539,11 +1539,7 @@ pub fn step_forms(step: &Step, program: &Program) -> Vec<(Option<u32>, bool)> {
             rows
         }
         Step::Attention(_) => {
-            let bits = if minductor_kernels::attention::has_avx512() {
-                512
-            } else {
-                128
-            };
+            let bits = minductor_kernels::attention::Form::detect().bits();
             vec![(Some(bits), false)]
         }
         Step::ScatterAdd(_) | Step::Fallback(_) => vec![(None, false)],
