@@ -1053,27 +1053,6 @@ const NS_PER_MULTIPLY_ADD: f64 = 0.02;
 /// thread costs about as much as the piece saves.
 pub(super) const MIN_PIECE_WORK: i64 = 1 << 14;
 
-/// Elements a piece of a kernel visits at least before a thread's share is cut into several
-/// pieces (up to [`pieces_per_thread`]): with several pieces each, a thread that has run its
-/// own steals the others' (`threads::for_each_chunk`), so a thread slowed by something no
-/// split can see (another process on its core, a lower clock, a vCPU descheduled) leaves its
-/// last pieces to the others, as the GEMMs' cut does (`minductor_kernels::gemm::split`). At
-/// 2^17 elements a piece takes some 50 µs or more, against about a microsecond to hand out.
-const LARGE_PIECE_WORK: i64 = 1 << 17;
-
-/// Most pieces per thread of a large kernel (see [`LARGE_PIECE_WORK`]): 4, or
-/// `MINDUCTOR_PIECES_PER_THREAD` (at least 1; 1 gives one piece per thread, for comparisons).
-fn pieces_per_thread() -> i64 {
-    static PIECES: std::sync::OnceLock<i64> = std::sync::OnceLock::new();
-    *PIECES.get_or_init(|| {
-        std::env::var("MINDUCTOR_PIECES_PER_THREAD")
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .filter(|&v: &i64| v >= 1)
-            .unwrap_or(4)
-    })
-}
-
 /// Rows whose elements together span at least a cache line (16 f32s): piece boundaries fall on
 /// multiples of this many rows when rows are shorter, so two threads never write one line.
 const LINE_ELEMENTS: i64 = 16;
@@ -1082,8 +1061,7 @@ const LINE_ELEMENTS: i64 = 16;
 /// `threads` threads: the one rule both running and the partition report follow.
 ///
 /// - [`Split::PerThread`]: as many pieces as threads, as long as each visits at least
-///   [`MIN_PIECE_WORK`] elements (fewer pieces, down to one, for less work), and 2, 3 or 4
-///   times as many when each still visits at least [`LARGE_PIECE_WORK`];
+///   [`MIN_PIECE_WORK`] elements (fewer pieces, down to one, for less work);
 /// - [`Split::Fine`]: four pieces per thread (finer balance for uneven rows);
 /// - [`Split::Serial`]: one piece.
 ///
@@ -1100,9 +1078,7 @@ pub(super) fn kernel_pieces(
     let threads = threads.max(1) as i64;
     let wanted = match split {
         Split::PerThread | Split::Gemm(_) | Split::Attention(_) => {
-            let per_thread =
-                (bound.work / (threads * LARGE_PIECE_WORK)).clamp(1, pieces_per_thread());
-            (threads * per_thread).min(bound.work / MIN_PIECE_WORK)
+            threads.min(bound.work / MIN_PIECE_WORK)
         }
         Split::Serial => 1,
         Split::Fine => 4 * threads,

@@ -75,9 +75,8 @@ pub struct CompiledKernel {
 /// results: each row is computed within one call, whatever the chunks.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Split {
-    /// One chunk per thread, each visiting at least 2^14 elements (fewer chunks for less work),
-    /// up to four per thread for large kernels (each visiting at least 2^17); the default; see
-    /// `execute::kernel_pieces`.
+    /// One chunk per thread, each visiting at least 2^14 elements (fewer chunks for less work;
+    /// the default; see `execute::kernel_pieces`).
     PerThread,
     /// Always on the calling thread.
     Serial,
