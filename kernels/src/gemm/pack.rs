@@ -3,7 +3,8 @@
 //! the AVX-512 gathers of a transposed `b`, which rest on `MatrixRef::new`'s check.
 //!
 //! Every value these packers store that is subnormal is stored as a zero of its sign
-//! ([`flushed`], and in registers by the AVX-512 packers, `kernel_avx512::flushed16`): the
+//! ([`flushed`], and in registers by the AVX-512 and AVX2 packers, `kernel_avx512::flushed16`
+//! and `kernel_avx2::flushed8`): the
 //! products read subnormal operands as zero, as a CPU's "denormals are zero" mode would. (A
 //! convolution's im2col columns and Winograd transforms are packed elsewhere, unflushed; a
 //! linear layer's weight read in place, `weight_rows.rs`, is not packed at all.) Intel cores
