@@ -58,7 +58,8 @@ const KEY_BLOCK: usize = 64;
 /// times a few.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct AttentionTiling {
-    /// Query rows per block: a multiple of 4 (the AVX-512 micro-kernel's rows), at least 4.
+    /// Query rows per block: a multiple of 4, at least 4 (the micro-kernels take rows in
+    /// groups of 6, the last group of a block shorter; any block gives the same bits).
     pub query_block: usize,
     /// Work items per thread the split aims for (at least 1).
     pub items_per_thread: usize,
