@@ -1245,51 +1245,161 @@ const LN2_HI: f32 = 0.693_359_4;
 #[cfg(target_arch = "x86_64")]
 const LN2_LO: f32 = -2.121_944_4e-4;
 
+/// Query rows per micro-kernel call of both vector forms (each `groups`' doc says why 6).
+#[cfg(target_arch = "x86_64")]
+const GROUP: usize = 6;
+
+/// What a group of rows reads, all checked once per item (see [`vector_item`]).
+#[cfg(target_arch = "x86_64")]
+struct Operands<'a> {
+    /// The item's query rows: row `r` at `r * q_rows`, `e` elements.
+    qs: &'a [f32],
+    q_rows: usize,
+    e: usize,
+    /// Keys packed transposed in tiles (`key_index`).
+    keys: &'a [f32],
+    /// Values: row `j` at `j * value_rows`, `ev` elements.
+    values: &'a [f32],
+    value_rows: usize,
+    ev: usize,
+    /// The visible keys of each row of the tile (bit per key).
+    keep: &'a [u64],
+    /// The additive mask tile `[rows][KEY_BLOCK]`, if any.
+    add: Option<&'a [f32]>,
+    /// Under a causal mask, the position of the item's first row (else `None`).
+    causal_from: Option<usize>,
+}
+
+/// The running state of the item's rows, and where they end (`lanes`: the vector form's
+/// lanes, see [`vector_item`]).
+#[cfg(target_arch = "x86_64")]
+struct Rows<'a> {
+    acc: &'a mut [f32],
+    /// Row `i`'s maximum at `i` (`lanes` readable from any row of a group).
+    max: &'a mut [f32],
+    /// Row `i`'s sum as `lanes` partial sums at `lanes·i`.
+    sum: &'a mut [f32],
+    /// The item's output rows (`ev` each, `out_rows` apart), written by the last key
+    /// tile: the accumulator over the sum (what [`finish`] computes), straight from the
+    /// registers.
+    out: *mut f32,
+    out_rows: usize,
+}
+
+/// A vector form's micro-kernels for the `n ≤ GROUP` rows from `r0` against one key tile
+/// (`avx512::groups`, `avx2::groups`).
+#[cfg(target_arch = "x86_64")]
+type GroupFn = unsafe fn(
+    usize,
+    &Operands<'_>,
+    &mut Rows<'_>,
+    &mut [f32; GROUP * KEY_BLOCK],
+    usize,
+    usize,
+    usize,
+    bool,
+);
+
+/// One item (see the module documentation) by a vector form of `lanes` lanes whose
+/// micro-kernels are `group`: the item's running state, its mask tiles key tile by key tile,
+/// and `group` on each `GROUP` rows of it.
+///
+/// # Safety
+/// The CPU has the features `group` is compiled for.
+#[cfg(target_arch = "x86_64")]
+unsafe fn vector_item(tile: &Tile<'_>, out: &mut OutRows<'_>, lanes: usize, group: GroupFn) {
+    let sh = tile.shape;
+    let (e, ev, s) = (sh.e, sh.ev, sh.s);
+    let rows = out.rows;
+    let t0 = tile.first_row;
+    let (qs, q_rows) = tile.queries(rows);
+    let mut acc = vec![0f32; rows * ev];
+    // Each row's running maximum (`lanes` more: a group's are loaded as `lanes` values).
+    let mut max = vec![f32::NEG_INFINITY; rows + lanes];
+    // Each row's running sum as `lanes` partial sums (added up once, for the output).
+    let mut sum = vec![0f32; rows * lanes];
+    let mut keep = vec![0u64; rows];
+    let additive = matches!(tile.mask, Some((Mask::Add(_), _)));
+    let mut add = vec![0f32; if additive { rows * KEY_BLOCK } else { 0 }];
+    let mut p = [0f32; GROUP * KEY_BLOCK];
+    // The bounds every pointer below stays within (the packed buffers are built with
+    // exactly these sizes; checked here so that a mistake panics instead of reading out of
+    // bounds).
+    assert!(
+        (e == 0
+            || (rows - 1)
+                .checked_mul(q_rows)
+                .and_then(|x| x.checked_add(e))
+                .is_some_and(|need| qs.len() >= need))
+            && tile.keys.len() >= keys_len(s, e)
+            && (s == 0 || tile.values.len() >= (s - 1) * tile.value_rows + ev)
+            && acc.len() >= rows * ev
+            && out.ev == ev
+            && max.len() >= rows + lanes
+            && sum.len() >= rows * lanes,
+        "attention: an item's packed buffers are too small"
+    );
+    let keys_end = if sh.causal { s.min(t0 + rows) } else { s };
+    if keys_end == 0 {
+        // No key for any row (not reached: `s > 0` here and a causal block sees its own
+        // rows): 0/0, as the tiles would give.
+        finish(&acc, &vec![0.0; rows], out);
+        return;
+    }
+    let mut s0 = 0;
+    while s0 < keys_end {
+        let bk = KEY_BLOCK.min(keys_end - s0);
+        tile.mask_tile(rows, s0, bk, &mut keep, &mut add);
+        let ops = Operands {
+            qs: &qs,
+            q_rows,
+            e,
+            keys: tile.keys,
+            values: tile.values,
+            value_rows: tile.value_rows,
+            ev,
+            keep: &keep,
+            add: additive.then_some(&add[..]),
+            causal_from: sh.causal.then_some(t0),
+        };
+        let mut state = Rows {
+            acc: &mut acc,
+            max: &mut max,
+            sum: &mut sum,
+            // The rows `out` owns: `rows` of `ev` elements, `out.stride` apart.
+            out: out.ptr,
+            out_rows: out.stride,
+        };
+        let last = s0 + bk == keys_end;
+        let mut r0 = 0;
+        while r0 < rows {
+            // SAFETY: the caller's CPU contract; rows `r0..r0 + n` are the item's, keys
+            // `s0..s0 + bk` are inside `s` (`bk <= KEY_BLOCK`), and the buffers hold the sizes
+            // asserted above.
+            unsafe {
+                group(
+                    (rows - r0).min(GROUP),
+                    &ops,
+                    &mut state,
+                    &mut p,
+                    r0,
+                    s0,
+                    bk,
+                    last,
+                )
+            };
+            r0 += GROUP;
+        }
+        s0 += bk;
+    }
+}
+
 #[cfg(target_arch = "x86_64")]
 mod avx512 {
-    use super::{finish, key_index, keys_len, Mask, OutRows, Tile, KEY_BLOCK};
+    use super::{key_index, Operands, OutRows, Rows, Tile, GROUP, KEY_BLOCK};
     use super::{EXP_POLY, LN2_HI, LN2_LO};
     use crate::math::LN_MIN_NORMAL;
     use std::arch::x86_64::*;
-
-    /// Query rows per micro-kernel call: `GROUP × 64` scores in 4·`GROUP` registers (24 of the
-    /// 32), each step of either product 4 loads of keys or values and `GROUP` broadcasts for
-    /// `4·GROUP` FMAs, as the GEMM's 6 × 64 tile.
-    const GROUP: usize = 6;
-
-    /// What a group of rows reads, all checked once per item (see [`item`]).
-    struct Operands<'a> {
-        /// The item's query rows: row `r` at `r * q_rows`, `e` elements.
-        qs: &'a [f32],
-        q_rows: usize,
-        e: usize,
-        /// Keys packed transposed in tiles (`key_index`).
-        keys: &'a [f32],
-        /// Values: row `j` at `j * value_rows`, `ev` elements.
-        values: &'a [f32],
-        value_rows: usize,
-        ev: usize,
-        /// The visible keys of each row of the tile (bit per key).
-        keep: &'a [u64],
-        /// The additive mask tile `[rows][KEY_BLOCK]`, if any.
-        add: Option<&'a [f32]>,
-        /// Under a causal mask, the position of the item's first row (else `None`).
-        causal_from: Option<usize>,
-    }
-
-    /// The running state of the item's rows, and where they end.
-    struct Rows<'a> {
-        acc: &'a mut [f32],
-        /// Row `i`'s maximum at `i` (16 readable from any row of a group).
-        max: &'a mut [f32],
-        /// Row `i`'s sum as 16 partial sums at `16·i`.
-        sum: &'a mut [f32],
-        /// The item's output rows (`ev` each, `out_rows` apart), written by the last key
-        /// tile: the accumulator over the sum (what [`finish`] computes), straight from the
-        /// registers.
-        out: *mut f32,
-        out_rows: usize,
-    }
 
     /// One item (see the module documentation).
     ///
@@ -1297,87 +1407,39 @@ mod avx512 {
     /// The CPU has AVX-512F, AVX-512DQ and FMA.
     #[target_feature(enable = "avx512f,avx512dq,fma")]
     pub(super) unsafe fn item(tile: &Tile<'_>, out: &mut OutRows<'_>) {
-        let sh = tile.shape;
-        let (e, ev, s) = (sh.e, sh.ev, sh.s);
-        let rows = out.rows;
-        let t0 = tile.first_row;
-        let (qs, q_rows) = tile.queries(rows);
-        let mut acc = vec![0f32; rows * ev];
-        // Each row's running maximum (16 more: a group's are loaded and stored as 16 lanes).
-        let mut max = vec![f32::NEG_INFINITY; rows + 16];
-        // Each row's running sum as 16 partial sums (added up once, for the output).
-        let mut sum = vec![0f32; rows * 16];
-        let mut keep = vec![0u64; rows];
-        let additive = matches!(tile.mask, Some((Mask::Add(_), _)));
-        let mut add = vec![0f32; if additive { rows * KEY_BLOCK } else { 0 }];
-        let mut p = [0f32; GROUP * KEY_BLOCK];
-        // The bounds every pointer below stays within (the packed buffers are built with
-        // exactly these sizes; checked here so that a mistake panics instead of reading out of
-        // bounds).
-        assert!(
-            (e == 0
-                || (rows - 1)
-                    .checked_mul(q_rows)
-                    .and_then(|x| x.checked_add(e))
-                    .is_some_and(|need| qs.len() >= need))
-                && tile.keys.len() >= keys_len(s, e)
-                && (s == 0 || tile.values.len() >= (s - 1) * tile.value_rows + ev)
-                && acc.len() >= rows * ev
-                && out.ev == ev
-                && max.len() >= rows + 16
-                && sum.len() >= rows * 16,
-            "attention: an item's packed buffers are too small"
-        );
-        let keys_end = if sh.causal { s.min(t0 + rows) } else { s };
-        if keys_end == 0 {
-            // No key for any row (not reached: `s > 0` here and a causal block sees its own
-            // rows): 0/0, as the tiles would give.
-            finish(&acc, &vec![0.0; rows], out);
-            return;
-        }
-        let mut s0 = 0;
-        while s0 < keys_end {
-            let bk = KEY_BLOCK.min(keys_end - s0);
-            tile.mask_tile(rows, s0, bk, &mut keep, &mut add);
-            let ops = Operands {
-                qs: &qs,
-                q_rows,
-                e,
-                keys: tile.keys,
-                values: tile.values,
-                value_rows: tile.value_rows,
-                ev,
-                keep: &keep,
-                add: additive.then_some(&add[..]),
-                causal_from: sh.causal.then_some(t0),
-            };
-            let mut state = Rows {
-                acc: &mut acc,
-                max: &mut max,
-                sum: &mut sum,
-                // The rows `out` owns: `rows` of `ev` elements, `out.stride` apart.
-                out: out.ptr,
-                out_rows: out.stride,
-            };
-            let last = s0 + bk == keys_end;
-            let mut r0 = 0;
-            while r0 < rows {
-                // SAFETY: the caller's CPU contract; rows `r0..r0 + n` are the item's, keys
-                // `s0..s0 + bk` are inside `s` (`bk <= KEY_BLOCK`), and the buffers hold the
-                // sizes asserted above.
-                unsafe {
-                    match (rows - r0).min(GROUP) {
-                        1 => group::<1>(&ops, &mut state, &mut p, r0, s0, bk, last),
-                        2 => group::<2>(&ops, &mut state, &mut p, r0, s0, bk, last),
-                        3 => group::<3>(&ops, &mut state, &mut p, r0, s0, bk, last),
-                        4 => group::<4>(&ops, &mut state, &mut p, r0, s0, bk, last),
-                        5 => group::<5>(&ops, &mut state, &mut p, r0, s0, bk, last),
-                        _ => group::<GROUP>(&ops, &mut state, &mut p, r0, s0, bk, last),
-                    }
-                }
-                r0 += GROUP;
+        // SAFETY: the CPU has what `groups` needs (the caller's).
+        unsafe { super::vector_item(tile, out, 16, groups) }
+    }
+
+    /// [`group`] for the `n ≤ GROUP` rows from `r0`: `GROUP × 64` scores in 4·`GROUP`
+    /// registers (24 of the 32), each step of either product 4 loads of keys or values and
+    /// `GROUP` broadcasts for `4·GROUP` FMAs, as the GEMM's 6 × 64 tile.
+    ///
+    /// # Safety
+    /// The CPU has AVX-512F, AVX-512DQ and FMA; the arguments satisfy [`group`]'s contract
+    /// for `N = n`.
+    #[target_feature(enable = "avx512f,avx512dq,fma")]
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn groups(
+        n: usize,
+        ops: &Operands<'_>,
+        state: &mut Rows<'_>,
+        p: &mut [f32; GROUP * KEY_BLOCK],
+        r0: usize,
+        s0: usize,
+        bk: usize,
+        last: bool,
+    ) {
+        // SAFETY: forwarded; `n` selects the instance for that many rows.
+        unsafe {
+            match n {
+                1 => group::<1>(ops, state, p, r0, s0, bk, last),
+                2 => group::<2>(ops, state, p, r0, s0, bk, last),
+                3 => group::<3>(ops, state, p, r0, s0, bk, last),
+                4 => group::<4>(ops, state, p, r0, s0, bk, last),
+                5 => group::<5>(ops, state, p, r0, s0, bk, last),
+                _ => group::<GROUP>(ops, state, p, r0, s0, bk, last),
             }
-            s0 += bk;
         }
     }
 
@@ -1787,52 +1849,13 @@ mod avx512 {
 /// same `GROUP` × 16 blocking over value columns.
 #[cfg(target_arch = "x86_64")]
 mod avx2 {
-    use super::{finish, key_index, keys_len, Mask, OutRows, Tile, KEY_BLOCK};
+    use super::{key_index, Operands, OutRows, Rows, Tile, GROUP, KEY_BLOCK};
     use super::{EXP_POLY, LN2_HI, LN2_LO};
     use crate::math::LN_MIN_NORMAL;
     use std::arch::x86_64::*;
 
-    /// Query rows per micro-kernel call: `GROUP` rows × 16 columns (keys or value columns) are
-    /// 12 accumulators of the 16 registers, each step 2 loads and `GROUP` broadcasts for 12
-    /// FMAs.
-    const GROUP: usize = 6;
-
     /// Keys per pass of the score product (two registers per row).
     const CHUNK: usize = 16;
-
-    /// What a group of rows reads, all checked once per item (see [`item`]).
-    struct Operands<'a> {
-        /// The item's query rows: row `r` at `r * q_rows`, `e` elements.
-        qs: &'a [f32],
-        q_rows: usize,
-        e: usize,
-        /// Keys packed transposed in tiles (`key_index`).
-        keys: &'a [f32],
-        /// Values: row `j` at `j * value_rows`, `ev` elements.
-        values: &'a [f32],
-        value_rows: usize,
-        ev: usize,
-        /// The visible keys of each row of the tile (bit per key).
-        keep: &'a [u64],
-        /// The additive mask tile `[rows][KEY_BLOCK]`, if any.
-        add: Option<&'a [f32]>,
-        /// Under a causal mask, the position of the item's first row (else `None`).
-        causal_from: Option<usize>,
-    }
-
-    /// The running state of the item's rows, and where they end.
-    struct Rows<'a> {
-        acc: &'a mut [f32],
-        /// Row `i`'s maximum at `i` (8 readable from any row of a group).
-        max: &'a mut [f32],
-        /// Row `i`'s sum as 8 partial sums at `8·i`.
-        sum: &'a mut [f32],
-        /// The item's output rows (`ev` each, `out_rows` apart), written by the last key
-        /// tile: the accumulator over the sum (what [`finish`] computes), straight from the
-        /// registers.
-        out: *mut f32,
-        out_rows: usize,
-    }
 
     /// One item (see the module documentation).
     ///
@@ -1840,87 +1863,39 @@ mod avx2 {
     /// The CPU has AVX2 and FMA.
     #[target_feature(enable = "avx2,fma")]
     pub(super) unsafe fn item(tile: &Tile<'_>, out: &mut OutRows<'_>) {
-        let sh = tile.shape;
-        let (e, ev, s) = (sh.e, sh.ev, sh.s);
-        let rows = out.rows;
-        let t0 = tile.first_row;
-        let (qs, q_rows) = tile.queries(rows);
-        let mut acc = vec![0f32; rows * ev];
-        // Each row's running maximum (8 more: a group's are loaded as 8 lanes).
-        let mut max = vec![f32::NEG_INFINITY; rows + 8];
-        // Each row's running sum as 8 partial sums (added up once, for the output).
-        let mut sum = vec![0f32; rows * 8];
-        let mut keep = vec![0u64; rows];
-        let additive = matches!(tile.mask, Some((Mask::Add(_), _)));
-        let mut add = vec![0f32; if additive { rows * KEY_BLOCK } else { 0 }];
-        let mut p = [0f32; GROUP * KEY_BLOCK];
-        // The bounds every pointer below stays within (the packed buffers are built with
-        // exactly these sizes; checked here so that a mistake panics instead of reading out of
-        // bounds).
-        assert!(
-            (e == 0
-                || (rows - 1)
-                    .checked_mul(q_rows)
-                    .and_then(|x| x.checked_add(e))
-                    .is_some_and(|need| qs.len() >= need))
-                && tile.keys.len() >= keys_len(s, e)
-                && (s == 0 || tile.values.len() >= (s - 1) * tile.value_rows + ev)
-                && acc.len() >= rows * ev
-                && out.ev == ev
-                && max.len() >= rows + 8
-                && sum.len() >= rows * 8,
-            "attention: an item's packed buffers are too small"
-        );
-        let keys_end = if sh.causal { s.min(t0 + rows) } else { s };
-        if keys_end == 0 {
-            // No key for any row (not reached: `s > 0` here and a causal block sees its own
-            // rows): 0/0, as the tiles would give.
-            finish(&acc, &vec![0.0; rows], out);
-            return;
-        }
-        let mut s0 = 0;
-        while s0 < keys_end {
-            let bk = KEY_BLOCK.min(keys_end - s0);
-            tile.mask_tile(rows, s0, bk, &mut keep, &mut add);
-            let ops = Operands {
-                qs: &qs,
-                q_rows,
-                e,
-                keys: tile.keys,
-                values: tile.values,
-                value_rows: tile.value_rows,
-                ev,
-                keep: &keep,
-                add: additive.then_some(&add[..]),
-                causal_from: sh.causal.then_some(t0),
-            };
-            let mut state = Rows {
-                acc: &mut acc,
-                max: &mut max,
-                sum: &mut sum,
-                // The rows `out` owns: `rows` of `ev` elements, `out.stride` apart.
-                out: out.ptr,
-                out_rows: out.stride,
-            };
-            let last = s0 + bk == keys_end;
-            let mut r0 = 0;
-            while r0 < rows {
-                // SAFETY: the caller's CPU contract; rows `r0..r0 + n` are the item's, keys
-                // `s0..s0 + bk` are inside `s` (`bk <= KEY_BLOCK`), and the buffers hold the
-                // sizes asserted above.
-                unsafe {
-                    match (rows - r0).min(GROUP) {
-                        1 => group::<1>(&ops, &mut state, &mut p, r0, s0, bk, last),
-                        2 => group::<2>(&ops, &mut state, &mut p, r0, s0, bk, last),
-                        3 => group::<3>(&ops, &mut state, &mut p, r0, s0, bk, last),
-                        4 => group::<4>(&ops, &mut state, &mut p, r0, s0, bk, last),
-                        5 => group::<5>(&ops, &mut state, &mut p, r0, s0, bk, last),
-                        _ => group::<GROUP>(&ops, &mut state, &mut p, r0, s0, bk, last),
-                    }
-                }
-                r0 += GROUP;
+        // SAFETY: the CPU has what `groups` needs (the caller's).
+        unsafe { super::vector_item(tile, out, 8, groups) }
+    }
+
+    /// [`group`] for the `n ≤ GROUP` rows from `r0`: `GROUP` rows × 16 columns (keys or value
+    /// columns) are 12 accumulators of the 16 registers, each step 2 loads and `GROUP`
+    /// broadcasts for 12 FMAs.
+    ///
+    /// # Safety
+    /// The CPU has AVX2 and FMA; the arguments satisfy [`group`]'s contract
+    /// for `N = n`.
+    #[target_feature(enable = "avx2,fma")]
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn groups(
+        n: usize,
+        ops: &Operands<'_>,
+        state: &mut Rows<'_>,
+        p: &mut [f32; GROUP * KEY_BLOCK],
+        r0: usize,
+        s0: usize,
+        bk: usize,
+        last: bool,
+    ) {
+        // SAFETY: forwarded; `n` selects the instance for that many rows.
+        unsafe {
+            match n {
+                1 => group::<1>(ops, state, p, r0, s0, bk, last),
+                2 => group::<2>(ops, state, p, r0, s0, bk, last),
+                3 => group::<3>(ops, state, p, r0, s0, bk, last),
+                4 => group::<4>(ops, state, p, r0, s0, bk, last),
+                5 => group::<5>(ops, state, p, r0, s0, bk, last),
+                _ => group::<GROUP>(ops, state, p, r0, s0, bk, last),
             }
-            s0 += bk;
         }
     }
 
