@@ -326,6 +326,48 @@ impl Lines {
         run_stride: 0,
         lines: 0,
     };
+
+    /// Part `part` of `parts`: runs `runs · part / parts .. runs · (part + 1) / parts` (what
+    /// [`Lines::parts`] gives, one by one; the tests check the two agree).
+    #[cfg(test)]
+    pub fn part(self, part: usize, parts: usize) -> Lines {
+        let parts = parts.max(1);
+        let (start, end) = (self.runs * part / parts, self.runs * (part + 1) / parts);
+        self.runs_from(start, end.saturating_sub(start))
+    }
+
+    /// Parts `0, 1, .., parts - 1` in order, each as [`Lines::part`] gives it, with one division
+    /// for all of them: they are asked for once per micro-tile, where a division or two each
+    /// (tens of cycles) showed in the profile of the loop around the tiles.
+    pub fn parts(self, parts: usize) -> impl Iterator<Item = Lines> {
+        let parts = parts.max(1);
+        let (step, extra) = (self.runs / parts, self.runs % parts);
+        // `runs · part = parts · start + rest`, `rest < parts`.
+        let (mut start, mut rest) = (0, 0);
+        (0..parts).map(move |_| {
+            let from = start;
+            start += step;
+            rest += extra;
+            if rest >= parts {
+                rest -= parts;
+                start += 1;
+            }
+            self.runs_from(from, start - from)
+        })
+    }
+
+    /// `runs` of these runs from run `first` on.
+    fn runs_from(self, first: usize, runs: usize) -> Lines {
+        if runs == 0 {
+            return Lines::NONE;
+        }
+        Lines {
+            // A prefetch address need not lie inside any buffer (see above).
+            base: self.base.wrapping_offset(first as isize * self.run_stride),
+            runs,
+            ..self
+        }
+    }
 }
 
 /// Steps of `k` per [`Spread::step`] in the micro-kernels.
@@ -599,6 +641,8 @@ pub struct PackedB<'a> {
     states: Vec<AtomicU32>,
     /// Depth blocks per panel: `ceil(k / kc)`, `kc` = [`Kernel::kc`].
     blocks: usize,
+    /// The depth block's rows, [`Kernel::kc`] of `k` (read for every tile; computed once).
+    kc: usize,
 }
 
 /// Rows of `b` per run a thread claims when packing a block of [`PackedB`] (16 KiB of packed
@@ -622,7 +666,8 @@ impl<'a> PackedB<'a> {
         }
         let [k, n] = b.shape();
         let panels = n.div_ceil(kernel.nr());
-        let blocks = k.div_ceil(kernel.kc(k));
+        let kc = kernel.kc(k);
+        let blocks = k.div_ceil(kc);
         let mut buffer = AlignedBuffer::take(panels * k * kernel.nr(), "b")?;
         let base = buffer.as_mut_slice().as_mut_ptr();
         Ok(PackedB {
@@ -634,6 +679,7 @@ impl<'a> PackedB<'a> {
             base,
             states: (0..panels * blocks).map(|_| AtomicU32::new(0)).collect(),
             blocks,
+            kc,
         })
     }
 
@@ -677,7 +723,7 @@ impl<'a> PackedB<'a> {
 
     /// The rows of depth block number `depth`.
     fn block_rows(&self, depth: usize) -> std::ops::Range<usize> {
-        let kc = self.kernel.kc(self.k);
+        let kc = self.kc;
         depth * kc..(depth * kc + kc).min(self.k)
     }
 
@@ -740,8 +786,8 @@ impl<'a> PackedB<'a> {
         unsafe { std::slice::from_raw_parts(self.base.add(at), len) }
     }
 
-    /// Part `part` (of `parts`) of the lines a micro-kernel should prefetch for block
-    /// `(panel, depth)`, read next: its source's (see [`source_lines`]) if the block is still
+    /// The lines the micro-kernels should prefetch for block `(panel, depth)`, read next, to be
+    /// shared out among the tiles that run before it ([`Lines::parts`]): its source's (see [`source_lines`]) if the block is still
     /// to be packed, else the packed block's own.
     ///
     /// A packed block left unprefetched came from L3 or memory in the first tile that read it:
@@ -752,36 +798,30 @@ impl<'a> PackedB<'a> {
     /// dx 11.91 → 11.42, [2048x2048]·[2048x512] 24.33 → 23.77; [2048x512]·[512x1536] even.
     /// Lazily packed (`b` packed by the first row block, read packed by the others) it moved
     /// each product by -3% to +5%.
-    fn next_lines(&self, panel: usize, depth: usize, part: usize, parts: usize) -> Lines {
+    fn next_lines(&self, panel: usize, depth: usize) -> Lines {
         let rows = self.block_rows(depth);
         if self.is_empty(panel, depth) {
-            return source_lines(&self.source, self.kernel.nr(), panel, rows, part, parts);
+            return source_lines(&self.source, self.kernel.nr(), panel, rows);
         }
         if packed_prefetch_off() {
             return Lines::NONE;
         }
         let nr = self.kernel.nr();
-        let lines = (rows.len() * nr).div_ceil(16);
-        let share = lines * part / parts..lines * (part + 1) / parts;
-        if share.is_empty() {
-            return Lines::NONE;
-        }
-        let at = panel * self.k * nr + rows.start * nr + share.start * 16;
+        let at = panel * self.k * nr + rows.start * nr;
         Lines {
             // A prefetch address need not be inside the buffer (see `Lines`), but this one is:
-            // line `share.start` of the block's `rows.len() · nr` values.
+            // the start of the block's `rows.len() · nr` values, one run per line of them.
             base: self.base.wrapping_add(at),
-            runs: share.len(),
+            runs: (rows.len() * nr).div_ceil(16),
             run_stride: 16,
             lines: 1,
         }
     }
 }
 
-/// Part `part` (of `parts`) of the lines of `b` that panel `panel` (of width `nr`) packs from
-/// rows `rows`, if its rows or its columns are contiguous in memory (else none): the rows'
-/// share of the block's rows, or (a linear layer's transposed weight) the columns' share of its
-/// columns.
+/// The lines of `b` that panel `panel` (of width `nr`) packs from rows `rows`, if its rows or
+/// its columns are contiguous in memory (else none): a run per row, or (a linear layer's
+/// transposed weight) a run per column, to be shared out by runs ([`Lines::parts`]).
 ///
 /// The micro-kernels ask for these lines spread over their steps ([`Spread`]) while they run
 /// on the block before. Asked for in one burst before each tile instead, they filled the core's
@@ -793,29 +833,22 @@ fn source_lines(
     nr: usize,
     panel: usize,
     rows: std::ops::Range<usize>,
-    part: usize,
-    parts: usize,
 ) -> Lines {
     let first = panel * nr;
     let width = nr.min(source.cols - first);
-    let share = |of: usize| of * part / parts..of * (part + 1) / parts;
-    let (runs, at, run_stride, lines) = if source.col_stride == 1 {
-        let runs = share(rows.len());
-        let at = source.at(rows.start + runs.start, first);
-        (runs, at, source.row_stride, width.div_ceil(16))
+    let (runs, run_stride, lines) = if source.col_stride == 1 {
+        (rows.len(), source.row_stride, width.div_ceil(16))
     } else if source.row_stride == 1 {
-        let runs = share(width);
-        let at = source.at(rows.start, first + runs.start);
-        (runs, at, source.col_stride, rows.len().div_ceil(16))
+        (width, source.col_stride, rows.len().div_ceil(16))
     } else {
         return Lines::NONE;
     };
-    if runs.is_empty() {
+    if runs == 0 {
         return Lines::NONE;
     }
     Lines {
-        base: source.data[at..].as_ptr(),
-        runs: runs.len(),
+        base: source.data[source.at(rows.start, first)..].as_ptr(),
+        runs,
         run_stride,
         lines,
     }
@@ -1314,15 +1347,18 @@ unsafe fn stream_panels(
             let next = blocks.peek().copied();
             let a_block = &packed_a[depth * padded_m..][..padded_m * kc];
             let a_block = &a_block[first_micro * mr * kc..][..micro_panels * mr * kc];
-            for (r, a_panel) in a_block.chunks_exact(mr * kc).enumerate() {
+            let next_lines = match (next, b) {
+                (Some((next_panel, next_depth)), BlockSource::Pack(b)) => {
+                    let rows = next_depth..(next_depth + kc_block).min(k);
+                    source_lines(b, nr, next_panel, rows)
+                }
+                _ => Lines::NONE,
+            };
+            let tiles = a_block
+                .chunks_exact(mr * kc)
+                .zip(next_lines.parts(micro_panels));
+            for (r, (a_panel, prefetch)) in tiles.enumerate() {
                 let r = first_micro + r;
-                let prefetch = match (next, b) {
-                    (Some((next_panel, next_depth)), BlockSource::Pack(b)) => {
-                        let rows = next_depth..(next_depth + kc_block).min(k);
-                        source_lines(b, nr, next_panel, rows, r - first_micro, micro_panels)
-                    }
-                    _ => Lines::NONE,
-                };
                 let args = TileArgs {
                     kc,
                     a: a_panel.as_ptr(),
@@ -1436,13 +1472,11 @@ unsafe fn multiply_panels(
                         Some(&next) => Some((next, block)),
                         None => (block + 1 < b.blocks).then_some((order[0], block + 1)),
                     };
-                    for micro in 0..micro_panels {
-                        let prefetch = match next {
-                            Some((next_panel, next_block)) => {
-                                b.next_lines(next_panel, next_block, micro, micro_panels)
-                            }
-                            None => Lines::NONE,
-                        };
+                    // Shared out among this panel's tiles (whether the next block is packed
+                    // yet is asked once, here).
+                    let next_lines =
+                        next.map_or(Lines::NONE, |(panel, block)| b.next_lines(panel, block));
+                    for (micro, prefetch) in next_lines.parts(micro_panels).enumerate() {
                         let rows = mr.min(mc - micro * mr);
                         let args = TileArgs {
                             kc,

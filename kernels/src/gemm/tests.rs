@@ -792,7 +792,7 @@ fn the_source_lines_of_a_block_are_shared_out_among_its_tiles() {
         let b = MatrixRef::new(&data, 0, shape, strides, "b").unwrap();
         let mut asked = Vec::new();
         for part in 0..7 {
-            let lines = source_lines(&b, 64, 1, 16..80, part, 7);
+            let lines = source_lines(&b, 64, 1, 16..80).part(part, 7);
             for r in 0..lines.runs {
                 for l in 0..lines.lines {
                     let offset = r as isize * lines.run_stride + 16 * l as isize;
@@ -830,9 +830,9 @@ fn a_packed_block_is_prefetched_once_over_its_tiles_and_an_unpacked_one_from_its
     let b = MatrixRef::new(&data, 0, [300, 150], [150, 1], "b").unwrap();
     let kernel = Kernel::Portable;
     let lazy = PackedB::lazy(&b, kernel).unwrap();
-    let unpacked: Vec<_> = (0..7).map(|part| lazy.next_lines(1, 1, part, 7)).collect();
+    let unpacked: Vec<_> = lazy.next_lines(1, 1).parts(7).collect();
     let from_source: Vec<_> = (0..7)
-        .map(|part| source_lines(&b, kernel.nr(), 1, lazy.block_rows(1), part, 7))
+        .map(|part| source_lines(&b, kernel.nr(), 1, lazy.block_rows(1)).part(part, 7))
         .collect();
     for (l, s) in unpacked.iter().zip(&from_source) {
         assert_eq!(
@@ -845,7 +845,7 @@ fn a_packed_block_is_prefetched_once_over_its_tiles_and_an_unpacked_one_from_its
     let (start, len) = (block.as_ptr() as usize, block.len());
     let mut asked = Vec::new();
     for part in 0..7 {
-        let lines = packed.next_lines(1, 1, part, 7);
+        let lines = packed.next_lines(1, 1).part(part, 7);
         for r in 0..lines.runs {
             for l in 0..lines.lines {
                 let offset = r as isize * lines.run_stride + 16 * l as isize;
@@ -924,5 +924,28 @@ fn a_weight_read_in_place_gives_the_packed_paths_bits() {
                 .iter()
                 .all(|v| v.is_nan()));
         }
+    }
+}
+
+#[test]
+fn lines_parts_are_the_parts_one_by_one() {
+    let base = std::ptr::null::<f32>().wrapping_add(1 << 20);
+    for (runs, parts) in [(0, 5), (1, 7), (7, 7), (13, 4), (100, 44), (3, 1), (64, 22)] {
+        let whole = Lines {
+            base,
+            runs,
+            run_stride: -48,
+            lines: 2,
+        };
+        let each: Vec<_> = whole
+            .parts(parts)
+            .map(|l| (l.base, l.runs, l.run_stride, l.lines))
+            .collect();
+        let expected: Vec<_> = (0..parts)
+            .map(|p| whole.part(p, parts))
+            .map(|l| (l.base, l.runs, l.run_stride, l.lines))
+            .collect();
+        assert_eq!(each, expected, "{runs} runs in {parts} parts");
+        assert_eq!(each.iter().map(|l| l.1).sum::<usize>(), runs);
     }
 }
