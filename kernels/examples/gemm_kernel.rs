@@ -1,6 +1,7 @@
 //! GFLOP/s of the detected micro-kernel in the macro-kernel's loops on packed operands (no
-//! packing): one thread, CPU time of the loops alone, median of 9 (`KERNEL=avx2` or `portable`
-//! for a narrower kernel than the detected one):
+//! packing): one thread, CPU time of the loops alone, median of 9, without and with the
+//! prefetches a product asks the tiles for (`KERNEL=avx2` or `portable` for a narrower kernel
+//! than the detected one):
 //! `cargo run --release -p minductor-kernels --example gemm_kernel [-- kc micro_panels panels]`.
 
 use minductor_kernels::gemm::{bench_macro_kernel, Kernel};
@@ -38,16 +39,29 @@ fn main() {
     for [kc, micro_panels, panels] in configs {
         let flop = 2.0 * (kc * micro_panels * kernel.mr() * panels * kernel.nr()) as f64;
         let reps = ((2e8 / flop) as usize).max(1);
-        let mut times: Vec<f64> = (0..9)
-            .map(|_| {
-                bench_macro_kernel(kernel, kc, micro_panels, panels, reps, thread_cpu_seconds)
-                    .unwrap()
-            })
-            .collect();
-        times.sort_by(f64::total_cmp);
-        let gflops = flop * reps as f64 / times[4] / 1e9;
+        // Without prefetches and with (the next panel's lines spread over the tiles, as in a
+        // product), alternated so both see the same moments of a noisy machine.
+        let mut times = [Vec::new(), Vec::new()];
+        for _ in 0..9 {
+            for (prefetch, times) in times.iter_mut().enumerate() {
+                let run = bench_macro_kernel(
+                    kernel,
+                    kc,
+                    micro_panels,
+                    panels,
+                    reps,
+                    prefetch == 1,
+                    thread_cpu_seconds,
+                );
+                times.push(run.unwrap());
+            }
+        }
+        let [plain, prefetched] = times.map(|mut t| {
+            t.sort_by(f64::total_cmp);
+            flop * reps as f64 / t[4] / 1e9
+        });
         println!(
-            "{kernel:?} {}x{} kc {kc:4} micro-panels {micro_panels:3} panels {panels:3}: {gflops:.1} GFLOP/s",
+            "{kernel:?} {}x{} kc {kc:4} micro-panels {micro_panels:3} panels {panels:3}: {plain:.1} GFLOP/s, prefetching {prefetched:.1}",
             kernel.mr(),
             kernel.nr()
         );

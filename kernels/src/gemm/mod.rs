@@ -374,10 +374,19 @@ impl Lines {
 const SPREAD_CHUNK: usize = 8;
 
 /// A micro-kernel's loop over its `kc` steps of `k`: `in_chunks!(lines, kc, |count| run)`
-/// evaluates `run` with `count` steps to take. With nothing to prefetch, one run of all of them;
-/// else runs of [`SPREAD_CHUNK`] steps, with the prefetches of `lines` that are due issued
-/// between them, outside the loop of FMAs (whose scalar bookkeeping would take issue slots from
-/// the FMA ports: ~4% on `gemm_shapes`' `train dw` when it was done at every step).
+/// evaluates `run` with `count` steps to take, the prefetches of `lines` issued between the
+/// runs, outside the loop of FMAs (whose scalar bookkeeping would take issue slots from the FMA
+/// ports: ~4% on `gemm_shapes`' `train dw` when it was done at every step):
+/// - nothing to prefetch: one run of all the steps;
+/// - at most one line per [`SPREAD_CHUNK`] steps (a tile's share of a packed block: 8 lines
+///   over 176 steps on AVX2): one line, then `kc / lines` steps, as many times as there are
+///   lines, then the steps left over. No bookkeeping beyond the loop's count and the next
+///   address.
+/// - more lines: runs of [`SPREAD_CHUNK`] steps, each after the lines due by then ([`Spread`]).
+///
+/// With the due lines counted before every run of 8 steps (the last case for all), tiles with
+/// a prefetch ran 13% slower than without in `gemm_kernel` on Zen 3 (family 25 model 1), one
+/// thread; see ARCHITECTURE's GEMM section for the measurements of this form.
 ///
 /// A macro, not a function taking a closure: the closure is not compiled with the kernel's
 /// target features, so the kernel's steps were not inlined into it and its accumulators went
@@ -385,8 +394,21 @@ const SPREAD_CHUNK: usize = 8;
 macro_rules! in_chunks {
     ($lines:expr, $kc:expr, |$count:ident| $run:expr) => {{
         let (lines, kc): (super::Lines, usize) = ($lines, $kc);
-        if lines.runs * lines.lines == 0 {
+        let total = lines.runs * lines.lines;
+        if total == 0 {
             let $count = kc;
+            $run;
+        } else if total * super::SPREAD_CHUNK <= kc {
+            // `total ≤ kc / 8` and `kc` is at most a few thousand: both fit in 32 bits, whose
+            // division is the quick one.
+            let every = (kc as u32 / total as u32) as usize;
+            let mut next = super::LineWalk::new(lines);
+            for _ in 0..total {
+                super::prefetch_line(next.line());
+                let $count = every;
+                $run;
+            }
+            let $count = kc - every * total;
             $run;
         } else {
             let mut prefetch = super::Spread::new(lines, kc.div_ceil(super::SPREAD_CHUNK));
@@ -405,29 +427,56 @@ use in_chunks;
 /// Issues the prefetches of a [`Lines`] evenly over a loop of `steps` steps: at each step, those
 /// whose turn has come (`runs · lines / steps` per step on average).
 pub(crate) struct Spread {
-    lines: Lines,
+    walk: LineWalk,
     /// Prefetches in all, and those issued so far.
     total: usize,
     issued: usize,
     steps: usize,
     /// Grows by `total` each step; every `steps` of it is one prefetch due.
     credit: usize,
+}
+
+/// The lines of a [`Lines`] one after the other: run by run, each run's lines in order.
+pub(crate) struct LineWalk {
+    lines: Lines,
     /// The next line: run `run`, line `line` of it.
     run: usize,
     line: usize,
+}
+
+impl LineWalk {
+    #[inline(always)]
+    pub fn new(lines: Lines) -> LineWalk {
+        LineWalk {
+            lines,
+            run: 0,
+            line: 0,
+        }
+    }
+
+    /// The address of the next line (`wrapping_offset` forms it without claiming it lies in
+    /// any allocation), advancing past it.
+    #[inline(always)]
+    pub fn line(&mut self) -> *const f32 {
+        let offset = self.run as isize * self.lines.run_stride + self.line as isize * 16;
+        self.line += 1;
+        if self.line == self.lines.lines {
+            self.line = 0;
+            self.run += 1;
+        }
+        self.lines.base.wrapping_offset(offset)
+    }
 }
 
 impl Spread {
     #[inline(always)]
     pub fn new(lines: Lines, steps: usize) -> Spread {
         Spread {
-            lines,
+            walk: LineWalk::new(lines),
             total: lines.runs * lines.lines,
             issued: 0,
             steps: steps.max(1),
             credit: 0,
-            run: 0,
-            line: 0,
         }
     }
 
@@ -457,17 +506,10 @@ impl Spread {
         due
     }
 
-    /// The address of the next line (`wrapping_offset` forms it without claiming it lies in
-    /// any allocation), advancing past it.
+    /// The address of the next line, advancing past it.
     #[inline(always)]
     fn next_line(&mut self) -> *const f32 {
-        let offset = self.run as isize * self.lines.run_stride + self.line as isize * 16;
-        self.line += 1;
-        if self.line == self.lines.lines {
-            self.line = 0;
-            self.run += 1;
-        }
-        self.lines.base.wrapping_offset(offset)
+        self.walk.line()
     }
 }
 
@@ -1576,6 +1618,7 @@ pub fn bench_macro_kernel(
     micro_panels: usize,
     panels: usize,
     reps: usize,
+    prefetch: bool,
     clock: impl Fn() -> f64,
 ) -> Result<f64, GemmError> {
     if !kernel.is_supported() {
@@ -1598,7 +1641,16 @@ pub fn bench_macro_kernel(
     let start = clock();
     for _ in 0..reps {
         for (q, b_panel) in b.chunks_exact(kc * nr).enumerate() {
-            for (r, a_panel) in a.chunks_exact(kc * mr).enumerate() {
+            // With `prefetch`, the next panel's lines shared out among the tiles, as the
+            // products ask for the next packed block (`multiply_panels`).
+            let next = Lines {
+                base: b[(q + 1) % panels * kc * nr..].as_ptr(),
+                runs: if prefetch { (kc * nr).div_ceil(16) } else { 0 },
+                run_stride: 16,
+                lines: 1,
+            };
+            let tiles = a.chunks_exact(kc * mr).zip(next.parts(micro_panels));
+            for (r, (a_panel, prefetch)) in tiles.enumerate() {
                 let args = TileArgs {
                     kc,
                     a: a_panel.as_ptr(),
@@ -1608,7 +1660,7 @@ pub fn bench_macro_kernel(
                     rows: mr,
                     cols: nr,
                     accumulate: true,
-                    prefetch: Lines::NONE,
+                    prefetch,
                 };
                 // SAFETY: the kernel is supported; the panels hold `kc·mr` and `kc·nr`
                 // values; the tile (rows `r·mr ..+ mr`, columns `q·nr ..+ nr`) is inside `c`.
