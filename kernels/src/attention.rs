@@ -1857,6 +1857,10 @@ mod avx2 {
     /// Keys per pass of the score product (two registers per row).
     const CHUNK: usize = 16;
 
+    /// Steps per pass of the micro-kernels' loops over the head dim and over the keys: their
+    /// scalar bookkeeping once per four steps, as in the GEMM kernels.
+    const UNROLL: usize = 4;
+
     /// One item (see the module documentation).
     ///
     /// # Safety
@@ -2087,14 +2091,31 @@ mod avx2 {
         // SAFETY: the contract (column `l < e` of each row, keys `l·KEY_BLOCK + 0..16`).
         unsafe {
             let q: [*const f32; N] = std::array::from_fn(|r| qp.add(r * q_rows));
-            for l in 0..e {
-                let b = kp.add(l * KEY_BLOCK);
-                let (b0, b1) = (_mm256_loadu_ps(b), _mm256_loadu_ps(b.add(8)));
-                for (row, &q) in x.iter_mut().zip(&q) {
-                    let a = _mm256_broadcast_ss(&*q.add(l));
-                    row[0] = _mm256_fmadd_ps(a, b0, row[0]);
-                    row[1] = _mm256_fmadd_ps(a, b1, row[1]);
-                }
+            // Column `l` of the rows against keys `l·KEY_BLOCK ..+ 16`.
+            macro_rules! column {
+                ($l:expr) => {{
+                    let l: usize = $l;
+                    let b = kp.add(l * KEY_BLOCK);
+                    let (b0, b1) = (_mm256_loadu_ps(b), _mm256_loadu_ps(b.add(8)));
+                    for (row, &q) in x.iter_mut().zip(&q) {
+                        let a = _mm256_broadcast_ss(&*q.add(l));
+                        row[0] = _mm256_fmadd_ps(a, b0, row[0]);
+                        row[1] = _mm256_fmadd_ps(a, b1, row[1]);
+                    }
+                }};
+            }
+            // Four columns a pass, then the rest: the same FMAs in the same order.
+            let mut l = 0;
+            while l + UNROLL <= e {
+                column!(l);
+                column!(l + 1);
+                column!(l + 2);
+                column!(l + 3);
+                l += UNROLL;
+            }
+            while l < e {
+                column!(l);
+                l += 1;
             }
         }
         x
@@ -2195,17 +2216,85 @@ mod avx2 {
                     *inverse = 1.0 / hsum(_mm256_loadu_ps(state.sum.as_ptr().add((r0 + r) * 8)));
                 }
             }
+            let values = ValueRows {
+                p: p.as_ptr(),
+                alpha: &alpha,
+                inverse: &inverse,
+                r0,
+                s0,
+                rescale,
+                last,
+                every_row,
+                seen,
+                first_row,
+            };
+            let mut j = 0;
+            while j < ev {
+                // Whole 16 columns load and store plainly, the tail masked: two instances, so
+                // that the loops over the keys test neither.
+                if ev - j >= 16 {
+                    value_columns::<N, true>(ops, state, &values, j);
+                } else {
+                    value_columns::<N, false>(ops, state, &values, j);
+                }
+                j += 16;
+            }
+        }
+    }
+
+    /// What [`value_columns`] needs of its [`group`]: the group's probabilities `p`
+    /// (`GROUP · KEY_BLOCK`), its rows' rescaling factors and (on the `last` key tile) inverse
+    /// sums, and which keys each row takes (see `group`).
+    struct ValueRows<'a, const N: usize> {
+        p: *const f32,
+        alpha: &'a [f32; 8],
+        inverse: &'a [f32; N],
+        r0: usize,
+        s0: usize,
+        rescale: bool,
+        last: bool,
+        every_row: usize,
+        seen: usize,
+        first_row: usize,
+    }
+
+    /// Columns `j..j + 16` (those below `ev`) of [`group`]'s `p·v`: `acc[r] = acc[r]·alpha[r] +
+    /// p[r]·v[s0..s0 + seen]`, or on the `last` tile `out[r] = that · inverse[r]`. `WHOLE`: all
+    /// 16 columns are below `ev` (plain loads and stores; else masked).
+    ///
+    /// # Safety
+    /// As [`group`], whose values `g` holds; `j < ev`.
+    #[target_feature(enable = "avx2,fma")]
+    #[inline]
+    unsafe fn value_columns<const N: usize, const WHOLE: bool>(
+        ops: &Operands<'_>,
+        state: &mut Rows<'_>,
+        g: &ValueRows<'_, N>,
+        j: usize,
+    ) {
+        let ev = ops.ev;
+        let ValueRows {
+            p,
+            alpha,
+            inverse,
+            r0,
+            s0,
+            rescale,
+            last,
+            every_row,
+            seen,
+            first_row,
+        } = *g;
+        // SAFETY: as `group` (the same reads and writes as its loop over the columns did).
+        unsafe {
             let vp = ops.values.as_ptr().add(s0 * ops.value_rows);
             let ap = state.acc.as_mut_ptr().add(r0 * ev);
             let op = state.out.add(r0 * state.out_rows);
-            let mut j = 0;
-            while j < ev {
-                let cols = [lanes(ev - j), lanes((ev - j).saturating_sub(8))];
-                // Whole 16 columns load and store plainly, the tail masked.
-                let whole = ev - j >= 16;
+            let cols = [lanes(ev - j), lanes((ev - j).saturating_sub(8))];
+            {
                 macro_rules! load {
                     ($at:expr, $h:expr) => {
-                        if whole {
+                        if WHOLE {
                             _mm256_loadu_ps($at)
                         } else {
                             _mm256_maskload_ps($at, cols[$h])
@@ -2231,15 +2320,29 @@ mod avx2 {
                         let (l, first): (usize, usize) = ($l, $first);
                         let b = vp.add(l * ops.value_rows + j);
                         let bv = [load!(b, 0), load!(b.add(8), 1)];
-                        for (r, row) in o.iter_mut().enumerate().skip(first) {
-                            let a = _mm256_broadcast_ss(&p[r * KEY_BLOCK + l]);
-                            row[0] = _mm256_fmadd_ps(a, bv[0], row[0]);
-                            row[1] = _mm256_fmadd_ps(a, bv[1], row[1]);
+                        // Every row, each tested (not `skip(first)`: a loop from a variable row
+                        // kept the accumulators in memory rather than in registers).
+                        for (r, row) in o.iter_mut().enumerate() {
+                            if r >= first {
+                                let a = _mm256_broadcast_ss(&*p.add(r * KEY_BLOCK + l));
+                                row[0] = _mm256_fmadd_ps(a, bv[0], row[0]);
+                                row[1] = _mm256_fmadd_ps(a, bv[1], row[1]);
+                            }
                         }
                     }};
                 }
-                for l in 0..every_row {
+                // Four keys a pass, then the rest (the same FMAs in the same order).
+                let mut l = 0;
+                while l + UNROLL <= every_row {
                     key!(l, 0);
+                    key!(l + 1, 0);
+                    key!(l + 2, 0);
+                    key!(l + 3, 0);
+                    l += UNROLL;
+                }
+                while l < every_row {
+                    key!(l, 0);
+                    l += 1;
                 }
                 // Past the first row's position, each key for the rows at or after it only.
                 for l in every_row..seen {
@@ -2256,14 +2359,13 @@ mod avx2 {
                         } else {
                             (ap.add(r * ev + j + 8 * h), acc)
                         };
-                        if whole {
+                        if WHOLE {
                             _mm256_storeu_ps(at, y);
                         } else {
                             _mm256_maskstore_ps(at, cols[h], y);
                         }
                     }
                 }
-                j += 16;
             }
         }
     }
