@@ -829,8 +829,8 @@ impl<'a> PackedB<'a> {
     }
 
     /// The lines the micro-kernels should prefetch for block `(panel, depth)`, read next, to be
-    /// shared out among the tiles that run before it ([`Lines::parts`]): its source's (see [`source_lines`]) if the block is still
-    /// to be packed, else the packed block's own.
+    /// shared out among the tiles that run before it ([`Lines::parts`]): its source's (see
+    /// [`source_lines`]) if the block is still to be packed, else the packed block's own.
     ///
     /// A packed block left unprefetched came from L3 or memory in the first tile that read it:
     /// `kc · nr` values (32 KiB) at once, for a panel that then serves only `MC / mr` (44)
@@ -865,9 +865,9 @@ impl<'a> PackedB<'a> {
 /// its columns are contiguous in memory (else none): a run per row, or (a linear layer's
 /// transposed weight) a run per column, to be shared out by runs ([`Lines::parts`]).
 ///
-/// The micro-kernels ask for these lines spread over their steps ([`Spread`]) while they run
-/// on the block before. Asked for in one burst before each tile instead, they filled the core's
-/// line-fill buffers and stalled it: measured on a Xeon of family 6 model 207, the MLP
+/// The micro-kernels ask for these lines spread over their steps (`in_chunks!`) while they
+/// run on the block before. Asked for in one burst before each tile instead, they filled the
+/// core's line-fill buffers and stalled it: measured on a Xeon of family 6 model 207, the MLP
 /// workload at one thread, paired runs, ~32.5 ms in bursts, ~31.4 with no prefetch at all,
 /// ~30.6 spread.
 fn source_lines(
