@@ -1249,6 +1249,11 @@ const LN2_LO: f32 = -2.121_944_4e-4;
 #[cfg(target_arch = "x86_64")]
 const GROUP: usize = 6;
 
+/// Steps per pass of the vector forms' loops over the head dim and over the keys: their
+/// scalar bookkeeping once per four steps, as in the GEMM kernels.
+#[cfg(target_arch = "x86_64")]
+const UNROLL: usize = 4;
+
 /// What a group of rows reads, all checked once per item (see [`vector_item`]).
 #[cfg(target_arch = "x86_64")]
 struct Operands<'a> {
@@ -1396,7 +1401,7 @@ unsafe fn vector_item(tile: &Tile<'_>, out: &mut OutRows<'_>, lanes: usize, grou
 
 #[cfg(target_arch = "x86_64")]
 mod avx512 {
-    use super::{key_index, Operands, OutRows, Rows, Tile, GROUP, KEY_BLOCK};
+    use super::{key_index, Operands, OutRows, Rows, Tile, GROUP, KEY_BLOCK, UNROLL};
     use super::{EXP_POLY, LN2_HI, LN2_LO};
     use crate::math::LN_MIN_NORMAL;
     use std::arch::x86_64::*;
@@ -1568,16 +1573,33 @@ mod avx512 {
         // SAFETY: the contract; masked loads touch only their enabled lanes.
         unsafe {
             let q: [*const f32; N] = std::array::from_fn(|r| qp.add(r * q_rows));
-            for l in 0..e {
-                let b = kp.add(l * KEY_BLOCK);
-                let bv: [__m512; V] =
-                    std::array::from_fn(|v| _mm512_maskz_loadu_ps(key_lanes[v], b.add(v * 16)));
-                for (row, &q) in x.iter_mut().zip(&q) {
-                    let a = _mm512_set1_ps(*q.add(l));
-                    for (acc, &y) in row.iter_mut().zip(&bv) {
-                        *acc = _mm512_fmadd_ps(a, y, *acc);
+            // Column `l` of the rows against the tile's keys.
+            macro_rules! column {
+                ($l:expr) => {{
+                    let l: usize = $l;
+                    let b = kp.add(l * KEY_BLOCK);
+                    let bv: [__m512; V] =
+                        std::array::from_fn(|v| _mm512_maskz_loadu_ps(key_lanes[v], b.add(v * 16)));
+                    for (row, &q) in x.iter_mut().zip(&q) {
+                        let a = _mm512_set1_ps(*q.add(l));
+                        for (acc, &y) in row.iter_mut().zip(&bv) {
+                            *acc = _mm512_fmadd_ps(a, y, *acc);
+                        }
                     }
-                }
+                }};
+            }
+            // Four columns a pass, then the rest: the same FMAs in the same order.
+            let mut l = 0;
+            while l + UNROLL <= e {
+                column!(l);
+                column!(l + 1);
+                column!(l + 2);
+                column!(l + 3);
+                l += UNROLL;
+            }
+            while l < e {
+                column!(l);
+                l += 1;
             }
         }
         x
@@ -1659,6 +1681,7 @@ mod avx512 {
             let vp = ops.values.as_ptr().add(s0 * ops.value_rows);
             let ap = state.acc.as_mut_ptr().add(r0 * ev);
             let op = state.out.add(r0 * state.out_rows);
+            let pp = p.as_ptr();
             let mut j = 0;
             while j < ev {
                 let col_lanes: [__mmask16; 4] =
@@ -1684,16 +1707,31 @@ mod avx512 {
                         let bv: [__m512; 4] = std::array::from_fn(|v| {
                             _mm512_maskz_loadu_ps(col_lanes[v], b.add(v * 16))
                         });
-                        for (r, row) in o.iter_mut().enumerate().skip(first) {
-                            let a = _mm512_set1_ps(p[r * KEY_BLOCK + l]);
-                            for (acc, &y) in row.iter_mut().zip(&bv) {
-                                *acc = _mm512_fmadd_ps(a, y, *acc);
+                        // Every row, each tested, and `p` read by pointer (as the AVX2 form:
+                        // `skip(first)` and a bounds check per read cost the AVX2 loop its
+                        // registers).
+                        for (r, row) in o.iter_mut().enumerate() {
+                            if r >= first {
+                                let a = _mm512_set1_ps(*pp.add(r * KEY_BLOCK + l));
+                                for (acc, &y) in row.iter_mut().zip(&bv) {
+                                    *acc = _mm512_fmadd_ps(a, y, *acc);
+                                }
                             }
                         }
                     }};
                 }
-                for l in 0..every_row {
+                // Four keys a pass, then the rest (the same FMAs in the same order).
+                let mut l = 0;
+                while l + UNROLL <= every_row {
                     key!(l, 0);
+                    key!(l + 1, 0);
+                    key!(l + 2, 0);
+                    key!(l + 3, 0);
+                    l += UNROLL;
+                }
+                while l < every_row {
+                    key!(l, 0);
+                    l += 1;
                 }
                 // Past the first row's position, each key for the rows at or after it only.
                 for l in every_row..seen {
@@ -1849,17 +1887,13 @@ mod avx512 {
 /// same `GROUP` × 16 blocking over value columns.
 #[cfg(target_arch = "x86_64")]
 mod avx2 {
-    use super::{key_index, Operands, OutRows, Rows, Tile, GROUP, KEY_BLOCK};
+    use super::{key_index, Operands, OutRows, Rows, Tile, GROUP, KEY_BLOCK, UNROLL};
     use super::{EXP_POLY, LN2_HI, LN2_LO};
     use crate::math::LN_MIN_NORMAL;
     use std::arch::x86_64::*;
 
     /// Keys per pass of the score product (two registers per row).
     const CHUNK: usize = 16;
-
-    /// Steps per pass of the micro-kernels' loops over the head dim and over the keys: their
-    /// scalar bookkeeping once per four steps, as in the GEMM kernels.
-    const UNROLL: usize = 4;
 
     /// One item (see the module documentation).
     ///
