@@ -75,8 +75,10 @@ pub struct CompiledKernel {
 /// results: each row is computed within one call, whatever the chunks.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Split {
-    /// One chunk per thread, each visiting at least 2^14 elements (fewer chunks for less work;
-    /// the default; see `execute::kernel_pieces`).
+    /// Four chunks per thread (each thread runs its own first, then takes what is left of the
+    /// others'), each visiting at least 2^14 elements (fewer chunks for less work, down to one;
+    /// the default; see `execute::kernel_pieces`). The name is kept from when it was one chunk
+    /// per thread: artifacts and the compile cache store it.
     PerThread,
     /// Always on the calling thread.
     Serial,
