@@ -37,7 +37,7 @@ pub(super) unsafe fn tile(_: &TileArgs) {
 }
 
 /// One step of `k`: `acc[i] += a[i] · b[0..16]` for `i < ROWS` (`$a` pointing to `ROWS`
-/// readable values, `$b` to 16). A macro, so that it is inlined into [`steps`] with the kernel's
+/// readable values, `$b` to 16). A macro, so that it is inlined into `super::steps!` with the kernel's
 /// target features and the accumulators stay in registers (as in the AVX-512 kernel).
 macro_rules! step {
     ($acc:expr, $a:expr, $b:expr) => {{
@@ -58,30 +58,6 @@ macro_rules! step {
 /// alternated with the loop of one step per pass, 16 pairs on a noisy host: faster in 12, the
 /// mean ratio 1.05 (best runs 86.8 against 83.9 GFLOP/s).
 const UNROLL: usize = 4;
-
-/// `$count` steps of `k` of the tile: `acc[i] += a[i] · b` for the next `ROWS` values of the
-/// `a` panel and 16 of the `b` panel, moving both pointers on; [`UNROLL`] steps per pass, then
-/// the rest one at a time (the same sums in the same order either way). The caller guarantees
-/// that `$a` and `$b` point to `$count · MR` and `$count · NR` readable values of their panels.
-macro_rules! steps {
-    ($acc:expr, $a:expr, $b:expr, $count:expr) => {{
-        let mut left: usize = $count;
-        while left >= UNROLL {
-            step!($acc, $a, $b);
-            step!($acc, $a.add(MR), $b.add(NR));
-            step!($acc, $a.add(2 * MR), $b.add(2 * NR));
-            step!($acc, $a.add(3 * MR), $b.add(3 * NR));
-            $a = $a.add(UNROLL * MR);
-            $b = $b.add(UNROLL * NR);
-            left -= UNROLL;
-        }
-        for _ in 0..left {
-            step!($acc, $a, $b);
-            $a = $a.add(MR);
-            $b = $b.add(NR);
-        }
-    }};
-}
 
 /// The tile for `ROWS ≤ MR` rows.
 ///
@@ -106,7 +82,7 @@ unsafe fn tile_rows<const ROWS: usize>(args: &TileArgs) {
     super::in_chunks!(args.prefetch, args.kc, |count| {
         // SAFETY: the next `count` of the `kc` steps the panels hold (the caller's): `a` and
         // `b` point to `count · MR` and `count · NR` readable values.
-        unsafe { steps!(acc, a, b, count) }
+        unsafe { super::steps!(acc, a, b, count) }
     });
     if args.cols == NR {
         for (i, row) in acc.iter().enumerate() {

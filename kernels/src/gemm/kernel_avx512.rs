@@ -45,7 +45,7 @@ pub(super) unsafe fn tile(_: &TileArgs) {
 /// One step of `k`: `acc[i] += a[i] · b[0..64]` for `i < ROWS` (`$a` pointing to `ROWS`
 /// readable values, `$b` to 64), or with `rows`, `acc[i] += $w[i][$p] · b[0..64]` (the rows of a
 /// weight read in place, [`weight_rows`]); both forms issue the same FMAs, so the two kernels
-/// sum alike. A macro, so that it is inlined into [`steps`] with its target features and the
+/// sum alike. A macro, so that it is inlined into `super::steps!` with its target features and the
 /// accumulators stay in registers.
 macro_rules! step {
     // Both forms: the 4 vectors of `b`, and each row's value broadcast against them.
@@ -83,31 +83,6 @@ macro_rules! step {
 /// is only a hint across `target_feature` functions, hence the macros.)
 const UNROLL: usize = 4;
 
-/// `$count` steps of `k` of the tile: `acc[i] += a[i] · b` for the next `ROWS` values of the
-/// `a` panel and 64 of the `b` panel, moving both pointers on; [`UNROLL`] steps per pass, then
-/// the rest one at a time (the same sums in the same order either way). A macro, as [`step`].
-/// The caller guarantees that `$a` and `$b` point to `$count · MR` and `$count · NR` readable
-/// values of their panels.
-macro_rules! steps {
-    ($acc:expr, $a:expr, $b:expr, $count:expr) => {{
-        let mut left: usize = $count;
-        while left >= UNROLL {
-            step!($acc, $a, $b);
-            step!($acc, $a.add(MR), $b.add(NR));
-            step!($acc, $a.add(2 * MR), $b.add(2 * NR));
-            step!($acc, $a.add(3 * MR), $b.add(3 * NR));
-            $a = $a.add(UNROLL * MR);
-            $b = $b.add(UNROLL * NR);
-            left -= UNROLL;
-        }
-        for _ in 0..left {
-            step!($acc, $a, $b);
-            $a = $a.add(MR);
-            $b = $b.add(NR);
-        }
-    }};
-}
-
 /// The tile for `ROWS ≤ MR` rows.
 ///
 /// # Safety
@@ -134,7 +109,7 @@ unsafe fn tile_rows<const ROWS: usize>(args: &TileArgs) {
     super::in_chunks!(args.prefetch, args.kc, |count| {
         // SAFETY: the next `count` of the `kc` steps the panels hold (the caller's): `a` and
         // `b` point to `count · MR` and `count · NR` readable values.
-        unsafe { steps!(acc, a, b, count) }
+        unsafe { super::steps!(acc, a, b, count) }
     });
     for (v, column) in (0..NR).step_by(16).enumerate() {
         if column >= args.cols {

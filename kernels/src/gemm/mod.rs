@@ -424,6 +424,34 @@ macro_rules! in_chunks {
 }
 use in_chunks;
 
+/// `$count` steps of `k` of a micro-kernel's tile: `acc[i] += a[i] · b` for the next `MR`
+/// values of the `a` panel and `NR` of the `b` panel, moving both pointers on; `UNROLL` steps
+/// per pass, then the rest one at a time (the same sums in the same order either way). `step!`,
+/// `MR`, `NR` and `UNROLL` are the invoking kernel's (each vector kernel has its own, with its
+/// measurement). The caller guarantees that `$a` and `$b` point to `$count · MR` and `$count ·
+/// NR` readable values of their panels. A macro, as `in_chunks!`, so that the steps are compiled
+/// with the kernel's target features and its accumulators stay in registers.
+macro_rules! steps {
+    ($acc:expr, $a:expr, $b:expr, $count:expr) => {{
+        let mut left: usize = $count;
+        while left >= UNROLL {
+            step!($acc, $a, $b);
+            step!($acc, $a.add(MR), $b.add(NR));
+            step!($acc, $a.add(2 * MR), $b.add(2 * NR));
+            step!($acc, $a.add(3 * MR), $b.add(3 * NR));
+            $a = $a.add(UNROLL * MR);
+            $b = $b.add(UNROLL * NR);
+            left -= UNROLL;
+        }
+        for _ in 0..left {
+            step!($acc, $a, $b);
+            $a = $a.add(MR);
+            $b = $b.add(NR);
+        }
+    }};
+}
+use steps;
+
 /// Issues the prefetches of a [`Lines`] evenly over a loop of `steps` steps: at each step, those
 /// whose turn has come (`runs · lines / steps` per step on average).
 pub(crate) struct Spread {
