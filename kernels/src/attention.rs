@@ -1254,6 +1254,43 @@ const GROUP: usize = 6;
 #[cfg(target_arch = "x86_64")]
 const UNROLL: usize = 4;
 
+/// `$body` for `$l` in `0..$n` in order, [`UNROLL`] of them per pass of the loop, then the rest
+/// one at a time (the same steps in the same order either way): the vector forms' loops over
+/// the head dim (`scores`) and over the keys every row takes (`p·v`). A macro, so that the
+/// body is compiled with the calling micro-kernel's target features and its accumulators stay
+/// in registers.
+#[cfg(target_arch = "x86_64")]
+macro_rules! unrolled {
+    ($n:expr, |$l:ident| $body:expr) => {{
+        let n: usize = $n;
+        let mut at = 0;
+        while at + UNROLL <= n {
+            {
+                let $l = at;
+                $body
+            }
+            {
+                let $l = at + 1;
+                $body
+            }
+            {
+                let $l = at + 2;
+                $body
+            }
+            {
+                let $l = at + 3;
+                $body
+            }
+            at += UNROLL;
+        }
+        while at < n {
+            let $l = at;
+            $body;
+            at += 1;
+        }
+    }};
+}
+
 /// What a group of rows reads, all checked once per item (see [`vector_item`]).
 #[cfg(target_arch = "x86_64")]
 struct Operands<'a> {
@@ -1588,19 +1625,7 @@ mod avx512 {
                     }
                 }};
             }
-            // Four columns a pass, then the rest: the same FMAs in the same order.
-            let mut l = 0;
-            while l + UNROLL <= e {
-                column!(l);
-                column!(l + 1);
-                column!(l + 2);
-                column!(l + 3);
-                l += UNROLL;
-            }
-            while l < e {
-                column!(l);
-                l += 1;
-            }
+            unrolled!(e, |l| column!(l));
         }
         x
     }
@@ -1720,19 +1745,7 @@ mod avx512 {
                         }
                     }};
                 }
-                // Four keys a pass, then the rest (the same FMAs in the same order).
-                let mut l = 0;
-                while l + UNROLL <= every_row {
-                    key!(l, 0);
-                    key!(l + 1, 0);
-                    key!(l + 2, 0);
-                    key!(l + 3, 0);
-                    l += UNROLL;
-                }
-                while l < every_row {
-                    key!(l, 0);
-                    l += 1;
-                }
+                unrolled!(every_row, |l| key!(l, 0));
                 // Past the first row's position, each key for the rows at or after it only.
                 for l in every_row..seen {
                     key!(l, (s0 + l).saturating_sub(first_row));
@@ -2138,19 +2151,7 @@ mod avx2 {
                     }
                 }};
             }
-            // Four columns a pass, then the rest: the same FMAs in the same order.
-            let mut l = 0;
-            while l + UNROLL <= e {
-                column!(l);
-                column!(l + 1);
-                column!(l + 2);
-                column!(l + 3);
-                l += UNROLL;
-            }
-            while l < e {
-                column!(l);
-                l += 1;
-            }
+            unrolled!(e, |l| column!(l));
         }
         x
     }
@@ -2365,19 +2366,7 @@ mod avx2 {
                         }
                     }};
                 }
-                // Four keys a pass, then the rest (the same FMAs in the same order).
-                let mut l = 0;
-                while l + UNROLL <= every_row {
-                    key!(l, 0);
-                    key!(l + 1, 0);
-                    key!(l + 2, 0);
-                    key!(l + 3, 0);
-                    l += UNROLL;
-                }
-                while l < every_row {
-                    key!(l, 0);
-                    l += 1;
-                }
+                unrolled!(every_row, |l| key!(l, 0));
                 // Past the first row's position, each key for the rows at or after it only.
                 for l in every_row..seen {
                     key!(l, (s0 + l).saturating_sub(first_row));
