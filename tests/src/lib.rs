@@ -23,6 +23,17 @@ pub fn compiled_program(graph: &Graph) -> minductor::internals::kernel_ir::Progr
         .expect("a kernel program")
 }
 
+/// The widest vector width (bits) this CPU runs row routines, GEMM and attention at: 512 with
+/// AVX-512, 256 with AVX2, else Cranelift's 128-bit loops.
+pub fn widest_bits() -> u32 {
+    use minductor::internals::kernels::math::block::{block_isa, BlockIsa};
+    match block_isa() {
+        Some(BlockIsa::Avx512) => 512,
+        Some(BlockIsa::Avx2) => 256,
+        None => 128,
+    }
+}
+
 /// The vector width of every stage of `program`'s kernel steps, in order (see
 /// `lower::stage_vector_bits`; GEMM epilogues are not kernel steps).
 pub fn kernel_stage_bits(program: &minductor::internals::kernel_ir::Program) -> Vec<Option<u32>> {

@@ -39,12 +39,7 @@ fn report_lists_every_step_with_its_cost_and_time() {
     // Each row's vector width, from the CPU's features detected at run time: every stage of
     // softmax runs as a row routine at the widest width there is (its rows of 80 are past
     // `SHORT_ROW`, below which a stage without a function keeps the 4-lane loop).
-    use minductor::internals::kernels::math::block::{block_isa, BlockIsa};
-    let widest = match block_isa() {
-        Some(BlockIsa::Avx512) => 512,
-        Some(BlockIsa::Avx2) => 256,
-        None => 128,
-    };
+    let widest = minductor_tests::widest_bits();
     assert_eq!(softmax.vector_bits, vec![Some(widest)], "{text}");
     assert_eq!(gemm.vector_bits.len(), 2, "{text}");
     assert!(text.contains(" vec "), "{text}");

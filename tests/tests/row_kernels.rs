@@ -7,7 +7,6 @@
 
 use minductor::internals::codegen_cpu::lower::{kernel_vector_bits, set_row_shapes_by_cpu};
 use minductor::internals::kernel_ir::Step;
-use minductor::internals::kernels::math::block::{block_isa, BlockIsa};
 use minductor::{compile, interpret, Graph, Tensor, Traced};
 use minductor_tests::Tolerance;
 use std::sync::Mutex;
@@ -26,22 +25,13 @@ const LENGTHS: [usize; 16] = [
     1, 2, 7, 8, 9, 15, 16, 17, 63, 64, 65, 127, 1023, 1024, 1025, 2100,
 ];
 
-/// The width row routines run at on this CPU.
-fn expected_bits() -> u32 {
-    match block_isa() {
-        Some(BlockIsa::Avx512) => 512,
-        Some(BlockIsa::Avx2) => 256,
-        None => 128,
-    }
-}
-
 /// Serializes the tests' switch of `set_row_shapes_by_cpu` (one process, tests on threads).
 static SWITCH: Mutex<()> = Mutex::new(());
 
 /// Compiles `graph` with every row stage that has a routine taking it, at every row length
 /// (`set_row_shapes_by_cpu(false)`: rows shorter than `SHORT_ROW` keep the loop otherwise, and
 /// `tests/tests/short_rows.rs` checks that form), checks that every kernel runs at
-/// `expected_bits()` when `wide` (the row routines took every stage), compares with the
+/// `minductor_tests::widest_bits()` when `wide` (the row routines took every stage), compares with the
 /// interpreter within `tol`, and checks the same bits on 1, 2 and 3 threads.
 fn check(graph: &Graph, inputs: &[Tensor], tol: f64, wide: bool, what: &str) {
     let want = interpret(graph, inputs).unwrap();
@@ -65,7 +55,7 @@ fn check(graph: &Graph, inputs: &[Tensor], tol: f64, wide: bool, what: &str) {
         for (name, bits) in widths {
             assert_eq!(
                 bits,
-                Some(expected_bits()),
+                Some(minductor_tests::widest_bits()),
                 "{what}: kernel {name} is not at full width\n{program}"
             );
         }

@@ -2,8 +2,7 @@
 //! 0.1 ms of work runs at the widest vector width this CPU has (512 bits on an AVX-512
 //! machine: row routines, the AVX-512 GEMM micro-kernel, the AVX-512 attention form; 256 with
 //! AVX2 only), the width `minductor report` prints in its `vec` column. The work is the cost
-//! model's on the partition report's reference core (`report::REFERENCE_GFLOPS`,
-//! `REFERENCE_GB_PER_S`), not a timing, so the same steps are checked on every machine.
+//! model's on the partition report's reference core (`report::reference_ms`), not a timing, so the same steps are checked on every machine.
 //!
 //! The one per-CPU choice that runs a step narrower on purpose, a layer norm's affine store
 //! over an output of half the last-level cache or more on a core that splits 512-bit
@@ -15,19 +14,14 @@
 use minductor::compile;
 use minductor::internals::codegen_cpu::lower::{set_row_shapes_by_cpu, step_vector_bits};
 use minductor::internals::kernel_ir::cost::program_cost;
-use minductor::internals::kernels::math::block::{block_isa, BlockIsa};
-use minductor_tools::report::{REFERENCE_GB_PER_S, REFERENCE_GFLOPS};
+use minductor_tools::report::reference_ms;
 use minductor_tools::workloads::{by_name, SUITE};
 
 const LEAST_MS: f64 = 0.1;
 
 #[test]
 fn every_suite_step_of_a_tenth_of_a_millisecond_runs_at_full_width() {
-    let widest = match block_isa() {
-        Some(BlockIsa::Avx512) => 512,
-        Some(BlockIsa::Avx2) => 256,
-        None => 128,
-    };
+    let widest = minductor_tests::widest_bits();
     // This test is its file's only one: the switch affects no other test's compiles.
     set_row_shapes_by_cpu(false);
     let (mut checked, mut failures) = (0, Vec::new());
@@ -39,9 +33,7 @@ fn every_suite_step_of_a_tenth_of_a_millisecond_runs_at_full_width() {
         for step in &program.steps {
             for bits in step_vector_bits(step, &program) {
                 let cost = costs.next().expect("a cost row per width row");
-                let bytes = (cost.bytes_read + cost.bytes_written) as f64;
-                let ms = (cost.flops as f64 / (REFERENCE_GFLOPS * 1e6))
-                    .max(bytes / (REFERENCE_GB_PER_S * 1e6));
+                let ms = reference_ms(std::slice::from_ref(&cost));
                 if ms < LEAST_MS {
                     continue;
                 }

@@ -345,17 +345,19 @@ pub struct PartitionRow {
 }
 
 impl PartitionRow {
-    /// The step's time on one thread of the reference core, from the cost model: the longer of
-    /// its FLOPs at [`REFERENCE_GFLOPS`] and its bytes at [`REFERENCE_GB_PER_S`], in ms.
+    /// The step's time on one thread of the reference core ([`reference_ms`] of its costs).
     pub fn reference_ms(&self) -> f64 {
-        let flops: u64 = self.costs.iter().map(|c| c.flops).sum();
-        let bytes: u64 = self
-            .costs
-            .iter()
-            .map(|c| c.bytes_read + c.bytes_written)
-            .sum();
-        (flops as f64 / (REFERENCE_GFLOPS * 1e6)).max(bytes as f64 / (REFERENCE_GB_PER_S * 1e6))
+        reference_ms(&self.costs)
     }
+}
+
+/// The time of cost rows `costs` on one thread of the reference core, from the cost model: the
+/// longer of their FLOPs at [`REFERENCE_GFLOPS`] and their bytes at [`REFERENCE_GB_PER_S`], in
+/// ms.
+pub fn reference_ms(costs: &[StepCost]) -> f64 {
+    let flops: u64 = costs.iter().map(|c| c.flops).sum();
+    let bytes: u64 = costs.iter().map(|c| c.bytes_read + c.bytes_written).sum();
+    (flops as f64 / (REFERENCE_GFLOPS * 1e6)).max(bytes as f64 / (REFERENCE_GB_PER_S * 1e6))
 }
 
 /// How every step of a compiled graph splits across threads at several thread counts, by the
