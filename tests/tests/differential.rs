@@ -329,3 +329,34 @@ fn linear_layers_reading_their_weight_in_place_match_the_interpreter_on_any_thre
     minductor_tests::assert_same_bits_on_threads(&compiled, &inputs, &[2, 3], "threads");
     check(&g, &inputs, 1e-4, "linear layers reading w in place");
 }
+
+#[test]
+fn products_of_few_rows_match_the_interpreter_on_any_thread_count() {
+    // At most `gemm::FEW_ROWS` rows of `a` read `b` in place (`gemm::multiply_few_rows`): a
+    // linear layer (`b` = `wᵀ`, its columns contiguous) with a fused epilogue, `x @ w` of a
+    // weight stored `[k, n]` (rows contiguous), and a stacked batch of 2 × 3 rows, with tails in
+    // every dimension (129 inputs, 1300 outputs) and 670 KB of `b` (two pieces, one per 256 KiB);
+    // 13 rows take the packed path, with the same results.
+    for rows in [1, 3, 5, 12, 13] {
+        let (g, inputs) = build(
+            &[
+                &[rows, 129],
+                &[1300, 129],
+                &[1300],
+                &[129, 1300],
+                &[2, 3, 129],
+            ],
+            |i| {
+                let (x, w, b, v, s) = (&i[0], &i[1], &i[2], &i[3], &i[4]);
+                vec![
+                    x.linear(w, Some(b)).gelu(),
+                    x.matmul(v) * 0.5,
+                    s.linear(w, None),
+                ]
+            },
+        );
+        let compiled = compile(&g).unwrap();
+        minductor_tests::assert_same_bits_on_threads(&compiled, &inputs, &[2, 3], "threads");
+        check(&g, &inputs, 1e-4, &format!("products of {rows} rows"));
+    }
+}

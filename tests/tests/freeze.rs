@@ -4,6 +4,7 @@
 //! only the other inputs, and turn bad constants into typed errors.
 
 use minductor::internals::ir::{BinaryOp, Op, UnaryOp};
+use minductor::internals::kernels::gemm;
 use minductor::{
     compile_frozen, compile_frozen_with_options, interpret, trace, Backend, CompileError,
     CompileOptions, ConvOptions, DType, FreezeError, Graph, RuntimeError, Tensor,
@@ -334,9 +335,10 @@ fn frozen_linears(x_shape: &[usize], hidden: usize, outputs: usize) -> (Graph, V
 
 #[test]
 fn frozen_linear_weights_are_packed_once_and_give_the_interpreters_results() {
-    // Few rows (threads split columns), many rows (row tiles), a stacked batch of sequences,
-    // odd widths (panel and register-tile tails), a long K, and products wide enough to be
-    // streamed.
+    // Few rows (on a CPU with a vector kernel read in place, not packed: see
+    // `frozen_weights_of_products_of_few_rows_match_the_interpreter`), many rows (row tiles),
+    // a stacked batch of sequences, odd widths (panel and register-tile tails), a long K, and
+    // products wide enough to be streamed.
     for (x_shape, hidden, outputs) in [
         (vec![5, 37], 70, 19),
         (vec![300, 37], 70, 19),
@@ -352,7 +354,13 @@ fn frozen_linear_weights_are_packed_once_and_give_the_interpreters_results() {
         let pairs: Vec<(&str, Tensor)> = names.iter().copied().zip(inputs[1..].to_vec()).collect();
         let compiled = compile_frozen(&graph, &pairs).unwrap();
         let context = format!("x {x_shape:?}, hidden {hidden}, outputs {outputs}");
-        assert_eq!(compiled.prepacked_operands(), 2, "{context}");
+        let rows: usize = x_shape[..x_shape.len() - 1].iter().product();
+        let few = gemm::prefers_few_rows(gemm::Kernel::detect(), [rows, 1, 1], [1, 1]);
+        assert_eq!(
+            compiled.prepacked_operands(),
+            if few { 0 } else { 2 },
+            "{context}"
+        );
         let got = compiled.call(&inputs[..1]).unwrap();
         // Against the f64 interpreter, outputs that cancel (sums of 300 products of ~0.1 ending
         // near 0.08) are off by ~1e-5; against the same graph compiled unfrozen (the weight
@@ -369,14 +377,15 @@ fn frozen_linear_weights_are_packed_once_and_give_the_interpreters_results() {
 #[test]
 fn only_the_gemm_operands_that_are_frozen_are_prepacked() {
     let graph = trace(|t| {
-        let x = t.input("x", DType::F32, &[9, 12]);
+        // More rows than `gemm::FEW_ROWS`, whose products read a frozen `b` in place.
+        let x = t.input("x", DType::F32, &[40, 12]);
         let w = t.input("w", DType::F32, &[12, 7]);
         let v = t.input("v", DType::F32, &[7, 5]);
         vec![x.matmul(&w).matmul(&v)]
     })
     .unwrap();
     let inputs = [
-        shifted_sine_values(&[9, 12], 1, 1.0, 0.0),
+        shifted_sine_values(&[40, 12], 1, 1.0, 0.0),
         shifted_sine_values(&[12, 7], 2, 0.5, 0.0),
         shifted_sine_values(&[7, 5], 3, 0.5, 0.0),
     ];
@@ -386,4 +395,32 @@ fn only_the_gemm_operands_that_are_frozen_are_prepacked() {
     assert_eq!(compiled.prepacked_operands(), 1);
     let got = compiled.call(&inputs[..2]).unwrap();
     assert_allclose(&got, &want, Tolerance::close(1e-5), "one frozen operand");
+}
+
+#[test]
+fn frozen_weights_of_products_of_few_rows_match_the_interpreter() {
+    // A frozen weight multiplied by at most `gemm::FEW_ROWS` rows is read in place rather than
+    // packed at compile time (`Prepacked::new`), by columns (`linear`) and by rows (`matmul`).
+    for rows in [1, 4, 12, 13] {
+        let graph = trace(|t| {
+            let x = t.input("x", DType::F32, &[rows, 70]);
+            let w = t.input("w", DType::F32, &[300, 70]);
+            let v = t.input("v", DType::F32, &[70, 300]);
+            vec![x.linear(&w, None).relu(), x.matmul(&v)]
+        })
+        .unwrap();
+        let inputs: Vec<Tensor> = [vec![rows, 70], vec![300, 70], vec![70, 300]]
+            .iter()
+            .enumerate()
+            .map(|(i, shape)| shifted_sine_values(shape, i as u32 + 1, 0.5, 0.0))
+            .collect();
+        let want = interpret(&graph, &inputs).unwrap();
+        let frozen = compile_frozen(
+            &graph,
+            &[("w", inputs[1].clone()), ("v", inputs[2].clone())],
+        )
+        .unwrap();
+        let got = assert_same_bits_on_threads(&frozen, &inputs[..1], &[1, 2, 3], "threads");
+        assert_allclose(&got, &want, Tolerance::close(1e-4), &format!("{rows} rows"));
+    }
 }

@@ -319,6 +319,21 @@ impl Prepacked {
                     "b",
                 )
                 .ok()?;
+                // A product of few rows reads `b` in place (`plan_matmul`): nothing to pack
+                // when `a`'s rows are static and that few.
+                let rows: Option<usize> =
+                    m.a.shape
+                        .iter()
+                        .rev()
+                        .skip(1)
+                        .map(|d| d.as_static())
+                        .product();
+                let b_2d = [strides[batch], strides[batch + 1]];
+                if rows.is_some_and(|rows| {
+                    gemm::prefers_few_rows(kernel, [rows, shape[batch], shape[batch + 1]], b_2d)
+                }) {
+                    return None;
+                }
                 Packed::B(gemm::PackedB::pack(&b, kernel, threads::num_threads()).ok()?)
             }
             MatmulOperand::Im2col(im2col) => {
@@ -452,6 +467,14 @@ pub(super) enum MatmulPlan {
     /// (`gemm::multiply_weight_rows`), split by columns across `threads` threads; the epilogue
     /// runs over all rows after it.
     WeightRows { shape: [usize; 3], threads: usize },
+    /// One 2-D product of at most `gemm::FEW_ROWS` rows, `rows × k` by `k × cols` (`shape`),
+    /// with `b` (strides `b_strides`) read in place (`gemm::multiply_few_rows`), its columns
+    /// split across up to `threads` threads; the epilogue runs over all rows after it.
+    FewRows {
+        shape: [usize; 3],
+        b_strides: [i64; 2],
+        threads: usize,
+    },
     /// A batch of products, the first batch dim's units in runs, one run per piece, each
     /// matrix on the piece's thread; `unit_work` multiply-adds per unit.
     Units {
@@ -466,6 +489,11 @@ impl MatmulPlan {
         match self {
             MatmulPlan::Product { k, split, .. } => split.work(*k),
             MatmulPlan::WeightRows { shape, threads } => gemm::weight_rows_pieces(*shape, *threads),
+            MatmulPlan::FewRows {
+                shape,
+                b_strides,
+                threads,
+            } => gemm::few_rows_pieces(gemm::Kernel::detect(), *shape, *b_strides, *threads),
             MatmulPlan::Units { runs, unit_work } => {
                 runs.iter().map(|r| r.len() as u64 * unit_work).collect()
             }
@@ -503,6 +531,7 @@ fn plan_matmul(
     tuned: Split,
 ) -> MatmulPlan {
     let stacked = is_stacked(sizes, a_strides, b_strides);
+    let available = threads;
     let tuned = match tuned {
         Split::Gemm(g) if g.threads == threads => Some(g),
         _ => None,
@@ -525,6 +554,17 @@ fn plan_matmul(
         // The strides of the 2-D product: its operands' last two dims.
         let (batch, in_place_shape) = (sizes.batch, [product_rows, sizes.k, sizes.cols]);
         let b_2d = [b_strides[batch], b_strides[batch + 1]];
+        // A few rows read `b` in place, in the order it is stored (its bytes, not its
+        // multiply-adds, set the threads it takes), even where it was packed beforehand: read
+        // once, its packed panels would cost as much, and a packed product of few rows gives
+        // its only tile all of the next block's prefetches.
+        if gemm::prefers_few_rows(kernel, in_place_shape, b_2d) {
+            return MatmulPlan::FewRows {
+                shape: in_place_shape,
+                b_strides: b_2d,
+                threads: available,
+            };
+        }
         if tuned.is_none()
             && !prepacked_b
             && gemm::prefers_weight_rows(kernel, in_place_shape, a_strides[batch + 1], b_2d)
@@ -774,6 +814,25 @@ pub(super) fn run_matmul(
                 let mut out = c_rows(0, 0, rows).map_err(gemm_error)?;
                 gemm::multiply_weight_rows(kernel, &a, &b, &mut out, *threads)
                     .map_err(gemm_error)?;
+            }
+            epilogue_on_all_rows();
+            return Ok(());
+        }
+        MatmulPlan::FewRows { shape, threads, .. } => {
+            let [rows, k, _] = *shape;
+            let a = gemm::MatrixRef::new(
+                a_data,
+                a_offset,
+                [rows, k],
+                [row_stride, a_strides[batch + 1]],
+                "a",
+            )
+            .map_err(gemm_error)?;
+            let b = b_view(b_offset).map_err(gemm_error)?;
+            {
+                // The output's unique borrow ends here, before the epilogue reads its rows.
+                let mut out = c_rows(0, 0, rows).map_err(gemm_error)?;
+                gemm::multiply_few_rows(kernel, &a, &b, &mut out, *threads).map_err(gemm_error)?;
             }
             epilogue_on_all_rows();
             return Ok(());

@@ -34,6 +34,7 @@
 //! element of a view inside its slice, [`MatrixMut::new`] proves the output rows inside theirs,
 //! and the packed buffers are sized here from the same shapes the loops run over.
 
+mod few_rows;
 mod implicit;
 mod kernel_avx2;
 mod kernel_avx512;
@@ -48,6 +49,9 @@ mod weight_rows;
 mod winograd;
 
 use crate::scratch::{FirstError, ScratchError};
+pub use few_rows::{
+    few_rows_pieces, multiply_few_rows, prefers as prefers_few_rows, set_few_rows, FEW_ROWS,
+};
 pub use implicit::{check_im2col, multiply_im2col, multiply_im2col_columns, Im2colRef, PackedA};
 pub use split::{
     image_parts, product_threads, unit_runs, ProductSplit, Shared, PARALLEL_FLOPS_THRESHOLD,

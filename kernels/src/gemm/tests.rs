@@ -949,3 +949,184 @@ fn lines_parts_are_the_parts_one_by_one() {
         assert_eq!(each.iter().map(|l| l.1).sum::<usize>(), runs);
     }
 }
+
+/// The vector kernels this CPU has, which the few-rows path runs on.
+fn few_rows_kernels() -> Vec<Kernel> {
+    supported_kernels()
+        .into_iter()
+        .filter(|k| matches!(k, Kernel::Avx512 | Kernel::Avx2))
+        .collect()
+}
+
+/// `multiply_few_rows` against the f64 triple loop (the tolerance of `check`), `a` and `b` in
+/// the given layouts.
+fn check_few_rows(kernel: Kernel, [m, k, n]: [usize; 3], layouts: [Layout; 2], threads: usize) {
+    let (a_data, a_offset, a_strides) = operand(m, k, layouts[0], (m * 1000 + k) as u64);
+    let (b_data, b_offset, b_strides) = operand(k, n, layouts[1], (k * 1000 + n + 7) as u64);
+    let a = MatrixRef::new(&a_data, a_offset, [m, k], a_strides, "a").unwrap();
+    let b = MatrixRef::new(&b_data, b_offset, [k, n], b_strides, "b").unwrap();
+    assert!(prefers_few_rows(kernel, [m, k, n], b_strides));
+    // Rows of `c` wider than its columns: the kernels must keep to their `n` columns.
+    let ldc = n + 3;
+    let mut c_data = vec![f32::NAN; m * ldc];
+    let mut c = MatrixMut::new(&mut c_data, [m, n], ldc).unwrap();
+    multiply_few_rows(kernel, &a, &b, &mut c, threads).unwrap();
+    for i in 0..m {
+        for j in 0..n {
+            let (mut exact, mut magnitude) = (0f64, 0f64);
+            for p in 0..k {
+                let x = element(&a_data, a_offset, a_strides, i, p)
+                    * element(&b_data, b_offset, b_strides, p, j);
+                exact += x;
+                magnitude += x.abs();
+            }
+            let found = c_data[i * ldc + j] as f64;
+            let tolerance = k as f64 * f32::EPSILON as f64 * magnitude + 1e-30;
+            assert!(
+                (found - exact).abs() <= tolerance,
+                "{kernel:?} {m}x{k}x{n} {layouts:?} on {threads} threads: c[{i}, {j}] = {found}, \
+                 expected {exact} within {tolerance}"
+            );
+        }
+        assert!(
+            c_data[i * ldc + n..(i + 1) * ldc]
+                .iter()
+                .all(|v| v.is_nan()),
+            "{kernel:?} {m}x{k}x{n}: wrote past its columns"
+        );
+    }
+}
+
+#[test]
+fn few_rows_match_the_naive_product_in_both_layouts_of_b() {
+    for kernel in few_rows_kernels() {
+        for m in [1, 2, 3, 4, 5, 7, 8, 11, FEW_ROWS] {
+            // Depths past `K_RUN` (256), which more than one pass of rows takes in runs.
+            for k in [1, 7, 8, 15, 16, 17, 64, 100, 257, 600] {
+                for n in [1, 3, 4, 5, 17, 64, 65, 130] {
+                    // `b` by columns (a weight read transposed) and by rows.
+                    for b in [Layout::Transposed, Layout::RowMajor] {
+                        check_few_rows(kernel, [m, k, n], [Layout::RowMajor, b], 1);
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn few_rows_read_a_through_its_strides() {
+    for kernel in few_rows_kernels() {
+        for a in LAYOUTS {
+            for b in [Layout::Transposed, Layout::RowMajor] {
+                check_few_rows(kernel, [5, 33, 70], [a, b], 2);
+            }
+        }
+    }
+}
+
+#[test]
+fn few_rows_give_the_same_bits_on_any_number_of_threads() {
+    // 1 MiB of `b`: enough to split across up to 4 threads.
+    for kernel in few_rows_kernels() {
+        for b_layout in [Layout::Transposed, Layout::RowMajor] {
+            let [m, k, n] = [3, 256, 1000];
+            let (a_data, _, a_strides) = operand(m, k, Layout::RowMajor, 1);
+            let (b_data, _, b_strides) = operand(k, n, b_layout, 2);
+            let a = MatrixRef::new(&a_data, 0, [m, k], a_strides, "a").unwrap();
+            let b = MatrixRef::new(&b_data, 0, [k, n], b_strides, "b").unwrap();
+            let mut first: Option<Vec<u32>> = None;
+            for threads in [1, 2, 3, 7, 64] {
+                assert!(few_rows_pieces(kernel, [m, k, n], b_strides, threads).len() <= 4);
+                let mut c_data = vec![f32::NAN; m * n];
+                let mut c = MatrixMut::row_major(&mut c_data, m, n).unwrap();
+                multiply_few_rows(kernel, &a, &b, &mut c, threads).unwrap();
+                match &first {
+                    None => first = Some(bits(&c_data)),
+                    Some(one) => assert_eq!(&bits(&c_data), one, "{kernel:?} on {threads} threads"),
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn few_rows_pieces_are_even_and_cover_the_product() {
+    for kernel in few_rows_kernels() {
+        for b_strides in [[1, 512], [4096, 1]] {
+            let shape = [1, 512, 4096];
+            for threads in [1, 2, 16, 64] {
+                let pieces = few_rows_pieces(kernel, shape, b_strides, threads);
+                // 8 MiB of `b`: one piece per 256 KiB, at most one per thread.
+                assert_eq!(
+                    pieces.len(),
+                    threads.min(32),
+                    "{kernel:?} {b_strides:?} {threads}"
+                );
+                assert_eq!(pieces.iter().sum::<u64>(), 512 * 4096);
+                let (low, high) = (pieces.iter().min().unwrap(), pieces.iter().max().unwrap());
+                assert!(*high as f64 <= *low as f64 * 1.15, "{pieces:?}");
+            }
+        }
+    }
+}
+
+#[test]
+fn few_rows_refuse_what_they_do_not_take() {
+    let (a_data, _, a_strides) = operand(FEW_ROWS + 1, 8, Layout::RowMajor, 1);
+    let (b_data, b_offset, b_strides) = operand(8, 8, Layout::Strided, 2);
+    // Neither of `b`'s strides is 1.
+    assert!(!prefers_few_rows(Kernel::detect(), [2, 8, 8], b_strides));
+    assert!(!prefers_few_rows(Kernel::Portable, [2, 8, 8], [8, 1]));
+    assert!(!prefers_few_rows(
+        Kernel::detect(),
+        [FEW_ROWS + 1, 8, 8],
+        [8, 1]
+    ));
+    let b = MatrixRef::new(&b_data, b_offset, [8, 8], b_strides, "b").unwrap();
+    let a = MatrixRef::new(&a_data, 0, [2, 8], a_strides, "a").unwrap();
+    let mut c_data = vec![0f32; 2 * 8];
+    let mut c = MatrixMut::row_major(&mut c_data, 2, 8).unwrap();
+    for kernel in supported_kernels() {
+        assert!(matches!(
+            multiply_few_rows(kernel, &a, &b, &mut c, 1),
+            Err(GemmError::Unsupported(_))
+        ));
+    }
+    // Too many rows of `a`.
+    let a = MatrixRef::new(&a_data, 0, [FEW_ROWS + 1, 8], a_strides, "a").unwrap();
+    let b = MatrixRef::new(&b_data[..64], 0, [8, 8], [8, 1], "b").unwrap();
+    let mut c_data = vec![0f32; (FEW_ROWS + 1) * 8];
+    let mut c = MatrixMut::row_major(&mut c_data, FEW_ROWS + 1, 8).unwrap();
+    assert!(multiply_few_rows(Kernel::detect(), &a, &b, &mut c, 1).is_err());
+}
+
+#[test]
+fn few_rows_in_runs_of_k_sum_as_one_pass() {
+    // With more rows than one pass holds, `k` goes in runs with the accumulators kept between
+    // them: each row's bits are those of the same row in a product of that row alone.
+    for kernel in few_rows_kernels() {
+        for b_layout in [Layout::Transposed, Layout::RowMajor] {
+            let [m, k, n] = [11, 600, 70];
+            let (a_data, _, a_strides) = operand(m, k, Layout::RowMajor, 3);
+            let (b_data, _, b_strides) = operand(k, n, b_layout, 4);
+            let b = MatrixRef::new(&b_data, 0, [k, n], b_strides, "b").unwrap();
+            let product = |rows: std::ops::Range<usize>| {
+                let offset = (rows.start * k) as i64;
+                let a = MatrixRef::new(&a_data, offset, [rows.len(), k], a_strides, "a").unwrap();
+                let mut c_data = vec![f32::NAN; rows.len() * n];
+                let mut c = MatrixMut::row_major(&mut c_data, rows.len(), n).unwrap();
+                multiply_few_rows(kernel, &a, &b, &mut c, 1).unwrap();
+                bits(&c_data)
+            };
+            let all = product(0..m);
+            for i in [0, 5, 10] {
+                assert_eq!(
+                    product(i..i + 1),
+                    all[i * n..][..n],
+                    "{kernel:?} {b_layout:?} row {i}"
+                );
+            }
+        }
+    }
+}
