@@ -360,3 +360,22 @@ fn products_of_few_rows_match_the_interpreter_on_any_thread_count() {
         check(&g, &inputs, 1e-4, &format!("products of {rows} rows"));
     }
 }
+
+#[test]
+fn batches_of_products_of_few_rows_match_the_interpreter_on_any_thread_count() {
+    // A batch of matrices of at most `gemm::FEW_ROWS` rows, each with its own `b` (a decoder's
+    // scores against its keys, `q · kᵀ`, and their values, `p · v`): each matrix reads its `b`
+    // in place, by columns and by rows.
+    for rows in [1, 2, 7, 12] {
+        let (g, inputs) = build(
+            &[&[3, 4, rows, 40], &[3, 4, 50, 40], &[3, 4, 40, 50]],
+            |i| {
+                let (q, k, v) = (&i[0], &i[1], &i[2]);
+                vec![q.matmul(&k.transpose(2, 3)), q.matmul(v) * 0.5]
+            },
+        );
+        let compiled = compile(&g).unwrap();
+        minductor_tests::assert_same_bits_on_threads(&compiled, &inputs, &[2, 3], "threads");
+        check(&g, &inputs, 1e-4, &format!("batches of {rows} rows"));
+    }
+}

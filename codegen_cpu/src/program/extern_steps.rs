@@ -626,6 +626,15 @@ fn plan_matmul(
         * sizes.rows as u64
         * sizes.cols as u64
         * sizes.k as u64;
+    // Matrices of few rows read their `b` in place (`run_matmul`): its bytes set the threads.
+    let b_2d = [b_strides[sizes.batch], b_strides[sizes.batch + 1]];
+    let threads = match tuned {
+        None if gemm::prefers_few_rows(kernel, [sizes.rows, sizes.k, sizes.cols], b_2d) => {
+            let b_bytes = sizes.count * sizes.k * sizes.cols * std::mem::size_of::<f32>();
+            gemm::few_rows_threads(b_bytes, available)
+        }
+        _ => threads,
+    };
     MatmulPlan::Units {
         runs: gemm::unit_runs(units, threads),
         unit_work,
@@ -843,6 +852,9 @@ pub(super) fn run_matmul(
             // reused while consecutive matrices share it, as a broadcast operand does), the
             // epilogue after each tile of units.
             let inner: usize = a_shape[1..batch].iter().product();
+            // Matrices of few rows read theirs in place, one thread each (`gemm::few_rows`).
+            let b_2d = [b_strides[batch], b_strides[batch + 1]];
+            let few_rows = gemm::prefers_few_rows(kernel, [rows, k, cols], b_2d);
             let run_units = |start: usize, end: usize| -> Result<(), RuntimeError> {
                 let mut packed: Option<(i64, gemm::PackedB)> = None;
                 let mut s = start;
@@ -856,6 +868,19 @@ pub(super) fn run_matmul(
                             rest /= a_shape[d];
                             a_off += i * a_strides[d];
                             b_off += i * b_strides[d];
+                        }
+                        if few_rows {
+                            let (a, b) = (a_view(a_off), b_view(b_off));
+                            let mut out = c_rows(n, 0, rows).map_err(gemm_error)?;
+                            gemm::multiply_few_rows(
+                                kernel,
+                                &a.map_err(gemm_error)?,
+                                &b.map_err(gemm_error)?,
+                                &mut out,
+                                1,
+                            )
+                            .map_err(gemm_error)?;
+                            continue;
                         }
                         if packed.as_ref().is_none_or(|(at, _)| *at != b_off) {
                             // Return the old buffer to the pool before taking one.

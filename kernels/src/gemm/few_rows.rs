@@ -133,7 +133,13 @@ fn unit_columns(kernel: Kernel, layout: Layout) -> usize {
 /// The threads a product of these sizes runs on, of `threads`: one per [`PARALLEL_BYTES`] of
 /// `b`, at most one per unit of columns.
 fn pieces(units: usize, b_bytes: usize, threads: usize) -> usize {
-    threads.min(b_bytes / PARALLEL_BYTES).min(units).max(1)
+    few_rows_threads(b_bytes, threads).min(units)
+}
+
+/// The threads that products of few rows reading `b_bytes` bytes of `b` in all run on, of
+/// `threads`: one per [`PARALLEL_BYTES`] (their cost is reading `b`, not their multiply-adds).
+pub fn few_rows_threads(b_bytes: usize, threads: usize) -> usize {
+    threads.min(b_bytes / PARALLEL_BYTES).max(1)
 }
 
 /// Piece `t` of `pieces`: an even share of the `units` units of columns.

@@ -50,7 +50,8 @@ mod winograd;
 
 use crate::scratch::{FirstError, ScratchError};
 pub use few_rows::{
-    few_rows_pieces, multiply_few_rows, prefers as prefers_few_rows, set_few_rows, FEW_ROWS,
+    few_rows_pieces, few_rows_threads, multiply_few_rows, prefers as prefers_few_rows,
+    set_few_rows, FEW_ROWS,
 };
 pub use implicit::{check_im2col, multiply_im2col, multiply_im2col_columns, Im2colRef, PackedA};
 pub use split::{
