@@ -39,3 +39,32 @@ fn only_calls_that_gain_from_it_run_as_a_team() {
     let bits = |t: &[minductor::Tensor]| t[0].to_vec::<f32>().unwrap();
     assert_eq!(bits(&serial), bits(&again));
 }
+
+/// A decoder's attention step, one query row per head against 512 keys, is 2 MiB of multiply-
+/// adds on an output of only 2048 elements: it runs as a team at two threads (it ran on the
+/// caller alone when a program's splitting was judged by its attention's output size).
+#[test]
+fn an_attention_of_one_query_row_against_many_keys_runs_as_a_team() {
+    use minductor::internals::codegen_cpu::compile_program;
+    let (graph, inputs) = minductor_tests::build_graph(
+        &[&[4, 8, 1, 64], &[4, 8, 512, 64], &[4, 8, 512, 64]],
+        |shape, seed| minductor_tests::sine_values(shape, seed, 1.0),
+        |i| {
+            let scores = (i[0].matmul(&i[1].transpose(2, 3)) * 0.125).softmax(-1);
+            vec![scores.matmul(&i[2])]
+        },
+    );
+    let program = minductor_tests::compiled_program(&graph);
+    assert!(
+        program
+            .steps
+            .iter()
+            .any(|s| matches!(s, minductor::internals::kernel_ir::Step::Attention(_))),
+        "the scores, softmax and product fuse into one attention step"
+    );
+    let compiled = compile_program(&program).unwrap();
+    minductor::set_num_threads(2).unwrap();
+    let team = compiled.runs_as_team(&inputs);
+    minductor::set_num_threads(0).unwrap();
+    assert!(team);
+}

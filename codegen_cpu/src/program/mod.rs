@@ -323,7 +323,8 @@ pub struct CompiledProgram {
 }
 
 /// Whether some step of `program` splits across threads: a kernel visiting, or an extern step
-/// producing (a GEMM: times its depth), at least two pieces' worth of elements
+/// producing (a GEMM: times its depth; an attention: times its keys), at least two pieces'
+/// worth of elements
 /// (`execute::MIN_PIECE_WORK`); `None` when that depends on sizes only known at a call.
 fn splits_across_threads(program: &Program) -> Option<bool> {
     let least = 2 * execute::MIN_PIECE_WORK as usize;
@@ -345,7 +346,12 @@ fn splits_across_threads(program: &Program) -> Option<bool> {
                     .and_then(|k| k.as_static())
                     .and_then(|k| numel(m.out)?.checked_mul(k.max(1)))
             }
-            Step::Attention(a) => product(&a.out.shape),
+            // Its output times the keys each row reads (a decoder's one query row reads
+            // them all).
+            Step::Attention(a) => {
+                let keys = a.k.shape.iter().rev().nth(1).and_then(|d| d.as_static());
+                product(&a.out.shape).and_then(|n| n.checked_mul(keys?.max(1)))
+            }
             Step::ScatterAdd(_) | Step::Fallback(_) => Some(0),
         };
         symbolic |= work.is_none();
