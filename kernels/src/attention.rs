@@ -508,6 +508,12 @@ fn attention_view_on(
     // alone (`PROJECTED=1 cargo run --release -p minductor-kernels --example attention_speed`,
     // alternated runs), though within noise in the workload's `minductor report`.
     let v_in_place = v_cols == 1 && v_rows == ev as i64;
+    // One query row a head (a decoder's step): the AVX-512 form reads each key row where it
+    // is, a dot product with the row (`avx512::direct_scores`), instead of packing the keys
+    // transposed, which for one row cost more than the scores (53% of the step's profile).
+    // Chosen by the shape alone, never the thread count.
+    let (k_rows, k_cols) = (k.strides[n], k.strides[n + 1]);
+    let keys_in_place = form == Form::Avx512 && shape.t == 1 && k_cols == 1 && k_rows > 0;
     let failed = crate::scratch::FirstError::new();
     let run_item = |item: usize| {
         let kv = work[item].kv;
@@ -527,7 +533,8 @@ fn attention_view_on(
             .unwrap_or(0);
         PACK.with(|cell| {
             let mut pack = cell.take();
-            let (key_len, value_len) = (keys_len(s, e), if v_in_place { 0 } else { s * ev });
+            let key_len = if keys_in_place { 0 } else { keys_len(s, e) };
+            let value_len = if v_in_place { 0 } else { s * ev };
             // Sized by the keys (`s`, which an expanded view makes as large as it likes):
             // out of memory is this call's error.
             let prepared = key_len
@@ -547,7 +554,11 @@ fn attention_view_on(
             let (kt, vp) = pack.as_mut_slice().split_at_mut(key_len);
             let vp = &mut vp[..value_len];
             let kb = base(k.offset, k.strides, &kv_batch, kv);
-            pack_transposed(&k, kb, keys, e, shape.scale, kt, form);
+            if !keys_in_place {
+                pack_transposed(&k, kb, keys, e, shape.scale, kt, form);
+            }
+            // In bounds: `k.check` saw the whole view, and batch `kv` starts inside it.
+            let key_rows = keys_in_place.then(|| (&k.data[kb as usize..], k_rows as usize));
             let vb = base(v.offset, v.strides, &kv_batch, kv);
             if !v_in_place {
                 for j in 0..keys {
@@ -580,6 +591,7 @@ fn attention_view_on(
                             (m, base(offset, strides, shape.batch, b))
                         }),
                         keys: kt,
+                        key_rows,
                         values,
                         value_rows,
                         shape,
@@ -945,8 +957,11 @@ struct Tile<'a> {
     q_base: i64,
     /// The mask and the element offset of this batch's `[t, s]` matrix in it.
     mask: Option<(&'a Mask<'a>, i64)>,
-    /// This batch's keys, packed transposed in tiles (`key_index`).
+    /// This batch's keys, packed transposed in tiles (`key_index`), unless `key_rows`.
     keys: &'a [f32],
+    /// This batch's keys where they are: key `j` at `j * stride`, `e` contiguous elements
+    /// (read by the AVX-512 form's one-row groups; see `keys_in_place`).
+    key_rows: Option<(&'a [f32], usize)>,
     /// This batch's values: row `j` at `j * value_rows`, `ev` contiguous elements.
     values: &'a [f32],
     value_rows: usize,
@@ -1298,8 +1313,12 @@ struct Operands<'a> {
     qs: &'a [f32],
     q_rows: usize,
     e: usize,
-    /// Keys packed transposed in tiles (`key_index`).
+    /// Keys packed transposed in tiles (`key_index`), unless `key_rows`.
     keys: &'a [f32],
+    /// Keys where they are (key `j` at `j * stride`, `e` elements), and the scale the packed
+    /// keys hold.
+    key_rows: Option<(&'a [f32], usize)>,
+    scale: f32,
     /// Values: row `j` at `j * value_rows`, `ev` elements.
     values: &'a [f32],
     value_rows: usize,
@@ -1373,7 +1392,12 @@ unsafe fn vector_item(tile: &Tile<'_>, out: &mut OutRows<'_>, lanes: usize, grou
                 .checked_mul(q_rows)
                 .and_then(|x| x.checked_add(e))
                 .is_some_and(|need| qs.len() >= need))
-            && tile.keys.len() >= keys_len(s, e)
+            && match tile.key_rows {
+                Some((keys, stride)) => {
+                    rows == 1 && (s == 0 || e == 0 || keys.len() >= (s - 1) * stride + e)
+                }
+                None => tile.keys.len() >= keys_len(s, e),
+            }
             && (s == 0 || tile.values.len() >= (s - 1) * tile.value_rows + ev)
             && acc.len() >= rows * ev
             && out.ev == ev
@@ -1397,6 +1421,8 @@ unsafe fn vector_item(tile: &Tile<'_>, out: &mut OutRows<'_>, lanes: usize, grou
             q_rows,
             e,
             keys: tile.keys,
+            key_rows: tile.key_rows,
+            scale: sh.scale,
             values: tile.values,
             value_rows: tile.value_rows,
             ev,
@@ -1630,6 +1656,74 @@ mod avx512 {
         x
     }
 
+    /// One query row's scores against `bk ≤ KEY_BLOCK` keys read where they are (key `j` at
+    /// `k + j · stride`, `e` contiguous values), as [`scores`] gives them from packed keys:
+    /// `(q · k_j) · scale` in lane `j % 16` of register `j / 16`, 0 past `bk`. Each key's dot
+    /// product runs in 16 lanes over `e` (masked at its end), and sixteen keys' lanes are
+    /// summed at once by a transposing reduction (pairs of registers unpacked and added,
+    /// twice, then the four 128-bit quarters twice), so one register holds their sixteen
+    /// scores; the sums are in that order, not the packed form's (a product at a time along
+    /// `e`), and the scale multiplies the sum instead of each key.
+    ///
+    /// # Safety
+    /// The CPU has AVX-512F, AVX-512DQ and FMA; `q` points to `e` values, and each of the
+    /// `bk` keys to `e` values.
+    #[target_feature(enable = "avx512f,avx512dq,fma")]
+    unsafe fn direct_scores(
+        q: *const f32,
+        k: *const f32,
+        stride: usize,
+        e: usize,
+        scale: f32,
+        bk: usize,
+    ) -> [__m512; 4] {
+        let mut x = [_mm512_setzero_ps(); 4];
+        // SAFETY (the pointer reads): the contract; masked loads touch only their lanes.
+        unsafe {
+            let scale = _mm512_set1_ps(scale);
+            for (v, x) in x.iter_mut().enumerate().take(bk.div_ceil(16)) {
+                let first = v * 16;
+                let keys = bk.min(first + 16) - first;
+                // Lane-wise partial dot products of the block's keys (0 past `keys`).
+                let mut acc = [_mm512_setzero_ps(); 16];
+                let mut c = 0;
+                while c < e {
+                    let m = lanes(e - c);
+                    let qv = _mm512_maskz_loadu_ps(m, q.add(c));
+                    for (j, acc) in acc.iter_mut().enumerate().take(keys) {
+                        let kv = _mm512_maskz_loadu_ps(m, k.add((first + j) * stride + c));
+                        *acc = _mm512_fmadd_ps(qv, kv, *acc);
+                    }
+                    c += 16;
+                }
+                // Pairs: each 128-bit quarter of `t[i]` holds keys 2i and 2i + 1's partial
+                // sums of that quarter, lanes interleaved ([a0+a2, b0+b2, a1+a3, b1+b3]).
+                let t: [__m512; 8] = std::array::from_fn(|i| {
+                    let (a, b) = (acc[2 * i], acc[2 * i + 1]);
+                    _mm512_add_ps(_mm512_unpacklo_ps(a, b), _mm512_unpackhi_ps(a, b))
+                });
+                // Quads: each quarter of `u[i]` holds keys 4i..4i + 4's sums of that quarter.
+                let u: [__m512; 4] = std::array::from_fn(|i| {
+                    let (a, b) = (_mm512_castps_pd(t[2 * i]), _mm512_castps_pd(t[2 * i + 1]));
+                    _mm512_add_ps(
+                        _mm512_castpd_ps(_mm512_unpacklo_pd(a, b)),
+                        _mm512_castpd_ps(_mm512_unpackhi_pd(a, b)),
+                    )
+                });
+                // The four quarters of each key's sums added: quarters 0+1 and 2+3 of a pair
+                // of registers, then of those.
+                let half = |a: __m512, b: __m512| {
+                    _mm512_add_ps(
+                        _mm512_shuffle_f32x4::<0b10_00_10_00>(a, b),
+                        _mm512_shuffle_f32x4::<0b11_01_11_01>(a, b),
+                    )
+                };
+                *x = _mm512_mul_ps(half(half(u[0], u[1]), half(u[2], u[3])), scale);
+            }
+        }
+        x
+    }
+
     /// Rows `r0..r0 + N` against the keys `s0..s0 + bk`: scores, softmax step, `p·v`; on the
     /// `last` key tile of the item the rows' outputs (accumulator over sum) go to `state.out`.
     ///
@@ -1680,11 +1774,19 @@ mod avx512 {
                     ops.keys.as_ptr().add(key_index(s0, 0, e)),
                 );
                 let q_rows = ops.q_rows;
-                let mut x = match seen.div_ceil(16) {
-                    1 => scores::<N, 1>(qp, q_rows, kp, e, &key_lanes),
-                    2 => scores::<N, 2>(qp, q_rows, kp, e, &key_lanes),
-                    3 => scores::<N, 3>(qp, q_rows, kp, e, &key_lanes),
-                    _ => scores::<N, 4>(qp, q_rows, kp, e, &key_lanes),
+                let mut x = match ops.key_rows {
+                    // One row (the only rows there are when the keys are in place).
+                    Some((keys, stride)) if N == 1 => {
+                        let kr = keys.as_ptr().add(s0 * stride);
+                        let x = direct_scores(qp, kr, stride, e, ops.scale, bk);
+                        std::array::from_fn(|_| x)
+                    }
+                    _ => match seen.div_ceil(16) {
+                        1 => scores::<N, 1>(qp, q_rows, kp, e, &key_lanes),
+                        2 => scores::<N, 2>(qp, q_rows, kp, e, &key_lanes),
+                        3 => scores::<N, 3>(qp, q_rows, kp, e, &key_lanes),
+                        _ => scores::<N, 4>(qp, q_rows, kp, e, &key_lanes),
+                    },
                 };
                 softmax_step::<N>(ops, state, &mut x, p, &key_lanes, r0, &mut alpha, neg);
             }
@@ -2718,6 +2820,13 @@ mod tests {
     fn every_form_matches_the_reference() {
         for &(t, s, e, ev, group, causal) in &[
             (1, 1, 8, 8, 1, false),
+            // One query row (a decoder's step), whose keys the AVX-512 form reads in place:
+            // key blocks with tails, head dims with tails and of 1, grouped heads.
+            (1, 15, 17, 9, 1, false),
+            (1, 200, 64, 64, 1, false),
+            (1, 65, 80, 20, 2, false),
+            (1, 130, 16, 33, 3, true),
+            (1, 64, 1, 8, 1, false),
             (37, 37, 17, 9, 2, true),
             (70, 130, 64, 64, 1, false),
             (65, 65, 128, 20, 1, true),
