@@ -24,17 +24,17 @@
 //!
 //! Measured on a Zen 4 (2 vCPUs), `linear → gelu → linear` of `rows` rows through
 //! 512 → 2048 → 512 (8 MiB of weights) and 1024 → 4096 → 1024 (32 MiB), medians of alternated
-//! rounds in one process against the packed path (`MINDUCTOR_GEMM_FEW_ROWS=0`), µs:
+//! rounds in one process against the packed path (`cargo run --release -p minductor-tools
+//! --example decode_shapes`), µs:
 //!
 //! | rows | 1 thread 512/2048 | 1024/4096 | 2 threads 512/2048 | 1024/4096 |
 //! |---|---|---|---|---|
-//! | 1 | 144 vs 450 | 1100 vs 2168 | 77 vs 451 | 672 vs 1070 |
-//! | 4 | 208 vs 512 | 1766 vs 2208 | 113 vs 259 | 855 vs 1130 |
-//! | 8 | 395 vs 635 | 2231 vs 2668 | 211 vs 328 | 1134 vs 1382 |
-//! | 12 | 568 vs 755 | 2786 vs 3143 | 305 vs 402 | 1381 vs 1619 |
-//! | 16 | 746 vs 810 | 3404 vs 3337 | 392 vs 426 | 1730 vs 1722 |
+//! | 1 | 113 vs 450 | 1021 vs 2191 | 61 vs 451 | 396 vs 1057 |
+//! | 4 | 186 vs 511 | 1631 vs 2215 | 99 vs 268 | 736 vs 1129 |
+//! | 12 | 562 vs 796 | 2775 vs 3239 | 299 vs 390 | 1431 vs 1673 |
 //!
-//! hence [`FEW_ROWS`] = 12: at 16 rows the two are even.
+//! At 16 rows the two were even (3404 against 3337 µs at 1024/4096, one thread, before the
+//! accumulators of unused rows stopped being zeroed for every block), hence [`FEW_ROWS`] = 12.
 //!
 //! The threads split the columns, each an even share of whole blocks. Each element of `c` is
 //! computed by one thread in an order fixed by the shapes, so results are the same bits on any
@@ -293,6 +293,10 @@ mod x86 {
         unsafe fn store(p: *mut f32, v: Self, n: usize);
         /// The lanes' sum: halves added pairwise down to one lane (a fixed order).
         unsafe fn sum(self) -> f32;
+        /// The lanes' sums of four registers, stored to `p[0..4]`: within each 128-bit
+        /// quarter, lanes 0 + 2 and 1 + 3, then those two; then the quarters, halves added
+        /// pairwise (a fixed order, with a third of the steps of four [`Vector::sum`]s).
+        unsafe fn sum4(v: [Self; 4], p: *mut f32);
     }
 
     #[derive(Clone, Copy)]
@@ -336,6 +340,36 @@ mod x86 {
             );
             Ymm(half).sum()
         }
+        #[inline(always)]
+        unsafe fn sum4(v: [Self; 4], p: *mut f32) {
+            let quarters = quarter_sums(v.map(|v| v.0));
+            let half = _mm256_add_ps(
+                _mm512_castps512_ps256(quarters),
+                _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(quarters))),
+            );
+            let q = _mm_add_ps(
+                _mm256_castps256_ps128(half),
+                _mm256_extractf128_ps::<1>(half),
+            );
+            _mm_storeu_ps(p, q)
+        }
+    }
+
+    /// Each 128-bit quarter of the result holds the four registers' sums of that quarter's
+    /// lanes, register `r` in lane `r` (lanes 0 + 2 and 1 + 3 added, then those two).
+    #[inline(always)]
+    unsafe fn quarter_sums(v: [__m512; 4]) -> __m512 {
+        let pair = |a: __m512, b: __m512| {
+            _mm512_add_ps(_mm512_unpacklo_ps(a, b), _mm512_unpackhi_ps(a, b))
+        };
+        let (t0, t1) = (
+            _mm512_castps_pd(pair(v[0], v[1])),
+            _mm512_castps_pd(pair(v[2], v[3])),
+        );
+        _mm512_add_ps(
+            _mm512_castpd_ps(_mm512_unpacklo_pd(t0, t1)),
+            _mm512_castpd_ps(_mm512_unpackhi_pd(t0, t1)),
+        )
     }
 
     #[derive(Clone, Copy)]
@@ -385,6 +419,25 @@ mod x86 {
             let d = _mm_add_ps(q, _mm_movehl_ps(q, q));
             let s = _mm_add_ss(d, _mm_movehdup_ps(d));
             _mm_cvtss_f32(s)
+        }
+        #[inline(always)]
+        unsafe fn sum4(v: [Self; 4], p: *mut f32) {
+            let pair = |a: __m256, b: __m256| {
+                _mm256_add_ps(_mm256_unpacklo_ps(a, b), _mm256_unpackhi_ps(a, b))
+            };
+            let (t0, t1) = (
+                _mm256_castps_pd(pair(v[0].0, v[1].0)),
+                _mm256_castps_pd(pair(v[2].0, v[3].0)),
+            );
+            let quarters = _mm256_add_ps(
+                _mm256_castpd_ps(_mm256_unpacklo_pd(t0, t1)),
+                _mm256_castpd_ps(_mm256_unpackhi_pd(t0, t1)),
+            );
+            let q = _mm_add_ps(
+                _mm256_castps256_ps128(quarters),
+                _mm256_extractf128_ps::<1>(quarters),
+            );
+            _mm_storeu_ps(p, q)
         }
     }
 
@@ -440,10 +493,15 @@ mod x86 {
     unsafe fn dots<V: Vector, const ROWS: usize>(args: &Args, columns: std::ops::Range<usize>) {
         let (m, k) = (args.m, args.k);
         let run = if m <= ROWS { k } else { K_RUN };
+        // Only the first `m` rows are used (zeroing all of it for every block of 4 columns
+        // took a third of a one-row `q · kᵀ` against 512 keys).
+        let mut partial = [[V::zero(); COLUMNS]; FEW_ROWS];
         let mut j = columns.start;
         while j < columns.end {
             let block = (columns.end - j).min(COLUMNS);
-            let mut partial = [[V::zero(); COLUMNS]; FEW_ROWS];
+            for row in partial.iter_mut().take(m) {
+                *row = [V::zero(); COLUMNS];
+            }
             for p0 in (0..k).step_by(run) {
                 let steps = (p0, (p0 + run).min(k));
                 let mut first = 0;
@@ -471,8 +529,10 @@ mod x86 {
             let width = if block == COLUMNS { COLUMNS } else { 1 };
             for (i, row) in partial.iter().enumerate().take(m) {
                 let c = args.c.get().add(i * args.ldc + j);
-                for (jj, v) in row.iter().enumerate().take(width) {
-                    *c.add(jj) = v.sum();
+                if width == COLUMNS {
+                    V::sum4(*row, c);
+                } else {
+                    *c = row[0].sum();
                 }
             }
             j += width;
@@ -537,10 +597,13 @@ mod x86 {
     unsafe fn axpys<V: Vector, const ROWS: usize>(args: &Args, columns: std::ops::Range<usize>) {
         let (m, k) = (args.m, args.k);
         let run = if m <= ROWS { k } else { K_RUN };
+        let mut partial = [[V::zero(); ROW_REGISTERS]; FEW_ROWS];
         let mut j = columns.start;
         while j < columns.end {
             let width = (columns.end - j).min(ROW_REGISTERS * V::LANES);
-            let mut partial = [[V::zero(); ROW_REGISTERS]; FEW_ROWS];
+            for row in partial.iter_mut().take(m) {
+                *row = [V::zero(); ROW_REGISTERS];
+            }
             for p0 in (0..k).step_by(run) {
                 let steps = (p0, (p0 + run).min(k));
                 let mut first = 0;
@@ -569,7 +632,7 @@ mod x86 {
 
     // Rows of `a` per pass: AVX-512 has 32 registers (4 rows × 4 columns of accumulators, 4 of
     // `b`, 4 of `a`), AVX2 16 (2 × 4, 4, 2).
-    const _: () = assert!(FEW_ROWS >= 4);
+    const _: () = assert!(FEW_ROWS >= 4 && COLUMNS == 4);
 
     /// # Safety
     /// As for [`dots`], on a CPU with AVX-512F.
