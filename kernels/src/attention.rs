@@ -1684,15 +1684,25 @@ mod avx512 {
             for (v, x) in x.iter_mut().enumerate().take(bk.div_ceil(16)) {
                 let first = v * 16;
                 let keys = bk.min(first + 16) - first;
-                // Lane-wise partial dot products of the block's keys (0 past `keys`).
+                // Lane-wise partial dot products of the block's keys (0 past `keys`: their
+                // loads have no lanes, from key 0's row). Sixteen every time, so that the
+                // accumulators stay in registers (a loop of `keys` kept them on the stack).
+                let rows: [*const f32; 16] = std::array::from_fn(|j| {
+                    if j < keys {
+                        k.add((first + j) * stride)
+                    } else {
+                        k
+                    }
+                });
+                let live: [__mmask16; 16] = std::array::from_fn(|j| if j < keys { !0 } else { 0 });
                 let mut acc = [_mm512_setzero_ps(); 16];
                 let mut c = 0;
                 while c < e {
                     let m = lanes(e - c);
                     let qv = _mm512_maskz_loadu_ps(m, q.add(c));
-                    for (j, acc) in acc.iter_mut().enumerate().take(keys) {
-                        let kv = _mm512_maskz_loadu_ps(m, k.add((first + j) * stride + c));
-                        *acc = _mm512_fmadd_ps(qv, kv, *acc);
+                    for j in 0..16 {
+                        let kv = _mm512_maskz_loadu_ps(m & live[j], rows[j].add(c));
+                        acc[j] = _mm512_fmadd_ps(qv, kv, acc[j]);
                     }
                     c += 16;
                 }
