@@ -508,12 +508,13 @@ fn attention_view_on(
     // alone (`PROJECTED=1 cargo run --release -p minductor-kernels --example attention_speed`,
     // alternated runs), though within noise in the workload's `minductor report`.
     let v_in_place = v_cols == 1 && v_rows == ev as i64;
-    // One query row a head (a decoder's step): the AVX-512 form reads each key row where it
-    // is, a dot product with the row (`avx512::direct_scores`), instead of packing the keys
-    // transposed, which for one row cost more than the scores (53% of the step's profile).
-    // Chosen by the shape alone, never the thread count.
+    // One query row a head (a decoder's step): the vector forms read each key row where it
+    // is, a dot product with the row (`avx512::direct_scores`, `avx2::direct_scores`), instead
+    // of packing the keys transposed, which for one row cost more than the scores (53% of the
+    // step's profile). Chosen by the shape alone, never the thread count.
     let (k_rows, k_cols) = (k.strides[n], k.strides[n + 1]);
-    let keys_in_place = form == Form::Avx512 && shape.t == 1 && k_cols == 1 && k_rows > 0;
+    let vector = matches!(form, Form::Avx512 | Form::Avx2);
+    let keys_in_place = vector && shape.t == 1 && k_cols == 1 && k_rows > 0;
     let failed = crate::scratch::FirstError::new();
     let run_item = |item: usize| {
         let kv = work[item].kv;
@@ -960,7 +961,7 @@ struct Tile<'a> {
     /// This batch's keys, packed transposed in tiles (`key_index`), unless `key_rows`.
     keys: &'a [f32],
     /// This batch's keys where they are: key `j` at `j * stride`, `e` contiguous elements
-    /// (read by the AVX-512 form's one-row groups; see `keys_in_place`).
+    /// (read by the vector forms' one-row groups; see `keys_in_place`).
     key_rows: Option<(&'a [f32], usize)>,
     /// This batch's values: row `j` at `j * value_rows`, `ev` contiguous elements.
     values: &'a [f32],
@@ -2230,6 +2231,76 @@ mod avx2 {
         _mm256_cvtss_f32(a)
     }
 
+    /// One query row's scores against the `keys ≤ 16` keys of a chunk read where they are
+    /// (key `j` at `k + j · stride`, `e` contiguous values), as [`scores`] gives them from
+    /// packed keys but 0 past `keys`: `(q · k_j) · scale` in lane `j % 8` of register `j / 8`.
+    /// Each key's dot product runs in 8 lanes over `e` (masked at its end), and eight keys'
+    /// lanes are summed at once by a transposing reduction (pairs unpacked and added, twice,
+    /// then the two 128-bit halves), as the AVX-512 form's `direct_scores` does for sixteen.
+    ///
+    /// # Safety
+    /// The CPU has AVX2 and FMA; `q` points to `e` values, and each of the `keys` keys to `e`
+    /// values.
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn direct_scores(
+        q: *const f32,
+        k: *const f32,
+        stride: usize,
+        e: usize,
+        scale: f32,
+        keys: usize,
+    ) -> [__m256; 2] {
+        let mut x = [_mm256_setzero_ps(); 2];
+        // SAFETY (the pointer reads): the contract; masked loads touch only their lanes.
+        unsafe {
+            let scale = _mm256_set1_ps(scale);
+            let none = _mm256_setzero_si256();
+            for (h, x) in x.iter_mut().enumerate() {
+                let first = h * 8;
+                // Eight every time (dead keys' loads have no lanes, from key 0's row), so that
+                // the accumulators stay in registers.
+                let rows: [*const f32; 8] = std::array::from_fn(|j| {
+                    if first + j < keys {
+                        k.add((first + j) * stride)
+                    } else {
+                        k
+                    }
+                });
+                let mut acc = [_mm256_setzero_ps(); 8];
+                let mut c = 0;
+                while c < e {
+                    let m = lanes(e - c);
+                    let qv = _mm256_maskload_ps(q.add(c), m);
+                    for j in 0..8 {
+                        let live = if first + j < keys { m } else { none };
+                        let kv = _mm256_maskload_ps(rows[j].add(c), live);
+                        acc[j] = _mm256_fmadd_ps(qv, kv, acc[j]);
+                    }
+                    c += 8;
+                }
+                let pair = |a: __m256, b: __m256| {
+                    _mm256_add_ps(_mm256_unpacklo_ps(a, b), _mm256_unpackhi_ps(a, b))
+                };
+                let t: [__m256d; 4] =
+                    std::array::from_fn(|i| _mm256_castps_pd(pair(acc[2 * i], acc[2 * i + 1])));
+                let quad = |a: __m256d, b: __m256d| {
+                    _mm256_add_ps(
+                        _mm256_castpd_ps(_mm256_unpacklo_pd(a, b)),
+                        _mm256_castpd_ps(_mm256_unpackhi_pd(a, b)),
+                    )
+                };
+                // Each 128-bit half of `u0` holds keys 0..4's sums of that half, of `u1` 4..8's.
+                let (u0, u1) = (quad(t[0], t[1]), quad(t[2], t[3]));
+                let sums = _mm256_add_ps(
+                    _mm256_permute2f128_ps::<0x20>(u0, u1),
+                    _mm256_permute2f128_ps::<0x31>(u0, u1),
+                );
+                *x = _mm256_mul_ps(sums, scale);
+            }
+        }
+        x
+    }
+
     /// The scores of `N` query rows at `qp` (`q_rows` apart, `e` elements each) against the
     /// 16 keys at `kp` of a packed key tile (rows of `KEY_BLOCK`), each `q · k` summed over
     /// the columns in order by FMAs. Keys past the tile's visible ones are read too (they are
@@ -2322,7 +2393,16 @@ mod avx2 {
                 for c in 0..KEY_BLOCK / CHUNK {
                     let at = c * CHUNK;
                     let x = if at < seen {
-                        let mut x = scores::<N>(qp, ops.q_rows, kp.add(at), e);
+                        let mut x = match ops.key_rows {
+                            // One row (the only rows there are when the keys are in place).
+                            Some((keys, stride)) if N == 1 => {
+                                let kr = keys.as_ptr().add((s0 + at) * stride);
+                                let visible = (bk - at).min(CHUNK);
+                                let x = direct_scores(qp, kr, stride, e, ops.scale, visible);
+                                std::array::from_fn(|_| x)
+                            }
+                            _ => scores::<N>(qp, ops.q_rows, kp.add(at), e),
+                        };
                         for (r, row) in x.iter_mut().enumerate() {
                             let i = r0 + r;
                             let keep = ops.keep[i];
