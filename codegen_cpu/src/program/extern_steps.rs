@@ -807,7 +807,8 @@ pub(super) fn run_matmul(
             threads,
             ..
         } => (*rows, *streams, *shares, *tiles, *split, *threads),
-        MatmulPlan::WeightRows { shape, threads } => {
+        // `b` read in place: a weight's rows (`a · wᵀ` of many rows) or few rows of `a`.
+        MatmulPlan::WeightRows { shape, threads } | MatmulPlan::FewRows { shape, threads, .. } => {
             let [rows, k, _] = *shape;
             let a = gemm::MatrixRef::new(
                 a_data,
@@ -821,27 +822,13 @@ pub(super) fn run_matmul(
             {
                 // The output's unique borrow ends here, before the epilogue reads its rows.
                 let mut out = c_rows(0, 0, rows).map_err(gemm_error)?;
-                gemm::multiply_weight_rows(kernel, &a, &b, &mut out, *threads)
-                    .map_err(gemm_error)?;
-            }
-            epilogue_on_all_rows();
-            return Ok(());
-        }
-        MatmulPlan::FewRows { shape, threads, .. } => {
-            let [rows, k, _] = *shape;
-            let a = gemm::MatrixRef::new(
-                a_data,
-                a_offset,
-                [rows, k],
-                [row_stride, a_strides[batch + 1]],
-                "a",
-            )
-            .map_err(gemm_error)?;
-            let b = b_view(b_offset).map_err(gemm_error)?;
-            {
-                // The output's unique borrow ends here, before the epilogue reads its rows.
-                let mut out = c_rows(0, 0, rows).map_err(gemm_error)?;
-                gemm::multiply_few_rows(kernel, &a, &b, &mut out, *threads).map_err(gemm_error)?;
+                match plan {
+                    MatmulPlan::WeightRows { .. } => {
+                        gemm::multiply_weight_rows(kernel, &a, &b, &mut out, *threads)
+                    }
+                    _ => gemm::multiply_few_rows(kernel, &a, &b, &mut out, *threads),
+                }
+                .map_err(gemm_error)?;
             }
             epilogue_on_all_rows();
             return Ok(());

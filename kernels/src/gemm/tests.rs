@@ -63,13 +63,29 @@ fn element(data: &[f32], offset: i64, strides: [i64; 2], i: usize, j: usize) -> 
 /// Computes `a · b` with `kernel` on `threads` threads into a NaN-filled output and compares
 /// every element with the f64 triple loop.
 fn check(kernel: Kernel, [m, k, n]: [usize; 3], layouts: [Layout; 2], threads: usize) {
+    let context = format!("{kernel:?} {m}x{k}x{n} {layouts:?} on {threads} threads");
+    check_product([m, k, n], layouts, n, &context, |a, b, c| {
+        sgemm_with(kernel, a, b, c, threads).unwrap()
+    });
+}
+
+/// Runs `multiply` on `a` and `b` (`m × k` and `k × n` in `layouts`) into a NaN-filled output
+/// whose rows are `ldc` apart, and compares every element with the f64 triple loop (and the
+/// elements past each row's `n` with NaN: a product writes only its own columns).
+fn check_product(
+    [m, k, n]: [usize; 3],
+    layouts: [Layout; 2],
+    ldc: usize,
+    context: &str,
+    multiply: impl FnOnce(&MatrixRef, &MatrixRef, &mut MatrixMut),
+) {
     let (a_data, a_offset, a_strides) = operand(m, k, layouts[0], (m * 1000 + k) as u64);
     let (b_data, b_offset, b_strides) = operand(k, n, layouts[1], (k * 1000 + n + 7) as u64);
     let a = MatrixRef::new(&a_data, a_offset, [m, k], a_strides, "a").unwrap();
     let b = MatrixRef::new(&b_data, b_offset, [k, n], b_strides, "b").unwrap();
-    let mut c_data = vec![f32::NAN; m * n];
-    let mut c = MatrixMut::row_major(&mut c_data, m, n).unwrap();
-    sgemm_with(kernel, &a, &b, &mut c, threads).unwrap();
+    let mut c_data = vec![f32::NAN; m * ldc];
+    let mut c = MatrixMut::new(&mut c_data, [m, n], ldc).unwrap();
+    multiply(&a, &b, &mut c);
     for i in 0..m {
         for j in 0..n {
             let (mut exact, mut magnitude) = (0f64, 0f64);
@@ -79,14 +95,19 @@ fn check(kernel: Kernel, [m, k, n]: [usize; 3], layouts: [Layout; 2], threads: u
                 exact += x;
                 magnitude += x.abs();
             }
-            let found = c_data[i * n + j] as f64;
+            let found = c_data[i * ldc + j] as f64;
             let tolerance = k as f64 * f32::EPSILON as f64 * magnitude + 1e-30;
             assert!(
                 (found - exact).abs() <= tolerance,
-                "{kernel:?} {m}x{k}x{n} {layouts:?} on {threads} threads: c[{i}, {j}] = {found}, \
-                 expected {exact} within {tolerance}"
+                "{context}: c[{i}, {j}] = {found}, expected {exact} within {tolerance}"
             );
         }
+        assert!(
+            c_data[i * ldc + n..(i + 1) * ldc]
+                .iter()
+                .all(|v| v.is_nan()),
+            "{context}: wrote past its columns"
+        );
     }
 }
 
@@ -959,42 +980,15 @@ fn few_rows_kernels() -> Vec<Kernel> {
 }
 
 /// `multiply_few_rows` against the f64 triple loop (the tolerance of `check`), `a` and `b` in
-/// the given layouts.
+/// the given layouts, into rows of `c` wider than its columns (the kernels must keep to their
+/// `n` columns).
 fn check_few_rows(kernel: Kernel, [m, k, n]: [usize; 3], layouts: [Layout; 2], threads: usize) {
-    let (a_data, a_offset, a_strides) = operand(m, k, layouts[0], (m * 1000 + k) as u64);
-    let (b_data, b_offset, b_strides) = operand(k, n, layouts[1], (k * 1000 + n + 7) as u64);
-    let a = MatrixRef::new(&a_data, a_offset, [m, k], a_strides, "a").unwrap();
-    let b = MatrixRef::new(&b_data, b_offset, [k, n], b_strides, "b").unwrap();
-    assert!(prefers_few_rows(kernel, [m, k, n], b_strides));
-    // Rows of `c` wider than its columns: the kernels must keep to their `n` columns.
-    let ldc = n + 3;
-    let mut c_data = vec![f32::NAN; m * ldc];
-    let mut c = MatrixMut::new(&mut c_data, [m, n], ldc).unwrap();
-    multiply_few_rows(kernel, &a, &b, &mut c, threads).unwrap();
-    for i in 0..m {
-        for j in 0..n {
-            let (mut exact, mut magnitude) = (0f64, 0f64);
-            for p in 0..k {
-                let x = element(&a_data, a_offset, a_strides, i, p)
-                    * element(&b_data, b_offset, b_strides, p, j);
-                exact += x;
-                magnitude += x.abs();
-            }
-            let found = c_data[i * ldc + j] as f64;
-            let tolerance = k as f64 * f32::EPSILON as f64 * magnitude + 1e-30;
-            assert!(
-                (found - exact).abs() <= tolerance,
-                "{kernel:?} {m}x{k}x{n} {layouts:?} on {threads} threads: c[{i}, {j}] = {found}, \
-                 expected {exact} within {tolerance}"
-            );
-        }
-        assert!(
-            c_data[i * ldc + n..(i + 1) * ldc]
-                .iter()
-                .all(|v| v.is_nan()),
-            "{kernel:?} {m}x{k}x{n}: wrote past its columns"
-        );
-    }
+    let context = format!("{kernel:?} {m}x{k}x{n} {layouts:?} on {threads} threads");
+    check_product([m, k, n], layouts, n + 3, &context, |a, b, c| {
+        let b_strides = [b.row_stride as i64, b.col_stride as i64];
+        assert!(prefers_few_rows(kernel, [m, k, n], b_strides), "{context}");
+        multiply_few_rows(kernel, a, b, c, threads).unwrap()
+    });
 }
 
 #[test]
