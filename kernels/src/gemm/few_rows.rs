@@ -8,7 +8,8 @@
 //! product, and both are a stream over `b`: on a Zen 4 core, `[1, 512] · [512, 2048]` (a 4 MiB
 //! weight, in L3) took 0.22 ms, 41% of it transposing the weight and most of the rest in the
 //! micro-kernel's prefetches (a product of one micro-panel gives its one tile all the lines of
-//! the next block), where reading the weight once at L3 speed takes a fraction of that. Here `b` is read once, in place, in the order it is stored:
+//! the next block), where reading the weight once at L3 speed takes a fraction of that. Here
+//! `b` is read once, in place, in the order it is stored:
 //! - `b`'s columns contiguous (a weight `w` read as `wᵀ`, as `linear` does): each element of
 //!   `c` is a dot product of a row of `a` and a column of `b`, computed for [`COLUMNS`] columns
 //!   and up to four rows of `a` at once (each value of `b` loaded once for all of them), each
@@ -20,7 +21,7 @@
 //! With more rows than one pass of registers holds (4 on AVX-512, 2 on AVX2), each block of
 //! columns takes `k` in runs of [`K_RUN`], every group of rows over each run in turn, so the
 //! run's values of `b` and of `a` are read from L1 after the first group (without the runs,
-//! 16 rows × 4096 deep read them from L2 and ran at 0.6 of the packed path's rate).
+//! 16 rows at depth 4096 read them from L2 and ran at 0.6 of the packed path's rate).
 //!
 //! Measured on a Zen 4 (2 vCPUs), `linear → gelu → linear` of `rows` rows through
 //! 512 → 2048 → 512 (8 MiB of weights) and 1024 → 4096 → 1024 (32 MiB), medians of alternated
@@ -33,8 +34,8 @@
 //! | 4 | 186 vs 511 | 1631 vs 2215 | 99 vs 268 | 736 vs 1129 |
 //! | 12 | 562 vs 796 | 2775 vs 3239 | 299 vs 390 | 1431 vs 1673 |
 //!
-//! At 16 rows the two were even (3404 against 3337 µs at 1024/4096, one thread, before the
-//! accumulators of unused rows stopped being zeroed for every block), hence [`FEW_ROWS`] = 12.
+//! At 16 to 32 rows the packed path wins at 1024/4096 (0.92-0.98x at 1 and 2 threads) and the
+//! two are within 0.91-1.16x at 512/2048, hence [`FEW_ROWS`] = 12.
 //!
 //! The threads split the columns, each an even share of whole blocks. Each element of `c` is
 //! computed by one thread in an order fixed by the shapes, so results are the same bits on any
@@ -51,15 +52,16 @@ const COLUMNS: usize = 4;
 
 /// Steps of `k` the dot-product form takes for all the rows of `a` before the next ones, when
 /// they are more than one pass holds (a multiple of every register's lanes): the run's values
-/// of 16 rows of `a` (16 KiB) and of a block of `b`'s columns stay in L1 between the passes.
+/// of up to 12 rows of `a` (12 KiB) and of a block of `b`'s columns stay in L1 between the
+/// passes.
 const K_RUN: usize = 256;
 
 /// Vector registers of `b` the rows form loads per step of `k` (its block is this many
 /// registers of columns wide).
 const ROW_REGISTERS: usize = 4;
 
-/// Bytes of `b` below which a product runs on one thread: a piece must read enough of `b` to
-/// pay for handing it to another thread (a few microseconds).
+/// Bytes of `b` per piece of a product's split (fewer bytes: one thread): a piece must read
+/// enough of `b` to pay for handing it to another thread (a few microseconds).
 const PARALLEL_BYTES: usize = 256 << 10;
 
 /// Whether [`multiply_few_rows`] should compute `a · b` of `m × k` by `k × n` with `kernel`:
