@@ -476,10 +476,12 @@ pub(super) enum MatmulPlan {
         threads: usize,
     },
     /// A batch of products, the first batch dim's units in runs, one run per piece, each
-    /// matrix on the piece's thread; `unit_work` multiply-adds per unit.
+    /// matrix on the piece's thread; `unit_work` multiply-adds per unit. With `few_rows`, each
+    /// matrix reads its `b` in place (`gemm::multiply_few_rows`), else packs it.
     Units {
         runs: Vec<std::ops::Range<usize>>,
         unit_work: u64,
+        few_rows: bool,
     },
 }
 
@@ -494,9 +496,9 @@ impl MatmulPlan {
                 b_strides,
                 threads,
             } => gemm::few_rows_pieces(gemm::Kernel::detect(), *shape, *b_strides, *threads),
-            MatmulPlan::Units { runs, unit_work } => {
-                runs.iter().map(|r| r.len() as u64 * unit_work).collect()
-            }
+            MatmulPlan::Units {
+                runs, unit_work, ..
+            } => runs.iter().map(|r| r.len() as u64 * unit_work).collect(),
         }
     }
 }
@@ -626,10 +628,11 @@ fn plan_matmul(
         * sizes.rows as u64
         * sizes.cols as u64
         * sizes.k as u64;
-    // Matrices of few rows read their `b` in place (`run_matmul`): its bytes set the threads.
+    // Matrices of few rows read their `b` in place: its bytes set the threads.
     let b_2d = [b_strides[sizes.batch], b_strides[sizes.batch + 1]];
+    let few_rows = gemm::prefers_few_rows(kernel, [sizes.rows, sizes.k, sizes.cols], b_2d);
     let threads = match tuned {
-        None if gemm::prefers_few_rows(kernel, [sizes.rows, sizes.k, sizes.cols], b_2d) => {
+        None if few_rows => {
             let b_bytes = sizes.count * sizes.k * sizes.cols * std::mem::size_of::<f32>();
             gemm::few_rows_threads(b_bytes, available)
         }
@@ -638,6 +641,7 @@ fn plan_matmul(
     MatmulPlan::Units {
         runs: gemm::unit_runs(units, threads),
         unit_work,
+        few_rows,
     }
 }
 
@@ -833,15 +837,14 @@ pub(super) fn run_matmul(
             epilogue_on_all_rows();
             return Ok(());
         }
-        MatmulPlan::Units { runs, .. } => {
+        MatmulPlan::Units { runs, few_rows, .. } => {
             // A batch of products: each unit of the first batch dim holds `inner` matrices;
             // each is packed and multiplied on its piece's thread (`b` is packed once and
             // reused while consecutive matrices share it, as a broadcast operand does), the
             // epilogue after each tile of units.
             let inner: usize = a_shape[1..batch].iter().product();
             // Matrices of few rows read theirs in place, one thread each (`gemm::few_rows`).
-            let b_2d = [b_strides[batch], b_strides[batch + 1]];
-            let few_rows = gemm::prefers_few_rows(kernel, [rows, k, cols], b_2d);
+            let few_rows = *few_rows;
             let run_units = |start: usize, end: usize| -> Result<(), RuntimeError> {
                 let mut packed: Option<(i64, gemm::PackedB)> = None;
                 let mut s = start;
