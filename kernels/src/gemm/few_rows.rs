@@ -124,29 +124,48 @@ fn layout([row_stride, col_stride]: [isize; 2]) -> Option<Layout> {
     }
 }
 
-/// Columns in one unit of the threads' split: a dot-product block, or the rows form's block.
-fn unit_columns(kernel: Kernel, layout: Layout) -> usize {
-    match layout {
-        Layout::Columns => COLUMNS,
-        Layout::Rows => ROW_REGISTERS * if kernel == Kernel::Avx512 { 16 } else { 8 },
-    }
-}
-
-/// The threads a product of these sizes runs on, of `threads`: one per [`PARALLEL_BYTES`] of
-/// `b`, at most one per unit of columns.
-fn pieces(units: usize, b_bytes: usize, threads: usize) -> usize {
-    few_rows_threads(b_bytes, threads).min(units)
-}
-
 /// The threads that products of few rows reading `b_bytes` bytes of `b` in all run on, of
 /// `threads`: one per [`PARALLEL_BYTES`] (their cost is reading `b`, not their multiply-adds).
 pub fn few_rows_threads(b_bytes: usize, threads: usize) -> usize {
     threads.min(b_bytes / PARALLEL_BYTES).max(1)
 }
 
-/// Piece `t` of `pieces`: an even share of the `units` units of columns.
-fn share(units: usize, t: usize, pieces: usize) -> std::ops::Range<usize> {
-    units * t / pieces..units * (t + 1) / pieces
+/// How a product of `k × n` of `b`, read in `layout`, splits on `threads` threads: units of
+/// `width` columns (a dot-product block, or the rows form's block), in `pieces` even shares,
+/// one per [`PARALLEL_BYTES`] of `b` and at most one per unit. The executor
+/// ([`multiply_few_rows`]) and the partition report ([`few_rows_pieces`]) both cut by it.
+struct Cut {
+    width: usize,
+    n: usize,
+    units: usize,
+    pieces: usize,
+}
+
+impl Cut {
+    fn new(kernel: Kernel, layout: Layout, [k, n]: [usize; 2], threads: usize) -> Cut {
+        let width = match layout {
+            Layout::Columns => COLUMNS,
+            Layout::Rows => ROW_REGISTERS * if kernel == Kernel::Avx512 { 16 } else { 8 },
+        };
+        let units = n.div_ceil(width);
+        let b_bytes = k * n * std::mem::size_of::<f32>();
+        let pieces = few_rows_threads(b_bytes, threads.max(1)).min(units);
+        Cut {
+            width,
+            n,
+            units,
+            pieces,
+        }
+    }
+
+    /// The columns of piece `t`: an even share of the units.
+    fn columns(&self, t: usize) -> std::ops::Range<usize> {
+        let (first, end) = (
+            self.units * t / self.pieces,
+            self.units * (t + 1) / self.pieces,
+        );
+        (first * self.width).min(self.n)..(end * self.width).min(self.n)
+    }
 }
 
 /// The multiply-adds of each piece of an `m × k × n` product on `threads` threads (the
@@ -160,15 +179,9 @@ pub fn few_rows_pieces(
     let Some(layout) = layout([b_strides[0] as isize, b_strides[1] as isize]) else {
         return vec![(m * k * n) as u64];
     };
-    let width = unit_columns(kernel, layout);
-    let units = n.div_ceil(width);
-    let pieces = pieces(units, k * n * 4, threads.max(1));
-    (0..pieces)
-        .map(|t| {
-            let r = share(units, t, pieces);
-            let cols = (r.end * width).min(n).saturating_sub(r.start * width);
-            (m * k * cols) as u64
-        })
+    let cut = Cut::new(kernel, layout, [k, n], threads);
+    (0..cut.pieces)
+        .map(|t| (m * k * cut.columns(t).len()) as u64)
         .collect()
 }
 
@@ -211,9 +224,7 @@ pub fn multiply_few_rows(
             _ => copied[i * k..].as_ptr(),
         }
     });
-    let width = unit_columns(kernel, layout);
-    let units = n.div_ceil(width);
-    let pieces = pieces(units, k * n * std::mem::size_of::<f32>(), threads.max(1));
+    let cut = Cut::new(kernel, layout, [k, n], threads);
     let args = Args {
         a: a_rows,
         m,
@@ -230,8 +241,7 @@ pub fn multiply_few_rows(
     return Err(GemmError::Unsupported(kernel));
     #[cfg(target_arch = "x86_64")]
     let run = |t: usize| {
-        let units = share(units, t, pieces);
-        let columns = units.start * width..(units.end * width).min(n);
+        let columns = cut.columns(t);
         // SAFETY: the kernel's instruction set is the CPU's (checked above); `args` describes
         // `a`'s rows (`m` rows of `k` values each), `b`'s `k × n` view (checked inside its
         // slice by `MatrixRef::new`, read at `b + p · row_stride + j · col_stride`) and `c`'s
@@ -248,8 +258,8 @@ pub fn multiply_few_rows(
     };
     #[cfg(target_arch = "x86_64")]
     {
-        if pieces > 1 {
-            minductor_runtime::threads::for_each_chunk(pieces, run);
+        if cut.pieces > 1 {
+            minductor_runtime::threads::for_each_chunk(cut.pieces, run);
         } else {
             run(0);
         }
